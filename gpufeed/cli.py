@@ -1,0 +1,69 @@
+"""The ``gpufeed`` command line: thin wrappers over the Python API.
+
+Each command group lives in ``gpufeed/commands/<group>.py`` and registers its subcommands with
+``register(subparsers)``; this module only wires them together, sets up logging and turns the
+library's user-facing errors into one clear line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+__all__ = ["build_parser", "main"]
+
+# Order here is the order in `gpufeed --help`.
+COMMAND_MODULES = (
+    "gpufeed.commands.data",
+    "gpufeed.commands.run",
+    "gpufeed.commands.bench",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gpufeed import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="gpufeed",
+        description="Keep GPUs fed: DALI input pipelines, loader-vs-compute telemetry, GPU-decoding serving.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpufeed {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    # Errors caused by input (config, data, device choice) are reported in one line, no traceback.
+    from gpufeed._schema import ConfigError
+    from gpufeed.device import DeviceUnavailableError
+    from gpufeed.pipelines._errors import BadSampleError, DatasetError
+
+    return (ConfigError, DatasetError, BadSampleError, DeviceUnavailableError, FileNotFoundError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except _user_errors() as err:
+        print(f"gpufeed {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"gpufeed {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

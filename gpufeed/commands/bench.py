@@ -1,0 +1,42 @@
+"""``gpufeed bench ...``: benchmarks that print figures and ratios against in-run baselines."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT such as 640x480, got {text!r}") from None
+    return width, height
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="benchmarks against the usual baselines (figures, not tests)")
+    kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+
+    p = kinds.add_parser(
+        "loader",
+        help="gpufeed image loader vs torch DataLoader + PIL doing the same work",
+        description="Random-resized crop to 224, flip, uint8 CHW on the same files with the same batch size and "
+        "one worker/thread per core. Prints images/s of each and the ratio.",
+    )
+    p.add_argument("--data", type=Path, help="class-folder dataset to use (default: generated photo-like JPEGs)")
+    p.add_argument("--images", type=int, default=512, help="generated images (default 512)")
+    p.add_argument("--image-size", type=_size, default=(640, 480), help="generated image size WxH (default 640x480)")
+    p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated images are kept")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3, help="timed epochs per loader, interleaved (default 3)")
+    p.add_argument("--workers", type=int, default=0, help="workers/threads; 0 = one per core")
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_loader)
+
+
+def _loader(args: argparse.Namespace) -> int:
+    from gpufeed.bench.loader import main_loader
+
+    return main_loader(args)

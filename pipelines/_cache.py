@@ -1,0 +1,54 @@
+"""Where per-dataset indexes are cached: beside the data, or in the user cache when read-only."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["index_cache_path", "read_json_cache", "write_json_atomic"]
+
+CACHE_DIR_NAME = ".gpufeed"
+
+
+def _user_cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpufeed" / "index"
+
+
+def index_cache_path(data_dir: Path, name: str) -> Path:
+    """``data_dir/.gpufeed/name`` if that folder is writable, else a per-folder user cache path."""
+    beside = data_dir / CACHE_DIR_NAME
+    try:
+        beside.mkdir(exist_ok=True)
+        if os.access(beside, os.W_OK):
+            return beside / name
+    except OSError:
+        pass
+    digest = hashlib.sha1(str(data_dir.resolve()).encode()).hexdigest()[:16]
+    return _user_cache_root() / digest / name
+
+
+def read_json_cache(path: Path) -> Any | None:
+    """The cached JSON document, or ``None`` when missing or unreadable (it is then rebuilt)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def write_json_atomic(path: Path, document: Any) -> None:
+    """Write JSON through a temporary file and a rename, so readers never see half a file.
+
+    Failing to write a cache is not an error: the index is rebuilt next time.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(document, fh, separators=(",", ":"))
+        os.replace(tmp, path)
+    except OSError:
+        pass

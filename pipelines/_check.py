@@ -1,0 +1,146 @@
+"""``gpufeed check``: find every file that would stop or poison training, before training.
+
+For images it reports zero-byte, unreadable, non-image and unsupported files, truncated JPEG/PNG
+(by their end markers), files whose pixel data fails a full decode, unknown labels, and non-image
+files sitting in the dataset's folders (which the loader ignores). Each finding names the path
+and the reason. ``check_path`` works out what a path is (list file, class folders, a folder of
+splits such as ``gpufeed synth``'s output) and checks all of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gpufeed.pipelines._dataset import ImageDataset
+from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._loader import default_num_threads, find_bad_files
+
+__all__ = ["CHECKERS", "CheckReport", "Finding", "check_images", "check_path"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: the file, what is wrong with it, and its kind (image, label, ignored, ...)."""
+
+    path: str
+    reason: str
+    kind: str
+
+
+@dataclass
+class CheckReport:
+    """Everything ``check`` looked at and found."""
+
+    sources: list[str] = field(default_factory=list)
+    checked: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing would stop or poison training (ignored files are only noted)."""
+        return not any(f.kind != "ignored" for f in self.findings)
+
+    def merge(self, other: CheckReport) -> CheckReport:
+        self.sources += other.sources
+        self.checked += other.checked
+        self.findings += other.findings
+        return self
+
+    def bad_paths(self) -> list[str]:
+        """Paths to leave out of training (a quarantine list)."""
+        return sorted({f.path for f in self.findings if f.kind != "ignored"})
+
+    def to_json(self) -> str:
+        return json.dumps({"ok": self.ok, **asdict(self)}, indent=2)
+
+    def table(self) -> str:
+        lines = [f"checked {self.checked} file(s) in: {', '.join(self.sources)}"]
+        for f in self.findings:
+            lines.append(f"  [{f.kind}] {f.path}: {f.reason}")
+        problems = sum(f.kind != "ignored" for f in self.findings)
+        lines.append(
+            f"{problems} problem(s), {len(self.findings) - problems} ignored file(s)"
+            if self.findings
+            else "no problems found"
+        )
+        return "\n".join(lines)
+
+
+def check_images(dataset: ImageDataset, progress: bool = True) -> CheckReport:
+    """Check an indexed image split, decoding every file whose header and tail look fine."""
+    from tqdm import tqdm
+
+    report = CheckReport(sources=[dataset.source], checked=len(dataset))
+    for sample_id, reason in dataset.problems.items():
+        kind = "label" if reason.startswith("unknown label") else "image"
+        report.findings.append(Finding(dataset.paths[sample_id], reason, kind))
+    todo = [dataset.paths[i] for i in dataset.usable_ids]
+    with ThreadPoolExecutor(max_workers=default_num_threads()) as pool:
+        results = pool.map(lambda p: find_bad_files([p]), todo, chunksize=16)
+        for bad in tqdm(results, total=len(todo), desc="decoding", unit="img", disable=not progress, leave=False):
+            report.findings += [Finding(p, why, "image") for p, why in bad]
+    report.findings += [
+        Finding(p, "not a .jpg/.jpeg/.png file; the loader ignores it", "ignored") for p in dataset.ignored
+    ]
+    return report
+
+
+def _check_image_source(path: Path, progress: bool) -> CheckReport:
+    if path.is_file():
+        dataset = ImageDataset.from_list(path, progress=progress)
+    else:
+        dataset = ImageDataset.from_folder(path, progress=progress)
+    return check_images(dataset, progress)
+
+
+# Checkers for other kinds of data (videos) register here: (recognise(path) -> bool, check(path, progress)).
+CHECKERS: list[tuple] = []
+VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm")
+
+
+def _holds_videos(path: Path) -> bool:
+    return any(p.suffix.lower() in VIDEO_EXTENSIONS for p in path.iterdir() if p.is_file())
+
+
+def check_path(path: str | Path, progress: bool = True) -> CheckReport:
+    """Check whatever ``path`` holds.
+
+    * a file: an image list file;
+    * a folder with ``*.txt`` list files beside split folders (``images/`` of ``gpufeed synth``):
+      each list file;
+    * a folder with ``images/`` or ``videos/`` inside: each of those;
+    * a folder a registered checker recognises (e.g. videos);
+    * otherwise: class folders.
+
+    Raises:
+        DatasetError: The path does not exist or holds no data.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"{path} does not exist")
+    if path.is_file():
+        return _check_image_source(path, progress)
+    parts = [path / name for name in ("images", "videos") if (path / name).is_dir()]
+    if parts:
+        report = CheckReport()
+        for part in parts:
+            report.merge(check_path(part, progress))
+        return report
+    for recognise, check in CHECKERS:
+        if recognise(path):
+            return check(path, progress)
+    if _holds_videos(path):
+        return CheckReport(sources=[f"{path} (videos: no video checker is installed)"])
+    lists = sorted(p for p in path.glob("*.txt") if p.name != "classes.txt")
+    if lists and all((path / p.stem).is_dir() for p in lists):
+        report = CheckReport()
+        for list_file in lists:
+            report.merge(_check_image_source(list_file, progress))
+        return report
+    if not any(os.scandir(path)):
+        raise DatasetError(f"{path} is an empty folder: nothing to check")
+    return _check_image_source(path, progress)

@@ -1,0 +1,126 @@
+"""The DALI image graph: read, decode the crop window only, resize with the flip folded in.
+
+Stages and what each outputs (checked when the pipeline is built):
+
+==============  ==================================================  ===========================
+stage           output                                              where
+==============  ==================================================  ===========================
+file reader     encoded bytes + position in the epoch plan (int32)  CPU
+crop windows    anchor (x, y), shape (w, h), ROI for resize         CPU (external_source)
+decode          uint8 HWC, the window only (nvJPEG ROI decode)      GPU ("mixed") or CPU
+resize          uint8 (size, size, 3), mirrored where flip=1        GPU or CPU
+==============  ==================================================  ===========================
+
+The loader exposes the HWC batch to torch as (N, 3, size, size) in channels_last memory format,
+which is both the NCHW shape models expect and the layout convolution kernels run fastest on,
+so no transpose pass is spent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpufeed.pipelines._windows import Windows
+
+__all__ = ["READER_NAME", "WindowFeed", "build_image_pipeline"]
+
+READER_NAME = "reader"
+
+
+class WindowFeed:
+    """Batch-mode ``external_source`` callback: the crop windows, batch by batch, in plan order.
+
+    The reader returns the plan's files in order and pads its last batch by repeating the final
+    file (``pad_last_batch``); this feed pads the same way so windows and bytes stay aligned.
+    """
+
+    def __init__(self, windows: Windows, batch_size: int) -> None:
+        roi_start, roi_end = windows.roi()
+        self._columns = (windows.anchor, windows.shape, roi_start, roi_end)
+        self._batch_size = batch_size
+        self._count = len(windows)
+        self._next = 0
+
+    def __call__(self):
+        start = self._next
+        index = np.minimum(np.arange(start, start + self._batch_size), self._count - 1)
+        self._next = start + self._batch_size
+        if start >= self._count:
+            # DALI can ask one batch beyond the epoch while prefetching; the reader is padded too.
+            index = np.full(self._batch_size, self._count - 1)
+        return [list(column[index]) for column in self._columns]
+
+
+def build_image_pipeline(
+    files: list[str],
+    windows: Windows,
+    *,
+    size_px: int,
+    batch_size: int,
+    device_id: int | None,
+    num_threads: int,
+    prefetch_queue_depth: int,
+    seed: int,
+):
+    """Build (not yet run) the DALI pipeline for one epoch plan.
+
+    Args:
+        files: The plan's files, in read order (one entry per row, padding included).
+        windows: One crop window per entry of ``files``.
+        size_px: Output height and width.
+        device_id: CUDA device for nvJPEG decoding and GPU resize; ``None`` runs on the CPU.
+
+    Returns:
+        A built ``nvidia.dali.Pipeline`` with outputs ``(images HWC uint8, positions int32)``.
+    """
+    from nvidia.dali import fn, pipeline_def, types
+
+    if len(files) != len(windows):
+        raise ValueError(f"{len(files)} files but {len(windows)} crop windows: they must match one to one")
+    on_gpu = device_id is not None
+
+    @pipeline_def(enable_conditionals=False)
+    def image_graph():
+        encoded, position = fn.readers.file(
+            files=files,
+            labels=list(range(len(files))),
+            random_shuffle=False,
+            pad_last_batch=True,
+            name=READER_NAME,
+        )
+        anchor, shape, roi_start, roi_end = fn.external_source(
+            source=WindowFeed(windows, batch_size),
+            num_outputs=4,
+            batch=True,
+            dtype=[types.INT32, types.INT32, types.FLOAT, types.FLOAT],
+        )
+        images = fn.decoders.image_slice(
+            encoded,
+            anchor,
+            shape,
+            axis_names="WH",
+            device="mixed" if on_gpu else "cpu",
+            output_type=types.RGB,
+        )
+        images = fn.resize(
+            images,
+            size=(size_px, size_px),
+            roi_start=roi_start,
+            roi_end=roi_end,
+            roi_relative=False,
+            interp_type=types.INTERP_LINEAR,
+            antialias=True,
+            dtype=types.UINT8,
+        )
+        return images, position
+
+    pipe = image_graph(
+        batch_size=batch_size,
+        num_threads=num_threads,
+        device_id=device_id,
+        prefetch_queue_depth=prefetch_queue_depth,
+        seed=seed,
+        exec_dynamic=True,
+    )
+    pipe.build()
+    return pipe

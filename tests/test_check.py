@@ -1,0 +1,95 @@
+"""`gpufeed check`: every bad file is listed with its path and reason, before any training."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from gpufeed.pipelines import DatasetError, check_path
+
+
+@pytest.fixture
+def damaged(synth_dir, tmp_path):
+    """A copy of the training split with one of each kind of damage."""
+    root = tmp_path / "train"
+    shutil.copytree(synth_dir / "images" / "train", root, ignore=shutil.ignore_patterns(".gpufeed"))
+    jpgs, pngs = sorted(root.rglob("*.jpg")), sorted(root.rglob("*.png"))
+    cases = {}
+    jpgs[0].write_bytes(b"")
+    cases[jpgs[0]] = "zero-byte"
+    jpgs[1].write_bytes(jpgs[1].read_bytes()[:-200])
+    cases[jpgs[1]] = "truncated JPEG"
+    pngs[0].write_bytes(pngs[0].read_bytes()[:-100])
+    cases[pngs[0]] = "truncated PNG"
+    jpgs[2].write_text("this is not an image")
+    cases[jpgs[2]] = "not an image"
+    body = bytearray(pngs[1].read_bytes())
+    start = body.index(b"IDAT") + 8
+    body[start : start + 30] = bytes(b ^ 0x77 for b in body[start : start + 30])
+    pngs[1].write_bytes(bytes(body))
+    cases[pngs[1]] = "cannot be decoded"
+    notes = root / "amber" / "notes.txt"
+    notes.write_text("hello")
+    return root, cases, notes
+
+
+def test_check_lists_every_problem_with_path_and_reason(damaged):
+    root, cases, notes = damaged
+    report = check_path(root, progress=False)
+    found = {f.path: f for f in report.findings}
+    for path, words in cases.items():
+        assert str(path) in found, f"{path} ({words}) not reported"
+        assert words in found[str(path)].reason
+    assert found[str(notes)].kind == "ignored"
+    assert not report.ok
+    assert report.bad_paths() == sorted(str(p) for p in cases)
+    assert report.checked == sum(1 for p in root.rglob("*") if p.suffix in (".jpg", ".png"))
+
+
+def test_unknown_labels_in_a_list_file(synth_dir, tmp_path):
+    images = synth_dir / "images"
+    lines = (images / "val.txt").read_text().splitlines()
+    lines[2] = lines[2].rsplit(" ", 1)[0] + " 17"
+    lines[3] = lines[3].rsplit(" ", 1)[0] + " zebra"
+    lst = tmp_path / "val.txt"
+    lst.write_text("\n".join(f"{images / line.split()[0]} {line.split()[1]}" for line in lines) + "\n")
+    shutil.copy(images / "classes.txt", tmp_path / "classes.txt")
+    report = check_path(lst, progress=False)
+    reasons = {f.reason for f in report.findings if f.kind == "label"}
+    assert any("'17'" in r and "out of range" in r and f"{lst}:3" in r for r in reasons), reasons
+    assert any("'zebra'" in r and f"{lst}:4" in r for r in reasons), reasons
+
+
+def test_synthetic_dataset_is_clean(synth_dir):
+    report = check_path(synth_dir, progress=False)
+    assert report.ok, report.table()
+    assert report.checked >= 128
+
+
+def test_missing_and_empty(tmp_path):
+    with pytest.raises(DatasetError, match="does not exist"):
+        check_path(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match="empty folder"):
+        check_path(tmp_path / "empty")
+
+
+def test_cli_exit_status_json_and_quarantine(damaged, tmp_path):
+    root, cases, _ = damaged
+    out_json, quarantine = tmp_path / "report.json", tmp_path / "quarantine.txt"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpufeed", "check", str(root), "--json", str(out_json), "--quarantine", str(quarantine)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    for path in cases:
+        assert str(path) in proc.stdout
+    report = json.loads(out_json.read_text())
+    assert report["ok"] is False and len(report["findings"]) >= len(cases)
+    assert quarantine.read_text().split() == sorted(str(p) for p in cases)
