@@ -1,0 +1,74 @@
+"""Weights on disk: the checkpoint contract shared by training (writes) and export (reads).
+
+A checkpoint is a ``torch.save``'d dict holding at least ``"model"`` (a state dict) and
+``"model_spec"`` (:meth:`ModelSpec.to_dict`); training adds optimiser, scheduler, loader and RNG
+state beside them. A run folder keeps them as ``<run>/checkpoints/ckpt-<step, 9 digits>.pt``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gpufeed.models._nets import GpufeedModel
+from gpufeed.models._registry import model_from_spec
+from gpufeed.models._spec import ModelSpec
+
+__all__ = ["CHECKPOINT_DIR", "checkpoint_path", "find_checkpoint", "list_checkpoints", "load_model", "model_state"]
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+def checkpoint_path(run_dir: str | Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` lives in a run folder."""
+    return Path(run_dir) / CHECKPOINT_DIR / f"ckpt-{step:09d}.pt"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """A run's checkpoints, oldest first (temporary files of interrupted writes are not listed)."""
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    return sorted(folder.glob("ckpt-[0-9]*.pt")) if folder.is_dir() else []
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file as given, or the newest one in a run folder.
+
+    Raises:
+        FileNotFoundError: Naming the path and what was looked for.
+    """
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        found = list_checkpoints(path)
+        if found:
+            return found[-1]
+        raise FileNotFoundError(f"no checkpoint in {path}: expected {path / CHECKPOINT_DIR}/ckpt-<step>.pt")
+    raise FileNotFoundError(f"checkpoint {path} does not exist")
+
+
+def model_state(model: GpufeedModel) -> dict:
+    """The part of a checkpoint that rebuilds the model: its spec and its weights."""
+    module = getattr(model, "module", model)  # unwrap DDP
+    module = getattr(module, "_orig_mod", module)  # unwrap torch.compile
+    return {"model_spec": module.spec.to_dict(), "model": module.state_dict()}
+
+
+def load_model(source: str | Path | dict, map_location: str | torch.device = "cpu") -> GpufeedModel:
+    """Rebuild a model (architecture from its spec, then weights) from a checkpoint or run folder.
+
+    Raises:
+        ValueError: The file is not a gpufeed checkpoint (it names the missing keys).
+    """
+    if isinstance(source, dict):
+        state, where = source, "checkpoint dict"
+    else:
+        where = find_checkpoint(source)
+        state = torch.load(where, map_location=map_location, weights_only=True)
+    missing = [key for key in ("model", "model_spec") if key not in state]
+    if missing:
+        raise ValueError(f"{where} is not a gpufeed checkpoint: missing {', '.join(missing)}")
+    model = model_from_spec(ModelSpec.from_dict(state["model_spec"]))
+    model.load_state_dict(state["model"])
+    return model

@@ -1,0 +1,73 @@
+"""One factory for every network: ``create_model(name, num_classes=..., **spec_overrides)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from gpufeed.models._nets import GpufeedModel, R3DSmall, ResNet18, SmallCNN, StackedFrameResNet18
+from gpufeed.models._spec import ModelSpec
+
+__all__ = ["create_model", "default_spec", "list_models", "model_from_spec", "register_model"]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    build: Callable[[ModelSpec], nn.Module]
+    defaults: dict
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register_model(name: str, build: Callable[[ModelSpec], nn.Module], **defaults) -> None:
+    """Add a network: ``build(spec) -> backbone``; ``defaults`` fill the :class:`ModelSpec`."""
+    if name in _REGISTRY:
+        raise ValueError(f"model {name!r} is already registered")
+    _REGISTRY[name] = _Entry(build, defaults)
+
+
+def list_models() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def default_spec(name: str, **overrides) -> ModelSpec:
+    """The :class:`ModelSpec` a model gets unless told otherwise."""
+    if name not in _REGISTRY:
+        raise ValueError(f"model {name!r} is not known; known models: {', '.join(list_models())}")
+    fields = {"name": name, "num_classes": 1000, **_REGISTRY[name].defaults}
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    return ModelSpec(**fields)
+
+
+def model_from_spec(spec: ModelSpec) -> GpufeedModel:
+    """Build the network a spec describes (fresh weights); used when loading checkpoints."""
+    if spec.name not in _REGISTRY:
+        raise ValueError(f"model {spec.name!r} is not known; known models: {', '.join(list_models())}")
+    return GpufeedModel(spec, _REGISTRY[spec.name].build(spec))
+
+
+def create_model(name: str, **spec_overrides) -> GpufeedModel:
+    """A fresh model by registry name, e.g. ``create_model("resnet18", num_classes=4)``.
+
+    Keyword arguments override :class:`ModelSpec` fields (``num_classes``, ``size_px``,
+    ``clip_length_frames``, ``labels``, ``mean``, ``std`` ...).
+    """
+    return model_from_spec(default_spec(name, **spec_overrides))
+
+
+register_model("resnet18", lambda s: ResNet18(s.num_classes), task="image")
+register_model("smallcnn", lambda s: SmallCNN(s.num_classes), task="image")
+register_model(
+    "clip_resnet18",
+    lambda s: StackedFrameResNet18(s.num_classes, s.clip_length_frames),
+    task="clip",
+    multilabel=True,
+    clip_length_frames=11,
+    size_px=112,
+)
+register_model(
+    "r3d_small", lambda s: R3DSmall(s.num_classes), task="clip", multilabel=True, clip_length_frames=11, size_px=112
+)

@@ -1,0 +1,80 @@
+"""Preprocessing facts stored with every model: the one source the pipelines, export and server read.
+
+A model's :class:`ModelSpec` says what it takes (uint8, layout, size, clip length), how it
+normalises (mean and std, applied *inside* the model), and what it outputs (classes, single- or
+multi-label). ``ModelSpec.to_dict`` is what checkpoints and ONNX model cards carry, so nobody
+re-derives these numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ModelSpec"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model takes and gives.
+
+    Attributes:
+        name: Registry name, e.g. ``resnet18``.
+        task: ``image`` (input ``N,3,H,W``) or ``clip`` (input ``N,3,T,H,W``).
+        num_classes: Output logits per sample.
+        multilabel: Sigmoid per class (behaviour clips) rather than softmax over classes.
+        mean, std: Per-channel normalisation on [0, 1] pixels, applied inside the model.
+        size_px: Input height and width the model was built and trained for.
+        eval_crop_fraction: Evaluation/serving crop: resize shorter side to size / fraction.
+        clip_length_frames: Frames per clip (clip models only).
+        labels: Class names in output order (empty: unnamed).
+    """
+
+    name: str
+    task: Literal["image", "clip"]
+    num_classes: int
+    multilabel: bool = False
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    size_px: int = 224
+    eval_crop_fraction: float = 0.875
+    clip_length_frames: int | None = None
+    labels: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.task == "clip" and not self.clip_length_frames:
+            raise ValueError(f"model {self.name!r}: a clip model needs clip_length_frames")
+        if self.labels and len(self.labels) != self.num_classes:
+            raise ValueError(f"model {self.name!r}: {len(self.labels)} labels for {self.num_classes} classes")
+        if any(s <= 0 for s in self.std):
+            raise ValueError(f"model {self.name!r}: std {self.std} must be positive")
+
+    @property
+    def input_layout(self) -> str:
+        """``NCHW`` for images, ``NCTHW`` for clips."""
+        return "NCHW" if self.task == "image" else "NCTHW"
+
+    def input_shape(self, batch_size: int) -> tuple[int, ...]:
+        """The uint8 input shape for ``batch_size`` samples."""
+        if self.task == "image":
+            return (batch_size, 3, self.size_px, self.size_px)
+        return (batch_size, 3, self.clip_length_frames, self.size_px, self.size_px)
+
+    def with_updates(self, **changes) -> ModelSpec:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["input_layout"] = self.input_layout
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelSpec:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        for key in ("mean", "std", "labels"):
+            if key in known and known[key] is not None:
+                known[key] = tuple(known[key])
+        return cls(**known)
