@@ -194,9 +194,10 @@ class ImageLoader:
             if len(plan.sample_ids) == 0:
                 break
             torch_device = self.device.torch_device
-            ids_t = torch.as_tensor(plan.sample_ids, device=torch_device)
-            labels_t = torch.as_tensor(self._labels[plan.sample_ids], device=torch_device)
-            valid_t = torch.as_tensor(plan.valid, device=torch_device)
+            # Looked up on the CPU (DALI returns positions there), then moved with the batch.
+            ids_t = torch.as_tensor(plan.sample_ids)
+            labels_t = torch.as_tensor(self._labels[plan.sample_ids])
+            valid_t = torch.as_tensor(plan.valid)
             iterator = None
             failed = None
             batch_index = self._start_batch
@@ -210,9 +211,14 @@ class ImageLoader:
                 except RuntimeError as err:
                     failed = err
                     break
-                pos = out["positions"].view(-1).long()
+                pos = out["positions"].view(-1).long().cpu()
                 images = out["images"].permute(0, 3, 1, 2)
-                batch = ImageBatch(images, labels_t[pos], ids_t[pos], valid_t[pos])
+                batch = ImageBatch(
+                    images,
+                    labels_t[pos].to(torch_device, non_blocking=True),
+                    ids_t[pos].to(torch_device, non_blocking=True),
+                    valid_t[pos].to(torch_device, non_blocking=True),
+                )
                 batch_index += 1
                 self._start_batch = batch_index
                 yield batch
