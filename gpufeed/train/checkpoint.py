@@ -14,7 +14,7 @@ key                what
 ``step``           optimizer steps completed
 ``epoch``          epoch in progress (or next to start) when written
 ``loader``         one ``loader.state_dict()`` per rank, in rank order (where reading resumes)
-``rng``            one dict per rank: python, numpy, torch CPU and CUDA generator states
+``rng``            one dict per rank: python, numpy, torch CPU and current-GPU generator states
 ``world_size``     ranks that wrote it
 ``config``         the resolved config (a mapping, as ``config.yaml`` holds it)
 ``gpufeed``        the gpufeed version
@@ -171,7 +171,9 @@ def capture_rng() -> dict:
             "cached_gaussian": float(cached),
         },
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        # The current device's generator only: asking for all of them would open a CUDA context on
+        # every GPU from every rank, and a CPU run must not touch CUDA at all.
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
     }
     return state
 
@@ -186,12 +188,4 @@ def restore_rng(state: dict) -> None:
     )
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
-        cuda_states = state["cuda"]
-        if len(cuda_states) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda_states)
-        else:
-            log.warning(
-                "CUDA generator states for %d devices, %d visible: not restored",
-                len(cuda_states),
-                torch.cuda.device_count(),
-            )
+        torch.cuda.set_rng_state(state["cuda"])  # the current device's, as captured

@@ -17,7 +17,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "all_gather_objects", "broadcast_object", "init_distributed", "shutdown_distributed"]
+__all__ = [
+    "DistInfo",
+    "all_gather_objects",
+    "all_reduce_sum",
+    "broadcast_object",
+    "env_dist_info",
+    "init_distributed",
+    "shutdown_distributed",
+]
 
 
 @dataclass(frozen=True)
@@ -96,7 +104,16 @@ def all_gather_objects(value: Any) -> list[Any]:
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum a tensor over ranks in place (unchanged without a group); returns it."""
-    if dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    """Sum a tensor over ranks in place (unchanged without a group); returns it.
+
+    NCCL only reduces CUDA tensors, so a CPU tensor makes a round trip through the current GPU.
+    """
+    if not dist.is_initialized():
+        return tensor
+    if dist.get_backend() == "nccl" and tensor.device.type != "cuda":
+        on_gpu = tensor.cuda()
+        dist.all_reduce(on_gpu, op=dist.ReduceOp.SUM)
+        tensor.copy_(on_gpu.cpu())
+        return tensor
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor

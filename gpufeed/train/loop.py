@@ -105,7 +105,7 @@ class Loop:
             s.augment,
             s.scaler,
             amp_dtype=s.amp_dtype,
-            memory_format=s.memory_format if self.cfg.train.channels_last else None,
+            memory_format=s.input_format,
             grad_clip_norm=self.cfg.train.grad_clip_norm,
             on_gpu=self.on_gpu,
         )

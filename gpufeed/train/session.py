@@ -64,6 +64,8 @@ class Session:
                 "'partial' gives ranks different step counts, which DDP cannot run; use drop or pad",
             )
         self.device = resolve_device(cfg.device, self.dist.local_rank)
+        if self.device.is_gpu:
+            torch.cuda.set_device(self.device.device_id)  # events, RNG state and DDP use the current device
         self.amp_dtype = resolve_amp(cfg.train.amp, self.device)
         self._owns_group = self.dist.enabled and not torch.distributed.is_initialized()
         init_distributed(self.dist, self.device.is_gpu)
@@ -121,9 +123,12 @@ class Session:
         self.data = build_data(cfg, task_kind, self.device, self.dist)
         spec = dict(self.data.spec_overrides, mean=cfg.model.mean, std=cfg.model.std)
         model = create_model(cfg.model.name, **spec).to(self.device.torch_device)
-        self.memory_format = self.data.task.memory_format(model)
+        self.input_format = None
         if cfg.train.channels_last:
-            model = model.to(memory_format=self.memory_format)
+            from gpufeed.train.tasks import to_channels_last
+
+            model = to_channels_last(model)
+            self.input_format = self.data.task.input_format(model)
         self.augment = build_augmenter(cfg.augment, clips=self.data.task.clips).to(self.device.torch_device)
         self.optimizer = build_optimizer(model, cfg.train)
         self.total_steps = cfg.train.epochs * len(self.data.train)
@@ -273,11 +278,12 @@ class Session:
                 "evaluations": evaluations,
                 "ranks": everyone,
             }
-            (self.run_dir / "summary.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
             title = f"loader vs compute: {self.cfg.model.name} on {self.device.describe()}"
             for entry in everyone:
                 heading = f"{title}, rank {entry['rank']}" if len(everyone) > 1 else title
                 print("\n" + format_summary(entry["summary"], heading), flush=True)
+            # Written last: its presence tells watchers (and tests) the run has finished.
+            (self.run_dir / "summary.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         self._ok = True
         return TrainResult(
             run_dir=self.run_dir,

@@ -39,8 +39,8 @@ class Stepper:
         augment: uint8 -> uint8 module applied before the forward pass (identity if empty).
         scaler: ``torch.amp.GradScaler``; disabled unless training in fp16.
         amp_dtype: autocast dtype, or ``None`` for float32.
-        memory_format: The input's memory format when ``channels_last`` (see
-            :meth:`Task.memory_format`), or ``None`` to leave inputs as they come.
+        memory_format: The inputs' memory format (see :meth:`Task.input_format`), or
+            ``None`` to leave inputs as they come.
         grad_clip_norm: Clip the gradient norm to this (``None``: no clipping).
         on_gpu: Time with CUDA events (one sync per step) rather than ``perf_counter``.
     """

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from gpufeed.train.distributed import all_reduce_sum
 
-__all__ = ["Accuracy", "ImageTask", "MultiLabelF1", "Task", "masked_mean"]
+__all__ = ["Accuracy", "ImageTask", "MultiLabelF1", "Task", "masked_mean", "to_channels_last"]
 
 
 def masked_mean(per_sample: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -60,10 +60,31 @@ class Task:
     def valid(batch) -> torch.Tensor | None:
         return getattr(batch, "valid", None)
 
-    def memory_format(self, model) -> torch.memory_format:
-        """channels_last for 2-D convolutions, channels_last_3d for models with 3-D ones."""
+    def input_format(self, model) -> torch.memory_format | None:
+        """The memory format inputs take under ``train.channels_last`` (``None``: as they come).
+
+        Inputs get the format of the convolutions that read them when the ranks match: image
+        batches (4-d) for 2-D networks, clips (5-d) for 3-D ones. A clip that a 2-D network
+        reshapes into stacked frames is left alone.
+        """
         has_3d = any(p.dim() == 5 for p in model.parameters())
-        return torch.channels_last_3d if has_3d else torch.channels_last
+        if self.clips:
+            return torch.channels_last_3d if has_3d else None
+        return None if has_3d else torch.channels_last
+
+
+def to_channels_last(model: torch.nn.Module) -> torch.nn.Module:
+    """Convolution weights in channels_last (2-D) or channels_last_3d (3-D), in place.
+
+    Done per convolution rather than with ``model.to(memory_format=...)``, which would also try
+    to convert the clip models' 5-d normalisation buffers to the 2-D format and fail.
+    """
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            module.to(memory_format=torch.channels_last)
+        elif isinstance(module, torch.nn.Conv3d):
+            module.to(memory_format=torch.channels_last_3d)
+    return model
 
 
 class Accuracy:
