@@ -21,7 +21,6 @@ Run folder::
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from pathlib import Path
 from gpufeed.config import Config
 from gpufeed.train.errors import TrainError
 from gpufeed.train.profiling import ProfileWindow, StageRanges
+from gpufeed.train.summary import StepStats
 from gpufeed.train.telemetry import StepRecord
 
 __all__ = ["TrainError", "TrainResult", "train"]
@@ -110,7 +110,7 @@ class Loop:
             on_gpu=self.on_gpu,
         )
         self.profile = ProfileWindow(s.profile_steps, s.run_dir, s.dist.rank, self.on_gpu)
-        self.records: list[dict] = []
+        self.stats = StepStats()
         self.evaluations: list[dict] = []
         self._skipped_seen = len(getattr(s.data.train, "skipped", {}))
         self._last_saved_step = s.step if s.resumed else -1
@@ -193,7 +193,7 @@ class Loop:
         s = self.s
         s.metrics.observe(record)
         s.step_log.write(record)
-        self.records.append(json.loads(record.to_json()))
+        self.stats.add(record)
         skipped = len(getattr(s.data.train, "skipped", {}))
         if skipped > self._skipped_seen:
             s.metrics.skipped.inc(skipped - self._skipped_seen)
@@ -247,9 +247,17 @@ class Loop:
         return path
 
     # -- the whole run --------------------------------------------------------------------------
-    def run(self) -> tuple[list[dict], list[dict]]:
+    def run(self) -> tuple[dict, list[dict]]:
+        """Train to the end (epochs or max_steps); returns this rank's summary and the evaluations."""
         s = self.s
         every = self.cfg.train.eval_every_epochs
+        if s.resumed and (s.epoch >= self.cfg.train.epochs or s.max_steps_reached()):
+            log.info(
+                "nothing left to train: the run is at step %d, epoch %d of %d (raise train.epochs or train.max_steps)",
+                s.step,
+                s.epoch,
+                self.cfg.train.epochs,
+            )
         try:
             while s.epoch < self.cfg.train.epochs and not s.max_steps_reached():
                 if not s.mid_epoch:
@@ -261,9 +269,9 @@ class Loop:
                 if every and s.epoch % every == 0:
                     self.evaluate(s.epoch - 1)
                 self.checkpoint()
-            if every and self.records:
+            if every and len(self.stats):
                 self.evaluate(s.epoch_of_last_step())
             self.checkpoint()
         finally:
             self.profile.close()
-        return self.records, self.evaluations
+        return self.stats.summary(), self.evaluations

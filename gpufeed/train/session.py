@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -260,11 +261,10 @@ class Session:
         return max(0, self.epoch - 1) if at_boundary else self.epoch
 
     def run(self) -> TrainResult:
-        from gpufeed.train.summary import format_summary, summarize
+        from gpufeed.train.summary import format_summary
 
         self.last_checkpoint = None
-        records, evaluations = Loop(self).run()
-        summary = summarize(records)
+        summary, evaluations = Loop(self).run()
         mine = {"rank": self.dist.rank, "summary": summary, "param_digest": param_digest(self.model)}
         everyone = all_gather_objects(mine)
         if self.dist.is_main:
@@ -283,7 +283,8 @@ class Session:
                 heading = f"{title}, rank {entry['rank']}" if len(everyone) > 1 else title
                 print("\n" + format_summary(entry["summary"], heading), flush=True)
             # Written last: its presence tells watchers (and tests) the run has finished.
-            (self.run_dir / "summary.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+            text = json.dumps(_finite(document), indent=2, allow_nan=False)
+            (self.run_dir / "summary.json").write_text(text + "\n", encoding="utf-8")
         self._ok = True
         return TrainResult(
             run_dir=self.run_dir,
@@ -307,6 +308,17 @@ class Session:
         if self._owns_group:
             shutdown_distributed()
             self._owns_group = False
+
+
+def _finite(tree):
+    """``tree`` with NaN and infinities as ``None``, so it is standard JSON."""
+    if isinstance(tree, dict):
+        return {k: _finite(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_finite(v) for v in tree]
+    if isinstance(tree, float) and not math.isfinite(tree):
+        return None
+    return tree
 
 
 def _config_mapping(cfg: Config) -> dict:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
-__all__ = ["STAGES", "format_summary", "summarize"]
+__all__ = ["STAGES", "StepStats", "format_summary", "summarize"]
 
 # (record field, table name) in the order they happen within a step.
 STAGES = (
@@ -13,6 +15,30 @@ STAGES = (
     ("compute_s", "compute"),
     ("step_s", "step"),
 )
+
+
+class StepStats:
+    """The per-step numbers a summary needs, kept compactly (8 bytes a number, not a dict a step).
+
+    A long run keeps millions of steps; the full records are in the step log, not in memory.
+    """
+
+    _FIELDS = ("loader_wait_s", "augment_s", "compute_s", "step_s", "samples", "batch")
+
+    def __init__(self) -> None:
+        self._columns = {name: array("d") for name in self._FIELDS}
+
+    def __len__(self) -> int:
+        return len(self._columns["step_s"])
+
+    def add(self, record) -> None:
+        """Add a :class:`StepRecord` or a dict with its fields."""
+        get = record.get if isinstance(record, dict) else lambda name, default=None: getattr(record, name, default)
+        for name, column in self._columns.items():
+            column.append(float(get(name, 1) if name == "batch" else get(name)))
+
+    def summary(self) -> dict:
+        return _summarize({name: np.frombuffer(column, dtype=np.float64) for name, column in self._columns.items()})
 
 
 def summarize(records: list[dict]) -> dict:
@@ -24,30 +50,39 @@ def summarize(records: list[dict]) -> dict:
         stage's total over the total step time. ``steady_loader_wait_share`` leaves out the first
         batch of each epoch, whose wait includes starting the epoch's pipeline.
     """
-    if not records:
-        return {"steps": 0, "samples": 0, "samples_per_s": 0.0, "stages": {}, "loader_wait_share": float("nan")}
-    step_total = float(sum(r["step_s"] for r in records))
+    stats = StepStats()
+    for record in records:
+        stats.add(record)
+    return stats.summary()
+
+
+def _summarize(columns: dict[str, np.ndarray]) -> dict:
+    nan = float("nan")
+    steps = len(columns["step_s"])
+    if steps == 0:
+        return {"steps": 0, "samples": 0, "samples_per_s": nan, "stages": {}, "loader_wait_share": nan}
+    step_total = float(columns["step_s"].sum())
     stages = {}
     for key, _name in STAGES:
-        values = np.array([r[key] for r in records], dtype=np.float64)
+        values = columns[key]
         stages[key] = {
             "p50_s": float(np.percentile(values, 50)),
             "p95_s": float(np.percentile(values, 95)),
             "mean_s": float(values.mean()),
             "total_s": float(values.sum()),
-            "share": float(values.sum() / step_total) if step_total > 0 else float("nan"),
+            "share": float(values.sum() / step_total) if step_total > 0 else nan,
         }
-    steady = [r for r in records if r.get("batch", 1) > 0]
-    steady_total = sum(r["step_s"] for r in steady)
-    samples = int(sum(r["samples"] for r in records))
+    steady = columns["batch"] > 0
+    steady_total = float(columns["step_s"][steady].sum())
+    samples = int(columns["samples"].sum())
     return {
-        "steps": len(records),
+        "steps": steps,
         "samples": samples,
-        "samples_per_s": samples / step_total if step_total > 0 else float("nan"),
+        "samples_per_s": samples / step_total if step_total > 0 else nan,
         "stages": stages,
         "loader_wait_share": stages["loader_wait_s"]["share"],
         "steady_loader_wait_share": (
-            sum(r["loader_wait_s"] for r in steady) / steady_total if steady_total > 0 else float("nan")
+            float(columns["loader_wait_s"][steady].sum()) / steady_total if steady_total > 0 else nan
         ),
     }
 
