@@ -78,7 +78,9 @@ def build_clip_data(cfg: Config, device, dist: DistInfo):
             f"model {cfg.model.name!r} is a clip model, but this gpufeed has no gpufeed.pipelines.ClipLoader",
         ) from None
 
-    # Wiring to the video loader's constructor: the one spot to adjust if its signature differs.
+    # Wiring to the video loader, written against the contract before that loader existed: its
+    # constructor, the behaviour names (``labels``), the evaluation split (``video_cfg.val``: null
+    # for none) and the clip geometry (``clip_length_frames``, ``size_px``) are read only here.
     def loader(train: bool):
         return ClipLoader(
             video_cfg,
@@ -98,7 +100,7 @@ def build_clip_data(cfg: Config, device, dist: DistInfo):
     return TrainData(
         task=ClipTask(num_classes, labels if len(labels) == num_classes else ()),
         train=train_loader,
-        val=loader(False) if getattr(video_cfg, "val", True) is not None else None,
+        val=None if getattr(video_cfg, "val", "") is None else loader(False),
         spec_overrides={
             "num_classes": num_classes,
             "labels": labels if len(labels) == num_classes else (),

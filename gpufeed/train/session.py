@@ -76,7 +76,6 @@ class Session:
         self.mid_epoch = False
         self.resumed = False
         self.server = self.step_log = self.eval_log = None
-        self._ok = False
 
     # -- setup ----------------------------------------------------------------------------------
     def _choose_run_dir(self, run_dir) -> Path:
@@ -285,7 +284,6 @@ class Session:
             # Written last: its presence tells watchers (and tests) the run has finished.
             text = json.dumps(_finite(document), indent=2, allow_nan=False)
             (self.run_dir / "summary.json").write_text(text + "\n", encoding="utf-8")
-        self._ok = True
         return TrainResult(
             run_dir=self.run_dir,
             step=self.step,
