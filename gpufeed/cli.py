@@ -18,6 +18,7 @@ __all__ = ["build_parser", "main"]
 COMMAND_MODULES = (
     "gpufeed.commands.data",
     "gpufeed.commands.run",
+    "gpufeed.commands.train",
     "gpufeed.commands.bench",
 )
 
@@ -42,8 +43,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from gpufeed._schema import ConfigError
     from gpufeed.device import DeviceUnavailableError
     from gpufeed.pipelines._errors import BadSampleError, DatasetError
+    from gpufeed.train.errors import TrainError
 
-    return (ConfigError, DatasetError, BadSampleError, DeviceUnavailableError, FileNotFoundError)
+    return (ConfigError, DatasetError, BadSampleError, DeviceUnavailableError, FileNotFoundError, TrainError)
 
 
 def main(argv: list[str] | None = None) -> int:

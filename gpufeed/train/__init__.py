@@ -1,0 +1,51 @@
+"""gpufeed.train: the training loop fed by the gpufeed loaders.
+
+``train(cfg, run_dir)`` trains ``cfg.model`` with batches from :class:`gpufeed.pipelines.ImageLoader`
+(or the video issue's ``ClipLoader`` for clip models), Kornia augmentation on the device, AMP and
+AdamW, measuring loader wait against compute every step (Prometheus metrics, JSON lines, a summary
+table), with atomic checkpoints and ``torchrun`` DDP. ``draw_report(run_dir)`` plots a run.
+"""
+
+from gpufeed.train.augment import Augmenter, build_augmenter
+from gpufeed.train.checkpoint import capture_rng, load_latest_checkpoint, restore_rng, save_checkpoint
+from gpufeed.train.distributed import DistInfo, env_dist_info
+from gpufeed.train.loop import TrainError, TrainResult, train
+from gpufeed.train.optim import lr_factor, resolve_amp
+from gpufeed.train.profiling import STAGE_NAMES, parse_profile_steps
+from gpufeed.train.report import draw_report
+from gpufeed.train.session import param_digest
+from gpufeed.train.summary import format_summary, summarize
+from gpufeed.train.tasks import Accuracy, ImageTask, MultiLabelF1, Task
+from gpufeed.train.telemetry import STEP_FIELDS, StepRecord, TrainMetrics, addr_file, read_step_logs, step_log_path
+
+__all__ = [
+    "STAGE_NAMES",
+    "STEP_FIELDS",
+    "Accuracy",
+    "Augmenter",
+    "DistInfo",
+    "ImageTask",
+    "MultiLabelF1",
+    "StepRecord",
+    "Task",
+    "TrainError",
+    "TrainMetrics",
+    "TrainResult",
+    "addr_file",
+    "build_augmenter",
+    "capture_rng",
+    "draw_report",
+    "env_dist_info",
+    "format_summary",
+    "load_latest_checkpoint",
+    "lr_factor",
+    "param_digest",
+    "parse_profile_steps",
+    "read_step_logs",
+    "resolve_amp",
+    "restore_rng",
+    "save_checkpoint",
+    "step_log_path",
+    "summarize",
+    "train",
+]

@@ -1,0 +1,100 @@
+"""From config to task + loaders: what a training run reads and how the model is shaped for it.
+
+The model's preprocessing facts come from the data side, never from a second setting: an image
+model's ``size_px`` and ``eval_crop_fraction`` are the image pipeline's ``image.size_px`` and
+``image.eval_crop_fraction``; its classes are the dataset's (``model.num_classes`` may only
+confirm them or leave room for more).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpufeed.config import Config, ConfigError
+from gpufeed.train.distributed import DistInfo
+from gpufeed.train.tasks import ImageTask, Task
+
+__all__ = ["TrainData", "build_data"]
+
+
+@dataclass
+class TrainData:
+    """A run's task and loaders.
+
+    Attributes:
+        task: Loss, targets and metric of the run.
+        train: The training loader (this rank's shard).
+        val: The evaluation loader (this rank's shard), or ``None`` without a validation split.
+        spec_overrides: :class:`~gpufeed.models.ModelSpec` fields the data decides (classes,
+            labels, input size, evaluation crop, clip length).
+    """
+
+    task: Task
+    train: object
+    val: object | None
+    spec_overrides: dict = field(default_factory=dict)
+
+
+def _num_classes(cfg: Config, found: int) -> int:
+    wanted = cfg.model.num_classes
+    if wanted is None:
+        return found
+    if wanted < found:
+        raise ConfigError(
+            "model.num_classes", f"value {wanted} is smaller than the {found} classes in the data; set null to use them"
+        )
+    return wanted
+
+
+def _image_data(cfg: Config, device, dist: DistInfo) -> TrainData:
+    from gpufeed.pipelines import ImageDataset, ImageLoader
+
+    if cfg.data.train is None:
+        raise ConfigError(
+            "data.train", "an image model needs a training split: set data.train.root or data.train.list_file"
+        )
+    train_set = ImageDataset.from_config(cfg.data.train, cfg.data.classes)
+    val_set = ImageDataset.from_config(cfg.data.val, cfg.data.classes) if cfg.data.val is not None else None
+    if val_set is not None and val_set.classes != train_set.classes:
+        raise ConfigError(
+            "data.val",
+            f"classes {list(val_set.classes)} of {val_set.source} differ from the training split's "
+            f"{list(train_set.classes)}; set data.classes to name them once",
+        )
+    num_classes = _num_classes(cfg, len(train_set.classes))
+
+    def loader(dataset, train: bool):
+        return ImageLoader(
+            dataset,
+            train=train,
+            image_cfg=cfg.image,
+            loader_cfg=cfg.loader,
+            device=device,
+            shard_id=dist.rank,
+            num_shards=dist.world_size,
+            seed=cfg.seed,
+        )
+
+    labels = train_set.classes if num_classes == len(train_set.classes) else ()
+    return TrainData(
+        task=ImageTask(num_classes, labels, label_smoothing=cfg.train.label_smoothing),
+        train=loader(train_set, True),
+        val=loader(val_set, False) if val_set is not None else None,
+        spec_overrides={
+            "num_classes": num_classes,
+            "labels": labels,
+            "size_px": cfg.image.size_px,
+            "eval_crop_fraction": cfg.image.eval_crop_fraction,
+        },
+    )
+
+
+def build_data(cfg: Config, task_kind: str, device, dist: DistInfo) -> TrainData:
+    """The task and this rank's loaders for a model whose spec says ``task_kind`` (image | clip)."""
+    if task_kind == "image":
+        return _image_data(cfg, device, dist)
+    if task_kind == "clip":
+        from gpufeed.train.clip import build_clip_data
+
+        return build_clip_data(cfg, device, dist)
+    raise ValueError(f"task {task_kind!r} is not known; known tasks: image, clip")

@@ -1,0 +1,277 @@
+"""The training loop: DALI batches in, Kornia augmentation, AMP steps, telemetry, checkpoints.
+
+``train(cfg, run_dir)`` (and ``gpufeed train``) does, per step: wait for the next batch, augment
+it on the device, forward + backward + AdamW step under autocast, then records the three timings
+(see :mod:`gpufeed.train.telemetry`). Each epoch ends with an evaluation and a checkpoint; a
+summary table of loader wait against compute is printed at the end.
+
+Under ``torchrun`` each rank reads its own shard and DDP averages gradients; rank 0 writes the
+checkpoints, every rank serves its own metrics and writes its own step log.
+
+Run folder::
+
+    RUN_DIR/config.yaml                the resolved config
+    RUN_DIR/checkpoints/ckpt-<step>.pt see gpufeed.train.checkpoint
+    RUN_DIR/steps.jsonl                rank 0's steps (steps-rank<r>.jsonl: rank r)
+    RUN_DIR/eval.jsonl                 one line per evaluation
+    RUN_DIR/summary.json               every rank's summary, written at the end
+    RUN_DIR/metrics-rank<r>.addr       host:port of rank r's /metrics
+    RUN_DIR/trace-steps<A>-<B>-rank<r>.json   with --profile-steps A:B
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufeed.config import Config
+from gpufeed.train.errors import TrainError
+from gpufeed.train.profiling import ProfileWindow, StageRanges
+from gpufeed.train.summary import StepStats
+from gpufeed.train.telemetry import StepRecord
+
+__all__ = ["TrainError", "TrainResult", "train"]
+
+log = logging.getLogger("gpufeed")
+
+
+@dataclass
+class TrainResult:
+    """What a finished run leaves.
+
+    Attributes:
+        run_dir: The run folder.
+        step: Optimizer steps completed in total.
+        epoch: Epochs completed.
+        checkpoint: The last checkpoint written (rank 0), or ``None`` on other ranks.
+        summary: This rank's loader-vs-compute figures (:func:`gpufeed.train.summary.summarize`).
+        evaluations: Every evaluation of this run, oldest first.
+        device: Where it ran, in words.
+    """
+
+    run_dir: Path
+    step: int
+    epoch: int
+    checkpoint: Path | None
+    summary: dict
+    evaluations: list[dict] = field(default_factory=list)
+    device: str = ""
+
+
+def train(
+    cfg: Config,
+    run_dir: str | Path | None = None,
+    *,
+    resume: bool = False,
+    profile_steps: tuple[int, int] | None = None,
+) -> TrainResult:
+    """Train ``cfg.model`` on ``cfg.data`` into ``run_dir``.
+
+    Args:
+        cfg: The whole config (sections ``model``, ``train``, ``augment``, ``telemetry``,
+            ``data``, ``image``, ``loader``).
+        run_dir: The run folder; default ``runs/<model>-<date>-<time>``.
+        resume: Continue from the newest loadable checkpoint in ``run_dir`` (start fresh if there
+            is none). Without it, a ``run_dir`` that holds checkpoints is refused.
+        profile_steps: ``(A, B)``: record a Chrome trace of steps A..B.
+
+    Raises:
+        ConfigError, TrainError, DatasetError, BadSampleError: Input problems, clearly named.
+    """
+    from gpufeed.train.session import Session
+
+    with Session(cfg, run_dir, resume=resume, profile_steps=profile_steps) as session:
+        return session.run()
+
+
+class Loop:
+    """The per-step and per-epoch mechanics, on top of a prepared :class:`~gpufeed.train.session.Session`."""
+
+    def __init__(self, session) -> None:
+        from gpufeed.train.step import Stepper
+
+        s = session
+        self.s = s
+        self.cfg: Config = s.cfg
+        self.on_gpu = s.device.is_gpu
+        self.ranges = StageRanges(self.on_gpu)
+        self.stepper = Stepper(
+            s.model,
+            s.data.task,
+            s.optimizer,
+            s.scheduler,
+            s.augment,
+            s.scaler,
+            amp_dtype=s.amp_dtype,
+            memory_format=s.input_format,
+            grad_clip_norm=self.cfg.train.grad_clip_norm,
+            on_gpu=self.on_gpu,
+        )
+        self.profile = ProfileWindow(s.profile_steps, s.run_dir, s.dist.rank, self.on_gpu)
+        self.stats = StepStats()
+        self.evaluations: list[dict] = []
+        self._skipped_seen = len(getattr(s.data.train, "skipped", {}))
+        self._last_saved_step = s.step if s.resumed else -1
+        self._last_eval_step = -1
+
+    def step(self, batch, wait_s: float, started: float, epoch: int, batch_index: int) -> StepRecord:
+        """One training step on ``batch``, as a :class:`StepRecord` with its timings."""
+        s = self.s
+        outcome = self.stepper(batch)
+        ids = None
+        if self.cfg.telemetry.record_sample_ids:
+            for name in ("sample_ids", "video_ids"):
+                if getattr(batch, name, None) is not None:
+                    ids = getattr(batch, name).tolist()
+                    break
+        return StepRecord(
+            step=s.step + 1,
+            epoch=epoch,
+            batch=batch_index,
+            rank=s.dist.rank,
+            time_unix=time.time(),
+            loader_wait_s=wait_s,
+            augment_s=outcome.augment_s,
+            compute_s=outcome.compute_s,
+            step_s=time.perf_counter() - started,
+            samples=outcome.samples,
+            loss=outcome.loss,
+            lr=outcome.lr,
+            sample_ids=ids,
+        )
+
+    # -- one epoch ----------------------------------------------------------------------------
+    def run_epoch(self, epoch: int) -> bool:
+        """Train until the epoch ends (True) or ``train.max_steps`` is reached (False)."""
+        from tqdm import tqdm
+
+        s = self.s
+        loader = s.data.train
+        total = len(loader)
+        batch_index = int(loader.state_dict().get("batch", 0))
+        bar = tqdm(
+            total=total,
+            initial=batch_index,
+            desc=f"epoch {epoch + 1}/{self.cfg.train.epochs}",
+            unit="step",
+            disable=not (s.dist.is_main and self.cfg.train.progress),
+            leave=False,
+            dynamic_ncols=True,
+        )
+        waited = stepped = 0.0
+        samples = 0
+        iterator = iter(loader)
+        try:
+            while True:
+                if s.max_steps_reached() and batch_index < total:
+                    return False
+                self.profile.before_step(s.step + 1)
+                started = time.perf_counter()
+                with self.ranges("loader_wait"):
+                    try:
+                        batch = next(iterator)
+                    except StopIteration:
+                        return True
+                wait_s = time.perf_counter() - started
+                record = self.step(batch, wait_s, started, epoch, batch_index)
+                s.step += 1
+                batch_index += 1
+                self._after_step(record)
+                waited, stepped, samples = waited + wait_s, stepped + record.step_s, samples + record.samples
+                bar.update(1)
+                bar.set_postfix_str(
+                    f"{samples * s.dist.world_size / max(stepped, 1e-9):,.0f} samples/s, "
+                    f"wait {waited / max(stepped, 1e-9):.0%}, loss {record.loss:.3f}",
+                    refresh=False,
+                )
+        finally:
+            bar.close()
+
+    def _after_step(self, record: StepRecord) -> None:
+        s = self.s
+        s.metrics.observe(record)
+        s.step_log.write(record)
+        self.stats.add(record)
+        skipped = len(getattr(s.data.train, "skipped", {}))
+        if skipped > self._skipped_seen:
+            s.metrics.skipped.inc(skipped - self._skipped_seen)
+            self._skipped_seen = skipped
+        self.profile.after_step(s.step)
+        every = self.cfg.train.checkpoint_every_steps
+        if every and s.step % every == 0:
+            self.checkpoint()
+
+    # -- evaluation and checkpoints -------------------------------------------------------------
+    def evaluate(self, epoch: int) -> dict | None:
+        """Evaluate on this rank's shard of the validation split; results summed over ranks."""
+        s = self.s
+        if s.data.val is None or self._last_eval_step == s.step:
+            return None
+        model = s.bare_model
+        model.eval()
+        metric = s.data.task.new_metric()
+        started = time.perf_counter()
+        for batch in s.data.val:
+            logits = self.stepper.predict(model, batch)
+            metric.update(logits, s.data.task.targets(batch), s.data.task.valid(batch))
+        result = {"epoch": epoch, "step": s.step, **metric.compute(), "seconds": time.perf_counter() - started}
+        model.train()
+        self._last_eval_step = s.step
+        self.evaluations.append(result)
+        if s.dist.is_main:
+            s.eval_log.write(result)
+            key = s.data.task.primary_metric
+            value = result.get(key)
+            shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+            loss = result.get("loss")
+            log.info(
+                "eval after step %d (epoch %d): %s %s, loss %s on %d samples",
+                s.step,
+                epoch + 1,
+                key,
+                shown,
+                f"{loss:.4f}" if loss is not None else "n/a",
+                result["samples"],
+            )
+        return result
+
+    def checkpoint(self) -> Path | None:
+        """Write a checkpoint of the current step (rank 0 writes; every rank contributes its state)."""
+        s = self.s
+        if self._last_saved_step == s.step:
+            return None
+        path = s.save_checkpoint()
+        self._last_saved_step = s.step
+        return path
+
+    # -- the whole run --------------------------------------------------------------------------
+    def run(self) -> tuple[dict, list[dict]]:
+        """Train to the end (epochs or max_steps); returns this rank's summary and the evaluations."""
+        s = self.s
+        every = self.cfg.train.eval_every_epochs
+        if s.resumed and (s.epoch >= self.cfg.train.epochs or s.max_steps_reached()):
+            log.info(
+                "nothing left to train: the run is at step %d, epoch %d of %d (raise train.epochs or train.max_steps)",
+                s.step,
+                s.epoch,
+                self.cfg.train.epochs,
+            )
+        try:
+            while s.epoch < self.cfg.train.epochs and not s.max_steps_reached():
+                if not s.mid_epoch:
+                    s.data.train.set_epoch(s.epoch)
+                s.mid_epoch = False
+                if not self.run_epoch(s.epoch):
+                    break
+                s.epoch += 1
+                if every and s.epoch % every == 0:
+                    self.evaluate(s.epoch - 1)
+                self.checkpoint()
+            if every and len(self.stats):
+                self.evaluate(s.epoch_of_last_step())
+            self.checkpoint()
+        finally:
+            self.profile.close()
+        return self.stats.summary(), self.evaluations

@@ -1,0 +1,69 @@
+"""Optimiser, learning-rate schedule and mixed precision, from the ``train`` config section."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from gpufeed.config import ConfigError, TrainConfig
+
+__all__ = ["build_optimizer", "build_scheduler", "lr_factor", "resolve_amp"]
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; biases and normalisation parameters (1-d tensors) get no weight decay."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (no_decay if param.dim() <= 1 else decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
+def lr_factor(step: int, total_steps: int, cfg: TrainConfig) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) as a fraction of ``cfg.lr``.
+
+    Linear warm-up over ``warmup_steps``, then ``schedule`` from 1 down to ``min_lr_fraction`` at
+    ``total_steps`` (cosine or linear), or flat (constant).
+    """
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    floor = cfg.min_lr_fraction
+    if cfg.schedule == "cosine":
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return floor + (1.0 - floor) * (1.0 - progress)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, cfg: TrainConfig):
+    """A ``LambdaLR`` stepping :func:`lr_factor` once per optimizer step."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
+
+
+def resolve_amp(mode: str, device) -> torch.dtype | None:
+    """The autocast dtype for ``train.amp`` on ``device`` (``None``: full float32).
+
+    Raises:
+        ConfigError: fp16 without a GPU, or bf16 on a GPU that lacks it.
+    """
+    if mode == "off":
+        return None
+    if not device.is_gpu:
+        if mode == "fp16":
+            raise ConfigError("train.amp", "fp16 needs a GPU and this run uses the CPU; use bf16, auto or off")
+        return torch.bfloat16 if mode == "bf16" else None
+    bf16_ok = torch.cuda.is_bf16_supported()
+    if mode == "bf16" and not bf16_ok:
+        raise ConfigError(
+            "train.amp", f"bf16 is not supported by {torch.cuda.get_device_name(device.device_id)}; use fp16"
+        )
+    if mode == "auto":
+        return torch.bfloat16 if bf16_ok else torch.float16
+    return torch.bfloat16 if mode == "bf16" else torch.float16

@@ -1,0 +1,90 @@
+"""``gpufeed report RUN_DIR``: a PNG of loader wait against compute over a run.
+
+Top panel: each step's time split into loader wait, augmentation and compute (rank 0), as
+stacked bars, so stalls show up where they happen (epoch starts, evaluations, slow files).
+Bottom panel: the share of step time spent waiting for data, per rank, as a rolling mean; the
+dashed line is the 5% a well-fed GPU stays under.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.train.summary import format_summary, summarize
+from gpufeed.train.telemetry import read_step_logs
+
+__all__ = ["draw_report"]
+
+_COLOURS = {"loader_wait_s": "#d62728", "augment_s": "#ff7f0e", "compute_s": "#1f77b4"}
+_LABELS = {"loader_wait_s": "loader wait", "augment_s": "augment", "compute_s": "compute"}
+
+
+def _rolling(values: np.ndarray, window: int) -> np.ndarray:
+    if len(values) < window or window <= 1:
+        return values
+    kernel = np.ones(window) / window
+    head = np.cumsum(values[: window - 1]) / np.arange(1, window)
+    return np.concatenate([head, np.convolve(values, kernel, mode="valid")])
+
+
+def draw_report(run_dir: str | Path, out: str | Path | None = None, window: int = 10) -> tuple[Path, str]:
+    """Draw the report of ``run_dir`` into ``out`` (default ``RUN_DIR/report.png``).
+
+    Returns:
+        ``(png_path, text)``: where the PNG went, and the loader-vs-compute table of each rank.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` has no step log.
+        ValueError: A step log line is damaged (file and line named).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    logs = read_step_logs(run_dir)
+    out = Path(out) if out is not None else run_dir / "report.png"
+    main_rank = min(logs)
+    records = logs[main_rank]
+    steps = np.array([r["step"] for r in records])
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    base = np.zeros(len(records))
+    for key in ("loader_wait_s", "augment_s", "compute_s"):
+        values = np.array([r[key] for r in records]) * 1e3
+        top.bar(steps, values, bottom=base, width=1.0, color=_COLOURS[key], label=_LABELS[key], linewidth=0)
+        base += values
+    # A pipeline start-up can take 100x a normal step; clip it so the normal steps stay readable.
+    ceiling = np.percentile(base, 95) * 3 if len(base) >= 10 else base.max()
+    if base.max() > ceiling > 0:
+        top.set_ylim(0, ceiling)
+        for step, height in zip(steps, base, strict=True):
+            if height > ceiling:
+                top.annotate(f"{height:,.0f} ms", (step, ceiling), ha="center", va="top", fontsize=8, rotation=90)
+    top.set_ylabel("time per step (ms)")
+    top.set_title(f"{run_dir.name}: loader wait vs compute (rank {main_rank}, {len(records)} steps)")
+    top.legend(loc="upper right")
+    epoch_starts = [r["step"] for r in records if r.get("batch") == 0]
+    for step in epoch_starts:
+        top.axvline(step - 0.5, color="grey", linewidth=0.6, linestyle=":")
+
+    for rank, rank_records in sorted(logs.items()):
+        wait = np.array([r["loader_wait_s"] for r in rank_records])
+        total = np.array([r["step_s"] for r in rank_records])
+        share = _rolling(wait, window) / np.maximum(_rolling(total, window), 1e-12) * 100
+        bottom.plot([r["step"] for r in rank_records], share, label=f"rank {rank}", linewidth=1.2)
+    bottom.axhline(5.0, color="black", linestyle="--", linewidth=0.8, label="5% target")
+    bottom.set_ylabel(f"loader wait share (%)\nrolling mean of {window} steps")
+    bottom.set_xlabel("step")
+    bottom.set_ylim(bottom=0)
+    bottom.legend(loc="upper right")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+    text = "\n\n".join(format_summary(summarize(r), f"rank {rank}") for rank, r in sorted(logs.items()))
+    return out, text

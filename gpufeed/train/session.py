@@ -1,0 +1,325 @@
+"""One training run's state: device, ranks, run folder, model, optimiser, loaders, telemetry, resume.
+
+:class:`Session` prepares everything :class:`~gpufeed.train.loop.Loop` needs, owns the
+checkpoint contents (what goes in, how a resume puts it back) and closes what it opened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from gpufeed.config import Config, ConfigError, save_config
+from gpufeed.train.distributed import (
+    all_gather_objects,
+    broadcast_object,
+    env_dist_info,
+    init_distributed,
+    shutdown_distributed,
+)
+from gpufeed.train.loop import Loop, TrainError, TrainResult
+
+__all__ = ["Session", "param_digest"]
+
+log = logging.getLogger("gpufeed")
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    """SHA-256 over a model's parameters (names and values, in order): equal digests, equal weights."""
+    digest = hashlib.sha256()
+    for name, param in getattr(model, "module", model).named_parameters():
+        digest.update(name.encode())
+        digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+class Session:
+    """Set up a run (``with Session(...) as s: s.run()``); see :func:`gpufeed.train.train`."""
+
+    def __init__(self, cfg: Config, run_dir, *, resume: bool, profile_steps) -> None:
+        from gpufeed.device import resolve_device
+        from gpufeed.train.optim import resolve_amp
+
+        self.cfg = cfg
+        self.resume_requested = resume
+        self.profile_steps = profile_steps
+        self.dist = env_dist_info()
+        if self.dist.enabled and cfg.loader.last_batch == "partial":
+            raise ConfigError(
+                "loader.last_batch",
+                "'partial' gives ranks different step counts, which DDP cannot run; use drop or pad",
+            )
+        self.device = resolve_device(cfg.device, self.dist.local_rank)
+        if self.device.is_gpu:
+            torch.cuda.set_device(self.device.device_id)  # events, RNG state and DDP use the current device
+        self.amp_dtype = resolve_amp(cfg.train.amp, self.device)
+        self._owns_group = self.dist.enabled and not torch.distributed.is_initialized()
+        init_distributed(self.dist, self.device.is_gpu)
+        self.run_dir = self._choose_run_dir(run_dir)
+        self.step = 0
+        self.epoch = 0
+        self.mid_epoch = False
+        self.resumed = False
+        self.server = self.step_log = self.eval_log = None
+
+    # -- setup ----------------------------------------------------------------------------------
+    def _choose_run_dir(self, run_dir) -> Path:
+        if run_dir is None:
+            run_dir = Path("runs") / f"{self.cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = Path(broadcast_object(str(Path(run_dir).resolve())))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir
+
+    def __enter__(self) -> Session:
+        try:
+            self._setup()
+        except BaseException:
+            self.close(linger=False)
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(linger=exc_type is None)
+
+    def _setup(self) -> None:
+        from gpufeed.models import create_model, default_spec, list_checkpoints
+        from gpufeed.train.augment import build_augmenter
+        from gpufeed.train.checkpoint import load_latest_checkpoint, remove_stale_temp_files
+        from gpufeed.train.data import build_data
+        from gpufeed.train.optim import build_optimizer, build_scheduler
+        from gpufeed.train.telemetry import MetricsServer, StepLog, TrainMetrics, step_log_path
+
+        cfg, rank = self.cfg, self.dist.rank
+        if not self.resume_requested and list_checkpoints(self.run_dir):
+            raise TrainError(
+                f"{self.run_dir} already holds checkpoints: pass --resume to continue that run, "
+                "or choose another --out folder"
+            )
+        telemetry = cfg.telemetry
+        self.metrics = TrainMetrics(rank)
+        port = telemetry.metrics_port + self.dist.local_rank if telemetry.metrics_port else 0
+        self.server = MetricsServer(self.metrics.registry, telemetry.metrics_host, port, self.run_dir, rank)
+        try:
+            task_kind = default_spec(cfg.model.name).task
+        except ValueError as err:
+            raise ConfigError("model.name", str(err)) from None
+
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        self.data = build_data(cfg, task_kind, self.device, self.dist)
+        spec = dict(self.data.spec_overrides, mean=cfg.model.mean, std=cfg.model.std)
+        model = create_model(cfg.model.name, **spec).to(self.device.torch_device)
+        self.input_format = None
+        if cfg.train.channels_last:
+            from gpufeed.train.tasks import to_channels_last
+
+            model = to_channels_last(model)
+            self.input_format = self.data.task.input_format(model)
+        self.augment = build_augmenter(cfg.augment, clips=self.data.task.clips).to(self.device.torch_device)
+        self.optimizer = build_optimizer(model, cfg.train)
+        self.total_steps = cfg.train.epochs * len(self.data.train)
+        self.scheduler = build_scheduler(self.optimizer, self.total_steps, cfg.train)
+        self.scaler = torch.amp.GradScaler(self.device.torch_device.type, enabled=self.amp_dtype == torch.float16)
+        self.model = model
+
+        found = None
+        if self.resume_requested:
+            if rank == 0:
+                remove_stale_temp_files(self.run_dir)
+            found = load_latest_checkpoint(self.run_dir)
+            if found is None:
+                log.warning("--resume: no checkpoint in %s yet, starting from scratch", self.run_dir)
+        if found is not None:
+            self._restore(*found)
+        else:
+            torch.manual_seed(cfg.seed + 1 + rank)  # each rank draws its own augmentations
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.device_id] if self.device.is_gpu else None
+            self.model = DistributedDataParallel(model, device_ids=ids)
+        resume_step = self.step if self.resumed else None
+        self.step_log = StepLog(step_log_path(self.run_dir, rank), resume_step)
+        if rank == 0:
+            self.eval_log = StepLog(self.run_dir / "eval.jsonl", resume_step)
+            save_config(cfg, self.run_dir / "config.yaml")
+        amp = str(self.amp_dtype).replace("torch.", "") if self.amp_dtype else "off"
+        log.info(
+            "training %s (%s task, %d classes) on %s, amp %s, %d rank(s), %d steps per epoch, run folder %s",
+            cfg.model.name,
+            task_kind,
+            self.data.task.num_classes,
+            self.device.describe(),
+            amp,
+            self.dist.world_size,
+            len(self.data.train),
+            self.run_dir,
+        )
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _restore(self, path: Path, state: dict) -> None:
+        from gpufeed.models import ModelSpec
+        from gpufeed.train.checkpoint import restore_rng
+
+        cfg, rank = self.cfg, self.dist.rank
+        saved_spec = ModelSpec.from_dict(state["model_spec"])
+        if saved_spec != self.model.spec:
+            diff = [
+                f"{k}: {getattr(saved_spec, k)!r} -> {getattr(self.model.spec, k)!r}"
+                for k in saved_spec.__dataclass_fields__
+                if getattr(saved_spec, k) != getattr(self.model.spec, k)
+            ]
+            raise TrainError(f"{path} holds a different model than this config builds ({'; '.join(diff)})")
+        saved_world = int(state.get("world_size", 1))
+        loader_states = state["loader"]
+        loader_state = loader_states[rank] if saved_world == self.dist.world_size else dict(loader_states[0])
+        if saved_world != self.dist.world_size:
+            if int(loader_state.get("batch", 0)) != 0:
+                raise TrainError(
+                    f"{path} was written by {saved_world} rank(s) in the middle of an epoch; resume it with "
+                    f"{saved_world} rank(s) (this run has {self.dist.world_size}), or from an epoch-end checkpoint"
+                )
+            loader_state = {"epoch": loader_state["epoch"], "batch": 0, "seed": loader_state.get("seed", cfg.seed)}
+        if int(loader_state.get("seed", cfg.seed)) != cfg.seed:
+            raise ConfigError("seed", f"value {cfg.seed} differs from the seed {loader_state['seed']} of {path}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler") and self.scaler.is_enabled():
+            self.scaler.load_state_dict(state["scaler"])
+        self.data.train.load_state_dict(loader_state)
+        rng = state.get("rng") or []
+        if rng:
+            restore_rng(rng[rank] if len(rng) == self.dist.world_size else rng[0])
+        self.step = int(state["step"])
+        self.epoch = int(loader_state["epoch"])
+        self.mid_epoch = int(loader_state.get("batch", 0)) > 0
+        self.resumed = True
+        old = _flatten(state.get("config") or {})
+        new = _flatten(json.loads(json.dumps(_config_mapping(cfg))))
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        if changed and rank == 0:
+            log.info(
+                "resumed with changed settings: %s", ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
+            )
+        log.info("resumed from %s: step %d, epoch %d", path, self.step, self.epoch + 1)
+
+    def save_checkpoint(self) -> Path | None:
+        """Gather every rank's loader and RNG state; rank 0 writes the checkpoint atomically."""
+        from gpufeed import __version__
+        from gpufeed.models import model_state
+        from gpufeed.train.checkpoint import capture_rng, save_checkpoint
+
+        mine = {"loader": self.data.train.state_dict(), "rng": capture_rng()}
+        gathered = all_gather_objects(mine)
+        if not self.dist.is_main:
+            return None
+        payload = {
+            **model_state(self.model),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "step": self.step,
+            "epoch": self.epoch,
+            "loader": [g["loader"] for g in gathered],
+            "rng": [g["rng"] for g in gathered],
+            "world_size": self.dist.world_size,
+            "config": _config_mapping(self.cfg),
+            "gpufeed": __version__,
+        }
+        started = time.perf_counter()
+        path = save_checkpoint(payload, self.run_dir, self.step, keep=self.cfg.train.keep_checkpoints)
+        log.debug("checkpoint %s written in %.2f s", path, time.perf_counter() - started)
+        self.last_checkpoint = path
+        return path
+
+    # -- the run --------------------------------------------------------------------------------
+    @property
+    def bare_model(self) -> torch.nn.Module:
+        return getattr(self.model, "module", self.model)
+
+    def max_steps_reached(self) -> bool:
+        return self.cfg.train.max_steps is not None and self.step >= self.cfg.train.max_steps
+
+    def epoch_of_last_step(self) -> int:
+        at_boundary = int(self.data.train.state_dict().get("batch", 0)) == 0
+        return max(0, self.epoch - 1) if at_boundary else self.epoch
+
+    def run(self) -> TrainResult:
+        from gpufeed.train.summary import format_summary
+
+        self.last_checkpoint = None
+        summary, evaluations = Loop(self).run()
+        mine = {"rank": self.dist.rank, "summary": summary, "param_digest": param_digest(self.model)}
+        everyone = all_gather_objects(mine)
+        if self.dist.is_main:
+            document = {
+                "model": self.cfg.model.name,
+                "device": self.device.describe(),
+                "world_size": self.dist.world_size,
+                "step": self.step,
+                "epoch": self.epoch,
+                "amp": str(self.amp_dtype).replace("torch.", "") if self.amp_dtype else "off",
+                "evaluations": evaluations,
+                "ranks": everyone,
+            }
+            title = f"loader vs compute: {self.cfg.model.name} on {self.device.describe()}"
+            for entry in everyone:
+                heading = f"{title}, rank {entry['rank']}" if len(everyone) > 1 else title
+                print("\n" + format_summary(entry["summary"], heading), flush=True)
+            # Written last: its presence tells watchers (and tests) the run has finished.
+            text = json.dumps(_finite(document), indent=2, allow_nan=False)
+            (self.run_dir / "summary.json").write_text(text + "\n", encoding="utf-8")
+        return TrainResult(
+            run_dir=self.run_dir,
+            step=self.step,
+            epoch=self.epoch,
+            checkpoint=self.last_checkpoint if self.dist.is_main else None,
+            summary=summary,
+            evaluations=evaluations,
+            device=self.device.describe(),
+        )
+
+    def close(self, linger: bool) -> None:
+        linger_s = self.cfg.telemetry.linger_seconds
+        if linger and self.server is not None and linger_s > 0:
+            log.info("serving metrics at http://%s/metrics for %.0f s more", self.server.address, linger_s)
+            time.sleep(linger_s)
+        for closable in (self.step_log, self.eval_log, self.server):
+            if closable is not None:
+                closable.close()
+        self.server = self.step_log = self.eval_log = None
+        if self._owns_group:
+            shutdown_distributed()
+            self._owns_group = False
+
+
+def _finite(tree):
+    """``tree`` with NaN and infinities as ``None``, so it is standard JSON."""
+    if isinstance(tree, dict):
+        return {k: _finite(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_finite(v) for v in tree]
+    if isinstance(tree, float) and not math.isfinite(tree):
+        return None
+    return tree
+
+
+def _config_mapping(cfg: Config) -> dict:
+    from gpufeed._schema import to_mapping
+
+    return to_mapping(cfg)

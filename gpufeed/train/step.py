@@ -1,0 +1,104 @@
+"""One optimizer step, timed: augment, forward, backward, optimizer (task-agnostic).
+
+:class:`Stepper` is what the loop calls once per batch; it is also usable on its own (tests train
+the clip task with it on real decoded frames). It does not wait for data: the loop times that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpufeed.train.profiling import StageRanges
+from gpufeed.train.tasks import Task
+from gpufeed.train.telemetry import StageClock
+
+__all__ = ["StepOutcome", "Stepper"]
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step did: its loss, learning rate, timings (seconds) and batch rows."""
+
+    loss: float
+    lr: float
+    augment_s: float
+    compute_s: float
+    samples: int
+
+
+class Stepper:
+    """Runs training steps of ``model`` on ``task`` batches.
+
+    Args:
+        model: The (possibly DDP-wrapped) model; takes uint8 pixels.
+        task: Which batch fields are input and target, and the loss.
+        optimizer, scheduler: Stepped once per call.
+        augment: uint8 -> uint8 module applied before the forward pass (identity if empty).
+        scaler: ``torch.amp.GradScaler``; disabled unless training in fp16.
+        amp_dtype: autocast dtype, or ``None`` for float32.
+        memory_format: The inputs' memory format (see :meth:`Task.input_format`), or
+            ``None`` to leave inputs as they come.
+        grad_clip_norm: Clip the gradient norm to this (``None``: no clipping).
+        on_gpu: Time with CUDA events (one sync per step) rather than ``perf_counter``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        task: Task,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        augment: nn.Module,
+        scaler,
+        *,
+        amp_dtype: torch.dtype | None = None,
+        memory_format: torch.memory_format | None = None,
+        grad_clip_norm: float | None = None,
+        on_gpu: bool = False,
+    ) -> None:
+        self.model, self.task, self.optimizer, self.scheduler = model, task, optimizer, scheduler
+        self.augment, self.scaler = augment, scaler
+        self.amp_dtype, self.memory_format, self.grad_clip_norm = amp_dtype, memory_format, grad_clip_norm
+        self.device_type = "cuda" if on_gpu else "cpu"
+        self.clock = StageClock(on_gpu)
+        self.ranges = StageRanges(on_gpu)
+
+    def autocast(self):
+        return torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
+
+    def prepare(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Inputs in the memory format the convolutions run fastest in (no copy if already so)."""
+        return pixels.contiguous(memory_format=self.memory_format) if self.memory_format is not None else pixels
+
+    def __call__(self, batch) -> StepOutcome:
+        task = self.task
+        self.clock.start()
+        with self.ranges("augment"):
+            pixels = self.prepare(self.augment(task.inputs(batch)))
+        self.clock.mark()
+        with self.autocast(), self.ranges("forward"):
+            logits = self.model(pixels)
+            loss = task.loss(logits, task.targets(batch), task.valid(batch))
+        with self.ranges("backward"):
+            self.scaler.scale(loss).backward()
+        with self.ranges("optimizer"):
+            if self.grad_clip_norm:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            lr = self.scheduler.get_last_lr()[0]
+            self.scheduler.step()
+        self.clock.mark()
+        augment_s, compute_s = self.clock.finish()  # on a GPU, the step's one synchronisation
+        return StepOutcome(float(loss.detach()), lr, augment_s, compute_s, int(pixels.shape[0]))
+
+    @torch.no_grad()
+    def predict(self, model: nn.Module, batch) -> torch.Tensor:
+        """Evaluation logits of ``batch`` (no augmentation), under the same autocast."""
+        with self.autocast():
+            return model(self.prepare(self.task.inputs(batch)))

@@ -1,0 +1,185 @@
+"""What is being learned: the batch fields, loss and evaluation metric of each task.
+
+The loop is task-agnostic; a task says which batch field is the input, which the target, how the
+loss is computed and what evaluation reports. The task comes from the model: a model whose
+:class:`~gpufeed.models.ModelSpec` says ``task: image`` trains as :class:`ImageTask`, ``clip``
+as :class:`gpufeed.train.clip.ClipTask`.
+
+==========  ==============================  ====================================  =======================
+task        input                           target                                evaluation
+==========  ==============================  ====================================  =======================
+image       ``batch.images`` (N,3,S,S) u8   ``batch.labels`` (N,) int64           top-1 accuracy
+clip        ``batch.clips`` (N,3,T,H,W) u8  ``batch.centre_labels`` (N,K) f32     per-class and macro F1
+==========  ==============================  ====================================  =======================
+
+Rows with ``batch.valid`` false (padding) are left out of the loss and of evaluation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from gpufeed.train.distributed import all_reduce_sum
+
+__all__ = ["Accuracy", "ImageTask", "MultiLabelF1", "Task", "masked_mean", "to_channels_last"]
+
+
+def masked_mean(per_sample: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """Mean of per-sample losses over valid rows, without a host sync (no boolean indexing)."""
+    if valid is None:
+        return per_sample.mean()
+    weights = valid.to(per_sample.dtype)
+    return (per_sample * weights).sum() / weights.sum().clamp_min(1.0)
+
+
+class Task:
+    """The interface the loop uses. Subclasses set ``name``, ``clips`` and ``primary_metric``."""
+
+    name = "task"
+    clips = False  # inputs are (N, 3, T, H, W) clips
+    primary_metric = "loss"
+
+    def inputs(self, batch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def targets(self, batch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def per_sample_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """The training loss: mean over valid rows, computed in float32 even under autocast."""
+        return masked_mean(self.per_sample_loss(logits.float(), targets), valid)
+
+    def new_metric(self):
+        raise NotImplementedError
+
+    @staticmethod
+    def valid(batch) -> torch.Tensor | None:
+        return getattr(batch, "valid", None)
+
+    def input_format(self, model) -> torch.memory_format | None:
+        """The memory format inputs take under ``train.channels_last`` (``None``: as they come).
+
+        Inputs get the format of the convolutions that read them when the ranks match: image
+        batches (4-d) for 2-D networks, clips (5-d) for 3-D ones. A clip that a 2-D network
+        reshapes into stacked frames is left alone.
+        """
+        has_3d = any(p.dim() == 5 for p in model.parameters())
+        if self.clips:
+            return torch.channels_last_3d if has_3d else None
+        return None if has_3d else torch.channels_last
+
+
+def to_channels_last(model: torch.nn.Module) -> torch.nn.Module:
+    """Convolution weights in channels_last (2-D) or channels_last_3d (3-D), in place.
+
+    Done per convolution rather than with ``model.to(memory_format=...)``, which would also try
+    to convert the clip models' 5-d normalisation buffers to the 2-D format and fail.
+    """
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            module.to(memory_format=torch.channels_last)
+        elif isinstance(module, torch.nn.Conv3d):
+            module.to(memory_format=torch.channels_last_3d)
+    return model
+
+
+class Accuracy:
+    """Top-1 accuracy and mean loss over valid rows, summed over ranks by :meth:`compute`."""
+
+    def __init__(self) -> None:
+        self._sums = torch.zeros(3, dtype=torch.float64)  # correct, count, loss sum
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        if valid is not None:
+            logits, targets = logits[valid], targets[valid]
+        if targets.numel() == 0:
+            return
+        losses = F.cross_entropy(logits.float(), targets, reduction="none")
+        correct = (logits.argmax(dim=1) == targets).sum().double()
+        count = torch.tensor(float(len(targets)), dtype=torch.float64, device=logits.device)
+        row = torch.stack([correct, count, losses.sum().double()])
+        self._sums = self._sums.to(row.device) + row
+
+    def compute(self) -> dict:
+        correct, count, loss_sum = all_reduce_sum(self._sums.clone()).tolist()
+        if count == 0:
+            return {"samples": 0, "loss": None, "accuracy": None}
+        return {"samples": int(count), "loss": loss_sum / count, "accuracy": correct / count}
+
+
+class MultiLabelF1:
+    """Per-class F1 of multi-label logits (a class is predicted when its sigmoid is above 0.5).
+
+    F1 of a class = 2 TP / (2 TP + FP + FN); ``None`` for a class that is neither present nor
+    predicted anywhere (undefined), and ``macro_f1`` averages the defined ones. Counts are summed
+    over ranks by :meth:`compute`.
+    """
+
+    def __init__(self, num_classes: int, labels: tuple[str, ...] = ()) -> None:
+        self.num_classes = num_classes
+        self.labels = tuple(labels) or tuple(str(k) for k in range(num_classes))
+        self._counts = torch.zeros(3, num_classes, dtype=torch.float64)  # tp, fp, fn per class
+        self._totals = torch.zeros(2, dtype=torch.float64)  # samples, loss sum
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        if logits.shape != targets.shape or logits.dim() != 2 or logits.shape[1] != self.num_classes:
+            raise ValueError(
+                f"multi-label logits {tuple(logits.shape)} and targets {tuple(targets.shape)} must both be "
+                f"(N, {self.num_classes})"
+            )
+        if valid is not None:
+            logits, targets = logits[valid], targets[valid]
+        if targets.shape[0] == 0:
+            return
+        predicted = logits.float() > 0.0  # sigmoid(x) > 0.5
+        actual = targets > 0.5
+        counts = torch.stack([(predicted & actual).sum(0), (predicted & ~actual).sum(0), (~predicted & actual).sum(0)])
+        losses = F.binary_cross_entropy_with_logits(logits.float(), targets.float(), reduction="none").mean(1)
+        count = torch.tensor(float(len(losses)), dtype=torch.float64, device=logits.device)
+        totals = torch.stack([count, losses.sum().double()])
+        self._counts = self._counts.to(counts.device) + counts.double()
+        self._totals = self._totals.to(totals.device) + totals
+
+    def compute(self) -> dict:
+        tp, fp, fn = all_reduce_sum(self._counts.clone()).cpu()
+        samples, loss_sum = all_reduce_sum(self._totals.clone()).tolist()
+        per_class = {}
+        for k, label in enumerate(self.labels):
+            denominator = float(2 * tp[k] + fp[k] + fn[k])
+            per_class[label] = float(2 * tp[k]) / denominator if denominator > 0 else None
+        defined = [v for v in per_class.values() if v is not None]
+        return {
+            "samples": int(samples),
+            "loss": loss_sum / samples if samples else None,
+            "macro_f1": sum(defined) / len(defined) if defined else None,
+            "f1": per_class,
+        }
+
+
+class ImageTask(Task):
+    """Single-label image classification: cross-entropy (with optional label smoothing), accuracy."""
+
+    name = "image"
+    clips = False
+    primary_metric = "accuracy"
+
+    def __init__(self, num_classes: int, labels: tuple[str, ...] = (), label_smoothing: float = 0.0) -> None:
+        self.num_classes = num_classes
+        self.labels = tuple(labels)
+        self.label_smoothing = label_smoothing
+
+    def inputs(self, batch) -> torch.Tensor:
+        return batch.images
+
+    def targets(self, batch) -> torch.Tensor:
+        return batch.labels
+
+    def per_sample_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing, reduction="none")
+
+    def new_metric(self) -> Accuracy:
+        return Accuracy()

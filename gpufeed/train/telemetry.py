@@ -1,0 +1,298 @@
+"""Per-step telemetry: where each training step's time went, as Prometheus metrics and JSON lines.
+
+Every step is split into three timed stages plus the whole:
+
+* **loader wait**: host time blocked inside ``next(iterator)``. On a GPU the previous step has
+  been synchronised (below), so this is exactly the time the GPU sits idle waiting for data;
+  DALI's output is already on the device when ``next`` returns.
+* **augment**: Kornia augmentation on the device.
+* **compute**: forward + backward + optimizer step (scaler and scheduler included).
+* **step**: host time from the start of the wait to the end of the step (the three above plus a
+  little bookkeeping).
+
+On a GPU, augment and compute are measured with **CUDA events** recorded on the current stream
+around each stage, with **one synchronisation per step** (on the step's last event, which the loss
+read-out needs anyway); on the CPU, where work is synchronous, with ``time.perf_counter``.
+
+Prometheus metrics (all labelled ``rank``, served on ``telemetry.metrics_host:metrics_port``)::
+
+    gpufeed_train_loader_wait_seconds, gpufeed_train_augment_seconds,
+    gpufeed_train_compute_seconds, gpufeed_train_step_seconds          histograms
+    gpufeed_train_samples_total, gpufeed_train_steps_total,
+    gpufeed_train_skipped_samples_total                                  counters
+    gpufeed_train_epoch, gpufeed_train_loss                              gauges
+
+The JSON lines (one object per step, see :data:`STEP_FIELDS`) go to ``RUN_DIR/steps.jsonl`` for
+rank 0 and ``RUN_DIR/steps-rank<r>.jsonl`` for the other ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "HISTOGRAM_BUCKETS_S",
+    "STEP_FIELDS",
+    "MetricsServer",
+    "StageClock",
+    "StepLog",
+    "StepRecord",
+    "TrainMetrics",
+    "addr_file",
+    "step_log_path",
+]
+
+log = logging.getLogger("gpufeed")
+
+# From 0.5 ms (a prefetched batch) to a minute (a pipeline start-up on a cold disk).
+HISTOGRAM_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
+
+@dataclass
+class StepRecord:
+    """One training step, as written to the step log.
+
+    Attributes:
+        step: Optimizer steps completed after this one (1 for the first step of a run).
+        epoch: Epoch this step belongs to (0-based).
+        batch: Batch index within the epoch (0-based).
+        rank: The process's rank.
+        time_unix: Wall-clock time at the end of the step.
+        loader_wait_s, augment_s, compute_s, step_s: The stage timings (see the module docs).
+        samples: Rows in the batch (padding rows included: they are computed on).
+        loss: Training loss of the step.
+        lr: Learning rate used by the step.
+        sample_ids: The batch's sample ids, only with ``telemetry.record_sample_ids``.
+    """
+
+    step: int
+    epoch: int
+    batch: int
+    rank: int
+    time_unix: float
+    loader_wait_s: float
+    augment_s: float
+    compute_s: float
+    step_s: float
+    samples: int
+    loss: float
+    lr: float
+    sample_ids: list[int] | None = field(default=None)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        if data["sample_ids"] is None:
+            del data["sample_ids"]
+        return json.dumps(data, separators=(",", ":"))
+
+
+STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
+
+
+class StageClock:
+    """Times augment and compute per step: CUDA events on a GPU, ``perf_counter`` on the CPU.
+
+    Usage per step: ``start()``, ``mark()`` after augmentation, ``mark()`` after the optimizer
+    step, then ``finish()`` returns ``(augment_s, compute_s)``; on a GPU ``finish`` is the step's
+    one synchronisation.
+    """
+
+    def __init__(self, on_gpu: bool) -> None:
+        self.on_gpu = on_gpu
+        self._marks: list = []
+
+    def _now(self):
+        if self.on_gpu:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self._marks = [self._now()]
+
+    def mark(self) -> None:
+        self._marks.append(self._now())
+
+    def finish(self) -> tuple[float, float]:
+        start, after_augment, after_compute = self._marks
+        if self.on_gpu:
+            after_compute.synchronize()
+            return start.elapsed_time(after_augment) / 1e3, after_augment.elapsed_time(after_compute) / 1e3
+        return after_augment - start, after_compute - after_augment
+
+
+class TrainMetrics:
+    """The training metrics of one rank, in their own registry (several trainers can coexist)."""
+
+    def __init__(self, rank: int) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        label = {"rank": str(rank)}
+
+        def hist(name: str, doc: str):
+            return Histogram(name, doc, ["rank"], registry=self.registry, buckets=HISTOGRAM_BUCKETS_S).labels(**label)
+
+        def counter(name: str, doc: str):
+            return Counter(name, doc, ["rank"], registry=self.registry).labels(**label)
+
+        def gauge(name: str, doc: str):
+            return Gauge(name, doc, ["rank"], registry=self.registry).labels(**label)
+
+        self.loader_wait = hist("gpufeed_train_loader_wait_seconds", "Time blocked waiting for the next batch.")
+        self.augment = hist("gpufeed_train_augment_seconds", "Kornia augmentation on the device.")
+        self.compute = hist("gpufeed_train_compute_seconds", "Forward + backward + optimizer step.")
+        self.step = hist("gpufeed_train_step_seconds", "The whole step (wait + augment + compute).")
+        self.samples = counter("gpufeed_train_samples_total", "Samples trained on (padding rows included).")
+        self.steps = counter("gpufeed_train_steps_total", "Optimizer steps taken.")
+        self.skipped = counter("gpufeed_train_skipped_samples_total", "Samples left out because they cannot be used.")
+        self.epoch = gauge("gpufeed_train_epoch", "Epoch in progress (0-based).")
+        self.loss = gauge("gpufeed_train_loss", "Training loss of the latest step.")
+
+    def observe(self, record: StepRecord) -> None:
+        self.loader_wait.observe(record.loader_wait_s)
+        self.augment.observe(record.augment_s)
+        self.compute.observe(record.compute_s)
+        self.step.observe(record.step_s)
+        self.samples.inc(record.samples)
+        self.steps.inc()
+        self.epoch.set(record.epoch)
+        self.loss.set(record.loss)
+
+
+def addr_file(run_dir: Path, rank: int) -> Path:
+    """Where rank ``rank`` writes its bound metrics address (``host:port``)."""
+    return Path(run_dir) / f"metrics-rank{rank}.addr"
+
+
+def step_log_path(run_dir: Path, rank: int) -> Path:
+    """Rank 0 logs to ``steps.jsonl``, rank r > 0 to ``steps-rank<r>.jsonl``."""
+    return Path(run_dir) / ("steps.jsonl" if rank == 0 else f"steps-rank{rank}.jsonl")
+
+
+class MetricsServer:
+    """``/metrics`` over HTTP for one registry; the bound address is written for scrapers and tests.
+
+    Args:
+        registry: The prometheus_client registry to serve.
+        host: Address to bind.
+        port: Port to bind; 0 picks a free one.
+        run_dir, rank: The address ``host:port`` goes to ``run_dir/metrics-rank<rank>.addr``.
+
+    Raises:
+        TrainError: The port cannot be bound (the message names the config key to change).
+    """
+
+    def __init__(self, registry, host: str, port: int, run_dir: Path, rank: int) -> None:
+        from prometheus_client import start_http_server
+
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as err:
+            from gpufeed.train.errors import TrainError
+
+            raise TrainError(
+                f"cannot serve training metrics on {host}:{port}: {err.strerror or err}. "
+                "Set telemetry.metrics_port to a free port, or 0 to pick one."
+            ) from None
+        self.host = host
+        self.port = int(self._server.server_port)
+        self.path = addr_file(run_dir, rank)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(f"{self.address}\n", encoding="utf-8")
+        os.replace(tmp, self.path)  # readers never see a half-written address
+        log.info("training metrics of rank %d at http://%s/metrics", rank, self.address)
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+class StepLog:
+    """Appends JSON lines (step records, evaluations) to a log, flushed at every line.
+
+    On resume the log is first cut back to the resumed step, so steps that ran after the last
+    checkpoint of a killed run are not counted twice.
+    """
+
+    def __init__(self, path: Path, resume_step: int | None = None) -> None:
+        self.path = Path(path)
+        if resume_step is not None and self.path.exists():
+            self.truncate_after(self.path, resume_step)
+        elif resume_step is None and self.path.exists():
+            self.path.unlink()
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    @staticmethod
+    def truncate_after(path: Path, step: int) -> None:
+        kept = []
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a kill: drop it
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, path)
+
+    def write(self, record: StepRecord | dict) -> None:
+        """Append one record (a :class:`StepRecord` or a JSON-able dict with a ``step`` key)."""
+        line = record.to_json() if isinstance(record, StepRecord) else json.dumps(record, separators=(",", ":"))
+        self._fh.write(line + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_step_logs(run_dir: Path) -> dict[int, list[dict]]:
+    """Every rank's step records from a run folder: ``{rank: [record, ...]}`` in step order."""
+    run_dir = Path(run_dir)
+    files = sorted(run_dir.glob("steps*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"no step log in {run_dir}: expected {run_dir / 'steps.jsonl'} (written by training)")
+    out: dict[int, list[dict]] = {}
+    for path in files:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                out.setdefault(int(record["rank"]), []).append(record)
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"{path}:{number}: not a step record ({err})") from None
+    for records in out.values():
+        records.sort(key=lambda r: r["step"])
+    return out
