@@ -28,6 +28,7 @@ __all__ = [
     "DatasetConfig",
     "ImagePipelineConfig",
     "LoaderConfig",
+    "VideoConfig",
     "describe_config",
     "load_config",
     "parse_config",
@@ -37,6 +38,8 @@ __all__ = [
 DeviceName = Literal["auto", "gpu", "cpu"]
 LastBatch = Literal["drop", "partial", "pad"]
 OnBadSample = Literal["error", "skip"]
+VideoDecoder = Literal["auto", "dali", "pyav"]
+VideoFit = Literal["stretch", "centre_crop"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,30 @@ class LoaderConfig:
 
 
 @dataclass(frozen=True)
+class VideoConfig:
+    """Behaviour-video clips: uint8 (N, 3, clip_length_frames, size_px, size_px) plus per-frame labels.
+
+    A video folder holds ``<name>.mp4`` (or .mkv/.mov/.avi/.webm) files, each with a ``<name>.csv``
+    of per-frame multi-hot labels (header ``frame,<behaviour>...``). A clip starting at frame ``s``
+    holds frames ``s, s + stride, ..., s + (clip_length_frames - 1) * stride``, never past the end.
+    Training draws a random start per clip slot and epoch; evaluation reads every clip in order.
+    """
+
+    train: Path | None = option(None, doc="folder of training videos with their label CSVs")
+    val: Path | None = option(None, doc="folder of evaluation videos with their label CSVs")
+    clip_length_frames: int = option(11, ge=1, le=1024, doc="frames per clip")
+    stride_frames: int = option(1, ge=1, le=256, doc="gap between consecutive frames of a clip")
+    size_px: int = option(112, ge=8, le=4096, doc="output height and width of every frame in pixels")
+    fit: VideoFit = option(
+        "stretch", doc="stretch: resize the whole frame; centre_crop: resize the central square only"
+    )
+    decoder: VideoDecoder = option(
+        "auto",
+        doc="auto: DALI (NVDEC) on a GPU, on a CPU DALI for VP8/VP9/MJPEG and PyAV keyframe seeks otherwise",
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole gpufeed configuration."""
 
@@ -115,6 +142,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     image: ImagePipelineConfig = field(default_factory=ImagePipelineConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
+    video: VideoConfig = field(default_factory=VideoConfig)
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
