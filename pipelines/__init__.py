@@ -15,8 +15,10 @@ from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, ImageDataset, probe_ima
 from gpufeed.pipelines._errors import BadSampleError, DatasetError
 from gpufeed.pipelines._frames import FrameChunk, VideoFrameReader
 from gpufeed.pipelines._loader import ImageBatch, ImageLoader, default_num_threads, find_bad_files
+from gpufeed.pipelines._prepare import PrepareOptions, PrepareReport, prepare_videos
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._sampler import LAST_BATCH_POLICIES, EpochPlan, plan_epoch
+from gpufeed.pipelines._video_check import check_videos
 from gpufeed.pipelines._videos import (
     DALI_CPU_CODECS,
     SUPPORTED_CODECS,
@@ -50,6 +52,8 @@ __all__ = [
     "ImageBatch",
     "ImageDataset",
     "ImageLoader",
+    "PrepareOptions",
+    "PrepareReport",
     "VideoDataset",
     "VideoFrameReader",
     "VideoInfo",
@@ -57,12 +61,14 @@ __all__ = [
     "Windows",
     "check_images",
     "check_path",
+    "check_videos",
     "choose_decoder",
     "default_num_threads",
     "eval_windows",
     "find_bad_files",
     "hash_uniforms",
     "plan_epoch",
+    "prepare_videos",
     "probe_image_file",
     "probe_video",
     "read_label_csv",

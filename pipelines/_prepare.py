@@ -247,6 +247,7 @@ def prepare_videos(src: str | Path, dst: str | Path, options: PrepareOptions = P
             try:
                 count = _encode(path, out, options, info, bar)
             except Exception as err:  # FFmpeg and PyAV raise several types; the file is named either way
+                out.with_name(out.name + ".part").unlink(missing_ok=True)
                 item.problem = f"re-encoding failed: {err}"
                 continue
             after = probe_video(out)
