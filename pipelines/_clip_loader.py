@@ -235,7 +235,7 @@ class ClipLoader:
                         out = next(iterator)[0]
                     except StopIteration:
                         break
-                    except (RuntimeError, ClipDecodeError) as err:
+                    except Exception as err:  # DALI re-raises worker errors as plain Exception
                         failed = err
                         break
                     batch_index += 1
@@ -303,7 +303,7 @@ class ClipLoader:
         candidates = list(dict.fromkeys(int(v) for v in videos[span]))
         message = str(err)
         named = [v for v in candidates if re.search(re.escape(self.dataset.paths[v]) + r"\b", message)]
-        problems = {v: "cannot be decoded: " + _last_line(message) for v in named}
+        problems = {v: _reason(message, self.dataset.paths[v]) for v in named}
         if not problems:  # DALI did not say which file: decode the candidates' clips here, one by one
             decoder = ClipDecoder()
             for v, s in zip(videos[span], starts[span], strict=True):
@@ -325,6 +325,12 @@ class ClipLoader:
             self.skipped[v] = self.read_failures[v] = why
             log.warning("skipping video %s: %s", self.dataset.paths[v], why)
         self._start_batch = batch_index
+
+
+def _reason(message: str, path: str) -> str:
+    """The part of a (worker) error message that says what is wrong with ``path``."""
+    line = next((ln for ln in reversed(message.splitlines()) if path in ln), _last_line(message))
+    return line.split(path, 1)[-1].lstrip(": ") or "cannot be decoded"
 
 
 def _last_line(message: str) -> str:

@@ -26,6 +26,7 @@ Both give the same frames to the same resize, so the outputs follow one contract
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 from pathlib import Path
@@ -204,7 +205,11 @@ def build_clip_pipeline(
 
     workers = {}
     if source == "pyav":
-        # Fork is fast but unsafe once CUDA is initialised; spawned workers import only numpy and av.
+        # Fork is unsafe once CUDA is initialised, so GPU processes spawn (their scripts need the
+        # usual `if __name__ == "__main__":` guard, as with torch's DataLoader). A forked worker also
+        # inherits the parent's unreachable DALI pipelines and crashes if its garbage collector
+        # finalises one: collect them in the parent first.
+        gc.collect()
         workers = {"py_num_workers": num_threads, "py_start_method": "spawn" if on_gpu else "fork"}
     pipe = clip_graph(
         batch_size=batch_size,

@@ -39,7 +39,7 @@ VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v")
 SUPPORTED_CODECS = ("h264", "hevc", "vp8", "vp9", "av1", "mpeg4", "mjpeg")
 # What DALI's CPU video decoder handles (measured: not h264/hevc/mpeg4).
 DALI_CPU_CODECS = ("vp8", "vp9", "mjpeg")
-_INDEX_VERSION = 1
+_INDEX_VERSION = 2
 _MP4_LIKE = (".mp4", ".mov", ".m4v")
 _MP4_FIRST_BOXES = ("ftyp", "moov", "mdat", "free", "skip", "wide", "pnot", "uuid")
 
@@ -59,6 +59,7 @@ class VideoInfo:
         pts: Presentation timestamp of every frame, in frame order.
         keyframes: Frame indices of the keyframes (where decoding can start), ascending.
         declared_frames: Frame count the container declares (0 when it does not say).
+        declared_seconds: Duration the container declares when it holds only this stream (else 0).
         problem: Why the file cannot be used, or ``None``.
     """
 
@@ -73,6 +74,7 @@ class VideoInfo:
     pts: tuple[int, ...] = ()
     keyframes: tuple[int, ...] = ()
     declared_frames: int = 0
+    declared_seconds: float = 0.0
     problem: str | None = None
 
     @property
@@ -152,6 +154,7 @@ def probe_video(path: str | Path) -> VideoInfo:
             codec = stream.codec_context.name
             width, height = stream.codec_context.width, stream.codec_context.height
             declared = int(stream.frames or 0)
+            seconds = container.duration / 1e6 if container.duration and len(container.streams) == 1 else 0.0
             tb = stream.time_base
             pts_keys = []
             for packet in container.demux(stream):
@@ -173,36 +176,50 @@ def probe_video(path: str | Path) -> VideoInfo:
         pts=pts,
         keyframes=keyframes,
         declared_frames=declared,
+        declared_seconds=seconds,
     )
     return _finish_info(info)
 
 
 def _finish_info(info: VideoInfo) -> VideoInfo:
+    """Derive the frame rate and constancy from the timestamps, and name the first problem found."""
     from dataclasses import replace
 
-    problem = None
     deltas = np.diff(np.asarray(info.pts, dtype=np.int64))
-    fps, cfr = 0.0, True
+    fps, cfr, covered, typical, gap, gap_at = 0.0, True, 0.0, 0.0, 0.0, 0
+    unit = info.time_base[0] / info.time_base[1]
     if len(deltas):
         step = float(deltas.mean())  # mean, not median: millisecond time bases alternate 33/34
-        seconds = step * info.time_base[0] / info.time_base[1]
-        fps = 1.0 / seconds if seconds > 0 else 0.0
+        fps = 1.0 / (step * unit) if step > 0 else 0.0
         cfr = bool(np.all(np.abs(deltas - step) <= max(1.0, 0.01 * step)))
-        if (deltas <= 0).any():
-            problem = "broken timestamps: two frames share a presentation time"
-    if info.num_frames == 0:
-        problem = "no frames: the video stream holds no packets"
-    elif info.declared_frames and info.num_frames < info.declared_frames:
-        problem = (
-            f"truncated: the container declares {info.declared_frames} frames but only {info.num_frames} are present"
-        )
-    elif info.codec not in SUPPORTED_CODECS:
-        problem = (
+        typical = float(np.median(deltas)) * unit
+        covered = float(info.pts[-1] - info.pts[0]) * unit + typical
+        gap_at = int(np.argmax(deltas))
+        gap = float(deltas[gap_at]) * unit
+    checks = (
+        (info.num_frames == 0, "no frames: the video stream holds no packets"),
+        (bool((deltas <= 0).any()), "broken timestamps: two frames share a presentation time"),
+        (
+            0 < info.num_frames < info.declared_frames,
+            f"truncated: the container declares {info.declared_frames} frames but only {info.num_frames} are present",
+        ),
+        (
+            # Containers without a frame count (webm, mkv) still declare their duration.
+            not info.declared_frames and covered and covered < info.declared_seconds - max(2 * typical, 0.1),
+            f"truncated: the container lasts {info.declared_seconds:.2f} s but its frames end at {covered:.2f} s",
+        ),
+        (
+            gap > max(8 * typical, 0.25),
+            f"damaged: frames are missing, a gap of {gap:.2f} s between frames {gap_at} and {gap_at + 1}",
+        ),
+        (
+            info.codec not in SUPPORTED_CODECS,
             f"unsupported codec {info.codec!r}; supported: {', '.join(SUPPORTED_CODECS)} "
-            "('gpufeed prepare' re-encodes it to h264)"
-        )
-    elif not info.keyframes:
-        problem = "no keyframe: the video cannot be decoded from any position"
+            "('gpufeed prepare' re-encodes it to h264)",
+        ),
+        (not info.keyframes, "no keyframe: the video cannot be decoded from any position"),
+    )
+    problem = next((why for failed, why in checks if failed), None)
     return replace(info, fps=round(fps, 6), cfr=cfr, problem=info.problem or problem)
 
 
