@@ -27,6 +27,7 @@ DEMO_CONFIG = {
     },
     "image": {"size_px": 64},
     "loader": {"batch_size": 16, "last_batch": "drop"},
+    "video": {"train": "data/videos", "val": "data/videos", "size_px": 64},
 }
 
 
@@ -85,5 +86,8 @@ def run_demo(out: str | Path, device: str = "auto") -> Config:
                 raise SystemExit(f"eval sample {sample_id} arrived with the wrong pixels: {tag}")
             verified += 1
     print(f"eval epoch: {verified}/{len(val)} samples verified exactly by the ids and labels drawn in their pixels")
+    from gpufeed.video_demo import run_clip_demo
+
+    run_clip_demo(cfg, choice)
     print(f"\nresolved config saved to {out / 'config.yaml'}")
     return cfg

@@ -196,6 +196,19 @@ class ClipLoader:
         """Batches in the current epoch (all of them, including any already consumed)."""
         return self._plan(0).num_batches
 
+    def epoch_clips(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(video ids, start frames) this shard reads in ``epoch`` (default: the current one), in order.
+
+        Padding rows (``last_batch: pad``) are included; the same clips the loader will yield.
+        """
+        saved = self.epoch
+        self.epoch = saved if epoch is None else epoch
+        try:
+            plan = self._plan(0)
+        finally:
+            self.epoch = saved
+        return self.table.clips(plan.sample_ids, train=self.train, seed=self.seed, epoch=plan.epoch)
+
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at the beginning of ``epoch``."""
         self.epoch, self._start_batch = epoch, 0

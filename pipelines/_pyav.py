@@ -69,6 +69,7 @@ class ClipDecoder:
         self.max_open = max_open
         self.threads = threads
         self._open: OrderedDict[str, tuple] = OrderedDict()
+        self._rgb = None  # one reformatter for all frames: frame.to_ndarray() builds a new one each call
         self.frames_decoded = 0  # frames the decoder produced, wanted or not (seek cost)
 
     def _container(self, path: str):
@@ -122,25 +123,43 @@ class ClipDecoder:
         if hit is not None:
             hit[0].close()
 
+    def _to_rgb(self, frame) -> np.ndarray:
+        if self._rgb is None:
+            from av.video.reformatter import VideoReformatter
+
+            self._rgb = VideoReformatter()
+        return self._rgb.reformat(frame, format="rgb24").to_ndarray()
+
     def _decode_from(self, video: VideoRef, key: int, frames: np.ndarray) -> list[np.ndarray] | None:
-        """Decode from keyframe ``key``; ``None`` if the first frame decoded lies after ``frames[0]``."""
+        """Decode from keyframe ``key``; ``None`` if the first frame decoded lies after ``frames[0]``.
+
+        Until the first packet (in decode order) whose timestamp reaches the clip, the decoder
+        skips non-reference frames: they show before the clip and nothing later depends on them,
+        so with B-frames this saves a large share of the decoding between keyframe and clip.
+        """
         container, stream = self._container(video.path)
+        context = stream.codec_context
         container.seek(int(video.pts[key]), stream=stream, backward=True, any_frame=False)
+        target = int(video.pts[frames[0]])
+        context.skip_frame = "NONREF" if key < frames[0] else "DEFAULT"
         wanted = set(frames.tolist())
         last = int(frames[-1])
         out: list[np.ndarray] = []
         first = True
-        for frame in container.decode(stream):
-            self.frames_decoded += 1
-            index = video.index_of(frame.pts) if frame.pts is not None else -1
-            if first:
-                first = False
-                if index < 0 or index > frames[0]:
-                    return None
-            if index in wanted:
-                out.append(frame.to_ndarray(format="rgb24"))
-            if index >= last:
-                break
+        for packet in container.demux(stream):
+            if context.skip_frame != "DEFAULT" and (packet.pts is None or packet.pts >= target):
+                context.skip_frame = "DEFAULT"
+            for frame in packet.decode():
+                self.frames_decoded += 1
+                index = video.index_of(frame.pts) if frame.pts is not None else -1
+                if first:
+                    first = False
+                    if index < 0 or index > frames[0]:
+                        return None
+                if index in wanted:
+                    out.append(self._to_rgb(frame))
+                if index >= last:
+                    return out
         return out
 
 
@@ -198,7 +217,9 @@ def iter_frame_chunks(video: VideoRef, chunk_frames: int, threads: int = 0):
     No seeks: this is the sequential reader's CPU path (inference, feature extraction).
     """
     import av
+    from av.video.reformatter import VideoReformatter
 
+    rgb = VideoReformatter()
     chunk: list[np.ndarray] = []
     first = 0
     count = 0
@@ -208,7 +229,7 @@ def iter_frame_chunks(video: VideoRef, chunk_frames: int, threads: int = 0):
             stream.thread_type = "AUTO"
             stream.thread_count = threads
             for frame in container.decode(stream):
-                chunk.append(frame.to_ndarray(format="rgb24"))
+                chunk.append(rgb.reformat(frame, format="rgb24").to_ndarray())
                 count += 1
                 if len(chunk) == chunk_frames:
                     yield first, np.stack(chunk)

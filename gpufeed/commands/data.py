@@ -49,9 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=Path, help="folder to write into (must not be SRC)")
     p.add_argument("--codec", choices=("h264", "vp9"), default="h264", help="h264 (NVDEC; default) or vp9 (DALI CPU)")
     p.add_argument("--gop", type=int, default=0, help="keyframe interval in frames (default 0: the clip span)")
-    p.add_argument("--crf", type=int, default=18, help="constant quality, lower is better (default 18)")
+    p.add_argument("--crf", type=int, default=23, help="constant quality, lower is better (default 23)")
     p.add_argument("--fps", type=float, default=0.0, help="output frame rate (default: the source's average)")
     p.add_argument("--preset", default="medium", help="x264 preset (default medium)")
+    p.add_argument(
+        "--tune", choices=("fastdecode", "none"), default="fastdecode", help="x264 tune (default fastdecode)"
+    )
     p.add_argument("--clip-length-frames", type=int, default=11, help="frames per clip to optimise for (default 11)")
     p.add_argument("--stride-frames", type=int, default=1, help="stride of those clips (default 1)")
     p.add_argument("--probe-clips", type=int, default=20, help="random clips timed per video (0: skip; default 20)")
@@ -101,6 +104,7 @@ def _prepare(args: argparse.Namespace) -> int:
             crf=args.crf,
             fps=args.fps,
             preset=args.preset,
+            tune=args.tune,
             clip_length_frames=args.clip_length_frames,
             stride_frames=args.stride_frames,
             probe_clips=args.probe_clips,
@@ -110,7 +114,8 @@ def _prepare(args: argparse.Namespace) -> int:
         return 2
     report = prepare_videos(args.src, args.out, options)
     print(f"prepared {sum(v.problem is None for v in report.videos)} of {len(report.videos)} video(s) into {args.out}")
-    print(f"codec {options.codec}, GOP {options.resolved_gop_frames} frames, crf {options.crf}")
+    tune = f", tune {options.tune}" if options.codec == "h264" else ""
+    print(f"codec {options.codec}, GOP {options.resolved_gop_frames} frames, crf {options.crf}{tune}")
     print(report.table())
     if args.json:
         write_json(args.json, report.to_dict())
