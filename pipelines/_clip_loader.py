@@ -140,6 +140,14 @@ class ClipLoader:
             video_cfg.decoder, device.is_gpu, {dataset.infos[v].codec for v in usable}
         )
         log.info("clip decoder: %s (%s)", self.source, self.decoder_reason)
+        vfr = [dataset.paths[v] for v in usable if not dataset.infos[v].cfr]
+        if vfr:
+            log.warning(
+                "%d video(s) have a variable frame rate (e.g. %s): frames are numbered in presentation order, "
+                "which may not match how their labels were made; 'gpufeed prepare' makes the rate constant",
+                len(vfr),
+                vfr[0],
+            )
         self._refs = [VideoRef.from_info(info) for info in dataset.infos]
         self._check_plan(self._plan(0))
 

@@ -11,6 +11,10 @@ resize          uint8 (T, S, S, 3): crop and resize fused, bilinear+antialias  G
 transpose       uint8 (3, T, S, S) "CFHW" (frame chunks: (T, 3, S, S) "FCHW")  GPU, or CPU
 ==============  ===========================================================  =====================
 
+(PyAV sources fit the frames while converting them from YUV, one swscale pass per frame, and
+hand over (T, S, S, 3): on a CPU that pass costs a fraction of a full-size conversion plus a
+separate resize. Crop window and resize then apply to the DALI reader only.)
+
 Decode, by ``source``:
 
 * ``"dali"``: ``fn.experimental.readers.video`` over a file list of the epoch plan in
@@ -21,7 +25,8 @@ Decode, by ``source``:
 * ``"pyav"``: :class:`gpufeed.pipelines._pyav.ClipSource` in a parallel ``external_source``
   (one worker process per thread), seeking with PyAV to the keyframe at or before each clip.
 
-Both give the same frames to the same resize, so the outputs follow one contract.
+Both give the same frames, fitted the same way (stretch or central square, area-weighted when
+shrinking), so the outputs follow one contract; pixel values differ by the filters' rounding.
 """
 
 from __future__ import annotations
@@ -158,7 +163,9 @@ def build_clip_pipeline(
         elif source == "pyav":
             from gpufeed.pipelines._pyav import ClipSource
 
-            clip_source = ClipSource(video_refs, video_ids, starts, clip_length_frames, stride_frames)
+            clip_source = ClipSource(
+                video_refs, video_ids, starts, clip_length_frames, stride_frames, size_px=size_px, fit=fit
+            )
             frames, row = fn.external_source(
                 source=clip_source,
                 num_outputs=2,
@@ -172,7 +179,7 @@ def build_clip_pipeline(
             from gpufeed.pipelines._pyav import SequentialFeed
 
             frames, row = fn.external_source(
-                source=SequentialFeed(video_refs[int(video_ids[0])], clip_length_frames),
+                source=SequentialFeed(video_refs[int(video_ids[0])], clip_length_frames, size_px=size_px, fit=fit),
                 num_outputs=2,
                 batch=False,
                 layout=["FHWC", None],
@@ -180,23 +187,24 @@ def build_clip_pipeline(
             )
         if on_gpu and source != "dali":
             frames = frames.gpu()
-        resize_args = {}
-        if fit == "centre_crop":
-            roi_start, roi_end = fn.external_source(
-                source=RowFeed(list(centre_square_rois(frame_sizes)), batch_size),
-                num_outputs=2,
-                batch=True,
-                dtype=[types.FLOAT, types.FLOAT],
+        if source == "dali":
+            resize_args = {}
+            if fit == "centre_crop":
+                roi_start, roi_end = fn.external_source(
+                    source=RowFeed(list(centre_square_rois(frame_sizes)), batch_size),
+                    num_outputs=2,
+                    batch=True,
+                    dtype=[types.FLOAT, types.FLOAT],
+                )
+                resize_args = {"roi_start": roi_start, "roi_end": roi_end, "roi_relative": False}
+            frames = fn.resize(
+                frames,
+                size=(size_px, size_px),
+                interp_type=types.INTERP_LINEAR,
+                antialias=True,
+                dtype=types.UINT8,
+                **resize_args,
             )
-            resize_args = {"roi_start": roi_start, "roi_end": roi_end, "roi_relative": False}
-        frames = fn.resize(
-            frames,
-            size=(size_px, size_px),
-            interp_type=types.INTERP_LINEAR,
-            antialias=True,
-            dtype=types.UINT8,
-            **resize_args,
-        )
         if frames_first:
             clips = fn.transpose(frames, perm=[0, 3, 1, 2], output_layout="FCHW")
         else:

@@ -9,8 +9,8 @@ Like DeepEthogram's ``VideoIterable``, but decoded on NVDEC where there is a GPU
 
 Paths: ``dali`` reads consecutive ``chunk_frames`` ranges with DALI's video reader (the last
 range aligned to the video's end; frames already returned are dropped); ``pyav`` decodes the file
-once from start to end (no seeks at all). Both feed the clip graph's resize, so frames match the
-clip loader's frames for the same ``size_px`` and ``fit``.
+once from start to end (no seeks at all). Both go through the clip graph, so frames match the
+clip loader's frames for the same ``size_px``, ``fit`` and decoder.
 """
 
 from __future__ import annotations

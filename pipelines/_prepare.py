@@ -33,7 +33,7 @@ import numpy as np
 
 from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
+from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, FrameFitter, VideoRef
 from gpufeed.pipelines._videos import list_videos, probe_video, read_label_csv
 
 __all__ = ["PrepareOptions", "PrepareReport", "PreparedVideo", "measure_seek_cost", "prepare_videos"]
@@ -140,14 +140,17 @@ class PrepareReport:
         return "\n".join(lines)
 
 
-def measure_seek_cost(path: str, clips: int, geometry: ClipGeometry, seed: int = 0) -> float:
-    """Milliseconds per random clip with the keyframe-seek reader (file kept open, as the loader does)."""
+def measure_seek_cost(path: str, clips: int, geometry: ClipGeometry, seed: int = 0, size_px: int = 112) -> float:
+    """Milliseconds per random clip with the keyframe-seek reader, frames converted to ``size_px`` RGB.
+
+    The file stays open between clips, as in the loader's workers.
+    """
     info = probe_video(path)
     if info.problem or geometry.max_start(info.num_frames) < 0 or clips == 0:
         return float("nan")
     ref = VideoRef.from_info(info)
     starts = np.random.default_rng(seed).integers(0, geometry.max_start(info.num_frames) + 1, clips)
-    decoder = ClipDecoder()
+    decoder = ClipDecoder(fitter=FrameFitter(size_px))
     decoder.read(ref, geometry.frames(int(starts[0])))  # open the file outside the timing
     begin = time.perf_counter()
     for s in starts:

@@ -126,8 +126,9 @@ def test_every_decoder_reads_the_same_clips_and_pixels(vp9_dir):
             torch.cat([b.clips for b in batches]).float(),
         )
     assert torch.equal(runs["dali"][0], runs["pyav"][0]) and torch.equal(runs["dali"][1], runs["pyav"][1])
-    # FFmpeg inside DALI and PyAV convert YUV to RGB slightly differently; the resize is the same.
-    assert (runs["dali"][2] - runs["pyav"][2]).abs().mean() < 2.0
+    # Same frames and fit; DALI resizes with an antialiased linear filter, PyAV with swscale area.
+    diff = (runs["dali"][2] - runs["pyav"][2]).abs()
+    assert diff.mean() < 2.0
 
 
 def test_centre_crop_resizes_the_central_square(synth_dir):

@@ -78,8 +78,11 @@ def frame_tags(frames, layout: str) -> list[tuple[int, int]]:
 
 
 def decode_all(path) -> list[np.ndarray]:
-    """Every frame of a file, decoded from the start with PyAV (the reference)."""
+    """Every frame of a file, decoded from the start with PyAV (the reference), converted as gpufeed does."""
     import av
 
+    from gpufeed.pipelines._pyav import FrameFitter
+
+    to_rgb = FrameFitter()
     with av.open(str(path)) as container:
-        return [f.to_ndarray(format="rgb24") for f in container.decode(container.streams.video[0])]
+        return [to_rgb(f) for f in container.decode(container.streams.video[0])]

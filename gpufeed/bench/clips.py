@@ -239,7 +239,10 @@ def _contenders(requested: tuple[str, ...], device) -> tuple[list[str], dict[str
     for name in requested:
         try:
             if name == "opencv_seek":
-                import cv2  # noqa: F401
+                try:
+                    import cv2  # noqa: F401
+                except ImportError:
+                    raise RuntimeError("OpenCV is not installed: pip install 'gpufeed[bench]'") from None
             elif name == "torchcodec":
                 if not device.is_gpu:
                     raise RuntimeError("needs a GPU machine (its registry wheel needs a CUDA build of torch)")
