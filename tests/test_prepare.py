@@ -35,7 +35,7 @@ def test_prepare_keeps_every_frame_and_label_and_shortens_the_gop(source, tmp_pa
         info = probe_video(prepared)
         assert info.problem is None and info.codec == "h264" and info.cfr, info
         assert info.num_frames == frames
-        assert list(info.keyframes) == list(range(0, frames, 11)), "a keyframe every clip span (11 frames)"
+        assert list(info.keyframes) == list(range(0, frames, 22)), "a keyframe every two clip spans (22 frames)"
         with av.open(str(prepared)) as container:
             assert not container.streams.audio, "audio is dropped"
             assert container.streams.video[0].codec_context.pix_fmt == "yuv420p"

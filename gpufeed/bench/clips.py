@@ -96,10 +96,11 @@ def prepared_bench_videos(videos: Path, clip_length_frames: int, stride_frames: 
     """``gpufeed prepare`` of the bench videos (default options for the clip), cached beside them."""
     from gpufeed.pipelines import PrepareOptions, prepare_videos
 
-    target = videos.parent / f"prepared-L{clip_length_frames}-s{stride_frames}"
+    options = PrepareOptions(clip_length_frames=clip_length_frames, stride_frames=stride_frames, probe_clips=0)
+    o = options
+    target = videos.parent / f"prepared-{o.codec}-gop{o.resolved_gop_frames}-crf{o.crf}-{o.tune}"
     if (target / ".complete").exists():
         return target
-    options = PrepareOptions(clip_length_frames=clip_length_frames, stride_frames=stride_frames, probe_clips=0)
     report = prepare_videos(videos, target, options)
     if not report.ok:
         raise RuntimeError(f"preparing the benchmark videos failed:\n{report.table()}")

@@ -41,14 +41,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "prepare",
         help="re-encode videos for fast exact random clip reads (CFR h264, short GOP), copying labels",
         description="Re-encode every video under SRC into DST (same relative paths): constant frame rate, yuv420p, "
-        "no audio, no B-frames, a keyframe every --gop frames (default: the span of one clip, at least 8). "
+        "no audio, no B-frames, a keyframe every --gop frames (default: twice the span of one clip, at least 8). "
         "Label CSVs are copied after checking one row per frame. Ends with a table of random-seek cost "
         "per clip before and after. Exit status 1 when a video fails (the others are still prepared).",
     )
     p.add_argument("src", type=Path, help="folder of videos (and <name>.csv label files)")
     p.add_argument("--out", required=True, type=Path, help="folder to write into (must not be SRC)")
     p.add_argument("--codec", choices=("h264", "vp9"), default="h264", help="h264 (NVDEC; default) or vp9 (DALI CPU)")
-    p.add_argument("--gop", type=int, default=0, help="keyframe interval in frames (default 0: the clip span)")
+    p.add_argument("--gop", type=int, default=0, help="keyframe interval in frames (default 0: twice the clip span)")
     p.add_argument("--crf", type=int, default=23, help="constant quality, lower is better (default 23)")
     p.add_argument("--fps", type=float, default=0.0, help="output frame rate (default: the source's average)")
     p.add_argument("--preset", default="medium", help="x264 preset (default medium)")
