@@ -255,63 +255,57 @@ def _contenders(requested: tuple[str, ...], device) -> tuple[list[str], dict[str
     return available, missing
 
 
-def _bench_set(name: str, folder: Path, args, choice, contenders: list[str]) -> dict:
-    from gpufeed.config import LoaderConfig, VideoConfig
-    from gpufeed.pipelines import ClipLoader, VideoDataset
+class _BenchSet:
+    """One folder of videos, its clip loader, and a runner per contender (same clips for all)."""
 
-    dataset = VideoDataset.from_folder(folder, progress=True)
-    video_cfg = VideoConfig(clip_length_frames=args.clip_length, stride_frames=args.stride, size_px=args.size)
-    loader_cfg = LoaderConfig(batch_size=args.batch_size, num_threads=args.workers, last_batch="drop")
-    loader = ClipLoader(dataset, train=True, video_cfg=video_cfg, loader_cfg=loader_cfg, device=choice, seed=args.seed)
-    length, stride, size = args.clip_length, args.stride, args.size
+    def __init__(self, folder: Path, args, choice) -> None:
+        from gpufeed.config import LoaderConfig, VideoConfig
+        from gpufeed.pipelines import ClipLoader, VideoDataset
 
-    def clip_list(epoch: int, count: int) -> tuple[list[tuple[str, int]], list[tuple[int, int]]]:
-        videos, starts = loader.epoch_clips(epoch)
-        pairs = list(zip(videos[:count].tolist(), starts[:count].tolist(), strict=True))
-        return [(dataset.paths[v], s) for v, s in pairs], pairs
+        self.args, self.choice = args, choice
+        self.dataset = VideoDataset.from_folder(folder, progress=True)
+        video_cfg = VideoConfig(clip_length_frames=args.clip_length, stride_frames=args.stride, size_px=args.size)
+        loader_cfg = LoaderConfig(batch_size=args.batch_size, num_threads=args.workers, last_batch="drop")
+        self.loader = ClipLoader(
+            self.dataset, train=True, video_cfg=video_cfg, loader_cfg=loader_cfg, device=choice, seed=args.seed
+        )
 
-    def run(contender: str, epoch: int, count: int):
-        paths, _ = clip_list(epoch, count)
+    def clips(self, epoch: int, count: int) -> list[tuple[int, int]]:
+        """The first ``count`` (video id, start) pairs the loader reads in ``epoch``."""
+        videos, starts = self.loader.epoch_clips(epoch)
+        return list(zip(videos[:count].tolist(), starts[:count].tolist(), strict=True))
+
+    def run(self, contender: str, epoch: int, count: int) -> tuple[float, int, list]:
+        """(seconds, clips, batches) for ``count`` clips of ``epoch``."""
+        a = self.args
         if contender == "gpufeed":
-            return _gpufeed_epoch(loader, epoch, count)
+            return _gpufeed_epoch(self.loader, epoch, count)
+        paths = [(self.dataset.paths[v], s) for v, s in self.clips(epoch, count)]
         if contender == "decode_from_start":
-            return _dataloader_epoch(
-                DecodeFromStartClips(paths, length, stride, size), args.batch_size, args.workers, choice
-            )
+            data = DecodeFromStartClips(paths, a.clip_length, a.stride, a.size)
+            return _dataloader_epoch(data, a.batch_size, a.workers, self.choice)
         if contender == "opencv_seek":
-            return _dataloader_epoch(
-                OpenCvSeekClips(paths, length, stride, size), args.batch_size, args.workers, choice
-            )
-        return _torchcodec_epoch(paths, length, stride, size, choice)
+            data = OpenCvSeekClips(paths, a.clip_length, a.stride, a.size)
+            return _dataloader_epoch(data, a.batch_size, a.workers, self.choice)
+        return _torchcodec_epoch(paths, a.clip_length, a.stride, a.size, self.choice)
 
-    counts = {c: args.naive_clips if c == "decode_from_start" else args.clips for c in contenders}
-    exact = {}
-    for contender in contenders:  # untimed: warm-up and the exact-frames check on the same clips
-        count = min(counts[contender], args.verify_clips)
-        _, got, batches = run(contender, 10_000, count)
-        exact[contender] = _exactness(batches, clip_list(10_000, got)[1], length, stride)
-    rates: dict[str, list[float]] = {c: [] for c in contenders}
-    for r in range(args.rounds):
-        for contender in contenders:
-            seconds, got, _ = run(contender, r, counts[contender])
-            rates[contender].append(got / seconds)
-    clips_per_second = {c: median(v) for c, v in rates.items()}
-    info = dataset.infos[0]
-    return {
-        "videos": len(dataset),
-        "frames_per_video": int(info.num_frames),
-        "gop_frames": info.gop_frames,
-        "decoder": f"{loader.source} ({loader.decoder_reason})",
-        "clips_per_round": counts,
-        "clips_per_second": clips_per_second,
-        "frames_per_second": {c: v * length for c, v in clips_per_second.items()},
-        "clips_per_second_rounds": rates,
-        "exact_share": exact,
-    }
+    def exactness(self, contender: str, count: int) -> float:
+        """Untimed (also the warm-up): share of clips with exactly the frames asked for."""
+        _, got, batches = self.run(contender, 10_000, count)
+        return _exactness(batches, self.clips(10_000, got), self.args.clip_length, self.args.stride)
+
+
+def _paired_ratio(a: list[float], b: list[float]) -> float:
+    """Median over rounds of a[r] / b[r]: rounds run back to back share the machine's load."""
+    return median([x / y for x, y in zip(a, b, strict=True) if y > 0])
 
 
 def run_clip_bench(args) -> dict:
-    """Run every available contender on the long-GOP and the prepared videos; return the figures."""
+    """Run every available contender on the long-GOP and the prepared videos; return the figures.
+
+    Each round runs every (video set, contender) once, alternating the order between rounds;
+    ratios are medians of per-round ratios, which cancels most of a shared machine's drift.
+    """
     from gpufeed.device import resolve_device
     from gpufeed.pipelines import default_num_threads
 
@@ -320,6 +314,17 @@ def run_clip_bench(args) -> dict:
     contenders, missing = _contenders(tuple(args.contenders), choice)
     source = make_bench_videos(args.cache, args.videos, args.seconds, 30, args.video_size, args.gop, args.seed)
     prepared = prepared_bench_videos(source, args.clip_length, args.stride)
+    sets = {"long_gop": _BenchSet(source, args, choice), "prepared": _BenchSet(prepared, args, choice)}
+    counts = {c: args.naive_clips if c == "decode_from_start" else args.clips for c in contenders}
+    exact = {
+        name: {c: s.exactness(c, min(counts[c], args.verify_clips)) for c in contenders} for name, s in sets.items()
+    }
+    rates = {name: {c: [] for c in contenders} for name in sets}
+    jobs = [(name, c) for name in sets for c in contenders]
+    for r in range(args.rounds):
+        for name, contender in jobs if r % 2 == 0 else reversed(jobs):
+            seconds, got, _ = sets[name].run(contender, r, counts[contender])
+            rates[name][contender].append(got / seconds)
     result = {
         "benchmark": "clips",
         "clip_length_frames": args.clip_length,
@@ -328,21 +333,31 @@ def run_clip_bench(args) -> dict:
         "batch_size": args.batch_size,
         "workers": args.workers,
         "rounds": args.rounds,
+        "clips_per_round": counts,
         "unavailable": missing,
         "machine": machine_facts(choice),
         "sets": {},
     }
-    for name, folder in (("long_gop", source), ("prepared", prepared)):
-        result["sets"][name] = _bench_set(name, folder, args, choice, contenders)
-    long_gop, prep = result["sets"]["long_gop"]["clips_per_second"], result["sets"]["prepared"]["clips_per_second"]
+    for name, bench_set in sets.items():
+        cps = {c: median(v) for c, v in rates[name].items()}
+        result["sets"][name] = {
+            "videos": len(bench_set.dataset),
+            "frames_per_video": int(bench_set.dataset.infos[0].num_frames),
+            "gop_frames": bench_set.dataset.infos[0].gop_frames,
+            "decoder": f"{bench_set.loader.source} ({bench_set.loader.decoder_reason})",
+            "clips_per_second": cps,
+            "frames_per_second": {c: v * args.clip_length for c, v in cps.items()},
+            "clips_per_second_rounds": rates[name],
+            "exact_share": exact[name],
+        }
     ratios = {}
     for other in ("decode_from_start", "opencv_seek", "torchcodec"):
-        if other in long_gop:
-            ratios[f"gpufeed / {other} (long GOP)"] = long_gop["gpufeed"] / long_gop[other]
-            ratios[f"gpufeed / {other} (prepared)"] = prep["gpufeed"] / prep[other]
-    ratios["gpufeed prepared / long GOP"] = prep["gpufeed"] / long_gop["gpufeed"]
+        for name in sets:
+            if other in rates[name]:
+                ratios[f"gpufeed / {other} ({name})"] = _paired_ratio(rates[name]["gpufeed"], rates[name][other])
+    ratios["gpufeed prepared / long GOP"] = _paired_ratio(rates["prepared"]["gpufeed"], rates["long_gop"]["gpufeed"])
     result["ratios"] = ratios
-    fps = prep["gpufeed"] * args.clip_length
+    fps = result["sets"]["prepared"]["frames_per_second"]["gpufeed"]
     result["prepared_frames_per_second_vs_deepethogram_need"] = fps / _DEEPETHOGRAM_FRAMES_PER_SECOND
     return result
 
@@ -351,7 +366,7 @@ def print_clip_result(result: dict) -> None:
     print(
         f"clip benchmark: {result['clip_length_frames']}-frame clips (stride {result['stride_frames']}) resized to "
         f"{result['size_px']}px, batch {result['batch_size']}, {result['workers']} processes/threads each, "
-        f"{result['machine']['device']}"
+        f"{result['rounds']} rounds of {result['clips_per_round']} clips, {result['machine']['device']}"
     )
     rows = []
     for name, figures in result["sets"].items():
@@ -362,8 +377,9 @@ def print_clip_result(result: dict) -> None:
     print(format_table(["videos", "GOP", "reader", "clips/s (median)", "frames/s", "exact clips"], rows))
     for name, why in result["unavailable"].items():
         print(f"{name}: {why}")
+    print("ratios (median of per-round ratios; rounds interleave every reader and video set):")
     for name, value in result["ratios"].items():
-        print(f"{name}: {value:.2f}x")
+        print(f"  {name}: {value:.2f}x")
     print(
         f"gpufeed on prepared videos: {result['prepared_frames_per_second_vs_deepethogram_need']:.1f}x "
         f"DeepEthogram's stated need of {_DEEPETHOGRAM_FRAMES_PER_SECOND} frames/s"

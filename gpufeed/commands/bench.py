@@ -50,10 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stride", type=int, default=1, help="frame stride within a clip (default 1)")
     p.add_argument("--size", type=int, default=112, help="output frame size in pixels (default 112)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--clips", type=int, default=384, help="clips per timed round (default 384)")
+    p.add_argument("--clips", type=int, default=256, help="clips per timed round (default 256)")
     p.add_argument("--naive-clips", type=int, default=12, help="clips per round for decode-from-start (default 12)")
     p.add_argument("--verify-clips", type=int, default=24, help="clips checked for exact frames (default 24)")
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds per reader, interleaved (default 3)")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds per reader, interleaved (default 5)")
     p.add_argument("--workers", type=int, default=0, help="processes/threads per reader; 0 = one per core")
     p.add_argument(
         "--contenders",
