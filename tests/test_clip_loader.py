@@ -112,6 +112,16 @@ def test_training_reads_random_clips_exactly_and_repeatably(videos):
     assert [c for batch in again for c in _check_batch(batch, dataset, 2, 48, device)] == first
 
 
+def test_epoch_clips_tells_what_an_epoch_will_read(synth_dir):
+    dataset = VideoDataset.from_folder(synth_dir / "videos")
+    loader = _loader(dataset, "pyav", DeviceChoice("cpu", None, "test"), train=True, seed=4, last_batch="pad", batch=8)
+    videos, starts = loader.epoch_clips(1)
+    loader.set_epoch(1)
+    got = [(int(v), int(s)) for b in loader for v, s in zip(b.video_ids, b.start_frames, strict=True)]
+    assert got == list(zip(videos.tolist(), starts.tolist(), strict=True))
+    assert len(got) % 8 == 0 and loader.epoch == 2
+
+
 def test_every_decoder_reads_the_same_clips_and_pixels(vp9_dir):
     dataset = VideoDataset.from_folder(vp9_dir)
     cpu = DeviceChoice("cpu", None, "test")
@@ -129,6 +139,24 @@ def test_every_decoder_reads_the_same_clips_and_pixels(vp9_dir):
     # Same frames and fit; DALI resizes with an antialiased linear filter, PyAV with swscale area.
     diff = (runs["dali"][2] - runs["pyav"][2]).abs()
     assert diff.mean() < 2.0
+
+
+@pytest.mark.gpu
+def test_nvdec_reads_the_same_clips_as_the_cpu_path(synth_dir):
+    dataset = VideoDataset.from_folder(synth_dir / "videos")
+    runs = {}
+    for name, device, decoder in (
+        ("nvdec", DeviceChoice("gpu", 0, "test"), "dali"),
+        ("cpu", DeviceChoice("cpu", None, "test"), "pyav"),
+    ):
+        loader = _loader(dataset, decoder, device, train=True, seed=3, size=40)
+        batches = list(loader)
+        runs[name] = (
+            torch.cat([torch.stack([b.video_ids.cpu(), b.start_frames.cpu()], 1) for b in batches]),
+            torch.cat([b.clips.cpu() for b in batches]).float(),
+        )
+    assert torch.equal(runs["nvdec"][0], runs["cpu"][0]), "the same clips, whichever decoder"
+    assert (runs["nvdec"][1] - runs["cpu"][1]).abs().mean() < 3.0
 
 
 def test_centre_crop_resizes_the_central_square(synth_dir):
