@@ -27,6 +27,7 @@ DEMO_CONFIG = {
     },
     "image": {"size_px": 64},
     "loader": {"batch_size": 16, "last_batch": "drop"},
+    "video": {"train": "data/videos", "val": "data/videos", "size_px": 64},
 }
 
 
@@ -86,8 +87,13 @@ def run_demo(out: str | Path, device: str = "auto") -> Config:
             verified += 1
     print(f"eval epoch: {verified}/{len(val)} samples verified exactly by the ids and labels drawn in their pixels")
 
+    from gpufeed.video_demo import run_clip_demo
+
+    run_clip_demo(cfg, choice)
+
     from gpufeed.train.demo import run_train_demo
 
     run_train_demo(out, cfg)
+    run_train_demo(out, cfg, model="clip_resnet18")
     print(f"\nresolved config saved to {out / 'config.yaml'}")
     return cfg

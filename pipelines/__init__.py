@@ -2,36 +2,75 @@
 
 Images: :class:`ImageDataset` indexes a split, :class:`ImageLoader` yields :class:`ImageBatch`
 (uint8 NCHW channels_last images, labels, sample ids) decoded on the GPU with nvJPEG, or on the
-CPU. :func:`check_path` finds bad files before training.
+CPU. Videos: :class:`VideoDataset` indexes a folder of videos and label CSVs, :class:`ClipLoader`
+yields :class:`ClipBatch` (uint8 (N, 3, T, S, S) clips, per-frame and centre labels) decoded on
+NVDEC, or on the CPU; :class:`VideoFrameReader` reads whole videos in order. :func:`check_path`
+finds bad files before training.
 """
 
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding, check_images, check_path
+from gpufeed.pipelines._clip_loader import ClipBatch, ClipLoader, choose_decoder
+from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, ImageDataset, probe_image_file
 from gpufeed.pipelines._errors import BadSampleError, DatasetError
+from gpufeed.pipelines._frames import FrameChunk, VideoFrameReader
 from gpufeed.pipelines._loader import ImageBatch, ImageLoader, default_num_threads, find_bad_files
+from gpufeed.pipelines._prepare import PrepareOptions, PrepareReport, prepare_videos
+from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._sampler import LAST_BATCH_POLICIES, EpochPlan, plan_epoch
+from gpufeed.pipelines._video_check import check_videos
+from gpufeed.pipelines._videos import (
+    DALI_CPU_CODECS,
+    SUPPORTED_CODECS,
+    VIDEO_EXTENSIONS,
+    VideoDataset,
+    VideoInfo,
+    probe_video,
+    read_label_csv,
+)
 from gpufeed.pipelines._windows import Windows, eval_windows, hash_uniforms, train_windows
 
 __all__ = [
     "CHECKERS",
+    "DALI_CPU_CODECS",
     "IMAGE_EXTENSIONS",
     "LAST_BATCH_POLICIES",
+    "SUPPORTED_CODECS",
+    "VIDEO_EXTENSIONS",
     "BadSampleError",
     "CheckReport",
+    "ClipBatch",
+    "ClipDecodeError",
+    "ClipDecoder",
+    "ClipGeometry",
+    "ClipLoader",
+    "ClipTable",
     "DatasetError",
     "EpochPlan",
     "Finding",
+    "FrameChunk",
     "ImageBatch",
     "ImageDataset",
     "ImageLoader",
+    "PrepareOptions",
+    "PrepareReport",
+    "VideoDataset",
+    "VideoFrameReader",
+    "VideoInfo",
+    "VideoRef",
     "Windows",
     "check_images",
     "check_path",
+    "check_videos",
+    "choose_decoder",
     "default_num_threads",
     "eval_windows",
     "find_bad_files",
     "hash_uniforms",
     "plan_epoch",
+    "prepare_videos",
     "probe_image_file",
+    "probe_video",
+    "read_label_csv",
     "train_windows",
 ]

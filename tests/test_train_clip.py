@@ -142,3 +142,34 @@ def test_clip_loss_uses_the_centre_frame_and_ignores_padding(videos):
     assert torch.allclose(task.loss(logits, task.targets(batch), valid), expected)
     with pytest.raises(ValueError, match="num_classes must equal the number of behaviours"):
         task.loss(torch.randn(3, 5), task.targets(batch))
+
+
+def test_clip_model_trains_end_to_end_through_the_clip_loader(synth_dir, tmp_path):
+    """`train()` with a clip model: the real ClipLoader on the synthetic h264 videos, a checkpoint, eval F1."""
+    from train_support import train_config
+
+    from gpufeed.models import load_model
+    from gpufeed.synth import BEHAVIOURS
+    from gpufeed.train import train
+
+    videos = str(synth_dir / "videos")
+    cfg = train_config(
+        synth_dir,
+        [
+            "model.name=clip_resnet18",
+            f"video.train={videos}",
+            f"video.val={videos}",
+            "video.size_px=32",
+            "loader.batch_size=8",
+            "train.epochs=2",
+            "augment.ops=[]",
+        ],
+    )
+    result = train(cfg, tmp_path / "run")
+    assert result.step > 0 and result.checkpoint is not None
+    model = load_model(result.checkpoint)
+    assert model.spec.task == "clip" and model.spec.labels == BEHAVIOURS
+    assert model.spec.clip_length_frames == 11 and model.spec.size_px == 32
+    assert result.evaluations and "macro_f1" in result.evaluations[-1]
+    steps = (tmp_path / "run" / "steps.jsonl").read_text().splitlines()
+    assert len(steps) == result.step, "one telemetry line per step"

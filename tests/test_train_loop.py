@@ -108,7 +108,7 @@ def test_resume_skips_a_damaged_newest_checkpoint_and_refuses_surprises(synth_di
         (["train.amp=fp16"], "train.amp", "fp16 needs a GPU"),
         (["model.num_classes=2"], "model.num_classes", "smaller than the 4 classes in the data"),
         (["data.train=null"], "data.train", "needs a training split"),
-        (["model.name=clip_resnet18"], "video", "needs the 'video' config section"),
+        (["model.name=clip_resnet18"], "video.train", "is a clip model and needs a folder of training videos"),
     ],
 )
 def test_config_problems_are_named_before_training(synth_dir, tmp_path, overrides, key, words):

@@ -35,8 +35,47 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_loader)
 
+    p = kinds.add_parser(
+        "clips",
+        help="random h264 clips: gpufeed vs decode-from-start, OpenCV seeking (and torchcodec on a GPU)",
+        description="Random clips from generated 2-minute 30 fps h264 videos with a long GOP, then the same videos "
+        "after 'gpufeed prepare'. Same clips, same process count, same output for every reader; prints clips/s, "
+        "frames/s, whether each returned exactly the frames asked for, and ratios.",
+    )
+    p.add_argument("--videos", type=int, default=4, help="generated videos (default 4)")
+    p.add_argument("--seconds", type=int, default=120, help="length of each video in seconds (default 120)")
+    p.add_argument("--video-size", type=int, default=256, help="generated frame width and height (default 256)")
+    p.add_argument("--gop", type=int, default=250, help="keyframe interval of the generated videos (default 250)")
+    p.add_argument("--clip-length", type=int, default=11, help="frames per clip (default 11)")
+    p.add_argument("--stride", type=int, default=1, help="frame stride within a clip (default 1)")
+    p.add_argument("--size", type=int, default=112, help="output frame size in pixels (default 112)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--clips", type=int, default=256, help="clips per timed round (default 256)")
+    p.add_argument("--naive-clips", type=int, default=12, help="clips per round for decode-from-start (default 12)")
+    p.add_argument("--verify-clips", type=int, default=24, help="clips checked for exact frames (default 24)")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds per reader, interleaved (default 5)")
+    p.add_argument("--workers", type=int, default=0, help="processes/threads per reader; 0 = one per core")
+    p.add_argument(
+        "--contenders",
+        nargs="+",
+        default=["gpufeed", "decode_from_start", "opencv_seek", "torchcodec"],
+        choices=["gpufeed", "decode_from_start", "opencv_seek", "torchcodec"],
+        help="readers to run (default: all that are available)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
+    p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated videos are kept")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_clips)
+
 
 def _loader(args: argparse.Namespace) -> int:
     from gpufeed.bench.loader import main_loader
 
     return main_loader(args)
+
+
+def _clips(args: argparse.Namespace) -> int:
+    from gpufeed.bench.clips import main_clips
+
+    return main_clips(args)

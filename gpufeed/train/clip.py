@@ -14,8 +14,8 @@ Batches follow the ``ClipBatch`` contract of ``gpufeed.pipelines.ClipLoader`` (t
 
 and ``ClipLoader`` has the surface of ``ImageLoader``: ``len()``, one epoch per ``for``,
 ``set_epoch``, ``state_dict()`` / ``load_state_dict()``, ``skipped``, built per rank with
-``shard_id`` / ``num_shards`` / ``seed``. Only :func:`build_clip_data` below depends on how it is
-constructed and configured (the ``video`` config section belongs to the video pipeline).
+``shard_id`` / ``num_shards`` / ``seed`` from the ``video`` config section. Only
+:func:`build_clip_data` below depends on how it is constructed.
 """
 
 from __future__ import annotations
@@ -63,48 +63,38 @@ def build_clip_data(cfg: Config, device, dist: DistInfo):
     """The clip task and this rank's clip loaders, from the ``video`` config section.
 
     Raises:
-        ConfigError: The config has no ``video`` section, or this gpufeed has no ``ClipLoader``.
+        DatasetError: ``video.train`` is not set or its videos cannot be used.
+        ConfigError: ``model.num_classes`` disagrees with the number of behaviours.
     """
-    from gpufeed.train.data import TrainData, _num_classes
+    from gpufeed.pipelines import ClipLoader
+    from gpufeed.train.data import TrainData
 
-    video_cfg = getattr(cfg, "video", None)
-    if video_cfg is None:
-        raise ConfigError("video", f"model {cfg.model.name!r} is a clip model and needs the 'video' config section")
-    try:
-        from gpufeed.pipelines import ClipLoader
-    except ImportError:
+    if cfg.video.train is None:
         raise ConfigError(
-            "model.name",
-            f"model {cfg.model.name!r} is a clip model, but this gpufeed has no gpufeed.pipelines.ClipLoader",
-        ) from None
-
-    # Wiring to the video loader, written against the contract before that loader existed: its
-    # constructor, the behaviour names (``labels``), the evaluation split (``video_cfg.val``: null
-    # for none) and the clip geometry (``clip_length_frames``, ``size_px``) are read only here.
-    def loader(train: bool):
-        return ClipLoader(
-            video_cfg,
-            train=train,
-            loader_cfg=cfg.loader,
-            device=device,
-            shard_id=dist.rank,
-            num_shards=dist.world_size,
-            seed=cfg.seed,
+            "video.train", f"model {cfg.model.name!r} is a clip model and needs a folder of training videos"
         )
 
+    def loader(train: bool) -> ClipLoader:
+        return ClipLoader.from_config(cfg, train=train, device=device, shard_id=dist.rank, num_shards=dist.world_size)
+
     train_loader = loader(True)
-    labels = tuple(getattr(train_loader, "labels", ()) or ())
-    num_classes = _num_classes(cfg, len(labels)) if labels else cfg.model.num_classes
-    if num_classes is None:
-        raise ConfigError("model.num_classes", "the clip loader does not name its behaviours: set the number here")
+    labels = tuple(train_loader.behaviours)
+    num_classes = len(labels)
+    if cfg.model.num_classes not in (None, num_classes):
+        # One logit per behaviour column: BCE compares them one to one with the centre frame's labels.
+        raise ConfigError(
+            "model.num_classes",
+            f"value {cfg.model.num_classes} does not match the {num_classes} behaviours {list(labels)} "
+            f"of the videos in {cfg.video.train}; set null to use them",
+        )
     return TrainData(
-        task=ClipTask(num_classes, labels if len(labels) == num_classes else ()),
+        task=ClipTask(num_classes, labels),
         train=train_loader,
-        val=None if getattr(video_cfg, "val", "") is None else loader(False),
+        val=None if cfg.video.val is None else loader(False),
         spec_overrides={
             "num_classes": num_classes,
-            "labels": labels if len(labels) == num_classes else (),
-            "clip_length_frames": video_cfg.clip_length_frames,
-            "size_px": video_cfg.size_px,
+            "labels": labels,
+            "clip_length_frames": cfg.video.clip_length_frames,
+            "size_px": cfg.video.size_px,
         },
     )

@@ -2,8 +2,8 @@
 
 ``run_train_demo(out, cfg)`` trains the image model (ResNet-18) into ``out/train-resnet18``,
 prints the loader-vs-compute table, draws the report PNG and keeps the checkpoint for the
-serving stage. A clip model is one more call with ``model="clip_resnet18"`` once the demo config
-has a ``video`` section.
+serving stage; ``model="clip_resnet18"`` trains the clip model on the synthetic videos the same
+way (the demo config's ``video`` section).
 """
 
 from __future__ import annotations

@@ -1,0 +1,107 @@
+"""Config sections for data: image splits, the image pipeline, the loaders, video clips."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from gpufeed._schema import ConfigError, option
+
+__all__ = ["DataConfig", "DatasetConfig", "ImagePipelineConfig", "LoaderConfig", "VideoConfig"]
+
+LastBatch = Literal["drop", "partial", "pad"]
+OnBadSample = Literal["error", "skip"]
+VideoDecoder = Literal["auto", "dali", "pyav"]
+VideoFit = Literal["stretch", "centre_crop"]
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """Where one split's images are: class folders under ``root`` or a list file.
+
+    A list file has one ``path label`` per line (``#`` starts a comment); paths are relative to
+    the list file's folder unless absolute; a label is a class name or an integer index into the
+    classes (``classes.txt`` beside the list file, else ``data.classes``).
+    """
+
+    root: Path | None = option(None, doc="folder with one sub-folder of images per class")
+    list_file: Path | None = option(None, doc="text file of 'path label' lines")
+
+    def __post_init__(self) -> None:
+        if (self.root is None) == (self.list_file is None):
+            raise ConfigError("", "give exactly one of 'root' (class folders) or 'list_file'")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The image dataset splits and class names."""
+
+    train: DatasetConfig | None = option(None, doc="training split")
+    val: DatasetConfig | None = option(None, doc="evaluation split")
+    classes: tuple[str, ...] | None = option(
+        None, doc="class names in label order; default: sorted class folders or classes.txt"
+    )
+
+
+@dataclass(frozen=True)
+class ImagePipelineConfig:
+    """What the image pipeline outputs: uint8 (N, 3, size, size) images.
+
+    Training uses a random-resized crop (area fraction and aspect ratio drawn per sample, as in
+    torchvision) decoded straight from the file's region of interest, resized, randomly flipped.
+    Evaluation resizes the shorter side to ``size / eval_crop_fraction`` and takes the centre
+    ``size`` square (done as one region-of-interest decode plus one resize).
+    """
+
+    size_px: int = option(224, ge=8, le=4096, doc="output height and width in pixels")
+    crop_area: tuple[float, float] = option(
+        (0.08, 1.0), gt=0.0, le=1.0, doc="range of the crop's share of the image area"
+    )
+    crop_aspect_ratio: tuple[float, float] = option((3 / 4, 4 / 3), gt=0.0, doc="range of the crop's width/height")
+    flip: bool = option(True, doc="random horizontal flip when training")
+    eval_crop_fraction: float = option(0.875, gt=0.0, le=1.0, doc="centre crop / resized side")
+
+    def __post_init__(self) -> None:
+        for name in ("crop_area", "crop_aspect_ratio"):
+            lo, hi = getattr(self, name)
+            if lo > hi:
+                raise ConfigError(name, f"range {[lo, hi]} is empty: the first value must be <= the second")
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Batching, order and error policy shared by the image and clip loaders."""
+
+    batch_size: int = option(64, ge=1, doc="samples per batch (per rank)")
+    num_threads: int = option(0, ge=0, doc="DALI CPU threads; 0 means one per available core")
+    prefetch_queue_depth: int = option(2, ge=1, le=16, doc="batches DALI prepares ahead")
+    shuffle: bool = option(True, doc="reshuffle the training split every epoch")
+    last_batch: LastBatch = option("drop", doc="training: drop the last partial batch, keep it ('partial') or pad it")
+    on_bad_sample: OnBadSample = option(
+        "error", doc="a file that fails to decode: stop naming it, or skip it and count it"
+    )
+
+
+@dataclass(frozen=True)
+class VideoConfig:
+    """Behaviour-video clips: uint8 (N, 3, clip_length_frames, size_px, size_px) plus per-frame labels.
+
+    A video folder holds ``<name>.mp4`` (or .mkv/.mov/.avi/.webm) files, each with a ``<name>.csv``
+    of per-frame multi-hot labels (header ``frame,<behaviour>...``). A clip starting at frame ``s``
+    holds frames ``s, s + stride, ..., s + (clip_length_frames - 1) * stride``, never past the end.
+    Training draws a random start per clip slot and epoch; evaluation reads every clip in order.
+    """
+
+    train: Path | None = option(None, doc="folder of training videos with their label CSVs")
+    val: Path | None = option(None, doc="folder of evaluation videos with their label CSVs")
+    clip_length_frames: int = option(11, ge=1, le=1024, doc="frames per clip")
+    stride_frames: int = option(1, ge=1, le=256, doc="gap between consecutive frames of a clip")
+    size_px: int = option(112, ge=8, le=4096, doc="output height and width of every frame in pixels")
+    fit: VideoFit = option(
+        "stretch", doc="stretch: resize the whole frame; centre_crop: resize the central square only"
+    )
+    decoder: VideoDecoder = option(
+        "auto",
+        doc="auto: DALI (NVDEC) on a GPU, on a CPU DALI for VP8/VP9/MJPEG and PyAV keyframe seeks otherwise",
+    )

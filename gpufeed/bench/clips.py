@@ -1,0 +1,394 @@
+"""``gpufeed bench clips``: random 11-frame clips from h264, gpufeed against the usual readers.
+
+Contenders, each with the same number of processes, reading the *same* random clips (the clip
+loader's own epoch plan) and producing the same thing (uint8 clips resized to ``size``, laid out
+(N, 3, T, S, S), batched; on a GPU machine, on the GPU):
+
+* ``gpufeed``: :class:`gpufeed.pipelines.ClipLoader` (NVDEC on a GPU; PyAV keyframe seeks in DALI
+  worker processes on a CPU).
+* ``decode_from_start``: a torch DataLoader whose workers open the file and decode from frame 0 up
+  to the clip for every clip (the naive approach).
+* ``opencv_seek``: a torch DataLoader whose workers keep ``cv2.VideoCapture`` objects open and
+  seek with ``CAP_PROP_POS_FRAMES`` (what many behaviour-video loaders do), one FFmpeg thread each
+  like the other contenders.
+* ``torchcodec``: torchcodec's CUDA decoder with exact seeks (GPU machines only; its registry
+  wheel needs a CUDA build of torch).
+
+Data: synthetic 2-minute, 30 fps, 256x256 h264 videos with a long GOP (250; textured, noisy, with
+a moving blob, so decoding costs what camera video costs), generated once into a cache folder, and
+the same videos after ``gpufeed prepare``. Every frame carries its index in its pixels, so each
+contender is also checked for returning exactly the frames asked for (an untimed pass).
+Rounds are interleaved across contenders; medians and ratios are reported.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.bench._common import format_table, machine_facts, median, write_json
+
+__all__ = ["make_bench_videos", "prepared_bench_videos", "run_clip_bench"]
+
+_DEEPETHOGRAM_FRAMES_PER_SECOND = 1200  # the loading rate DeepEthogram's authors say training needs
+
+
+def _render(index: int, video_id: int, size: int, texture: np.ndarray, rng) -> np.ndarray:
+    from gpufeed.synth.tags import tag_blocks
+
+    frame = texture.copy()
+    t = index / 30.0
+    cy, cx = size / 2 + size / 3 * np.sin(t * 0.7 + video_id), size / 2 + size / 3 * np.cos(t * 0.5)
+    yy, xx = np.ogrid[:size, :size]
+    blob = ((yy - cy) / (size / 10)) ** 2 + ((xx - cx) / (size / 7)) ** 2 < 1
+    frame[blob] = (70, 50, 40)
+    frame = np.clip(frame.astype(np.int16) + rng.integers(-6, 7, frame.shape), 0, 255).astype(np.uint8)
+    blocks = tag_blocks(index, video_id)
+    half = size // 2
+    side = max(8, size * 3 // 16)  # flat squares around each quadrant centre, where read_tag samples
+    for r in range(2):
+        for c in range(2):
+            y0, x0 = r * half + half // 2 - side // 2, c * half + half // 2 - side // 2
+            frame[y0 : y0 + side, x0 : x0 + side] = blocks[r, c]
+    return frame
+
+
+def make_bench_videos(folder: Path, count=4, seconds=120, fps=30, size=256, gop=250, seed=0) -> Path:
+    """Long-GOP tagged h264 videos (and label CSVs) in ``folder/<params>/videos``; reused when present."""
+    from fractions import Fraction
+
+    import av
+    from tqdm import tqdm
+
+    from gpufeed.synth.videos import behaviour_labels, write_label_csv
+
+    target = Path(folder) / f"clips-{count}x{seconds}s-{fps}fps-{size}px-gop{gop}-{seed}" / "videos"
+    if (target / ".complete").exists():
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    frames = seconds * fps
+    with tqdm(total=count * frames, desc="bench videos", unit="frame", leave=False) as bar:
+        for video_id in range(count):
+            rng = np.random.default_rng([seed, video_id])
+            texture = np.clip(rng.normal(128, 40, (size, size, 3)), 0, 255).astype(np.uint8)
+            path = target / f"clip_{video_id:03d}.mp4"
+            with av.open(str(path), "w") as container:
+                stream = container.add_stream("libx264", rate=Fraction(fps, 1))
+                stream.width = stream.height = size
+                stream.pix_fmt = "yuv420p"
+                stream.options = {"crf": "23", "g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"}
+                for index in range(frames):
+                    frame = av.VideoFrame.from_ndarray(_render(index, video_id, size, texture, rng), format="rgb24")
+                    frame.pts = index
+                    for packet in stream.encode(frame):
+                        container.mux(packet)
+                    bar.update(1)
+                for packet in stream.encode():
+                    container.mux(packet)
+            write_label_csv(path.with_suffix(".csv"), behaviour_labels(frames, seed=video_id))
+    (target / ".complete").touch()
+    return target
+
+
+def prepared_bench_videos(videos: Path, clip_length_frames: int, stride_frames: int) -> Path:
+    """``gpufeed prepare`` of the bench videos (default options for the clip), cached beside them."""
+    from gpufeed.pipelines import PrepareOptions, prepare_videos
+
+    options = PrepareOptions(clip_length_frames=clip_length_frames, stride_frames=stride_frames, probe_clips=0)
+    o = options
+    target = videos.parent / f"prepared-{o.codec}-gop{o.resolved_gop_frames}-crf{o.crf}-{o.tune}"
+    if (target / ".complete").exists():
+        return target
+    report = prepare_videos(videos, target, options)
+    if not report.ok:
+        raise RuntimeError(f"preparing the benchmark videos failed:\n{report.table()}")
+    (target / ".complete").touch()
+    return target
+
+
+class DecodeFromStartClips:
+    """Map-style dataset: every clip opens its file and decodes from frame 0 (the naive reader)."""
+
+    def __init__(self, clips: list[tuple[str, int]], length: int, stride: int, size: int) -> None:
+        self.clips, self.length, self.stride, self.size = clips, length, stride, size
+
+    def __len__(self) -> int:
+        return len(self.clips)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        import av
+        from av.video.reformatter import VideoReformatter
+
+        path, start = self.clips[i]
+        wanted = set(range(start, start + self.length * self.stride, self.stride))
+        out = []
+        scale = VideoReformatter()
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            stream.thread_count = 1
+            for index, frame in enumerate(container.decode(stream)):
+                if index in wanted:
+                    out.append(scale.reformat(frame, width=self.size, height=self.size, format="rgb24").to_ndarray())
+                    if len(out) == self.length:
+                        break
+        return np.stack(out)
+
+
+class OpenCvSeekClips:
+    """Map-style dataset: ``cv2.VideoCapture`` kept open per worker, ``CAP_PROP_POS_FRAMES`` seeks."""
+
+    def __init__(self, clips: list[tuple[str, int]], length: int, stride: int, size: int) -> None:
+        self.clips, self.length, self.stride, self.size = clips, length, stride, size
+        self._captures: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.clips)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        import cv2
+
+        path, start = self.clips[i]
+        capture = self._captures.get(path)
+        if capture is None:
+            # One decoding thread per process, as every other contender (OpenCV's default is one per core).
+            capture = cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
+            self._captures[path] = capture
+        capture.set(cv2.CAP_PROP_POS_FRAMES, start)
+        out = []
+        for k in range(self.length * self.stride - self.stride + 1):
+            ok, frame = capture.read()
+            if not ok:
+                raise RuntimeError(f"{path}: OpenCV could not read frame {start + k}")
+            if k % self.stride == 0:
+                small = cv2.resize(frame, (self.size, self.size), interpolation=cv2.INTER_AREA)
+                out.append(cv2.cvtColor(small, cv2.COLOR_BGR2RGB))
+        return np.stack(out)
+
+
+def _dataloader_epoch(dataset, batch_size: int, workers: int, device) -> tuple[float, int, list]:
+    import torch
+
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, num_workers=workers, pin_memory=device.is_gpu, shuffle=False
+    )
+    start = time.perf_counter()
+    count, batches = 0, []
+    for batch in loader:
+        clips = batch.permute(0, 4, 1, 2, 3).contiguous()  # (N, T, H, W, 3) -> (N, 3, T, H, W)
+        if device.is_gpu:
+            clips = clips.to(device.torch_device, non_blocking=True)
+        count += int(clips.shape[0])
+        batches.append(clips)
+    if device.is_gpu:
+        torch.cuda.synchronize(device.torch_device)
+    return time.perf_counter() - start, count, batches
+
+
+def _gpufeed_epoch(loader, epoch: int, clips: int) -> tuple[float, int, list]:
+    import torch
+
+    loader.set_epoch(epoch)
+    start = time.perf_counter()
+    count, batches = 0, []
+    for batch in loader:
+        count += len(batch)
+        batches.append(batch.clips)
+        if count >= clips:
+            break
+    if loader.device.is_gpu:
+        torch.cuda.synchronize(loader.device.torch_device)
+    return time.perf_counter() - start, count, batches
+
+
+def _torchcodec_epoch(clips: list[tuple[str, int]], length: int, stride: int, size: int, device):
+    import torch
+    from torchcodec.decoders import VideoDecoder
+
+    decoders: dict = {}
+    start = time.perf_counter()
+    out = []
+    for path, first in clips:
+        decoder = decoders.get(path)
+        if decoder is None:
+            decoder = decoders[path] = VideoDecoder(path, device=str(device.torch_device), seek_mode="exact")
+        frames = decoder.get_frames_at(indices=list(range(first, first + length * stride, stride))).data
+        frames = torch.nn.functional.interpolate(frames.float(), size=(size, size), mode="bilinear", antialias=True)
+        out.append(frames.round().clamp(0, 255).to(torch.uint8).permute(1, 0, 2, 3))
+    torch.cuda.synchronize(device.torch_device)
+    return time.perf_counter() - start, len(clips), [torch.stack(out)]
+
+
+def _exactness(batches: list, clips: list[tuple[int, int]], length: int, stride: int) -> float:
+    """Share of clips whose every frame carries the (frame index, video id) asked for."""
+    from gpufeed.synth import TagError, read_tag
+
+    stacked = [c for b in batches for c in b]
+    good = 0
+    for clip, (video, start) in zip(stacked, clips, strict=False):
+        try:
+            tags = [read_tag(clip[:, t], "CHW") for t in range(length)]
+        except TagError:
+            continue
+        good += all((tag.ident, tag.aux) == (start + t * stride, video) for t, tag in enumerate(tags))
+    return good / max(1, min(len(stacked), len(clips)))
+
+
+def _contenders(requested: tuple[str, ...], device) -> tuple[list[str], dict[str, str]]:
+    available, missing = [], {}
+    for name in requested:
+        try:
+            if name == "opencv_seek":
+                try:
+                    import cv2  # noqa: F401
+                except ImportError:
+                    raise RuntimeError("OpenCV is not installed: pip install 'gpufeed[bench]'") from None
+            elif name == "torchcodec":
+                if not device.is_gpu:
+                    raise RuntimeError("needs a GPU machine (its registry wheel needs a CUDA build of torch)")
+                import torchcodec  # noqa: F401
+        except Exception as err:  # ImportError, or a native library failing to load
+            missing[name] = f"unavailable: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+            continue
+        available.append(name)
+    return available, missing
+
+
+class _BenchSet:
+    """One folder of videos, its clip loader, and a runner per contender (same clips for all)."""
+
+    def __init__(self, folder: Path, args, choice) -> None:
+        from gpufeed.config import LoaderConfig, VideoConfig
+        from gpufeed.pipelines import ClipLoader, VideoDataset
+
+        self.args, self.choice = args, choice
+        self.dataset = VideoDataset.from_folder(folder, progress=True)
+        video_cfg = VideoConfig(clip_length_frames=args.clip_length, stride_frames=args.stride, size_px=args.size)
+        loader_cfg = LoaderConfig(batch_size=args.batch_size, num_threads=args.workers, last_batch="drop")
+        self.loader = ClipLoader(
+            self.dataset, train=True, video_cfg=video_cfg, loader_cfg=loader_cfg, device=choice, seed=args.seed
+        )
+
+    def clips(self, epoch: int, count: int) -> list[tuple[int, int]]:
+        """The first ``count`` (video id, start) pairs the loader reads in ``epoch``."""
+        videos, starts = self.loader.epoch_clips(epoch)
+        return list(zip(videos[:count].tolist(), starts[:count].tolist(), strict=True))
+
+    def run(self, contender: str, epoch: int, count: int) -> tuple[float, int, list]:
+        """(seconds, clips, batches) for ``count`` clips of ``epoch``."""
+        a = self.args
+        if contender == "gpufeed":
+            return _gpufeed_epoch(self.loader, epoch, count)
+        paths = [(self.dataset.paths[v], s) for v, s in self.clips(epoch, count)]
+        if contender == "decode_from_start":
+            data = DecodeFromStartClips(paths, a.clip_length, a.stride, a.size)
+            return _dataloader_epoch(data, a.batch_size, a.workers, self.choice)
+        if contender == "opencv_seek":
+            data = OpenCvSeekClips(paths, a.clip_length, a.stride, a.size)
+            return _dataloader_epoch(data, a.batch_size, a.workers, self.choice)
+        return _torchcodec_epoch(paths, a.clip_length, a.stride, a.size, self.choice)
+
+    def exactness(self, contender: str, count: int) -> float:
+        """Untimed (also the warm-up): share of clips with exactly the frames asked for."""
+        _, got, batches = self.run(contender, 10_000, count)
+        return _exactness(batches, self.clips(10_000, got), self.args.clip_length, self.args.stride)
+
+
+def _paired_ratio(a: list[float], b: list[float]) -> float:
+    """Median over rounds of a[r] / b[r]: rounds run back to back share the machine's load."""
+    return median([x / y for x, y in zip(a, b, strict=True) if y > 0])
+
+
+def run_clip_bench(args) -> dict:
+    """Run every available contender on the long-GOP and the prepared videos; return the figures.
+
+    Each round runs every (video set, contender) once, alternating the order between rounds;
+    ratios are medians of per-round ratios, which cancels most of a shared machine's drift.
+    """
+    from gpufeed.device import resolve_device
+    from gpufeed.pipelines import default_num_threads
+
+    choice = resolve_device(args.device)
+    args.workers = args.workers or default_num_threads()
+    contenders, missing = _contenders(tuple(args.contenders), choice)
+    source = make_bench_videos(args.cache, args.videos, args.seconds, 30, args.video_size, args.gop, args.seed)
+    prepared = prepared_bench_videos(source, args.clip_length, args.stride)
+    sets = {"long_gop": _BenchSet(source, args, choice), "prepared": _BenchSet(prepared, args, choice)}
+    counts = {c: args.naive_clips if c == "decode_from_start" else args.clips for c in contenders}
+    exact = {
+        name: {c: s.exactness(c, min(counts[c], args.verify_clips)) for c in contenders} for name, s in sets.items()
+    }
+    rates = {name: {c: [] for c in contenders} for name in sets}
+    jobs = [(name, c) for name in sets for c in contenders]
+    for r in range(args.rounds):
+        for name, contender in jobs if r % 2 == 0 else reversed(jobs):
+            seconds, got, _ = sets[name].run(contender, r, counts[contender])
+            rates[name][contender].append(got / seconds)
+    result = {
+        "benchmark": "clips",
+        "clip_length_frames": args.clip_length,
+        "stride_frames": args.stride,
+        "size_px": args.size,
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "rounds": args.rounds,
+        "clips_per_round": counts,
+        "unavailable": missing,
+        "machine": machine_facts(choice),
+        "sets": {},
+    }
+    for name, bench_set in sets.items():
+        cps = {c: median(v) for c, v in rates[name].items()}
+        result["sets"][name] = {
+            "videos": len(bench_set.dataset),
+            "frames_per_video": int(bench_set.dataset.infos[0].num_frames),
+            "gop_frames": bench_set.dataset.infos[0].gop_frames,
+            "decoder": f"{bench_set.loader.source} ({bench_set.loader.decoder_reason})",
+            "clips_per_second": cps,
+            "frames_per_second": {c: v * args.clip_length for c, v in cps.items()},
+            "clips_per_second_rounds": rates[name],
+            "exact_share": exact[name],
+        }
+    ratios = {}
+    for other in ("decode_from_start", "opencv_seek", "torchcodec"):
+        for name in sets:
+            if other in rates[name]:
+                ratios[f"gpufeed / {other} ({name})"] = _paired_ratio(rates[name]["gpufeed"], rates[name][other])
+    ratios["gpufeed prepared / long GOP"] = _paired_ratio(rates["prepared"]["gpufeed"], rates["long_gop"]["gpufeed"])
+    result["ratios"] = ratios
+    fps = result["sets"]["prepared"]["frames_per_second"]["gpufeed"]
+    result["prepared_frames_per_second_vs_deepethogram_need"] = fps / _DEEPETHOGRAM_FRAMES_PER_SECOND
+    return result
+
+
+def print_clip_result(result: dict) -> None:
+    print(
+        f"clip benchmark: {result['clip_length_frames']}-frame clips (stride {result['stride_frames']}) resized to "
+        f"{result['size_px']}px, batch {result['batch_size']}, {result['workers']} processes/threads each, "
+        f"{result['rounds']} rounds of {result['clips_per_round']} clips, {result['machine']['device']}"
+    )
+    rows = []
+    for name, figures in result["sets"].items():
+        for contender, cps in figures["clips_per_second"].items():
+            exact = f"{100 * figures['exact_share'][contender]:.0f}%"
+            gop = f"{figures['gop_frames']:.0f}"
+            rows.append([name, gop, contender, cps, figures["frames_per_second"][contender], exact])
+    print(format_table(["videos", "GOP", "reader", "clips/s (median)", "frames/s", "exact clips"], rows))
+    for name, why in result["unavailable"].items():
+        print(f"{name}: {why}")
+    print("ratios (median of per-round ratios; rounds interleave every reader and video set):")
+    for name, value in result["ratios"].items():
+        print(f"  {name}: {value:.2f}x")
+    print(
+        f"gpufeed on prepared videos: {result['prepared_frames_per_second_vs_deepethogram_need']:.1f}x "
+        f"DeepEthogram's stated need of {_DEEPETHOGRAM_FRAMES_PER_SECOND} frames/s"
+    )
+
+
+def main_clips(args) -> int:
+    result = run_clip_bench(args)
+    print_clip_result(result)
+    if args.json:
+        write_json(args.json, result)
+    return 0

@@ -1,0 +1,359 @@
+"""The clip loader: random-seek clips with per-frame labels, the same surface as the image loader.
+
+Usage::
+
+    train = VideoDataset.from_folder(cfg.video.train)
+    loader = ClipLoader(train, train=True, video_cfg=cfg.video, loader_cfg=cfg.loader,
+                        device=resolve_device("auto"), shard_id=rank, num_shards=world, seed=cfg.seed)
+    for epoch in range(epochs):
+        for batch in loader:            # one epoch per iteration over the loader
+            batch.clips                 # (N, 3, T, S, S) uint8 on the device
+            batch.frame_labels          # (N, T, K) float32; batch.centre_labels (N, K)
+    state = loader.state_dict()         # resume exactly here with load_state_dict
+
+Which clips an epoch holds is decided by :class:`gpufeed.pipelines._clips.ClipTable` and
+:func:`gpufeed.pipelines.plan_epoch` (order, shards, last batch), so every decoder reads the same
+clips for the same seed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpufeed.pipelines._clip_pipeline import build_clip_pipeline, dali_iterator, new_work_dir
+from gpufeed.pipelines._clips import ClipGeometry, ClipTable
+from gpufeed.pipelines._errors import BadSampleError, DatasetError
+from gpufeed.pipelines._loader import default_num_threads
+from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
+from gpufeed.pipelines._sampler import EpochPlan, plan_epoch
+from gpufeed.pipelines._videos import DALI_CPU_CODECS, VideoDataset
+
+__all__ = ["ClipBatch", "ClipLoader", "choose_decoder"]
+
+log = logging.getLogger("gpufeed")
+
+
+@dataclass(frozen=True)
+class ClipBatch:
+    """One batch from :class:`ClipLoader`. Tensors live on the loader's device.
+
+    Attributes:
+        clips: (N, 3, T, S, S) torch.uint8 RGB, contiguous ("NCTHW", the layout clip models take).
+        frame_labels: (N, T, K) torch.float32 multi-hot label of every frame of each clip.
+        centre_labels: (N, K) torch.float32 label of each clip's centre frame (index ``T // 2``).
+        video_ids: (N,) torch.int64 video ids (positions in the dataset).
+        start_frames: (N,) torch.int64 first frame of each clip; frame t is ``start + t * stride``.
+        valid: (N,) torch.bool, False for padding rows (``last_batch: pad`` only).
+        behaviours: The K label names, in column order.
+    """
+
+    clips: object
+    frame_labels: object
+    centre_labels: object
+    video_ids: object
+    start_frames: object
+    valid: object
+    behaviours: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return int(self.clips.shape[0])
+
+
+def choose_decoder(requested: str, on_gpu: bool, codecs: set[str]) -> tuple[str, str]:
+    """Pick ``"dali"`` or ``"pyav"`` for ``video.decoder`` and say why.
+
+    Raises:
+        DatasetError: ``dali`` was asked for on the CPU with a codec DALI's CPU decoder lacks.
+    """
+    if requested not in ("auto", "dali", "pyav"):
+        raise ValueError(f"decoder {requested!r} is not allowed; allowed: auto, dali, pyav")
+    cpu_unsupported = sorted(codecs - set(DALI_CPU_CODECS))
+    if requested == "pyav":
+        return "pyav", "video.decoder: pyav"
+    if on_gpu:
+        return "dali", "video.decoder: " + requested + "; NVDEC decodes " + ", ".join(sorted(codecs))
+    if not cpu_unsupported:
+        return "dali", f"video.decoder: {requested}; DALI's CPU decoder handles {', '.join(sorted(codecs))}"
+    if requested == "dali":
+        raise DatasetError(
+            f"video.decoder: dali cannot decode {', '.join(cpu_unsupported)} without a GPU (DALI's CPU decoder "
+            f"handles {', '.join(DALI_CPU_CODECS)}); use decoder auto or pyav, or re-encode with "
+            "'gpufeed prepare --codec vp9'"
+        )
+    return "pyav", f"video.decoder: auto; no GPU and {', '.join(cpu_unsupported)} needs PyAV keyframe seeks"
+
+
+class ClipLoader:
+    """Batches of decoded, resized clips and their labels from a :class:`VideoDataset`.
+
+    Args:
+        dataset: The indexed videos (with labels).
+        train: Random starts (and ``loader_cfg.shuffle``) when True; every clip in order when False.
+        video_cfg: :class:`gpufeed.config.VideoConfig` (clip length, stride, size, fit, decoder).
+        loader_cfg: :class:`gpufeed.config.LoaderConfig`. Evaluation keeps every clip, so ``drop``
+            is read as ``partial`` there.
+        device: :class:`gpufeed.device.DeviceChoice`.
+        shard_id, num_shards: This rank's shard of the clip slots.
+        seed: Seeds order and random starts.
+    """
+
+    def __init__(
+        self, dataset: VideoDataset, *, train: bool, video_cfg, loader_cfg, device, shard_id=0, num_shards=1, seed=0
+    ):
+        self.dataset = dataset
+        self.train = train
+        self.video_cfg = video_cfg
+        self.cfg = loader_cfg
+        self.device = device
+        self.shard_id, self.num_shards, self.seed = shard_id, num_shards, seed
+        self.batch_size = loader_cfg.batch_size
+        self.last_batch = loader_cfg.last_batch if train or loader_cfg.last_batch == "pad" else "partial"
+        self.num_threads = loader_cfg.num_threads or default_num_threads()
+        self.geometry = ClipGeometry(video_cfg.clip_length_frames, video_cfg.stride_frames)
+        self.behaviours = dataset.behaviours
+        self.epoch = 0
+        self._start_batch = 0
+        self.skipped: dict[int, str] = {}  # video id -> why it was left out
+        self.read_failures: dict[int, str] = {}  # the subset found bad while decoding
+        bad = dict(dataset.problems)
+        for vid in dataset.usable_ids:
+            if self.geometry.max_start(dataset.infos[vid].num_frames) < 0:
+                bad[int(vid)] = (
+                    f"too short: {dataset.infos[vid].num_frames} frames, a clip spans {self.geometry.span_frames}"
+                )
+        if bad and loader_cfg.on_bad_sample == "error":
+            first = "; ".join(f"{dataset.paths[i]}: {why}" for i, why in list(bad.items())[:5])
+            raise DatasetError(
+                f"{len(bad)} video(s) in {dataset.source} cannot be used: {first}{' ...' if len(bad) > 5 else ''}. "
+                "Run 'gpufeed check' for the full list, or set loader.on_bad_sample: skip."
+            )
+        for vid, why in bad.items():
+            log.warning("skipping video %s: %s (loader.on_bad_sample: skip)", dataset.paths[vid], why)
+        self.skipped.update(bad)
+        usable = [v for v in dataset.usable_ids if int(v) not in bad]
+        self.table = ClipTable.build(dataset.num_frames, np.asarray(usable, dtype=np.int64), self.geometry)
+        self.source, self.decoder_reason = choose_decoder(
+            video_cfg.decoder, device.is_gpu, {dataset.infos[v].codec for v in usable}
+        )
+        log.info("clip decoder: %s (%s)", self.source, self.decoder_reason)
+        vfr = [dataset.paths[v] for v in usable if not dataset.infos[v].cfr]
+        if vfr:
+            log.warning(
+                "%d video(s) have a variable frame rate (e.g. %s): frames are numbered in presentation order, "
+                "which may not match how their labels were made; 'gpufeed prepare' makes the rate constant",
+                len(vfr),
+                vfr[0],
+            )
+        self._refs = [VideoRef.from_info(info) for info in dataset.infos]
+        self._check_plan(self._plan(0))
+
+    @classmethod
+    def from_config(cls, cfg, *, train: bool, device, shard_id: int = 0, num_shards: int = 1, progress=False):
+        """Index ``cfg.video.train`` (or ``val``) and build a loader from the whole :class:`Config`."""
+        folder = cfg.video.train if train else cfg.video.val
+        if folder is None:
+            raise DatasetError(f"config key 'video.{'train' if train else 'val'}' is not set: no video folder")
+        dataset = VideoDataset.from_folder(folder, progress=progress)
+        return cls(
+            dataset,
+            train=train,
+            video_cfg=cfg.video,
+            loader_cfg=cfg.loader,
+            device=device,
+            shard_id=shard_id,
+            num_shards=num_shards,
+            seed=cfg.seed,
+        )
+
+    # -- planning ---------------------------------------------------------------------------
+    def _plan(self, start_batch: int) -> EpochPlan:
+        return plan_epoch(
+            np.arange(len(self.table)),
+            epoch=self.epoch,
+            seed=self.seed,
+            shuffle=self.train and self.cfg.shuffle,
+            shard_id=self.shard_id,
+            num_shards=self.num_shards,
+            batch_size=self.batch_size,
+            last_batch=self.last_batch,
+            start_batch=start_batch,
+            excluded=self.table.slots_of(self.read_failures),
+        )
+
+    def _check_plan(self, plan: EpochPlan) -> None:
+        if plan.num_batches == 0:
+            raise DatasetError(
+                f"shard {self.shard_id} of {self.num_shards} gets no batches: {len(self.table)} clip slots in "
+                f"{self.dataset.source} (clip_length_frames {self.geometry.clip_length_frames}, stride_frames "
+                f"{self.geometry.stride_frames}), batch_size {self.batch_size}, last_batch '{self.last_batch}'. "
+                "Use a smaller batch_size or last_batch: partial."
+            )
+
+    # -- the public surface -----------------------------------------------------------------
+    @property
+    def clip_shape(self) -> tuple[int, int, int, int]:
+        """(3, T, S, S) of one clip."""
+        s = self.video_cfg.size_px
+        return (3, self.geometry.clip_length_frames, s, s)
+
+    def __len__(self) -> int:
+        """Batches in the current epoch (all of them, including any already consumed)."""
+        return self._plan(0).num_batches
+
+    def epoch_clips(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(video ids, start frames) this shard reads in ``epoch`` (default: the current one), in order.
+
+        Padding rows (``last_batch: pad``) are included; the same clips the loader will yield.
+        """
+        saved = self.epoch
+        self.epoch = saved if epoch is None else epoch
+        try:
+            plan = self._plan(0)
+        finally:
+            self.epoch = saved
+        return self.table.clips(plan.sample_ids, train=self.train, seed=self.seed, epoch=plan.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next iteration at the beginning of ``epoch``."""
+        self.epoch, self._start_batch = epoch, 0
+
+    def state_dict(self) -> dict:
+        """Where the loader is: resume with :meth:`load_state_dict` on an identically built loader."""
+        return {
+            "epoch": self.epoch,
+            "batch": self._start_batch,
+            "seed": self.seed,
+            "read_failures": sorted(self.read_failures),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("seed", self.seed) != self.seed:
+            raise ValueError(f"loader state was saved with seed {state['seed']}, this loader uses seed {self.seed}")
+        self.epoch, self._start_batch = int(state["epoch"]), int(state["batch"])
+        for vid in state.get("read_failures", []):
+            self.read_failures.setdefault(int(vid), "failed to decode before the resume")
+            self.skipped.setdefault(int(vid), "failed to decode before the resume")
+
+    def __iter__(self):
+        """Yield the rest of the current epoch, then advance to the next epoch."""
+        while True:
+            plan = self._plan(self._start_batch)
+            if len(plan.sample_ids) == 0:
+                break
+            videos, starts = self.table.clips(plan.sample_ids, train=self.train, seed=self.seed, epoch=self.epoch)
+            work = new_work_dir()
+            iterator, failed = None, None
+            batch_index = self._start_batch
+            try:
+                while True:
+                    try:
+                        # DALIGenericIterator runs the first batch in its constructor, so build it here.
+                        iterator = iterator or self._iterator(videos, starts, work.name)
+                        out = next(iterator)[0]
+                    except StopIteration:
+                        break
+                    except Exception as err:  # DALI re-raises worker errors as plain Exception
+                        failed = err
+                        break
+                    batch_index += 1
+                    self._start_batch = batch_index
+                    yield self._batch(out, plan, videos, starts)
+            finally:
+                del iterator
+                work.cleanup()
+            if failed is None:
+                break
+            self._handle_failure(failed, plan, videos, starts, batch_index)
+        self.epoch += 1
+        self._start_batch = 0
+
+    # -- internals ----------------------------------------------------------------------------
+    def _iterator(self, videos: np.ndarray, starts: np.ndarray, work_dir: str):
+        from pathlib import Path
+
+        sizes = np.array([(self.dataset.infos[v].width, self.dataset.infos[v].height) for v in videos])
+        pipe = build_clip_pipeline(
+            source=self.source,
+            paths=list(self.dataset.paths),
+            video_ids=videos,
+            starts=starts,
+            frame_sizes=sizes,
+            clip_length_frames=self.geometry.clip_length_frames,
+            stride_frames=self.geometry.stride_frames,
+            size_px=self.video_cfg.size_px,
+            fit=self.video_cfg.fit,
+            batch_size=self.batch_size,
+            device_id=self.device.device_id,
+            num_threads=self.num_threads,
+            prefetch_queue_depth=self.cfg.prefetch_queue_depth,
+            seed=self.seed,
+            work_dir=Path(work_dir),
+            video_refs=self._refs,
+        )
+        return dali_iterator(pipe, ["clips", "rows"], source=self.source, size=len(starts))
+
+    def _batch(self, out: dict, plan: EpochPlan, videos: np.ndarray, starts: np.ndarray) -> ClipBatch:
+        import torch
+
+        torch_device = self.device.torch_device
+        clips = out["clips"]
+        rows = out["rows"].view(-1).cpu().numpy().astype(np.int64)
+        if tuple(clips.shape[1:]) != self.clip_shape:
+            raise RuntimeError(f"clip pipeline produced {tuple(clips.shape)}; expected (N, *{self.clip_shape})")
+        frames = starts[rows, None] + np.arange(self.geometry.clip_length_frames) * self.geometry.stride_frames
+        labels = np.stack([self.dataset.labels[v][f] for v, f in zip(videos[rows], frames, strict=True)])
+        frame_labels = torch.as_tensor(labels, dtype=torch.float32, device=torch_device)
+        return ClipBatch(
+            clips=clips.to(torch_device),
+            frame_labels=frame_labels,
+            centre_labels=frame_labels[:, self.geometry.centre_offset].contiguous(),
+            video_ids=torch.as_tensor(videos[rows], device=torch_device),
+            start_frames=torch.as_tensor(starts[rows], device=torch_device),
+            valid=torch.as_tensor(plan.valid[rows], device=torch_device),
+            behaviours=self.behaviours,
+        )
+
+    def _handle_failure(self, err: Exception, plan: EpochPlan, videos, starts, batch_index: int) -> None:
+        """Name the video(s) behind a pipeline failure; skip them or raise :class:`BadSampleError`."""
+        first = (batch_index - plan.start_batch) * self.batch_size
+        span = slice(first, first + self.batch_size * (self.cfg.prefetch_queue_depth + 2))
+        candidates = list(dict.fromkeys(int(v) for v in videos[span]))
+        message = str(err)
+        named = [v for v in candidates if re.search(re.escape(self.dataset.paths[v]) + r"\b", message)]
+        problems = {v: _reason(message, self.dataset.paths[v]) for v in named}
+        if not problems:  # DALI did not say which file: decode the candidates' clips here, one by one
+            decoder = ClipDecoder()
+            for v, s in zip(videos[span], starts[span], strict=True):
+                if int(v) in problems:
+                    continue
+                try:
+                    decoder.read(self._refs[int(v)], self.geometry.frames(int(s)))
+                except ClipDecodeError as bad:
+                    problems[int(v)] = str(bad).split(": ", 1)[-1]
+            decoder.close()
+        if not problems:
+            raise BadSampleError(
+                [(self.dataset.paths[v], "in the failing batch") for v in candidates],
+                detail=f" The pipeline said: {_last_line(message)}",
+            ) from err
+        if self.cfg.on_bad_sample == "error":
+            raise BadSampleError([(self.dataset.paths[v], why) for v, why in problems.items()]) from err
+        for v, why in problems.items():
+            self.skipped[v] = self.read_failures[v] = why
+            log.warning("skipping video %s: %s", self.dataset.paths[v], why)
+        self._start_batch = batch_index
+
+
+def _reason(message: str, path: str) -> str:
+    """The part of a (worker) error message that says what is wrong with ``path``."""
+    line = next((ln for ln in reversed(message.splitlines()) if path in ln), _last_line(message))
+    return line.split(path, 1)[-1].lstrip(": ") or "cannot be decoded"
+
+
+def _last_line(message: str) -> str:
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else message

@@ -1,0 +1,133 @@
+"""The sequential reader: every frame of a video once, in order, in chunks (inference, features).
+
+Like DeepEthogram's ``VideoIterable``, but decoded on NVDEC where there is a GPU::
+
+    reader = VideoFrameReader("mouse.mp4", size_px=224, chunk_frames=64, device=resolve_device("auto"))
+    for chunk in reader:
+        chunk.frames          # (C, 3, S, S) uint8 on the device; C = chunk_frames except at the end
+        chunk.frame_indices   # (C,) int64, consecutive, starting at 0 for the first chunk
+
+Paths: ``dali`` reads consecutive ``chunk_frames`` ranges with DALI's video reader (the last
+range aligned to the video's end; frames already returned are dropped); ``pyav`` decodes the file
+once from start to end (no seeks at all). Both go through the clip graph, so frames match the
+clip loader's frames for the same ``size_px``, ``fit`` and decoder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.pipelines._clip_pipeline import build_clip_pipeline, dali_iterator, new_work_dir
+from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._pyav import VideoRef
+from gpufeed.pipelines._videos import VideoInfo, probe_video
+
+__all__ = ["FrameChunk", "VideoFrameReader"]
+
+
+@dataclass(frozen=True)
+class FrameChunk:
+    """Consecutive frames of one video.
+
+    Attributes:
+        frames: (C, 3, S, S) torch.uint8 RGB, contiguous NCHW, on the reader's device.
+        frame_indices: (C,) torch.int64 frame numbers (presentation order), same device.
+    """
+
+    frames: object
+    frame_indices: object
+
+    def __len__(self) -> int:
+        return int(self.frames.shape[0])
+
+
+class VideoFrameReader:
+    """Read one video's frames in order.
+
+    Args:
+        video: A path, or its :class:`VideoInfo` from the index.
+        size_px, fit: Output size and ``stretch`` / ``centre_crop``, as ``video.size_px`` / ``video.fit``.
+        chunk_frames: Frames per chunk.
+        device: :class:`gpufeed.device.DeviceChoice`.
+        decoder: ``auto`` / ``dali`` / ``pyav``, chosen as for the clip loader.
+        num_threads: DALI CPU threads.
+
+    Raises:
+        DatasetError: The video cannot be used (the reason names the file).
+    """
+
+    def __init__(
+        self,
+        video,
+        *,
+        size_px: int = 112,
+        fit: str = "stretch",
+        chunk_frames: int = 64,
+        device,
+        decoder="auto",
+        num_threads=1,
+    ):
+        from gpufeed.pipelines._clip_loader import choose_decoder
+
+        info = video if isinstance(video, VideoInfo) else probe_video(Path(video))
+        if info.problem:
+            raise DatasetError(f"{info.path}: {info.problem}")
+        if chunk_frames < 1:
+            raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
+        self.info = info
+        self.size_px, self.fit, self.device, self.num_threads = size_px, fit, device, num_threads
+        self.chunk_frames = min(chunk_frames, info.num_frames)
+        self.source, self.decoder_reason = choose_decoder(decoder, device.is_gpu, {info.codec})
+        n, c = info.num_frames, self.chunk_frames
+        starts = np.arange(0, n, c, dtype=np.int64)
+        if self.source == "dali":
+            starts[-1] = min(starts[-1], n - c)  # every range holds c frames; the last one ends at the end
+        self._starts = starts
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def __iter__(self):
+        import torch
+
+        work = new_work_dir()
+        try:
+            rows = len(self._starts)
+            pipe = build_clip_pipeline(
+                source="dali" if self.source == "dali" else "pyav_sequential",
+                paths=[self.info.path],
+                video_ids=np.zeros(rows, dtype=np.int64),
+                starts=self._starts,
+                frame_sizes=np.tile([self.info.width, self.info.height], (rows, 1)),
+                clip_length_frames=self.chunk_frames,
+                stride_frames=1,
+                size_px=self.size_px,
+                fit=self.fit,
+                batch_size=1,
+                device_id=self.device.device_id,
+                num_threads=self.num_threads,
+                prefetch_queue_depth=2,
+                seed=0,
+                work_dir=Path(work.name),
+                video_refs=[VideoRef.from_info(self.info)],
+                frames_first=True,
+            )
+            iterator = dali_iterator(pipe, ["frames", "rows"], source=self.source, size=rows)
+            done = 0  # frames already yielded: the end-aligned last range overlaps them
+            torch_device = self.device.torch_device
+            for out in iterator:
+                row = int(out[0]["rows"].view(-1)[0])
+                frames = out[0]["frames"][0]
+                first = int(self._starts[row])
+                skip = max(0, done - first)
+                frames = frames[skip:]
+                indices = torch.arange(first + skip, first + skip + len(frames), device=torch_device)
+                done = first + skip + len(frames)
+                yield FrameChunk(frames.to(torch_device).contiguous(), indices)
+            if done != self.info.num_frames:
+                raise DatasetError(f"{self.info.path}: read {done} frames, the index lists {self.info.num_frames}")
+        finally:
+            work.cleanup()

@@ -1,0 +1,94 @@
+"""``gpufeed check`` for video folders: every video that would stop or poison clip training.
+
+Per video it reports, with the path and the reason: unreadable, zero-byte, non-video and truncated
+files (by the mp4 box structure, the container's declared frame count, and a full decode),
+unsupported codecs, variable frame rate, and label files that are missing, malformed, or whose
+row count does not match the frame count. Label CSVs without a video and other files are listed
+as ignored. Registered in :data:`gpufeed.pipelines.CHECKERS`, so ``gpufeed check DIR`` on a
+``gpufeed synth`` folder checks ``videos/`` too.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
+from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._loader import default_num_threads
+from gpufeed.pipelines._pyav import decode_all_frames
+from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, list_videos
+
+__all__ = ["check_videos", "holds_videos"]
+
+
+def holds_videos(path: Path) -> bool:
+    """True for a folder with at least one video file directly inside it."""
+    return path.is_dir() and any(p.suffix.lower() in VIDEO_EXTENSIONS for p in path.iterdir() if p.is_file())
+
+
+def _frame_rate_problem(info: VideoInfo) -> str | None:
+    if info.cfr or len(info.pts) < 2:
+        return None
+    ms = np.diff(np.asarray(info.pts)) * 1000.0 * info.time_base[0] / info.time_base[1]
+    return (
+        f"variable frame rate: frame durations range from {ms.min():.1f} to {ms.max():.1f} ms; "
+        "'gpufeed prepare' re-encodes it at a constant rate"
+    )
+
+
+def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
+    """Check every video under ``folder`` and its label CSV (see the module docs).
+
+    Raises:
+        DatasetError: The folder does not exist or holds no videos.
+    """
+    from tqdm import tqdm
+
+    folder = Path(folder)
+    dataset = VideoDataset.from_folder(folder, progress=progress)
+    report = CheckReport(sources=[f"videos in {folder}"], checked=len(dataset))
+    infos = dataset.infos
+    for vid, info in enumerate(infos):
+        if info.problem:
+            report.findings.append(Finding(info.path, info.problem, "video"))
+            continue
+        vfr = _frame_rate_problem(info)
+        if vfr:
+            report.findings.append(Finding(info.path, vfr, "video"))
+        why = dataset.problems.get(vid)
+        if why:
+            report.findings.append(Finding(info.path, why, "label"))
+    readable = [info for info in infos if not info.problem]
+    with ThreadPoolExecutor(max_workers=default_num_threads()) as pool:
+        decoded = pool.map(lambda info: decode_all_frames(info.path), readable)
+        bar = tqdm(
+            decoded, total=len(readable), desc="decoding videos", unit="video", disable=not progress, leave=False
+        )
+        for info, (count, problem) in zip(readable, bar, strict=True):
+            if problem:
+                report.findings.append(Finding(info.path, f"damaged: {problem}", "video"))
+            elif count != info.num_frames:
+                report.findings.append(
+                    Finding(info.path, f"damaged: {count} frames decode, the file holds {info.num_frames}", "video")
+                )
+    _, others = list_videos(folder)
+    stems = {str(Path(p).with_suffix("")) for p in dataset.paths}
+    for other in others:
+        if other.endswith(".csv") and str(Path(other).with_suffix("")) in stems:
+            continue
+        what = "a label file without a video" if other.endswith(".csv") else "not a video; the loader ignores it"
+        report.findings.append(Finding(other, what, "ignored"))
+    return report
+
+
+def _check_folder(path: Path, progress: bool) -> CheckReport:
+    try:
+        return check_videos(path, progress)
+    except DatasetError as err:
+        return CheckReport(sources=[str(path)], findings=[Finding(str(path), str(err), "video")])
+
+
+CHECKERS.append((holds_videos, _check_folder))

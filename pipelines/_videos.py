@@ -1,0 +1,381 @@
+"""The video index: per-video frame facts (count, rate, keyframes) and per-frame labels.
+
+Opening a video folder demuxes every video once (packets only, no decoding) to learn its codec,
+size, frame count, presentation timestamps, keyframe positions and whether its frame rate is
+constant. The result is cached beside the data (``.gpufeed/videos-index.json``) keyed by each
+file's size and modification time, so it is rebuilt exactly when a file changes.
+
+Frame ``i`` of a video is the ``i``-th frame in presentation order (timestamps sorted), which is
+what every decoder here returns and what row ``i`` of the label CSV describes. Video ids are
+positions in the sorted list of video files.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.pipelines._cache import index_cache_path, read_json_cache, write_json_atomic
+from gpufeed.pipelines._errors import DatasetError
+
+__all__ = [
+    "DALI_CPU_CODECS",
+    "SUPPORTED_CODECS",
+    "VIDEO_EXTENSIONS",
+    "VideoDataset",
+    "VideoInfo",
+    "list_videos",
+    "probe_video",
+    "read_label_csv",
+]
+
+VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v")
+# What NVDEC (DALI "mixed"/"gpu") decodes; PyAV decodes all of these on the CPU as well.
+SUPPORTED_CODECS = ("h264", "hevc", "vp8", "vp9", "av1", "mpeg4", "mjpeg")
+# What DALI's CPU video decoder handles (measured: not h264/hevc/mpeg4).
+DALI_CPU_CODECS = ("vp8", "vp9", "mjpeg")
+_INDEX_VERSION = 2
+_MP4_LIKE = (".mp4", ".mov", ".m4v")
+_MP4_FIRST_BOXES = ("ftyp", "moov", "mdat", "free", "skip", "wide", "pnot", "uuid")
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What the index knows about one video file.
+
+    Attributes:
+        path: The file.
+        codec: FFmpeg codec name (``h264``, ``vp9`` ...).
+        width, height: Frame size in pixels.
+        num_frames: Frames present (packets demuxed), in presentation order.
+        fps: Average frames per second.
+        cfr: True when every frame lasts the same (within 1%).
+        time_base: (numerator, denominator) of the stream's timestamp unit.
+        pts: Presentation timestamp of every frame, in frame order.
+        keyframes: Frame indices of the keyframes (where decoding can start), ascending.
+        declared_frames: Frame count the container declares (0 when it does not say).
+        declared_seconds: Duration the container declares when it holds only this stream (else 0).
+        problem: Why the file cannot be used, or ``None``.
+    """
+
+    path: str
+    codec: str = ""
+    width: int = 0
+    height: int = 0
+    num_frames: int = 0
+    fps: float = 0.0
+    cfr: bool = True
+    time_base: tuple[int, int] = (1, 1)
+    pts: tuple[int, ...] = ()
+    keyframes: tuple[int, ...] = ()
+    declared_frames: int = 0
+    declared_seconds: float = 0.0
+    problem: str | None = None
+
+    @property
+    def gop_frames(self) -> float:
+        """Median distance between keyframes in frames (the whole video when it has one keyframe)."""
+        if len(self.keyframes) < 2:
+            return float(self.num_frames)
+        return float(np.median(np.diff(self.keyframes)))
+
+    def keyframe_at_or_before(self, frame: int) -> int:
+        """The last keyframe index <= ``frame`` (0 when there is none before it)."""
+        pos = int(np.searchsorted(np.asarray(self.keyframes), frame, side="right")) - 1
+        return self.keyframes[pos] if pos >= 0 else 0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> VideoInfo:
+        data = dict(data)
+        for key in ("time_base", "pts", "keyframes"):
+            data[key] = tuple(data[key])
+        return cls(**data)
+
+
+def _mp4_box_problem(path: Path, size: int) -> str | None:
+    """Walk the top-level boxes of an MP4/MOV: a box running past the end means truncation."""
+    offset, boxes = 0, []
+    with open(path, "rb") as fh:
+        while offset < size:
+            fh.seek(offset)
+            head = fh.read(16)
+            if not boxes and (len(head) < 8 or head[4:8].decode("latin-1") not in _MP4_FIRST_BOXES):
+                return "not an mp4: the file does not start with an mp4 'ftyp' header"
+            if len(head) < 8:
+                return f"truncated: {size - offset} stray byte(s) at the end, after the last complete mp4 box"
+            length = int.from_bytes(head[:4], "big")
+            kind = head[4:8].decode("latin-1")
+            if length == 1 and len(head) == 16:
+                length = int.from_bytes(head[8:16], "big")
+            elif length == 0:
+                length = size - offset  # "to the end of the file"
+            if length < 8 or not kind.isprintable():
+                return None  # not a box structure we understand; FFmpeg has the last word
+            if offset + length > size:
+                return (
+                    f"truncated: mp4 box '{kind}' at byte {offset} declares {length} bytes but the file ends "
+                    f"after {size - offset}"
+                )
+            boxes.append(kind)
+            offset += length
+    if "moov" not in boxes:
+        return "incomplete mp4: no 'moov' box (the index is missing, e.g. an interrupted recording)"
+    return None
+
+
+def probe_video(path: str | Path) -> VideoInfo:
+    """Demux a video (no decoding) and return its :class:`VideoInfo`; problems are described, not raised."""
+    import av
+
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        return VideoInfo(str(path), problem=f"unreadable: {err.strerror or err}")
+    if size == 0:
+        return VideoInfo(str(path), problem="zero-byte file")
+    if path.suffix.lower() in _MP4_LIKE:
+        boxed = _mp4_box_problem(path, size)
+        if boxed:
+            return VideoInfo(str(path), problem=boxed)
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                return VideoInfo(str(path), problem="no video stream in the file")
+            stream = container.streams.video[0]
+            codec = stream.codec_context.name
+            width, height = stream.codec_context.width, stream.codec_context.height
+            declared = int(stream.frames or 0)
+            seconds = container.duration / 1e6 if container.duration and len(container.streams) == 1 else 0.0
+            tb = stream.time_base
+            pts_keys = []
+            for packet in container.demux(stream):
+                if packet.size == 0 or packet.pts is None:
+                    continue  # the flush packet, or one without a timestamp (nothing to show)
+                pts_keys.append((int(packet.pts), bool(packet.is_keyframe)))
+    except av.FFmpegError as err:
+        return VideoInfo(str(path), problem=f"cannot be read as a video: {err}")
+    pts_keys.sort()
+    pts = tuple(p for p, _ in pts_keys)
+    keyframes = tuple(i for i, (_, key) in enumerate(pts_keys) if key)
+    info = VideoInfo(
+        str(path),
+        codec=codec,
+        width=width,
+        height=height,
+        num_frames=len(pts),
+        time_base=(tb.numerator, tb.denominator) if tb else (1, 1),
+        pts=pts,
+        keyframes=keyframes,
+        declared_frames=declared,
+        declared_seconds=seconds,
+    )
+    return _finish_info(info)
+
+
+def _finish_info(info: VideoInfo) -> VideoInfo:
+    """Derive the frame rate and constancy from the timestamps, and name the first problem found."""
+    from dataclasses import replace
+
+    deltas = np.diff(np.asarray(info.pts, dtype=np.int64))
+    fps, cfr, covered, typical, gap, gap_at = 0.0, True, 0.0, 0.0, 0.0, 0
+    unit = info.time_base[0] / info.time_base[1]
+    if len(deltas):
+        step = float(deltas.mean())  # mean, not median: millisecond time bases alternate 33/34
+        fps = 1.0 / (step * unit) if step > 0 else 0.0
+        cfr = bool(np.all(np.abs(deltas - step) <= max(1.0, 0.01 * step)))
+        typical = float(np.median(deltas)) * unit
+        covered = float(info.pts[-1] - info.pts[0]) * unit + typical
+        gap_at = int(np.argmax(deltas))
+        gap = float(deltas[gap_at]) * unit
+    checks = (
+        (info.num_frames == 0, "no frames: the video stream holds no packets"),
+        (bool((deltas <= 0).any()), "broken timestamps: two frames share a presentation time"),
+        (
+            0 < info.num_frames < info.declared_frames,
+            f"truncated: the container declares {info.declared_frames} frames but only {info.num_frames} are present",
+        ),
+        (
+            # Containers without a frame count (webm, mkv) still declare their duration.
+            not info.declared_frames and covered and covered < info.declared_seconds - max(2 * typical, 0.1),
+            f"truncated: the container lasts {info.declared_seconds:.2f} s but its frames end at {covered:.2f} s",
+        ),
+        (
+            gap > max(8 * typical, 0.25),
+            f"damaged: frames are missing, a gap of {gap:.2f} s between frames {gap_at} and {gap_at + 1}",
+        ),
+        (
+            info.codec not in SUPPORTED_CODECS,
+            f"unsupported codec {info.codec!r}; supported: {', '.join(SUPPORTED_CODECS)} "
+            "('gpufeed prepare' re-encodes it to h264)",
+        ),
+        (not info.keyframes, "no keyframe: the video cannot be decoded from any position"),
+    )
+    problem = next((why for failed, why in checks if failed), None)
+    return replace(info, fps=round(fps, 6), cfr=cfr, problem=info.problem or problem)
+
+
+def read_label_csv(path: str | Path) -> tuple[tuple[str, ...], np.ndarray]:
+    """Read a per-frame label CSV: header ``frame,<behaviour>...``, one 0/1 row per frame.
+
+    Returns:
+        (behaviour names, (num_frames, K) uint8 multi-hot matrix).
+
+    Raises:
+        ValueError: Naming the file, the line and what is wrong.
+    """
+    path = Path(path)
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+    except OSError as err:
+        raise ValueError(f"label file {path} cannot be read: {err.strerror or err}") from None
+    if not rows or len(rows[0]) < 2 or rows[0][0].strip() != "frame":
+        raise ValueError(f"label file {path}: the header must be 'frame,<behaviour>,...', got {rows[:1]}")
+    names = tuple(c.strip() for c in rows[0][1:])
+    body = [r for r in rows[1:] if r]
+    labels = np.zeros((len(body), len(names)), dtype=np.uint8)
+    for i, row in enumerate(body):
+        line = i + 2
+        if len(row) != len(names) + 1:
+            raise ValueError(f"label file {path}:{line}: expected {len(names) + 1} columns, got {len(row)}")
+        if row[0].strip() != str(i):
+            raise ValueError(f"label file {path}:{line}: frame column says {row[0]!r}, expected {i} (rows in order)")
+        try:
+            values = [int(v) for v in row[1:]]
+        except ValueError:
+            raise ValueError(f"label file {path}:{line}: labels must be 0 or 1, got {row[1:]}") from None
+        if any(v not in (0, 1) for v in values):
+            raise ValueError(f"label file {path}:{line}: labels must be 0 or 1, got {values}")
+        labels[i] = values
+    return names, labels
+
+
+def list_videos(root: Path) -> tuple[list[str], list[str]]:
+    """(video files, other files) under ``root``, sorted, hidden files and folders skipped."""
+    videos, others = [], []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            full = os.path.join(dirpath, name)
+            (videos if name.lower().endswith(VIDEO_EXTENSIONS) else others).append(full)
+    return videos, others
+
+
+@dataclass(frozen=True)
+class VideoDataset:
+    """An indexed folder of videos with per-frame labels.
+
+    Attributes:
+        paths: Video files; a video id is a position in this tuple.
+        infos: One :class:`VideoInfo` per video.
+        labels: (num_frames, K) uint8 per video (``None`` where it has no usable label file).
+        behaviours: The K label column names, shared by every video.
+        problems: Video id -> why it cannot be used (bad file, missing or mismatched labels).
+        source: The folder the dataset came from.
+    """
+
+    paths: tuple[str, ...]
+    infos: tuple[VideoInfo, ...]
+    labels: tuple[np.ndarray | None, ...]
+    behaviours: tuple[str, ...]
+    problems: dict[int, str] = field(default_factory=dict)
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def usable_ids(self) -> np.ndarray:
+        ok = np.ones(len(self.paths), dtype=bool)
+        ok[list(self.problems)] = False
+        return np.flatnonzero(ok)
+
+    @property
+    def num_frames(self) -> np.ndarray:
+        return np.array([info.num_frames for info in self.infos], dtype=np.int64)
+
+    @property
+    def codecs(self) -> set[str]:
+        return {self.infos[i].codec for i in self.usable_ids}
+
+    @classmethod
+    def from_folder(cls, root: str | Path, *, require_labels: bool = True, progress: bool = False) -> VideoDataset:
+        """Index every video under ``root`` (with its ``<name>.csv`` labels when ``require_labels``)."""
+        root = Path(root)
+        if not root.is_dir():
+            raise DatasetError(f"video folder {root} does not exist or is not a folder")
+        paths, _ = list_videos(root)
+        if not paths:
+            raise DatasetError(f"no videos ({', '.join(VIDEO_EXTENSIONS)}) in {root}")
+        infos = index_videos(root, paths, progress)
+        problems = {i: info.problem for i, info in enumerate(infos) if info.problem}
+        labels: list[np.ndarray | None] = [None] * len(paths)
+        behaviours: tuple[str, ...] = ()
+        if require_labels:
+            for i, path in enumerate(paths):
+                labels[i], why, names = _labels_for(Path(path), infos[i])
+                if why:
+                    problems.setdefault(i, why)
+                    continue
+                if not behaviours:
+                    behaviours = names
+                elif names != behaviours:
+                    problems.setdefault(
+                        i, f"label columns {list(names)} differ from the other videos' {list(behaviours)}"
+                    )
+                    labels[i] = None
+        return cls(tuple(paths), tuple(infos), tuple(labels), behaviours, dict(sorted(problems.items())), str(root))
+
+
+def _labels_for(path: Path, info: VideoInfo) -> tuple[np.ndarray | None, str | None, tuple[str, ...]]:
+    csv_path = path.with_suffix(".csv")
+    if not csv_path.is_file():
+        return None, f"no label file: expected {csv_path.name} beside the video", ()
+    try:
+        names, labels = read_label_csv(csv_path)
+    except ValueError as err:
+        return None, str(err), ()
+    if not info.problem and len(labels) != info.num_frames:
+        return None, f"label file {csv_path.name} has {len(labels)} rows but the video has {info.num_frames} frames", ()
+    return labels, None, names
+
+
+def index_videos(root: Path, paths: list[str], progress: bool = False) -> list[VideoInfo]:
+    """:func:`probe_video` for every path, reusing the cache beside the data when a file is unchanged."""
+    cache_path = index_cache_path(root, "videos-index.json")
+    cached = read_json_cache(cache_path) or {}
+    entries = cached.get("entries", {}) if cached.get("version") == _INDEX_VERSION else {}
+    stats, todo, infos = [], [], {}
+    for i, path in enumerate(paths):
+        try:
+            st = os.stat(path)
+            stats.append([st.st_size, st.st_mtime_ns])
+        except OSError:
+            stats.append(None)
+        hit = entries.get(path)
+        if stats[-1] is not None and hit is not None and hit[:2] == stats[-1]:
+            infos[i] = VideoInfo.from_json(hit[2])
+        else:
+            todo.append(i)
+    if todo:
+        from tqdm import tqdm
+
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2)) as pool:
+            probed = pool.map(probe_video, (paths[i] for i in todo))
+            bar = tqdm(probed, total=len(todo), desc="indexing videos", unit="video", disable=not progress, leave=False)
+            for i, info in zip(todo, bar, strict=True):
+                infos[i] = info
+        fresh = {p: [*s, infos[i].to_json()] for i, (p, s) in enumerate(zip(paths, stats, strict=True)) if s}
+        write_json_atomic(cache_path, {"version": _INDEX_VERSION, "entries": fresh})
+    return [infos[i] for i in range(len(paths))]

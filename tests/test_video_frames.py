@@ -1,0 +1,75 @@
+"""The sequential reader: every frame of a video exactly once, in order, on each path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from videohelp import frame_tags
+
+from gpufeed.device import DeviceChoice
+from gpufeed.pipelines import DatasetError, PrepareOptions, VideoDataset, VideoFrameReader, prepare_videos
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def vp9_video(synth_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("vp9frames")
+    report = prepare_videos(synth_dir / "videos", out, PrepareOptions(codec="vp9", gop_frames=30, probe_clips=0), False)
+    assert report.ok, report.table()
+    return out / "clip_001.webm"
+
+
+CASES = [
+    pytest.param(("h264", "pyav", "cpu"), id="h264-pyav-cpu"),
+    pytest.param(("vp9", "dali", "cpu"), id="vp9-dali-cpu"),
+    pytest.param(("vp9", "pyav", "cpu"), id="vp9-pyav-cpu"),
+    pytest.param(("h264", "dali", "gpu"), id="h264-nvdec-gpu", marks=pytest.mark.gpu),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("chunk", [32, 500])
+def test_every_frame_once_in_order(synth_dir, vp9_video, case, chunk):
+    codec, decoder, device = case
+    path = vp9_video if codec == "vp9" else synth_dir / "videos" / "clip_001.mp4"
+    choice = DeviceChoice("gpu", 0, "test") if device == "gpu" else DeviceChoice("cpu", None, "test")
+    reader = VideoFrameReader(path, size_px=40, chunk_frames=chunk, device=choice, decoder=decoder)
+    assert reader.source == decoder
+    seen = []
+    for part in reader:
+        assert part.frames.shape[1:] == (3, 40, 40) and part.frames.dtype == torch.uint8
+        assert part.frames.device.type == ("cuda" if choice.is_gpu else "cpu")
+        assert len(part) <= min(chunk, 120)
+        tags = frame_tags(part.frames, "TCHW")
+        assert [i for i, _ in tags] == part.frame_indices.tolist() and {v for _, v in tags} == {1}
+        seen += part.frame_indices.tolist()
+    assert seen == list(range(120))
+    assert len(reader) == -(-120 // min(chunk, 120))
+
+
+def test_a_bad_video_is_refused_with_its_path(tmp_path):
+    path = tmp_path / "broken.mp4"
+    path.write_bytes(b"not a video at all")
+    with pytest.raises(DatasetError, match=r"broken\.mp4: not an mp4"):
+        VideoFrameReader(path, device=DeviceChoice("cpu", None, "test"))
+
+
+def test_frames_match_the_clip_loader(synth_dir):
+    from gpufeed.config import LoaderConfig, VideoConfig
+    from gpufeed.pipelines import ClipLoader
+
+    dataset = VideoDataset.from_folder(synth_dir / "videos")
+    cpu = DeviceChoice("cpu", None, "test")
+    reader = VideoFrameReader(dataset.infos[0], size_px=40, chunk_frames=11, device=cpu, decoder="pyav")
+    first = next(iter(reader)).frames
+    loader = ClipLoader(
+        dataset,
+        train=False,
+        video_cfg=VideoConfig(size_px=40, decoder="pyav"),
+        loader_cfg=LoaderConfig(batch_size=16, num_threads=1),
+        device=cpu,
+    )
+    batch = next(iter(loader))
+    assert (int(batch.video_ids[0]), int(batch.start_frames[0])) == (0, 0)
+    assert torch.equal(batch.clips[0].permute(1, 0, 2, 3), first), "same decoder, same resize, same pixels"

@@ -1,0 +1,88 @@
+"""Helpers for the video tests: tagged videos in unusual encodings, and reading tags back."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.synth import behaviour_labels, read_tag, render_frame
+from gpufeed.synth.videos import write_label_csv
+
+
+def write_odd_video(
+    path: Path,
+    video_id: int,
+    num_frames: int,
+    *,
+    codec: str = "libx264",
+    gop: int = 30,
+    durations_ms: tuple[int, ...] = (),
+    audio: bool = False,
+    labels: bool = True,
+) -> np.ndarray:
+    """A tagged video (frame index, video id in every frame) with options the synth data lacks.
+
+    Args:
+        durations_ms: Cycle of frame durations for a variable-frame-rate video (empty: 30 fps CFR).
+        audio: Also mux a silent AAC track.
+    """
+    import av
+
+    rows = behaviour_labels(num_frames, seed=video_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=Fraction(30, 1))
+        stream.width, stream.height = 96, 64
+        stream.pix_fmt = "yuv420p"
+        if durations_ms:
+            stream.codec_context.time_base = Fraction(1, 1000)
+        if codec == "libx264":
+            stream.options = {"crf": "16", "g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"}
+        else:
+            stream.options = {"g": str(gop)}
+        sound = container.add_stream("aac", rate=16000) if audio else None
+        t_ms = 0
+        for index in range(num_frames):
+            frame = av.VideoFrame.from_ndarray(render_frame(index, video_id, rows[index], 96, 64), format="rgb24")
+            if durations_ms:
+                frame.pts, frame.time_base = t_ms, Fraction(1, 1000)
+                t_ms += durations_ms[index % len(durations_ms)]
+            else:
+                frame.pts = index
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+        if sound is not None:
+            samples = int(16000 * num_frames / 30)
+            for start in range(0, samples, 1024):
+                chunk = np.zeros((1, min(1024, samples - start)), dtype=np.float32)
+                aframe = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="mono")
+                aframe.sample_rate, aframe.pts = 16000, start
+                for packet in sound.encode(aframe):
+                    container.mux(packet)
+            for packet in sound.encode():
+                container.mux(packet)
+    if labels:
+        write_label_csv(path.with_suffix(".csv"), rows)
+    return rows
+
+
+def frame_tags(frames, layout: str) -> list[tuple[int, int]]:
+    """(frame index, video id) read from each frame of a clip (3, T, H, W) or a chunk (T, 3, H, W)."""
+    if layout == "CTHW":
+        frames = frames.permute(1, 0, 2, 3)
+    return [(tag.ident, tag.aux) for tag in (read_tag(f, "CHW") for f in frames)]
+
+
+def decode_all(path) -> list[np.ndarray]:
+    """Every frame of a file, decoded from the start with PyAV (the reference), converted as gpufeed does."""
+    import av
+
+    from gpufeed.pipelines._pyav import FrameFitter
+
+    to_rgb = FrameFitter()
+    with av.open(str(path)) as container:
+        return [to_rgb(f) for f in container.decode(container.streams.video[0])]
