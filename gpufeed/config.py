@@ -28,6 +28,7 @@ __all__ = [
     "DatasetConfig",
     "ImagePipelineConfig",
     "LoaderConfig",
+    "ServeConfig",
     "describe_config",
     "load_config",
     "parse_config",
@@ -37,6 +38,7 @@ __all__ = [
 DeviceName = Literal["auto", "gpu", "cpu"]
 LastBatch = Literal["drop", "partial", "pad"]
 OnBadSample = Literal["error", "skip"]
+ExecutionProvider = Literal["auto", "cpu", "cuda", "tensorrt"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,33 @@ class LoaderConfig:
 
 
 @dataclass(frozen=True)
+class ServeConfig:
+    """The inference server (``gpufeed serve``): address, batching, limits, execution provider.
+
+    Requests are validated, then queued; a model's batcher runs a batch when ``batch_size`` images
+    (the model card's fixed size) are waiting or the oldest has waited ``max_delay_ms``.
+    """
+
+    host: str = option("127.0.0.1", doc="address to bind; loopback by default, 0.0.0.0 to expose")
+    port: int = option(8000, ge=0, le=65535, doc="TCP port; 0 picks a free one")
+    max_delay_ms: float = option(5.0, ge=0.0, le=10_000.0, doc="longest wait for a batch to fill")
+    queue_capacity: int = option(256, ge=1, doc="images waiting per model before 503 + Retry-After")
+    request_timeout_seconds: float = option(30.0, gt=0.0, doc="a request not answered by then gets 504")
+    retry_after_seconds: int = option(1, ge=0, doc="Retry-After sent with 503 queue_full")
+    max_body_bytes: int = option(16 * 1024 * 1024, ge=1024, doc="larger request bodies get 413")
+    max_image_pixels: int = option(40_000_000, ge=1, doc="width x height above this is refused (decompression bombs)")
+    max_images_per_request: int = option(64, ge=1, doc="images or tensor rows in one request")
+    top_k: int = option(5, ge=1, doc="labels returned by the REST endpoint unless ?top_k= says otherwise")
+    execution_provider: ExecutionProvider = option(
+        "auto", doc="onnxruntime provider: auto (CUDA on a GPU, else CPU), cpu, cuda, tensorrt"
+    )
+    tensorrt_cache_dir: Path | None = option(None, doc="where the TensorRT provider caches engines; none: no cache")
+    decode_threads: int = option(0, ge=0, doc="DALI CPU threads per model; 0 means one per core")
+    inference_threads: int = option(0, ge=0, doc="onnxruntime intra-op threads; 0 means onnxruntime's default")
+    warmup_batches: int = option(2, ge=1, doc="full batches run through decode and inference before ready")
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole gpufeed configuration."""
 
@@ -115,6 +144,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     image: ImagePipelineConfig = field(default_factory=ImagePipelineConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
