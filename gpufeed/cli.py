@@ -18,6 +18,7 @@ __all__ = ["build_parser", "main"]
 COMMAND_MODULES = (
     "gpufeed.commands.data",
     "gpufeed.commands.run",
+    "gpufeed.commands.serve",
     "gpufeed.commands.bench",
 )
 
@@ -41,9 +42,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     # Errors caused by input (config, data, device choice) are reported in one line, no traceback.
     from gpufeed._schema import ConfigError
     from gpufeed.device import DeviceUnavailableError
+    from gpufeed.models import ExportError, ModelCardError
     from gpufeed.pipelines._errors import BadSampleError, DatasetError
+    from gpufeed.server import ModelRepoError, RuntimeSetupError, ServerStartError
 
-    return (ConfigError, DatasetError, BadSampleError, DeviceUnavailableError, FileNotFoundError)
+    serving = (ExportError, ModelCardError, ModelRepoError, RuntimeSetupError, ServerStartError)
+    return (ConfigError, DatasetError, BadSampleError, DeviceUnavailableError, FileNotFoundError, *serving)
 
 
 def main(argv: list[str] | None = None) -> int:

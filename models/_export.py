@@ -220,7 +220,10 @@ def export_model(
     if batch_size < 1:
         raise ValueError(f"batch_size {batch_size} must be >= 1")
     checkpoint = find_checkpoint(source)
-    model = load_model(checkpoint).eval()
+    try:
+        model = load_model(checkpoint).eval()
+    except Exception as err:  # torch.load raises several types for files that are not checkpoints
+        raise ExportError(f"cannot load a gpufeed model from {checkpoint}: {err}") from None
     spec = model.spec
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -76,6 +76,12 @@ def inspect_image(data: bytes, max_pixels: int, where: str = "the image") -> Ima
     try:
         with Image.open(io.BytesIO(data)) as img:
             fmt, (width, height) = img.format or "", img.size
+            if fmt in ("JPEG", "PNG") and width * height > max_pixels:
+                raise RequestError(
+                    "too_many_pixels",
+                    f"{where} is {width}x{height} = {width * height:,} pixels; the limit is {max_pixels:,} "
+                    "(serve.max_image_pixels)",
+                )
             orientation = img.getexif().get(0x0112, 1) if fmt == "JPEG" else 1
             if fmt == "PNG":
                 img.verify()  # walks every chunk and checks its CRC: catches damaged data cheaply
@@ -94,12 +100,6 @@ def inspect_image(data: bytes, max_pixels: int, where: str = "the image") -> Ima
         raise RequestError("unsupported_media_type", f"{where} is {fmt}; supported formats: JPEG, PNG")
     if width <= 0 or height <= 0:
         raise RequestError("corrupt_image", f"{where} declares an empty size {width}x{height}")
-    if width * height > max_pixels:
-        raise RequestError(
-            "too_many_pixels",
-            f"{where} is {width}x{height} = {width * height:,} pixels; the limit is {max_pixels:,} "
-            "(serve.max_image_pixels)",
-        )
     tail = data[-64:]
     if fmt == "JPEG" and b"\xff\xd9" not in tail:
         raise RequestError("corrupt_image", f"{where} is a truncated JPEG: no end-of-image marker (FFD9)")
