@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -213,8 +214,9 @@ class ImageDecoder:
             self._copy(self._run(images, sizes), out)
             return [None] * len(images)
         except RuntimeError as err:
+            # DALI marks a pipeline that hit an operator error as no longer valid: start a new one.
+            self._pipe = self._build()
             if len(images) == 1:
-                self._pipe = self._build()  # start clean after a failure
                 return [self._failure(err)]
             log.warning("decoding a batch of %d failed; decoding its images one by one", len(images))
         results: list[BaseException | None] = []
@@ -229,6 +231,8 @@ class ImageDecoder:
 
     @staticmethod
     def _failure(err: RuntimeError) -> RequestError:
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        detail = next((line for line in reversed(lines) if "rror" in line), lines[-1] if lines else "")
-        return RequestError("corrupt_image", f"the image could not be decoded: {detail[:300]}")
+        # DALI's message holds a traceback with server paths; pass on only the decoder's verdict.
+        lines = [line.strip(" :") for line in str(err).splitlines() if line.strip()]
+        detail = next((line for line in lines if line.startswith("Failed to decode")), "the decoder rejected its data")
+        detail = re.sub(r"\s*sample #\d+", "", detail)  # an index into a DALI batch, not the request's
+        return RequestError("corrupt_image", f"the image data is damaged ({detail[:200]})")
