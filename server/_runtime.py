@@ -2,9 +2,9 @@
 
 On a GPU the CUDA provider (or TensorRT by option) runs the graph with IOBinding: the decoded uint8
 batch stays a CUDA tensor from DALI to the model, bound by pointer, no host round trip; only the
-small logits come back to the host. ORT computes on torch's current CUDA stream (passed as
-``user_compute_stream``), so the DALI-to-torch copy queued on that stream is ordered before the
-model reads the batch. On the CPU, plain numpy arrays go through ``session.run``.
+small logits come back to the host. The batch is written on torch's current stream and read by
+onnxruntime on its own, so that stream is synchronised before the run, and onnxruntime's outputs
+before torch reads them. On the CPU, plain numpy arrays go through ``session.run``.
 """
 
 from __future__ import annotations
@@ -76,13 +76,6 @@ class OnnxRunner:
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = threads
-        if device.is_gpu and wanted[0] != "CPUExecutionProvider":
-            import torch
-
-            stream = torch.cuda.current_stream(device.torch_device).cuda_stream
-            for entry in wanted:
-                if isinstance(entry, tuple) and entry[0] == "CUDAExecutionProvider":
-                    entry[1]["user_compute_stream"] = str(stream)
         self.session = ort.InferenceSession(str(Path(model_dir) / ONNX_FILE), options, providers=wanted)
         self.providers = self.session.get_providers()
         first = wanted[0] if isinstance(wanted[0], str) else wanted[0][0]
@@ -128,6 +121,9 @@ class OnnxRunner:
             return self.session.run([self.output_name], {self.card.input_name: batch})[0]
         import torch
 
+        # The batch was written on torch's current stream (DALI copy, row copies); onnxruntime
+        # computes on its own stream, so the writes must be complete before it reads.
+        torch.cuda.current_stream(batch.device).synchronize()
         binding = self._binding
         device_id = self.device.device_id or 0
         binding.bind_input(self.card.input_name, "cuda", device_id, np.uint8, tuple(batch.shape), batch.data_ptr())

@@ -98,6 +98,7 @@ class ServingState:
         self.closing = True
         for model in self.models.values():
             model.close(drain=drain, timeout=timeout)
+        log.info("server stopped: %d model(s) %s", len(self.models), "drained" if drain else "closed")
 
 
 class NotReadyError(RequestError):

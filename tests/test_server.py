@@ -210,3 +210,40 @@ def test_a_bad_image_in_a_batch_fails_alone(server, val_set):
         results[3].get_result()
     assert info.value.status() == "400"
     assert client.is_server_ready()
+
+
+def test_batch_step_pads_to_n_and_isolates_a_bad_row(val_set):
+    """ServedModel.run_batch without HTTP: rows come back in order whatever the mix, padding discarded."""
+    from _serving import png_with_damaged_data
+
+    from gpufeed.models import read_model_card
+    from gpufeed.server import Item, RequestError, ServedModel, ServerMetrics, inspect_image
+
+    model_dir = exported_repo() / IMAGE_MODEL
+    card = read_model_card(model_dir)
+    cfg = parse_config({"serve": {"decode_threads": 2}}).serve
+    model = ServedModel(IMAGE_MODEL, model_dir, card, cfg, CPU, ServerMetrics({IMAGE_MODEL: card.batch_size}))
+    try:
+        blobs = [Path(p).read_bytes() for p in val_set.paths[:3]]
+        png = Path(next(p for p in val_set.paths if p.endswith(".png"))).read_bytes()
+        damaged = png_with_damaged_data(png)
+
+        def item(blob):
+            info = inspect_image(blob, 10**8)
+            return Item(encoded=blob, size=(info.width, info.height), where="test image")
+
+        alone = [model.run_batch([item(b)])[0] for b in blobs]
+        pixels = np.zeros(card.sample_shape, np.uint8)
+        (zero_row,) = model.run_batch([Item(pixels=pixels)])
+        mixed = model.run_batch([Item(pixels=pixels), item(blobs[0]), item(damaged), item(blobs[2])])
+        np.testing.assert_allclose(mixed[0], zero_row, atol=1e-6)
+        np.testing.assert_allclose(mixed[1], alone[0], atol=1e-6)
+        np.testing.assert_allclose(mixed[3], alone[2], atol=1e-6)
+        assert isinstance(mixed[2], RequestError) and mixed[2].reason == "corrupt_image"
+        assert mixed[2].message.startswith("test image: the image data is damaged")
+        again = model.run_batch([item(b) for b in blobs])  # the decoder is healthy afterwards
+        np.testing.assert_allclose(np.stack(again), np.stack(alone), atol=1e-6)
+        with pytest.raises(ValueError, match="exceed the batch size"):
+            model.run_batch([Item(pixels=pixels)] * (IMAGE_BATCH + 1))
+    finally:
+        model.close()
