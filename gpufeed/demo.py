@@ -85,5 +85,11 @@ def run_demo(out: str | Path, device: str = "auto") -> Config:
                 raise SystemExit(f"eval sample {sample_id} arrived with the wrong pixels: {tag}")
             verified += 1
     print(f"eval epoch: {verified}/{len(val)} samples verified exactly by the ids and labels drawn in their pixels")
+
+    _banner("serving")
+    from gpufeed.server import run_serve_demo, untrained_checkpoint
+
+    # Until the training stage hands over its checkpoint, serve a freshly initialised ResNet-18.
+    run_serve_demo(cfg, out, choice, untrained_checkpoint(out, val.classes, cfg.image.size_px))
     print(f"\nresolved config saved to {out / 'config.yaml'}")
     return cfg

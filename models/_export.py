@@ -141,9 +141,11 @@ def _onnx_session(path: Path, device):
 
 
 def _torch_export(module: nn.Module, example: torch.Tensor, path: Path, opset: int) -> None:
-    exporter_log = logging.getLogger("torch.onnx")
-    level = exporter_log.level
-    exporter_log.setLevel(logging.ERROR)  # it warns about torchvision ops we do not use
+    # The exporter and its optimiser log every pass (and warn about torchvision ops we never use).
+    noisy = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir")]
+    levels = [logger.level for logger in noisy]
+    for logger in noisy:
+        logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -159,7 +161,8 @@ def _torch_export(module: nn.Module, example: torch.Tensor, path: Path, opset: i
                 verbose=False,
             )
     finally:
-        exporter_log.setLevel(level)
+        for logger, level in zip(noisy, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _add_metadata(path: Path, spec: ModelSpec, batch_size: int, precision: str) -> None:
