@@ -76,6 +76,9 @@ class OnnxRunner:
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = threads
+        # onnxruntime's pool spins after each run by default: on a busy CPU that steals the cores the
+        # decoder and the HTTP loop need between batches.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(Path(model_dir) / ONNX_FILE), options, providers=wanted)
         self.providers = self.session.get_providers()
         first = wanted[0] if isinstance(wanted[0], str) else wanted[0][0]
