@@ -3,6 +3,8 @@ httpx), real exported models, real JPEG/PNG files from the synthetic dataset."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -247,3 +249,63 @@ def test_batch_step_pads_to_n_and_isolates_a_bad_row(val_set):
             model.run_batch([Item(pixels=pixels)] * (IMAGE_BATCH + 1))
     finally:
         model.close()
+
+
+def test_serve_demo_stage_exports_serves_and_reports(synth_dir, tmp_path, capsys):
+    from gpufeed.demo import demo_config
+    from gpufeed.server import run_serve_demo, untrained_checkpoint
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "data").symlink_to(synth_dir, target_is_directory=True)
+    cfg = demo_config(out, "cpu")
+    checkpoint = untrained_checkpoint(out, ("amber", "birch", "cedar", "daisy"), 48, architecture="smallcnn")
+    figures = run_serve_demo(cfg, out, CPU, checkpoint, batch_size=4)
+    printed = capsys.readouterr().out
+    assert figures["images"] == 32 and figures["agreement"] == 1.0
+    assert (out / "models" / "classifier" / "model.onnx").is_file()
+    for stage in (
+        "preprocess",
+        "queue_wait",
+        "decode",
+        "inference",
+        "postprocess",
+        "request (kserve)",
+        "request (rest)",
+    ):
+        assert stage in printed, stage
+
+
+def test_histogram_quantile_matches_prometheus_interpolation():
+    from gpufeed.server import histogram_quantile
+
+    buckets = [(0.1, 10.0), (0.2, 30.0), (0.5, 40.0), (float("inf"), 40.0)]
+    assert histogram_quantile(0.25, buckets) == pytest.approx(0.1)
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.15)  # rank 20: halfway through (0.1, 0.2]
+    assert histogram_quantile(1.0, buckets) == pytest.approx(0.5)
+    assert np.isnan(histogram_quantile(0.5, [(0.1, 0.0), (float("inf"), 0.0)]))
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="needs promtool (Debian/Ubuntu: apt-get install prometheus)"
+)
+def test_metrics_pass_promtool_lint(server, val_set):
+    httpx.post(
+        server.url + f"/v1/models/{IMAGE_MODEL}/predict", content=Path(val_set.paths[0]).read_bytes(),
+        headers={"content-type": "image/jpeg"},
+    )  # fmt: skip
+    text = httpx.get(server.url + "/metrics").text
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check.stdout + check.stderr
+    for name in (
+        "gpufeed_server_stage_seconds_bucket",
+        "gpufeed_server_request_seconds_bucket",
+        "gpufeed_server_batch_size_bucket",
+        "gpufeed_server_batch_fill_ratio_bucket",
+        "gpufeed_server_queue_depth",
+        "gpufeed_server_inflight_requests",
+        "gpufeed_server_model_ready",
+        "gpufeed_server_requests_total",
+        "gpufeed_server_errors_total",
+    ):
+        assert f"\n{name}" in text, name
