@@ -134,7 +134,9 @@ def _onnx_session(path: Path, device):
 
     providers = ["CPUExecutionProvider"]
     if device is not None and device.is_gpu and "CUDAExecutionProvider" in ort.get_available_providers():
-        providers = [("CUDAExecutionProvider", {"device_id": device.device_id}), "CPUExecutionProvider"]
+        # TF32 would blur the comparison: parity checks the graph, not the GPU's fast math.
+        cuda = {"device_id": device.device_id, "use_tf32": 0}
+        providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     options = ort.SessionOptions()
     options.log_severity_level = 3
     return ort.InferenceSession(str(path), options, providers=providers)
