@@ -133,6 +133,9 @@ class ServeConfig:
     decode_threads: int = option(0, ge=0, doc="DALI CPU threads per model; 0 means one per core")
     inference_threads: int = option(0, ge=0, doc="onnxruntime intra-op threads; 0 means onnxruntime's default")
     warmup_batches: int = option(2, ge=1, doc="full batches run through decode and inference before ready")
+    workers_per_model: int = option(
+        0, ge=0, le=8, doc="batches in flight per model (2 overlaps decode with inference); 0: 2 on a GPU, 1 on CPU"
+    )
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,8 @@ class Batcher:
         on_batch: Called after each batch is taken with ``(queue_wait_seconds_per_item, rows)``,
             for metrics.
         name: Thread name, for logs and debuggers.
+        workers: Worker threads taking batches from the one queue; with 2, one batch can decode
+            while the previous one runs through the model. ``run_batch`` must then be thread-safe.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class Batcher:
         capacity: int,
         on_batch: Callable[[list[float], int], None] | None = None,
         name: str = "gpufeed-batcher",
+        workers: int = 1,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size} must be >= 1")
@@ -89,6 +92,8 @@ class Batcher:
             raise ValueError(f"capacity {capacity} must be >= 1")
         if max_delay_s < 0:
             raise ValueError(f"max_delay_s {max_delay_s} must be >= 0")
+        if workers < 1:
+            raise ValueError(f"workers {workers} must be >= 1")
         self._run_batch = run_batch
         self.batch_size = batch_size
         self.max_delay_s = max_delay_s
@@ -98,12 +103,14 @@ class Batcher:
         self._cond = threading.Condition()
         self._closed = False
         self._drain = True
-        self._thread = threading.Thread(target=self._worker, name=name, daemon=True)
+        self._threads = [threading.Thread(target=self._worker, name=f"{name}-{k}", daemon=True) for k in range(workers)]
+        self._count_lock = threading.Lock()
         self.batches_run = 0
 
     # -- producer side --------------------------------------------------------------------------
     def start(self) -> Batcher:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     @property
@@ -149,8 +156,10 @@ class Batcher:
                     if slot.future.set_running_or_notify_cancel():
                         slot.future.set_exception(BatcherClosedError("the server shut down before this ran"))
             self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     # -- worker side ----------------------------------------------------------------------------
     def _take(self) -> list[_Slot] | None:
@@ -172,6 +181,8 @@ class Batcher:
                 slot = self._queue.popleft()
                 if slot.future.set_running_or_notify_cancel():
                     batch.append(slot)
+            if self._queue:
+                self._cond.notify()  # another worker may start on what is left
             return batch
 
     def _worker(self) -> None:
@@ -188,7 +199,8 @@ class Batcher:
                 except Exception:  # metrics must never stop serving
                     log.exception("batch observer failed")
             self._run(batch)
-            self.batches_run += 1
+            with self._count_lock:
+                self.batches_run += 1
 
     def _run(self, batch: list[_Slot]) -> None:
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import logging
+import queue
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,14 @@ from gpufeed.server._runtime import OnnxRunner
 __all__ = ["Item", "ServedModel", "scores_from_logits"]
 
 log = logging.getLogger("gpufeed.server")
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """What one batch in flight needs to itself: a DALI decoder (image models) and an input buffer."""
+
+    decoder: ImageDecoder | None
+    buffer: object  # numpy array on the CPU, CUDA torch tensor on a GPU
 
 
 @dataclass(frozen=True)
@@ -93,16 +102,21 @@ class ServedModel:
             model_dir, card, device, cfg.execution_provider, cfg.inference_threads, cfg.tensorrt_cache_dir
         )
         self.on_gpu = self.runner.on_gpu
-        self.decoder = None
-        if card.spec.task == "image":
-            self.decoder = ImageDecoder(
-                card.spec.size_px,
-                card.spec.eval_crop_fraction,
-                card.batch_size,
-                device.device_id if self.on_gpu else None,
-                cfg.decode_threads or default_num_threads(),
-            )
-        self._buffer = self.runner.new_batch()
+        # One lane (decoder + input buffer) per batcher worker, so batches can overlap.
+        self.workers = cfg.workers_per_model or (2 if self.on_gpu else 1)
+        self._lanes: queue.SimpleQueue[_Lane] = queue.SimpleQueue()
+        for _ in range(self.workers):
+            decoder = None
+            if card.spec.task == "image":
+                decoder = ImageDecoder(
+                    card.spec.size_px,
+                    card.spec.eval_crop_fraction,
+                    card.batch_size,
+                    device.device_id if self.on_gpu else None,
+                    cfg.decode_threads or default_num_threads(),
+                )
+            self._lanes.put(_Lane(decoder, self.runner.new_batch()))
+        self.accepts_encoded = card.spec.task == "image"
         self.batcher = Batcher(
             self.run_batch,
             batch_size=card.batch_size,
@@ -110,6 +124,7 @@ class ServedModel:
             capacity=cfg.queue_capacity,
             on_batch=self._observe_batch,
             name=f"gpufeed-batcher-{name}",
+            workers=self.workers,
         )
         metrics.track_queue_depth(name, lambda: self.batcher.depth)
 
@@ -117,10 +132,26 @@ class ServedModel:
     def batch_size(self) -> int:
         return self.card.batch_size
 
-    @property
-    def accepts_encoded(self) -> bool:
-        """Image models decode JPEG/PNG; clip models take decoded UINT8 tensors only."""
-        return self.decoder is not None
+    def describe(self) -> dict:
+        """Where the work runs: decoder, input buffer and onnxruntime providers (for logs and tests)."""
+        lane = self._lanes.get()
+        try:
+            if lane.decoder is None:
+                decode = "none (decoded UINT8 tensors only)"
+            elif lane.decoder.device_id is None:
+                decode = "DALI on the CPU"
+            else:
+                decode = f"DALI nvJPEG (mixed) on cuda:{lane.decoder.device_id}"
+            buffer = f"cuda:{lane.buffer.device.index}" if self.on_gpu else "host"
+        finally:
+            self._lanes.put(lane)
+        return {
+            "decode": decode,
+            "input_buffer": buffer,
+            "providers": list(self.runner.providers),
+            "batch_size": self.batch_size,
+            "workers": self.workers,
+        }
 
     def _observe(self, stage: str, seconds: float) -> None:
         if self.ready:  # warm-up batches are not traffic
@@ -131,19 +162,27 @@ class ServedModel:
             self.metrics.observe_stage(self.name, "queue_wait", wait)
         self.metrics.observe_batch(self.name, rows, self.batch_size)
 
-    def _copy_rows(self, start: int, rows: list[np.ndarray]) -> None:
+    def _copy_rows(self, buffer, start: int, rows: list[np.ndarray]) -> None:
         block = np.stack(rows)
         if self.on_gpu:
             import torch
 
-            self._buffer[start : start + len(rows)].copy_(torch.from_numpy(block), non_blocking=False)
+            buffer[start : start + len(rows)].copy_(torch.from_numpy(block), non_blocking=False)
         else:
-            self._buffer[start : start + len(rows)] = block
+            buffer[start : start + len(rows)] = block
 
     def run_batch(self, items: list[Item]) -> list[np.ndarray | BaseException]:
         """Logits row per item (or the item's error); at most N items (the batcher's promise)."""
         if len(items) > self.batch_size:
             raise ValueError(f"{len(items)} items exceed the batch size {self.batch_size}")
+        lane = self._lanes.get()
+        try:
+            return self._run_in_lane(lane, items)
+        finally:
+            self._lanes.put(lane)
+
+    def _run_in_lane(self, lane: _Lane, items: list[Item]) -> list[np.ndarray | BaseException]:
+        buffer = lane.buffer
         encoded = [i for i, item in enumerate(items) if item.encoded is not None]
         decoded = [i for i, item in enumerate(items) if item.encoded is None]
         order = encoded + decoded  # row r of the buffer holds items[order[r]]
@@ -151,7 +190,7 @@ class ServedModel:
         if encoded:
             start = time.perf_counter()
             sizes = np.array([items[i].size for i in encoded], dtype=np.int64)
-            outcome = self.decoder.decode_into([items[i].encoded for i in encoded], sizes, self._buffer[: len(encoded)])
+            outcome = lane.decoder.decode_into([items[i].encoded for i in encoded], sizes, buffer[: len(encoded)])
             for i, err in zip(encoded, outcome, strict=True):
                 if err is not None:
                     failures[i] = RequestError(
@@ -159,11 +198,11 @@ class ServedModel:
                     )
             self._observe("decode", time.perf_counter() - start)
         if decoded:
-            self._copy_rows(len(encoded), [items[i].pixels for i in decoded])
+            self._copy_rows(buffer, len(encoded), [items[i].pixels for i in decoded])
         if len(items) < self.batch_size:
-            self._buffer[len(items) :] = 0  # padding rows, discarded below
+            buffer[len(items) :] = 0  # padding rows, discarded below
         start = time.perf_counter()
-        logits = self.runner.run(self._buffer)
+        logits = self.runner.run(buffer)
         self._observe("inference", time.perf_counter() - start)
         results: list[np.ndarray | BaseException] = [None] * len(items)
         for row, i in enumerate(order):
@@ -179,8 +218,14 @@ class ServedModel:
         else:
             pixels = np.zeros(self.card.sample_shape, dtype=np.uint8)
             items = [Item(pixels=pixels, where="warm-up row")] * self.batch_size
-        for _ in range(self.cfg.warmup_batches):
-            for result in self.run_batch(items):
+        lanes = [self._lanes.get() for _ in range(self.workers)]
+        try:
+            outcomes = [self._run_in_lane(lane, items) for lane in lanes for _ in range(self.cfg.warmup_batches)]
+        finally:
+            for lane in lanes:
+                self._lanes.put(lane)
+        for outcome in outcomes:
+            for result in outcome:
                 if isinstance(result, BaseException):
                     raise RuntimeError(f"model {self.name} failed its warm-up batch: {result}")
         self.batcher.start()

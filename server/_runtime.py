@@ -10,6 +10,7 @@ before torch reads them. On the CPU, plain numpy arrays go through ``session.run
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -98,15 +99,7 @@ class OnnxRunner:
             raise RuntimeSetupError(f"{model_dir / ONNX_FILE} takes {inputs[0].type}; gpufeed models take uint8")
         self.output_name = outputs[0].name
         self.num_classes = card.spec.num_classes
-        self._binding = None
-        self._output = None
-        if self.on_gpu:
-            import torch
-
-            self._binding = self.session.io_binding()
-            self._output = torch.empty(
-                (card.batch_size, self.num_classes), dtype=torch.float32, device=device.torch_device
-            )
+        self._local = threading.local()  # one IOBinding and output buffer per calling thread
         log.info("model %s: onnxruntime providers %s", card.name, ", ".join(self.providers))
 
     def new_batch(self):
@@ -119,7 +112,10 @@ class OnnxRunner:
         return np.zeros(shape, dtype=np.uint8)
 
     def run(self, batch) -> np.ndarray:
-        """Logits ``(N, num_classes)`` float32 on the host for a full batch from :meth:`new_batch`."""
+        """Logits ``(N, num_classes)`` float32 on the host for a full batch from :meth:`new_batch`.
+
+        Thread-safe: onnxruntime sessions run concurrently; each thread binds its own buffers.
+        """
         if not self.on_gpu:
             return self.session.run([self.output_name], {self.card.input_name: batch})[0]
         import torch
@@ -127,13 +123,16 @@ class OnnxRunner:
         # The batch was written on torch's current stream (DALI copy, row copies); onnxruntime
         # computes on its own stream, so the writes must be complete before it reads.
         torch.cuda.current_stream(batch.device).synchronize()
-        binding = self._binding
+        if not hasattr(self._local, "binding"):
+            self._local.binding = self.session.io_binding()
+            self._local.output = torch.empty(
+                (self.card.batch_size, self.num_classes), dtype=torch.float32, device=batch.device
+            )
+        binding, output = self._local.binding, self._local.output
         device_id = self.device.device_id or 0
         binding.bind_input(self.card.input_name, "cuda", device_id, np.uint8, tuple(batch.shape), batch.data_ptr())
-        binding.bind_output(
-            self.output_name, "cuda", device_id, np.float32, tuple(self._output.shape), self._output.data_ptr()
-        )
+        binding.bind_output(self.output_name, "cuda", device_id, np.float32, tuple(output.shape), output.data_ptr())
         self.session.run_with_iobinding(binding)
         binding.synchronize_outputs()
         torch.cuda.current_stream(batch.device).synchronize()
-        return self._output.cpu().numpy()
+        return output.cpu().numpy()

@@ -59,13 +59,7 @@ class ServingState:
                 model = ServedModel(name, entry.dir, entry.card, self.cfg, self.device, self.metrics)
                 model.warm_up()
                 self.models[name] = model
-                log.info(
-                    "model %s ready: %s, batch %d, providers %s",
-                    name,
-                    entry.card.spec.name,
-                    entry.card.batch_size,
-                    ", ".join(model.runner.providers),
-                )
+                log.info("model %s (%s) ready: %s", name, entry.card.spec.name, model.describe())
         except BaseException as err:
             self.load_error = err
             log.error("loading the models failed: %s", err)

@@ -73,6 +73,25 @@ def test_concurrent_submitters_each_get_their_own_results_in_batches_of_at_most_
     batcher.close()
 
 
+def test_two_workers_run_batches_side_by_side():
+    inside, peak, lock = [0], [0], threading.Lock()
+
+    def slow_step(items):
+        with lock:
+            inside[0] += 1
+            peak[0] = max(peak[0], inside[0])
+        time.sleep(0.1)
+        with lock:
+            inside[0] -= 1
+        return [x + 1 for x in items]
+
+    batcher = Batcher(slow_step, batch_size=2, max_delay_s=0.0, capacity=64, workers=2).start()
+    futures = batcher.submit(list(range(8)))
+    assert [f.result(timeout=10) for f in futures] == [x + 1 for x in range(8)]
+    assert peak[0] == 2, "two batches were in flight at once"
+    batcher.close()
+
+
 def test_a_failing_item_fails_alone_and_a_failing_step_fails_its_batch_only():
     step = Recorder()
     batcher = Batcher(step, batch_size=3, max_delay_s=0.05, capacity=16).start()

@@ -153,6 +153,21 @@ def test_concurrent_requests_get_the_answers_they_get_alone(server, val_set):
     assert batches > singles, "some batches held more than one request"
 
 
+def test_two_workers_per_model_give_the_same_answers(server, val_set):
+    cfg = parse_config({"serve": {"max_delay_ms": 1, "warmup_batches": 1, "workers_per_model": 2, "decode_threads": 1}})
+    overlapped = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU)
+    try:
+        assert overlapped.state.models[IMAGE_MODEL].describe()["workers"] == 2
+        blobs = [Path(p).read_bytes() for p in val_set.paths[:16]]
+        alone = [_client(server).infer(IMAGE_MODEL, [_bytes_input([b])]).as_numpy("logits")[0] for b in blobs]
+        many = _client(overlapped, concurrency=16)
+        pending = [many.async_infer(IMAGE_MODEL, [_bytes_input([b])]) for b in blobs]
+        for k, request in enumerate(pending):
+            np.testing.assert_allclose(request.get_result().as_numpy("logits")[0], alone[k], atol=1e-6)
+    finally:
+        overlapped.stop()
+
+
 def test_metrics_move_after_requests(server, val_set):
     before = _metrics(server)
     blob = Path(val_set.paths[0]).read_bytes()

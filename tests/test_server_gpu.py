@@ -23,8 +23,9 @@ GPU = DeviceChoice("gpu", 0, "test")
 CPU = DeviceChoice("cpu", None, "test")
 
 
-def _serve(device, provider="auto"):
-    cfg = parse_config({"serve": {"max_delay_ms": 5, "warmup_batches": 1, "execution_provider": provider}})
+def _serve(device, provider="auto", workers=2):
+    serve = {"max_delay_ms": 5, "warmup_batches": 1, "execution_provider": provider, "workers_per_model": workers}
+    cfg = parse_config({"serve": serve})
     return start_server(repo=exported_repo(), cfg=cfg, port=0, device=device)
 
 
@@ -42,10 +43,10 @@ def _images(synth_dir, count=6):
 def test_gpu_server_decodes_on_the_device_and_agrees_with_the_cpu_server(synth_dir):
     gpu, cpu = _serve(GPU), _serve(CPU)
     try:
-        served = gpu.state.models[IMAGE_MODEL]
-        assert served.on_gpu and served.runner.providers[0] == "CUDAExecutionProvider"
-        assert served.decoder.device_id == 0, "nvJPEG (DALI mixed) decoding"
-        assert served._buffer.is_cuda, "the batch stays on the device into onnxruntime (IOBinding)"
+        where = gpu.state.models[IMAGE_MODEL].describe()
+        assert where["providers"][0] == "CUDAExecutionProvider"
+        assert where["decode"] == "DALI nvJPEG (mixed) on cuda:0"
+        assert where["input_buffer"] == "cuda:0", "the batch stays on the device into onnxruntime (IOBinding)"
         images = _images(synth_dir)
         on_gpu, on_cpu = _logits(gpu, IMAGE_MODEL, images), _logits(cpu, IMAGE_MODEL, images)
         # nvJPEG and libjpeg-turbo may differ by a level or two per pixel; logits stay close.
