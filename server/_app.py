@@ -189,12 +189,7 @@ def build_app(state: ServingState, on_shutdown=None) -> Starlette:
         except RequestError as err:
             return JSONResponse(err.to_json(), status_code=err.status)
         card = state.entries[name].card
-        model = state.models.get(name)
-        inputs = (
-            kserve_inputs(model)
-            if model
-            else [{"name": card.input_name, "datatype": "UINT8", "shape": [-1, *card.sample_shape]}]
-        )
+        inputs = kserve_inputs(card)
         outputs = [{"name": n, "datatype": "FP32", "shape": [-1, card.spec.num_classes]} for n in ("logits", "scores")]
         facts = {
             "task": card.spec.task,

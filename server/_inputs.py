@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpufeed.models import ModelCard
 from gpufeed.server._errors import RequestError
 from gpufeed.server._kserve import InferRequest
 from gpufeed.server._model import Item, ServedModel
@@ -24,11 +25,10 @@ __all__ = ["ENCODED_INPUT", "items_from_images", "items_from_kserve", "kserve_in
 ENCODED_INPUT = "image"
 
 
-def kserve_inputs(model: ServedModel) -> list[dict]:
-    """The inputs of ``model`` in KServe model-metadata form (``-1``: any number of rows)."""
-    card = model.card
+def kserve_inputs(card: ModelCard) -> list[dict]:
+    """A model's inputs in KServe model-metadata form (``-1``: any number of rows)."""
     inputs = [{"name": card.input_name, "datatype": "UINT8", "shape": [-1, *card.sample_shape]}]
-    if model.accepts_encoded:
+    if card.spec.task == "image":  # image models also decode JPEG/PNG themselves
         inputs.insert(0, {"name": ENCODED_INPUT, "datatype": "BYTES", "shape": [-1]})
     return inputs
 
@@ -62,7 +62,7 @@ def items_from_images(model: ServedModel, blobs: list[bytes], max_pixels: int, l
 def items_from_kserve(model: ServedModel, request: InferRequest, max_pixels: int, limit: int) -> list[Item]:
     """Validate a parsed KServe request's single input into items."""
     card = model.card
-    allowed = [i["name"] for i in kserve_inputs(model)]
+    allowed = [i["name"] for i in kserve_inputs(card)]
     if len(request.inputs) != 1:
         raise RequestError(
             "malformed_request",

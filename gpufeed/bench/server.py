@@ -247,24 +247,27 @@ def print_server_result(result: dict) -> None:
 
 
 def plot_server_results(results: list[dict], path: Path) -> Path:
-    """Throughput and p99 against concurrency, one column per model, to a PNG."""
+    """Throughput, p99 and server CPU per request against concurrency, one column per model, to a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(results), figsize=(5.5 * len(results), 7), squeeze=False)
+    fig, axes = plt.subplots(3, len(results), figsize=(5.5 * len(results), 10), squeeze=False)
     for col, result in enumerate(results):
         xs = result["concurrency"]
         for name in result["contenders"]:
             points = [result["results"][name][str(c)] for c in xs]
             axes[0, col].plot(xs, [p["throughput_rps"] for p in points], marker="o", label=name)
             axes[1, col].plot(xs, [p["p99_ms"] for p in points], marker="o", label=name)
+            axes[2, col].plot(xs, [p["server_cpu_ms_per_request"] for p in points], marker="o", label=name)
         axes[0, col].set_title(f"{result['architecture']} {result['size_px']}px, N={result['batch_size']}")
         axes[0, col].set_ylabel("requests/s")
         axes[1, col].set_ylabel("p99 latency (ms)")
         axes[1, col].set_yscale("log")
-        for row in range(2):
+        axes[2, col].set_ylabel("server CPU ms per request")
+        axes[2, col].set_yscale("log")
+        for row in range(3):
             axes[row, col].set_xscale("log", base=2)
             axes[row, col].set_xlabel("concurrent clients")
             axes[row, col].grid(alpha=0.3)
