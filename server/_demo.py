@@ -66,7 +66,11 @@ def run_serve_demo(cfg, out: str | Path, device, checkpoint: str | Path, batch_s
     val = ImageDataset.from_config(cfg.data.val, cfg.data.classes)
     running = start_server(repo=repo, cfg=cfg, port=0, device=device)
     try:
-        print(f"serving on {running.url} ({', '.join(running.state.models[DEMO_MODEL_NAME].runner.providers)})")
+        where = running.state.models[DEMO_MODEL_NAME].describe()
+        print(
+            f"serving on {running.url}: decode {where['decode']}, inference {where['providers'][0]} "
+            f"(batch {where['batch_size']}, input buffer on {where['input_buffer']})"
+        )
         client = triton.InferenceServerClient(running.url.removeprefix("http://"), concurrency=8)
         assert client.is_server_ready() and client.is_model_ready(DEMO_MODEL_NAME)
         blobs = [Path(p).read_bytes() for p in val.paths]
@@ -99,7 +103,9 @@ def run_serve_demo(cfg, out: str | Path, device, checkpoint: str | Path, batch_s
         for k in range(min(4, len(blobs))):
             print(f"  {Path(val.paths[k]).name}: true {val.classes[val.labels[k]]}, predicted {labels[kserve_top1[k]]}")
         print(f"top-1 accuracy on the evaluation split: {accuracy:.0%}")
-        print(f"\nper-stage latency read from {running.url}/metrics (decode and inference are per batch):")
+        print(
+            f"\nper-stage latency read from {running.url}/metrics (queue_wait per image, decode and inference per batch):"
+        )
         print(stage_latency_table(metrics_text, DEMO_MODEL_NAME))
         if agree < 1.0:
             raise SystemExit("tritonclient and REST disagree on the same images")
