@@ -81,7 +81,6 @@ def build_app(state: ServingState, on_shutdown=None) -> Starlette:
         started = time.perf_counter()
         name = request.path_params.get("name", "")
         metrics.inflight.inc()
-        code = 500
         try:
             response = await handler(request, state.model(name), started)
         except RequestError as err:
@@ -94,8 +93,7 @@ def build_app(state: ServingState, on_shutdown=None) -> Starlette:
             response = JSONResponse({"error": f"internal error: {type(err).__name__}", "reason": "internal"}, 500)
         finally:
             metrics.inflight.dec()
-        code = response.status_code
-        metrics.observe_request(name, protocol, code, time.perf_counter() - started)
+        metrics.observe_request(name, protocol, response.status_code, time.perf_counter() - started)
         return response
 
     async def kserve_infer(request: Request, model, started: float) -> Response:
