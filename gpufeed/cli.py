@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "gpufeed.commands.data",
     "gpufeed.commands.run",
     "gpufeed.commands.train",
+    "gpufeed.commands.serve",
     "gpufeed.commands.bench",
 )
 
@@ -42,10 +43,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     # Errors caused by input (config, data, device choice) are reported in one line, no traceback.
     from gpufeed._schema import ConfigError
     from gpufeed.device import DeviceUnavailableError
+    from gpufeed.models import ExportError, ModelCardError
     from gpufeed.pipelines._errors import BadSampleError, DatasetError
+    from gpufeed.server import ModelRepoError, RuntimeSetupError, ServerStartError
     from gpufeed.train.errors import TrainError
 
-    return (ConfigError, DatasetError, BadSampleError, DeviceUnavailableError, FileNotFoundError, TrainError)
+    serving = (ExportError, ModelCardError, ModelRepoError, RuntimeSetupError, ServerStartError)
+    return (ConfigError, DatasetError, BadSampleError, DeviceUnavailableError, FileNotFoundError, TrainError, *serving)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from gpufeed._config_data import DataConfig, DatasetConfig, ImagePipelineConfig, LoaderConfig, VideoConfig
+from gpufeed._config_serve import ServeConfig
 from gpufeed._config_train import AUGMENT_OPS, AugmentConfig, ModelConfig, TelemetryConfig, TrainConfig
 from gpufeed._schema import ConfigError, describe, from_mapping, option, to_mapping
 
@@ -33,6 +34,7 @@ __all__ = [
     "ImagePipelineConfig",
     "LoaderConfig",
     "ModelConfig",
+    "ServeConfig",
     "TelemetryConfig",
     "TrainConfig",
     "VideoConfig",
@@ -59,6 +61,7 @@ class Config:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     video: VideoConfig = field(default_factory=VideoConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:

@@ -91,9 +91,15 @@ def run_demo(out: str | Path, device: str = "auto") -> Config:
 
     run_clip_demo(cfg, choice)
 
+    from gpufeed.models import find_checkpoint
     from gpufeed.train.demo import run_train_demo
 
-    run_train_demo(out, cfg)
+    image_run = run_train_demo(out, cfg)
     run_train_demo(out, cfg, model="clip_resnet18")
+
+    _banner("serving")
+    from gpufeed.server import run_serve_demo
+
+    run_serve_demo(cfg, out, choice, find_checkpoint(image_run))
     print(f"\nresolved config saved to {out / 'config.yaml'}")
     return cfg

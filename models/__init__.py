@@ -2,9 +2,12 @@
 
 ``create_model(name, num_classes=...)`` builds any registered network; ``model.spec`` (a
 :class:`ModelSpec`) holds mean, std, input size, layout and clip length, and is what checkpoints,
-ONNX model cards and the server read.
+ONNX model cards and the server read. :func:`export_model` writes ``model.onnx`` (uint8 in,
+normalisation inside, fixed batch size) and ``model_card.json`` (:class:`ModelCard`).
 """
 
+from gpufeed.models._card import CARD_FILE, ONNX_FILE, ModelCard, ModelCardError, read_model_card
+from gpufeed.models._export import ExportError, export_model, parity_inputs, parity_tolerance
 from gpufeed.models._io import (
     CHECKPOINT_DIR,
     checkpoint_path,
@@ -18,19 +21,28 @@ from gpufeed.models._registry import create_model, default_spec, list_models, mo
 from gpufeed.models._spec import IMAGENET_MEAN, IMAGENET_STD, ModelSpec
 
 __all__ = [
+    "CARD_FILE",
     "CHECKPOINT_DIR",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "ONNX_FILE",
+    "ExportError",
     "GpufeedModel",
+    "ModelCard",
+    "ModelCardError",
     "ModelSpec",
     "checkpoint_path",
     "create_model",
     "default_spec",
+    "export_model",
     "find_checkpoint",
     "list_checkpoints",
     "list_models",
     "load_model",
     "model_from_spec",
     "model_state",
+    "parity_inputs",
+    "parity_tolerance",
+    "read_model_card",
     "register_model",
 ]

@@ -68,6 +68,41 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_clips)
 
+    p = kinds.add_parser(
+        "server",
+        help="gpufeed serve vs FastAPI+PIL+onnxruntime (one per request) vs LitServe (batching)",
+        description="Serve the same model three ways (each its own process on a loopback port) and drive each with "
+        "the same closed-loop client and JPEGs at every concurrency of the sweep, contenders interleaved. Prints "
+        "throughput and p50/p99 latency per point and the throughput ratio against the plain server.",
+    )
+    p.add_argument(
+        "--models", nargs="+", default=["resnet18", "smallcnn"], help="architectures (default: resnet18 smallcnn)"
+    )
+    p.add_argument("--checkpoint", type=Path, help="serve this checkpoint instead of fresh weights (one model)")
+    p.add_argument("--size-px", type=int, default=224, help="model input size (default 224)")
+    p.add_argument("--batch-size", type=int, default=8, help="gpufeed's and LitServe's batch size N (default 8)")
+    p.add_argument("--max-delay-ms", type=float, default=5.0, help="batching delay for gpufeed and LitServe")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64], help="clients (default 1 8 32 64)")
+    p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per point (default 8)")
+    p.add_argument("--warmup-seconds", type=float, default=2.0, help="unmeasured seconds before each point")
+    p.add_argument("--rounds", type=int, default=1, help="sweeps, contenders rotated each round (default 1)")
+    p.add_argument(
+        "--contenders", nargs="+", choices=("gpufeed", "plain", "litserve"), default=["gpufeed", "plain", "litserve"]
+    )
+    p.add_argument("--images", type=int, default=64, help="generated JPEGs (default 64)")
+    p.add_argument("--image-size", type=_size, default=(640, 480), help="generated image size WxH (default 640x480)")
+    p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where images and exports are kept")
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.add_argument("--plot", type=Path, help="draw throughput and p99 against concurrency to this PNG")
+    p.set_defaults(func=_server)
+
+
+def _server(args: argparse.Namespace) -> int:
+    from gpufeed.bench.server import main_server
+
+    return main_server(args)
+
 
 def _loader(args: argparse.Namespace) -> int:
     from gpufeed.bench.loader import main_loader

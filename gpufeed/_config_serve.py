@@ -1,0 +1,43 @@
+"""Config section for serving: the inference server's address, batching, limits and runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from gpufeed._schema import option
+
+__all__ = ["ServeConfig"]
+
+ExecutionProvider = Literal["auto", "cpu", "cuda", "tensorrt"]
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The inference server (``gpufeed serve``): address, batching, limits, execution provider.
+
+    Requests are validated, then queued; a model's batcher runs a batch when ``batch_size`` images
+    (the model card's fixed size) are waiting or the oldest has waited ``max_delay_ms``.
+    """
+
+    host: str = option("127.0.0.1", doc="address to bind; loopback by default, 0.0.0.0 to expose")
+    port: int = option(8000, ge=0, le=65535, doc="TCP port; 0 picks a free one")
+    max_delay_ms: float = option(5.0, ge=0.0, le=10_000.0, doc="longest wait for a batch to fill")
+    queue_capacity: int = option(256, ge=1, doc="images waiting per model before 503 + Retry-After")
+    request_timeout_seconds: float = option(30.0, gt=0.0, doc="a request not answered by then gets 504")
+    retry_after_seconds: int = option(1, ge=0, doc="Retry-After sent with 503 queue_full")
+    max_body_bytes: int = option(16 * 1024 * 1024, ge=1024, doc="larger request bodies get 413")
+    max_image_pixels: int = option(40_000_000, ge=1, doc="width x height above this is refused (decompression bombs)")
+    max_images_per_request: int = option(64, ge=1, doc="images or tensor rows in one request")
+    top_k: int = option(5, ge=1, doc="labels returned by the REST endpoint unless ?top_k= says otherwise")
+    execution_provider: ExecutionProvider = option(
+        "auto", doc="onnxruntime provider: auto (CUDA on a GPU, else CPU), cpu, cuda, tensorrt"
+    )
+    tensorrt_cache_dir: Path | None = option(None, doc="where the TensorRT provider caches engines; none: no cache")
+    decode_threads: int = option(0, ge=0, doc="DALI CPU threads per model; 0 means one per core")
+    inference_threads: int = option(0, ge=0, doc="onnxruntime intra-op threads; 0 means onnxruntime's default")
+    warmup_batches: int = option(2, ge=1, doc="full batches run through decode and inference before ready")
+    workers_per_model: int = option(
+        0, ge=0, le=8, doc="batches in flight per model (2 overlaps decode with inference); 0: 2 on a GPU, 1 on CPU"
+    )

@@ -1,0 +1,144 @@
+"""A closed-loop HTTP load generator: C keep-alive connections, each sending its next request when
+the previous answer arrives. The same client, the same bytes, for every server under test.
+
+It speaks just enough HTTP/1.1 (Content-Length bodies, keep-alive) over asyncio streams to stay
+cheap: on a 2-core machine the client shares the CPU with the server, and a heavy client would
+measure itself. Latency is counted for requests sent inside the measurement window; throughput is
+the answers received inside it, per second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["LoadResult", "multipart_request", "run_load"]
+
+RESPONSE_TIMEOUT_S = 60.0
+
+
+def multipart_request(host: str, port: int, path: str, image: bytes, field_name: str = "image") -> bytes:
+    """A complete ``POST path`` carrying ``image`` as a multipart/form-data file."""
+    boundary = uuid.uuid4().hex
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{field_name}"; filename="image.jpg"\r\n'
+            f"Content-Type: image/jpeg\r\n\r\n"
+        ).encode()
+        + image
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: gpufeed-bench\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+@dataclass
+class LoadResult:
+    """What one load run measured."""
+
+    concurrency: int
+    seconds: float
+    ok: int = 0
+    errors: int = 0
+    answered: int = 0  # every answer, warm-up included (for CPU time per request)
+    latencies_s: list[float] = field(default_factory=list)
+    statuses: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def throughput(self) -> float:
+        """Successful answers per second inside the window."""
+        return self.ok / self.seconds
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies_s, q) * 1000) if self.latencies_s else float("nan")
+
+    def to_dict(self) -> dict:
+        return {
+            "concurrency": self.concurrency,
+            "seconds": self.seconds,
+            "ok": self.ok,
+            "errors": self.errors,
+            "throughput_rps": self.throughput,
+            "p50_ms": self.percentile_ms(50),
+            "p99_ms": self.percentile_ms(99),
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+        }
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    length, close = None, False
+    for line in lines[1:]:
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key == "content-length":
+            length = int(value)
+        elif key == "connection" and value.strip().lower() == "close":
+            close = True
+        elif key == "transfer-encoding":
+            raise RuntimeError("the load generator reads Content-Length bodies only")
+    if length is None:
+        raise RuntimeError("a response without Content-Length")
+    await reader.readexactly(length)
+    return status, close
+
+
+async def _connection(host, port, requests, offset, window, result: LoadResult) -> None:
+    start, end = window
+    reader, writer = await asyncio.open_connection(host, port)
+    k = offset
+    try:
+        while time.perf_counter() < end:
+            request = requests[k % len(requests)]
+            k += 1
+            sent = time.perf_counter()
+            writer.write(request)
+            try:
+                status, close = await asyncio.wait_for(_read_response(reader), RESPONSE_TIMEOUT_S)
+            except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
+                status, close = 599, True  # no answer: counted as an error, and a fresh connection
+            done = time.perf_counter()
+            result.answered += 1
+            if start <= sent and done <= end:
+                result.statuses[status] = result.statuses.get(status, 0) + 1
+                if status == 200:
+                    result.ok += 1
+                    result.latencies_s.append(done - sent)
+                else:
+                    result.errors += 1
+            if close:
+                writer.close()
+                reader, writer = await asyncio.open_connection(host, port)
+    finally:
+        writer.close()
+
+
+async def _run(host, port, requests, concurrency, warmup_s, seconds) -> LoadResult:
+    now = time.perf_counter()
+    window = (now + warmup_s, now + warmup_s + seconds)
+    result = LoadResult(concurrency, seconds)
+    await asyncio.gather(*[_connection(host, port, requests, k * 7, window, result) for k in range(concurrency)])
+    return result
+
+
+def run_load(
+    host: str, port: int, path: str, images: list[bytes], *, concurrency: int, seconds: float, warmup_s: float = 1.0
+) -> LoadResult:
+    """Drive ``POST path`` with ``concurrency`` connections for ``warmup_s + seconds``."""
+    requests = [multipart_request(host, port, path, image) for image in images]
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is optional
+        runner = asyncio.run
+    return runner(_run(host, port, requests, concurrency, warmup_s, seconds))

@@ -1,0 +1,312 @@
+"""``gpufeed bench server``: gpufeed's server against the servers people write instead.
+
+Contenders, each its own process on a loopback port, all serving the same checkpoint:
+
+* ``gpufeed``: ``gpufeed serve`` (validation, dynamic batching to a fixed N, DALI decode,
+  onnxruntime), REST ``POST /v1/models/{name}/predict``;
+* ``plain``: FastAPI + PIL + onnxruntime, one inference per request (batch-1 export);
+* ``litserve``: LitServe with dynamic batching (``max_batch_size`` N, the same max delay).
+
+One closed-loop client (:mod:`gpufeed.bench._loadgen`) sends the same photo-like JPEGs as
+multipart uploads at each concurrency of the sweep; contenders take turns point by point (order
+rotated each round), so a noisy neighbour hits all of them alike. Reported per point: throughput
+(answers/s), p50 and p99 latency, the server's CPU time per answered request (its processes' user +
+system time: the figure a noisy, shared machine disturbs least), errors, and throughput ratios against
+``plain``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.bench._common import format_table, machine_facts, median, write_json
+from gpufeed.bench._loadgen import run_load
+
+__all__ = ["CONTENDERS", "run_server_bench"]
+
+CONTENDERS = ("gpufeed", "plain", "litserve")
+_MODEL_NAME = "bench"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, name: str, timeout: float = 180.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with status {proc.returncode} before it was ready")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"{name} was not ready at {url} within {timeout:g} s")
+
+
+def _start(name: str, models: dict[str, Path], port: int, max_delay_ms: float, device: str, threads: int):
+    """Start one contender; return (process, request path)."""
+    python = sys.executable
+    if name == "gpufeed":
+        cmd = [
+            python, "-m", "gpufeed", "serve", "--model", str(models["batched"]), "--port", str(port),
+            "--set", f"device={device}", "--set", f"serve.max_delay_ms={max_delay_ms}",
+            "--set", f"serve.decode_threads={threads}", "--set", "serve.queue_capacity=1024",
+        ]  # fmt: skip
+        path, ready = f"/v1/models/{_MODEL_NAME}/predict", "/v2/health/ready"
+    elif name == "plain":
+        cmd = [
+            python, "-m", "gpufeed.bench.peers.plain", "--model-dir", str(models["single"]), "--port", str(port),
+            "--device", device,
+        ]  # fmt: skip
+        path, ready = "/predict", "/health"
+    elif name == "litserve":
+        cmd = [
+            python, "-m", "gpufeed.bench.peers.litserve_peer", "--model-dir", str(models["batched"]),
+            "--port", str(port), "--max-delay-ms", str(max_delay_ms), "--device", device,
+        ]  # fmt: skip
+        path, ready = "/predict", "/health"
+    else:
+        raise ValueError(f"contender {name!r} is not known; known: {', '.join(CONTENDERS)}")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        _wait_ready(proc, f"http://127.0.0.1:{port}{ready}", name)
+    except RuntimeError as err:
+        proc.kill()
+        raise RuntimeError(f"{err}: {proc.stderr.read().decode(errors='replace')[-2000:]}") from None
+    return proc, path
+
+
+def session_cpu_seconds(session_id: int) -> float:
+    """CPU time (user + system) of every live process in a session: a contender and its workers."""
+    ticks = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        if int(fields[3]) == session_id:  # fields after the name: state, ppid, pgrp, session, ...
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def export_bench_models(cache: Path, architecture: str, size_px: int, batch_size: int, checkpoint: Path | None) -> dict:
+    """The batch-N export (gpufeed, LitServe) and batch-1 export (plain) of one checkpoint, cached."""
+    from gpufeed.models import export_model, read_model_card
+    from gpufeed.server import untrained_checkpoint
+
+    source = (
+        "untrained" if checkpoint is None else hashlib.sha256(str(Path(checkpoint).resolve()).encode()).hexdigest()[:12]
+    )
+    tag = f"{architecture}-{size_px}px-n{batch_size}-{source}"
+    root = cache / "server-models" / tag
+    if checkpoint is None:
+        classes = tuple(f"class_{i}" for i in range(10))
+        checkpoint = untrained_checkpoint(root, classes, size_px, architecture)
+    models = {"batched": root / "n" / _MODEL_NAME, "single": root / "1" / _MODEL_NAME}
+    for key, n in (("batched", batch_size), ("single", 1)):
+        try:
+            read_model_card(models[key])
+        except ValueError:
+            export_model(checkpoint, models[key], batch_size=n)
+    return models
+
+
+def run_server_bench(
+    *,
+    architecture: str,
+    images: list[bytes],
+    cache: Path,
+    size_px: int = 224,
+    batch_size: int = 8,
+    concurrency: tuple[int, ...] = (1, 8, 32, 64),
+    seconds: float = 8.0,
+    warmup_s: float = 2.0,
+    rounds: int = 1,
+    max_delay_ms: float = 5.0,
+    contenders: tuple[str, ...] = CONTENDERS,
+    device: str = "auto",
+    checkpoint: Path | None = None,
+) -> dict:
+    """Measure every contender at every concurrency; return the figures (see module docs)."""
+    from tqdm import tqdm
+
+    from gpufeed.device import resolve_device
+    from gpufeed.pipelines import default_num_threads
+
+    choice = resolve_device(device)
+    threads = default_num_threads()
+    models = export_bench_models(cache, architecture, size_px, batch_size, checkpoint)
+    running = {}
+    try:
+        for name in contenders:
+            port = _free_port()
+            proc, path = _start(name, models, port, max_delay_ms, "gpu" if choice.is_gpu else "cpu", threads)
+            running[name] = (proc, port, path)
+        points: dict[str, dict[int, list]] = {n: {c: [] for c in concurrency} for n in contenders}
+        steps = rounds * len(concurrency) * len(contenders)
+        with tqdm(total=steps, desc=f"bench server {architecture}", unit="point", leave=False) as bar:
+            for r in range(rounds):
+                for c in concurrency:
+                    order = list(contenders[r % len(contenders) :] + contenders[: r % len(contenders)])
+                    for name in order:
+                        proc, port, path = running[name]
+                        cpu_before = session_cpu_seconds(proc.pid)
+                        result = run_load(
+                            "127.0.0.1", port, path, images, concurrency=c, seconds=seconds, warmup_s=warmup_s
+                        )
+                        cpu_ms = 1000 * (session_cpu_seconds(proc.pid) - cpu_before) / max(1, result.answered)
+                        points[name][c].append((result, cpu_ms))
+                        bar.update(1)
+    finally:
+        for proc, _, _ in running.values():
+            _stop(proc)
+    table = {}
+    for name in contenders:
+        table[name] = {}
+        for c in concurrency:
+            runs = [run for run, _ in points[name][c]]
+            latencies = [x for run in runs for x in run.latencies_s]
+            table[name][c] = {
+                "throughput_rps": median([run.throughput for run in runs]),
+                "server_cpu_ms_per_request": median([cpu for _, cpu in points[name][c]]),
+                "p50_ms": float(np.percentile(latencies, 50) * 1000) if latencies else float("nan"),
+                "p99_ms": float(np.percentile(latencies, 99) * 1000) if latencies else float("nan"),
+                "errors": sum(run.errors for run in runs),
+                "rounds": [run.to_dict() for run in runs],
+            }
+    return {
+        "benchmark": "server",
+        "architecture": architecture,
+        "size_px": size_px,
+        "batch_size": batch_size,
+        "max_delay_ms": max_delay_ms,
+        "images": len(images),
+        "seconds_per_point": seconds,
+        "warmup_seconds": warmup_s,
+        "rounds": rounds,
+        "concurrency": list(concurrency),
+        "contenders": list(contenders),
+        "results": {n: {str(c): v for c, v in t.items()} for n, t in table.items()},
+        "machine": machine_facts(choice),
+    }
+
+
+def print_server_result(result: dict) -> None:
+    contenders, results = result["contenders"], result["results"]
+    print(
+        f"\nserver benchmark: {result['architecture']} at {result['size_px']} px, batch {result['batch_size']}, "
+        f"max delay {result['max_delay_ms']:g} ms, {result['images']} JPEGs, {result['seconds_per_point']:g} s per point "
+        f"x {result['rounds']} round(s), {result['machine']['device']}"
+    )
+    rows = []
+    for c in result["concurrency"]:
+        base = results.get("plain", {}).get(str(c), {}).get("throughput_rps")
+        for name in contenders:
+            point = results[name][str(c)]
+            ratio = f"{point['throughput_rps'] / base:.2f}x" if base else "-"
+            cpu = f"{point['server_cpu_ms_per_request']:.2f}"
+            rows.append(
+                [c, name, point["throughput_rps"], point["p50_ms"], point["p99_ms"], cpu, point["errors"], ratio]
+            )
+    headers = ["clients", "server", "req/s", "p50 ms", "p99 ms", "server CPU ms/req", "errors", "req/s vs plain"]
+    print(format_table(headers, rows))
+    print(
+        "server CPU ms/req: CPU time of the server's processes per answered request, the figure that shared or "
+        "noisy machines disturb least (cores / CPU per request bounds a CPU-bound server's throughput)"
+    )
+
+
+def plot_server_results(results: list[dict], path: Path) -> Path:
+    """Throughput, p99 and server CPU per request against concurrency, one column per model, to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, len(results), figsize=(5.5 * len(results), 10), squeeze=False)
+    for col, result in enumerate(results):
+        xs = result["concurrency"]
+        for name in result["contenders"]:
+            points = [result["results"][name][str(c)] for c in xs]
+            axes[0, col].plot(xs, [p["throughput_rps"] for p in points], marker="o", label=name)
+            axes[1, col].plot(xs, [p["p99_ms"] for p in points], marker="o", label=name)
+            axes[2, col].plot(xs, [p["server_cpu_ms_per_request"] for p in points], marker="o", label=name)
+        axes[0, col].set_title(f"{result['architecture']} {result['size_px']}px, N={result['batch_size']}")
+        axes[0, col].set_ylabel("requests/s")
+        axes[1, col].set_ylabel("p99 latency (ms)")
+        axes[1, col].set_yscale("log")
+        axes[2, col].set_ylabel("server CPU ms per request")
+        axes[2, col].set_yscale("log")
+        for row in range(3):
+            axes[row, col].set_xscale("log", base=2)
+            axes[row, col].set_xlabel("concurrent clients")
+            axes[row, col].grid(alpha=0.3)
+            axes[row, col].legend()
+    fig.suptitle(f"gpufeed bench server on {results[0]['machine']['device']}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main_server(args) -> int:
+    from gpufeed.bench.loader import make_bench_images
+
+    folder = make_bench_images(args.cache, args.images, *args.image_size)
+    images = [p.read_bytes() for p in sorted((folder / "photos").glob("*.jpg"))]
+    results = []
+    for architecture in args.models:
+        result = run_server_bench(
+            architecture=architecture,
+            images=images,
+            cache=args.cache,
+            size_px=args.size_px,
+            batch_size=args.batch_size,
+            concurrency=tuple(args.concurrency),
+            seconds=args.seconds,
+            warmup_s=args.warmup_seconds,
+            rounds=args.rounds,
+            max_delay_ms=args.max_delay_ms,
+            contenders=tuple(args.contenders),
+            device=args.device,
+            checkpoint=args.checkpoint,
+        )
+        print_server_result(result)
+        results.append(result)
+    document = {"benchmark": "server", "runs": results}
+    if args.json:
+        write_json(args.json, document)
+    if args.plot:
+        print(f"plot: {plot_server_results(results, args.plot)}")
+    return 0

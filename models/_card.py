@@ -1,0 +1,212 @@
+"""The model card: what ``gpufeed export`` writes beside ``model.onnx`` and the server reads.
+
+A model folder (``MODEL_DIR``) holds::
+
+    model.onnx          uint8 input, normalisation inside, fixed batch size, float32 logits out
+    model_card.json     this card (format "gpufeed-model-card", version 1)
+
+The card carries every preprocessing fact the server needs (input name, shape, layout, size,
+crop fraction, clip length, labels), the facts a reader wants (precision, opset, mean/std, parity
+with PyTorch, the source checkpoint) and the full :class:`~gpufeed.models.ModelSpec`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufeed.models._spec import ModelSpec
+
+__all__ = ["CARD_FILE", "CARD_FORMAT", "ONNX_FILE", "ModelCard", "ModelCardError", "read_model_card"]
+
+CARD_FILE = "model_card.json"
+ONNX_FILE = "model.onnx"
+CARD_FORMAT = "gpufeed-model-card"
+CARD_VERSION = 1
+PRECISIONS = ("fp32", "fp16")
+
+
+class ModelCardError(ValueError):
+    """A model card is missing, unreadable or inconsistent; the message names the file and field."""
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """The facts about one exported model.
+
+    Attributes:
+        name: The model's name (``--name``; defaults to the model folder's name).
+        spec: The network's :class:`ModelSpec` (architecture, task, size, mean/std, labels ...).
+        batch_size: The fixed batch size N baked into the ONNX graph.
+        precision: ``fp32`` or ``fp16`` (fp16 computes in half precision; input stays uint8 and
+            the output float32).
+        opset: ONNX opset of the graph.
+        input_name, output_name: Graph input (uint8, ``spec.input_shape(N)``) and output
+            (float32 logits ``(N, num_classes)``).
+        parity: How the ONNX output compared with PyTorch's at export: ``max_abs_diff``,
+            ``tolerance``, ``samples``, ``inputs`` (what was fed).
+        source_checkpoint: The checkpoint it was exported from, as given.
+        onnx_sha256: Digest of ``model.onnx``, to tell exports apart.
+        extra: Anything else recorded (versions, export time).
+    """
+
+    name: str
+    spec: ModelSpec
+    batch_size: int
+    precision: str = "fp32"
+    opset: int = 18
+    input_name: str = "pixels"
+    output_name: str = "logits"
+    parity: dict = field(default_factory=dict)
+    source_checkpoint: str = ""
+    onnx_sha256: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ModelCardError(f"model card {self.name!r}: batch_size {self.batch_size} must be >= 1")
+        if self.precision not in PRECISIONS:
+            raise ModelCardError(
+                f"model card {self.name!r}: precision {self.precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}"
+            )
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The ONNX input shape, batch included: ``(N, 3, S, S)`` or ``(N, 3, T, S, S)``."""
+        return self.spec.input_shape(self.batch_size)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """One sample's shape (the input shape without the batch dimension)."""
+        return self.input_shape[1:]
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Class names in output order (``class_<i>`` where the spec names none)."""
+        return self.spec.labels or tuple(f"class_{i}" for i in range(self.spec.num_classes))
+
+    def to_dict(self) -> dict[str, Any]:
+        spec = self.spec
+        return {
+            "format": CARD_FORMAT,
+            "format_version": CARD_VERSION,
+            "name": self.name,
+            "architecture": spec.name,
+            "task": spec.task,
+            "multilabel": spec.multilabel,
+            "batch_size": self.batch_size,
+            "precision": self.precision,
+            "opset": self.opset,
+            "input": {
+                "name": self.input_name,
+                "dtype": "uint8",
+                "shape": list(self.input_shape),
+                "layout": spec.input_layout,
+                "color": "RGB",
+            },
+            "output": {"name": self.output_name, "dtype": "float32", "shape": [self.batch_size, spec.num_classes]},
+            "size_px": spec.size_px,
+            "eval_crop_fraction": spec.eval_crop_fraction,
+            "clip_length_frames": spec.clip_length_frames,
+            "num_classes": spec.num_classes,
+            "labels": list(spec.labels),
+            "normalization": {
+                "inside_model": True,
+                "formula": "(pixels / 255 - mean) / std",
+                "mean": list(spec.mean),
+                "std": list(spec.std),
+            },
+            "preprocessing": (
+                f"decode RGB, resize the shorter side to size_px / eval_crop_fraction, centre-crop size_px x size_px, "
+                f"uint8 {spec.input_layout}"
+            ),
+            "scores": "sigmoid per class" if spec.multilabel else "softmax over classes",
+            "parity": dict(self.parity),
+            "source_checkpoint": self.source_checkpoint,
+            "onnx_file": ONNX_FILE,
+            "onnx_sha256": self.onnx_sha256,
+            "model_spec": spec.to_dict(),
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "model card") -> ModelCard:
+        """Rebuild a card, checking the fields the server relies on.
+
+        Raises:
+            ModelCardError: Naming ``where`` and the bad or missing field.
+        """
+        if not isinstance(data, dict):
+            raise ModelCardError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        if data.get("format") != CARD_FORMAT:
+            raise ModelCardError(f"{where}: field 'format' is {data.get('format')!r}, expected {CARD_FORMAT!r}")
+        if data.get("format_version") != CARD_VERSION:
+            raise ModelCardError(
+                f"{where}: field 'format_version' is {data.get('format_version')!r}; this gpufeed reads {CARD_VERSION}"
+            )
+        for key in ("name", "model_spec", "batch_size", "input", "output"):
+            if key not in data:
+                raise ModelCardError(f"{where}: required field {key!r} is missing")
+        try:
+            spec = ModelSpec.from_dict(data["model_spec"])
+        except (TypeError, ValueError) as err:
+            raise ModelCardError(f"{where}: field 'model_spec' is invalid: {err}") from None
+        batch_size = data["batch_size"]
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool):
+            raise ModelCardError(f"{where}: field 'batch_size' must be an integer, got {batch_size!r}")
+        card = cls(
+            name=str(data["name"]),
+            spec=spec,
+            batch_size=batch_size,
+            precision=data.get("precision", "fp32"),
+            opset=int(data.get("opset", 18)),
+            input_name=str(data["input"].get("name", "pixels")),
+            output_name=str(data["output"].get("name", "logits")),
+            parity=dict(data.get("parity", {})),
+            source_checkpoint=str(data.get("source_checkpoint", "")),
+            onnx_sha256=str(data.get("onnx_sha256", "")),
+            extra=dict(data.get("extra", {})),
+        )
+        declared = data["input"].get("shape")
+        if declared is not None and list(declared) != list(card.input_shape):
+            raise ModelCardError(
+                f"{where}: field 'input.shape' {declared} disagrees with model_spec and batch_size {list(card.input_shape)}"
+            )
+        return card
+
+    def write(self, model_dir: str | Path) -> Path:
+        path = Path(model_dir) / CARD_FILE
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        return path
+
+    def summary(self) -> dict:
+        """A short dict for logs: name, architecture, input shape, precision."""
+        return {
+            "name": self.name,
+            "architecture": self.spec.name,
+            "input": f"{self.input_name} uint8 {list(self.input_shape)} {self.spec.input_layout}",
+            "precision": self.precision,
+        }
+
+
+def read_model_card(model_dir: str | Path) -> ModelCard:
+    """Read ``MODEL_DIR/model_card.json``.
+
+    Raises:
+        ModelCardError: The folder, card or ``model.onnx`` is missing, or the card is invalid.
+    """
+    model_dir = Path(model_dir)
+    path = model_dir / CARD_FILE
+    if not model_dir.is_dir():
+        raise ModelCardError(f"model folder {model_dir} does not exist or is not a folder")
+    if not path.is_file():
+        raise ModelCardError(f"{path} is missing: a model folder needs {CARD_FILE} and {ONNX_FILE} (gpufeed export)")
+    if not (model_dir / ONNX_FILE).is_file():
+        raise ModelCardError(f"{model_dir / ONNX_FILE} is missing (the card {path} is there)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelCardError(f"{path} is not readable JSON: {err}") from None
+    return ModelCard.from_dict(data, where=str(path))

@@ -1,0 +1,294 @@
+"""ONNX export: uint8 in, normalisation inside, a fixed batch size, parity checked on real inputs.
+
+``export_model(checkpoint, out_dir, batch_size=N)`` writes ``out_dir/model.onnx`` and
+``out_dir/model_card.json``:
+
+* **Graph**: input ``pixels`` uint8 ``spec.input_shape(N)`` (NCHW images, NCTHW clips), output
+  ``logits`` float32 ``(N, num_classes)``. Shapes are static, so TensorRT and CUDA graphs can
+  plan for them; the server pads every batch to N. Normalisation is the graph's first three
+  nodes (Cast, Mul, Add), so nobody re-implements it.
+* **fp16**: the backbone computes in half precision; normalisation stays in float32 (a uint8
+  pixel does not survive ``/ 255`` well in half) and the logits are cast back to float32, so the
+  server's handling does not change with precision.
+* **Checks**: the ONNX checker (full check, with shape inference), then onnxruntime against the
+  float32 PyTorch model on real inputs: synthetic JPEG/PNG images through gpufeed's evaluation
+  pipeline (exactly what the server feeds), or rendered behaviour-video frames for clip models.
+  The max absolute difference is printed and recorded; above the tolerance the export fails and
+  leaves no model behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from gpufeed.models._card import ONNX_FILE, PRECISIONS, ModelCard
+from gpufeed.models._io import find_checkpoint, load_model
+from gpufeed.models._spec import ModelSpec
+
+__all__ = ["ExportError", "export_model", "parity_inputs", "parity_tolerance"]
+
+log = logging.getLogger("gpufeed")
+
+DEFAULT_OPSET = 18
+# Tolerance on |onnx - torch fp32| relative to the logits' scale: max(1, max |logit|) times this.
+_RELATIVE_TOLERANCE = {"fp32": 1e-3, "fp16": 3e-2}
+
+
+class ExportError(RuntimeError):
+    """Export failed: the checker rejected the graph, or onnxruntime disagrees with PyTorch."""
+
+
+class _Exportable(nn.Module):
+    """The model as exported: uint8 in, float32 logits out, optionally fp16 inside."""
+
+    def __init__(self, model: nn.Module, precision: str) -> None:
+        super().__init__()
+        self.normalize = model.normalize
+        self.backbone = model.backbone.half() if precision == "fp16" else model.backbone
+        self.half_precision = precision == "fp16"
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = self.normalize(pixels)
+        if self.half_precision:
+            return self.backbone(x.half()).float()
+        return self.backbone(x)
+
+
+def parity_tolerance(precision: str, reference: np.ndarray) -> float:
+    """The largest acceptable |onnx - torch| for ``precision`` given the reference logits."""
+    scale = max(1.0, float(np.abs(reference).max(initial=0.0)))
+    return _RELATIVE_TOLERANCE[precision] * scale
+
+
+def _image_inputs(spec: ModelSpec, batch_size: int, batches: int, data: Path | None, device) -> tuple[np.ndarray, str]:
+    from gpufeed.config import ImagePipelineConfig, LoaderConfig
+    from gpufeed.device import DeviceChoice
+    from gpufeed.pipelines import ImageDataset, ImageLoader
+
+    with contextlib.ExitStack() as stack:
+        if data is None:
+            from gpufeed.synth import SynthSpec, write_synthetic_dataset
+
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpufeed-parity-")))
+            per_class = -(-batch_size * batches // 4)
+            write_synthetic_dataset(folder, SynthSpec(train_per_class=1, val_per_class=per_class, num_videos=0), False)
+            dataset, what = ImageDataset.from_list(folder / "images" / "val.txt"), "synthetic JPEG/PNG images"
+        else:
+            data = Path(data)
+            dataset = ImageDataset.from_list(data) if data.is_file() else ImageDataset.from_folder(data)
+            what = f"images from {data}"
+        loader = ImageLoader(
+            dataset,
+            train=False,
+            image_cfg=ImagePipelineConfig(size_px=spec.size_px, eval_crop_fraction=spec.eval_crop_fraction),
+            loader_cfg=LoaderConfig(batch_size=batch_size, last_batch="pad", num_threads=2, on_bad_sample="skip"),
+            device=device or DeviceChoice("cpu", None, "export parity inputs"),
+        )
+        out = []
+        for batch in loader:
+            out.append(batch.images.contiguous().cpu().numpy())
+            if len(out) == batches:
+                break
+    return np.concatenate(out), f"{what} through the evaluation pipeline (resize + centre crop, uint8 NCHW)"
+
+
+def _clip_inputs(spec: ModelSpec, batch_size: int, batches: int) -> tuple[np.ndarray, str]:
+    from gpufeed.synth import behaviour_labels, render_frame
+
+    # The clip loader is built elsewhere; rendered synthetic behaviour frames (tags, bands, a
+    # moving bar) are the same pixels the synthetic videos hold, before h264.
+    t, s = spec.clip_length_frames, spec.size_px
+    width = s * 3 // 2
+    labels = behaviour_labels(batch_size * batches + t, seed=0)
+    clips = np.empty((batch_size * batches, 3, t, s, s), dtype=np.uint8)
+    for k in range(len(clips)):
+        left = (width - s) // 2
+        frames = [render_frame(k + j, k % 7, labels[k + j], width, s)[:, left : left + s] for j in range(t)]
+        clips[k] = np.stack(frames).transpose(3, 0, 1, 2)
+    return clips, "rendered synthetic behaviour-video frames (uint8 NCTHW)"
+
+
+def parity_inputs(
+    spec: ModelSpec, batch_size: int, batches: int = 2, data: str | Path | None = None, device=None
+) -> tuple[np.ndarray, str]:
+    """Real uint8 inputs for the parity check, ``batches * batch_size`` rows, and what they are."""
+    if spec.task == "image":
+        return _image_inputs(spec, batch_size, batches, Path(data) if data else None, device)
+    return _clip_inputs(spec, batch_size, batches)
+
+
+def _onnx_session(path: Path, device):
+    import onnxruntime as ort
+
+    providers = ["CPUExecutionProvider"]
+    if device is not None and device.is_gpu and "CUDAExecutionProvider" in ort.get_available_providers():
+        # TF32 would blur the comparison: parity checks the graph, not the GPU's fast math.
+        cuda = {"device_id": device.device_id, "use_tf32": 0}
+        providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=providers)
+
+
+def _torch_export(module: nn.Module, example: torch.Tensor, path: Path, opset: int) -> None:
+    # The exporter and its optimiser log every pass (and warn about torchvision ops we never use).
+    noisy = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir")]
+    levels = [logger.level for logger in noisy]
+    for logger in noisy:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module,
+                (example,),
+                str(path),
+                input_names=["pixels"],
+                output_names=["logits"],
+                opset_version=opset,
+                dynamo=True,
+                external_data=False,
+                verbose=False,
+            )
+    finally:
+        for logger, level in zip(noisy, levels, strict=True):
+            logger.setLevel(level)
+
+
+def _add_metadata(path: Path, spec: ModelSpec, batch_size: int, precision: str) -> None:
+    import onnx
+
+    model = onnx.load(str(path))
+    onnx.helper.set_model_props(
+        model,
+        {
+            "gpufeed.model_spec": json.dumps(spec.to_dict()),
+            "gpufeed.batch_size": str(batch_size),
+            "gpufeed.precision": precision,
+        },
+    )
+    model.producer_name = "gpufeed"
+    onnx.save(model, str(path))
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except onnx.checker.ValidationError as err:
+        raise ExportError(f"the ONNX checker rejected {path.name}: {err}") from None
+
+
+def export_model(
+    source: str | Path,
+    out_dir: str | Path,
+    *,
+    batch_size: int = 8,
+    precision: str = "fp32",
+    name: str | None = None,
+    opset: int = DEFAULT_OPSET,
+    parity_data: str | Path | None = None,
+    parity_batches: int = 2,
+    device=None,
+) -> ModelCard:
+    """Export a checkpoint (or a run folder's newest) to ``out_dir`` as ONNX plus a model card.
+
+    Args:
+        source: A checkpoint file or a run folder (see :func:`gpufeed.models.find_checkpoint`).
+        out_dir: The model folder to write (created; an earlier export there is replaced).
+        batch_size: The fixed batch size N of the graph.
+        precision: ``fp32`` or ``fp16``.
+        name: The model's name in the card; default: ``out_dir``'s folder name.
+        parity_data: Images (list file or class folders) for the parity check; default:
+            synthetic images. Ignored for clip models.
+        device: :class:`~gpufeed.device.DeviceChoice` for the parity inputs' pipeline and the
+            onnxruntime session (CUDA provider on a GPU); default: CPU.
+
+    Returns:
+        The written :class:`ModelCard`.
+
+    Raises:
+        ExportError: The graph fails the ONNX checker or parity is above the tolerance; nothing is
+            left in ``out_dir`` then.
+        ValueError: Bad ``batch_size`` or ``precision``.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size {batch_size} must be >= 1")
+    checkpoint = find_checkpoint(source)
+    try:
+        model = load_model(checkpoint).eval()
+    except Exception as err:  # torch.load raises several types for files that are not checkpoints
+        raise ExportError(f"cannot load a gpufeed model from {checkpoint}: {err}") from None
+    spec = model.spec
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = name or out_dir.resolve().name
+
+    inputs, what = parity_inputs(spec, batch_size, parity_batches, parity_data, device)
+    with torch.no_grad():
+        reference = np.concatenate(
+            [model(torch.from_numpy(inputs[i : i + batch_size])).numpy() for i in range(0, len(inputs), batch_size)]
+        )
+
+    tmp = out_dir / f".{ONNX_FILE}.partial"
+    try:
+        exportable = _Exportable(copy.deepcopy(model), precision).eval()
+        with torch.no_grad():
+            _torch_export(exportable, torch.from_numpy(inputs[:batch_size]), tmp, opset)
+        _add_metadata(tmp, spec, batch_size, precision)
+        session = _onnx_session(tmp, device)
+        got = np.concatenate(
+            [
+                session.run(["logits"], {"pixels": inputs[i : i + batch_size]})[0]
+                for i in range(0, len(inputs), batch_size)
+            ]
+        )
+        max_diff = float(np.abs(got - reference).max())
+        tolerance = parity_tolerance(precision, reference)
+        top1 = float((got.argmax(1) == reference.argmax(1)).mean())
+        print(
+            f"parity onnxruntime ({session.get_providers()[0]}, {precision}) vs PyTorch fp32 on {len(inputs)} "
+            f"{what}: max |diff| {max_diff:.3g} (tolerance {tolerance:.3g}), top-1 agreement {top1:.0%}",
+            flush=True,
+        )
+        if not np.isfinite(max_diff) or max_diff > tolerance:
+            raise ExportError(
+                f"onnxruntime disagrees with PyTorch for {checkpoint}: max |diff| {max_diff:.3g} is above the "
+                f"{precision} tolerance {tolerance:.3g}; no model was written to {out_dir}"
+            )
+        digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+        card = ModelCard(
+            name=name,
+            spec=spec,
+            batch_size=batch_size,
+            precision=precision,
+            opset=opset,
+            parity={
+                "max_abs_diff": max_diff,
+                "tolerance": tolerance,
+                "top1_agreement": top1,
+                "samples": len(inputs),
+                "inputs": what,
+                "reference": "PyTorch fp32 on the CPU",
+                "provider": session.get_providers()[0],
+            },
+            source_checkpoint=str(checkpoint),
+            onnx_sha256=digest,
+            extra={"torch": torch.__version__, "exporter": "torch.onnx.export(dynamo=True)"},
+        )
+        os.replace(tmp, out_dir / ONNX_FILE)
+    finally:
+        tmp.unlink(missing_ok=True)
+    card.write(out_dir)
+    log.info("exported %s to %s (%s)", checkpoint, out_dir, card.summary())
+    return card

@@ -1,0 +1,238 @@
+"""One served model: decoder, onnxruntime session and batcher, and the batch step that joins them.
+
+A request becomes :class:`Item` rows (one per image or tensor row). The batcher hands up to N of
+them to :meth:`ServedModel.run_batch`, which
+
+1. decodes the encoded images of the batch in one DALI call straight into rows ``0..k`` of the
+   model's input buffer (a CUDA tensor on a GPU, a numpy array on the CPU),
+2. copies already-decoded uint8 rows (KServe UINT8 tensors) after them,
+3. zeroes the remaining rows (padding up to the fixed N), runs onnxruntime once,
+4. hands each item its own logits row; padding rows are discarded.
+
+Rows of the model never interact (eval-mode batch norm), so an item's logits do not depend on
+its neighbours or on padding: the tests check that against one-at-a-time answers.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import queue
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.models import ModelCard
+from gpufeed.server._batcher import Batcher
+from gpufeed.server._errors import RequestError
+from gpufeed.server._metrics import ServerMetrics
+from gpufeed.server._preprocess import ImageDecoder
+from gpufeed.server._runtime import OnnxRunner
+
+__all__ = ["Item", "ServedModel", "scores_from_logits"]
+
+log = logging.getLogger("gpufeed.server")
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """What one batch in flight needs to itself: a DALI decoder (image models) and an input buffer."""
+
+    decoder: ImageDecoder | None
+    buffer: object  # numpy array on the CPU, CUDA torch tensor on a GPU
+
+
+@dataclass(frozen=True)
+class Item:
+    """One row of a request.
+
+    Attributes:
+        encoded: Encoded JPEG/PNG bytes (validated), or ``None`` for a decoded row.
+        size: (width, height) of the encoded image, as validation read it.
+        pixels: A decoded uint8 row of the model's sample shape, or ``None``.
+        where: How to name this row in an error message (``"image 1 of input 'image'"``).
+    """
+
+    encoded: bytes | None = None
+    size: tuple[int, int] | None = None
+    pixels: np.ndarray | None = None
+    where: str = "the image"
+
+
+def scores_from_logits(logits: np.ndarray, multilabel: bool) -> np.ndarray:
+    """Probabilities from logits: sigmoid per class (multilabel) or softmax over classes."""
+    logits = np.asarray(logits, dtype=np.float32)
+    if multilabel:
+        return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    e = np.exp(shifted)
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def _warmup_image(size_px: int) -> bytes:
+    from PIL import Image
+
+    yy, xx = np.mgrid[0 : size_px * 2, 0 : size_px * 2]
+    pixels = np.stack([xx % 256, yy % 256, (xx + yy) % 256], -1).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+class ServedModel:
+    """Everything one model needs to serve, owned by its batcher's worker thread.
+
+    Args:
+        name: The served name (a repository folder name).
+        model_dir: The model folder.
+        card: Its card.
+        cfg: :class:`gpufeed.config.ServeConfig`.
+        device: :class:`gpufeed.device.DeviceChoice`.
+        metrics: The server's metrics.
+    """
+
+    def __init__(self, name: str, model_dir: Path, card: ModelCard, cfg, device, metrics: ServerMetrics) -> None:
+        from gpufeed.pipelines import default_num_threads
+
+        self.name, self.dir, self.card, self.cfg, self.metrics = name, Path(model_dir), card, cfg, metrics
+        self.ready = False
+        self.runner = OnnxRunner(
+            model_dir, card, device, cfg.execution_provider, cfg.inference_threads, cfg.tensorrt_cache_dir
+        )
+        self.on_gpu = self.runner.on_gpu
+        # One lane (decoder + input buffer) per batcher worker, so batches can overlap.
+        self.workers = cfg.workers_per_model or (2 if self.on_gpu else 1)
+        self._lanes: queue.SimpleQueue[_Lane] = queue.SimpleQueue()
+        for _ in range(self.workers):
+            decoder = None
+            if card.spec.task == "image":
+                decoder = ImageDecoder(
+                    card.spec.size_px,
+                    card.spec.eval_crop_fraction,
+                    card.batch_size,
+                    device.device_id if self.on_gpu else None,
+                    cfg.decode_threads or default_num_threads(),
+                )
+            self._lanes.put(_Lane(decoder, self.runner.new_batch()))
+        self.accepts_encoded = card.spec.task == "image"
+        self.batcher = Batcher(
+            self.run_batch,
+            batch_size=card.batch_size,
+            max_delay_s=cfg.max_delay_ms / 1000.0,
+            capacity=cfg.queue_capacity,
+            on_batch=self._observe_batch,
+            name=f"gpufeed-batcher-{name}",
+            workers=self.workers,
+        )
+        metrics.track_queue_depth(name, lambda: self.batcher.depth)
+
+    @property
+    def batch_size(self) -> int:
+        return self.card.batch_size
+
+    def describe(self) -> dict:
+        """Where the work runs: decoder, input buffer and onnxruntime providers (for logs and tests)."""
+        lane = self._lanes.get()
+        try:
+            if lane.decoder is None:
+                decode = "none (decoded UINT8 tensors only)"
+            elif lane.decoder.device_id is None:
+                decode = "DALI on the CPU"
+            else:
+                decode = f"DALI nvJPEG (mixed) on cuda:{lane.decoder.device_id}"
+            buffer = f"cuda:{lane.buffer.device.index}" if self.on_gpu else "host"
+        finally:
+            self._lanes.put(lane)
+        return {
+            "decode": decode,
+            "input_buffer": buffer,
+            "providers": list(self.runner.providers),
+            "batch_size": self.batch_size,
+            "workers": self.workers,
+        }
+
+    def _observe(self, stage: str, seconds: float) -> None:
+        if self.ready:  # warm-up batches are not traffic
+            self.metrics.observe_stage(self.name, stage, seconds)
+
+    def _observe_batch(self, waits: list[float], rows: int) -> None:
+        for wait in waits:
+            self.metrics.observe_stage(self.name, "queue_wait", wait)
+        self.metrics.observe_batch(self.name, rows, self.batch_size)
+
+    def _copy_rows(self, buffer, start: int, rows: list[np.ndarray]) -> None:
+        block = np.stack(rows)
+        if self.on_gpu:
+            import torch
+
+            buffer[start : start + len(rows)].copy_(torch.from_numpy(block), non_blocking=False)
+        else:
+            buffer[start : start + len(rows)] = block
+
+    def run_batch(self, items: list[Item]) -> list[np.ndarray | BaseException]:
+        """Logits row per item (or the item's error); at most N items (the batcher's promise)."""
+        if len(items) > self.batch_size:
+            raise ValueError(f"{len(items)} items exceed the batch size {self.batch_size}")
+        lane = self._lanes.get()
+        try:
+            return self._run_in_lane(lane, items)
+        finally:
+            self._lanes.put(lane)
+
+    def _run_in_lane(self, lane: _Lane, items: list[Item]) -> list[np.ndarray | BaseException]:
+        buffer = lane.buffer
+        encoded = [i for i, item in enumerate(items) if item.encoded is not None]
+        decoded = [i for i, item in enumerate(items) if item.encoded is None]
+        order = encoded + decoded  # row r of the buffer holds items[order[r]]
+        failures: dict[int, BaseException] = {}
+        if encoded:
+            start = time.perf_counter()
+            sizes = np.array([items[i].size for i in encoded], dtype=np.int64)
+            outcome = lane.decoder.decode_into([items[i].encoded for i in encoded], sizes, buffer[: len(encoded)])
+            for i, err in zip(encoded, outcome, strict=True):
+                if err is not None:
+                    failures[i] = RequestError(
+                        getattr(err, "reason", "corrupt_image"), f"{items[i].where}: {getattr(err, 'message', err)}"
+                    )
+            self._observe("decode", time.perf_counter() - start)
+        if decoded:
+            self._copy_rows(buffer, len(encoded), [items[i].pixels for i in decoded])
+        if len(items) < self.batch_size:
+            buffer[len(items) :] = 0  # padding rows, discarded below
+        start = time.perf_counter()
+        logits = self.runner.run(buffer)
+        self._observe("inference", time.perf_counter() - start)
+        results: list[np.ndarray | BaseException] = [None] * len(items)
+        for row, i in enumerate(order):
+            results[i] = failures.get(i, logits[row].copy())
+        return results
+
+    def warm_up(self) -> None:
+        """Run ``serve.warmup_batches`` full batches end to end, then mark the model ready."""
+        if self.accepts_encoded:
+            image = _warmup_image(self.card.spec.size_px)
+            size = (self.card.spec.size_px * 2, self.card.spec.size_px * 2)
+            items = [Item(encoded=image, size=size, where="warm-up image")] * self.batch_size
+        else:
+            pixels = np.zeros(self.card.sample_shape, dtype=np.uint8)
+            items = [Item(pixels=pixels, where="warm-up row")] * self.batch_size
+        lanes = [self._lanes.get() for _ in range(self.workers)]
+        try:
+            outcomes = [self._run_in_lane(lane, items) for lane in lanes for _ in range(self.cfg.warmup_batches)]
+        finally:
+            for lane in lanes:
+                self._lanes.put(lane)
+        for outcome in outcomes:
+            for result in outcome:
+                if isinstance(result, BaseException):
+                    raise RuntimeError(f"model {self.name} failed its warm-up batch: {result}")
+        self.batcher.start()
+        self.ready = True
+        self.metrics.set_ready(self.name, True)
+
+    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+        self.ready = False
+        self.metrics.set_ready(self.name, False)
+        self.batcher.close(drain=drain, timeout=timeout)

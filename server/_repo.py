@@ -1,0 +1,86 @@
+"""Model repositories: a folder of model folders, or one model folder, each written by ``gpufeed export``.
+
+::
+
+    REPO/                      gpufeed serve --model-repo REPO
+      cats/model.onnx          served as "cats" (the folder name is the model name)
+      cats/model_card.json
+      behaviour/...
+
+    MODEL_DIR/                 gpufeed serve --model MODEL_DIR
+      model.onnx               served under the card's "name"
+      model_card.json
+
+Folders whose names start with ``.`` or ``_`` are ignored; every other sub-folder of a repository
+must be a valid model folder, and the server refuses to start otherwise (naming the folder and
+the problem), so a typo never silently serves fewer models than intended.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufeed.models import CARD_FILE, ModelCard, ModelCardError, read_model_card
+
+__all__ = ["MODEL_NAME_PATTERN", "ModelEntry", "ModelRepoError", "load_repository"]
+
+# Names appear in URLs and as metric label values: keep them plain.
+MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class ModelRepoError(ValueError):
+    """The model repository or a model folder in it cannot be served (the message says why)."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A model to serve: its served name, folder and card."""
+
+    name: str
+    dir: Path
+    card: ModelCard
+
+
+def _entry(name: str, folder: Path) -> ModelEntry:
+    if not MODEL_NAME_PATTERN.match(name):
+        raise ModelRepoError(
+            f"model name {name!r} (from {folder}) is not allowed: use letters, digits, '_', '.', '-' "
+            "(at most 64, starting with a letter or digit)"
+        )
+    try:
+        card = read_model_card(folder)
+    except ModelCardError as err:
+        raise ModelRepoError(str(err)) from None
+    return ModelEntry(name, folder, card)
+
+
+def load_repository(repo: str | Path | None = None, model: str | Path | None = None) -> list[ModelEntry]:
+    """The models to serve, from a repository folder or a single model folder (exactly one).
+
+    Raises:
+        ModelRepoError: Missing folders, invalid cards, bad names, an empty repository, or both
+            or neither argument given.
+    """
+    if (repo is None) == (model is None):
+        raise ModelRepoError("give exactly one of a model repository (--model-repo) or a model folder (--model)")
+    if model is not None:
+        folder = Path(model)
+        try:
+            card = read_model_card(folder)
+        except ModelCardError as err:
+            raise ModelRepoError(str(err)) from None
+        return [_entry(card.name, folder)]
+    root = Path(repo)
+    if not root.is_dir():
+        raise ModelRepoError(f"model repository {root} does not exist or is not a folder")
+    if (root / CARD_FILE).is_file():
+        raise ModelRepoError(
+            f"{root} is a model folder, not a repository of them: serve it with --model {root}, "
+            "or put it in a sub-folder of the repository"
+        )
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    if not folders:
+        raise ModelRepoError(f"model repository {root} holds no model folders (each needs {CARD_FILE} and model.onnx)")
+    return [_entry(folder.name, folder) for folder in folders]

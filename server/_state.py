@@ -1,0 +1,103 @@
+"""The server's models and their life cycle: validate the repository, load and warm up, drain on exit.
+
+Loading (onnxruntime sessions, DALI graphs, warm-up batches) runs on a background thread, so the
+HTTP endpoint answers liveness at once and readiness only once every model has been warmed up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from gpufeed.server._errors import RequestError
+from gpufeed.server._metrics import ServerMetrics
+from gpufeed.server._model import ServedModel
+from gpufeed.server._repo import ModelEntry
+
+__all__ = ["ServingState"]
+
+log = logging.getLogger("gpufeed.server")
+
+
+class ServingState:
+    """The models one server serves.
+
+    Args:
+        entries: From :func:`gpufeed.server.load_repository`.
+        cfg: :class:`gpufeed.config.ServeConfig`.
+        device: :class:`gpufeed.device.DeviceChoice`.
+    """
+
+    def __init__(self, entries: list[ModelEntry], cfg, device) -> None:
+        names = [e.name for e in entries]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        self.entries = {e.name: e for e in entries}
+        self.cfg, self.device = cfg, device
+        self.metrics = ServerMetrics({e.name: e.card.batch_size for e in entries})
+        self.models: dict[str, ServedModel] = {}
+        self.load_error: BaseException | None = None
+        self.loaded = threading.Event()
+        self.closing = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Every model loaded and warmed up, and not shutting down."""
+        return (
+            not self.closing
+            and self.loaded.is_set()
+            and self.load_error is None
+            and len(self.models) == len(self.entries)
+            and all(m.ready for m in self.models.values())
+        )
+
+    def load(self) -> None:
+        """Load and warm up every model (blocking); a failure is kept in ``load_error``."""
+        try:
+            for name, entry in self.entries.items():
+                model = ServedModel(name, entry.dir, entry.card, self.cfg, self.device, self.metrics)
+                model.warm_up()
+                self.models[name] = model
+                log.info("model %s (%s) ready: %s", name, entry.card.spec.name, model.describe())
+        except BaseException as err:
+            self.load_error = err
+            log.error("loading the models failed: %s", err)
+        finally:
+            self.loaded.set()
+
+    def start_loading(self) -> threading.Thread:
+        self._thread = threading.Thread(target=self.load, name="gpufeed-model-loader", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def model(self, name: str) -> ServedModel:
+        """The loaded, ready model called ``name``.
+
+        Raises:
+            RequestError: ``unknown_model`` (404), or 503 while it loads or the server drains.
+        """
+        if name not in self.entries:
+            known = ", ".join(sorted(self.entries))
+            raise RequestError("unknown_model", f"model {name[:100]!r} is not served here; models: {known}")
+        model = self.models.get(name)
+        if self.closing:
+            raise NotReadyError(f"the server is shutting down; model {name!r} takes no new requests")
+        if model is None or not model.ready:
+            raise NotReadyError(f"model {name!r} is not ready yet (loading and warming up)")
+        return model
+
+    def close(self, drain: bool = True, timeout: float | None = 30.0) -> None:
+        """Stop taking requests; finish (``drain``) or fail queued work; release the models."""
+        self.closing = True
+        for model in self.models.values():
+            model.close(drain=drain, timeout=timeout)
+        log.info("server stopped: %d model(s) %s", len(self.models), "drained" if drain else "closed")
+
+
+class NotReadyError(RequestError):
+    """503 for a model that is loading or a server that is draining (not a client error: uncounted)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("internal", message, status=503, headers={"Retry-After": "1"})
+        self.reason = "not_ready"

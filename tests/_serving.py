@@ -1,0 +1,90 @@
+"""Helpers for the export and server tests: small exported models and hand-made bad inputs.
+
+Exports are cached per test session (they take seconds each on a CPU), in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import io
+import shutil
+import struct
+import tempfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from gpufeed.models import checkpoint_path, create_model, export_model, model_state
+
+IMAGE_MODEL = "small"  # smallcnn, 48 px, batch 4
+CLIP_MODEL = "clips"  # r3d_small, 32 px, 4 frames, batch 2
+IMAGE_BATCH = 4
+CLIP_BATCH = 2
+CLASSES = ("amber", "birch", "cedar", "daisy")
+
+
+@functools.cache
+def _workdir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="gpufeed-serve-tests-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def write_checkpoint(run_dir: Path, name: str, step: int = 7, seed: int = 0, **spec) -> Path:
+    """A checkpoint exactly as training writes it (the contract in models/_io.py)."""
+    torch.manual_seed(seed)
+    model = create_model(name, **spec)
+    path = checkpoint_path(run_dir, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({**model_state(model), "step": step}, path)
+    return path
+
+
+@functools.cache
+def exported_repo() -> Path:
+    """A model repository with an image model and a clip model, exported once per session."""
+    root = _workdir()
+    repo = root / "repo"
+    image_ckpt = write_checkpoint(root / "run-image", "smallcnn", num_classes=4, size_px=48, labels=CLASSES)
+    export_model(image_ckpt, repo / IMAGE_MODEL, batch_size=IMAGE_BATCH)
+    clip_ckpt = write_checkpoint(
+        root / "run-clip", "r3d_small", num_classes=4, size_px=32, clip_length_frames=4, seed=1
+    )
+    export_model(clip_ckpt, repo / CLIP_MODEL, batch_size=CLIP_BATCH)
+    return repo
+
+
+def encode(pixels: np.ndarray, fmt: str = "JPEG") -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format=fmt, **({"quality": 92} if fmt == "JPEG" else {}))
+    return buffer.getvalue()
+
+
+def png_with_damaged_data(png: bytes) -> bytes:
+    """A PNG whose IDAT data is garbage but whose CRCs are right: passes every header check,
+    fails only a real decode (what DALI meets inside a batch)."""
+    data = bytearray(png)
+    at = data.index(b"IDAT")
+    (length,) = struct.unpack(">I", data[at - 4 : at])
+    start = at + 4
+    for k in range(start + 10, start + min(length, 60)):
+        data[k] ^= 0x5A
+    crc = zlib.crc32(bytes(data[at : start + length])) & 0xFFFFFFFF
+    data[start + length : start + length + 4] = struct.pack(">I", crc)
+    return bytes(data)
+
+
+def png_bomb_header(width: int, height: int) -> bytes:
+    """A tiny, valid-looking PNG that declares ``width x height`` pixels (a decompression bomb)."""
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+    )

@@ -1,0 +1,147 @@
+"""ONNX export: uint8 in, normalisation inside, static batch N, checker, parity, model card."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from _serving import CLASSES, CLIP_BATCH, CLIP_MODEL, IMAGE_BATCH, IMAGE_MODEL, exported_repo, write_checkpoint
+
+from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.device import DeviceChoice
+from gpufeed.models import ExportError, ModelCardError, export_model, load_model, read_model_card
+from gpufeed.pipelines import ImageDataset, ImageLoader
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _session(model_dir):
+    return ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+
+
+def test_image_export_is_static_uint8_and_matches_pytorch_on_eval_pipeline_images(synth_dir):
+    model_dir = exported_repo() / IMAGE_MODEL
+    card = read_model_card(model_dir)
+    graph = onnx.load(str(model_dir / "model.onnx"))
+    onnx.checker.check_model(graph, full_check=True)
+    (inp,) = graph.graph.input
+    dims = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+    assert inp.name == "pixels" and dims == [IMAGE_BATCH, 3, 48, 48], "static shape, batch N baked in"
+    assert inp.type.tensor_type.elem_type == onnx.TensorProto.UINT8
+    # Normalisation is inside: the first op casts the uint8 pixels.
+    assert graph.graph.node[0].op_type == "Cast"
+    assert card.labels == CLASSES and card.batch_size == IMAGE_BATCH and card.spec.input_layout == "NCHW"
+    assert card.parity["max_abs_diff"] <= card.parity["tolerance"]
+    written = json.loads((model_dir / "model_card.json").read_text())
+    for key in (
+        "input",
+        "size_px",
+        "eval_crop_fraction",
+        "normalization",
+        "labels",
+        "batch_size",
+        "precision",
+        "opset",
+    ):
+        assert key in written, key
+    assert written["normalization"]["mean"] == list(card.spec.mean)
+
+    # Real inputs: the evaluation pipeline's uint8 batches; ONNX equals the checkpoint's PyTorch model.
+    val = ImageDataset.from_list(synth_dir / "images" / "val.txt")
+    loader = ImageLoader(
+        val,
+        train=False,
+        image_cfg=ImagePipelineConfig(size_px=48),
+        loader_cfg=LoaderConfig(batch_size=IMAGE_BATCH, last_batch="pad", num_threads=2),
+        device=DeviceChoice("cpu", None, "test"),
+    )
+    batch = next(iter(loader)).images.contiguous()
+    model = load_model(card.source_checkpoint).eval()
+    with torch.no_grad():
+        expected = model(batch).numpy()
+    got = _session(model_dir).run(None, {"pixels": batch.numpy()})[0]
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    with pytest.raises(Exception, match=r"(?i)(shape|dimension)"):
+        _session(model_dir).run(None, {"pixels": batch.numpy()[:2]})  # fixed N: other sizes are refused
+
+
+def test_clip_export_takes_ncthw_uint8():
+    model_dir = exported_repo() / CLIP_MODEL
+    card = read_model_card(model_dir)
+    assert card.spec.task == "clip" and card.input_shape == (CLIP_BATCH, 3, 4, 32, 32)
+    assert card.spec.input_layout == "NCTHW" and card.spec.multilabel
+    clips = np.random.default_rng(0).integers(0, 256, card.input_shape, dtype=np.uint8)
+    with torch.no_grad():
+        expected = load_model(card.source_checkpoint).eval()(torch.from_numpy(clips)).numpy()
+    np.testing.assert_allclose(_session(model_dir).run(None, {"pixels": clips})[0], expected, atol=1e-4)
+
+
+def test_fp16_export_is_half_inside_and_within_fp16_tolerance(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "run", "smallcnn", num_classes=3, size_px=32)
+    card = export_model(tmp_path / "run", tmp_path / "half", batch_size=2, precision="fp16")
+    graph = onnx.load(str(tmp_path / "half" / "model.onnx"))
+    inits = {init.name: init.data_type for init in graph.graph.initializer}
+    assert {t for name, t in inits.items() if name.startswith("backbone.")} == {onnx.TensorProto.FLOAT16}
+    assert inits["normalize.scale"] == onnx.TensorProto.FLOAT, "normalisation stays in float32"
+    assert graph.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.UINT8
+    assert graph.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert card.precision == "fp16" and 0 < card.parity["max_abs_diff"] <= card.parity["tolerance"]
+    assert card.source_checkpoint == str(ckpt)
+
+
+def test_a_model_that_produces_nan_fails_parity_and_leaves_nothing(tmp_path):
+    write_checkpoint(tmp_path / "run", "smallcnn", num_classes=3, size_px=32)
+    state = torch.load(tmp_path / "run" / "checkpoints" / "ckpt-000000007.pt", weights_only=True)
+    key = next(k for k in state["model"] if k.endswith("running_var"))
+    state["model"][key] = -torch.ones_like(state["model"][key])  # sqrt of a negative variance: NaN
+    torch.save(state, tmp_path / "run" / "checkpoints" / "ckpt-000000007.pt")
+    with pytest.raises(ExportError, match="max \\|diff\\| nan"):
+        export_model(tmp_path / "run", tmp_path / "out", batch_size=2)
+    assert not (tmp_path / "out" / "model.onnx").exists() and not (tmp_path / "out" / "model_card.json").exists()
+    assert not list((tmp_path / "out").iterdir()), "no partial files are left"
+
+
+def test_bad_sources_and_cards_are_named(tmp_path):
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ExportError, match=r"junk\.pt"):
+        export_model(tmp_path / "junk.pt", tmp_path / "out")
+    with pytest.raises(ValueError, match="precision 'fp8' is not allowed; allowed: fp32, fp16"):
+        export_model(tmp_path / "junk.pt", tmp_path / "out", precision="fp8")
+    with pytest.raises(ModelCardError, match=r"model_card\.json is missing"):
+        read_model_card(tmp_path)
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"")
+    card = json.loads((exported_repo() / IMAGE_MODEL / "model_card.json").read_text())
+    card["batch_size"] = "eight"
+    (folder / "model_card.json").write_text(json.dumps(card))
+    with pytest.raises(ModelCardError, match="field 'batch_size' must be an integer"):
+        read_model_card(folder)
+
+
+def test_export_cli_writes_a_model_folder(tmp_path):
+    write_checkpoint(tmp_path / "run", "smallcnn", num_classes=2, size_px=32)
+    out = tmp_path / "repo" / "tiny"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpufeed", "export", str(tmp_path / "run"), "--out", str(out), "--batch-size", "3"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "max |diff|" in proc.stdout
+    card = read_model_card(out)
+    assert card.name == "tiny" and card.batch_size == 3
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpufeed", "export", str(tmp_path / "missing"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr

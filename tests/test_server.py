@@ -1,0 +1,326 @@
+"""The inference server end to end: a real uvicorn server on a loopback port, real clients (tritonclient,
+httpx), real exported models, real JPEG/PNG files from the synthetic dataset."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as triton
+from _serving import CLASSES, CLIP_BATCH, CLIP_MODEL, IMAGE_BATCH, IMAGE_MODEL, exported_repo
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpufeed.config import ImagePipelineConfig, LoaderConfig, parse_config
+from gpufeed.device import DeviceChoice
+from gpufeed.pipelines import ImageDataset, ImageLoader
+from gpufeed.server import start_server
+
+pytestmark = pytest.mark.timeout(300)
+
+CPU = DeviceChoice("cpu", None, "test")
+
+
+@pytest.fixture(scope="module")
+def server():
+    cfg = parse_config({"device": "cpu", "serve": {"max_delay_ms": 50, "decode_threads": 2, "warmup_batches": 1}})
+    running = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def val_set(synth_dir):
+    return ImageDataset.from_list(synth_dir / "images" / "val.txt")
+
+
+def _client(server, concurrency=1):
+    return triton.InferenceServerClient(server.url.removeprefix("http://"), concurrency=concurrency)
+
+
+def _bytes_input(blobs):
+    return triton.InferInput("image", [len(blobs)], "BYTES").set_data_from_numpy(
+        np.array(blobs, dtype=object), binary_data=True
+    )
+
+
+def _metrics(server) -> dict[tuple, float]:
+    text = httpx.get(server.url + "/metrics").text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def _direct_logits(model_dir: Path, batch: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    n = session.get_inputs()[0].shape[0]
+    rows = []
+    for start in range(0, len(batch), n):
+        chunk = batch[start : start + n]
+        padded = np.concatenate([chunk, np.zeros((n - len(chunk), *chunk.shape[1:]), np.uint8)])
+        rows.append(session.run(None, {"pixels": padded})[0][: len(chunk)])
+    return np.concatenate(rows)
+
+
+def test_tritonclient_round_trip(server, val_set):
+    client = _client(server)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready(IMAGE_MODEL) and client.is_model_ready(CLIP_MODEL)
+    meta = client.get_model_metadata(IMAGE_MODEL)
+    assert {i["name"]: i["datatype"] for i in meta["inputs"]} == {"image": "BYTES", "pixels": "UINT8"}
+    assert meta["parameters"]["labels"] == list(CLASSES) and meta["parameters"]["batch_size"] == IMAGE_BATCH
+    assert "source_checkpoint" not in str(meta), "no server file paths over HTTP"
+
+    blobs = [Path(p).read_bytes() for p in val_set.paths[:3]]
+    result = client.infer(IMAGE_MODEL, [_bytes_input(blobs)])
+    logits, scores = result.as_numpy("logits"), result.as_numpy("scores")
+    assert logits.shape == (3, 4) and logits.dtype == np.float32
+    np.testing.assert_allclose(scores.sum(axis=1), 1.0, rtol=1e-5)
+
+    as_json = client.infer(
+        IMAGE_MODEL,
+        [_bytes_input(blobs[:1])],
+        outputs=[triton.InferRequestedOutput("logits", binary_data=False)],
+    )
+    np.testing.assert_allclose(as_json.as_numpy("logits"), logits[:1], rtol=1e-6)
+    top = client.infer(
+        IMAGE_MODEL, [_bytes_input(blobs[:1])], outputs=[triton.InferRequestedOutput("scores", class_count=2)]
+    ).as_numpy("scores")
+    best = int(np.argmax(scores[0]))
+    assert top.shape == (1, 2) and top[0, 0].decode().endswith(f":{best}:{CLASSES[best]}")
+
+
+def test_server_scores_equal_direct_onnxruntime_on_evaluation_pipeline_inputs(server, val_set):
+    model_dir = exported_repo() / IMAGE_MODEL
+    loader = ImageLoader(
+        val_set,
+        train=False,
+        image_cfg=ImagePipelineConfig(size_px=48),
+        loader_cfg=LoaderConfig(batch_size=8, num_threads=2),
+        device=CPU,
+    )
+    pixels, ids = [], []
+    for batch in loader:
+        pixels.append(batch.images.contiguous().numpy())
+        ids += batch.sample_ids.tolist()
+    expected = _direct_logits(model_dir, np.concatenate(pixels))
+    client = _client(server)
+    got = np.concatenate(
+        [
+            client.infer(
+                IMAGE_MODEL, [_bytes_input([Path(val_set.paths[i]).read_bytes() for i in ids[k : k + 5]])]
+            ).as_numpy("logits")
+            for k in range(0, len(ids), 5)
+        ]
+    )
+    # Same DALI operators and crop windows as evaluation: the server feeds the model the same pixels.
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+    rest = httpx.post(
+        server.url + f"/v1/models/{IMAGE_MODEL}/predict?top_k=4",
+        content=Path(val_set.paths[ids[0]]).read_bytes(),
+        headers={"content-type": "image/jpeg" if val_set.paths[ids[0]].endswith(".jpg") else "image/png"},
+    ).json()
+    ((prediction),) = rest["predictions"]
+    e = np.exp(expected[0] - expected[0].max())
+    probs = e / e.sum()
+    assert [t["label"] for t in prediction["top_k"]] == [CLASSES[j] for j in np.argsort(-probs, kind="stable")]
+    np.testing.assert_allclose([t["score"] for t in prediction["top_k"]], np.sort(probs)[::-1], rtol=1e-5)
+
+
+def test_concurrent_requests_get_the_answers_they_get_alone(server, val_set):
+    blobs = [Path(p).read_bytes() for p in val_set.paths[:12]]
+    client = _client(server)
+    alone = [client.infer(IMAGE_MODEL, [_bytes_input([b])]).as_numpy("logits")[0] for b in blobs]
+    before = _metrics(server)
+    many = _client(server, concurrency=12)
+    for count in (1, 2, 3, IMAGE_BATCH, IMAGE_BATCH + 1, 12):
+        pending = [many.async_infer(IMAGE_MODEL, [_bytes_input([b])]) for b in blobs[:count]]
+        for k, request in enumerate(pending):
+            np.testing.assert_allclose(request.get_result().as_numpy("logits")[0], alone[k], atol=1e-6)
+    after = _metrics(server)
+    key = ("gpufeed_server_batch_size_bucket", (("le", "1.0"), ("model", IMAGE_MODEL)))
+    count_key = ("gpufeed_server_batch_size_count", (("model", IMAGE_MODEL),))
+    batches = after[count_key] - before[count_key]
+    singles = after[key] - before[key]
+    assert batches < 1 + 2 + 3 + 4 + 5 + 12, "concurrent requests were batched together"
+    assert batches > singles, "some batches held more than one request"
+
+
+def test_two_workers_per_model_give_the_same_answers(server, val_set):
+    cfg = parse_config({"serve": {"max_delay_ms": 1, "warmup_batches": 1, "workers_per_model": 2, "decode_threads": 1}})
+    overlapped = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU)
+    try:
+        assert overlapped.state.models[IMAGE_MODEL].describe()["workers"] == 2
+        blobs = [Path(p).read_bytes() for p in val_set.paths[:16]]
+        alone = [_client(server).infer(IMAGE_MODEL, [_bytes_input([b])]).as_numpy("logits")[0] for b in blobs]
+        many = _client(overlapped, concurrency=16)
+        pending = [many.async_infer(IMAGE_MODEL, [_bytes_input([b])]) for b in blobs]
+        for k, request in enumerate(pending):
+            np.testing.assert_allclose(request.get_result().as_numpy("logits")[0], alone[k], atol=1e-6)
+    finally:
+        overlapped.stop()
+
+
+def test_metrics_move_after_requests(server, val_set):
+    before = _metrics(server)
+    blob = Path(val_set.paths[0]).read_bytes()
+    assert (
+        httpx.post(server.url + f"/v1/models/{IMAGE_MODEL}/predict", files={"image": ("a.jpg", blob)}).status_code
+        == 200
+    )
+    _client(server).infer(IMAGE_MODEL, [_bytes_input([blob])])
+    after = _metrics(server)
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    for protocol in ("rest", "kserve"):
+        assert delta("gpufeed_server_requests_total", model=IMAGE_MODEL, protocol=protocol, code="200") == 1
+        assert delta("gpufeed_server_request_seconds_count", model=IMAGE_MODEL, protocol=protocol) == 1
+    for stage in ("preprocess", "queue_wait", "decode", "inference", "postprocess"):
+        assert delta("gpufeed_server_stage_seconds_count", model=IMAGE_MODEL, stage=stage) >= 2, stage
+        assert delta("gpufeed_server_stage_seconds_sum", model=IMAGE_MODEL, stage=stage) > 0, stage
+    assert delta("gpufeed_server_batch_fill_ratio_count", model=IMAGE_MODEL) >= 1
+    assert after[("gpufeed_server_model_ready", (("model", IMAGE_MODEL),))] == 1
+    assert after[("gpufeed_server_queue_depth", (("model", IMAGE_MODEL),))] == 0
+    assert after[("gpufeed_server_inflight_requests", ())] == 0
+
+
+def test_clip_model_through_the_uint8_tensor_path(server):
+    clips = np.random.default_rng(3).integers(0, 256, (CLIP_BATCH + 1, 3, 4, 32, 32), dtype=np.uint8)
+    tensor = triton.InferInput("pixels", list(clips.shape), "UINT8").set_data_from_numpy(clips)
+    result = _client(server).infer(CLIP_MODEL, [tensor])
+    expected = _direct_logits(exported_repo() / CLIP_MODEL, clips)
+    np.testing.assert_allclose(result.as_numpy("logits"), expected, atol=1e-5)
+    np.testing.assert_allclose(result.as_numpy("scores"), 1 / (1 + np.exp(-expected)), atol=1e-6)  # multilabel
+
+    rest = httpx.post(
+        server.url + f"/v1/models/{CLIP_MODEL}/predict", content=b"\xff\xd8", headers={"content-type": "image/jpeg"}
+    )
+    assert rest.status_code == 415 and "clip model" in rest.json()["error"]
+    with pytest.raises(triton.InferenceServerException, match="clip model"):
+        _client(server).infer(CLIP_MODEL, [_bytes_input([b"\xff\xd8\xff"])])
+
+
+def test_a_bad_image_in_a_batch_fails_alone(server, val_set):
+    from _serving import png_with_damaged_data
+
+    png = next(p for p in val_set.paths if p.endswith(".png"))
+    damaged = png_with_damaged_data(Path(png).read_bytes())  # passes validation, fails in DALI
+    good = [Path(p).read_bytes() for p in val_set.paths[:3]]
+    client = _client(server)
+    alone = [client.infer(IMAGE_MODEL, [_bytes_input([b])]).as_numpy("logits")[0] for b in good]
+    many = _client(server, concurrency=4)
+    # Sent together, inside one max_delay window: they share a batch.
+    results = [many.async_infer(IMAGE_MODEL, [_bytes_input([b])]) for b in [*good, damaged]]
+    for k in range(3):
+        np.testing.assert_allclose(results[k].get_result().as_numpy("logits")[0], alone[k], atol=1e-6)
+    with pytest.raises(triton.InferenceServerException, match="damaged") as info:
+        results[3].get_result()
+    assert info.value.status() == "400"
+    assert client.is_server_ready()
+
+
+def test_batch_step_pads_to_n_and_isolates_a_bad_row(val_set):
+    """ServedModel.run_batch without HTTP: rows come back in order whatever the mix, padding discarded."""
+    from _serving import png_with_damaged_data
+
+    from gpufeed.models import read_model_card
+    from gpufeed.server import Item, RequestError, ServedModel, ServerMetrics, inspect_image
+
+    model_dir = exported_repo() / IMAGE_MODEL
+    card = read_model_card(model_dir)
+    cfg = parse_config({"serve": {"decode_threads": 2}}).serve
+    model = ServedModel(IMAGE_MODEL, model_dir, card, cfg, CPU, ServerMetrics({IMAGE_MODEL: card.batch_size}))
+    try:
+        blobs = [Path(p).read_bytes() for p in val_set.paths[:3]]
+        png = Path(next(p for p in val_set.paths if p.endswith(".png"))).read_bytes()
+        damaged = png_with_damaged_data(png)
+
+        def item(blob):
+            info = inspect_image(blob, 10**8)
+            return Item(encoded=blob, size=(info.width, info.height), where="test image")
+
+        alone = [model.run_batch([item(b)])[0] for b in blobs]
+        pixels = np.zeros(card.sample_shape, np.uint8)
+        (zero_row,) = model.run_batch([Item(pixels=pixels)])
+        mixed = model.run_batch([Item(pixels=pixels), item(blobs[0]), item(damaged), item(blobs[2])])
+        np.testing.assert_allclose(mixed[0], zero_row, atol=1e-6)
+        np.testing.assert_allclose(mixed[1], alone[0], atol=1e-6)
+        np.testing.assert_allclose(mixed[3], alone[2], atol=1e-6)
+        assert isinstance(mixed[2], RequestError) and mixed[2].reason == "corrupt_image"
+        assert mixed[2].message.startswith("test image: the image data is damaged")
+        again = model.run_batch([item(b) for b in blobs])  # the decoder is healthy afterwards
+        np.testing.assert_allclose(np.stack(again), np.stack(alone), atol=1e-6)
+        with pytest.raises(ValueError, match="exceed the batch size"):
+            model.run_batch([Item(pixels=pixels)] * (IMAGE_BATCH + 1))
+    finally:
+        model.close()
+
+
+def test_serve_demo_stage_exports_serves_and_reports(synth_dir, tmp_path, capsys):
+    from gpufeed.demo import demo_config
+    from gpufeed.server import run_serve_demo, untrained_checkpoint
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "data").symlink_to(synth_dir, target_is_directory=True)
+    cfg = demo_config(out, "cpu")
+    checkpoint = untrained_checkpoint(out, ("amber", "birch", "cedar", "daisy"), 48, architecture="smallcnn")
+    figures = run_serve_demo(cfg, out, CPU, checkpoint, batch_size=4)
+    printed = capsys.readouterr().out
+    assert figures["images"] == 32 and figures["agreement"] == 1.0
+    assert (out / "models" / "classifier" / "model.onnx").is_file()
+    for stage in (
+        "preprocess",
+        "queue_wait",
+        "decode",
+        "inference",
+        "postprocess",
+        "request (kserve)",
+        "request (rest)",
+    ):
+        assert stage in printed, stage
+
+
+def test_histogram_quantile_matches_prometheus_interpolation():
+    from gpufeed.server import histogram_quantile
+
+    buckets = [(0.1, 10.0), (0.2, 30.0), (0.5, 40.0), (float("inf"), 40.0)]
+    assert histogram_quantile(0.25, buckets) == pytest.approx(0.1)
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.15)  # rank 20: halfway through (0.1, 0.2]
+    assert histogram_quantile(1.0, buckets) == pytest.approx(0.5)
+    assert np.isnan(histogram_quantile(0.5, [(0.1, 0.0), (float("inf"), 0.0)]))
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="needs promtool (Debian/Ubuntu: apt-get install prometheus)"
+)
+def test_metrics_pass_promtool_lint(server, val_set):
+    httpx.post(
+        server.url + f"/v1/models/{IMAGE_MODEL}/predict", content=Path(val_set.paths[0]).read_bytes(),
+        headers={"content-type": "image/jpeg"},
+    )  # fmt: skip
+    text = httpx.get(server.url + "/metrics").text
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check.stdout + check.stderr
+    for name in (
+        "gpufeed_server_stage_seconds_bucket",
+        "gpufeed_server_request_seconds_bucket",
+        "gpufeed_server_batch_size_bucket",
+        "gpufeed_server_batch_fill_ratio_bucket",
+        "gpufeed_server_queue_depth",
+        "gpufeed_server_inflight_requests",
+        "gpufeed_server_model_ready",
+        "gpufeed_server_requests_total",
+        "gpufeed_server_errors_total",
+    ):
+        assert f"\n{name}" in text, name

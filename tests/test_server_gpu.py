@@ -1,0 +1,72 @@
+"""The GPU serving path: nvJPEG decode into a CUDA batch, onnxruntime CUDA provider with IOBinding.
+
+Needs CUDA and DALI's GPU operators (skipped otherwise; failing under GPUFEED_REQUIRE_GPU=1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from _serving import CLIP_MODEL, IMAGE_MODEL, exported_repo
+
+from gpufeed.config import parse_config
+from gpufeed.device import DeviceChoice
+from gpufeed.pipelines import ImageDataset
+from gpufeed.server import RuntimeSetupError, ServerStartError, start_server
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
+
+GPU = DeviceChoice("gpu", 0, "test")
+CPU = DeviceChoice("cpu", None, "test")
+
+
+def _serve(device, provider="auto", workers=2):
+    serve = {"max_delay_ms": 5, "warmup_batches": 1, "execution_provider": provider, "workers_per_model": workers}
+    cfg = parse_config({"serve": serve})
+    return start_server(repo=exported_repo(), cfg=cfg, port=0, device=device)
+
+
+def _logits(server, model, tensor):
+    client = triton.InferenceServerClient(server.url.removeprefix("http://"))
+    return client.infer(model, [tensor]).as_numpy("logits")
+
+
+def _images(synth_dir, count=6):
+    val = ImageDataset.from_list(synth_dir / "images" / "val.txt")
+    blobs = [Path(p).read_bytes() for p in val.paths[:count]]
+    return triton.InferInput("image", [len(blobs)], "BYTES").set_data_from_numpy(np.array(blobs, dtype=object))
+
+
+def test_gpu_server_decodes_on_the_device_and_agrees_with_the_cpu_server(synth_dir):
+    gpu, cpu = _serve(GPU), _serve(CPU)
+    try:
+        where = gpu.state.models[IMAGE_MODEL].describe()
+        assert where["providers"][0] == "CUDAExecutionProvider"
+        assert where["decode"] == "DALI nvJPEG (mixed) on cuda:0"
+        assert where["input_buffer"] == "cuda:0", "the batch stays on the device into onnxruntime (IOBinding)"
+        images = _images(synth_dir)
+        on_gpu, on_cpu = _logits(gpu, IMAGE_MODEL, images), _logits(cpu, IMAGE_MODEL, images)
+        # nvJPEG and libjpeg-turbo may differ by a level or two per pixel; logits stay close.
+        np.testing.assert_allclose(on_gpu, on_cpu, atol=5e-3)
+        clips = np.random.default_rng(0).integers(0, 256, (3, 3, 4, 32, 32), dtype=np.uint8)
+        tensor = triton.InferInput("pixels", list(clips.shape), "UINT8").set_data_from_numpy(clips)
+        np.testing.assert_allclose(_logits(gpu, CLIP_MODEL, tensor), _logits(cpu, CLIP_MODEL, tensor), atol=1e-3)
+    finally:
+        gpu.stop()
+        cpu.stop()
+
+
+def test_tensorrt_provider_by_option_serves_or_says_why(synth_dir):
+    try:
+        server = _serve(GPU, "tensorrt")
+    except ServerStartError as err:  # TensorRT libraries may be absent: the refusal must say so
+        assert isinstance(err.__cause__, RuntimeSetupError) and "TensorrtExecutionProvider" in str(err)
+        return
+    try:
+        assert server.state.models[IMAGE_MODEL].runner.providers[0] == "TensorrtExecutionProvider"
+        assert _logits(server, IMAGE_MODEL, _images(synth_dir)).shape == (6, 4)
+    finally:
+        server.stop()
