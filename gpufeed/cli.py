@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "gpufeed.commands.data",
     "gpufeed.commands.run",
     "gpufeed.commands.bench",
+    "gpufeed.commands.obs",
 )
 
 
