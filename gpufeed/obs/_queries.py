@@ -207,6 +207,7 @@ def metric_names(expr: str) -> set[str]:
     text = re.sub(r"\[[^\[\]]*\]", " ", text)
     text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)", " ", text)
     text = re.sub(r"\$\{?\w+(?::\w+)?\}?", " ", text)
+    text = re.sub(r"(?<![\w:])\d[\dA-Za-z.]*", " ", text)  # numbers and durations (0.99, 5m, 1h30m, 1e-3)
     names = set()
     for match in _IDENT.finditer(text):
         word = match.group()
