@@ -85,5 +85,9 @@ def run_demo(out: str | Path, device: str = "auto") -> Config:
                 raise SystemExit(f"eval sample {sample_id} arrived with the wrong pixels: {tag}")
             verified += 1
     print(f"eval epoch: {verified}/{len(val)} samples verified exactly by the ids and labels drawn in their pixels")
+    _banner("monitoring")
+    from gpufeed.obs import run_obs_demo
+
+    run_obs_demo(out)
     print(f"\nresolved config saved to {out / 'config.yaml'}")
     return cfg

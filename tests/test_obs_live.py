@@ -136,3 +136,13 @@ def test_errors_are_counted_by_reason(live, checks):
         (MODEL_NAME, "malformed_request"),
     }
     assert expected <= found, f"error counters by (model, reason): {sorted(found)}"
+
+
+def test_demo_figures_read_through_promql(live, checks):
+    from gpufeed.obs import live_figures
+
+    rows = live_figures(live.api)
+    shares = [value for title, labels, value in rows if title == "loader-bound share" and labels == "rank=0"]
+    assert shares and shares[0].endswith("%"), rows
+    stages = {labels.split("stage=")[1] for title, labels, _ in rows if title == "server stage p50"}
+    assert stages == set(STAGES), rows

@@ -8,6 +8,7 @@ target turns GpufeedTargetDown pending, and the checker reports queries without 
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -105,3 +106,19 @@ def test_dead_server_makes_target_down_alert_pending(prom):
         assert time.monotonic() < deadline, "GpufeedTargetDown never became pending for the dead server"
         time.sleep(0.5)
     assert down[0]["labels"]["job"] == "gpufeed-server" and down[0]["state"] == "pending"  # for: 2m
+
+
+@pytest.mark.timeout(120)
+def test_demo_stage_checks_the_stack(tmp_path, capsys):
+    from gpufeed.obs import run_obs_demo
+
+    assert run_obs_demo(tmp_path) is True
+    out = capsys.readouterr().out
+    for line in (
+        "promtool check config",
+        "promtool check rules",
+        "promtool test rules",
+        "PromQL of every panel and rule",
+    ):
+        assert re.search(rf"{line}\s+ok", out), out
+    assert "FAILED" not in out

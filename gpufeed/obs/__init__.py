@@ -19,6 +19,7 @@ from gpufeed.obs._contract import (
     exported_series_names,
     metric_by_name,
 )
+from gpufeed.obs._demo import live_figures, run_obs_demo
 from gpufeed.obs._prometheus import (
     LocalPrometheus,
     PrometheusAPI,
@@ -80,6 +81,7 @@ __all__ = [
     "format_checks",
     "free_port",
     "label_values_args",
+    "live_figures",
     "load_queries",
     "metric_by_name",
     "metric_names",
@@ -87,6 +89,7 @@ __all__ = [
     "read_metrics_addresses",
     "rule_health_problems",
     "rule_queries",
+    "run_obs_demo",
     "scrape_job",
     "stack_scrape_configs",
     "substitute",
