@@ -9,12 +9,16 @@ target turns GpufeedTargetDown pending, and the checker reports queries without 
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from gpufeed.obs import (
+    PrometheusAPI,
     PrometheusNotFoundError,
     Query,
     check_queries,
@@ -99,7 +103,7 @@ def test_dead_server_makes_target_down_alert_pending(prom):
     prom, _ = prom
     deadline = time.monotonic() + 60
     while True:
-        alerts = prom.api._call("/api/v1/alerts", post=False)["alerts"]
+        alerts = prom.api.alerts()
         down = [a for a in alerts if a["labels"]["alertname"] == "GpufeedTargetDown"]
         if down:
             break
@@ -122,3 +126,43 @@ def test_demo_stage_checks_the_stack(tmp_path, capsys):
     ):
         assert re.search(rf"{line}\s+ok", out), out
     assert "FAILED" not in out
+
+
+def _gpufeed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpufeed", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(120)
+def test_cli_verify_lists_queries_without_data(prom):
+    prom, _ = prom
+    proc = _gpufeed("obs", "verify", "--prometheus", prom.url, "--since", "1m", "--stack", str(STACK))
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # nothing gpufeed is scraped here
+    assert "no_data" in proc.stdout and "Per-stage latency p99 (stacked)" in proc.stdout
+    assert re.search(r"\d+ passed, \d+ skipped, \d+ failed of 85", proc.stdout)
+    proc = _gpufeed("obs", "verify", "--prometheus", f"http://127.0.0.1:{free_port()}", "--stack", str(STACK))
+    assert proc.returncode == 2 and "cannot reach Prometheus" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_cli_prometheus_scrapes_a_training_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    cmd = [sys.executable, "-m", "gpufeed", "obs", "prometheus", "--train", str(run), "--interval", "1s"]
+    cmd += ["--workdir", str(tmp_path / "prom"), "--stack", str(STACK)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen, match = [], None
+        for line in proc.stdout:  # log lines come first; the URL line says where it listens
+            seen.append(line)
+            match = re.match(r"prometheus: (http://127\.0\.0\.1:(\d+))", line)
+            if match:
+                break
+        assert match, "".join(seen)
+        url, port = match.group(1), match.group(2)
+        # The run's rank 0 shows up after start; Prometheus's own endpoint stands in for it.
+        (run / "metrics-rank0.addr").write_text(f"127.0.0.1:{port}\n")
+        PrometheusAPI(url).wait_for_targets(["gpufeed-train"], timeout_s=60)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0

@@ -151,6 +151,10 @@ class PrometheusAPI:
         """Loaded rule groups with each rule's health and last error."""
         return self._call("/api/v1/rules", post=False)["groups"]
 
+    def alerts(self) -> list[dict]:
+        """Alerts that are pending or firing, with their labels and state."""
+        return self._call("/api/v1/alerts", post=False)["alerts"]
+
     def ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.url}/-/ready", timeout=self.timeout_s) as response:
