@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from gpufeed.obs import free_port
+from gpufeed.obs import LocalPrometheus, free_port
 from gpufeed.obs._watch import stack_prometheus
 
 MODEL_NAME = "smallcnn"
@@ -157,7 +157,7 @@ class LiveStack:
     work: Path
     run_dir: Path
     server_url: str
-    prometheus: object
+    prometheus: LocalPrometheus
     traffic: Traffic
     started: float
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
