@@ -24,6 +24,7 @@ demo: setup
 	$(BIN)/gpufeed demo --out runs/demo
 
 test: setup
+	.ci/ensure-prometheus
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

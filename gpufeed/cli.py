@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "gpufeed.commands.train",
     "gpufeed.commands.serve",
     "gpufeed.commands.bench",
+    "gpufeed.commands.obs",
 )
 
 

@@ -101,5 +101,10 @@ def run_demo(out: str | Path, device: str = "auto") -> Config:
     from gpufeed.server import run_serve_demo
 
     run_serve_demo(cfg, out, choice, find_checkpoint(image_run))
+
+    _banner("monitoring")
+    from gpufeed.obs import run_obs_demo
+
+    run_obs_demo(out)
     print(f"\nresolved config saved to {out / 'config.yaml'}")
     return cfg
