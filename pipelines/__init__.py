@@ -14,6 +14,7 @@ from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, ImageDataset, probe_image_file
 from gpufeed.pipelines._errors import BadSampleError, DatasetError
 from gpufeed.pipelines._frames import FrameChunk, VideoFrameReader
+from gpufeed.pipelines._image_pipeline import decode_window
 from gpufeed.pipelines._loader import ImageBatch, ImageLoader, default_num_threads, find_bad_files
 from gpufeed.pipelines._prepare import PrepareOptions, PrepareReport, prepare_videos
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
@@ -63,6 +64,7 @@ __all__ = [
     "check_path",
     "check_videos",
     "choose_decoder",
+    "decode_window",
     "default_num_threads",
     "eval_windows",
     "find_bad_files",

@@ -51,6 +51,40 @@ class WindowFeed:
         return [list(column[index]) for column in self._columns]
 
 
+def decode_window(encoded, anchor, shape, roi_start, roi_end, *, size_px: int, on_gpu: bool):
+    """The graph fragment every image consumer shares: decode the crop window, resize, flip.
+
+    The training/evaluation loaders and the inference server call this, so serving crops and
+    resamples exactly as evaluation did.
+
+    Args:
+        encoded: Encoded JPEG/PNG bytes (CPU).
+        anchor, shape: int32 (x, y) and (w, h) of the window in source pixels (CPU).
+        roi_start, roi_end: float (y, x) resize ROI over the window; a reversed x range mirrors
+            (see :meth:`gpufeed.pipelines.Windows.roi`).
+        size_px: Output height and width.
+        on_gpu: Decode with nvJPEG (``device="mixed"``) and resize on the GPU.
+
+    Returns:
+        uint8 (size_px, size_px, 3) HWC images, on the GPU when ``on_gpu``.
+    """
+    from nvidia.dali import fn, types
+
+    images = fn.decoders.image_slice(
+        encoded, anchor, shape, axis_names="WH", device="mixed" if on_gpu else "cpu", output_type=types.RGB
+    )
+    return fn.resize(
+        images,
+        size=(size_px, size_px),
+        roi_start=roi_start,
+        roi_end=roi_end,
+        roi_relative=False,
+        interp_type=types.INTERP_LINEAR,
+        antialias=True,
+        dtype=types.UINT8,
+    )
+
+
 def build_image_pipeline(
     files: list[str],
     windows: Windows,
@@ -94,24 +128,7 @@ def build_image_pipeline(
             batch=True,
             dtype=[types.INT32, types.INT32, types.FLOAT, types.FLOAT],
         )
-        images = fn.decoders.image_slice(
-            encoded,
-            anchor,
-            shape,
-            axis_names="WH",
-            device="mixed" if on_gpu else "cpu",
-            output_type=types.RGB,
-        )
-        images = fn.resize(
-            images,
-            size=(size_px, size_px),
-            roi_start=roi_start,
-            roi_end=roi_end,
-            roi_relative=False,
-            interp_type=types.INTERP_LINEAR,
-            antialias=True,
-            dtype=types.UINT8,
-        )
+        images = decode_window(encoded, anchor, shape, roi_start, roi_end, size_px=size_px, on_gpu=on_gpu)
         return images, position
 
     pipe = image_graph(

@@ -32,7 +32,7 @@ import re
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from gpufeed.pipelines import eval_windows
+from gpufeed.pipelines import decode_window, eval_windows
 from gpufeed.server._errors import RequestError
 
 __all__ = ["ImageDecoder", "ImageInfo", "inspect_image"]
@@ -139,25 +139,8 @@ class ImageDecoder:
             shape = fn.external_source(name="shape", dtype=types.INT32, ndim=1)
             roi_start = fn.external_source(name="roi_start", dtype=types.FLOAT, ndim=1)
             roi_end = fn.external_source(name="roi_end", dtype=types.FLOAT, ndim=1)
-            images = fn.decoders.image_slice(
-                encoded,
-                anchor,
-                shape,
-                axis_names="WH",
-                device="mixed" if on_gpu else "cpu",
-                output_type=types.RGB,
-            )
-            # Same resize arguments as the evaluation loader (gpufeed.pipelines._image_pipeline).
-            images = fn.resize(
-                images,
-                size=(size, size),
-                roi_start=roi_start,
-                roi_end=roi_end,
-                roi_relative=False,
-                interp_type=types.INTERP_LINEAR,
-                antialias=True,
-                dtype=types.UINT8,
-            )
+            # The evaluation loader's own fragment: serving crops and resamples exactly as evaluation.
+            images = decode_window(encoded, anchor, shape, roi_start, roi_end, size_px=size, on_gpu=on_gpu)
             return fn.transpose(images, perm=[2, 0, 1], output_layout="CHW")
 
         pipe = serve_graph(
