@@ -60,11 +60,10 @@ def skipped_line(skipped: dict, clips: bool) -> str:
     for split, name in (("train", "training"), ("val", "evaluation")):
         entry = skipped[split]
         if entry["count"]:
-            other = entry["count"] - entry["quarantined"]
-            parts.append(
-                f"{entry['count']} {name} {unit} ({entry['quarantined']} quarantined, {other} unusable: "
-                "loader.on_bad_sample skip)"
-            )
+            unusable = entry["count"] - entry["quarantined"]
+            why = [f"{entry['quarantined']} quarantined"] if entry["quarantined"] else []
+            why += [f"{unusable} unusable, loader.on_bad_sample: skip"] if unusable else []
+            parts.append(f"{entry['count']} {name} {unit} ({'; '.join(why)})")
     if not parts:
         return f"skipped: 0 {'videos' if clips else 'samples'}"
     return "skipped: " + ", ".join(parts) + "; each file and reason is in summary.json"
