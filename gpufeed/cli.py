@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "gpufeed.commands.run",
     "gpufeed.commands.train",
     "gpufeed.commands.bench",
+    "gpufeed.commands.reliability",
 )
 
 

@@ -78,7 +78,7 @@ def step_records(run_dir: Path, since_unix: float = 0.0) -> list[dict]:
     path = Path(run_dir) / "steps.jsonl"
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
     records = []
     for line in text.splitlines():

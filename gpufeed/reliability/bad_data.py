@@ -135,17 +135,64 @@ class CaseResult:
 class BadDataReport:
     """Everything :func:`run_bad_data` found (see the module docs for what is expected)."""
 
-    damaged: dict[str, str]
+    dataset: BadDataset
     check_status: int
     check_listed: dict[str, str]
     quarantine_lines: list[str]
     cases: list[CaseResult]
 
+    @property
+    def damaged(self) -> dict[str, str]:
+        return self.dataset.damaged
+
     def case(self, name: str) -> CaseResult:
         return next(c for c in self.cases if c.name == name)
 
+    def checks(self) -> list[tuple[str, bool]]:
+        """Each expectation of the module docs, and whether it held."""
+        bad = self.dataset
+        images = len(bad.index_visible) + len(bad.decode_only)
+        out = [
+            ("check exits 1", self.check_status == 1),
+            ("check lists exactly the damaged files", sorted(self.check_listed) == sorted(bad.damaged)),
+            ("--quarantine writes their paths", self.quarantine_lines == sorted(bad.damaged)),
+        ]
+
+        def stopped(name: str, named: tuple[str, ...], before_training: bool) -> None:
+            c = self.case(name)
+            out.append((f"{name}: exit 2 naming {len(named)} file(s)", c.status == 2 and c.named == sorted(named)))
+            if before_training:
+                out.append((f"{name}: stops before the first step", c.steps == 0))
+
+        def finished(name: str, skipped: int, quarantined: int) -> None:
+            c = self.case(name)
+            out.append((f"{name}: trains to the end", c.status == 0 and c.steps > 0))
+            out.append(
+                (
+                    f"{name}: summary.json, summary line, log and metric all say {skipped} skipped",
+                    c.skipped == skipped
+                    and c.quarantined == quarantined
+                    and c.metric == skipped
+                    and c.warned
+                    and c.summary_line.startswith(f"skipped: {skipped} training"),
+                )
+            )
+
+        stopped("image, default", bad.index_visible, before_training=True)
+        stopped("image, decode", bad.decode_only, before_training=False)
+        finished("image, skip", images, 0)
+        finished("image, quarantine", images, images)
+        stopped("clip, default", bad.videos, before_training=True)
+        finished("clip, skip", len(bad.videos), 0)
+        finished("clip, quarantine", len(bad.videos), len(bad.videos))
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return all(passed for _, passed in self.checks())
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "checks": dict(self.checks()), "ok": self.ok}
 
     def table(self) -> str:
         from gpufeed.bench._common import format_table
@@ -165,6 +212,9 @@ class BadDataReport:
             metric = "" if c.metric is None else f"{c.metric:g}"
             rows.append([c.name, c.status, outcome, c.steps, metric, f"{c.seconds:.1f}"])
         lines.append(format_table(["case", "exit", "outcome", "steps", "skipped metric", "seconds"], rows))
+        lines += [f"{c.name}: {c.error or c.summary_line}" for c in self.cases]
+        failed = [what for what, passed in self.checks() if not passed]
+        lines.append("PASS" if not failed else "FAIL: " + "; ".join(failed))
         return "\n".join(lines)
 
 
@@ -262,4 +312,4 @@ def run_bad_data(out: str | Path, *, data: str | Path | None = None, progress: b
     for name, overrides in tqdm(cases, desc="bad data", unit="case", disable=not progress):
         run_dir = runs / name.replace(", ", "-")
         results.append(_train_case(name, config, run_dir, overrides, bad.damaged))
-    return BadDataReport(bad.damaged, check.status, listed, lines, results)
+    return BadDataReport(bad, check.status, listed, lines, results)
