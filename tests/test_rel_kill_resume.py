@@ -41,3 +41,14 @@ def test_five_kills_then_resume_end_with_the_uninterrupted_weights(synth_dir, tm
     assert report.max_loss_diff <= 1e-6, "every step's loss is the uninterrupted run's"
     assert report.steps_logged == list(range(1, 25)), "each step logged once across six processes"
     assert report.ok and report.table().endswith("PASS")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_more_kills_other_moments(synth_dir, tmp_path, seed):
+    """The long version (``-m slow``): 10 kills per run, other seeds, a checkpoint every 2 steps."""
+    report = run_kill_resume(tmp_path, kills=10, seed=seed, checkpoint_every_steps=2, data=synth_dir, progress=False)
+    print(report.table())
+    assert report.ok, report.table()
+    assert all(k.unreadable == [] for k in report.kills)
