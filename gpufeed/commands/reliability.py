@@ -38,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--chunk-delay-ms",
         type=int,
-        default=50,
-        help="pause per 256 KiB of a checkpoint write: a slow disk (default 50)",
+        default=100,
+        help="pause per 256 KiB of a checkpoint write: a slow disk (default 100)",
     )
     p.set_defaults(func=_kill_resume)
 

@@ -262,7 +262,7 @@ def run_kill_resume(
     seed: int = 0,
     epochs: int = 4,
     checkpoint_every_steps: int = 4,
-    chunk_delay_ms: int = 50,
+    chunk_delay_ms: int = 100,
     timeout_s: float = 240.0,
     data: str | Path | None = None,
     progress: bool = True,
