@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -23,18 +24,31 @@ def test_space_needed_follows_writes_and_pruning():
     assert space_needed(c, [], keep=3, writes=4) == 4 * c, "the peak of keeping 3: the fourth write before pruning"
 
 
-def test_checkpoint_estimate_is_slightly_above_the_real_size(synth_dir, tmp_path):
+@pytest.mark.skipif(
+    not os.path.exists("/dev/full"), reason="needs /dev/full (Linux), a device whose writes fail with ENOSPC"
+)
+def test_a_write_failing_late_is_a_clear_error_and_the_checkpoint_estimate_is_close(synth_dir, tmp_path):
     from train_support import train_config
 
-    from gpufeed.train import train
+    from gpufeed.train import TrainError, train
 
+    # summary.json, the run's last write, lands on /dev/full: a real "No space left on device".
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").symlink_to("/dev/full")
     cfg = train_config(synth_dir, ["train.max_steps=1", "train.eval_every_epochs=0"])
-    real = train(cfg, tmp_path / "run").checkpoint.stat().st_size
+    with pytest.raises(TrainError) as info:
+        train(cfg, run)
+    message = str(info.value)
+    assert f"cannot write to the run folder {run}: No space left on device" in message
+    assert "ckpt-000000001.pt, is intact" in message and "--resume" in message
+
+    real = (run / "checkpoints" / "ckpt-000000001.pt").stat().st_size
     model = create_model("smallcnn", num_classes=4, size_px=32)
     estimate = estimate_checkpoint_bytes(model, build_optimizer(model, cfg.train))
     assert real <= estimate <= 1.15 * real, (real, estimate)
     resumed = build_optimizer(model, cfg.train)
-    resumed.load_state_dict(torch.load(tmp_path / "run" / "checkpoints" / "ckpt-000000001.pt")["optimizer"])
+    resumed.load_state_dict(torch.load(run / "checkpoints" / "ckpt-000000001.pt")["optimizer"])
     assert real <= estimate_checkpoint_bytes(model, resumed) <= 1.15 * real, "exact optimizer state after a resume"
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -218,14 +217,17 @@ class BadDataReport:
         return "\n".join(lines)
 
 
-def _scrape_skipped_at_end(run_dir: Path, box: dict, timeout_s: float = 600.0) -> threading.Thread:
-    """Scrape ``gpufeed_train_skipped_samples_total`` once the run writes summary.json (while it lingers)."""
+def _scrape_skipped_at_end(run_dir: Path, box: dict, stop: threading.Event) -> threading.Thread:
+    """Scrape ``gpufeed_train_skipped_samples_total`` once the run writes summary.json (while it lingers).
+
+    ``stop`` ends the watch when the run is over without a summary (it stopped with an error).
+    """
     from prometheus_client.parser import text_string_to_metric_families
 
     def watch() -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not (run_dir / "summary.json").exists():
-            time.sleep(0.02)
+        while not (run_dir / "summary.json").exists():
+            if stop.wait(0.02):
+                return
         try:
             address = (run_dir / "metrics-rank0.addr").read_text(encoding="utf-8").strip()
             with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
@@ -249,9 +251,12 @@ def _train_case(name: str, config: Path, run_dir: Path, overrides: list[str], da
     for item in [*overrides, "telemetry.linger_seconds=1.5"]:
         args += ["--set", item]
     box: dict = {}
-    watcher = _scrape_skipped_at_end(run_dir, box)
+    stop = threading.Event()
+    watcher = _scrape_skipped_at_end(run_dir, box, stop)
     with LogCapture() as logs:
         outcome = run_cli(*args)
+    stop.set()
+    watcher.join(timeout=30)
     result = CaseResult(name, outcome.status, error=outcome.error, seconds=outcome.seconds)
     result.named = sorted(p for p in damaged if p in outcome.error)
     result.steps = len(step_records(run_dir))
@@ -261,7 +266,6 @@ def _train_case(name: str, config: Path, run_dir: Path, overrides: list[str], da
         result.skipped, result.quarantined = skipped["count"], skipped["quarantined"]
         result.summary_line = next((ln for ln in outcome.stdout.splitlines() if ln.startswith("skipped: ")), "")
         result.warned = any("skipped" in m and "cannot be used" in m for m in logs.messages)
-        watcher.join(timeout=30)
         result.metric = box.get("value")
     return result
 

@@ -303,18 +303,23 @@ class Session:
         return found[-1] if found else None
 
     def run(self) -> TrainResult:
+        """Train to the end; a write that fails for lack of space (or a file system turned read-only) is a TrainError."""
         from gpufeed.train.preflight import disk_full, write_failure_message
-        from gpufeed.train.skipped import merge_skipped, report_skipped, skipped_files, skipped_line
-        from gpufeed.train.summary import format_summary
 
-        self.last_checkpoint = None
         try:
-            summary, evaluations = Loop(self).run()
+            return self._run()
         except OSError as err:
             if not (disk_full(err) or err.errno == errno.EROFS):
                 raise
             what = f"to {err.filename}" if err.filename else f"to the run folder {self.run_dir}"
             raise TrainError(write_failure_message(err, self.run_dir, self._newest_checkpoint(), what)) from err
+
+    def _run(self) -> TrainResult:
+        from gpufeed.train.skipped import merge_skipped, report_skipped, skipped_files, skipped_line
+        from gpufeed.train.summary import format_summary
+
+        self.last_checkpoint = None
+        summary, evaluations = Loop(self).run()
         mine = {"rank": self.dist.rank, "summary": summary, "param_digest": param_digest(self.model)}
         everyone = all_gather_objects(mine)
         skipped = merge_skipped(all_gather_objects(skipped_files(self.data)))

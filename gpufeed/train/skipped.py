@@ -24,14 +24,20 @@ log = logging.getLogger("gpufeed")
 SPLITS = ("train", "val")
 
 
+def _name(paths, sample_id: int) -> str:
+    """The file of a sample id (its number, for a loader without a dataset index)."""
+    return paths[sample_id] if sample_id < len(paths) else f"sample {sample_id}"
+
+
 def _loader_skipped(loader) -> dict:
     if loader is None:
         return {"files": {}, "quarantined": []}
-    paths = loader.dataset.paths
+    dataset = getattr(loader, "dataset", None)
+    paths = getattr(dataset, "paths", None) or ()
     skipped = getattr(loader, "skipped", {})
     return {
-        "files": {paths[i]: why for i, why in sorted(skipped.items())},
-        "quarantined": sorted(paths[i] for i in getattr(loader, "quarantined", {})),
+        "files": {_name(paths, i): why for i, why in sorted(skipped.items())},
+        "quarantined": sorted(_name(paths, i) for i in getattr(loader, "quarantined", {})),
     }
 
 
