@@ -81,6 +81,11 @@ class LoaderConfig:
     on_bad_sample: OnBadSample = option(
         "error", doc="a file that fails to decode: stop naming it, or skip it and count it"
     )
+    quarantine_file: Path | None = option(
+        None,
+        doc="text file of paths to leave out of every split, one per line ('gpufeed check --quarantine' writes "
+        "one); they are counted as skipped, even with on_bad_sample: error",
+    )
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "gpufeed.commands.serve",
     "gpufeed.commands.bench",
     "gpufeed.commands.obs",
+    "gpufeed.commands.reliability",
 )
 
 

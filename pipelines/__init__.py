@@ -18,6 +18,7 @@ from gpufeed.pipelines._image_pipeline import decode_window
 from gpufeed.pipelines._loader import ImageBatch, ImageLoader, default_num_threads, find_bad_files
 from gpufeed.pipelines._prepare import PrepareOptions, PrepareReport, prepare_videos
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
+from gpufeed.pipelines._quarantine import Quarantine, read_quarantine
 from gpufeed.pipelines._sampler import LAST_BATCH_POLICIES, EpochPlan, plan_epoch
 from gpufeed.pipelines._video_check import check_videos
 from gpufeed.pipelines._videos import (
@@ -55,6 +56,7 @@ __all__ = [
     "ImageLoader",
     "PrepareOptions",
     "PrepareReport",
+    "Quarantine",
     "VideoDataset",
     "VideoFrameReader",
     "VideoInfo",
@@ -74,5 +76,6 @@ __all__ = [
     "probe_image_file",
     "probe_video",
     "read_label_csv",
+    "read_quarantine",
     "train_windows",
 ]

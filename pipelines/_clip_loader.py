@@ -26,8 +26,8 @@ import numpy as np
 
 from gpufeed.pipelines._clip_pipeline import build_clip_pipeline, dali_iterator, new_work_dir
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
-from gpufeed.pipelines._errors import BadSampleError, DatasetError
-from gpufeed.pipelines._loader import default_num_threads
+from gpufeed.pipelines._errors import BAD_FILE_HINT, BadSampleError, DatasetError
+from gpufeed.pipelines._loader import default_num_threads, quarantined_ids
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._sampler import EpochPlan, plan_epoch
 from gpufeed.pipelines._videos import DALI_CPU_CODECS, VideoDataset
@@ -119,8 +119,11 @@ class ClipLoader:
         self._start_batch = 0
         self.skipped: dict[int, str] = {}  # video id -> why it was left out
         self.read_failures: dict[int, str] = {}  # the subset found bad while decoding
-        bad = dict(dataset.problems)
+        self.quarantined = quarantined_ids(dataset.paths, getattr(loader_cfg, "quarantine_file", None), dataset.source)
+        bad = {v: why for v, why in dataset.problems.items() if v not in self.quarantined}
         for vid in dataset.usable_ids:
+            if int(vid) in self.quarantined:
+                continue
             if self.geometry.max_start(dataset.infos[vid].num_frames) < 0:
                 bad[int(vid)] = (
                     f"too short: {dataset.infos[vid].num_frames} frames, a clip spans {self.geometry.span_frames}"
@@ -129,12 +132,13 @@ class ClipLoader:
             first = "; ".join(f"{dataset.paths[i]}: {why}" for i, why in list(bad.items())[:5])
             raise DatasetError(
                 f"{len(bad)} video(s) in {dataset.source} cannot be used: {first}{' ...' if len(bad) > 5 else ''}. "
-                "Run 'gpufeed check' for the full list, or set loader.on_bad_sample: skip."
+                f"{BAD_FILE_HINT}"
             )
         for vid, why in bad.items():
             log.warning("skipping video %s: %s (loader.on_bad_sample: skip)", dataset.paths[vid], why)
         self.skipped.update(bad)
-        usable = [v for v in dataset.usable_ids if int(v) not in bad]
+        self.skipped.update(self.quarantined)
+        usable = [v for v in dataset.usable_ids if int(v) not in bad and int(v) not in self.quarantined]
         self.table = ClipTable.build(dataset.num_frames, np.asarray(usable, dtype=np.int64), self.geometry)
         self.source, self.decoder_reason = choose_decoder(
             video_cfg.decoder, device.is_gpu, {dataset.infos[v].codec for v in usable}

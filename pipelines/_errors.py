@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["BadSampleError", "DatasetError"]
+__all__ = ["BAD_FILE_HINT", "BadSampleError", "DatasetError"]
+
+# What to do about bad files, appended to the errors that name them.
+BAD_FILE_HINT = (
+    "Run 'gpufeed check' for the full list; then leave them out with loader.quarantine_file "
+    "('gpufeed check --quarantine' writes one), or set loader.on_bad_sample: skip."
+)
 
 
 class DatasetError(ValueError):
@@ -20,5 +26,4 @@ class BadSampleError(RuntimeError):
         self.problems = problems
         listed = "; ".join(f"{path}: {reason}" for path, reason in problems[:10])
         more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
-        hint = " Run 'gpufeed check' on the dataset, or set loader.on_bad_sample: skip."
-        super().__init__(f"bad sample in the pipeline: {listed}{more}.{hint}{detail}")
+        super().__init__(f"bad sample in the pipeline: {listed}{more}. {BAD_FILE_HINT}{detail}")

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufeed.pipelines._dataset import ImageDataset
-from gpufeed.pipelines._errors import BadSampleError, DatasetError
+from gpufeed.pipelines._errors import BAD_FILE_HINT, BadSampleError, DatasetError
 from gpufeed.pipelines._image_pipeline import READER_NAME, build_image_pipeline
 from gpufeed.pipelines._sampler import EpochPlan, plan_epoch
 from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
 
-__all__ = ["ImageBatch", "ImageLoader", "find_bad_files"]
+__all__ = ["ImageBatch", "ImageLoader", "find_bad_files", "quarantined_ids"]
 
 log = logging.getLogger("gpufeed")
 
@@ -63,6 +63,19 @@ def find_bad_files(paths: list[str]) -> list[tuple[str, str]]:
         except Exception as err:  # PIL raises several types for damaged data; all mean "bad"
             bad.append((path, f"cannot be decoded: {err}"))
     return bad
+
+
+def quarantined_ids(paths, quarantine_file, source: str) -> dict[int, str]:
+    """Sample ids of ``paths`` that ``loader.quarantine_file`` lists, with the reason (empty without one)."""
+    if quarantine_file is None:
+        return {}
+    from gpufeed.pipelines._quarantine import read_quarantine
+
+    quarantine = read_quarantine(quarantine_file)
+    found = {i: quarantine.reason for i in quarantine.ids_in(paths)}
+    if found:
+        log.info("leaving out %d quarantined file(s) of %s (listed in %s)", len(found), source, quarantine.source)
+    return found
 
 
 def default_num_threads() -> int:
@@ -113,18 +126,22 @@ class ImageLoader:
         self._start_batch = 0
         self.skipped: dict[int, str] = {}  # every sample left out, with why
         self.read_failures: dict[int, str] = {}  # the subset found bad while decoding
-        bad = dataset.problems
+        self.quarantined = quarantined_ids(dataset.paths, getattr(loader_cfg, "quarantine_file", None), dataset.source)
+        bad = {i: why for i, why in dataset.problems.items() if i not in self.quarantined}
         if bad and loader_cfg.on_bad_sample == "error":
             first = "; ".join(f"{dataset.paths[i]}: {why}" for i, why in list(bad.items())[:5])
             raise DatasetError(
                 f"{len(bad)} file(s) in {dataset.source} cannot be used: {first}"
-                f"{' ...' if len(bad) > 5 else ''}. Run 'gpufeed check' for the full list, or set loader.on_bad_sample: skip."
+                f"{' ...' if len(bad) > 5 else ''}. {BAD_FILE_HINT}"
             )
         if bad:
             log.warning("skipping %d unusable file(s) in %s (loader.on_bad_sample: skip)", len(bad), dataset.source)
             self.skipped.update(bad)
+        self.skipped.update(self.quarantined)
         self._labels = dataset.labels
-        self._usable = dataset.usable_ids  # identical on every rank: the index is deterministic
+        # Identical on every rank: the index and the quarantine list are deterministic.
+        usable = dataset.usable_ids
+        self._usable = usable[~np.isin(usable, list(self.quarantined))] if self.quarantined else usable
         self._check_plan(self._plan(0))
 
     # -- planning ---------------------------------------------------------------------------

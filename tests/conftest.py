@@ -46,3 +46,13 @@ def synth_dir(tmp_path_factory) -> Path:
     from gpufeed.synth import SynthSpec, write_synthetic_dataset
 
     return write_synthetic_dataset(tmp_path_factory.mktemp("synth"), SynthSpec(), progress=False)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` run only when a ``-m`` expression names them (``-m slow``), as the marker promises."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]

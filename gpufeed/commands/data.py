@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -34,7 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("data", nargs="+", type=Path, help="dataset paths")
     p.add_argument("--json", type=Path, help="also write the report as JSON here")
-    p.add_argument("--quarantine", type=Path, help="write the bad paths here, one per line")
+    p.add_argument(
+        "--quarantine",
+        type=Path,
+        help="write the bad files' absolute paths here, one per line, for the config key loader.quarantine_file",
+    )
     p.set_defaults(func=_check)
 
     p = sub.add_parser(
@@ -89,7 +94,10 @@ def _check(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(report.to_json() + "\n", encoding="utf-8")
     if args.quarantine:
-        args.quarantine.write_text("".join(p + "\n" for p in report.bad_paths()), encoding="utf-8")
+        # Absolute, so the list means the same files from any working directory (training resolves
+        # relative entries against the list's own folder instead).
+        bad = sorted({os.path.abspath(p) for p in report.bad_paths()})
+        args.quarantine.write_text("".join(p + "\n" for p in bad), encoding="utf-8")
     return 0 if report.ok else 1
 
 

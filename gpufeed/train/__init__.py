@@ -4,6 +4,8 @@
 (or the video issue's ``ClipLoader`` for clip models), Kornia augmentation on the device, AMP and
 AdamW, measuring loader wait against compute every step (Prometheus metrics, JSON lines, a summary
 table), with atomic checkpoints and ``torchrun`` DDP. ``draw_report(run_dir)`` plots a run.
+Before the first step the run folder must be writable and hold room for two checkpoints
+(:mod:`gpufeed.train.preflight`); files the loaders leave out are reported (:mod:`gpufeed.train.skipped`).
 """
 
 from gpufeed.train.augment import Augmenter, build_augmenter
@@ -11,6 +13,7 @@ from gpufeed.train.checkpoint import capture_rng, load_latest_checkpoint, restor
 from gpufeed.train.distributed import DistInfo, env_dist_info
 from gpufeed.train.loop import TrainError, TrainResult, train
 from gpufeed.train.optim import lr_factor, resolve_amp
+from gpufeed.train.preflight import ensure_writable, estimate_checkpoint_bytes, space_needed
 from gpufeed.train.profiling import STAGE_NAMES, parse_profile_steps
 from gpufeed.train.report import draw_report
 from gpufeed.train.session import param_digest
@@ -35,7 +38,9 @@ __all__ = [
     "build_augmenter",
     "capture_rng",
     "draw_report",
+    "ensure_writable",
     "env_dist_info",
+    "estimate_checkpoint_bytes",
     "format_summary",
     "load_latest_checkpoint",
     "lr_factor",
@@ -45,6 +50,7 @@ __all__ = [
     "resolve_amp",
     "restore_rng",
     "save_checkpoint",
+    "space_needed",
     "step_log_path",
     "summarize",
     "train",

@@ -24,7 +24,9 @@ key                what
 the target, flushed and ``fsync``'d, then renamed over the target and the folder ``fsync``'d, so a
 checkpoint file either is complete or does not exist: killing the process at any moment (even
 ``kill -9`` mid-write) leaves the previous checkpoints loadable and loses at most one checkpoint
-interval. Only then are checkpoints beyond ``keep`` pruned, oldest first.
+interval. Only then are checkpoints beyond ``keep`` pruned, oldest first. A write that fails (a
+full disk) removes its temporary file and raises; the checkpoints already there are untouched, and
+the session reports the failure with the newest of them (:mod:`gpufeed.train.preflight`).
 
 **Resume** takes the newest checkpoint that loads; one that does not (a damaged disk) is
 reported and the one before it is tried. Stale temporary files of killed writes are removed.

@@ -49,6 +49,7 @@ class TrainResult:
         summary: This rank's loader-vs-compute figures (:func:`gpufeed.train.summary.summarize`).
         evaluations: Every evaluation of this run, oldest first.
         device: Where it ran, in words.
+        skipped: Training files left out (quarantined or unusable), path -> reason, over all ranks.
     """
 
     run_dir: Path
@@ -58,6 +59,7 @@ class TrainResult:
     summary: dict
     evaluations: list[dict] = field(default_factory=list)
     device: str = ""
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 def train(
@@ -112,7 +114,7 @@ class Loop:
         self.profile = ProfileWindow(s.profile_steps, s.run_dir, s.dist.rank, self.on_gpu)
         self.stats = StepStats()
         self.evaluations: list[dict] = []
-        self._skipped_seen = len(getattr(s.data.train, "skipped", {}))
+        self._skipped_seen = 0  # counted from the start: files left out before the first step count too
         self._last_saved_step = s.step if s.resumed else -1
         self._last_eval_step = -1
 
@@ -194,14 +196,18 @@ class Loop:
         s.metrics.observe(record)
         s.step_log.write(record)
         self.stats.add(record)
-        skipped = len(getattr(s.data.train, "skipped", {}))
-        if skipped > self._skipped_seen:
-            s.metrics.skipped.inc(skipped - self._skipped_seen)
-            self._skipped_seen = skipped
+        self._count_skipped()
         self.profile.after_step(s.step)
         every = self.cfg.train.checkpoint_every_steps
         if every and s.step % every == 0:
             self.checkpoint()
+
+    def _count_skipped(self) -> None:
+        """Bring ``gpufeed_train_skipped_samples_total`` up to the training loader's skipped files."""
+        skipped = len(getattr(self.s.data.train, "skipped", {}))
+        if skipped > self._skipped_seen:
+            self.s.metrics.skipped.inc(skipped - self._skipped_seen)
+            self._skipped_seen = skipped
 
     # -- evaluation and checkpoints -------------------------------------------------------------
     def evaluate(self, epoch: int) -> dict | None:
@@ -258,6 +264,7 @@ class Loop:
                 s.epoch,
                 self.cfg.train.epochs,
             )
+        self._count_skipped()
         try:
             while s.epoch < self.cfg.train.epochs and not s.max_steps_reached():
                 if not s.mid_epoch:

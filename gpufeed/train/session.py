@@ -6,6 +6,7 @@ checkpoint contents (what goes in, how a resume puts it back) and closes what it
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -82,7 +83,12 @@ class Session:
         if run_dir is None:
             run_dir = Path("runs") / f"{self.cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(broadcast_object(str(Path(run_dir).resolve())))
-        run_dir.mkdir(parents=True, exist_ok=True)
+        from gpufeed.models import CHECKPOINT_DIR
+        from gpufeed.train.preflight import ensure_writable
+
+        # Before anything is written there (metrics address, config): fail in seconds, not at the first checkpoint.
+        ensure_writable(run_dir)
+        ensure_writable(run_dir / CHECKPOINT_DIR)
         return run_dir
 
     def __enter__(self) -> Session:
@@ -147,6 +153,7 @@ class Session:
             self._restore(*found)
         else:
             torch.manual_seed(cfg.seed + 1 + rank)  # each rank draws its own augmentations
+        self._check_space()
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -169,6 +176,28 @@ class Session:
             len(self.data.train),
             self.run_dir,
         )
+
+    def _check_space(self) -> None:
+        """Refuse to start without room for two checkpoints and the step logs (rank 0 decides for all)."""
+        from gpufeed.models import list_checkpoints
+        from gpufeed.train.preflight import STEP_LOG_LINE_BYTES, estimate_checkpoint_bytes, space_problem
+
+        problem = None
+        if self.dist.is_main:
+            cfg = self.cfg
+            planned = self.total_steps if cfg.train.max_steps is None else min(self.total_steps, cfg.train.max_steps)
+            per_line = STEP_LOG_LINE_BYTES + (8 * cfg.loader.batch_size if cfg.telemetry.record_sample_ids else 0)
+            problem = space_problem(
+                self.run_dir,
+                estimate_checkpoint_bytes(self.model, self.optimizer),
+                [p.stat().st_size for p in list_checkpoints(self.run_dir)],
+                cfg.train.keep_checkpoints,
+                log_bytes=max(0, planned - self.step) * per_line * self.dist.world_size,
+            )
+        # Every rank raises, so none is left waiting in a collective for rank 0.
+        problem = broadcast_object(problem)
+        if problem:
+            raise TrainError(problem)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _restore(self, path: Path, state: dict) -> None:
@@ -242,7 +271,15 @@ class Session:
             "gpufeed": __version__,
         }
         started = time.perf_counter()
-        path = save_checkpoint(payload, self.run_dir, self.step, keep=self.cfg.train.keep_checkpoints)
+        try:
+            path = save_checkpoint(payload, self.run_dir, self.step, keep=self.cfg.train.keep_checkpoints)
+        except OSError as err:
+            from gpufeed.models import checkpoint_path
+            from gpufeed.train.preflight import write_failure_message
+
+            # The write went through a temporary file that is gone now: the checkpoints on disk are untouched.
+            what = f"checkpoint {checkpoint_path(self.run_dir, self.step)}"
+            raise TrainError(write_failure_message(err, self.run_dir, self._newest_checkpoint(), what)) from err
         log.debug("checkpoint %s written in %.2f s", path, time.perf_counter() - started)
         self.last_checkpoint = path
         return path
@@ -259,14 +296,35 @@ class Session:
         at_boundary = int(self.data.train.state_dict().get("batch", 0)) == 0
         return max(0, self.epoch - 1) if at_boundary else self.epoch
 
+    def _newest_checkpoint(self) -> Path | None:
+        from gpufeed.models import list_checkpoints
+
+        found = list_checkpoints(self.run_dir)
+        return found[-1] if found else None
+
     def run(self) -> TrainResult:
+        """Train to the end; a write that fails for lack of space (or a file system turned read-only) is a TrainError."""
+        from gpufeed.train.preflight import disk_full, write_failure_message
+
+        try:
+            return self._run()
+        except OSError as err:
+            if not (disk_full(err) or err.errno == errno.EROFS):
+                raise
+            what = f"to {err.filename}" if err.filename else f"to the run folder {self.run_dir}"
+            raise TrainError(write_failure_message(err, self.run_dir, self._newest_checkpoint(), what)) from err
+
+    def _run(self) -> TrainResult:
+        from gpufeed.train.skipped import merge_skipped, report_skipped, skipped_files, skipped_line
         from gpufeed.train.summary import format_summary
 
         self.last_checkpoint = None
         summary, evaluations = Loop(self).run()
         mine = {"rank": self.dist.rank, "summary": summary, "param_digest": param_digest(self.model)}
         everyone = all_gather_objects(mine)
+        skipped = merge_skipped(all_gather_objects(skipped_files(self.data)))
         if self.dist.is_main:
+            report_skipped(skipped, clips=self.data.task.clips)
             document = {
                 "model": self.cfg.model.name,
                 "device": self.device.describe(),
@@ -275,12 +333,14 @@ class Session:
                 "epoch": self.epoch,
                 "amp": str(self.amp_dtype).replace("torch.", "") if self.amp_dtype else "off",
                 "evaluations": evaluations,
+                "skipped": skipped,
                 "ranks": everyone,
             }
             title = f"loader vs compute: {self.cfg.model.name} on {self.device.describe()}"
             for entry in everyone:
                 heading = f"{title}, rank {entry['rank']}" if len(everyone) > 1 else title
                 print("\n" + format_summary(entry["summary"], heading), flush=True)
+            print(skipped_line(skipped, clips=self.data.task.clips), flush=True)
             # Written last: its presence tells watchers (and tests) the run has finished.
             text = json.dumps(_finite(document), indent=2, allow_nan=False)
             (self.run_dir / "summary.json").write_text(text + "\n", encoding="utf-8")
@@ -292,6 +352,7 @@ class Session:
             summary=summary,
             evaluations=evaluations,
             device=self.device.describe(),
+            skipped=skipped["train"]["files"],
         )
 
     def close(self, linger: bool) -> None:
@@ -300,8 +361,12 @@ class Session:
             log.info("serving metrics at http://%s/metrics for %.0f s more", self.server.address, linger_s)
             time.sleep(linger_s)
         for closable in (self.step_log, self.eval_log, self.server):
-            if closable is not None:
+            if closable is None:
+                continue
+            try:
                 closable.close()
+            except OSError as err:  # e.g. a log's last flush on a full disk: the error that stopped the run says more
+                log.warning("closing %s failed: %s", getattr(closable, "path", closable), err)
         self.server = self.step_log = self.eval_log = None
         if self._owns_group:
             shutdown_distributed()

@@ -1,0 +1,40 @@
+"""gpufeed.reliability: fault-injection runs that prove what training promises, with figures.
+
+* :func:`run_kill_resume`: kill -9 a CPU training run at random moments, resume each time,
+  compare the final weights with an uninterrupted run's (``gpufeed reliability kill-resume``).
+* :func:`run_bad_data`: a dataset with corrupt images and a truncated video through ``gpufeed
+  check`` and training with each bad-sample policy and a quarantine list (``... bad-data``).
+* :func:`run_disk_faults`: unwritable and full run folders, and a disk filling up mid-run
+  (``... disk``).
+
+Each returns a report with ``table()`` (the figures), ``to_dict()`` and ``ok``.
+"""
+
+from gpufeed.reliability.bad_data import BadDataReport, BadDataset, CaseResult, run_bad_data, write_bad_dataset
+from gpufeed.reliability.disk import DiskCase, DiskReport, namespace_command, run_disk_faults
+from gpufeed.reliability.kill_resume import (
+    WEIGHT_TOLERANCE,
+    Kill,
+    KillResumeReport,
+    KillTarget,
+    draw_targets,
+    run_kill_resume,
+)
+
+__all__ = [
+    "WEIGHT_TOLERANCE",
+    "BadDataReport",
+    "BadDataset",
+    "CaseResult",
+    "DiskCase",
+    "DiskReport",
+    "Kill",
+    "KillResumeReport",
+    "KillTarget",
+    "draw_targets",
+    "namespace_command",
+    "run_bad_data",
+    "run_disk_faults",
+    "run_kill_resume",
+    "write_bad_dataset",
+]

@@ -1,0 +1,93 @@
+"""What a run left out of its data, and how it says so.
+
+The loaders leave a file out when ``loader.quarantine_file`` lists it, or, with
+``loader.on_bad_sample: skip``, when it cannot be used (found by the index before reading, or by a
+failed decode while reading). Each loader keeps ``skipped`` (sample or video id -> reason) and
+``quarantined`` (the ids the list removed). At the end of a run this module gathers them into
+
+* ``summary.json``'s ``skipped``: per split (``train``, ``val``), ``count``, ``quarantined`` and
+  ``files`` (path -> reason), the union over ranks;
+* one line under the summary table, and a warning in the log when anything was skipped.
+
+``gpufeed_train_skipped_samples_total`` counts the same training files as they are found (a
+skipped video counts once, like an image).
+"""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = ["merge_skipped", "report_skipped", "skipped_files", "skipped_line"]
+
+log = logging.getLogger("gpufeed")
+
+SPLITS = ("train", "val")
+
+
+def _name(paths, sample_id: int) -> str:
+    """The file of a sample id (its number, for a loader without a dataset index)."""
+    return paths[sample_id] if sample_id < len(paths) else f"sample {sample_id}"
+
+
+def _loader_skipped(loader) -> dict:
+    if loader is None:
+        return {"files": {}, "quarantined": []}
+    dataset = getattr(loader, "dataset", None)
+    paths = getattr(dataset, "paths", None) or ()
+    skipped = getattr(loader, "skipped", {})
+    return {
+        "files": {_name(paths, i): why for i, why in sorted(skipped.items())},
+        "quarantined": sorted(_name(paths, i) for i in getattr(loader, "quarantined", {})),
+    }
+
+
+def skipped_files(data) -> dict:
+    """This rank's skipped files per split: ``{split: {"files": {path: reason}, "quarantined": [path]}}``."""
+    return {"train": _loader_skipped(data.train), "val": _loader_skipped(data.val)}
+
+
+def merge_skipped(per_rank: list[dict]) -> dict:
+    """Union of :func:`skipped_files` over ranks: ``{split: {"count", "quarantined", "files"}}``."""
+    merged = {}
+    for split in SPLITS:
+        files: dict[str, str] = {}
+        quarantined: set[str] = set()
+        for rank in per_rank:
+            files.update(rank[split]["files"])
+            quarantined.update(rank[split]["quarantined"])
+        merged[split] = {"count": len(files), "quarantined": len(quarantined), "files": dict(sorted(files.items()))}
+    return merged
+
+
+def skipped_line(skipped: dict, clips: bool) -> str:
+    """One line for under the summary table: how many files each split left out, and why."""
+    unit = "video(s)" if clips else "sample(s)"
+    parts = []
+    for split, name in (("train", "training"), ("val", "evaluation")):
+        entry = skipped[split]
+        if entry["count"]:
+            unusable = entry["count"] - entry["quarantined"]
+            why = [f"{entry['quarantined']} quarantined"] if entry["quarantined"] else []
+            why += [f"{unusable} unusable, loader.on_bad_sample: skip"] if unusable else []
+            parts.append(f"{entry['count']} {name} {unit} ({'; '.join(why)})")
+    if not parts:
+        return f"skipped: 0 {'videos' if clips else 'samples'}"
+    return "skipped: " + ", ".join(parts) + "; each file and reason is in summary.json"
+
+
+def report_skipped(skipped: dict, clips: bool) -> None:
+    """Log a warning naming a few of the skipped files when anything was left out."""
+    for split in SPLITS:
+        files = skipped[split]["files"]
+        if not files:
+            continue
+        shown = "; ".join(f"{path}: {why}" for path, why in list(files.items())[:3])
+        more = f" (and {len(files) - 3} more)" if len(files) > 3 else ""
+        log.warning(
+            "skipped %d %s %s that cannot be used or are quarantined: %s%s",
+            len(files),
+            "training" if split == "train" else "evaluation",
+            "video(s)" if clips else "sample(s)",
+            shown,
+            more,
+        )
