@@ -12,10 +12,11 @@ from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding, check_image
 from gpufeed.pipelines._clip_loader import ClipBatch, ClipLoader, choose_decoder
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, ImageDataset, probe_image_file
+from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import BadSampleError, DatasetError
 from gpufeed.pipelines._frames import FrameChunk, VideoFrameReader
 from gpufeed.pipelines._image_pipeline import decode_window
-from gpufeed.pipelines._loader import ImageBatch, ImageLoader, default_num_threads, find_bad_files
+from gpufeed.pipelines._loader import ImageBatch, ImageLoader, find_bad_files
 from gpufeed.pipelines._prepare import PrepareOptions, PrepareReport, prepare_videos
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._quarantine import Quarantine, read_quarantine

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpufeed.pipelines._dataset import ImageDataset
+from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._loader import default_num_threads, find_bad_files
+from gpufeed.pipelines._loader import find_bad_files
 
 __all__ = ["CHECKERS", "CheckReport", "Finding", "check_images", "check_path"]
 

@@ -19,17 +19,18 @@ clips for the same seed.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from gpufeed.pipelines._clip_pipeline import build_clip_pipeline, dali_iterator, new_work_dir
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
-from gpufeed.pipelines._errors import BAD_FILE_HINT, BadSampleError, DatasetError
-from gpufeed.pipelines._loader import default_num_threads, quarantined_ids
+from gpufeed.pipelines._epochs import EpochLoader
+from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
-from gpufeed.pipelines._sampler import EpochPlan, plan_epoch
+from gpufeed.pipelines._quarantine import quarantined_ids
+from gpufeed.pipelines._sampler import EpochPlan
 from gpufeed.pipelines._videos import DALI_CPU_CODECS, VideoDataset
 
 __all__ = ["ClipBatch", "ClipLoader", "choose_decoder"]
@@ -87,7 +88,7 @@ def choose_decoder(requested: str, on_gpu: bool, codecs: set[str]) -> tuple[str,
     return "pyav", f"video.decoder: auto; no GPU and {', '.join(cpu_unsupported)} needs PyAV keyframe seeks"
 
 
-class ClipLoader:
+class ClipLoader(EpochLoader):
     """Batches of decoded, resized clips and their labels from a :class:`VideoDataset`.
 
     Args:
@@ -105,20 +106,12 @@ class ClipLoader:
         self, dataset: VideoDataset, *, train: bool, video_cfg, loader_cfg, device, shard_id=0, num_shards=1, seed=0
     ):
         self.dataset = dataset
-        self.train = train
         self.video_cfg = video_cfg
-        self.cfg = loader_cfg
-        self.device = device
-        self.shard_id, self.num_shards, self.seed = shard_id, num_shards, seed
-        self.batch_size = loader_cfg.batch_size
-        self.last_batch = loader_cfg.last_batch if train or loader_cfg.last_batch == "pad" else "partial"
-        self.num_threads = loader_cfg.num_threads or default_num_threads()
+        self._setup_epochs(
+            train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
+        )
         self.geometry = ClipGeometry(video_cfg.clip_length_frames, video_cfg.stride_frames)
         self.behaviours = dataset.behaviours
-        self.epoch = 0
-        self._start_batch = 0
-        self.skipped: dict[int, str] = {}  # video id -> why it was left out
-        self.read_failures: dict[int, str] = {}  # the subset found bad while decoding
         self.quarantined = quarantined_ids(dataset.paths, getattr(loader_cfg, "quarantine_file", None), dataset.source)
         bad = {v: why for v, why in dataset.problems.items() if v not in self.quarantined}
         for vid in dataset.usable_ids:
@@ -128,15 +121,7 @@ class ClipLoader:
                 bad[int(vid)] = (
                     f"too short: {dataset.infos[vid].num_frames} frames, a clip spans {self.geometry.span_frames}"
                 )
-        if bad and loader_cfg.on_bad_sample == "error":
-            first = "; ".join(f"{dataset.paths[i]}: {why}" for i, why in list(bad.items())[:5])
-            raise DatasetError(
-                f"{len(bad)} video(s) in {dataset.source} cannot be used: {first}{' ...' if len(bad) > 5 else ''}. "
-                f"{BAD_FILE_HINT}"
-            )
-        for vid, why in bad.items():
-            log.warning("skipping video %s: %s (loader.on_bad_sample: skip)", dataset.paths[vid], why)
-        self.skipped.update(bad)
+        self._leave_out(bad, "video")
         self.skipped.update(self.quarantined)
         usable = [v for v in dataset.usable_ids if int(v) not in bad and int(v) not in self.quarantined]
         self.table = ClipTable.build(dataset.num_frames, np.asarray(usable, dtype=np.int64), self.geometry)
@@ -174,20 +159,6 @@ class ClipLoader:
         )
 
     # -- planning ---------------------------------------------------------------------------
-    def _plan(self, start_batch: int) -> EpochPlan:
-        return plan_epoch(
-            np.arange(len(self.table)),
-            epoch=self.epoch,
-            seed=self.seed,
-            shuffle=self.train and self.cfg.shuffle,
-            shard_id=self.shard_id,
-            num_shards=self.num_shards,
-            batch_size=self.batch_size,
-            last_batch=self.last_batch,
-            start_batch=start_batch,
-            excluded=self.table.slots_of(self.read_failures),
-        )
-
     def _check_plan(self, plan: EpochPlan) -> None:
         if plan.num_batches == 0:
             raise DatasetError(
@@ -204,10 +175,6 @@ class ClipLoader:
         s = self.video_cfg.size_px
         return (3, self.geometry.clip_length_frames, s, s)
 
-    def __len__(self) -> int:
-        """Batches in the current epoch (all of them, including any already consumed)."""
-        return self._plan(0).num_batches
-
     def epoch_clips(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(video ids, start frames) this shard reads in ``epoch`` (default: the current one), in order.
 
@@ -221,64 +188,25 @@ class ClipLoader:
             self.epoch = saved
         return self.table.clips(plan.sample_ids, train=self.train, seed=self.seed, epoch=plan.epoch)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start the next iteration at the beginning of ``epoch``."""
-        self.epoch, self._start_batch = epoch, 0
+    # -- EpochLoader hooks --------------------------------------------------------------------
+    # A parallel external_source prefetches a batch more than DALI's own queue.
+    _lookahead_batches = 2
 
-    def state_dict(self) -> dict:
-        """Where the loader is: resume with :meth:`load_state_dict` on an identically built loader."""
-        return {
-            "epoch": self.epoch,
-            "batch": self._start_batch,
-            "seed": self.seed,
-            "read_failures": sorted(self.read_failures),
-        }
+    def _plan_ids(self) -> np.ndarray:
+        return np.arange(len(self.table))  # clip slots
 
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("seed", self.seed) != self.seed:
-            raise ValueError(f"loader state was saved with seed {state['seed']}, this loader uses seed {self.seed}")
-        self.epoch, self._start_batch = int(state["epoch"]), int(state["batch"])
-        for vid in state.get("read_failures", []):
-            self.read_failures.setdefault(int(vid), "failed to decode before the resume")
-            self.skipped.setdefault(int(vid), "failed to decode before the resume")
+    def _excluded_plan_ids(self) -> list[int]:
+        return self.table.slots_of(self.read_failures)
 
-    def __iter__(self):
-        """Yield the rest of the current epoch, then advance to the next epoch."""
-        while True:
-            plan = self._plan(self._start_batch)
-            if len(plan.sample_ids) == 0:
-                break
-            videos, starts = self.table.clips(plan.sample_ids, train=self.train, seed=self.seed, epoch=self.epoch)
-            work = new_work_dir()
-            iterator, failed = None, None
-            batch_index = self._start_batch
-            try:
-                while True:
-                    try:
-                        # DALIGenericIterator runs the first batch in its constructor, so build it here.
-                        iterator = iterator or self._iterator(videos, starts, work.name)
-                        out = next(iterator)[0]
-                    except StopIteration:
-                        break
-                    except Exception as err:  # DALI re-raises worker errors as plain Exception
-                        failed = err
-                        break
-                    batch_index += 1
-                    self._start_batch = batch_index
-                    yield self._batch(out, plan, videos, starts)
-            finally:
-                del iterator
-                work.cleanup()
-            if failed is None:
-                break
-            self._handle_failure(failed, plan, videos, starts, batch_index)
-        self.epoch += 1
-        self._start_batch = 0
+    def _open_epoch(self, plan: EpochPlan):
+        videos, starts = self.table.clips(plan.sample_ids, train=self.train, seed=self.seed, epoch=self.epoch)
+        return videos, starts, new_work_dir()
 
-    # -- internals ----------------------------------------------------------------------------
-    def _iterator(self, videos: np.ndarray, starts: np.ndarray, work_dir: str):
-        from pathlib import Path
+    def _close_epoch(self, ctx) -> None:
+        ctx[2].cleanup()
 
+    def _iterator(self, plan: EpochPlan, ctx):
+        videos, starts, work = ctx
         sizes = np.array([(self.dataset.infos[v].width, self.dataset.infos[v].height) for v in videos])
         pipe = build_clip_pipeline(
             source=self.source,
@@ -295,14 +223,15 @@ class ClipLoader:
             num_threads=self.num_threads,
             prefetch_queue_depth=self.cfg.prefetch_queue_depth,
             seed=self.seed,
-            work_dir=Path(work_dir),
+            work_dir=Path(work.name),
             video_refs=self._refs,
         )
         return dali_iterator(pipe, ["clips", "rows"], source=self.source, size=len(starts))
 
-    def _batch(self, out: dict, plan: EpochPlan, videos: np.ndarray, starts: np.ndarray) -> ClipBatch:
+    def _batch(self, out: dict, plan: EpochPlan, ctx) -> ClipBatch:
         import torch
 
+        videos, starts, _ = ctx
         torch_device = self.device.torch_device
         clips = out["clips"]
         rows = out["rows"].view(-1).cpu().numpy().astype(np.int64)
@@ -321,43 +250,22 @@ class ClipLoader:
             behaviours=self.behaviours,
         )
 
-    def _handle_failure(self, err: Exception, plan: EpochPlan, videos, starts, batch_index: int) -> None:
-        """Name the video(s) behind a pipeline failure; skip them or raise :class:`BadSampleError`."""
-        first = (batch_index - plan.start_batch) * self.batch_size
-        span = slice(first, first + self.batch_size * (self.cfg.prefetch_queue_depth + 2))
-        candidates = list(dict.fromkeys(int(v) for v in videos[span]))
-        message = str(err)
-        named = [v for v in candidates if re.search(re.escape(self.dataset.paths[v]) + r"\b", message)]
-        problems = {v: _reason(message, self.dataset.paths[v]) for v in named}
-        if not problems:  # DALI did not say which file: decode the candidates' clips here, one by one
-            decoder = ClipDecoder()
-            for v, s in zip(videos[span], starts[span], strict=True):
-                if int(v) in problems:
+    def _suspects(self, plan: EpochPlan, ctx, rows: slice) -> list[tuple[int, str, int]]:
+        videos, starts, _ = ctx
+        return [(int(v), self.dataset.paths[v], int(s)) for v, s in zip(videos[rows], starts[rows], strict=True)]
+
+    def _recheck(self, suspects) -> dict[int, str]:
+        """Decode each suspect clip with PyAV, outside DALI."""
+        problems: dict[int, str] = {}
+        decoder = ClipDecoder()
+        try:
+            for video_id, _, start in suspects:
+                if video_id in problems:
                     continue
                 try:
-                    decoder.read(self._refs[int(v)], self.geometry.frames(int(s)))
+                    decoder.read(self._refs[video_id], self.geometry.frames(start))
                 except ClipDecodeError as bad:
-                    problems[int(v)] = str(bad).split(": ", 1)[-1]
+                    problems[video_id] = str(bad).split(": ", 1)[-1]
+        finally:
             decoder.close()
-        if not problems:
-            raise BadSampleError(
-                [(self.dataset.paths[v], "in the failing batch") for v in candidates],
-                detail=f" The pipeline said: {_last_line(message)}",
-            ) from err
-        if self.cfg.on_bad_sample == "error":
-            raise BadSampleError([(self.dataset.paths[v], why) for v, why in problems.items()]) from err
-        for v, why in problems.items():
-            self.skipped[v] = self.read_failures[v] = why
-            log.warning("skipping video %s: %s", self.dataset.paths[v], why)
-        self._start_batch = batch_index
-
-
-def _reason(message: str, path: str) -> str:
-    """The part of a (worker) error message that says what is wrong with ``path``."""
-    line = next((ln for ln in reversed(message.splitlines()) if path in ln), _last_line(message))
-    return line.split(path, 1)[-1].lstrip(": ") or "cannot be decoded"
-
-
-def _last_line(message: str) -> str:
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else message
+        return problems

@@ -11,6 +11,7 @@ anything and count them as skipped; a quarantined file is never an error, whatev
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -19,7 +20,9 @@ from pathlib import Path
 
 from gpufeed.pipelines._errors import DatasetError
 
-__all__ = ["Quarantine", "read_quarantine"]
+__all__ = ["Quarantine", "quarantined_ids", "read_quarantine"]
+
+log = logging.getLogger("gpufeed")
 
 # `gpufeed check` prints findings as "  [image] path: reason"; a saved table is not a quarantine list.
 _TABLE_LINE = re.compile(r"^\s*\[[a-z]+\] ")
@@ -100,3 +103,14 @@ def read_quarantine(path: str | Path) -> Quarantine:
         full = entry if os.path.isabs(entry) else os.path.join(base, entry)
         entries.append(os.path.normpath(full))
     return Quarantine(str(path), tuple(entries))
+
+
+def quarantined_ids(paths: Sequence[str], quarantine_file, source: str) -> dict[int, str]:
+    """Ids (positions in ``paths``) that ``loader.quarantine_file`` lists, with the reason (empty without one)."""
+    if quarantine_file is None:
+        return {}
+    quarantine = read_quarantine(quarantine_file)
+    found = {i: quarantine.reason for i in quarantine.ids_in(paths)}
+    if found:
+        log.info("leaving out %d quarantined file(s) of %s (listed in %s)", len(found), source, quarantine.source)
+    return found

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
+from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._loader import default_num_threads
 from gpufeed.pipelines._pyav import decode_all_frames
 from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, list_videos
 
