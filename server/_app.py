@@ -177,9 +177,14 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
         return await guarded(request, "rest", rest_predict)
 
     def lookup(request: Request):
+        """The served model named in the path (version 1 only); refusals are counted like inference ones."""
         name = request.path_params["name"]
         if name not in state.entries:
+            metrics.count_error(name, "unknown_model")
             raise RequestError("unknown_model", f"model {name[:100]!r} is not served here")
+        if request.path_params.get("version", "1") != "1":
+            metrics.count_error(name, "unknown_model")
+            raise RequestError("unknown_model", f"model {name!r} has only version 1")
         return name
 
     async def live(request: Request) -> Response:
@@ -267,7 +272,7 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
         if status == 405:
             reason = "malformed_request"
             message = f"{shown}: method not allowed; allowed: {headers.get('Allow', headers.get('allow', '?'))}"
-        elif name:
+        elif path.startswith(("/v1/models/", "/v2/models/")):
             reason, message = "unknown_model", f"{shown}: no such model or endpoint; models: {', '.join(state.entries)}"
         else:
             reason, message = "malformed_request", f"{shown}: no such endpoint (see GET /openapi.json)"
@@ -298,12 +303,15 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
         Route("/metrics", metrics_endpoint),
         Route("/openapi.json", openapi),
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={404: no_route, 405: no_route},
         middleware=[Middleware(AccessGuard, state=state, token=token)],
     )
+    # No 307 from "/v2/models/x/" to "/v2/models/x": a path that does not exist is a 404 naming it.
+    app.router.redirect_slashes = False
+    return app
 
 
 def _top_k(raw: str | None, default: int, num_classes: int) -> int:

@@ -125,6 +125,12 @@ def _json_elements(data, datatype: str, count: int, where: str):
     return values.astype(dtype)
 
 
+def _params(node: dict) -> dict:
+    """``node["parameters"]`` (absent or null: empty); anything but an object is refused by the caller."""
+    value = node.get("parameters")
+    return {} if value is None else value
+
+
 def _flatten(data, where: str) -> list:
     if not isinstance(data, list):
         raise _bad(f"{where} 'data' must be a list, got {type(data).__name__}")
@@ -163,7 +169,7 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise _bad("the request needs a non-empty 'inputs' list")
-    params = doc.get("parameters") or {}
+    params = _params(doc)
     if not isinstance(params, dict):
         raise _bad("'parameters' must be an object")
     inputs, offset = [], 0
@@ -179,7 +185,7 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
             )
         shape = _shape(raw.get("shape"), where)
         count = math.prod(shape)  # Python integers: a shape like [2**62, 4] cannot wrap around
-        p = raw.get("parameters") or {}
+        p = _params(raw)
         if not isinstance(p, dict):
             raise _bad(f"{where}: 'parameters' must be an object")
         if any(key.startswith("shared_memory") for key in p):
@@ -223,7 +229,7 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
         for k, raw in enumerate(doc["outputs"]):
             if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
                 raise _bad(f"outputs[{k}] must be an object with a string 'name'")
-            p = raw.get("parameters") or {}
+            p = _params(raw)
             if not isinstance(p, dict):
                 raise _bad(f"output '{raw['name']}': 'parameters' must be an object")
             if any(key.startswith("shared_memory") for key in p):

@@ -158,6 +158,31 @@ def register_reliability(kinds) -> None:
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_drain)
 
+    p = kinds.add_parser(
+        "fuzz",
+        help="over a thousand malformed requests against gpufeed serve: every answer a 4xx naming the problem",
+        description="Start gpufeed serve (max body 256 KiB, 4 M pixels, 8 images per request) and send the generated "
+        "corpus of malformed requests (truncated, corrupt and bit-flipped JPEG/PNG, zero bytes, decompression-bomb "
+        "headers, wrong content types, malformed and oversized JSON, wrong tensor shapes and dtypes, unknown, "
+        "path-like and very long model names, broken multipart and query strings, wrong methods). Checks every "
+        "answer (no 5xx, the expected status and reason, a message naming the problem), that valid requests are "
+        "still answered correctly after each category, and that every refusal was counted by reason. Prints "
+        "requests by category, status and reason; exit status 1 on any failure.",
+    )
+    p.add_argument("--model-dir", type=Path, help="model folder to serve (default: smallcnn 64 px, batch 8, exported)")
+    p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="serve config")
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="cpu", help="the server's device (default cpu)")
+    p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where the model and images are kept")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_fuzz)
+
+
+def _fuzz(args: argparse.Namespace) -> int:
+    from gpufeed.bench.fuzz import main_fuzz
+
+    return main_fuzz(args)
+
 
 def _drain(args: argparse.Namespace) -> int:
     from gpufeed.bench.drain import main_drain
