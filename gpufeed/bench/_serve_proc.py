@@ -36,10 +36,10 @@ def rss_bytes(pid: int) -> int:
 
 
 class ServeProcess:
-    """A ``gpufeed serve --model MODEL_DIR --port 0`` child process.
+    """A ``gpufeed serve --model MODEL_DIR --port 0`` (or ``--model-repo DIR``) child process.
 
     Args:
-        model_dir: The model folder to serve.
+        model_dir: The model folder to serve, or a repository of them.
         overrides: ``--set key=value`` strings (``serve.queue_capacity=8``).
         env: Extra environment variables (``GPUFEED_SERVE_TOKEN``).
         device: ``cpu``, ``gpu`` or ``auto`` (``--set device=...``).
@@ -70,7 +70,8 @@ class ServeProcess:
         """Start the server and wait until ``/v2/health/ready`` answers 200."""
         import httpx
 
-        cmd = [sys.executable, "-m", "gpufeed", "serve", "--model", str(self.model_dir), "--port", "0"]
+        where = "--model" if (self.model_dir / "model_card.json").is_file() else "--model-repo"
+        cmd = [sys.executable, "-m", "gpufeed", "serve", where, str(self.model_dir), "--port", "0"]
         for item in self.overrides:
             cmd += ["--set", item]
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
