@@ -135,9 +135,11 @@ class AccessGuard:
         values = [v for k, v in headers if k == b"authorization"]
         if not values:
             return "this endpoint needs 'Authorization: Bearer <token>' (serve.auth_token_file)", _REALM
-        scheme, _, supplied = values[0].partition(b" ")
-        if scheme.lower() != b"bearer" or not supplied.strip():
+        scheme, _, supplied = values[0].strip().partition(b" ")
+        if scheme.lower() != b"bearer":
             return "the Authorization header must use the Bearer scheme: 'Authorization: Bearer <token>'", _REALM
+        if not supplied.strip():
+            return "the Authorization header has no token after 'Bearer'", _REALM
         if len(values) > 1 or not hmac.compare_digest(_digest(supplied.strip()), self._digest):
             return "the bearer token is not valid", f'{_REALM}, error="invalid_token"'
         return None
