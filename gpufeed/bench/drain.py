@@ -12,7 +12,7 @@ Scenario, against a ``gpufeed serve`` child process:
 
 Every request sent is accounted for: answered (with its status), refused at connect (never sent,
 so never dropped), or dropped (sent, no answer). What it checks (:func:`drain_problems`): no
-request dropped; the in-flight requests answered 200 with the same scores they get alone;
+request dropped; the in-flight requests answered 200 with the scores the same images got before the signal;
 readiness 503 from the first probe after the signal; new requests 503 ``not_ready`` with
 Retry-After and ``Connection: close``; exit status 0.
 """
@@ -202,7 +202,7 @@ def print_drain_result(result: dict) -> None:
     )
     print(
         f"  in flight: {result['inflight_answered_correctly']} of {result['inflight_sent']} answered 200 with the "
-        f"scores they get alone"
+        f"scores the same images got before the signal"
     )
     first = f"{ready[0][0] * 1000:.0f} ms" if ready else "-"
     print(
