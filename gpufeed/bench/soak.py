@@ -3,9 +3,9 @@
 One ``gpufeed serve`` child process (:class:`~gpufeed.bench._serve_proc.ServeProcess`), driven by
 the closed-loop client of ``bench server`` (:mod:`gpufeed.bench._loadgen`): ``clients`` keep-alive
 connections, each sending its next multipart JPEG as soon as the previous answer arrives. The
-server's resident memory (VmRSS) is sampled throughout; growth is measured from the end of the
+server's resident memory (VmRSS) is sampled every 0.5 s; growth is measured from the end of the
 warm-up (allocator pools, onnxruntime arenas and DALI buffers have reached their working size by
-then) to the end of the run. Afterwards the server must still be ready and exit 0 on SIGTERM.
+then) to the end of the run, each end the median of its 2 s of samples. Afterwards the server must still be ready and exit 0 on SIGTERM.
 
 What it checks (:func:`soak_problems`): zero errors, no request without an answer, RSS growth
 under ``max_growth``, a clean exit. The figures (throughput, p50/p99, RSS) are printed, and drawn
@@ -96,8 +96,9 @@ def run_soak(
         samples.append((time.perf_counter() - t0, server.rss_bytes()))
         ready_after = httpx.get(server.url + "/v2/health/ready", timeout=10).status_code
     exit_status = server.proc.returncode
-    warm = next((rss for t, rss in samples if t >= warmup_s), samples[-1][1])
-    end = samples[-1][1]
+    # Medians over 2 s at each end, so one sample taken mid-batch does not decide the growth.
+    warm = int(np.median([rss for t, rss in samples if warmup_s <= t <= warmup_s + 2.0] or [samples[-1][1]]))
+    end = int(np.median([rss for t, rss in samples if t >= samples[-1][0] - 2.0]))
     per_second = np.bincount(np.floor(result.done_s).astype(int), minlength=int(seconds))[: int(seconds)]
     return {
         "benchmark": "soak",
