@@ -46,6 +46,9 @@ class ServeConfig:
         "socket, so load balancers see the readiness change; in-flight requests finish either way",
     )
     max_body_bytes: int = option(16 * 1024 * 1024, ge=1024, doc="larger request bodies get 413")
+    max_header_bytes: int = option(
+        64 * 1024, ge=1024, doc="a longer request line plus headers gets 431 and the connection is closed"
+    )
     max_image_pixels: int = option(40_000_000, ge=1, doc="width x height above this is refused (decompression bombs)")
     max_images_per_request: int = option(64, ge=1, doc="images or tensor rows in one request")
     top_k: int = option(5, ge=1, doc="labels returned by the REST endpoint unless ?top_k= says otherwise")

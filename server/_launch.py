@@ -108,6 +108,7 @@ def _prepare(repo, model, cfg, host, port, device):
     from gpufeed.device import resolve_device
     from gpufeed.server._access import load_token
     from gpufeed.server._app import build_app
+    from gpufeed.server._protocol import http_protocol
     from gpufeed.server._repo import load_repository
     from gpufeed.server._state import ServingState
 
@@ -135,6 +136,7 @@ def _prepare(repo, model, cfg, host, port, device):
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=int(max(1, cfg.serve.request_timeout_seconds)),
+        **http_protocol(cfg.serve.max_header_bytes, lambda: state.metrics.count_error("", "malformed_request")),
     )
     url_host = f"[{host}]" if ":" in host else host
     return state, DrainingServer(config, state), sock, f"http://{url_host}:{bound}", bound

@@ -259,7 +259,7 @@ def test_default_config_binds_loopback_only():
 
 def test_safe_default_limits():
     defaults = ServeConfig()
-    assert defaults.max_body_bytes == 16 * 1024 * 1024
+    assert defaults.max_body_bytes == 16 * 1024 * 1024 and defaults.max_header_bytes == 64 * 1024
     assert defaults.max_image_pixels == 40_000_000  # 8000x5000: any camera; a 100000x100000 bomb is refused
     assert defaults.max_images_per_request == 64 and defaults.queue_capacity == 256
     assert defaults.request_timeout_seconds == 30.0 and defaults.shutdown_delay_seconds == 0.0
@@ -311,3 +311,26 @@ def test_a_body_that_never_arrives_gets_408():
         assert httpx.get(running.url + "/v2/health/ready").status_code == 200
     finally:
         running.stop()
+
+
+def test_request_heads_are_bounded_too():
+    """serve.max_header_bytes: a 20 MB header is refused with 431 early, and the server's memory does not grow."""
+    from gpufeed.bench._serve_proc import ServeProcess
+
+    with ServeProcess(exported_repo() / IMAGE_MODEL, ["serve.warmup_batches=1"]) as server:
+        rss_before = server.rss_bytes()
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+                sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
+                try:
+                    for _ in range(40):
+                        sock.sendall(b"X-Big: " + b"b" * (500 * 1024) + b"\r\n")
+                except OSError:  # the server closed the connection after its answer: expected
+                    pass
+                answer = sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 431") and b'"reason": "malformed_request"' in answer
+        assert server.rss_bytes() - rss_before < 20 * 1024 * 1024, "100 MB of headers were not buffered"
+        fine = httpx.get(server.url + "/v2/health/live", headers={"X-Fine": "f" * 60_000})
+        assert fine.status_code == 200, "a 60 KB head is under the 64 KiB default"
+        errors = _errors(server.url)  # (the Authorization header is ignored by a server without a token)
+        assert errors[("unknown", "malformed_request")] == 5
