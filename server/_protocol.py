@@ -8,9 +8,10 @@ on the head of each request: past ``serve.max_header_bytes`` the client gets 431
 ``malformed_request``) and the connection is closed. Without httptools, uvicorn's h11 protocol
 is used with its own limit (``h11_max_incomplete_event_size``).
 
-The count is of whole chunks read while a request's head is incomplete before and after the
-chunk is parsed, so pipelined requests are never refused for their neighbours' bodies; memory
-held for a head is bounded by the limit plus two socket reads.
+The count is of whole chunks that lie inside one request's head (incomplete before and after the
+chunk is parsed, and no head completed by it), so a request that arrives whole in one read, or a
+pipelined neighbour's body, is never counted; memory held for a head is bounded by the limit
+plus two socket reads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable
 __all__ = ["http_protocol"]
 
 log = logging.getLogger("gpufeed.server")
+LINGER_SECONDS = 2.0
 
 
 def _refusal(limit: int) -> bytes:
@@ -55,11 +57,12 @@ def http_protocol(max_head_bytes: int, on_refused: Callable[[], None]) -> dict:
         """uvicorn's httptools protocol, refusing heads over ``max_head_bytes`` with 431."""
 
         def connection_made(self, transport) -> None:
-            self._in_head, self._head_bytes = True, 0
+            self._in_head, self._head_bytes, self._heads_done, self._refused = True, 0, 0, False
             super().connection_made(transport)
 
         def on_headers_complete(self) -> None:
             self._in_head, self._head_bytes = False, 0
+            self._heads_done += 1
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
@@ -67,17 +70,29 @@ def http_protocol(max_head_bytes: int, on_refused: Callable[[], None]) -> dict:
             self._in_head, self._head_bytes = True, 0
 
         def data_received(self, data: bytes) -> None:
-            was_in_head = self._in_head
+            if self._refused:  # lingering after a 431: read and drop until the client hangs up
+                return
+            was_in_head, heads_done = self._in_head, self._heads_done
             super().data_received(data)
-            if not (was_in_head and self._in_head) or self.transport.is_closing():
+            # Count the chunk only if it lay wholly inside one head: a chunk that completed a head
+            # (and perhaps the whole request, body included) is not head bytes.
+            if not (was_in_head and self._in_head and heads_done == self._heads_done) or self.transport.is_closing():
                 return
             self._head_bytes += len(data)
             if self._head_bytes <= max_head_bytes:
                 return
             log.warning("refused a request whose head exceeds %d bytes (serve.max_header_bytes)", max_head_bytes)
             on_refused()
-            if self.cycle is None or self.cycle.response_complete:  # never interleave with a response
-                self.transport.write(refusal)
-            self.transport.close()
+            if self.cycle is not None and not self.cycle.response_complete:  # never interleave with a response
+                self.transport.close()
+                return
+            # Lingering close: answer, send FIN, drop what still comes, close after a grace period.
+            # Closing at once with unread data makes the kernel send RST, and the client would
+            # likely lose the 431 it was about to read.
+            self._refused = True
+            self.transport.write(refusal)
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
     return {"http": BoundedHttpToolsProtocol}

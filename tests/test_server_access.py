@@ -313,6 +313,24 @@ def test_a_body_that_never_arrives_gets_408():
         running.stop()
 
 
+def _read_answer(sock: socket.socket) -> bytes:
+    """One whole HTTP response (head and Content-Length body) from a raw socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE).group(1))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def test_request_heads_are_bounded_too():
     """serve.max_header_bytes: a 20 MB header is refused with 431 early, and the server's memory does not grow."""
     from gpufeed.bench._serve_proc import ServeProcess
@@ -327,10 +345,19 @@ def test_request_heads_are_bounded_too():
                         sock.sendall(b"X-Big: " + b"b" * (500 * 1024) + b"\r\n")
                 except OSError:  # the server closed the connection after its answer: expected
                     pass
-                answer = sock.recv(4096)
+                answer = _read_answer(sock)
             assert answer.startswith(b"HTTP/1.1 431") and b'"reason": "malformed_request"' in answer
         assert server.rss_bytes() - rss_before < 20 * 1024 * 1024, "100 MB of headers were not buffered"
         fine = httpx.get(server.url + "/v2/health/live", headers={"X-Fine": "f" * 60_000})
         assert fine.status_code == 200, "a 60 KB head is under the 64 KiB default"
+        body = b"\xff" * 100_000  # a whole request in one read (uvloop reads 256 KiB): its body is no head
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(
+                f"POST /v1/models/{IMAGE_MODEL}/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            answer = _read_answer(sock)
+        assert answer.startswith(b"HTTP/1.1 400") and b'"reason":"corrupt_image"' in answer, answer
         errors = _errors(server.url)  # (the Authorization header is ignored by a server without a token)
         assert errors[("unknown", "malformed_request")] == 5
