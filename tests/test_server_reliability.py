@@ -64,3 +64,26 @@ def test_sigterm_drains_and_exits_zero(images):
     assert not drain_problems(result), drain_problems(result)
     assert result["inflight_sent"] == 3 and result["inflight_answered_correctly"] == 3
     assert result["statuses"].get("503", 0) >= 2 and result["dropped"] == 0 and result["exit_status"] == 0
+
+
+def test_bench_commands_print_figures_and_exit_by_the_verdict(tmp_path):
+    """`gpufeed bench fuzz` and `bench drain` end to end: the commands behind the README's figures."""
+    import json
+    import subprocess
+    import sys
+
+    model = str(exported_repo() / IMAGE_MODEL)
+    for name in ("fuzz", "drain"):
+        out = tmp_path / f"{name}.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "gpufeed", "bench", name, "--model-dir", model, "--cache", str(tmp_path),
+             "--json", str(out)] + (["--hold-ms", "1000", "--shutdown-delay", "1"] if name == "drain" else []),
+            capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "result: PASS" in done.stdout
+        figures = json.loads(out.read_text())
+        if name == "fuzz":
+            assert figures["requests"] >= 1000 and not figures["failures"] and figures["exit_status"] == 0
+        else:
+            assert figures["exit_status"] == 0 and figures["dropped"] == 0

@@ -225,9 +225,9 @@ def main_drain(args) -> int:
     from gpufeed.bench.soak import reliability_inputs
 
     quiet_http_logs()
-    model_dir, images = reliability_inputs(args.cache)
+    model_dir, images = reliability_inputs(args.cache, args.model_dir)
     result = run_drain(
-        args.model_dir or model_dir,
+        model_dir,
         images,
         hold_ms=args.hold_ms,
         shutdown_delay_s=args.shutdown_delay,

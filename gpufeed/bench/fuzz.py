@@ -266,8 +266,7 @@ def main_fuzz(args) -> int:
     from gpufeed.models import read_model_card
 
     quiet_http_logs()
-    model_dir, images = reliability_inputs(args.cache)
-    model_dir = args.model_dir or model_dir
+    model_dir, images = reliability_inputs(args.cache, args.model_dir)
     card = read_model_card(model_dir)
     settings = [f"serve.{k}={v}" for k, v in FUZZ_LIMITS.items()] + ["serve.max_delay_ms=2", *args.overrides]
     with ServeProcess(model_dir, settings, device=args.device) as server:

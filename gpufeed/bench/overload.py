@@ -215,9 +215,9 @@ def main_overload(args) -> int:
     from gpufeed.bench.soak import reliability_inputs
 
     quiet_http_logs()
-    model_dir, images = reliability_inputs(args.cache)
+    model_dir, images = reliability_inputs(args.cache, args.model_dir)
     result = run_overload(
-        args.model_dir or model_dir,
+        model_dir,
         images,
         clients=args.clients,
         seconds=args.seconds,

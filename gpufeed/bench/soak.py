@@ -25,16 +25,21 @@ __all__ = ["reliability_inputs", "run_soak", "soak_problems"]
 MIB = 1024 * 1024
 
 
-def reliability_inputs(cache: Path, images: int = 32, size: tuple[int, int] = (320, 240)) -> tuple[Path, list[bytes]]:
-    """The model and JPEGs the reliability scripts use: ``smallcnn`` at 64 px, batch 8, fresh weights.
+def reliability_inputs(
+    cache: Path, model_dir: Path | None = None, images: int = 32, size: tuple[int, int] = (320, 240)
+) -> tuple[Path, list[bytes]]:
+    """The model and JPEGs the reliability scripts use.
 
-    A small model on purpose: the scripts test the server (HTTP, validation, batching, decode,
-    memory), not how fast two CPU cores run a ResNet. Exported once into ``cache``.
+    The model is ``model_dir`` if given, else ``smallcnn`` at 64 px, batch 8, fresh weights,
+    exported once into ``cache``: a small model on purpose, since the scripts test the server
+    (HTTP, validation, batching, decode, memory), not how fast two CPU cores run a ResNet. The
+    JPEGs are photo-like, 320x240, generated once into ``cache``.
     """
     from gpufeed.bench.loader import make_bench_images
     from gpufeed.bench.server import export_bench_models
 
-    model_dir = export_bench_models(Path(cache), "smallcnn", 64, 8, None)["batched"]
+    if model_dir is None:
+        model_dir = export_bench_models(Path(cache), "smallcnn", 64, 8, None)["batched"]
     folder = make_bench_images(Path(cache), images, *size)
     return model_dir, [p.read_bytes() for p in sorted((folder / "photos").glob("*.jpg"))]
 
@@ -204,9 +209,7 @@ def main_soak(args) -> int:
     from gpufeed.bench._serve_proc import quiet_http_logs
 
     quiet_http_logs()
-    model_dir, images = reliability_inputs(args.cache)
-    if args.model_dir is not None:
-        model_dir = args.model_dir
+    model_dir, images = reliability_inputs(args.cache, args.model_dir)
     result = run_soak(
         model_dir,
         images,
