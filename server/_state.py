@@ -43,7 +43,7 @@ class ServingState:
         self.load_error: BaseException | None = None
         self.loaded = threading.Event()
         self.closing = False
-        self.inflight = 0  # admitted inference requests not yet answered (the event loop's thread only)
+        self.inflight = 0  # inference requests being handled, not yet answered (event loop thread only)
         self._thread: threading.Thread | None = None
 
     @property
