@@ -19,15 +19,36 @@ class ServeConfig:
 
     Requests are validated, then queued; a model's batcher runs a batch when ``batch_size`` images
     (the model card's fixed size) are waiting or the oldest has waited ``max_delay_ms``.
+
+    Access: with ``auth_token_file`` (or the ``GPUFEED_SERVE_TOKEN`` environment variable) every
+    endpoint except the two health probes needs ``Authorization: Bearer <token>``. Only the file's
+    path is configuration; the secret itself never enters a config that is saved with outputs.
     """
 
     host: str = option("127.0.0.1", doc="address to bind; loopback by default, 0.0.0.0 to expose")
+    auth_token_file: Path | None = option(
+        None,
+        doc="file holding the bearer token that inference and admin endpoints require (401 without it); "
+        "none: the GPUFEED_SERVE_TOKEN environment variable if set, else no auth",
+    )
     port: int = option(8000, ge=0, le=65535, doc="TCP port; 0 picks a free one")
     max_delay_ms: float = option(5.0, ge=0.0, le=10_000.0, doc="longest wait for a batch to fill")
     queue_capacity: int = option(256, ge=1, doc="images waiting per model before 503 + Retry-After")
-    request_timeout_seconds: float = option(30.0, gt=0.0, doc="a request not answered by then gets 504")
-    retry_after_seconds: int = option(1, ge=0, doc="Retry-After sent with 503 queue_full")
+    request_timeout_seconds: float = option(
+        30.0, gt=0.0, doc="a request not answered by then gets 504; a body not fully received by then gets 408"
+    )
+    retry_after_seconds: int = option(1, ge=0, doc="Retry-After sent with 503 queue_full and while draining")
+    shutdown_delay_seconds: float = option(
+        0.0,
+        ge=0.0,
+        le=600.0,
+        doc="after SIGTERM, keep answering (readiness 503, new requests 503) this long before closing the "
+        "socket, so load balancers see the readiness change; in-flight requests finish either way",
+    )
     max_body_bytes: int = option(16 * 1024 * 1024, ge=1024, doc="larger request bodies get 413")
+    max_header_bytes: int = option(
+        64 * 1024, ge=1024, doc="a longer request line plus headers gets 431 and the connection is closed"
+    )
     max_image_pixels: int = option(40_000_000, ge=1, doc="width x height above this is refused (decompression bombs)")
     max_images_per_request: int = option(64, ge=1, doc="images or tensor rows in one request")
     top_k: int = option(5, ge=1, doc="labels returned by the REST endpoint unless ?top_k= says otherwise")

@@ -13,10 +13,14 @@ GET  /v1/models                        the served models
 POST /v1/models/{name}/predict         an image body (image/jpeg, image/png) or multipart/form-data
                                        files -> top-k labels and scores as JSON
 GET  /metrics                          Prometheus text format
+GET  /openapi.json                     this API as OpenAPI 3.0 (for clients and the fuzzing tests)
 =====================================  ========================================================
 
 Each inference request is timed as a whole (``gpufeed_server_request_seconds``) and by stage;
-every refusal is a JSON ``{"error", "reason"}`` with a 4xx/5xx and a count by reason.
+every refusal is a JSON ``{"error", "reason"}`` with a 4xx/5xx and a count by reason, including
+requests for paths or methods that do not exist (``unknown_model`` under ``/v1/models/`` and
+``/v2/models/``, ``malformed_request`` elsewhere). With a bearer token configured, every route but
+the two health probes needs it (:mod:`gpufeed.server._access`).
 """
 
 from __future__ import annotations
@@ -28,16 +32,19 @@ import time
 
 import numpy as np
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gpufeed.server._access import AccessGuard, route_of
 from gpufeed.server._batcher import BatcherClosedError, QueueFullError
 from gpufeed.server._errors import REASONS, RequestError
 from gpufeed.server._http import content_type_of, parse_multipart, read_body
 from gpufeed.server._inputs import items_from_images, items_from_kserve, kserve_inputs
 from gpufeed.server._kserve import encode_response, parse_request
 from gpufeed.server._model import scores_from_logits
+from gpufeed.server._openapi import openapi_document
 from gpufeed.server._state import NotReadyError, ServingState
 
 __all__ = ["build_app"]
@@ -47,9 +54,18 @@ log = logging.getLogger("gpufeed.server")
 IMAGE_TYPES = ("image/jpeg", "image/jpg", "image/png")
 
 
-def build_app(state: ServingState, on_shutdown=None) -> Starlette:
-    """The ASGI app over ``state``; model loading starts when the app starts (lifespan)."""
+def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -> Starlette:
+    """The ASGI app over ``state``; model loading starts when the app starts (lifespan).
+
+    Args:
+        state: The models and their life cycle.
+        on_shutdown: Called after the models are drained and released.
+        token: Bearer token every route but the health probes requires; ``None``: open access.
+    """
     cfg, metrics = state.cfg, state.metrics
+
+    def _left(started: float) -> float:
+        return cfg.request_timeout_seconds - (time.perf_counter() - started)
 
     async def submit_and_wait(model, items, started: float) -> list[np.ndarray]:
         try:
@@ -81,6 +97,7 @@ def build_app(state: ServingState, on_shutdown=None) -> Starlette:
         started = time.perf_counter()
         name = request.path_params.get("name", "")
         metrics.inflight.inc()
+        state.inflight += 1
         try:
             response = await handler(request, state.model(name), started)
         except RequestError as err:
@@ -93,13 +110,14 @@ def build_app(state: ServingState, on_shutdown=None) -> Starlette:
             response = JSONResponse({"error": f"internal error: {type(err).__name__}", "reason": "internal"}, 500)
         finally:
             metrics.inflight.dec()
+            state.inflight -= 1
         metrics.observe_request(name, protocol, response.status_code, time.perf_counter() - started)
         return response
 
     async def kserve_infer(request: Request, model, started: float) -> Response:
         if request.path_params.get("version", "1") != "1":
             raise RequestError("unknown_model", f"model {model.name!r} has only version 1")
-        body = await read_body(request, cfg.max_body_bytes)
+        body = await read_body(request, cfg.max_body_bytes, _left(started))
         t0 = time.perf_counter()
         if request.headers.get("content-encoding", "identity") != "identity":
             raise RequestError(
@@ -117,7 +135,7 @@ def build_app(state: ServingState, on_shutdown=None) -> Starlette:
         return response
 
     async def rest_predict(request: Request, model, started: float) -> Response:
-        body = await read_body(request, cfg.max_body_bytes)
+        body = await read_body(request, cfg.max_body_bytes, _left(started))
         t0 = time.perf_counter()
         top_k = _top_k(request.query_params.get("top_k"), cfg.top_k, model.card.spec.num_classes)
         kind, params = content_type_of(request.headers.get("content-type"))
@@ -159,9 +177,14 @@ def build_app(state: ServingState, on_shutdown=None) -> Starlette:
         return await guarded(request, "rest", rest_predict)
 
     def lookup(request: Request):
+        """The served model named in the path (version 1 only); refusals are counted like inference ones."""
         name = request.path_params["name"]
         if name not in state.entries:
+            metrics.count_error(name, "unknown_model")
             raise RequestError("unknown_model", f"model {name[:100]!r} is not served here")
+        if request.path_params.get("version", "1") != "1":
+            metrics.count_error(name, "unknown_model")
+            raise RequestError("unknown_model", f"model {name!r} has only version 1")
         return name
 
     async def live(request: Request) -> Response:
@@ -234,11 +257,27 @@ def build_app(state: ServingState, on_shutdown=None) -> Starlette:
         payload, content_type = metrics.exposition()
         return Response(payload, headers={"content-type": content_type})
 
-    async def not_found(request: Request, exc) -> Response:
+    async def openapi(request: Request) -> Response:
+        from gpufeed import __version__
+
+        return JSONResponse(openapi_document(list(state.entries), __version__, auth=token is not None))
+
+    async def no_route(request: Request, exc) -> Response:
+        """404 (no such path) and 405 (wrong method): JSON naming the problem, counted like any refusal."""
         status = getattr(exc, "status_code", 404)
-        return JSONResponse(
-            {"error": f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}"}, status
-        )
+        path = request.url.path
+        name, _ = route_of(path)
+        shown = f"{request.method[:10]} {path[:200]!r}"
+        headers = dict(getattr(exc, "headers", None) or {})
+        if status == 405:
+            reason = "malformed_request"
+            message = f"{shown}: method not allowed; allowed: {headers.get('Allow', headers.get('allow', '?'))}"
+        elif path.startswith(("/v1/models/", "/v2/models/")):
+            reason, message = "unknown_model", f"{shown}: no such model or endpoint; models: {', '.join(state.entries)}"
+        else:
+            reason, message = "malformed_request", f"{shown}: no such endpoint (see GET /openapi.json)"
+        metrics.count_error(name, reason)
+        return JSONResponse({"error": message, "reason": reason}, status, headers=headers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -262,8 +301,17 @@ def build_app(state: ServingState, on_shutdown=None) -> Starlette:
         Route("/v1/models", list_models),
         Route("/v1/models/{name}/predict", predict, methods=["POST"]),
         Route("/metrics", metrics_endpoint),
+        Route("/openapi.json", openapi),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={404: no_route, 405: no_route},
+        middleware=[Middleware(AccessGuard, state=state, token=token)],
+    )
+    # No 307 from "/v2/models/x/" to "/v2/models/x": a path that does not exist is a 404 naming it.
+    app.router.redirect_slashes = False
+    return app
 
 
 def _top_k(raw: str | None, default: int, num_classes: int) -> int:

@@ -145,6 +145,12 @@ class Batcher:
             self._queue = keep
         return withdrawn
 
+    def expedite(self) -> None:
+        """Stop waiting for batches to fill: run whatever is queued now (a draining server's last work)."""
+        with self._cond:
+            self.max_delay_s = 0.0
+            self._cond.notify_all()
+
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop taking work; run what is queued (``drain``) or fail it; wait for the worker."""
         with self._cond:

@@ -7,6 +7,7 @@ buffer more than ``serve.max_body_bytes``.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 
@@ -42,8 +43,28 @@ def content_type_of(header: str | None) -> tuple[str, dict[str, str]]:
     return main.strip().lower(), params
 
 
-async def read_body(request, limit: int) -> bytes:
-    """The whole request body, refusing (413 ``body_too_large``) anything over ``limit`` bytes."""
+async def read_body(request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The whole request body, refusing (413 ``body_too_large``) anything over ``limit`` bytes.
+
+    Args:
+        request: The Starlette request.
+        limit: Most bytes accepted (``serve.max_body_bytes``).
+        timeout_s: Longest wait for the whole body; a slower client (a trickled, "slowloris" body)
+            gets 408 with reason ``timeout`` instead of holding a request slot forever.
+    """
+    if timeout_s is None:
+        return await _read_body(request, limit)
+    try:
+        return await asyncio.wait_for(_read_body(request, limit), max(timeout_s, 0.001))
+    except asyncio.TimeoutError:
+        raise RequestError(
+            "timeout",
+            f"the request body did not arrive within {timeout_s:.3g} s (serve.request_timeout_seconds)",
+            status=408,
+        ) from None
+
+
+async def _read_body(request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:

@@ -15,6 +15,7 @@ Every problem is a :class:`RequestError` naming the field at fault.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 
@@ -109,15 +110,25 @@ def _json_elements(data, datatype: str, count: int, where: str):
     if len(flat) != count:
         raise RequestError("bad_shape", f"{where}: shape holds {count} elements but 'data' has {len(flat)}")
     dtype = DTYPES[datatype]
+    # JSON true/false for BOOL, integers for integer types (1.5 is not silently truncated), any number for floats.
+    allowed = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}[dtype.kind]
     try:
-        values = np.asarray(flat, dtype=np.float64 if dtype.kind == "f" else np.int64)
+        values = np.asarray(flat) if flat else np.zeros(0, dtype)
     except (TypeError, ValueError, OverflowError):
-        raise _bad(f"{where}: 'data' holds values that are not {datatype} numbers") from None
+        values = None
+    if values is None or values.dtype.kind not in allowed:
+        raise _bad(f"{where}: 'data' holds values that are not {datatype} numbers")
     if dtype.kind in "ui":
         info = np.iinfo(dtype)
         if len(values) and (values.min() < info.min or values.max() > info.max):
             raise _bad(f"{where}: 'data' values must lie in [{info.min}, {info.max}] for {datatype}")
     return values.astype(dtype)
+
+
+def _params(node: dict) -> dict:
+    """``node["parameters"]`` (absent or null: empty); anything but an object is refused by the caller."""
+    value = node.get("parameters")
+    return {} if value is None else value
 
 
 def _flatten(data, where: str) -> list:
@@ -151,12 +162,14 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
         doc = json.loads(head)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise _bad(f"the request's JSON header is not valid JSON: {err}") from None
+    except RecursionError:  # "[[[[...": deeper than the parser's stack, never a real request
+        raise _bad("the request's JSON header is nested too deeply") from None
     if not isinstance(doc, dict):
         raise _bad(f"the request must be a JSON object, got {type(doc).__name__}")
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise _bad("the request needs a non-empty 'inputs' list")
-    params = doc.get("parameters") or {}
+    params = _params(doc)
     if not isinstance(params, dict):
         raise _bad("'parameters' must be an object")
     inputs, offset = [], 0
@@ -165,11 +178,14 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
             raise _bad(f"inputs[{k}] must be an object with a string 'name'")
         where = f"input '{raw['name']}'"
         datatype = raw.get("datatype")
-        if datatype != "BYTES" and datatype not in DTYPES:
-            raise RequestError("bad_dtype", f"{where}: datatype {datatype!r} is not a KServe v2 datatype")
+        if not isinstance(datatype, str) or (datatype != "BYTES" and datatype not in DTYPES):
+            raise RequestError(
+                "bad_dtype",
+                f"{where}: datatype {str(datatype)[:40]!r} is not a KServe v2 datatype; allowed: BYTES, {', '.join(DTYPES)}",
+            )
         shape = _shape(raw.get("shape"), where)
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        p = raw.get("parameters") or {}
+        count = math.prod(shape)  # Python integers: a shape like [2**62, 4] cannot wrap around
+        p = _params(raw)
         if not isinstance(p, dict):
             raise _bad(f"{where}: 'parameters' must be an object")
         if any(key.startswith("shared_memory") for key in p):
@@ -213,7 +229,9 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
         for k, raw in enumerate(doc["outputs"]):
             if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
                 raise _bad(f"outputs[{k}] must be an object with a string 'name'")
-            p = raw.get("parameters") or {}
+            p = _params(raw)
+            if not isinstance(p, dict):
+                raise _bad(f"output '{raw['name']}': 'parameters' must be an object")
             if any(key.startswith("shared_memory") for key in p):
                 raise _bad(f"output '{raw['name']}': shared memory outputs are not supported")
             classes = p.get("classification", 0)

@@ -2,8 +2,20 @@
 
 ``start_server`` is for programs and tests: it returns once the server is ready (models loaded
 and warmed up) with its URL; ``RunningServer.stop()`` drains and stops it. ``serve_forever`` is
-the CLI's blocking variant: SIGINT/SIGTERM make uvicorn stop accepting, let in-flight requests
-finish (``timeout_graceful_shutdown``), and the lifespan hook drains the batchers.
+the CLI's blocking variant and returns the exit status.
+
+Graceful shutdown (SIGTERM or SIGINT, or ``RunningServer.stop()``), by :class:`DrainingServer`:
+
+1. readiness turns false at once (``/v2/health/ready`` 503) and every request that arrives from
+   then on gets 503 ``not_ready`` with Retry-After, still over the open socket, so probes and
+   load balancers can see it; responses carry ``Connection: close``;
+2. after ``serve.shutdown_delay_seconds``, once every admitted request has its answer (bounded
+   by ``serve.request_timeout_seconds``: a request that waits longer has had its 504), uvicorn
+   stops accepting, closes idle connections and the lifespan hook releases the models;
+3. the process exits 0. uvicorn would re-raise the signal after a graceful shutdown (exit status
+   143 for SIGTERM); a drain that answered everything is a success, so it exits 0 instead. A
+   second signal forces the exit at once (status 128 + the signal), and a drain that timed out
+   with requests unanswered exits 1.
 
 The socket is bound before uvicorn starts, so port 0 (a free port) works and the bound address is
 known (and printed) before the first request.
@@ -12,11 +24,14 @@ known (and printed) before the first request.
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import uvicorn
 
 __all__ = ["RunningServer", "ServerStartError", "serve_forever", "start_server"]
 
@@ -41,31 +56,101 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _prepare(repo, model, cfg, host, port, device):
-    import uvicorn
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a drain before the shutdown, and exit status 0 for a graceful one.
 
+    uvicorn closes its listening socket the moment a signal arrives, so nobody could see readiness
+    turn false, and then re-raises the signal. Here the first signal starts :meth:`drain` on a
+    thread instead (the signal handler must return at once); uvicorn's own shutdown follows only
+    once the drain is done. The signal is not recorded for re-raising.
+    """
+
+    def __init__(self, config, state) -> None:
+        super().__init__(config)
+        self.state = state
+        self.exit_status = 0
+        self._drain_started = threading.Event()
+
+    def handle_exit(self, sig: int, frame) -> None:  # called by the signal handlers uvicorn installs
+        if self._drain_started.is_set():
+            log.warning("second signal (%s): exiting now, without waiting for requests in flight", _signal_name(sig))
+            self.exit_status = 128 + int(sig)
+            self.force_exit = self.should_exit = True
+            return
+        log.info("%s: draining", _signal_name(sig))
+        threading.Thread(target=self.drain, name="gpufeed-drain", daemon=True).start()
+
+    def drain(self) -> None:
+        """Refuse new work, wait out the delay and the requests in flight, then let uvicorn stop."""
+        if self._drain_started.is_set():
+            return
+        self._drain_started.set()
+        cfg = self.state.cfg
+        self.state.begin_drain()
+        time.sleep(cfg.shutdown_delay_seconds)
+        deadline = time.monotonic() + cfg.request_timeout_seconds + 5.0
+        while self.state.inflight > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self.state.inflight > 0:
+            log.error("drain timed out with %d request(s) unanswered", self.state.inflight)
+            self.exit_status = max(self.exit_status, 1)
+        self.should_exit = True
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _prepare(repo, model, cfg, host, port, device):
     from gpufeed.device import resolve_device
+    from gpufeed.server._access import load_token
     from gpufeed.server._app import build_app
+    from gpufeed.server._protocol import http_protocol
     from gpufeed.server._repo import load_repository
     from gpufeed.server._state import ServingState
 
     entries = load_repository(repo, model)  # fails fast, naming the folder, before binding
+    try:
+        token = load_token(cfg.serve.auth_token_file)
+    except ValueError as err:
+        raise ServerStartError(str(err)) from None
     choice = device if device is not None else resolve_device(cfg.device)
     state = ServingState(entries, cfg.serve, choice)
     host = host or cfg.serve.host
     port = cfg.serve.port if port is None else port
     sock = _bind(host, port)
     bound = sock.getsockname()[1]
-    app = build_app(state)
+    if token is None and not _is_loopback(host):
+        log.warning(
+            "serving on %s without a bearer token: anyone who can reach this address can use every endpoint "
+            "(set serve.auth_token_file or GPUFEED_SERVE_TOKEN)",
+            host,
+        )
+    app = build_app(state, token=token)
     config = uvicorn.Config(
         app,
         log_level="warning",
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=int(max(1, cfg.serve.request_timeout_seconds)),
+        **http_protocol(cfg.serve.max_header_bytes, lambda: state.metrics.count_error("", "malformed_request")),
     )
     url_host = f"[{host}]" if ":" in host else host
-    return state, uvicorn.Server(config), sock, f"http://{url_host}:{bound}", bound
+    return state, DrainingServer(config, state), sock, f"http://{url_host}:{bound}", bound
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -80,7 +165,8 @@ class RunningServer:
     sock: socket.socket
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop accepting, let requests finish, drain the batchers, join the thread."""
+        """Drain as on SIGTERM (readiness false, requests in flight answered), then stop and join."""
+        self.server.drain()
         self.server.should_exit = True
         self.thread.join(timeout)
         self.sock.close()
@@ -144,8 +230,12 @@ def serve_forever(
     host: str | None = None,
     port: int | None = None,
     announce=print,
-) -> None:
-    """Serve in this thread until SIGINT/SIGTERM (the ``gpufeed serve`` command).
+) -> int:
+    """Serve in this thread until SIGINT/SIGTERM (the ``gpufeed serve`` command); return the exit status.
+
+    Returns:
+        0 after a graceful drain (every admitted request answered); 1 if the drain timed out with
+        requests unanswered; 128 + the signal number when a second signal forced the exit.
 
     Raises:
         ServerStartError: As :func:`start_server`.
@@ -163,3 +253,4 @@ def serve_forever(
         sock.close()
     if state.load_error is not None:
         raise ServerStartError(f"a model failed to load: {state.load_error}") from state.load_error
+    return server.exit_status

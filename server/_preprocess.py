@@ -86,6 +86,8 @@ def inspect_image(data: bytes, max_pixels: int, where: str = "the image") -> Ima
             orientation = img.getexif().get(0x0112, 1) if fmt == "JPEG" else 1
             if fmt == "PNG":
                 img.verify()  # walks every chunk and checks its CRC: catches damaged data cheaply
+    except RequestError:
+        raise
     except Image.DecompressionBombError as err:
         raise RequestError("too_many_pixels", f"{where}: {err}") from None
     except UnidentifiedImageError:
@@ -97,6 +99,10 @@ def inspect_image(data: bytes, max_pixels: int, where: str = "the image") -> Ima
         raise RequestError("corrupt_image", f"{where} is not a JPEG or PNG image (no valid header)") from None
     except (OSError, SyntaxError, ValueError) as err:
         raise RequestError("corrupt_image", f"{where} is damaged: {err}") from None
+    except Exception as err:  # a header parser tripping over crafted bytes (struct.error, IndexError, ...)
+        raise RequestError(
+            "corrupt_image", f"{where} is damaged: its header cannot be parsed ({type(err).__name__})"
+        ) from None
     if fmt not in ("JPEG", "PNG"):
         raise RequestError("unsupported_media_type", f"{where} is {fmt}; supported formats: JPEG, PNG")
     if width <= 0 or height <= 0:

@@ -2,6 +2,10 @@
 
 Loading (onnxruntime sessions, DALI graphs, warm-up batches) runs on a background thread, so the
 HTTP endpoint answers liveness at once and readiness only once every model has been warmed up.
+
+Draining (:meth:`ServingState.begin_drain`, on SIGTERM): readiness turns false at once and requests
+that arrive from then on get 503 ``not_ready`` with Retry-After; requests already admitted (counted
+in :attr:`ServingState.inflight`) run to their answer, their batches no longer waiting to fill.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class ServingState:
         self.load_error: BaseException | None = None
         self.loaded = threading.Event()
         self.closing = False
+        self.inflight = 0  # inference requests being handled, not yet answered (event loop thread only)
         self._thread: threading.Thread | None = None
 
     @property
@@ -81,11 +86,20 @@ class ServingState:
             known = ", ".join(sorted(self.entries))
             raise RequestError("unknown_model", f"model {name[:100]!r} is not served here; models: {known}")
         model = self.models.get(name)
+        retry = self.cfg.retry_after_seconds
         if self.closing:
-            raise NotReadyError(f"the server is shutting down; model {name!r} takes no new requests")
+            raise NotReadyError(f"the server is shutting down; model {name!r} takes no new requests", retry)
         if model is None or not model.ready:
-            raise NotReadyError(f"model {name!r} is not ready yet (loading and warming up)")
+            raise NotReadyError(f"model {name!r} is not ready yet (loading and warming up)", retry)
         return model
+
+    def begin_drain(self) -> None:
+        """Refuse new requests (503 ``not_ready``), report not ready, and stop batches waiting to fill."""
+        if not self.closing:
+            log.info("draining: readiness is false; %d request(s) in flight will finish", self.inflight)
+        self.closing = True
+        for model in list(self.models.values()):
+            model.batcher.expedite()
 
     def close(self, drain: bool = True, timeout: float | None = 30.0) -> None:
         """Stop taking requests; finish (``drain``) or fail queued work; release the models."""
@@ -98,6 +112,6 @@ class ServingState:
 class NotReadyError(RequestError):
     """503 for a model that is loading or a server that is draining (not a client error: uncounted)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__("internal", message, status=503, headers={"Retry-After": "1"})
+    def __init__(self, message: str, retry_after_seconds: int = 1) -> None:
+        super().__init__("internal", message, status=503, headers={"Retry-After": str(retry_after_seconds)})
         self.reason = "not_ready"

@@ -256,8 +256,8 @@ def test_serve_cli_announces_serves_and_drains_on_sigterm(tmp_path):
         )
         assert response.status_code == 200, response.text
         proc.send_signal(signal.SIGTERM)
-        # uvicorn drains, then re-raises the signal so the exit status says SIGTERM (143 in a shell).
-        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        # A graceful drain is a success: exit status 0 (uvicorn alone would re-raise the signal: 143).
+        assert proc.wait(timeout=60) == 0
         assert "server stopped: 1 model(s) drained" in proc.stderr.read()
     finally:
         if proc.poll() is None:

@@ -10,6 +10,7 @@ the answers received inside it, per second.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -21,8 +22,10 @@ __all__ = ["LoadResult", "multipart_request", "run_load"]
 RESPONSE_TIMEOUT_S = 60.0
 
 
-def multipart_request(host: str, port: int, path: str, image: bytes, field_name: str = "image") -> bytes:
-    """A complete ``POST path`` carrying ``image`` as a multipart/form-data file."""
+def multipart_request(
+    host: str, port: int, path: str, image: bytes, field_name: str = "image", headers: dict[str, str] | None = None
+) -> bytes:
+    """A complete ``POST path`` carrying ``image`` as a multipart/form-data file (plus extra ``headers``)."""
     boundary = uuid.uuid4().hex
     body = (
         (
@@ -32,8 +35,9 @@ def multipart_request(host: str, port: int, path: str, image: bytes, field_name:
         + image
         + f"\r\n--{boundary}--\r\n".encode()
     )
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: gpufeed-bench\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: gpufeed-bench\r\n{extra}"
         f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode()
     return head + body
@@ -50,6 +54,10 @@ class LoadResult:
     answered: int = 0  # every answer, warm-up included (for CPU time per request)
     latencies_s: list[float] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
+    reasons: dict[str, int] = field(default_factory=dict)  # the JSON "reason" of refusals in the window
+    retry_after: int = 0  # refusals in the window that carried a Retry-After header
+    no_answer: int = 0  # requests that got no response (connection dropped or RESPONSE_TIMEOUT_S passed)
+    done_s: list[float] = field(default_factory=list)  # when each success arrived, seconds into the window
 
     @property
     def throughput(self) -> float:
@@ -69,30 +77,48 @@ class LoadResult:
             "p50_ms": self.percentile_ms(50),
             "p99_ms": self.percentile_ms(99),
             "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            "reasons": dict(sorted(self.reasons.items())),
+            "retry_after": self.retry_after,
+            "no_answer": self.no_answer,
         }
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
+@dataclass
+class _Answer:
+    status: int
+    close: bool
+    retry_after: bool = False
+    reason: str | None = None
+
+
+async def _read_response(reader: asyncio.StreamReader) -> _Answer:
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    length, close = None, False
+    answer = _Answer(int(lines[0].split(" ", 2)[1]), False)
+    length = None
     for line in lines[1:]:
         key, _, value = line.partition(":")
         key = key.strip().lower()
         if key == "content-length":
             length = int(value)
         elif key == "connection" and value.strip().lower() == "close":
-            close = True
+            answer.close = True
+        elif key == "retry-after":
+            answer.retry_after = True
         elif key == "transfer-encoding":
             raise RuntimeError("the load generator reads Content-Length bodies only")
     if length is None:
         raise RuntimeError("a response without Content-Length")
-    await reader.readexactly(length)
-    return status, close
+    body = await reader.readexactly(length)
+    if answer.status != 200:  # refusals are small JSON {"error", "reason"}; successes are not parsed
+        try:
+            answer.reason = str(json.loads(body).get("reason"))
+        except (ValueError, AttributeError):
+            answer.reason = "(not JSON)"
+    return answer
 
 
-async def _connection(host, port, requests, offset, window, result: LoadResult) -> None:
+async def _connection(host, port, requests, offset, window, result: LoadResult, timeout_s: float) -> None:
     start, end = window
     reader, writer = await asyncio.open_connection(host, port)
     k = offset
@@ -103,18 +129,24 @@ async def _connection(host, port, requests, offset, window, result: LoadResult) 
             sent = time.perf_counter()
             writer.write(request)
             try:
-                status, close = await asyncio.wait_for(_read_response(reader), RESPONSE_TIMEOUT_S)
+                answer = await asyncio.wait_for(_read_response(reader), timeout_s)
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
-                status, close = 599, True  # no answer: counted as an error, and a fresh connection
+                answer = _Answer(599, True)  # no answer: counted as an error, and a fresh connection
             done = time.perf_counter()
+            status, close = answer.status, answer.close
             result.answered += 1
             if start <= sent and done <= end:
                 result.statuses[status] = result.statuses.get(status, 0) + 1
                 if status == 200:
                     result.ok += 1
                     result.latencies_s.append(done - sent)
+                    result.done_s.append(done - start)
                 else:
                     result.errors += 1
+                    result.no_answer += status == 599
+                    result.retry_after += answer.retry_after
+                    if answer.reason is not None:
+                        result.reasons[answer.reason] = result.reasons.get(answer.reason, 0) + 1
             if close:
                 writer.close()
                 reader, writer = await asyncio.open_connection(host, port)
@@ -122,23 +154,39 @@ async def _connection(host, port, requests, offset, window, result: LoadResult) 
         writer.close()
 
 
-async def _run(host, port, requests, concurrency, warmup_s, seconds) -> LoadResult:
+async def _run(host, port, requests, concurrency, warmup_s, seconds, timeout_s) -> LoadResult:
     now = time.perf_counter()
     window = (now + warmup_s, now + warmup_s + seconds)
     result = LoadResult(concurrency, seconds)
-    await asyncio.gather(*[_connection(host, port, requests, k * 7, window, result) for k in range(concurrency)])
+    await asyncio.gather(
+        *[_connection(host, port, requests, k * 7, window, result, timeout_s) for k in range(concurrency)]
+    )
     return result
 
 
 def run_load(
-    host: str, port: int, path: str, images: list[bytes], *, concurrency: int, seconds: float, warmup_s: float = 1.0
+    host: str,
+    port: int,
+    path: str,
+    images: list[bytes],
+    *,
+    concurrency: int,
+    seconds: float,
+    warmup_s: float = 1.0,
+    headers: dict[str, str] | None = None,
+    response_timeout_s: float = RESPONSE_TIMEOUT_S,
 ) -> LoadResult:
-    """Drive ``POST path`` with ``concurrency`` connections for ``warmup_s + seconds``."""
-    requests = [multipart_request(host, port, path, image) for image in images]
+    """Drive ``POST path`` with ``concurrency`` connections for ``warmup_s + seconds``.
+
+    Args:
+        headers: Extra request headers (``Authorization``).
+        response_timeout_s: A request without an answer by then counts as status 599 (``no_answer``).
+    """
+    requests = [multipart_request(host, port, path, image, headers=headers) for image in images]
     try:
         import uvloop
 
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is optional
         runner = asyncio.run
-    return runner(_run(host, port, requests, concurrency, warmup_s, seconds))
+    return runner(_run(host, port, requests, concurrency, warmup_s, seconds, response_timeout_s))

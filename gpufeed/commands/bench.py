@@ -97,6 +97,110 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", type=Path, help="draw throughput and p99 against concurrency to this PNG")
     p.set_defaults(func=_server)
 
+    register_reliability(kinds)
+
+
+def _add_reliability_args(p: argparse.ArgumentParser, clients: int, seconds: float) -> None:
+    p.add_argument("--model-dir", type=Path, help="model folder to serve (default: smallcnn 64 px, batch 8, exported)")
+    p.add_argument("--clients", type=int, default=clients, help=f"concurrent connections (default {clients})")
+    p.add_argument("--seconds", type=float, default=seconds, help=f"measured seconds (default {seconds:g})")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="serve config")
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="cpu", help="the server's device (default cpu)")
+    p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where the model and images are kept")
+    p.add_argument("--json", type=Path, help="write the figures here")
+
+
+def register_reliability(kinds) -> None:
+    """``bench soak``, ``bench overload``, ``bench fuzz`` and ``bench drain``: the server's reliability figures."""
+    p = kinds.add_parser(
+        "soak",
+        help="many clients for a long time against gpufeed serve: errors, RSS growth, throughput, p99",
+        description="Start gpufeed serve (its own process) and drive it with CLIENTS closed-loop keep-alive connections "
+        "sending multipart JPEGs for SECONDS after a warm-up. Prints throughput, p50/p99 latency, errors and the "
+        "server's RSS after warm-up and at the end; exit status 1 if anything failed (errors, RSS growth >= "
+        "--max-growth, not ready after, exit status != 0 on SIGTERM).",
+    )
+    _add_reliability_args(p, clients=64, seconds=60.0)
+    p.add_argument("--warmup-seconds", type=float, default=10.0, help="load before measuring (default 10)")
+    p.add_argument("--max-growth", type=float, default=0.10, help="largest RSS growth that passes (default 0.10)")
+    p.add_argument("--plot", type=Path, help="draw throughput and RSS over time to this PNG")
+    p.set_defaults(func=_soak)
+
+    p = kinds.add_parser(
+        "overload",
+        help="far more load than capacity: bounded queue, 503 + Retry-After, bounded latency, nothing hangs",
+        description="Start gpufeed serve with a small queue (--queue-capacity images) and drive it with CLIENTS "
+        "closed-loop connections that never back off. Scrapes the queue depth every 50 ms. Prints offered and "
+        "admitted load, the share refused with 503, admitted latency p50/p99/max, the largest queue depth seen; "
+        "exit status 1 if the queue overflowed, a refusal lacked Retry-After, an admitted request exceeded the "
+        "request timeout, a request went unanswered, or the server did not recover.",
+    )
+    _add_reliability_args(p, clients=64, seconds=10.0)
+    p.add_argument("--queue-capacity", type=int, default=16, help="serve.queue_capacity (default 16 images)")
+    p.add_argument("--request-timeout", type=float, default=5.0, help="serve.request_timeout_seconds (default 5)")
+    p.set_defaults(func=_overload)
+
+    p = kinds.add_parser(
+        "drain",
+        help="SIGTERM with requests in flight: readiness false, in-flight answered, new ones 503, exit 0",
+        description="Start gpufeed serve, hold batch-size minus one requests in its batcher (a long max delay), send "
+        "SIGTERM, and probe readiness and predictions during the drain. Accounts for every request sent (answered, "
+        "refused at connect, dropped) and prints the exit status; exit status 1 if a request was dropped, an "
+        "in-flight request lost its answer, readiness stayed true, or the server did not exit 0.",
+    )
+    p.add_argument("--model-dir", type=Path, help="model folder to serve (default: smallcnn 64 px, batch 8, exported)")
+    p.add_argument(
+        "--hold-ms", type=float, default=2000.0, help="serve.max_delay_ms holding the requests (default 2000)"
+    )
+    p.add_argument("--shutdown-delay", type=float, default=2.0, help="serve.shutdown_delay_seconds (default 2)")
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="cpu", help="the server's device (default cpu)")
+    p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where the model and images are kept")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_drain)
+
+    p = kinds.add_parser(
+        "fuzz",
+        help="over a thousand malformed requests against gpufeed serve: every answer a 4xx naming the problem",
+        description="Start gpufeed serve (max body 256 KiB, 4 M pixels, 8 images per request) and send the generated "
+        "corpus of malformed requests (truncated, corrupt and bit-flipped JPEG/PNG, zero bytes, decompression-bomb "
+        "headers, wrong content types, malformed and oversized JSON, wrong tensor shapes and dtypes, unknown, "
+        "path-like and very long model names, broken multipart and query strings, wrong methods). Checks every "
+        "answer (no 5xx, the expected status and reason, a message naming the problem), that valid requests are "
+        "still answered correctly after each category, and that every refusal was counted by reason. Prints "
+        "requests by category, status and reason; exit status 1 on any failure.",
+    )
+    p.add_argument("--model-dir", type=Path, help="model folder to serve (default: smallcnn 64 px, batch 8, exported)")
+    p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="serve config")
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="cpu", help="the server's device (default cpu)")
+    p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where the model and images are kept")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_fuzz)
+
+
+def _fuzz(args: argparse.Namespace) -> int:
+    from gpufeed.bench.fuzz import main_fuzz
+
+    return main_fuzz(args)
+
+
+def _drain(args: argparse.Namespace) -> int:
+    from gpufeed.bench.drain import main_drain
+
+    return main_drain(args)
+
+
+def _overload(args: argparse.Namespace) -> int:
+    from gpufeed.bench.overload import main_overload
+
+    return main_overload(args)
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from gpufeed.bench.soak import main_soak
+
+    return main_soak(args)
+
 
 def _server(args: argparse.Namespace) -> int:
     from gpufeed.bench.server import main_server

@@ -40,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="serve exported models over HTTP: KServe v2, simple REST, Prometheus /metrics",
         description="Serve a model repository (one folder per model; the folder name is the model name) or a single "
         "model folder. KServe v2 under /v2 (tritonclient works), POST /v1/models/NAME/predict with an image body, "
-        "GET /metrics. Binds 127.0.0.1 unless told otherwise; SIGTERM drains in-flight requests.",
+        "GET /metrics, GET /openapi.json. Binds 127.0.0.1 unless told otherwise. SIGTERM drains: readiness turns false, "
+        "new requests get 503, requests in flight are answered, then it exits 0.",
     )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--model-repo", type=Path, metavar="DIR", help="folder of model folders")
@@ -49,6 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, help="port (default: serve.port, 8000; 0 picks a free one)")
     p.add_argument("--config", type=Path, metavar="CFG", help="YAML config (its serve section and device)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a key")
+    p.add_argument(
+        "--auth-token-file",
+        type=Path,
+        metavar="FILE",
+        help="require 'Authorization: Bearer <token>' with the token in FILE (serve.auth_token_file; "
+        "or set GPUFEED_SERVE_TOKEN)",
+    )
     p.set_defaults(func=_serve)
 
 
@@ -78,6 +86,8 @@ def _serve(args: argparse.Namespace) -> int:
     from gpufeed.config import load_config
     from gpufeed.server import serve_forever
 
-    cfg = load_config(args.config, args.overrides)
-    serve_forever(args.model_repo, args.model, cfg, host=args.host, port=args.port)
-    return 0
+    overrides = list(args.overrides)
+    if args.auth_token_file is not None:
+        overrides.append(f"serve.auth_token_file={args.auth_token_file}")
+    cfg = load_config(args.config, overrides)
+    return serve_forever(args.model_repo, args.model, cfg, host=args.host, port=args.port)

@@ -1,0 +1,283 @@
+"""``gpufeed bench fuzz``: send the malformed-request corpus to a real ``gpufeed serve`` and judge every answer.
+
+Each :class:`~gpufeed.bench._corpus.Probe` goes out byte for byte as generated (``http.client``
+keeps raw paths such as ``/v1/models/../x/predict`` as they are; httpx would normalise them) on a
+keep-alive connection. An answer passes when it is not a 5xx, has a status the probe allows, is a
+JSON ``{"error", "reason"}`` with the expected reason and an error message that names the problem
+(one of the probe's words, at most 1,000 characters). A probe marked ``may_decode`` may also get
+200. After each category, and at the end, a valid request must still be answered correctly: a
+JPEG gets the scores it got before the corpus, and a UINT8 tensor gets exactly the logits
+onnxruntime computes for it directly. Finally every reason the responses gave must have been
+counted once in ``gpufeed_server_errors_total``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.bench._corpus import Probe, Target, malformed_corpus
+
+__all__ = ["FUZZ_LIMITS", "fuzz_problems", "run_corpus", "valid_request_check"]
+
+# The limits the fuzzing server runs with: small enough that oversized probes stay cheap.
+FUZZ_LIMITS = {"max_body_bytes": 256 * 1024, "max_image_pixels": 4_000_000, "max_images_per_request": 8}
+MAX_MESSAGE_CHARS = 1000
+
+
+class RawClient:
+    """One keep-alive HTTP/1.1 connection that sends requests exactly as given."""
+
+    def __init__(self, host: str, port: int, headers: dict[str, str] | None = None, timeout_s: float = 60.0):
+        self.host, self.port, self.timeout_s = host, port, timeout_s
+        self.headers = dict(headers or {})
+        self.conn: http.client.HTTPConnection | None = None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def request(self, method, path, body=b"", headers=(), chunked=False) -> tuple[int, dict[str, str], bytes]:
+        """Status, lower-cased headers and body; raises ``OSError``/``http.client.HTTPException`` without one."""
+        for reused in (self.conn is not None, False):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+            all_headers = {**self.headers, **dict(headers)}
+            try:
+                if chunked:
+                    pieces = iter([body[i : i + 65536] for i in range(0, len(body), 65536)])
+                    self.conn.request(method, path, body=pieces, headers=all_headers, encode_chunked=True)
+                else:
+                    self.conn.request(method, path, body=body, headers=all_headers)
+                response = self.conn.getresponse()
+                data = response.read()
+                return response.status, {k.lower(): v for k, v in response.getheaders()}, data
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self.close()
+                if not reused:  # a fresh connection that fails is a real failure
+                    raise
+        raise AssertionError("unreachable")
+
+
+def _verdict(probe: Probe, status: int, body: bytes) -> tuple[str, str | None, str]:
+    """(verdict, reason given, message); verdict "ok" or "decoded" passes."""
+    if status >= 500:
+        return "server_error", None, body[:200].decode(errors="replace")
+    if status == 200 and probe.may_decode:
+        return "decoded", None, ""
+    try:
+        doc = json.loads(body)
+        message, reason = doc["error"], doc.get("reason")
+    except (ValueError, KeyError, TypeError):
+        return "no_json_error", None, body[:200].decode(errors="replace")
+    if status not in probe.statuses:
+        return "wrong_status", reason, message
+    if reason not in probe.reasons:
+        return "wrong_reason", reason, message
+    if not isinstance(message, str) or len(message) > MAX_MESSAGE_CHARS:
+        return "bad_message", reason, str(message)[:200]
+    if probe.words and not any(w.lower() in message.lower() for w in probe.words):
+        return "unnamed_problem", reason, message
+    return "ok", reason, message
+
+
+def errors_by_reason(host: str, port: int, headers: dict[str, str] | None = None) -> Counter:
+    """``gpufeed_server_errors_total`` summed over models, by reason."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client = RawClient(host, port, headers)
+    try:
+        _, _, text = client.request("GET", "/metrics")
+    finally:
+        client.close()
+    out = Counter()
+    for family in text_string_to_metric_families(text.decode()):
+        for s in family.samples:
+            if s.name == "gpufeed_server_errors_total":
+                out[s.labels["reason"]] += s.value
+    return out
+
+
+def direct_logits(model_dir: Path, rows: np.ndarray) -> np.ndarray:
+    """onnxruntime on the exported graph, without the server: rows padded to the fixed batch size."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(Path(model_dir) / "model.onnx"), providers=["CPUExecutionProvider"])
+    n = session.get_inputs()[0].shape[0]
+    padded = np.concatenate([rows, np.zeros((n - len(rows), *rows.shape[1:]), np.uint8)])
+    return session.run(None, {session.get_inputs()[0].name: padded})[0][: len(rows)]
+
+
+def valid_request_check(
+    host: str, port: int, model_dir: Path, jpeg: bytes | None, headers: dict[str, str] | None = None
+) -> Callable[[], str | None]:
+    """A check to run between probes: ``None`` when valid requests are answered correctly, else why not.
+
+    The UINT8 tensor request must get the logits onnxruntime gives directly; the JPEG (image models)
+    must get the scores it got when this check was made, before any malformed request.
+    """
+    from gpufeed.models import read_model_card
+
+    card = read_model_card(model_dir)
+    rows = np.random.default_rng(7).integers(0, 256, (1, *card.sample_shape), dtype=np.uint8)
+    expected = direct_logits(model_dir, rows)
+    doc = {"inputs": [{"name": card.input_name, "datatype": "UINT8", "shape": list(rows.shape),
+                       "data": rows.ravel().tolist()}], "outputs": [{"name": "logits"}]}  # fmt: skip
+    body = json.dumps(doc).encode()
+    client = RawClient(host, port, headers)
+    predict = f"/v1/models/{card.name}/predict?top_k={card.spec.num_classes}"
+
+    def jpeg_scores() -> list[float]:
+        status, _, data = client.request("POST", predict, jpeg, {"Content-Type": "image/jpeg"}.items())
+        if status != 200:
+            raise RuntimeError(f"a valid JPEG got {status}: {data[:200]!r}")
+        (prediction,) = json.loads(data)["predictions"]
+        return [t["score"] for t in sorted(prediction["top_k"], key=lambda t: t["index"])]
+
+    reference = jpeg_scores() if jpeg is not None and card.spec.task == "image" else None
+
+    def check() -> str | None:
+        try:
+            status, _, data = client.request("GET", "/v2/health/ready")
+            if status != 200:
+                return f"not ready: {status} {data[:200]!r}"
+            status, _, data = client.request("POST", f"/v2/models/{card.name}/infer", body)
+            if status != 200:
+                return f"a valid UINT8 request got {status}: {data[:200]!r}"
+            got = np.array(json.loads(data)["outputs"][0]["data"], np.float32).reshape(expected.shape)
+            if not np.allclose(got, expected, atol=1e-5):
+                return f"a valid UINT8 request got logits {got} instead of {expected}"
+            if reference is not None and not np.allclose(jpeg_scores(), reference, atol=1e-6):
+                return "a valid JPEG got different scores than before the corpus"
+        except (OSError, http.client.HTTPException, RuntimeError) as err:
+            return f"a valid request failed: {err}"
+        return None
+
+    return check
+
+
+def run_corpus(
+    host: str,
+    port: int,
+    probes: list[Probe],
+    check_valid: Callable[[], str | None],
+    *,
+    headers: dict[str, str] | None = None,
+    progress: bool = True,
+) -> dict:
+    """Send every probe, judge every answer, run ``check_valid`` after each category; return the figures."""
+    from tqdm import tqdm
+
+    before = errors_by_reason(host, port, headers)
+    client = RawClient(host, port, headers)
+    categories: dict[str, dict] = {}
+    statuses, reasons, failures, valid_failures = Counter(), Counter(), [], []
+    valid_checks = 0
+    started = time.perf_counter()
+    order = list(dict.fromkeys(p.category for p in probes))
+    bar = tqdm(total=len(probes), desc="fuzz corpus", unit="req", leave=False, disable=not progress)
+    for category in order:
+        tally = categories.setdefault(category, {"sent": 0, "statuses": Counter(), "decoded": 0, "failures": 0})
+        for probe in (p for p in probes if p.category == category):
+            tally["sent"] += 1
+            try:
+                status, _, body = client.request(probe.method, probe.path, probe.body, probe.headers, probe.chunked)
+                verdict, reason, message = _verdict(probe, status, body)
+            except (OSError, http.client.HTTPException) as err:
+                status, verdict, reason, message = 0, "no_answer", None, f"{type(err).__name__}: {err}"
+                client.close()
+            if probe.close_after:
+                client.close()
+            statuses[status] += 1
+            tally["statuses"][status] += 1
+            if reason is not None:
+                reasons[reason] += 1
+            tally["decoded"] += verdict == "decoded"
+            if verdict not in ("ok", "decoded"):
+                tally["failures"] += 1
+                failures.append({"category": category, "verdict": verdict, "status": status, "reason": reason,
+                                 "message": message[:300], "method": probe.method, "path": probe.path[:120]})  # fmt: skip
+            bar.update(1)
+        problem = check_valid()
+        valid_checks += 1
+        if problem is not None:
+            valid_failures.append(f"after {category}: {problem}")
+    bar.close()
+    client.close()
+    seconds = time.perf_counter() - started
+    after = errors_by_reason(host, port, headers)
+    counted = {r: after[r] - before[r] for r in set(after) | set(before) if after[r] != before[r]}
+    return {
+        "requests": len(probes),
+        "seconds": seconds,
+        "categories": {c: {**v, "statuses": dict(sorted(v["statuses"].items()))} for c, v in categories.items()},
+        "statuses": dict(sorted(statuses.items())),
+        "reasons": dict(sorted(reasons.items())),
+        "counted": dict(sorted(counted.items())),
+        "failures": failures,
+        "valid_checks": valid_checks,
+        "valid_failures": valid_failures,
+    }
+
+
+def fuzz_problems(summary: dict) -> list[str]:
+    """What went wrong in a corpus run (empty when it passed)."""
+    problems = []
+    if summary["failures"]:
+        kinds = Counter(f["verdict"] for f in summary["failures"])
+        first = summary["failures"][0]
+        problems.append(f"{len(summary['failures'])} bad answer(s) {dict(kinds)}; first: {first}")
+    problems += summary["valid_failures"]
+    if summary["counted"] != summary["reasons"]:
+        problems.append(f"errors counted by the server {summary['counted']} != reasons answered {summary['reasons']}")
+    return problems
+
+
+def print_fuzz_result(summary: dict) -> None:
+    from gpufeed.bench._common import format_table
+
+    print(
+        f"\nfuzz corpus: {summary['requests']:,} malformed requests in {summary['seconds']:.1f} s "
+        f"({summary['requests'] / summary['seconds']:,.0f} req/s), valid request checked {summary['valid_checks']} times"
+    )
+    rows = []
+    for category, tally in summary["categories"].items():
+        shown = ", ".join(f"{k}: {v}" for k, v in tally["statuses"].items())
+        rows.append([category, tally["sent"], shown, tally["decoded"], tally["failures"]])
+    print(format_table(["category", "sent", "statuses", "decoded (200)", "bad answers"], rows))
+    print(f"  statuses: {summary['statuses']}")
+    print(f"  reasons answered: {summary['reasons']}")
+    print(f"  counted in gpufeed_server_errors_total: {summary['counted']}")
+    problems = fuzz_problems(summary)
+    print("  result: " + ("PASS" if not problems else "FAIL: " + "; ".join(problems)))
+
+
+def main_fuzz(args) -> int:
+    from gpufeed.bench._common import write_json
+    from gpufeed.bench._serve_proc import ServeProcess, quiet_http_logs
+    from gpufeed.bench.soak import reliability_inputs
+    from gpufeed.models import read_model_card
+
+    quiet_http_logs()
+    model_dir, images = reliability_inputs(args.cache, args.model_dir)
+    card = read_model_card(model_dir)
+    settings = [f"serve.{k}={v}" for k, v in FUZZ_LIMITS.items()] + ["serve.max_delay_ms=2", *args.overrides]
+    with ServeProcess(model_dir, settings, device=args.device) as server:
+        probes = malformed_corpus([Target.from_card(card)], seed=args.seed, **FUZZ_LIMITS)
+        check = valid_request_check(server.host, server.port, model_dir, images[0])
+        summary = run_corpus(server.host, server.port, probes, check)
+        alive = server.proc.poll() is None
+    summary["server_alive_after"] = alive
+    summary["exit_status"] = server.proc.returncode
+    print_fuzz_result(summary)
+    print(f"  server alive after the corpus: {alive}; exit status on SIGTERM {summary['exit_status']}")
+    if args.json:
+        write_json(args.json, summary)
+    return 1 if fuzz_problems(summary) or not alive or summary["exit_status"] != 0 else 0

@@ -1,0 +1,232 @@
+"""``gpufeed bench overload``: offer far more load than the server can take, and watch it refuse cleanly.
+
+A ``gpufeed serve`` child process with a small queue (``serve.queue_capacity``) is driven by many
+more closed-loop clients than the queue holds. Clients do not back off: a 503 is followed at once
+by the next request, so the offered load stays well above capacity for the whole run. Meanwhile
+``/metrics`` is scraped every 50 ms for ``gpufeed_server_queue_depth``.
+
+What it checks (:func:`overload_problems`): the queue depth never exceeds its capacity; every
+refusal is 503 ``queue_full`` with Retry-After; admitted requests are answered (200) within
+``serve.request_timeout_seconds``; no request goes unanswered (the client's own timeout never
+fires); afterwards the server is ready and answers a request exactly as before the overload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["overload_problems", "predict_scores", "run_overload"]
+
+QUEUE_METRIC = "gpufeed_server_queue_depth"
+
+
+def _scrape(url: str, headers: dict[str, str]) -> dict[tuple[str, tuple], float]:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", headers=headers, timeout=10).text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _watch_depth(url: str, model: str, headers, depths: list[float], stop: threading.Event) -> None:
+    import httpx
+
+    key = (QUEUE_METRIC, (("model", model),))
+    while not stop.is_set():
+        with contextlib.suppress(httpx.TransportError, KeyError):
+            depths.append(_scrape(url, headers)[key])
+        stop.wait(0.05)
+
+
+def predict_scores(url: str, model: str, image: bytes, num_classes: int, headers: dict[str, str]) -> list[float]:
+    """Every class score for ``image`` through REST, in class order (raises unless 200)."""
+    import httpx
+
+    response = httpx.post(
+        f"{url}/v1/models/{model}/predict?top_k={num_classes}",
+        files={"image": ("image.jpg", image, "image/jpeg")},
+        headers=headers,
+        timeout=60,
+    )
+    if response.status_code != 200:
+        raise RuntimeError(f"a valid request got {response.status_code}: {response.text[:300]}")
+    (prediction,) = response.json()["predictions"]
+    return [t["score"] for t in sorted(prediction["top_k"], key=lambda t: t["index"])]
+
+
+def run_overload(
+    model_dir: Path,
+    images: list[bytes],
+    *,
+    clients: int = 64,
+    seconds: float = 10.0,
+    warmup_s: float = 2.0,
+    queue_capacity: int = 16,
+    request_timeout_s: float = 5.0,
+    overrides: tuple[str, ...] = (),
+    device: str = "cpu",
+) -> dict:
+    """Serve ``model_dir`` with a ``queue_capacity`` queue, drive it with ``clients`` connections; return figures."""
+    import httpx
+
+    from gpufeed.bench._loadgen import run_load
+    from gpufeed.bench._serve_proc import ServeProcess
+    from gpufeed.models import read_model_card
+
+    card = read_model_card(model_dir)
+    settings = [
+        f"serve.queue_capacity={queue_capacity}",
+        f"serve.request_timeout_seconds={request_timeout_s}",
+        "serve.retry_after_seconds=1",
+        *overrides,
+    ]
+    depths: list[float] = []
+    with ServeProcess(model_dir, settings, device=device) as server:
+        headers: dict[str, str] = {}
+        num_classes = card.spec.num_classes
+        before = predict_scores(server.url, card.name, images[0], num_classes, headers)
+        errors_before = _scrape(server.url, headers)
+        stop = threading.Event()
+        watcher = threading.Thread(
+            target=_watch_depth, args=(server.url, card.name, headers, depths, stop), daemon=True
+        )
+        watcher.start()
+        started = time.perf_counter()
+        try:
+            result = run_load(
+                server.host,
+                server.port,
+                f"/v1/models/{card.name}/predict",
+                images,
+                concurrency=clients,
+                seconds=seconds,
+                warmup_s=warmup_s,
+                response_timeout_s=request_timeout_s + 10.0,
+            )
+        finally:
+            stop.set()
+            watcher.join(10)
+        load_seconds = time.perf_counter() - started
+        ready_after = httpx.get(server.url + "/v2/health/ready", timeout=10).status_code
+        after = predict_scores(server.url, card.name, images[0], num_classes, headers)
+        errors_after = _scrape(server.url, headers)
+    counted = {
+        reason: errors_after.get(("gpufeed_server_errors_total", (("model", card.name), ("reason", reason))), 0.0)
+        - errors_before.get(("gpufeed_server_errors_total", (("model", card.name), ("reason", reason))), 0.0)
+        for reason in ("queue_full", "timeout", "internal")
+    }
+    answered = sum(result.statuses.values())
+    refused = result.statuses.get(503, 0)
+    return {
+        "benchmark": "overload",
+        "model": {
+            "name": card.name,
+            "architecture": card.spec.name,
+            "size_px": card.spec.size_px,
+            "batch_size": card.batch_size,
+        },
+        "clients": clients,
+        "seconds": seconds,
+        "queue_capacity": queue_capacity,
+        "request_timeout_seconds": request_timeout_s,
+        "device": device,
+        "load": result.to_dict(),
+        "offered_rps": answered / seconds,
+        "admitted_rps": result.throughput,
+        "refused_share": refused / answered if answered else float("nan"),
+        "admitted_max_ms": max(result.latencies_s, default=float("nan")) * 1000,
+        "queue_depth_max": max(depths, default=float("nan")),
+        "queue_depth_samples": len(depths),
+        "counted_errors": counted,
+        "ready_after": ready_after,
+        "same_answer_after": bool(np.allclose(before, after, atol=1e-6)) and len(before) == num_classes,
+        "exit_status": server.proc.returncode,
+        "load_seconds": load_seconds,
+    }
+
+
+def overload_problems(result: dict) -> list[str]:
+    """What went wrong in an overload run (empty when it passed)."""
+    load, problems = result["load"], []
+    statuses = {int(k): v for k, v in load["statuses"].items()}
+    refused = statuses.get(503, 0)
+    if refused == 0:
+        problems.append("no request was refused: the offered load did not exceed capacity")
+    if load["ok"] == 0:
+        problems.append("no request was admitted")
+    if set(statuses) - {200, 503}:
+        problems.append(f"statuses other than 200 and 503: {statuses}")
+    if load["reasons"] and set(load["reasons"]) != {"queue_full"}:
+        problems.append(f"refusal reasons other than queue_full: {load['reasons']}")
+    if load["retry_after"] != refused:
+        problems.append(f"{refused - load['retry_after']} of {refused} 503s came without Retry-After")
+    if load["no_answer"]:
+        problems.append(f"{load['no_answer']} request(s) got no answer (hung or dropped)")
+    if not result["queue_depth_max"] <= result["queue_capacity"]:
+        problems.append(f"queue depth reached {result['queue_depth_max']:g} > capacity {result['queue_capacity']}")
+    if not result["admitted_max_ms"] <= result["request_timeout_seconds"] * 1000:
+        problems.append(f"an admitted request took {result['admitted_max_ms']:.0f} ms, over the request timeout")
+    if result["ready_after"] != 200 or not result["same_answer_after"]:
+        problems.append(f"after the overload: ready {result['ready_after']}, same answer {result['same_answer_after']}")
+    if result["exit_status"] != 0:
+        problems.append(f"exit status {result['exit_status']} after SIGTERM (expected 0)")
+    return problems
+
+
+def print_overload_result(result: dict) -> None:
+    load, model = result["load"], result["model"]
+    print(
+        f"\noverload: {result['clients']} clients without back-off x {result['seconds']:g} s against gpufeed serve "
+        f"({model['architecture']} {model['size_px']} px batch {model['batch_size']}, {result['device']}), "
+        f"queue capacity {result['queue_capacity']} images, request timeout {result['request_timeout_seconds']:g} s"
+    )
+    print(
+        f"  offered {result['offered_rps']:,.0f} req/s; admitted {result['admitted_rps']:,.1f} req/s (200); "
+        f"refused {result['refused_share']:.1%} with 503 (reasons {load['reasons']}, Retry-After on "
+        f"{load['retry_after']:,}); unanswered {load['no_answer']}"
+    )
+    print(
+        f"  admitted latency p50 {load['p50_ms']:,.1f} ms, p99 {load['p99_ms']:,.1f} ms, max "
+        f"{result['admitted_max_ms']:,.1f} ms (timeout {result['request_timeout_seconds'] * 1000:,.0f} ms)"
+    )
+    print(
+        f"  queue depth: max {result['queue_depth_max']:g} of {result['queue_capacity']} over "
+        f"{result['queue_depth_samples']} scrapes; counted errors {result['counted_errors']}"
+    )
+    print(
+        f"  after: ready {result['ready_after']}, same answer as before {result['same_answer_after']}, "
+        f"exit status on SIGTERM {result['exit_status']}"
+    )
+    problems = overload_problems(result)
+    print("  result: " + ("PASS" if not problems else "FAIL: " + "; ".join(problems)))
+
+
+def main_overload(args) -> int:
+    from gpufeed.bench._common import write_json
+    from gpufeed.bench._serve_proc import quiet_http_logs
+    from gpufeed.bench.soak import reliability_inputs
+
+    quiet_http_logs()
+    model_dir, images = reliability_inputs(args.cache, args.model_dir)
+    result = run_overload(
+        model_dir,
+        images,
+        clients=args.clients,
+        seconds=args.seconds,
+        queue_capacity=args.queue_capacity,
+        request_timeout_s=args.request_timeout,
+        overrides=tuple(args.overrides),
+        device=args.device,
+    )
+    print_overload_result(result)
+    if args.json:
+        write_json(args.json, result)
+    return 1 if overload_problems(result) else 0

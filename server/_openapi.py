@@ -1,0 +1,310 @@
+"""The server's own OpenAPI 3.0 description, served at ``GET /openapi.json``.
+
+Written out by hand from the routes in :mod:`gpufeed.server._app` (the app is plain Starlette, so
+nothing generates it), for the served models: path parameter ``name`` lists them, so a client or a
+fuzzer (schemathesis, in the tests) reaches the real endpoints rather than 404s. Request bodies
+are described as the handlers read them: KServe v2 JSON inference requests (or the binary tensor
+extension, ``application/octet-stream`` with ``Inference-Header-Content-Length``), REST image
+bodies (``image/jpeg``, ``image/png``, ``multipart/form-data`` with an ``image`` file). Every
+refusal is declared with its status and the JSON error body, so a response the document does not
+allow is a bug one side or the other.
+"""
+
+from __future__ import annotations
+
+from gpufeed.server._errors import REASONS
+from gpufeed.server._kserve import DTYPES
+
+__all__ = ["openapi_document"]
+
+_REF = "#/components/schemas/"
+_ERROR_STATUSES = {
+    "400": "the request is malformed: bad JSON, shape, dtype, image data or parameter (reason says which)",
+    "404": "no such model (or version)",
+    "408": "the request body did not arrive within serve.request_timeout_seconds",
+    "413": "the body is larger than serve.max_body_bytes",
+    "415": "the content type or image format is not accepted",
+    "503": "the queue is full (Retry-After) or the server is loading or draining",
+    "504": "no answer within serve.request_timeout_seconds",
+}
+
+
+def _json(schema: dict) -> dict:
+    return {"application/json": {"schema": schema}}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": _REF + name}
+
+
+def _errors(codes: tuple[str, ...], auth: bool) -> dict:
+    out = {code: {"description": _ERROR_STATUSES[code], "content": _json(_ref("Error"))} for code in codes}
+    if auth:
+        out["401"] = {
+            "description": "missing or wrong bearer token (WWW-Authenticate: Bearer)",
+            "content": _json(_ref("Error")),
+        }
+    return out
+
+
+def _schemas(datatypes: list[str]) -> dict:
+    string, integer, boolean = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}
+    shape = {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 8}
+    tensor_meta = {
+        "type": "object",
+        "required": ["name", "datatype", "shape"],
+        "properties": {"name": string, "datatype": string, "shape": {"type": "array", "items": integer}},
+    }
+    return {
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {"error": string, "reason": {"type": "string", "enum": [*REASONS, "not_ready"]}},
+        },
+        "Live": {"type": "object", "required": ["live"], "properties": {"live": boolean}},
+        "Ready": {"type": "object", "required": ["ready"], "properties": {"ready": boolean, "error": string}},
+        "ServerMetadata": {
+            "type": "object",
+            "required": ["name", "version", "extensions"],
+            "properties": {"name": string, "version": string, "extensions": {"type": "array", "items": string}},
+        },
+        "ModelMetadata": {
+            "type": "object",
+            "required": ["name", "versions", "platform", "inputs", "outputs"],
+            "properties": {
+                "name": string,
+                "versions": {"type": "array", "items": string},
+                "platform": string,
+                "inputs": {"type": "array", "items": tensor_meta},
+                "outputs": {"type": "array", "items": tensor_meta},
+                "parameters": {"type": "object"},
+            },
+        },
+        "ModelReady": {
+            "type": "object",
+            "required": ["name", "ready"],
+            "properties": {"name": string, "ready": boolean},
+        },
+        "ModelList": {
+            "type": "object",
+            "required": ["models"],
+            "properties": {
+                "models": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "ready"],
+                        "properties": {"name": string, "ready": boolean},
+                    },
+                }
+            },
+        },
+        "InferInput": {
+            "type": "object",
+            "required": ["name", "datatype", "shape"],
+            "properties": {
+                "name": string,
+                "datatype": {"type": "string", "enum": datatypes},
+                "shape": shape,
+                "data": {"type": "array", "description": "row-major values, flat or nested; BYTES as strings"},
+                "parameters": {
+                    "type": "object",
+                    "properties": {"binary_data_size": {"type": "integer", "minimum": 0}},
+                },
+            },
+        },
+        "RequestedOutput": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "enum": ["logits", "scores"]},
+                "parameters": {
+                    "type": "object",
+                    "properties": {"binary_data": boolean, "classification": {"type": "integer", "minimum": 0}},
+                },
+            },
+        },
+        "InferRequest": {
+            "type": "object",
+            "required": ["inputs"],
+            "properties": {
+                "id": string,
+                "inputs": {"type": "array", "minItems": 1, "items": _ref("InferInput")},
+                "outputs": {"type": "array", "items": _ref("RequestedOutput")},
+                "parameters": {"type": "object", "properties": {"binary_data_output": boolean}},
+            },
+        },
+        "InferResponse": {
+            "type": "object",
+            "required": ["model_name", "outputs"],
+            "properties": {
+                "model_name": string,
+                "model_version": string,
+                "id": string,
+                "outputs": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "datatype", "shape"],
+                        "properties": {
+                            "name": string,
+                            "datatype": string,
+                            "shape": {"type": "array", "items": integer},
+                            "data": {"type": "array"},
+                            "parameters": {"type": "object"},
+                        },
+                    },
+                },
+            },
+        },
+        "Predictions": {
+            "type": "object",
+            "required": ["model", "multilabel", "predictions"],
+            "properties": {
+                "model": string,
+                "multilabel": boolean,
+                "predictions": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["image", "top_k"],
+                        "properties": {
+                            "image": integer,
+                            "top_k": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "required": ["label", "index", "score"],
+                                    "properties": {"label": string, "index": integer, "score": {"type": "number"}},
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    }
+
+
+def openapi_document(model_names: list[str], version: str, auth: bool) -> dict:
+    """The OpenAPI 3.0.3 document for a server serving ``model_names``.
+
+    Args:
+        model_names: Served model names (the ``name`` path parameter's values).
+        version: gpufeed's version.
+        auth: Whether a bearer token is required (adds the security scheme and 401 responses).
+    """
+    name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string", "enum": list(model_names)}}
+    version_param = {"name": "version", "in": "path", "required": True, "schema": {"type": "string", "enum": ["1"]}}
+    open_op = {"security": []} if auth else {}
+
+    def get(summary: str, schema: str, codes: tuple[str, ...] = (), params=(), ok_codes=("200",), public=False):
+        responses = {code: {"description": summary, "content": _json(_ref(schema))} for code in ok_codes}
+        responses.update(_errors(codes, auth and not public))
+        op = {"summary": summary, "responses": responses, **(open_op if public else {})}
+        if params:
+            op["parameters"] = list(params)
+        return {"get": op}
+
+    infer_body = {
+        "required": True,
+        "content": {
+            **_json(_ref("InferRequest")),
+            "application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"},
+                "description": "binary tensor extension: a JSON header of Inference-Header-Content-Length bytes, "
+                "then each input's binary_data_size bytes",
+            },
+        },
+    }
+    infer_responses = {
+        "200": {
+            "description": "outputs logits and scores, FP32 [k, classes]",
+            "content": {**_json(_ref("InferResponse")), "application/octet-stream": {"schema": {"type": "string"}}},
+        },
+        **_errors(tuple(_ERROR_STATUSES), auth),
+    }
+    header = {
+        "name": "Inference-Header-Content-Length",
+        "in": "header",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1},
+    }
+
+    def infer(params):
+        return {
+            "post": {
+                "summary": "KServe v2 inference: input 'image' (BYTES, encoded JPEG/PNG) or 'pixels' (UINT8)",
+                "parameters": [*params, header],
+                "requestBody": infer_body,
+                "responses": infer_responses,
+            }
+        }
+
+    image = {"schema": {"type": "string", "format": "binary"}}
+    predict = {
+        "post": {
+            "summary": "classify an image: raw image/jpeg or image/png body, or multipart/form-data files",
+            "parameters": [
+                name,
+                {"name": "top_k", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1}},
+            ],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "image/jpeg": image,
+                    "image/png": image,
+                    "multipart/form-data": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["image"],
+                            "properties": {"image": {"type": "string", "format": "binary"}},
+                        }
+                    },
+                },
+            },
+            "responses": {
+                "200": {"description": "top-k labels and scores per image", "content": _json(_ref("Predictions"))},
+                **_errors(tuple(_ERROR_STATUSES), auth),
+            },
+        }
+    }
+    paths = {
+        "/v2/health/live": get("the process serves HTTP", "Live", public=True),
+        "/v2/health/ready": get("every model loaded and warmed up", "Ready", ok_codes=("200", "503"), public=True),
+        "/v2": get("server metadata", "ServerMetadata"),
+        "/v2/models/{name}": get("model metadata", "ModelMetadata", ("404",), [name]),
+        "/v2/models/{name}/versions/{version}": get("model metadata", "ModelMetadata", ("404",), [name, version_param]),
+        "/v2/models/{name}/ready": get("model readiness", "ModelReady", ("404",), [name], ok_codes=("200", "503")),
+        "/v2/models/{name}/versions/{version}/ready": get(
+            "model readiness", "ModelReady", ("404",), [name, version_param], ok_codes=("200", "503")
+        ),
+        "/v2/models/{name}/infer": infer([name]),
+        "/v2/models/{name}/versions/{version}/infer": infer([name, version_param]),
+        "/v1/models": get("the served models", "ModelList"),
+        "/v1/models/{name}/predict": predict,
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus text exposition",
+                "responses": {
+                    "200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                    **_errors((), auth),
+                },
+            }
+        },
+    }
+    document = {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "gpufeed inference server",
+            "version": version,
+            "description": "KServe v2 (Open Inference Protocol) and a simple REST endpoint for models exported "
+            "by gpufeed export. Errors are JSON {error, reason}.",
+        },
+        "paths": paths,
+        "components": {"schemas": _schemas(["BYTES", *DTYPES])},
+    }
+    if auth:
+        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        document["security"] = [{"bearer": []}]
+    return document
