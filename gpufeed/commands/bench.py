@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpufeed.commands import lazy
+
 
 def _size(text: str) -> tuple[int, int]:
     try:
@@ -33,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=0, help="workers/threads; 0 = one per core")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=_loader)
+    p.set_defaults(func=lazy("gpufeed.bench.loader:main_loader"))
 
     p = kinds.add_parser(
         "clips",
@@ -66,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated videos are kept")
     p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=_clips)
+    p.set_defaults(func=lazy("gpufeed.bench.clips:main_clips"))
 
     p = kinds.add_parser(
         "server",
@@ -95,19 +97,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.add_argument("--plot", type=Path, help="draw throughput and p99 against concurrency to this PNG")
-    p.set_defaults(func=_server)
+    p.set_defaults(func=lazy("gpufeed.bench.server:main_server"))
 
     register_reliability(kinds)
 
 
-def _add_reliability_args(p: argparse.ArgumentParser, clients: int, seconds: float) -> None:
+def _add_served_model_args(p: argparse.ArgumentParser) -> None:
+    """What every server reliability benchmark takes: the model, the device, the cache, the JSON."""
     p.add_argument("--model-dir", type=Path, help="model folder to serve (default: smallcnn 64 px, batch 8, exported)")
-    p.add_argument("--clients", type=int, default=clients, help=f"concurrent connections (default {clients})")
-    p.add_argument("--seconds", type=float, default=seconds, help=f"measured seconds (default {seconds:g})")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="serve config")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="cpu", help="the server's device (default cpu)")
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where the model and images are kept")
     p.add_argument("--json", type=Path, help="write the figures here")
+
+
+def _add_overrides_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="serve config")
+
+
+def _add_reliability_args(p: argparse.ArgumentParser, clients: int, seconds: float) -> None:
+    _add_served_model_args(p)
+    _add_overrides_arg(p)
+    p.add_argument("--clients", type=int, default=clients, help=f"concurrent connections (default {clients})")
+    p.add_argument("--seconds", type=float, default=seconds, help=f"measured seconds (default {seconds:g})")
 
 
 def register_reliability(kinds) -> None:
@@ -124,7 +135,7 @@ def register_reliability(kinds) -> None:
     p.add_argument("--warmup-seconds", type=float, default=10.0, help="load before measuring (default 10)")
     p.add_argument("--max-growth", type=float, default=0.10, help="largest RSS growth that passes (default 0.10)")
     p.add_argument("--plot", type=Path, help="draw throughput and RSS over time to this PNG")
-    p.set_defaults(func=_soak)
+    p.set_defaults(func=lazy("gpufeed.bench.soak:main_soak"))
 
     p = kinds.add_parser(
         "overload",
@@ -138,7 +149,7 @@ def register_reliability(kinds) -> None:
     _add_reliability_args(p, clients=64, seconds=10.0)
     p.add_argument("--queue-capacity", type=int, default=16, help="serve.queue_capacity (default 16 images)")
     p.add_argument("--request-timeout", type=float, default=5.0, help="serve.request_timeout_seconds (default 5)")
-    p.set_defaults(func=_overload)
+    p.set_defaults(func=lazy("gpufeed.bench.overload:main_overload"))
 
     p = kinds.add_parser(
         "drain",
@@ -148,15 +159,12 @@ def register_reliability(kinds) -> None:
         "refused at connect, dropped) and prints the exit status; exit status 1 if a request was dropped, an "
         "in-flight request lost its answer, readiness stayed true, or the server did not exit 0.",
     )
-    p.add_argument("--model-dir", type=Path, help="model folder to serve (default: smallcnn 64 px, batch 8, exported)")
+    _add_served_model_args(p)
     p.add_argument(
         "--hold-ms", type=float, default=2000.0, help="serve.max_delay_ms holding the requests (default 2000)"
     )
     p.add_argument("--shutdown-delay", type=float, default=2.0, help="serve.shutdown_delay_seconds (default 2)")
-    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="cpu", help="the server's device (default cpu)")
-    p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where the model and images are kept")
-    p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=_drain)
+    p.set_defaults(func=lazy("gpufeed.bench.drain:main_drain"))
 
     p = kinds.add_parser(
         "fuzz",
@@ -169,52 +177,7 @@ def register_reliability(kinds) -> None:
         "still answered correctly after each category, and that every refusal was counted by reason. Prints "
         "requests by category, status and reason; exit status 1 on any failure.",
     )
-    p.add_argument("--model-dir", type=Path, help="model folder to serve (default: smallcnn 64 px, batch 8, exported)")
+    _add_served_model_args(p)
+    _add_overrides_arg(p)
     p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="serve config")
-    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="cpu", help="the server's device (default cpu)")
-    p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where the model and images are kept")
-    p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=_fuzz)
-
-
-def _fuzz(args: argparse.Namespace) -> int:
-    from gpufeed.bench.fuzz import main_fuzz
-
-    return main_fuzz(args)
-
-
-def _drain(args: argparse.Namespace) -> int:
-    from gpufeed.bench.drain import main_drain
-
-    return main_drain(args)
-
-
-def _overload(args: argparse.Namespace) -> int:
-    from gpufeed.bench.overload import main_overload
-
-    return main_overload(args)
-
-
-def _soak(args: argparse.Namespace) -> int:
-    from gpufeed.bench.soak import main_soak
-
-    return main_soak(args)
-
-
-def _server(args: argparse.Namespace) -> int:
-    from gpufeed.bench.server import main_server
-
-    return main_server(args)
-
-
-def _loader(args: argparse.Namespace) -> int:
-    from gpufeed.bench.loader import main_loader
-
-    return main_loader(args)
-
-
-def _clips(args: argparse.Namespace) -> int:
-    from gpufeed.bench.clips import main_clips
-
-    return main_clips(args)
+    p.set_defaults(func=lazy("gpufeed.bench.fuzz:main_fuzz"))
