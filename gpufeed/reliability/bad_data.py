@@ -32,10 +32,11 @@ import json
 import shutil
 import threading
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufeed.reliability._common import (
+    Checklist,
     LogCapture,
     ensure_synth,
     run_cli,
@@ -131,7 +132,7 @@ class CaseResult:
 
 
 @dataclass
-class BadDataReport:
+class BadDataReport(Checklist):
     """Everything :func:`run_bad_data` found (see the module docs for what is expected)."""
 
     dataset: BadDataset
@@ -185,13 +186,6 @@ class BadDataReport:
         finished("clip, skip", len(bad.videos), 0)
         finished("clip, quarantine", len(bad.videos), len(bad.videos))
         return out
-
-    @property
-    def ok(self) -> bool:
-        return all(passed for _, passed in self.checks())
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "checks": dict(self.checks()), "ok": self.ok}
 
     def table(self) -> str:
         from gpufeed.bench._common import format_table

@@ -36,7 +36,14 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpufeed.reliability._common import ensure_synth, run_cli, step_records, tiny_train_mapping, write_train_yaml
+from gpufeed.reliability._common import (
+    Checklist,
+    ensure_synth,
+    run_cli,
+    step_records,
+    tiny_train_mapping,
+    write_train_yaml,
+)
 
 __all__ = ["DiskCase", "DiskReport", "namespace_command", "run_disk_faults"]
 
@@ -73,7 +80,7 @@ class DiskCase:
 
 
 @dataclass
-class DiskReport:
+class DiskReport(Checklist):
     """The cases that ran, and why the others did not."""
 
     cases: list[DiskCase]
@@ -109,13 +116,6 @@ class DiskReport:
                 )
             )
         return out
-
-    @property
-    def ok(self) -> bool:
-        return all(passed for _, passed in self.checks())
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "checks": dict(self.checks()), "ok": self.ok}
 
     def table(self) -> str:
         from gpufeed.bench._common import format_table
