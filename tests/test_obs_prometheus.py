@@ -29,7 +29,7 @@ from gpufeed.obs import (
 )
 from gpufeed.obs._watch import refresh_train_targets, stack_prometheus
 
-STACK = Path(__file__).resolve().parents[1] / "docker"
+STACK = Path(__file__).resolve().parents[1] / "gpufeed" / "obs" / "stack"
 
 
 @pytest.fixture(scope="module")

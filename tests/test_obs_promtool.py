@@ -14,7 +14,7 @@ import pytest
 
 from gpufeed.obs import PrometheusNotFoundError, find_prometheus_binary
 
-PROMETHEUS_DIR = Path(__file__).resolve().parents[1] / "docker" / "prometheus"
+PROMETHEUS_DIR = Path(__file__).resolve().parents[1] / "gpufeed" / "obs" / "stack" / "prometheus"
 
 
 @pytest.fixture(scope="module")

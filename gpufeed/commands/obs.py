@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="write a Prometheus file_sd target list from training runs' metrics-rank<r>.addr files",
         description="Each training rank writes the host:port of its metrics endpoint to "
         "RUN_DIR/metrics-rank<r>.addr. This turns them into a file_sd JSON list Prometheus re-reads on change "
-        "(docker/prometheus/prometheus.yml reads targets/train*.json).",
+        "(the stack's prometheus.yml reads targets/train*.json; docker/compose.yaml mounts docker/prometheus-targets there).",
     )
     p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="training run folders")
     p.add_argument("--out", type=Path, help="JSON file to write (default: print)")
@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dcgm", type=_address, action="append", default=[], metavar="HOST:PORT", help="dcgm-exporter")
     p.add_argument("--workdir", type=Path, default=Path("runs/prometheus"), help="config, data and log folder")
     p.add_argument("--interval", default="5s", help="scrape and rule evaluation interval (default 5s)")
-    p.add_argument("--stack", type=Path, help="monitoring stack folder (default: the checkout's docker/)")
+    p.add_argument("--stack", type=Path, help="monitoring stack folder (default: the installed gpufeed/obs/stack)")
     p.set_defaults(func=_prometheus)
 
     p = cmds.add_parser(
@@ -81,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a Grafana variable's value (default: the first value its query finds)",
     )
     p.add_argument("--all", action="store_true", help="list passing queries too")
-    p.add_argument("--stack", type=Path, help="monitoring stack folder (default: the checkout's docker/)")
+    p.add_argument("--stack", type=Path, help="monitoring stack folder (default: the installed gpufeed/obs/stack)")
     p.set_defaults(func=_verify)
 
 

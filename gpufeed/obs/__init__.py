@@ -2,7 +2,8 @@
 
 * :data:`METRICS`: the Prometheus metric names the trainer and the server export.
 * :func:`load_queries`: every PromQL expression of the Grafana dashboards and Prometheus rules
-  under ``docker/``.
+  of the monitoring stack, which ships inside the package (:func:`packaged_stack_dir`,
+  ``gpufeed/obs/stack/``) and which ``docker/compose.yaml`` mounts.
 * :class:`LocalPrometheus` / :class:`PrometheusAPI`: run the ``prometheus`` binary on loopback
   and query it.
 * :func:`check_queries`: evaluate every query and report which error or return no data.
@@ -49,6 +50,7 @@ from gpufeed.obs._verify import (
     find_stack_dir,
     format_checks,
     missing_series,
+    packaged_stack_dir,
     rule_health_problems,
     stack_scrape_configs,
     variable_values,
@@ -86,6 +88,7 @@ __all__ = [
     "metric_by_name",
     "metric_names",
     "missing_series",
+    "packaged_stack_dir",
     "read_metrics_addresses",
     "rule_health_problems",
     "rule_queries",

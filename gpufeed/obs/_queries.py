@@ -1,7 +1,7 @@
 """The PromQL in gpufeed's monitoring stack: every dashboard panel, template variable and rule.
 
-Grafana dashboards (``docker/grafana/dashboards/*.json``) and Prometheus rule files
-(``docker/prometheus/rules/*.yml``) are read into :class:`Query` records so tests and
+Grafana dashboards (``stack/grafana/dashboards/*.json``) and Prometheus rule files
+(``stack/prometheus/rules/*.yml``) are read into :class:`Query` records so tests and
 ``gpufeed obs verify`` can evaluate each one against a real Prometheus. Grafana's variables
 (``$__rate_interval``, ``$rank`` ...) are substituted with concrete values first, the way
 Grafana would before sending the query.
@@ -133,7 +133,7 @@ def rule_queries(path: str | Path) -> list[Query]:
 
 
 def load_queries(stack_dir: str | Path) -> list[Query]:
-    """All queries of a stack folder laid out like ``docker/`` (grafana/dashboards, prometheus/rules)."""
+    """All queries of a stack folder laid out like ``gpufeed/obs/stack/`` (grafana/dashboards, prometheus/rules)."""
     stack_dir = Path(stack_dir)
     boards = sorted((stack_dir / "grafana" / "dashboards").glob("*.json"))
     rules = sorted((stack_dir / "prometheus" / "rules").glob("*.yml"))

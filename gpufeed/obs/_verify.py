@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -27,6 +28,7 @@ __all__ = [
     "find_stack_dir",
     "format_checks",
     "missing_series",
+    "packaged_stack_dir",
     "rule_health_problems",
     "stack_scrape_configs",
     "variable_values",
@@ -51,30 +53,31 @@ class QueryCheck:
         return self.status in ("ok", "skipped")
 
 
-def find_stack_dir(start: str | Path | None = None) -> Path:
-    """The monitoring stack folder (``docker/`` of a gpufeed checkout).
+def packaged_stack_dir() -> Path:
+    """The monitoring stack shipped inside the package (``gpufeed/obs/stack``).
 
-    Looks at ``$GPUFEED_STACK_DIR``, then ``docker/`` in ``start`` (default: the working
-    directory) and its parents, then beside the installed package (editable installs).
+    It holds ``prometheus/`` (prometheus.yml, rules, rule tests) and ``grafana/`` (dashboards,
+    provisioning): the same files ``docker/compose.yaml`` mounts, installed as package data.
+    """
+    return Path(str(resources.files("gpufeed.obs").joinpath("stack")))
+
+
+def find_stack_dir() -> Path:
+    """The monitoring stack folder: ``$GPUFEED_STACK_DIR`` when set, else :func:`packaged_stack_dir`.
 
     Raises:
-        FileNotFoundError: Listing where it looked.
+        FileNotFoundError: The folder lacks ``prometheus/prometheus.yml``, naming where it looked.
     """
-    tried = []
     env = os.environ.get("GPUFEED_STACK_DIR")
-    candidates = [Path(env)] if env else []
-    here = Path(start or Path.cwd()).resolve()
-    candidates += [p / "docker" for p in (here, *here.parents)]
-    candidates.append(Path(__file__).resolve().parents[2] / "docker")
-    for candidate in candidates:
-        tried.append(str(candidate))
-        if (candidate / "prometheus" / "prometheus.yml").is_file():
-            return candidate
-    raise FileNotFoundError(
-        "cannot find the monitoring stack (a folder with prometheus/prometheus.yml); looked in: "
-        + ", ".join(dict.fromkeys(tried))
-        + ". Run from a gpufeed checkout or set GPUFEED_STACK_DIR."
-    )
+    stack = Path(env) if env else packaged_stack_dir()
+    if not (stack / "prometheus" / "prometheus.yml").is_file():
+        where = f"GPUFEED_STACK_DIR={env}" if env else f"the installed package ({stack})"
+        raise FileNotFoundError(
+            f"cannot find the monitoring stack in {where}: expected prometheus/prometheus.yml, prometheus/rules/ "
+            "and grafana/dashboards/ under it"
+            + ("" if env else "; the gpufeed installation is incomplete, reinstall it")
+        )
+    return stack
 
 
 def stack_scrape_configs(
