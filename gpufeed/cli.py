@@ -12,6 +12,8 @@ import importlib
 import logging
 import sys
 
+from gpufeed.commands import MissingExtraError
+
 __all__ = ["build_parser", "main"]
 
 # Order here is the order in `gpufeed --help`.
@@ -65,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
+    except MissingExtraError as err:  # caught first: listing the other user errors imports torch and DALI
+        print(f"gpufeed {args.command}: error: {err}", file=sys.stderr)
+        return 2
     except _user_errors() as err:
         print(f"gpufeed {args.command}: error: {err}", file=sys.stderr)
         return 2

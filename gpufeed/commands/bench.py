@@ -97,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.add_argument("--plot", type=Path, help="draw throughput and p99 against concurrency to this PNG")
-    p.set_defaults(func=lazy("gpufeed.bench.server:main_server"))
+    p.set_defaults(func=lazy("gpufeed.bench.server:main_server", extra="bench"))
 
     register_reliability(kinds)
 
@@ -135,7 +135,7 @@ def register_reliability(kinds) -> None:
     p.add_argument("--warmup-seconds", type=float, default=10.0, help="load before measuring (default 10)")
     p.add_argument("--max-growth", type=float, default=0.10, help="largest RSS growth that passes (default 0.10)")
     p.add_argument("--plot", type=Path, help="draw throughput and RSS over time to this PNG")
-    p.set_defaults(func=lazy("gpufeed.bench.soak:main_soak"))
+    p.set_defaults(func=lazy("gpufeed.bench.soak:main_soak", extra="bench"))
 
     p = kinds.add_parser(
         "overload",
@@ -149,7 +149,7 @@ def register_reliability(kinds) -> None:
     _add_reliability_args(p, clients=64, seconds=10.0)
     p.add_argument("--queue-capacity", type=int, default=16, help="serve.queue_capacity (default 16 images)")
     p.add_argument("--request-timeout", type=float, default=5.0, help="serve.request_timeout_seconds (default 5)")
-    p.set_defaults(func=lazy("gpufeed.bench.overload:main_overload"))
+    p.set_defaults(func=lazy("gpufeed.bench.overload:main_overload", extra="bench"))
 
     p = kinds.add_parser(
         "drain",
@@ -164,7 +164,7 @@ def register_reliability(kinds) -> None:
         "--hold-ms", type=float, default=2000.0, help="serve.max_delay_ms holding the requests (default 2000)"
     )
     p.add_argument("--shutdown-delay", type=float, default=2.0, help="serve.shutdown_delay_seconds (default 2)")
-    p.set_defaults(func=lazy("gpufeed.bench.drain:main_drain"))
+    p.set_defaults(func=lazy("gpufeed.bench.drain:main_drain", extra="bench"))
 
     p = kinds.add_parser(
         "fuzz",
@@ -180,4 +180,4 @@ def register_reliability(kinds) -> None:
     _add_served_model_args(p)
     _add_overrides_arg(p)
     p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
-    p.set_defaults(func=lazy("gpufeed.bench.fuzz:main_fuzz"))
+    p.set_defaults(func=lazy("gpufeed.bench.fuzz:main_fuzz", extra="bench"))

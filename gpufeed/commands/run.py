@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from gpufeed.commands import require_extra
+
+    require_extra("demo", "gpufeed demo")  # its clients (tritonclient, httpx), checked before any work
     from gpufeed.demo import run_demo
 
     run_demo(args.out, device=args.device)
