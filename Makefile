@@ -1,5 +1,8 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test`.
-# Both create .venv, install the torch build that suits the machine, then gpufeed with its test extras.
+# Both create .venv, install the torch build that suits the machine, then gpufeed (editable) with
+# the extras the demo and the tests use. The container images use `make deps` then `make install`
+# instead: the runtime dependencies alone (read from pyproject.toml, so that layer survives source
+# changes), then gpufeed itself, not editable.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -7,18 +10,46 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.gpufeed-installed
 # A CPU-only machine gets the CPU build of torch; one with an NVIDIA driver gets the CUDA build.
 TORCH_SPEC ?= $(shell if nvidia-smi -L >/dev/null 2>&1; then echo torch; else echo torch==2.13.0; fi)
+# The first setuptools that builds pyproject's license field; the wheel test builds with the
+# venv's own setuptools (no build isolation), so the venv needs it too.
+SETUPTOOLS_SPEC := setuptools>=77.0.1
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup deps install demo test lint format bench clean
+
+# A venv with pip, setuptools and the torch build for this machine (tomli reads pyproject.toml
+# on Python 3.10, which has no tomllib).
+define make_venv
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip "$(SETUPTOOLS_SPEC)" "tomli>=2; python_version < '3.11'"
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+endef
+
+# Prints pyproject.toml's [project] dependencies, one per line.
+define PYPROJECT_DEPENDENCIES
+import sys
+toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli")
+with open("pyproject.toml", "rb") as f:
+    print("\n".join(toml.load(f)["project"]["dependencies"]))
+endef
+export PYPROJECT_DEPENDENCIES
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+$(STAMP): pyproject.toml setup.py Makefile
+	$(make_venv)
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
+
+# Runtime dependencies only, from pyproject.toml alone (no source needed, no extras).
+deps:
+	$(make_venv)
+	$(BIN)/python -c "$$PYPROJECT_DEPENDENCIES" > $(VENV)/requirements.txt
+	$(BIN)/python -m pip install --quiet -r $(VENV)/requirements.txt
+
+# gpufeed itself into an existing venv (after `make deps`): not editable, no dependencies.
+install:
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation .
 
 demo: setup
 	$(BIN)/gpufeed demo --out runs/demo
@@ -37,4 +68,4 @@ bench: setup
 	$(BIN)/gpufeed bench loader --json runs/bench/loader.json
 
 clean:
-	rm -rf $(VENV) runs .cache
+	rm -rf $(VENV) runs .cache build

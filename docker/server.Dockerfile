@@ -4,8 +4,10 @@
 #   docker run --gpus all -p 127.0.0.1:8000:8000 -v "$PWD/models:/models:ro" gpufeed-server
 #
 # Same base rules as the training image: a CUDA 12 runtime (DALI's cuda120 wheels, torch's and
-# onnxruntime-gpu's CUDA 12 builds) with cuDNN for onnxruntime's CUDA provider, and the project
-# installed with the Makefile's own set-up, so the image exercises the README's install path.
+# onnxruntime-gpu's CUDA 12 builds) with cuDNN for onnxruntime's CUDA provider. Installed the same
+# two steps: `make deps` (torch and the runtime dependencies, from pyproject.toml alone: a layer
+# that survives source changes), then the source and `make install` (gpufeed, not editable, no
+# extras); the source copy is removed afterwards.
 FROM nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
 
 # NVDEC (video decoding) needs the `video` driver capability; `compute` runs CUDA, `utility` gives nvidia-smi.
@@ -16,23 +18,24 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     PIP_NO_CACHE_DIR=1
 
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv python3-pip make ca-certificates \
+    && apt-get install -y --no-install-recommends python3 python3-venv make ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/gpufeed
-# Only what the package needs: no local venv, runs or caches from the build context.
-COPY pyproject.toml Makefile README.md ./
-COPY gpufeed ./gpufeed
-COPY pipelines ./pipelines
-COPY models ./models
-COPY server ./server
-# `make setup` is the README's set-up (venv, torch, gpufeed). There is no driver at build time, so
-# the CUDA build of torch is named explicitly instead of detected with nvidia-smi.
-RUN make setup TORCH_SPEC=torch PYTHON=python3
+COPY pyproject.toml Makefile ./
+# There is no driver at build time, so the CUDA build of torch is named instead of detected with nvidia-smi.
+ARG TORCH_SPEC=torch
+RUN make deps TORCH_SPEC="${TORCH_SPEC}" PYTHON=python3
+
+COPY . /opt/gpufeed/src
+RUN make -C src install VENV=/opt/gpufeed/.venv \
+    && rm -rf src \
+    && .venv/bin/gpufeed --help >/dev/null
 
 ENV PATH=/opt/gpufeed/.venv/bin:$PATH
 RUN useradd --create-home --uid 10001 gpufeed
 USER gpufeed
+WORKDIR /home/gpufeed
 
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \

@@ -3,8 +3,11 @@
 #   docker build -f docker/train.Dockerfile -t gpufeed-train .
 #   docker run --gpus all -v $PWD/data:/data gpufeed-train train --config /data/train.yaml
 #
-# The project is installed with the README's own set-up (`make setup`: a venv, the torch build
-# named by TORCH_SPEC, then `pip install -e ".[test]"`), so CI exercises the same commands.
+# Installed in two steps with the Makefile's recipes: `make deps` installs the torch build named by
+# TORCH_SPEC and gpufeed's runtime dependencies from pyproject.toml alone, so that slow layer is
+# rebuilt only when pyproject.toml or the Makefile change; then the source is copied and
+# `make install` installs gpufeed itself (not editable, no extras). The source copy is removed
+# afterwards: the image runs the installed package, as `pip install` users do.
 FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04
 
 # NVDEC (DALI's GPU video decoding) needs the `video` capability besides compute and utility.
@@ -19,12 +22,16 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/gpufeed
-COPY . /opt/gpufeed
-
+COPY pyproject.toml Makefile ./
 # No GPU is visible while building, so name the CUDA build of torch instead of letting the
 # Makefile pick the CPU wheel (PyPI's Linux x86-64 torch wheels are the CUDA 12 builds).
 ARG TORCH_SPEC=torch
-RUN make setup TORCH_SPEC="${TORCH_SPEC}"
+RUN make deps TORCH_SPEC="${TORCH_SPEC}" PYTHON=python3
+
+COPY . /opt/gpufeed/src
+RUN make -C src install VENV=/opt/gpufeed/.venv \
+    && rm -rf src \
+    && .venv/bin/gpufeed --help >/dev/null
 
 ENV PATH=/opt/gpufeed/.venv/bin:$PATH
 WORKDIR /data
