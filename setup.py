@@ -16,8 +16,8 @@ ROOTS = {
     "gpufeed.models": "models",
     "gpufeed.server": "server",
 }
-# The mapped folders live inside the repository but are not subfolders of gpufeed/: nothing else
-# under gpufeed/ may claim their names.
+# Every folder under a root counts (namespace discovery: a package-data folder such as
+# gpufeed/obs/stack is one too), except bytecode caches.
 _NOT_PACKAGES = ["__pycache__", "*.__pycache__"]
 
 
@@ -26,6 +26,7 @@ def discover_packages() -> list[str]:
     packages = []
     for name, folder in ROOTS.items():
         found = find_namespace_packages(folder, exclude=_NOT_PACKAGES)
+        # e.g. a gpufeed/server/ folder would be installed over the server/ root.
         clash = sorted(f"{name}.{sub}" for sub in found if f"{name}.{sub}" in ROOTS)
         if clash:
             raise SystemExit(f"{folder}/ holds folders named like other installed roots: {', '.join(clash)}")
