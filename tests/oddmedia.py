@@ -41,7 +41,9 @@ __all__ = [
     "OddVideo",
     "encode_png",
     "oriented_jpeg",
+    "oriented_png",
     "reference_rgb",
+    "stored_pixels",
     "write_image_corpus",
     "write_video_corpus",
 ]
@@ -132,18 +134,21 @@ def _exif(orientation: int) -> bytes:
     return exif.tobytes()
 
 
+def stored_pixels(oriented: np.ndarray, orientation: int) -> np.ndarray:
+    """The pixels to store so that applying EXIF ``orientation`` shows ``oriented``."""
+    image = Image.fromarray(oriented)
+    return np.asarray(image.transpose(_UNDO[orientation]) if orientation in _UNDO else image)
+
+
 def oriented_jpeg(oriented: np.ndarray, orientation: int, **kwargs) -> bytes:
     """A JPEG that shows ``oriented`` (HWC uint8) once its EXIF ``orientation`` is applied."""
-    image = Image.fromarray(oriented)
-    stored = image.transpose(_UNDO[orientation]) if orientation in _UNDO else image
-    return _jpeg(stored, exif=_exif(orientation), **kwargs)
+    return _jpeg(Image.fromarray(stored_pixels(oriented, orientation)), exif=_exif(orientation), **kwargs)
 
 
-def _oriented_png(oriented: np.ndarray, orientation: int) -> bytes:
-    image = Image.fromarray(oriented)
-    stored = image.transpose(_UNDO[orientation]) if orientation in _UNDO else image
+def oriented_png(oriented: np.ndarray, orientation: int) -> bytes:
+    """A PNG with an ``eXIf`` chunk that shows ``oriented`` once its ``orientation`` is applied."""
     tiff = _exif(orientation).removeprefix(b"Exif\x00\x00")  # an eXIf chunk holds the TIFF block alone
-    return encode_png(np.asarray(stored), exif=tiff)
+    return encode_png(stored_pixels(oriented, orientation), exif=tiff)
 
 
 def declare_size(data: bytes, width: int, height: int) -> bytes:
@@ -255,7 +260,7 @@ def write_image_corpus(root: str | Path) -> list[OddImage]:
         elif isinstance(make, int):
             data = oriented_jpeg(pixels, make)
         elif isinstance(make, tuple):
-            data = _oriented_png(pixels, make[1])
+            data = oriented_png(pixels, make[1])
         else:
             data = make(pixels)
         path.write_bytes(data)
