@@ -272,3 +272,45 @@ def test_every_clip_of_every_good_odd_video_decodes_exactly_on_the_cpu(corpus):
             per_video[video_id] = per_video.get(video_id, 0) + 1
     assert sorted(per_video) == sorted(v.video_id for v in videos if v.video_id is not None)
     assert sum(per_video.values()) == len(loader.table) and loader.skipped == {}
+
+
+def test_bombs_are_bad_files_for_the_loader_and_the_limit_is_the_config_key(corpus, tmp_path):
+    import shutil
+
+    from gpufeed.device import DeviceChoice
+    from gpufeed.pipelines import DatasetError
+    from gpufeed.train.data import build_data
+    from gpufeed.train.distributed import DistInfo
+
+    _, images, _ = corpus
+    folder = tmp_path / "photos" / "amber"
+    folder.mkdir(parents=True)
+    good = [image.path for image in _good(images) if image.path.suffix == ".jpg"][:4]
+    bombs = [image.path for image in _bad(images) if "bomb" in image.path.name]
+    for path in good + bombs:
+        shutil.copy(path, folder / path.name)
+    dataset = ImageDataset.from_folder(folder.parent)
+    cpu = DeviceChoice("cpu", None, "test")
+
+    def loader(policy):
+        return ImageLoader(
+            dataset,
+            train=True,
+            image_cfg=ImagePipelineConfig(size_px=32),
+            loader_cfg=LoaderConfig(batch_size=2, num_threads=2, on_bad_sample=policy),
+            device=cpu,
+        )
+
+    with pytest.raises(DatasetError) as info:
+        loader("error")
+    for bomb in bombs:
+        assert f"{folder / bomb.name}: too many pixels" in str(info.value)
+    skipping = loader("skip")
+    assert sorted(skipping.skipped) == sorted(dataset.paths.index(str(folder / b.name)) for b in bombs)
+    assert sorted(i for batch in skipping for i in batch.sample_ids.tolist()) == [
+        i for i in range(len(dataset)) if i not in skipping.skipped
+    ]
+    # data.max_image_pixels reaches the index that training builds: below the photos' size, they are refused too.
+    cfg = parse_config({"data": {"train": {"root": str(folder.parent)}, "max_image_pixels": 5000}})
+    with pytest.raises(DatasetError, match=r"too many pixels.*\(data.max_image_pixels\)"):
+        build_data(cfg, "image", cpu, DistInfo())
