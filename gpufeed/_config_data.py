@@ -20,9 +20,10 @@ VideoFit = Literal["stretch", "centre_crop"]
 class DatasetConfig:
     """Where one split's images are: class folders under ``root`` or a list file.
 
-    A list file has one ``path label`` per line (``#`` starts a comment); paths are relative to
-    the list file's folder unless absolute; a label is a class name or an integer index into the
-    classes (``classes.txt`` beside the list file, else ``data.classes``).
+    A list file has one ``path label`` per line: the label is the last word, the path everything
+    before it (spaces and ``#`` included); a line starting with ``#`` is a comment. Paths are
+    relative to the list file's folder unless absolute; a label is a class name or an integer index
+    into the classes (``classes.txt`` beside the list file, else ``data.classes``).
     """
 
     root: Path | None = option(None, doc="folder with one sub-folder of images per class")
@@ -35,12 +36,19 @@ class DatasetConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """The image dataset splits and class names."""
+    """The image dataset splits, class names, and the largest image the loaders accept."""
 
     train: DatasetConfig | None = option(None, doc="training split")
     val: DatasetConfig | None = option(None, doc="evaluation split")
     classes: tuple[str, ...] | None = option(
         None, doc="class names in label order; default: sorted class folders or classes.txt"
+    )
+    # The same default as serve.max_image_pixels (gpufeed.pipelines.DEFAULT_MAX_IMAGE_PIXELS).
+    max_image_pixels: int = option(
+        40_000_000,
+        ge=1,
+        doc="an image whose header declares more pixels (width x height) is a bad file, refused before any "
+        "decoding (decompression bombs); the same default as serve.max_image_pixels",
     )
 
 

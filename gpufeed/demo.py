@@ -65,7 +65,7 @@ def run_demo(out: str | Path, device: str = "auto") -> Config:
     _banner("image loader")
     choice = resolve_device(cfg.device)
     print(f"device: {choice.describe()}")
-    train = ImageDataset.from_config(cfg.data.train, cfg.data.classes)
+    train = ImageDataset.from_config(cfg.data.train, cfg.data.classes, max_pixels=cfg.data.max_image_pixels)
     loader = ImageLoader(train, train=True, image_cfg=cfg.image, loader_cfg=cfg.loader, device=choice, seed=cfg.seed)
     start, images = time.perf_counter(), 0
     for batch in loader:
@@ -76,7 +76,7 @@ def run_demo(out: str | Path, device: str = "auto") -> Config:
         f"{batch.images.dtype} on {batch.images.device}: {images / seconds:,.0f} images/s"
     )
 
-    val = ImageDataset.from_config(cfg.data.val, cfg.data.classes)
+    val = ImageDataset.from_config(cfg.data.val, cfg.data.classes, max_pixels=cfg.data.max_image_pixels)
     loader = ImageLoader(val, train=False, image_cfg=cfg.image, loader_cfg=cfg.loader, device=choice, seed=cfg.seed)
     verified = 0
     for batch in loader:

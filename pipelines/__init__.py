@@ -11,12 +11,14 @@ finds bad files before training.
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding, check_images, check_path
 from gpufeed.pipelines._clip_loader import ClipBatch, ClipLoader, choose_decoder
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
-from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, ImageDataset, probe_image_file
+from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, ImageDataset, parse_list_line
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import BadSampleError, DatasetError
 from gpufeed.pipelines._frames import FrameChunk, VideoFrameReader
+from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
 from gpufeed.pipelines._image_pipeline import decode_window
-from gpufeed.pipelines._loader import ImageBatch, ImageLoader, find_bad_files
+from gpufeed.pipelines._image_verify import decode_problem, find_bad_files
+from gpufeed.pipelines._loader import ImageBatch, ImageLoader
 from gpufeed.pipelines._prepare import PrepareOptions, PrepareReport, prepare_videos
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._quarantine import Quarantine, read_quarantine
@@ -36,6 +38,7 @@ from gpufeed.pipelines._windows import Windows, eval_windows, hash_uniforms, tra
 __all__ = [
     "CHECKERS",
     "DALI_CPU_CODECS",
+    "DEFAULT_MAX_IMAGE_PIXELS",
     "IMAGE_EXTENSIONS",
     "LAST_BATCH_POLICIES",
     "SUPPORTED_CODECS",
@@ -54,6 +57,7 @@ __all__ = [
     "FrameChunk",
     "ImageBatch",
     "ImageDataset",
+    "ImageFacts",
     "ImageLoader",
     "PrepareOptions",
     "PrepareReport",
@@ -67,15 +71,17 @@ __all__ = [
     "check_path",
     "check_videos",
     "choose_decoder",
+    "decode_problem",
     "decode_window",
     "default_num_threads",
     "eval_windows",
     "find_bad_files",
     "hash_uniforms",
+    "parse_list_line",
     "plan_epoch",
     "prepare_videos",
-    "probe_image_file",
     "probe_video",
+    "read_image_facts",
     "read_label_csv",
     "read_quarantine",
     "train_windows",

@@ -1,10 +1,15 @@
 """``gpufeed check``: find every file that would stop or poison training, before training.
 
-For images it reports zero-byte, unreadable, non-image and unsupported files, truncated JPEG/PNG
-(by their end markers), files whose pixel data fails a full decode, unknown labels, and non-image
-files sitting in the dataset's folders (which the loader ignores). Each finding names the path
-and the reason. ``check_path`` works out what a path is (list file, class folders, a folder of
-splits such as ``gpufeed synth``'s output) and checks all of it.
+For images it reports zero-byte, unreadable, non-image and unsupported files, truncated or
+damaged JPEG/PNG (by their structure: markers, chunks and CRCs up to the end marker; bytes after
+it are fine), pixel bombs (by their header, never decoded; ``max_pixels``), files whose data fails
+a strict decode (:func:`~gpufeed.pipelines.decode_problem`: a JPEG cut short with a new end marker
+is found here), unknown labels, and non-image files sitting in the dataset's folders (which the
+loader ignores). Each finding names the path and the reason, and has a kind: ``image``, ``label``,
+``video`` (the file is bad: it is listed for quarantine and makes the check fail), ``warning``
+(usable, but worth knowing, e.g. a variable frame rate) or ``ignored`` (not read at all).
+``check_path`` works out what a path is (list file, class folders, a folder of splits such as
+``gpufeed synth``'s output) and checks all of it.
 """
 
 from __future__ import annotations
@@ -18,14 +23,18 @@ from pathlib import Path
 from gpufeed.pipelines._dataset import ImageDataset
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._loader import find_bad_files
+from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
+from gpufeed.pipelines._image_verify import decode_problem
 
-__all__ = ["CHECKERS", "CheckReport", "Finding", "check_images", "check_path"]
+__all__ = ["CHECKERS", "NOT_BAD", "CheckReport", "Finding", "check_images", "check_path"]
+
+# Finding kinds that do not make a file bad: noted in the report, never quarantined.
+NOT_BAD = ("ignored", "warning")
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem: the file, what is wrong with it, and its kind (image, label, ignored, ...)."""
+    """One finding: the file, what is wrong with it, and its kind (image, label, video, warning, ignored)."""
 
     path: str
     reason: str
@@ -42,8 +51,8 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        """True when nothing would stop or poison training (ignored files are only noted)."""
-        return not any(f.kind != "ignored" for f in self.findings)
+        """True when nothing would stop or poison training (warnings and ignored files are only noted)."""
+        return not any(f.kind not in NOT_BAD for f in self.findings)
 
     def merge(self, other: CheckReport) -> CheckReport:
         self.sources += other.sources
@@ -53,7 +62,7 @@ class CheckReport:
 
     def bad_paths(self) -> list[str]:
         """Paths to leave out of training (a quarantine list)."""
-        return sorted({f.path for f in self.findings if f.kind != "ignored"})
+        return sorted({f.path for f in self.findings if f.kind not in NOT_BAD})
 
     def to_json(self) -> str:
         return json.dumps({"ok": self.ok, **asdict(self)}, indent=2)
@@ -62,9 +71,11 @@ class CheckReport:
         lines = [f"checked {self.checked} file(s) in: {', '.join(self.sources)}"]
         for f in self.findings:
             lines.append(f"  [{f.kind}] {f.path}: {f.reason}")
-        problems = sum(f.kind != "ignored" for f in self.findings)
+        problems = sum(f.kind not in NOT_BAD for f in self.findings)
+        warnings = sum(f.kind == "warning" for f in self.findings)
+        ignored = len(self.findings) - problems - warnings
         lines.append(
-            f"{problems} problem(s), {len(self.findings) - problems} ignored file(s)"
+            f"{problems} problem(s), {warnings} warning(s), {ignored} ignored file(s)"
             if self.findings
             else "no problems found"
         )
@@ -72,7 +83,11 @@ class CheckReport:
 
 
 def check_images(dataset: ImageDataset, progress: bool = True) -> CheckReport:
-    """Check an indexed image split, decoding every file whose header and tail look fine."""
+    """Check an indexed image split, strictly decoding every file whose structure is whole.
+
+    Files the index refused (damaged structure, too many pixels, unknown label) are reported as
+    it found them and never decoded.
+    """
     from tqdm import tqdm
 
     report = CheckReport(sources=[dataset.source], checked=len(dataset))
@@ -81,20 +96,20 @@ def check_images(dataset: ImageDataset, progress: bool = True) -> CheckReport:
         report.findings.append(Finding(dataset.paths[sample_id], reason, kind))
     todo = [dataset.paths[i] for i in dataset.usable_ids]
     with ThreadPoolExecutor(max_workers=default_num_threads()) as pool:
-        results = pool.map(lambda p: find_bad_files([p]), todo, chunksize=16)
-        for bad in tqdm(results, total=len(todo), desc="decoding", unit="img", disable=not progress, leave=False):
-            report.findings += [Finding(p, why, "image") for p, why in bad]
+        results = pool.map(lambda p: decode_problem(p, max_pixels=dataset.max_pixels), todo, chunksize=16)
+        bar = tqdm(results, total=len(todo), desc="decoding", unit="img", disable=not progress, leave=False)
+        report.findings += [Finding(p, why, "image") for p, why in zip(todo, bar, strict=True) if why]
     report.findings += [
         Finding(p, "not a .jpg/.jpeg/.png file; the loader ignores it", "ignored") for p in dataset.ignored
     ]
     return report
 
 
-def _check_image_source(path: Path, progress: bool) -> CheckReport:
+def _check_image_source(path: Path, progress: bool, max_pixels: int) -> CheckReport:
     if path.is_file():
-        dataset = ImageDataset.from_list(path, progress=progress)
+        dataset = ImageDataset.from_list(path, progress=progress, max_pixels=max_pixels)
     else:
-        dataset = ImageDataset.from_folder(path, progress=progress)
+        dataset = ImageDataset.from_folder(path, progress=progress, max_pixels=max_pixels)
     return check_images(dataset, progress)
 
 
@@ -107,7 +122,7 @@ def _holds_videos(path: Path) -> bool:
     return any(p.suffix.lower() in VIDEO_EXTENSIONS for p in path.iterdir() if p.is_file())
 
 
-def check_path(path: str | Path, progress: bool = True) -> CheckReport:
+def check_path(path: str | Path, progress: bool = True, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> CheckReport:
     """Check whatever ``path`` holds.
 
     * a file: an image list file;
@@ -117,6 +132,9 @@ def check_path(path: str | Path, progress: bool = True) -> CheckReport:
     * a folder a registered checker recognises (e.g. videos);
     * otherwise: class folders.
 
+    Args:
+        max_pixels: Images whose header declares more pixels are bad (``data.max_image_pixels``).
+
     Raises:
         DatasetError: The path does not exist or holds no data.
     """
@@ -124,12 +142,12 @@ def check_path(path: str | Path, progress: bool = True) -> CheckReport:
     if not path.exists():
         raise DatasetError(f"{path} does not exist")
     if path.is_file():
-        return _check_image_source(path, progress)
+        return _check_image_source(path, progress, max_pixels)
     parts = [path / name for name in ("images", "videos") if (path / name).is_dir()]
     if parts:
         report = CheckReport()
         for part in parts:
-            report.merge(check_path(part, progress))
+            report.merge(check_path(part, progress, max_pixels))
         return report
     for recognise, check in CHECKERS:
         if recognise(path):
@@ -140,8 +158,8 @@ def check_path(path: str | Path, progress: bool = True) -> CheckReport:
     if lists and all((path / p.stem).is_dir() for p in lists):
         report = CheckReport()
         for list_file in lists:
-            report.merge(_check_image_source(list_file, progress))
+            report.merge(_check_image_source(list_file, progress, max_pixels))
         return report
     if not any(os.scandir(path)):
         raise DatasetError(f"{path} is an empty folder: nothing to check")
-    return _check_image_source(path, progress)
+    return _check_image_source(path, progress, max_pixels)

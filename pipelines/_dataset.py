@@ -1,10 +1,19 @@
-"""The image dataset index: which files, which labels, and each file's header facts.
+"""The image dataset index: which files, which labels, and each file's facts.
 
-Opening a dataset lists the files (class folders or a list file), then reads every image's header
-(format, width, height) and checks its tail (a JPEG ends in an EOI marker, a PNG in an IEND
-chunk), so truncated copies are caught before any decoding. The results are cached beside the data
-(``.gpufeed/``) keyed by each file's size and modification time, and refreshed when files change.
-Sample ids are positions in this index: class folders sorted by name, files sorted within each.
+Opening a dataset lists the files (class folders or a list file), then reads every image's facts
+with :func:`~gpufeed.pipelines.read_image_facts`: format, stored size, EXIF orientation and the
+oriented size DALI decodes to, and whether its structure is whole (JPEG markers walked through the
+scans to the end-of-image marker, PNG chunks and CRCs to ``IEND``; bytes after the end marker are
+fine). Truncated and damaged files and pixel bombs (``max_pixels``, the config key
+``data.max_image_pixels``) are caught before any decoding. The facts are cached beside the data
+(``.gpufeed/``) keyed by each file's size and modification time, and refreshed when files change;
+the pixel limit is applied to the cached facts, so changing it needs no re-indexing. Sample ids
+are positions in this index: class folders sorted by name, files sorted within each.
+
+**List files** hold one ``path label`` per line: the label is the last whitespace-separated
+word, the path everything before it (spaces and ``#`` included). A line whose first non-blank
+character is ``#`` is a comment; blank lines are skipped. There are no comments after an entry,
+since ``#`` is an ordinary character of file names.
 """
 
 from __future__ import annotations
@@ -15,56 +24,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageDataset", "probe_image_file"]
+__all__ = ["IMAGE_EXTENSIONS", "ImageDataset", "parse_list_line"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
-_INDEX_VERSION = 1
-Image.MAX_IMAGE_PIXELS = None  # headers only here; pixel limits belong to the server
+_INDEX_VERSION = 2
+MAX_PIXELS_KEY = "data.max_image_pixels"
 
 
-def _tail_problem(path: Path, fmt: str, size: int) -> str | None:
-    with open(path, "rb") as fh:
-        fh.seek(max(0, size - 64))
-        tail = fh.read()
-    if fmt == "JPEG" and b"\xff\xd9" not in tail:
-        return "truncated JPEG: no end-of-image marker (FFD9) at the end of the file"
-    if fmt == "PNG" and b"IEND" not in tail[-12:]:
-        return "truncated PNG: the file does not end with an IEND chunk"
-    return None
+def parse_list_line(line: str) -> tuple[str, str] | None:
+    """``(path, label)`` of one list-file line, ``None`` for a blank or comment line (see the module docs).
 
-
-def probe_image_file(path: str | Path) -> tuple[int, int, str, str | None]:
-    """Read an image's header and tail without decoding its pixels.
-
-    Returns:
-        ``(width, height, format, problem)``: format is ``"JPEG"`` or ``"PNG"``; ``problem`` is
-        ``None`` or why the file cannot be used (zero bytes, unreadable, not an image, unsupported
-        format, truncated), in words that name what is wrong.
+    Raises:
+        ValueError: The line has a path but no label, or a label but no path.
     """
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-    except OSError as err:
-        return 0, 0, "", f"unreadable: {err.strerror or err}"
-    if size == 0:
-        return 0, 0, "", "zero-byte file"
-    try:
-        with Image.open(path) as img:
-            fmt, (width, height) = img.format or "", img.size
-    except UnidentifiedImageError:
-        return 0, 0, "", "not an image: no JPEG or PNG header"
-    except OSError as err:
-        return 0, 0, "", f"unreadable: {err.strerror or err}"
-    if fmt not in ("JPEG", "PNG"):
-        return width, height, fmt, f"unsupported image format {fmt} (JPEG and PNG are supported)"
-    if width <= 0 or height <= 0:
-        return width, height, fmt, f"image header declares an empty size {width}x{height}"
-    return width, height, fmt, _tail_problem(path, fmt, size)
+    text = line.strip()
+    if not text or text.startswith("#"):
+        return None
+    parts = text.rsplit(maxsplit=1)
+    if len(parts) != 2:
+        raise ValueError("expected 'path label'")
+    return parts[0], parts[1]
 
 
 @dataclass(frozen=True)
@@ -74,11 +58,14 @@ class ImageDataset:
     Attributes:
         paths: Absolute file paths; a sample id is a position in this tuple.
         labels: int64 class index per sample (-1 where the label is unknown).
-        sizes: (N, 2) int array of (width, height) from the headers.
+        sizes: (N, 2) int array of each image's decoded (width, height): the EXIF orientation
+            applied, as DALI decodes it and as crop windows are computed (0 for unusable files).
         classes: Class names in label order.
-        problems: Sample id -> why that file cannot be used (bad file or unknown label).
+        problems: Sample id -> why that file cannot be used (bad file, too many pixels, unknown label).
         ignored: Files in the dataset's folders that are not images (by extension).
         source: The folder or list file the dataset came from.
+        orientations: (N,) uint8 EXIF orientation of each file (1: none).
+        max_pixels: The pixel limit the index applied (``data.max_image_pixels``).
     """
 
     paths: tuple[str, ...]
@@ -88,6 +75,8 @@ class ImageDataset:
     problems: dict[int, str] = field(default_factory=dict)
     ignored: tuple[str, ...] = ()
     source: str = ""
+    orientations: np.ndarray | None = None
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -100,7 +89,13 @@ class ImageDataset:
         return np.flatnonzero(ok)
 
     @classmethod
-    def from_folder(cls, root: str | Path, classes: tuple[str, ...] | None = None, progress: bool = False):
+    def from_folder(
+        cls,
+        root: str | Path,
+        classes: tuple[str, ...] | None = None,
+        progress: bool = False,
+        max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    ):
         """Index ``root/<class>/<image>`` (hidden files and folders are skipped)."""
         root = Path(root)
         if not root.is_dir():
@@ -126,16 +121,25 @@ class ImageDataset:
                         )
                     paths.append(full)
                     labels.append(label)
-        return cls._finish(root, f"class folders under {root}", paths, labels, names, problems, ignored, progress)
+        source = f"class folders under {root}"
+        return cls._finish(root, source, paths, labels, names, problems, ignored, progress, max_pixels)
 
     @classmethod
-    def from_list(cls, list_file: str | Path, classes: tuple[str, ...] | None = None, progress: bool = False):
-        """Index a list file of ``path label`` lines (see :class:`gpufeed.config.DatasetConfig`)."""
+    def from_list(
+        cls,
+        list_file: str | Path,
+        classes: tuple[str, ...] | None = None,
+        progress: bool = False,
+        max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    ):
+        """Index a list file of ``path label`` lines (grammar in the module docs)."""
         list_file = Path(list_file)
         try:
             lines = list_file.read_text(encoding="utf-8").splitlines()
         except OSError as err:
             raise DatasetError(f"cannot read list file {list_file}: {err.strerror or err}") from None
+        except UnicodeDecodeError as err:
+            raise DatasetError(f"list file {list_file} is not UTF-8 text (byte {err.start})") from None
         base = list_file.parent
         if classes is None and (base / "classes.txt").is_file():
             classes = tuple(
@@ -143,36 +147,56 @@ class ImageDataset:
             )
         paths, labels, problems = [], [], {}
         for number, line in enumerate(lines, start=1):
-            text = line.split("#", 1)[0].strip()
-            if not text:
+            try:
+                entry = parse_list_line(line)
+            except ValueError as err:
+                raise DatasetError(f"{list_file}:{number}: {err}, got {line!r}") from None
+            if entry is None:
                 continue
-            parts = text.rsplit(maxsplit=1)
-            if len(parts) != 2:
-                raise DatasetError(f"{list_file}:{number}: expected 'path label', got {line!r}")
-            rel, label_text = parts
+            rel, label_text = entry
             full = rel if os.path.isabs(rel) else str(base / rel)
             label, why = _parse_label(label_text, classes)
             if why:
+                if " #" in line:
+                    why += " (comments go on lines of their own: '#' after an entry is read as part of it)"
                 problems[len(paths)] = f"unknown label {label_text!r} ({list_file}:{number}): {why}"
             paths.append(full)
             labels.append(label)
         names = tuple(classes) if classes else tuple(str(i) for i in range(max(labels, default=-1) + 1))
-        return cls._finish(base, f"list file {list_file}", paths, labels, names, problems, [], progress, list_file.stem)
+        source = f"list file {list_file}"
+        return cls._finish(base, source, paths, labels, names, problems, [], progress, max_pixels, list_file.stem)
 
     @classmethod
-    def from_config(cls, dataset_cfg, classes: tuple[str, ...] | None = None, progress: bool = False):
-        """Index the split a :class:`gpufeed.config.DatasetConfig` points at."""
+    def from_config(
+        cls,
+        dataset_cfg,
+        classes: tuple[str, ...] | None = None,
+        progress: bool = False,
+        max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    ):
+        """Index the split a :class:`gpufeed.config.DatasetConfig` points at.
+
+        Args:
+            max_pixels: ``data.max_image_pixels``: files whose header declares more are problems.
+        """
         if dataset_cfg.root is not None:
-            return cls.from_folder(dataset_cfg.root, classes, progress)
-        return cls.from_list(dataset_cfg.list_file, classes, progress)
+            return cls.from_folder(dataset_cfg.root, classes, progress, max_pixels)
+        return cls.from_list(dataset_cfg.list_file, classes, progress, max_pixels)
 
     @classmethod
-    def _finish(cls, base, source, paths, labels, classes, problems, ignored, progress, stem="images"):
+    def _finish(cls, base, source, paths, labels, classes, problems, ignored, progress, max_pixels, stem="images"):
         if not paths:
             raise DatasetError(f"dataset is empty: no .jpg, .jpeg or .png files in {source}")
-        sizes, header_problems = _index_headers(base, stem, paths, progress)
-        for sample_id, why in header_problems.items():
-            problems.setdefault(sample_id, why)
+        facts = index_image_facts(base, stem, paths, progress)
+        sizes = np.zeros((len(paths), 2), dtype=np.int64)
+        orientations = np.ones(len(paths), dtype=np.uint8)
+        for i, fact in enumerate(facts):
+            refused = fact.refusal(max_pixels, MAX_PIXELS_KEY)
+            if refused:
+                problems.setdefault(i, refused[1])
+            else:
+                sizes[i] = (fact.width, fact.height)
+            orientations[i] = fact.orientation
         return cls(
             paths=tuple(paths),
             labels=np.asarray(labels, dtype=np.int64),
@@ -181,6 +205,8 @@ class ImageDataset:
             problems=dict(sorted(problems.items())),
             ignored=tuple(ignored),
             source=source,
+            orientations=orientations,
+            max_pixels=max_pixels,
         )
 
 
@@ -197,11 +223,13 @@ def _parse_label(text: str, classes: tuple[str, ...] | None) -> tuple[int, str |
     return value, None
 
 
-def _index_headers(base: Path, stem: str, paths: list[str], progress: bool) -> tuple[np.ndarray, dict[int, str]]:
+def index_image_facts(base: Path, stem: str, paths: list[str], progress: bool = False) -> list[ImageFacts]:
+    """:func:`read_image_facts` for every path, reusing the cache beside the data for unchanged files."""
     cache_path = index_cache_path(base, f"{stem}-index.json")
     cached = read_json_cache(cache_path) or {}
     entries = cached.get("entries", {}) if cached.get("version") == _INDEX_VERSION else {}
     stats: list[tuple[int, int] | None] = []
+    results: dict[int, ImageFacts] = {}
     todo = []
     for i, path in enumerate(paths):
         try:
@@ -212,23 +240,19 @@ def _index_headers(base: Path, stem: str, paths: list[str], progress: bool) -> t
         hit = entries.get(path)
         if stats[-1] is None or hit is None or tuple(hit[:2]) != stats[-1]:
             todo.append(i)
-    pending = set(todo)
-    results = {i: entries[paths[i]][2:] for i in range(len(paths)) if i not in pending}
+        else:
+            results[i] = ImageFacts.from_row(hit[2:])
     if todo:
         from tqdm import tqdm
 
+        # Reading is I/O-bound (the structure walk runs at memory speed): threads overlap the reads.
         with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 2) * 2)) as pool:
-            probed = pool.map(probe_image_file, (paths[i] for i in todo))
+            probed = pool.map(read_image_facts, (paths[i] for i in todo))
             bar = tqdm(probed, total=len(todo), desc="indexing images", unit="file", disable=not progress, leave=False)
-            for i, res in zip(todo, bar, strict=True):
-                results[i] = list(res)
-        fresh = {p: [*s, *results[i]] for i, (p, s) in enumerate(zip(paths, stats, strict=True)) if s is not None}
+            for i, facts in zip(todo, bar, strict=True):
+                results[i] = facts
+        fresh = {
+            p: [*s, *results[i].to_row()] for i, (p, s) in enumerate(zip(paths, stats, strict=True)) if s is not None
+        }
         write_json_atomic(cache_path, {"version": _INDEX_VERSION, "entries": fresh})
-    sizes = np.zeros((len(paths), 2), dtype=np.int64)
-    problems = {}
-    for i in range(len(paths)):
-        width, height, _fmt, problem = results[i]
-        sizes[i] = (width, height)
-        if problem:
-            problems[i] = problem
-    return sizes, problems
+    return [results[i] for i in range(len(paths))]

@@ -21,6 +21,7 @@ from gpufeed.pipelines._dataset import ImageDataset
 from gpufeed.pipelines._epochs import EpochLoader
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_pipeline import READER_NAME, build_image_pipeline
+from gpufeed.pipelines._image_verify import find_bad_files
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan
 from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
@@ -46,20 +47,6 @@ class ImageBatch:
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
-
-
-def find_bad_files(paths: list[str]) -> list[tuple[str, str]]:
-    """Fully decode each file with PIL and return ``(path, reason)`` for those that fail."""
-    from PIL import Image
-
-    bad = []
-    for path in dict.fromkeys(paths):
-        try:
-            with Image.open(path) as img:
-                img.load()
-        except Exception as err:  # PIL raises several types for damaged data; all mean "bad"
-            bad.append((path, f"cannot be decoded: {err}"))
-    return bad
 
 
 class ImageLoader(EpochLoader):

@@ -1,11 +1,14 @@
 """``gpufeed check`` for video folders: every video that would stop or poison clip training.
 
-Per video it reports, with the path and the reason: unreadable, zero-byte, non-video and truncated
-files (by the mp4 box structure, the container's declared frame count, and a full decode),
-unsupported codecs, variable frame rate, and label files that are missing, malformed, or whose
-row count does not match the frame count. Label CSVs without a video and other files are listed
-as ignored. Registered in :data:`gpufeed.pipelines.CHECKERS`, so ``gpufeed check DIR`` on a
-``gpufeed synth`` folder checks ``videos/`` too.
+Per video it reports, with the path and the reason, as bad files: unreadable, zero-byte, non-video
+and audio-only files, truncated ones (by the mp4 box structure, a missing ``moov`` index, the
+container's declared frame count, and a full decode), unsupported codecs, and label files that are
+missing, malformed, or whose row count does not match the frame count. As warnings (usable: the
+loaders read them, exactly): a variable frame rate (frames are numbered in presentation order,
+which may not be how the labels were made) and pixel formats NVIDIA's decoder (NVDEC) does not
+take, which on a GPU need ``video.decoder: pyav`` or ``gpufeed prepare``. Label CSVs without a
+video and other files are listed as ignored. Registered in :data:`gpufeed.pipelines.CHECKERS`,
+so ``gpufeed check DIR`` on a ``gpufeed synth`` folder checks ``videos/`` too.
 """
 
 from __future__ import annotations
@@ -29,13 +32,33 @@ def holds_videos(path: Path) -> bool:
     return path.is_dir() and any(p.suffix.lower() in VIDEO_EXTENSIONS for p in path.iterdir() if p.is_file())
 
 
-def _frame_rate_problem(info: VideoInfo) -> str | None:
+# Pixel formats NVDEC decodes per codec (NVIDIA's Video Codec SDK support matrix): h264 only 4:2:0
+# 8-bit; the others also 10/12-bit, hevc 4:4:4 too. A video outside it decodes with PyAV only.
+_NVDEC_FORMATS = {
+    "h264": ("yuv420p", "yuvj420p", "nv12", "gray"),
+    "hevc": ("yuv420p", "yuvj420p", "yuv420p10le", "yuv420p12le", "yuv444p", "yuv444p10le", "yuv444p12le", "gray"),
+    "vp9": ("yuv420p", "yuv420p10le", "yuv420p12le"),
+    "av1": ("yuv420p", "yuv420p10le", "gray"),
+}
+
+
+def _frame_rate_warning(info: VideoInfo) -> str | None:
     if info.cfr or len(info.pts) < 2:
         return None
     ms = np.diff(np.asarray(info.pts)) * 1000.0 * info.time_base[0] / info.time_base[1]
     return (
-        f"variable frame rate: frame durations range from {ms.min():.1f} to {ms.max():.1f} ms; "
-        "'gpufeed prepare' re-encodes it at a constant rate"
+        f"variable frame rate: frame durations range from {ms.min():.1f} to {ms.max():.1f} ms; frame i is the i-th "
+        "frame shown, so labels must count frames the same way; 'gpufeed prepare' re-encodes it at a constant rate"
+    )
+
+
+def _decoder_warning(info: VideoInfo) -> str | None:
+    allowed = _NVDEC_FORMATS.get(info.codec)
+    if not allowed or not info.pix_fmt or info.pix_fmt in allowed:
+        return None
+    return (
+        f"{info.codec} {info.pix_fmt}: NVIDIA's video decoder does not take this pixel format, so on a GPU set "
+        "video.decoder: pyav (CPU decoding) or re-encode with 'gpufeed prepare' (yuv420p); the CPU path reads it"
     )
 
 
@@ -55,9 +78,9 @@ def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
         if info.problem:
             report.findings.append(Finding(info.path, info.problem, "video"))
             continue
-        vfr = _frame_rate_problem(info)
-        if vfr:
-            report.findings.append(Finding(info.path, vfr, "video"))
+        for warning in (_frame_rate_warning(info), _decoder_warning(info)):
+            if warning:
+                report.findings.append(Finding(info.path, warning, "warning"))
         why = dataset.problems.get(vid)
         if why:
             report.findings.append(Finding(info.path, why, "label"))

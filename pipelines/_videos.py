@@ -39,7 +39,7 @@ VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v")
 SUPPORTED_CODECS = ("h264", "hevc", "vp8", "vp9", "av1", "mpeg4", "mjpeg")
 # What DALI's CPU video decoder handles (measured: not h264/hevc/mpeg4).
 DALI_CPU_CODECS = ("vp8", "vp9", "mjpeg")
-_INDEX_VERSION = 2
+_INDEX_VERSION = 3
 _MP4_LIKE = (".mp4", ".mov", ".m4v")
 _MP4_FIRST_BOXES = ("ftyp", "moov", "mdat", "free", "skip", "wide", "pnot", "uuid")
 
@@ -61,6 +61,7 @@ class VideoInfo:
         declared_frames: Frame count the container declares (0 when it does not say).
         declared_seconds: Duration the container declares when it holds only this stream (else 0).
         problem: Why the file cannot be used, or ``None``.
+        pix_fmt: FFmpeg pixel format of the decoded frames (``yuv420p``, ``yuv444p`` ...).
     """
 
     path: str
@@ -76,6 +77,7 @@ class VideoInfo:
     declared_frames: int = 0
     declared_seconds: float = 0.0
     problem: str | None = None
+    pix_fmt: str = ""
 
     @property
     def gop_frames(self) -> float:
@@ -149,10 +151,12 @@ def probe_video(path: str | Path) -> VideoInfo:
     try:
         with av.open(str(path)) as container:
             if not container.streams.video:
-                return VideoInfo(str(path), problem="no video stream in the file")
+                what = "audio only" if container.streams.audio else "no stream at all"
+                return VideoInfo(str(path), problem=f"no video stream in the file ({what})")
             stream = container.streams.video[0]
             codec = stream.codec_context.name
             width, height = stream.codec_context.width, stream.codec_context.height
+            pix_fmt = stream.codec_context.pix_fmt or ""
             declared = int(stream.frames or 0)
             seconds = container.duration / 1e6 if container.duration and len(container.streams) == 1 else 0.0
             tb = stream.time_base
@@ -177,6 +181,7 @@ def probe_video(path: str | Path) -> VideoInfo:
         keyframes=keyframes,
         declared_frames=declared,
         declared_seconds=seconds,
+        pix_fmt=pix_fmt,
     )
     return _finish_info(info)
 

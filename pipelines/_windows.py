@@ -25,7 +25,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 @dataclass(frozen=True)
 class Windows:
-    """Per-sample crop windows in source pixels.
+    """Per-sample crop windows in the decoded image's pixels (EXIF orientation applied, as DALI decodes).
 
     Attributes:
         anchor: (N, 2) int32 (x, y) of the window's top-left corner.
@@ -78,7 +78,7 @@ def train_windows(
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     flip: bool = True,
 ) -> Windows:
-    """Random-resized-crop windows for the samples ``ids`` whose (width, height) are ``sizes``."""
+    """Random-resized-crop windows for the samples ``ids`` whose decoded (width, height) are ``sizes``."""
     width = sizes[:, 0].astype(np.float64)
     height = sizes[:, 1].astype(np.float64)
     u = hash_uniforms(seed, epoch, ids, 4 * _TRIES + 1)

@@ -63,7 +63,7 @@ def run_serve_demo(cfg, out: str | Path, device, checkpoint: str | Path, batch_s
     card = export_model(checkpoint, repo / DEMO_MODEL_NAME, batch_size=batch_size, device=device)
     print(f"exported {card.spec.name} -> {repo / DEMO_MODEL_NAME} (batch {card.batch_size}, {card.precision})")
 
-    val = ImageDataset.from_config(cfg.data.val, cfg.data.classes)
+    val = ImageDataset.from_config(cfg.data.val, cfg.data.classes, max_pixels=cfg.data.max_image_pixels)
     running = start_server(repo=repo, cfg=cfg, port=0, device=device)
     try:
         where = running.state.models[DEMO_MODEL_NAME].describe()

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import subprocess
 import sys
+import zlib
 
 import pytest
+from oddmedia import declare_size
 
-from gpufeed.pipelines import DatasetError, check_path
+from gpufeed.pipelines import DatasetError, ImageDataset, check_path
+
+
+def png_with_damaged_data(data: bytes) -> bytes:
+    """Flip bytes of the first IDAT's data and fix its CRC: whole structure, only a decode finds it."""
+    body = bytearray(data)
+    at = body.index(b"IDAT")
+    (length,) = struct.unpack(">I", body[at - 4 : at])
+    body[at + 4 : at + 34] = bytes(b ^ 0x77 for b in body[at + 4 : at + 34])
+    body[at + 4 + length : at + 8 + length] = struct.pack(">I", zlib.crc32(bytes(body[at : at + 4 + length])))
+    return bytes(body)
 
 
 @pytest.fixture
@@ -27,11 +40,21 @@ def damaged(synth_dir, tmp_path):
     cases[pngs[0]] = "truncated PNG"
     jpgs[2].write_text("this is not an image")
     cases[jpgs[2]] = "not an image"
-    body = bytearray(pngs[1].read_bytes())
-    start = body.index(b"IDAT") + 8
-    body[start : start + 30] = bytes(b ^ 0x77 for b in body[start : start + 30])
-    pngs[1].write_bytes(bytes(body))
+    pngs[1].write_bytes(png_with_damaged_data(pngs[1].read_bytes()))
     cases[pngs[1]] = "cannot be decoded"
+    body = bytearray(pngs[2].read_bytes())
+    body[body.index(b"IDAT") + 10] ^= 0x01
+    pngs[2].write_bytes(bytes(body))
+    cases[pngs[2]] = "fails its CRC check"
+    whole = jpgs[3].read_bytes()
+    scan = whole.index(b"\xff\xda")
+    jpgs[3].write_bytes(whole[: scan + (len(whole) - scan) // 2] + b"\xff\xd9")  # cut inside the scan data
+    cases[jpgs[3]] = "premature end of data segment"
+    jpgs[4].write_bytes(declare_size(jpgs[4].read_bytes(), 65500, 65500))
+    cases[jpgs[4]] = "too many pixels"
+    # Not problems: bytes after the end marker.
+    jpgs[5].write_bytes(jpgs[5].read_bytes() + b"\x00\x00\x00\x18ftypmp42" + bytes(3000))
+    pngs[3].write_bytes(pngs[3].read_bytes() + b"padding")
     notes = root / "amber" / "notes.txt"
     notes.write_text("hello")
     return root, cases, notes
@@ -93,3 +116,39 @@ def test_cli_exit_status_json_and_quarantine(damaged, tmp_path):
     report = json.loads(out_json.read_text())
     assert report["ok"] is False and len(report["findings"]) >= len(cases)
     assert quarantine.read_text().split() == sorted(str(p) for p in cases)
+
+
+def test_a_hash_inside_a_list_file_path_is_part_of_the_path(synth_dir, tmp_path):
+    images = synth_dir / "images"
+    source = sorted((images / "val").rglob("*.jpg"))[:3]
+    folder = tmp_path / "photos #2"
+    folder.mkdir()
+    names = ["#1 best.jpg", "shot#2.jpg", "plain.jpg"]
+    for src, name in zip(source, names, strict=True):
+        shutil.copy(src, folder / name)
+    lst = tmp_path / "list.txt"
+    lst.write_text(
+        "# a comment line\n"
+        "   # an indented comment line\n"
+        "\n"
+        f"photos #2/{names[0]} 1\n"
+        f"{folder / names[1]} amber\n"
+        f"photos #2/{names[2]} 2\n"
+    )
+    shutil.copy(images / "classes.txt", tmp_path / "classes.txt")
+    dataset = ImageDataset.from_list(lst)
+    assert dataset.paths == tuple(str(folder / name) for name in names)
+    assert dataset.labels.tolist() == [1, 0, 2] and not dataset.problems
+    report = check_path(lst, progress=False)
+    assert report.ok and report.checked == 3, report.table()
+
+
+def test_a_comment_after_an_entry_is_explained(synth_dir, tmp_path):
+    images = synth_dir / "images"
+    first = sorted((images / "val").rglob("*.jpg"))[0]
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"{first} 1  # blurry\n")
+    shutil.copy(images / "classes.txt", tmp_path / "classes.txt")
+    report = check_path(lst, progress=False)
+    (finding,) = [f for f in report.findings if f.kind == "label"]
+    assert "'blurry'" in finding.reason and "comments go on lines of their own" in finding.reason

@@ -31,7 +31,7 @@ def damaged(synth_dir, tmp_path):
     cases[folder / "clip_001.mp4"] = ("label", "has 115 rows but the video has 120 frames")
     vfr = folder / "vfr.mp4"
     write_odd_video(vfr, 7, 40, durations_ms=(33, 50))
-    cases[vfr] = ("video", "variable frame rate")
+    warnings = {vfr: "variable frame rate"}
     odd = folder / "lossless.mkv"
     write_odd_video(odd, 8, 20, codec="ffv1")
     cases[odd] = ("video", "unsupported codec 'ffv1'")
@@ -45,11 +45,11 @@ def damaged(synth_dir, tmp_path):
     write_odd_video(unlabelled, 9, 30, labels=False)
     cases[unlabelled] = ("label", "no label file: expected extra.csv")
     (folder / "readme.txt").write_text("hello")
-    return folder, cases
+    return folder, cases, warnings
 
 
 def test_check_names_every_bad_video_and_why(damaged):
-    folder, cases = damaged
+    folder, cases, warnings = damaged
     report = check_path(folder, progress=False)
     assert not report.ok
     found = {}
@@ -58,6 +58,8 @@ def test_check_names_every_bad_video_and_why(damaged):
     for path, (kind, words) in cases.items():
         assert any(f.kind == kind and words in f.reason for f in found.get(str(path), [])), (path, found.get(str(path)))
     assert [f.kind for f in found[str(folder / "readme.txt")]] == ["ignored"]
+    for path, words in warnings.items():
+        assert [f.kind for f in found[str(path)]] == ["warning"] and words in found[str(path)][0].reason
     assert report.bad_paths() == sorted(str(p) for p in cases)
     assert report.checked == len(list(folder.glob("*.m[pk][4v]")))
 
@@ -70,7 +72,7 @@ def test_synth_root_checks_images_and_videos(synth_dir):
 
 
 def test_cli_exit_status_and_json(damaged, tmp_path):
-    folder, cases = damaged
+    folder, cases, _ = damaged
     out = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "gpufeed", "check", str(folder), "--json", str(out)],

@@ -38,6 +38,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lazy("gpufeed.bench.loader:main_loader"))
 
     p = kinds.add_parser(
+        "images",
+        help="what judging an image costs: structure walk, strict decode, the server's decode, pixel bombs",
+        description="Per generated photo-like JPEG and PNG at 640x480, 1920x1080 and 4000x3000: the structure walk "
+        "(the dataset index, the server's validation) against a header parse plus a 64-byte tail look, the strict "
+        "decode of 'gpufeed check' against Pillow's full decode, and the server's own decode of the same image; "
+        "then 'gpufeed check' on two pixel bombs (time, peak RSS).",
+    )
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=lazy("gpufeed.bench.image_checks:main_images"))
+
+    p = kinds.add_parser(
         "clips",
         help="random h264 clips: gpufeed vs decode-from-start, OpenCV seeking (and torchcodec on a GPU)",
         description="Random clips from generated 2-minute 30 fps h264 videos with a long GOP, then the same videos "

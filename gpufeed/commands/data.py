@@ -40,6 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         help="write the bad files' absolute paths here, one per line, for the config key loader.quarantine_file",
     )
+    p.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=None,
+        metavar="N",
+        help="images whose header declares more pixels are bad, never decoded (default: the config key "
+        "data.max_image_pixels' default, 40,000,000)",
+    )
     p.set_defaults(func=_check)
 
     p = sub.add_parser(
@@ -85,11 +93,12 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gpufeed.pipelines import CheckReport, check_path
+    from gpufeed.pipelines import DEFAULT_MAX_IMAGE_PIXELS, CheckReport, check_path
 
+    max_pixels = args.max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS
     report = CheckReport()
     for path in args.data:
-        report.merge(check_path(path))
+        report.merge(check_path(path, max_pixels=max_pixels))
     print(report.table())
     if args.json:
         args.json.write_text(report.to_json() + "\n", encoding="utf-8")

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import threading
 import urllib.request
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,8 +86,11 @@ def write_bad_dataset(synth_dir: Path, out: Path) -> BadDataset:
     jpgs[7].write_text("this is not an image\n", encoding="utf-8")
     damaged[str(jpgs[7])] = "not an image (text named .jpg)"
     body = bytearray(pngs[2].read_bytes())
-    start = body.index(b"IDAT") + 8
-    body[start : start + 40] = bytes(b ^ 0x5A for b in body[start : start + 40])
+    at = body.index(b"IDAT")
+    (length,) = struct.unpack(">I", body[at - 4 : at])
+    body[at + 4 : at + 44] = bytes(b ^ 0x5A for b in body[at + 4 : at + 44])
+    # A matching CRC keeps the structure whole: only decoding can find this one.
+    body[at + 4 + length : at + 8 + length] = struct.pack(">I", zlib.crc32(bytes(body[at : at + 4 + length])))
     pngs[2].write_bytes(bytes(body))
     damaged[str(pngs[2])] = "corrupt PNG pixel data (header and IEND intact)"
     video = out / "videos" / "clip_000.mp4"

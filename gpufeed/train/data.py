@@ -53,8 +53,12 @@ def _image_data(cfg: Config, device, dist: DistInfo) -> TrainData:
         raise ConfigError(
             "data.train", "an image model needs a training split: set data.train.root or data.train.list_file"
         )
-    train_set = ImageDataset.from_config(cfg.data.train, cfg.data.classes)
-    val_set = ImageDataset.from_config(cfg.data.val, cfg.data.classes) if cfg.data.val is not None else None
+    train_set = ImageDataset.from_config(cfg.data.train, cfg.data.classes, max_pixels=cfg.data.max_image_pixels)
+    val_set = (
+        ImageDataset.from_config(cfg.data.val, cfg.data.classes, max_pixels=cfg.data.max_image_pixels)
+        if cfg.data.val is not None
+        else None
+    )
     if val_set is not None and val_set.classes != train_set.classes:
         raise ConfigError(
             "data.val",

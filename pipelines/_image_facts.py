@@ -1,0 +1,197 @@
+"""What an encoded image is, from its bytes alone: the one answer the index, ``check``, the loaders and the server share.
+
+:func:`read_image_facts` walks a file's structure without decoding a pixel:
+
+* **JPEG**: every marker segment by its length, each scan's entropy-coded data to the next marker,
+  up to the end-of-image marker (``FFD9``). The frame header gives the stored size, the first
+  ``APP1`` Exif block the orientation. Where the file declares a restart interval, each scan must
+  hold every restart marker its size implies, so a file cut short and given a new ``FFD9`` is
+  caught without decoding; a sequential file must have a scan for every component.
+* **PNG**: every chunk by its length, each chunk's CRC, up to ``IEND``; ``IHDR`` gives the size,
+  an ``eXIf`` chunk the orientation.
+
+Bytes after the end marker (a phone's "motion photo" video, padding) are not a problem: every
+decoder stops at the end marker. A file cut inside its data, a segment or chunk running past the
+end, a bad CRC, or an end marker before any image data is one.
+
+**Orientation.** DALI's decoders apply the EXIF orientation (``adjust_orientation=True``), and
+``decoders.image_slice`` takes its window in the coordinates of that *oriented* image (measured
+for all eight orientations, JPEG and PNG, on the CPU: ``tests/test_image_facts.py``). So the size
+that crop windows are computed on is :attr:`ImageFacts.width` x :attr:`ImageFacts.height`, the
+oriented size, everywhere: the dataset index, the train and eval windows and the server.
+
+**Pixel limit.** :meth:`ImageFacts.refusal` adds the decompression-bomb limit (width x height
+from the header, so a bomb is refused before anything decodes it); the loaders use
+``data.max_image_pixels``, the server ``serve.max_image_pixels``, both
+:data:`DEFAULT_MAX_IMAGE_PIXELS` unless set.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufeed.pipelines._image_walk import DAMAGED, UNSUPPORTED, JpegWalk, walk_png
+
+__all__ = [
+    "DEFAULT_MAX_IMAGE_PIXELS",
+    "ImageFacts",
+    "read_image_facts",
+]
+
+# 40 megapixels: a 48 MP phone photo is above it (raise the key), a 7 KB header declaring 65,500 x
+# 65,500 (4.3 gigapixels, 16.8 GB to decode) far above. Shared by data.max_image_pixels and
+# serve.max_image_pixels so training never accepts what serving refuses.
+DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# Magic numbers of formats people name .jpg or send by mistake: named in the message, not "corrupt".
+_OTHER_FORMATS = (
+    (0, b"GIF8", "GIF"),
+    (0, b"BM", "BMP"),
+    (8, b"WEBP", "WebP"),
+    (0, b"RIFF", "RIFF"),
+    (0, b"II*\x00", "TIFF"),
+    (0, b"MM\x00*", "TIFF"),
+    (0, b"\x00\x00\x00\x0cjP", "JPEG 2000"),
+    (0, b"\xff\x4f\xff\x51", "JPEG 2000"),
+    (0, b"%PDF", "PDF"),
+    (4, b"ftypheic", "HEIC"),
+    (4, b"ftypheix", "HEIC"),
+    (4, b"ftypmif1", "HEIF"),
+    (4, b"ftypavif", "AVIF"),
+    (0, b"\xff\x0a", "JPEG XL"),
+    (0, b"\x00\x00\x00\x0cJXL ", "JPEG XL"),
+)
+# Problem kinds (what a caller does about them): the server answers 415 for "unsupported" and
+# "not_image" with a known format name, 400 otherwise.
+EMPTY, UNREADABLE, NOT_IMAGE, TOO_MANY_PIXELS = "empty", "unreadable", "not_image", "too_many_pixels"
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """An encoded image's facts, read from its structure (no pixel decoded).
+
+    Attributes:
+        format: ``"JPEG"`` or ``"PNG"``; another recognised format's name (``"GIF"``, ``"HEIC"``
+            ...) for files the pipelines do not read; ``""`` when not an image.
+        stored_width, stored_height: The size the header declares (before orientation).
+        orientation: EXIF orientation 1-8 (1 without one, or for a value outside 1-8).
+        problem: Why the file cannot be used, in words naming what is wrong; ``None`` when fine.
+        problem_kind: ``"empty"``, ``"unreadable"``, ``"not_image"``, ``"unsupported"`` or
+            ``"damaged"`` (truncation included); ``None`` when fine.
+        end_offset: The byte just past the end marker (``FFD9`` or the ``IEND`` chunk).
+        size_bytes: The file's length.
+    """
+
+    format: str = ""
+    stored_width: int = 0
+    stored_height: int = 0
+    orientation: int = 1
+    problem: str | None = None
+    problem_kind: str | None = None
+    end_offset: int = 0
+    size_bytes: int = 0
+
+    @property
+    def swaps_axes(self) -> bool:
+        """True for orientations 5-8 (a transpose or a quarter turn): width and height trade places."""
+        return self.orientation >= 5
+
+    @property
+    def width(self) -> int:
+        """Width of the decoded, oriented image: what DALI returns and crop windows are in."""
+        return self.stored_height if self.swaps_axes else self.stored_width
+
+    @property
+    def height(self) -> int:
+        """Height of the decoded, oriented image."""
+        return self.stored_width if self.swaps_axes else self.stored_height
+
+    @property
+    def pixels(self) -> int:
+        return self.stored_width * self.stored_height
+
+    @property
+    def trailing_bytes(self) -> int:
+        """Bytes after the end marker (ignored by every decoder; not a problem)."""
+        return max(0, self.size_bytes - self.end_offset) if self.end_offset else 0
+
+    def pixel_problem(self, max_pixels: int, key: str) -> str | None:
+        """Why the image is too large to decode (``key`` names the limit's config key), or ``None``."""
+        if self.pixels <= max_pixels:
+            return None
+        return (
+            f"too many pixels: the header declares {self.stored_width}x{self.stored_height} = {self.pixels:,} "
+            f"pixels; the limit is {max_pixels:,} ({key}); refused without decoding"
+        )
+
+    def refusal(self, max_pixels: int, key: str) -> tuple[str, str] | None:
+        """``(kind, reason)`` when the file cannot be used under ``max_pixels``, else ``None``."""
+        if self.problem:
+            return self.problem_kind or DAMAGED, self.problem
+        too_many = self.pixel_problem(max_pixels, key)
+        return (TOO_MANY_PIXELS, too_many) if too_many else None
+
+    def to_row(self) -> list:
+        """A compact JSON row (the dataset index's cache); :meth:`from_row` reads it back."""
+        return [
+            self.format,
+            self.stored_width,
+            self.stored_height,
+            self.orientation,
+            self.problem,
+            self.problem_kind,
+            self.end_offset,
+            self.size_bytes,
+        ]
+
+    @classmethod
+    def from_row(cls, row: list) -> ImageFacts:
+        return cls(*row)
+
+
+def read_image_facts(source: bytes | bytearray | memoryview | str | os.PathLike) -> ImageFacts:
+    """Read an image's facts from its bytes or its path, walking its structure (see the module docs).
+
+    A path is memory-mapped, so only the bytes up to the end marker are read. Never raises for bad
+    data: what is wrong is :attr:`ImageFacts.problem`.
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _facts(bytes(source) if isinstance(source, memoryview) else source)
+    path = Path(source)
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                return ImageFacts(problem="empty: a zero-byte file", problem_kind=EMPTY)
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return _facts(data)
+    except OSError as err:
+        return ImageFacts(problem=f"unreadable: {err.strerror or err}", problem_kind=UNREADABLE)
+
+
+def _facts(data) -> ImageFacts:
+    size = len(data)
+    if size == 0:
+        return ImageFacts(problem="empty: 0 bytes", problem_kind=EMPTY)
+    head = bytes(data[:16])
+    if head.startswith(b"\xff\xd8\xff"):
+        return ImageFacts(*JpegWalk(data).facts(), size_bytes=size)
+    if head.startswith(_PNG_SIGNATURE):
+        return ImageFacts(*walk_png(data), size_bytes=size)
+    for offset, magic, name in _OTHER_FORMATS:
+        if head[offset : offset + len(magic)] == magic:
+            return ImageFacts(
+                format=name,
+                problem=f"unsupported image format {name}; supported formats: JPEG, PNG",
+                problem_kind=UNSUPPORTED,
+                size_bytes=size,
+            )
+    if head.startswith(b"\xff\xd8"):
+        return ImageFacts("JPEG", problem="damaged JPEG: no marker after the start-of-image", problem_kind=DAMAGED)
+    return ImageFacts(
+        problem="not an image: not a JPEG or PNG (no valid header)", problem_kind=NOT_IMAGE, size_bytes=size
+    )
