@@ -6,6 +6,10 @@ CPU. Videos: :class:`VideoDataset` indexes a folder of videos and label CSVs, :c
 yields :class:`ClipBatch` (uint8 (N, 3, T, S, S) clips, per-frame and centre labels) decoded on
 NVDEC, or on the CPU; :class:`VideoFrameReader` reads whole videos in order. :func:`check_path`
 finds bad files before training.
+
+Each loader builds its DALI pipeline once and reads epoch after epoch through it. A pipeline
+failure is a :class:`BadSampleError` when files are to blame (named), a :class:`PipelineError`
+(DALI's own message and the likely cause) when none is.
 """
 
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding, check_images, check_path
@@ -13,7 +17,7 @@ from gpufeed.pipelines._clip_loader import ClipBatch, ClipLoader, choose_decoder
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, ImageDataset, probe_image_file
 from gpufeed.pipelines._epochs import default_num_threads
-from gpufeed.pipelines._errors import BadSampleError, DatasetError
+from gpufeed.pipelines._errors import BadSampleError, DatasetError, PipelineError
 from gpufeed.pipelines._frames import FrameChunk, VideoFrameReader
 from gpufeed.pipelines._image_pipeline import decode_window
 from gpufeed.pipelines._loader import ImageBatch, ImageLoader, find_bad_files
@@ -55,6 +59,7 @@ __all__ = [
     "ImageBatch",
     "ImageDataset",
     "ImageLoader",
+    "PipelineError",
     "PrepareOptions",
     "PrepareReport",
     "Quarantine",
