@@ -96,6 +96,15 @@ def choose_decoder(requested: str, on_gpu: bool, codecs: set[str]) -> tuple[str,
     return "pyav", f"video.decoder: auto; no GPU and {', '.join(cpu_unsupported)} needs PyAV keyframe seeks"
 
 
+def _worker_pids(pipe) -> list[int]:
+    """Process ids of a pipeline's Python workers (empty if this DALI does not tell)."""
+    pool = getattr(pipe, "_py_pool", None)
+    try:
+        return [int(pid) for pid in pool.pids()] if pool is not None else []
+    except Exception:  # a private DALI detail: without it the check is skipped, nothing breaks
+        return []
+
+
 class ClipLoader(EpochLoader):
     """Batches of decoded, resized clips and their labels from a :class:`VideoDataset`.
 
@@ -235,7 +244,9 @@ class ClipLoader(EpochLoader):
                 fit=self.video_cfg.fit,
             )
             pipe = build_clip_pipeline(source="pyav", clip_input=clips, start_method=method, **common)
+            pids = _worker_pids(pipe)
         else:
+            pids = []
             work = new_work_dir()
             resources.append(work)
             try:
@@ -262,7 +273,7 @@ class ClipLoader(EpochLoader):
                 work.cleanup()
                 raise
         iterator = DALIGenericIterator(pipe, ["clips", "tags"], auto_reset=False, prepare_first_batch=False)
-        return Session(iterator, stream, limit=limit, resources=resources)
+        return Session(iterator, stream, limit=limit, resources=resources, worker_pids=pids)
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ClipBatch:
         import torch

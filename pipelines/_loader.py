@@ -177,7 +177,8 @@ class ImageLoader(EpochLoader):
         )
         names = ["images", "meta", "meta_gpu"] if self.device.is_gpu else ["images", "meta"]
         # No reader and no size: the iterator runs as long as the feed does, epoch after epoch.
-        return Session(DALIGenericIterator(pipe, names, auto_reset=False, prepare_first_batch=False), stream)
+        iterator = DALIGenericIterator(pipe, names, auto_reset=False, prepare_first_batch=False)
+        return Session(iterator, stream, feed=feed)
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ImageBatch:
         meta = out["meta"]

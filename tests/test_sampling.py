@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
 from gpufeed.pipelines import eval_windows, hash_uniforms, plan_epoch, train_windows
+from gpufeed.pipelines._sampler import PlanSpec, PlanStream
 
 
 def _plan(n, shard, shards, policy, batch=4, epoch=0, seed=1, shuffle=True, **kw):
@@ -65,6 +68,35 @@ def test_excluding_a_sample_keeps_order_and_shards():
     other = _plan(40, 1, 2, "partial", excluded=[bad])
     assert np.array_equal(other.sample_ids, _plan(40, 1, 2, "partial").sample_ids)
     assert len(_plan(40, 0, 2, "drop", excluded=[bad]).sample_ids) == len(_plan(40, 0, 2, "drop").sample_ids)
+
+
+@pytest.mark.parametrize("policy", ["drop", "partial", "pad"])
+def test_the_stream_is_the_epoch_plans_batch_after_batch(policy):
+    spec = PlanSpec(np.arange(23), seed=4, shuffle=True, shard_id=1, num_shards=2, batch_size=4, last_batch=policy)
+    stream = PlanStream(spec, epoch=3, batch=1)
+    expected = []
+    for epoch in (3, 4, 5, 6):
+        plan = _plan(23, 1, 2, policy, epoch=epoch, seed=4)
+        first = 1 if epoch == 3 else 0
+        for b in range(first, plan.num_batches):
+            expected.append((epoch, b, plan.sample_ids[b * 4 : (b + 1) * 4], plan.valid[b * 4 : (b + 1) * 4]))
+    got = [stream[k] for k in range(len(expected))]
+    for batch, (epoch, b, ids, valid) in zip(got, expected, strict=True):
+        assert (batch.epoch, batch.batch, batch.first_row) == (epoch, b, b * 4)
+        assert np.array_equal(batch.sample_ids, ids) and np.array_equal(batch.valid, valid)
+    per_epoch = _plan(23, 1, 2, policy).num_batches
+    assert stream.iterations_until(4) == per_epoch - 1 and stream.iterations_until(6) == 3 * per_epoch - 1
+    # A worker process gets a copy that computes the same batches on its own, in any order.
+    copy = pickle.loads(pickle.dumps(stream))
+    assert all(np.array_equal(copy[k].sample_ids, got[k].sample_ids) for k in reversed(range(len(got))))
+
+
+def test_a_spec_with_other_exclusions_is_another_plan():
+    a = PlanSpec(np.arange(10), seed=0, shuffle=True, shard_id=0, num_shards=1, batch_size=4, last_batch="drop")
+    same = PlanSpec(np.arange(10), seed=0, shuffle=True, shard_id=0, num_shards=1, batch_size=4, last_batch="drop")
+    fewer = PlanSpec(np.arange(10), 0, True, 0, 1, 4, "drop", excluded=[3])
+    assert a == same and a != fewer
+    assert np.array_equal(fewer.plan(2).sample_ids, _plan(10, 0, 1, "drop", epoch=2, seed=0, excluded=[3]).sample_ids)
 
 
 def test_bad_policy_and_shard_are_named():
