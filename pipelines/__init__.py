@@ -35,6 +35,7 @@ from gpufeed.pipelines._videos import (
     probe_video,
     read_label_csv,
 )
+from gpufeed.pipelines._waits import EpochWaits, measure_epoch_waits
 from gpufeed.pipelines._windows import Windows, eval_windows, hash_uniforms, train_windows
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "ClipTable",
     "DatasetError",
     "EpochPlan",
+    "EpochWaits",
     "Finding",
     "FrameChunk",
     "ImageBatch",
@@ -77,6 +79,7 @@ __all__ = [
     "eval_windows",
     "find_bad_files",
     "hash_uniforms",
+    "measure_epoch_waits",
     "plan_epoch",
     "prepare_videos",
     "probe_image_file",

@@ -16,7 +16,6 @@ The loader builds its DALI pipeline once and feeds it epoch after epoch (see
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +23,7 @@ import numpy as np
 from gpufeed.pipelines._dataset import ImageDataset
 from gpufeed.pipelines._epochs import EpochLoader, Session
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._image_pipeline import ImageFeed, build_image_pipeline, gpu_decoder_options
+from gpufeed.pipelines._image_pipeline import ImageFeed, PathTable, build_image_pipeline, gpu_decoder_options
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
@@ -141,8 +140,8 @@ class ImageLoader(EpochLoader):
         self.crops = CropPolicy(
             np.asarray(dataset.sizes), train, seed, c.crop_area, c.crop_aspect_ratio, c.flip, c.eval_crop_fraction
         )
-        # Encoded once: the feed hands DALI each row's path as bytes for fn.io.file.read.
-        self._path_bytes = [np.frombuffer(os.fsencode(path), dtype=np.uint8) for path in dataset.paths]
+        # Encoded once: the feed hands DALI each batch's paths as bytes for fn.io.file.read.
+        self._path_table = PathTable(list(dataset.paths))
 
     def _windows(self, ids: np.ndarray, epoch: int | None = None) -> Windows:
         return self.crops(ids, self.epoch if epoch is None else epoch)
@@ -164,7 +163,7 @@ class ImageLoader(EpochLoader):
     def _open_session(self, stream: PlanStream) -> Session:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
-        feed = ImageFeed(stream, self._path_bytes, self._labels, self.crops)
+        feed = ImageFeed(stream, self._path_table, self._labels, self.crops)
         pipe = build_image_pipeline(
             feed,
             size_px=self.image_cfg.size_px,
