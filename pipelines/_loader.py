@@ -143,9 +143,6 @@ class ImageLoader(EpochLoader):
         # Encoded once: the feed hands DALI each batch's paths as bytes for fn.io.file.read.
         self._path_table = PathTable(list(dataset.paths))
 
-    def _windows(self, ids: np.ndarray, epoch: int | None = None) -> Windows:
-        return self.crops(ids, self.epoch if epoch is None else epoch)
-
     # -- EpochLoader hooks --------------------------------------------------------------------
     def _plan_ids(self) -> np.ndarray:
         return self._usable
