@@ -247,9 +247,20 @@ class EpochLoader:
             excluded=self._excluded_plan_ids(),
         )
 
+    def _epoch_plan(self, spec: PlanSpec, epoch: int) -> EpochPlan:
+        """``spec``'s plan of ``epoch``, from the running pipeline's stream when it has it.
+
+        Planning shuffles every sample id; at an epoch boundary the stream has already planned the
+        new epoch (DALI was fed its first batches), so asking again would stall for nothing.
+        """
+        session = self._session
+        if session is not None and session.stream.spec == spec:
+            return session.stream.plan(epoch)
+        return spec.plan(epoch)
+
     def __len__(self) -> int:
         """Batches in the current epoch (all of them, including any already consumed)."""
-        return self._plan(0).num_batches
+        return self._epoch_plan(self._spec(), self.epoch).num_batches
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at the beginning of ``epoch``."""
@@ -287,14 +298,14 @@ class EpochLoader:
             return session
         self.close()
         self.pipeline_builds += 1
-        self._session = self._open_session(PlanStream(spec, *here))
+        self._session = self._open_session(PlanStream(spec, *here, plan_ahead=True))
         return self._session
 
     def __iter__(self):
         """Yield the rest of the current epoch, then advance to the next epoch."""
         while True:
             spec = self._spec()
-            total = spec.plan(self.epoch).num_batches
+            total = self._epoch_plan(spec, self.epoch).num_batches
             failed, session = None, None
             while self._start_batch < total:
                 try:

@@ -27,6 +27,8 @@ workers and the loader reading the outputs agree on it without talking to each o
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -176,6 +178,21 @@ class StreamBatch:
         return len(self.sample_ids)
 
 
+_PLANNER: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _planner() -> ThreadPoolExecutor:
+    """One background thread for planning epochs ahead (shared by every stream of the process).
+
+    Keyed by process id: a forked worker inherits the executor object but not its thread, so work
+    submitted there would never run.
+    """
+    global _PLANNER
+    if _PLANNER is None or _PLANNER[0] != os.getpid():
+        _PLANNER = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufeed-plan"))
+    return _PLANNER[1]
+
+
 # Epochs in a row whose plan is empty (every sample of the shard excluded) before giving up.
 _MAX_EMPTY_EPOCHS = 64
 
@@ -187,12 +204,17 @@ class PlanStream:
     batch, k)``; plans are computed when first needed and the two most recent kept.
     """
 
-    def __init__(self, spec: PlanSpec, epoch: int, batch: int = 0) -> None:
+    def __init__(self, spec: PlanSpec, epoch: int, batch: int = 0, *, plan_ahead: bool = False) -> None:
         self.spec, self.epoch, self.batch = spec, int(epoch), int(batch)
+        self.plan_ahead = plan_ahead
+        # Only the process that made the stream plans ahead: a forked copy (DALI's "fork" workers)
+        # plans what it reads itself rather than waiting on futures of its parent's thread.
+        self._pid = os.getpid()
         # (first iteration, epoch, first batch) of each epoch reached so far, in order.
         self._starts: list[tuple[int, int, int]] = []
         self._ends: list[int] = []  # iteration after each of those epochs
         self._plans: dict[int, EpochPlan] = {}
+        self._ahead: dict[int, Future] = {}
 
     def __getstate__(self) -> dict:
         return {"spec": self.spec, "epoch": self.epoch, "batch": self.batch}
@@ -200,13 +222,24 @@ class PlanStream:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["spec"], state["epoch"], state["batch"])
 
-    def _plan(self, epoch: int) -> EpochPlan:
+    def plan(self, epoch: int) -> EpochPlan:
+        """The whole plan of ``epoch`` (kept: the two most recently planned epochs).
+
+        With ``plan_ahead``, planning an epoch starts planning the next one on a background thread:
+        shuffling a large dataset takes tens of milliseconds, which would otherwise land in one
+        training step per epoch.
+        """
         plan = self._plans.get(epoch)
         if plan is None:
-            plan = self.spec.plan(epoch)
+            here = os.getpid() == self._pid
+            future = self._ahead.pop(epoch, None) if here else None
+            plan = future.result() if future is not None else self.spec.plan(epoch)
             self._plans[epoch] = plan
             for old in sorted(self._plans)[:-2]:
                 del self._plans[old]
+            upcoming = epoch + 1
+            if here and self.plan_ahead and upcoming not in self._plans and upcoming not in self._ahead:
+                self._ahead = {upcoming: _planner().submit(self.spec.plan, upcoming)}
         return plan
 
     def _extend(self) -> None:
@@ -216,7 +249,7 @@ class PlanStream:
         else:
             first, epoch, start_batch = 0, self.epoch, self.batch
         for _ in range(_MAX_EMPTY_EPOCHS):
-            count = self._plan(epoch).num_batches - start_batch
+            count = self.plan(epoch).num_batches - start_batch
             if count > 0:
                 self._starts.append((first, epoch, start_batch))
                 self._ends.append(first + count)
@@ -236,7 +269,7 @@ class PlanStream:
 
     def __getitem__(self, k: int) -> StreamBatch:
         epoch, batch = self.position(k)
-        plan = self._plan(epoch)
+        plan = self.plan(epoch)
         size = self.spec.batch_size
         rows = slice(batch * size, (batch + 1) * size)
         return StreamBatch(epoch, batch, plan.sample_ids[rows], plan.valid[rows], batch * size)

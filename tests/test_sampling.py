@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import select
+import signal
 
 import numpy as np
 import pytest
@@ -89,6 +92,30 @@ def test_the_stream_is_the_epoch_plans_batch_after_batch(policy):
     # A worker process gets a copy that computes the same batches on its own, in any order.
     copy = pickle.loads(pickle.dumps(stream))
     assert all(np.array_equal(copy[k].sample_ids, got[k].sample_ids) for k in reversed(range(len(got))))
+
+
+def test_planning_ahead_gives_the_same_plans_and_a_forked_copy_plans_alone():
+    spec = PlanSpec(np.arange(50), seed=2, shuffle=True, shard_id=0, num_shards=1, batch_size=8, last_batch="pad")
+    stream = PlanStream(spec, epoch=0, plan_ahead=True)
+    assert np.array_equal(stream.plan(0).sample_ids, spec.plan(0).sample_ids)
+    assert set(stream._ahead) == {1}  # epoch 1 is being planned on the background thread
+    assert np.array_equal(stream.plan(1).sample_ids, spec.plan(1).sample_ids)
+    # A forked child inherits the stream and the executor but not its thread: it must plan itself
+    # (this hung DALI's fork-started PyAV workers before planning was keyed by process).
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        # Epoch 4 would wait on a future submitted while planning epoch 3, in a thread-less executor.
+        ok = all(np.array_equal(stream.plan(e).sample_ids, spec.plan(e).sample_ids) for e in (3, 4))
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    answered, _, _ = select.select([read], [], [], 30)
+    if not answered:
+        os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    assert answered, "the forked copy hung planning an epoch"
+    assert os.read(read, 1) == b"1"
 
 
 def test_a_spec_with_other_exclusions_is_another_plan():
