@@ -14,6 +14,7 @@ LastBatch = Literal["drop", "partial", "pad"]
 OnBadSample = Literal["error", "skip"]
 VideoDecoder = Literal["auto", "dali", "pyav"]
 VideoFit = Literal["stretch", "centre_crop"]
+WorkerStart = Literal["auto", "fork", "spawn"]
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,29 @@ class ImagePipelineConfig:
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """Batching, order and error policy shared by the image and clip loaders."""
+    """Batching, order, error policy and decoding throughput, shared by the image and clip loaders.
+
+    Each loader builds its DALI pipeline once and feeds it epoch after epoch, so prefetching goes
+    on across epoch boundaries.
+    """
 
     batch_size: int = option(64, ge=1, doc="samples per batch (per rank)")
-    num_threads: int = option(0, ge=0, doc="DALI CPU threads; 0 means one per available core")
-    prefetch_queue_depth: int = option(2, ge=1, le=16, doc="batches DALI prepares ahead")
+    num_threads: int = option(0, ge=0, doc="DALI CPU threads (and PyAV worker processes); 0 means one per core")
+    prefetch_queue_depth: int = option(
+        2, ge=1, le=16, doc="batches DALI prepares ahead, across epoch boundaries too (each holds a batch in memory)"
+    )
+    hw_decoder_load: float = option(
+        0.9,
+        ge=0.0,
+        le=1.0,
+        doc="GPU only: share of JPEGs decoded by the GPU's hardware JPEG decoder (A100/H100); the rest use "
+        "nvJPEG's CUDA path with CPU threads. Lower it if the hardware decoder is the bottleneck",
+    )
+    worker_start_method: WorkerStart = option(
+        "auto",
+        doc="how PyAV clip workers start: auto = spawn when CUDA is already initialised in the process, else fork; "
+        "spawn needs scripts to guard their entry point with if __name__ == '__main__'",
+    )
     shuffle: bool = option(True, doc="reshuffle the training split every epoch")
     last_batch: LastBatch = option("drop", doc="training: drop the last partial batch, keep it ('partial') or pad it")
     on_bad_sample: OnBadSample = option(

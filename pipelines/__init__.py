@@ -6,6 +6,10 @@ CPU. Videos: :class:`VideoDataset` indexes a folder of videos and label CSVs, :c
 yields :class:`ClipBatch` (uint8 (N, 3, T, S, S) clips, per-frame and centre labels) decoded on
 NVDEC, or on the CPU; :class:`VideoFrameReader` reads whole videos in order. :func:`check_path`
 finds bad files before training.
+
+Each loader builds its DALI pipeline once and reads epoch after epoch through it. A pipeline
+failure is a :class:`BadSampleError` when files are to blame (named), a :class:`PipelineError`
+(DALI's own message and the likely cause) when none is.
 """
 
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding, check_images, check_path
@@ -13,7 +17,7 @@ from gpufeed.pipelines._clip_loader import ClipBatch, ClipLoader, choose_decoder
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, ImageDataset, parse_list_line
 from gpufeed.pipelines._epochs import default_num_threads
-from gpufeed.pipelines._errors import BadSampleError, DatasetError
+from gpufeed.pipelines._errors import BadSampleError, DatasetError, PipelineError
 from gpufeed.pipelines._frames import FrameChunk, VideoFrameReader
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
 from gpufeed.pipelines._image_pipeline import decode_window
@@ -33,6 +37,7 @@ from gpufeed.pipelines._videos import (
     probe_video,
     read_label_csv,
 )
+from gpufeed.pipelines._waits import EpochWaits, measure_epoch_waits
 from gpufeed.pipelines._windows import Windows, eval_windows, hash_uniforms, train_windows
 
 __all__ = [
@@ -53,12 +58,14 @@ __all__ = [
     "ClipTable",
     "DatasetError",
     "EpochPlan",
+    "EpochWaits",
     "Finding",
     "FrameChunk",
     "ImageBatch",
     "ImageDataset",
     "ImageFacts",
     "ImageLoader",
+    "PipelineError",
     "PrepareOptions",
     "PrepareReport",
     "Quarantine",
@@ -77,6 +84,7 @@ __all__ = [
     "eval_windows",
     "find_bad_files",
     "hash_uniforms",
+    "measure_epoch_waits",
     "parse_list_line",
     "plan_epoch",
     "prepare_videos",

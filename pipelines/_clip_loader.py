@@ -13,7 +13,8 @@ Usage::
 
 Which clips an epoch holds is decided by :class:`gpufeed.pipelines._clips.ClipTable` and
 :func:`gpufeed.pipelines.plan_epoch` (order, shards, last batch), so every decoder reads the same
-clips for the same seed.
+clips for the same seed. The pipeline (and the PyAV worker processes) is built once and reads
+epoch after epoch (see :mod:`gpufeed.pipelines._epochs`); ``loader.pipeline_builds`` counts builds.
 """
 
 from __future__ import annotations
@@ -24,13 +25,20 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.pipelines._clip_pipeline import build_clip_pipeline, dali_iterator, new_work_dir
+from gpufeed.pipelines._clip_pipeline import (
+    RoiFeed,
+    build_clip_pipeline,
+    check_reader_size,
+    new_work_dir,
+    stream_rows,
+    write_stream_list,
+)
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
-from gpufeed.pipelines._epochs import EpochLoader
+from gpufeed.pipelines._epochs import EpochLoader, Session, worker_start_method
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
+from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, ClipSource, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
-from gpufeed.pipelines._sampler import EpochPlan
+from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
 from gpufeed.pipelines._videos import DALI_CPU_CODECS, VideoDataset
 
 __all__ = ["ClipBatch", "ClipLoader", "choose_decoder"]
@@ -86,6 +94,15 @@ def choose_decoder(requested: str, on_gpu: bool, codecs: set[str]) -> tuple[str,
             "'gpufeed prepare --codec vp9'"
         )
     return "pyav", f"video.decoder: auto; no GPU and {', '.join(cpu_unsupported)} needs PyAV keyframe seeks"
+
+
+def _worker_pids(pipe) -> list[int]:
+    """Process ids of a pipeline's Python workers (empty if this DALI does not tell)."""
+    pool = getattr(pipe, "_py_pool", None)
+    try:
+        return [int(pid) for pid in pool.pids()] if pool is not None else []
+    except Exception:  # a private DALI detail: without it the check is skipped, nothing breaks
+        return []
 
 
 class ClipLoader(EpochLoader):
@@ -198,61 +215,103 @@ class ClipLoader(EpochLoader):
     def _excluded_plan_ids(self) -> list[int]:
         return self.table.slots_of(self.read_failures)
 
-    def _open_epoch(self, plan: EpochPlan):
-        videos, starts = self.table.clips(plan.sample_ids, train=self.train, seed=self.seed, epoch=self.epoch)
-        return videos, starts, new_work_dir()
+    def _open_session(self, stream: PlanStream) -> Session:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
-    def _close_epoch(self, ctx) -> None:
-        ctx[2].cleanup()
+        common = {
+            "clip_length_frames": self.geometry.clip_length_frames,
+            "stride_frames": self.geometry.stride_frames,
+            "size_px": self.video_cfg.size_px,
+            "fit": self.video_cfg.fit,
+            "batch_size": self.batch_size,
+            "device_id": self.device.device_id,
+            "num_threads": self.num_threads,
+            "prefetch_queue_depth": self.cfg.prefetch_queue_depth,
+            "seed": self.seed,
+        }
+        resources, limit = [], None
+        if self.source == "pyav":
+            method, why = worker_start_method(getattr(self.cfg, "worker_start_method", "auto"))
+            log.info("starting %d PyAV worker process(es) with %s (%s)", self.num_threads, method, why)
+            clips = ClipSource(
+                stream,
+                self.table,
+                self._refs,
+                train=self.train,
+                seed=self.seed,
+                batch_size=self.batch_size,
+                size_px=self.video_cfg.size_px,
+                fit=self.video_cfg.fit,
+            )
+            pipe = build_clip_pipeline(source="pyav", clip_input=clips, start_method=method, **common)
+            pids = _worker_pids(pipe)
+        else:
+            pids = []
+            work = new_work_dir()
+            resources.append(work)
+            try:
+                list_file, limit = write_stream_list(
+                    Path(work.name),
+                    list(self.dataset.paths),
+                    stream,
+                    self.table,
+                    train=self.train,
+                    seed=self.seed,
+                    batch_size=self.batch_size,
+                )
+                roi = None
+                if self.video_cfg.fit == "centre_crop":
+                    sizes = np.array([(info.width, info.height) for info in self.dataset.infos])
+                    table, train, seed, size = self.table, self.train, self.seed, self.batch_size
+                    roi = RoiFeed(
+                        lambda k: stream_rows(stream, table, train=train, seed=seed, batch_size=size, iteration=k)[0],
+                        sizes,
+                    )
+                pipe = build_clip_pipeline(source="dali", clip_input=list_file, roi_feed=roi, **common)
+                check_reader_size(pipe, limit * self.batch_size)
+            except Exception:
+                work.cleanup()
+                raise
+        iterator = DALIGenericIterator(pipe, ["clips", "tags"], auto_reset=False, prepare_first_batch=False)
+        return Session(iterator, stream, limit=limit, resources=resources, worker_pids=pids)
 
-    def _iterator(self, plan: EpochPlan, ctx):
-        videos, starts, work = ctx
-        sizes = np.array([(self.dataset.infos[v].width, self.dataset.infos[v].height) for v in videos])
-        pipe = build_clip_pipeline(
-            source=self.source,
-            paths=list(self.dataset.paths),
-            video_ids=videos,
-            starts=starts,
-            frame_sizes=sizes,
-            clip_length_frames=self.geometry.clip_length_frames,
-            stride_frames=self.geometry.stride_frames,
-            size_px=self.video_cfg.size_px,
-            fit=self.video_cfg.fit,
-            batch_size=self.batch_size,
-            device_id=self.device.device_id,
-            num_threads=self.num_threads,
-            prefetch_queue_depth=self.cfg.prefetch_queue_depth,
-            seed=self.seed,
-            work_dir=Path(work.name),
-            video_refs=self._refs,
-        )
-        return dali_iterator(pipe, ["clips", "rows"], source=self.source, size=len(starts))
-
-    def _batch(self, out: dict, plan: EpochPlan, ctx) -> ClipBatch:
+    def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ClipBatch:
         import torch
 
-        videos, starts, _ = ctx
+        n = len(batch)
+        videos, starts = self.table.clips(batch.sample_ids, train=self.train, seed=self.seed, epoch=batch.epoch)
+        tags = out["tags"].view(-1)[:n].cpu().numpy().astype(np.int64)
+        self._check_rows(tags, iteration * self.batch_size + np.arange(n))
         torch_device = self.device.torch_device
-        clips = out["clips"]
-        rows = out["rows"].view(-1).cpu().numpy().astype(np.int64)
+        clips = out["clips"][:n]
         if tuple(clips.shape[1:]) != self.clip_shape:
             raise RuntimeError(f"clip pipeline produced {tuple(clips.shape)}; expected (N, *{self.clip_shape})")
-        frames = starts[rows, None] + np.arange(self.geometry.clip_length_frames) * self.geometry.stride_frames
-        labels = np.stack([self.dataset.labels[v][f] for v, f in zip(videos[rows], frames, strict=True)])
-        frame_labels = torch.as_tensor(labels, dtype=torch.float32, device=torch_device)
+        frames = starts[:, None] + np.arange(self.geometry.clip_length_frames) * self.geometry.stride_frames
+        labels = np.stack([self.dataset.labels[v][f] for v, f in zip(videos, frames, strict=True)])
+
+        def to_device(array, dtype):
+            tensor = torch.as_tensor(array, dtype=dtype)
+            if torch_device.type == "cuda":
+                return tensor.pin_memory().to(torch_device, non_blocking=True)
+            return tensor
+
+        frame_labels = to_device(labels, torch.float32)
         return ClipBatch(
             clips=clips.to(torch_device),
             frame_labels=frame_labels,
             centre_labels=frame_labels[:, self.geometry.centre_offset].contiguous(),
-            video_ids=torch.as_tensor(videos[rows], device=torch_device),
-            start_frames=torch.as_tensor(starts[rows], device=torch_device),
-            valid=torch.as_tensor(plan.valid[rows], device=torch_device),
+            video_ids=to_device(videos, torch.int64),
+            start_frames=to_device(starts, torch.int64),
+            valid=to_device(batch.valid, torch.bool),
             behaviours=self.behaviours,
         )
 
-    def _suspects(self, plan: EpochPlan, ctx, rows: slice) -> list[tuple[int, str, int]]:
-        videos, starts, _ = ctx
-        return [(int(v), self.dataset.paths[v], int(s)) for v, s in zip(videos[rows], starts[rows], strict=True)]
+    def _suspects(self, batches: list[StreamBatch]) -> list[tuple[int, str, int]]:
+        suspects = []
+        for batch in batches:
+            videos, starts = self.table.clips(batch.sample_ids, train=self.train, seed=self.seed, epoch=batch.epoch)
+            suspects += [(int(v), self.dataset.paths[v], int(s)) for v, s in zip(videos, starts, strict=True)]
+        return suspects
 
     def _recheck(self, suspects) -> dict[int, str]:
         """Decode each suspect clip with PyAV, outside DALI."""

@@ -5,7 +5,7 @@ Stages and what each outputs (dtype and rank checked when the pipeline is built)
 ==============  ===========================================================  =====================
 stage           output                                                       where
 ==============  ===========================================================  =====================
-decode          uint8 (T, H, W, 3) "FHWC" per clip + its plan row (int32)     see below
+decode          uint8 (T, H, W, 3) "FHWC" per clip + its tag (int)             see below
 crop window     roi_start/roi_end (y, x) of the central square (centre_crop)  CPU (external_source)
 resize          uint8 (T, S, S, 3): crop and resize fused, bilinear+antialias  GPU, or CPU
 transpose       uint8 (3, T, S, S) "CFHW" (frame chunks: (T, 3, S, S) "FCHW")  GPU, or CPU
@@ -15,50 +15,55 @@ transpose       uint8 (3, T, S, S) "CFHW" (frame chunks: (T, 3, S, S) "FCHW")  G
 hand over (T, S, S, 3): on a CPU that pass costs a fraction of a full-size conversion plus a
 separate resize. Crop window and resize then apply to the DALI reader only.)
 
-Decode, by ``source``:
+Decode, by ``source``; every pipeline iteration is one plan batch of a
+:class:`~gpufeed.pipelines._sampler.PlanStream`, always ``batch_size`` rows (a short plan batch is
+filled with rows the loader drops), and the tag of row ``j`` of iteration ``k`` is
+``k * batch_size + j``:
 
-* ``"dali"``: ``fn.experimental.readers.video`` over a file list of the epoch plan in
-  ``frames`` format (``path row start end``, one line per clip, ``end = start + L * stride``
-  exclusive), so the reader seeks exactly where gpufeed's sampler says, in plan order, never
-  shuffling. ``device="gpu"`` decodes on NVDEC (h264, hevc, vp8, vp9, av1, mpeg4, mjpeg);
-  ``device="cpu"`` uses FFmpeg inside DALI (vp8, vp9, mjpeg only).
+* ``"dali"``: ``fn.experimental.readers.video`` over a file list in ``frames`` format (``path tag
+  start end``, one line per row, ``end = start + L * stride`` exclusive), written for the
+  stream's first iterations (:func:`write_stream_list`), so the reader seeks exactly where
+  gpufeed's sampler says, in plan order, never shuffling. DALI's reader takes its list when it is
+  built, so a list covers whole epochs, as many as :data:`LIST_LINES` lines hold (a new pipeline
+  continues after them). ``device="gpu"`` decodes on NVDEC (h264, hevc, vp8, vp9, av1, mpeg4,
+  mjpeg); ``device="cpu"`` uses FFmpeg inside DALI (vp8, vp9, mjpeg only).
 * ``"pyav"``: :class:`gpufeed.pipelines._pyav.ClipSource` in a parallel ``external_source``
-  (one worker process per thread), seeking with PyAV to the keyframe at or before each clip.
+  (one worker process per thread, started once), seeking with PyAV to the keyframe at or before
+  each clip.
+* ``"pyav_sequential"``: :class:`gpufeed.pipelines._pyav.SequentialFeed`, one video front to back.
 
-Both give the same frames, fitted the same way (stretch or central square, area-weighted when
-shrinking), so the outputs follow one contract; pixel values differ by the filters' rounding.
+Why a file list and not ``fn.decoders.video`` on in-memory files: that decoder needs each clip's
+whole file as its input and indexes it per sample; measured on a CPU (VP9, 256x256, 1,800
+frames, 8.5 MB), a batch of 8 random clips took 1.48 s that way against 0.10-0.14 s with the
+reader, whose set-up costs about 66 us per list line (files are indexed once per process).
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["READER_NAME", "RowFeed", "build_clip_pipeline", "centre_square_rois", "dali_iterator", "new_work_dir"]
+__all__ = [
+    "LIST_LINES",
+    "READER_NAME",
+    "RoiFeed",
+    "build_clip_pipeline",
+    "centre_square_rois",
+    "new_work_dir",
+    "write_stream_list",
+]
 
 READER_NAME = "clip_reader"
 
-
-class RowFeed:
-    """Batch-mode ``external_source`` callback: per-row columns, batch by batch, in plan order.
-
-    Past the last row it repeats the last row, as the reader pads its last batch.
-    """
-
-    def __init__(self, columns: list[np.ndarray], batch_size: int) -> None:
-        self._columns = columns
-        self._batch_size = batch_size
-        self._count = len(columns[0])
-        self._next = 0
-
-    def __call__(self):
-        index = np.minimum(np.arange(self._next, self._next + self._batch_size), self._count - 1)
-        self._next += self._batch_size
-        return [list(column[index]) for column in self._columns]
+# Most lines a reader's file list gets: DALI opens each line's file while building (about 66 us a
+# line on a shared 2-core CPU), so this bounds a build to well under a second there.
+LIST_LINES = 8192
+# Most epochs one list covers, however small an epoch is.
+LIST_EPOCHS = 32
 
 
 def centre_square_rois(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -68,6 +73,26 @@ def centre_square_rois(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     side = np.minimum(width, height)
     y0, x0 = np.floor((height - side) / 2), np.floor((width - side) / 2)
     return np.stack([y0, x0], axis=1), np.stack([y0 + side, x0 + side], axis=1)
+
+
+class RoiFeed:
+    """Batch-mode ``external_source`` callback: the centre-crop ROIs of iteration after iteration.
+
+    Args:
+        rows: ``rows(k) -> video ids`` of iteration ``k``'s ``batch_size`` rows (filled, as the
+            reader's list is).
+        frame_sizes: (videos, 2) (width, height) per video id.
+    """
+
+    def __init__(self, rows: Callable[[int], np.ndarray], frame_sizes: np.ndarray) -> None:
+        self.rows = rows
+        self.starts, self.ends = centre_square_rois(np.asarray(frame_sizes))
+        self.iteration = 0
+
+    def __call__(self):
+        videos = self.rows(self.iteration)
+        self.iteration += 1
+        return list(self.starts[videos]), list(self.ends[videos])
 
 
 def _safe_paths(paths: list[str], folder: Path) -> list[str]:
@@ -83,23 +108,61 @@ def _safe_paths(paths: list[str], folder: Path) -> list[str]:
     return safe
 
 
-def write_file_list(folder: Path, paths: list[str], video_ids, starts, clip_length_frames, stride_frames) -> Path:
-    """The reader's file list: one ``path row start end`` line per plan row (``frames`` format)."""
+def write_file_list(folder: Path, paths: list[str], video_ids, starts, span_frames: int, tags=None) -> Path:
+    """A reader file list: one ``path tag start end`` line per row (``frames`` format).
+
+    Args:
+        span_frames: ``end - start`` of every line (``clip_length_frames * stride_frames``).
+        tags: The label of each line (default: its line number).
+    """
     safe = _safe_paths(paths, folder)
-    end = np.asarray(starts) + clip_length_frames * stride_frames
-    lines = [f"{safe[v]} {row} {s} {e}\n" for row, (v, s, e) in enumerate(zip(video_ids, starts, end, strict=True))]
+    starts = np.asarray(starts, dtype=np.int64)
+    tags = np.arange(len(starts)) if tags is None else np.asarray(tags)
+    lines = [f"{safe[v]} {t} {s} {s + span_frames}\n" for v, t, s in zip(video_ids, tags, starts, strict=True)]
     list_path = folder / "clips.txt"
     list_path.write_text("".join(lines), encoding="utf-8")
     return list_path
 
 
+def stream_rows(stream, table, *, train: bool, seed: int, batch_size: int, iteration: int):
+    """(video ids, starts) of iteration ``iteration``'s rows, filled to ``batch_size`` by repeating the last."""
+    batch = stream[iteration]
+    videos, starts = table.clips(batch.sample_ids, train=train, seed=seed, epoch=batch.epoch)
+    fill = batch_size - len(videos)
+    if fill:
+        videos = np.concatenate([videos, np.full(fill, videos[-1])])
+        starts = np.concatenate([starts, np.full(fill, starts[-1])])
+    return videos, starts
+
+
+def list_iterations(stream, batch_size: int) -> int:
+    """Iterations a reader list for ``stream`` covers: whole epochs within :data:`LIST_LINES` lines."""
+    first = stream.iterations_until(stream.epoch + 1)  # the rest of the starting epoch
+    iterations = first
+    for epochs in range(1, LIST_EPOCHS):
+        more = stream.iterations_until(stream.epoch + epochs + 1)
+        if more * batch_size > LIST_LINES:
+            break
+        iterations = more
+    return iterations
+
+
+def write_stream_list(folder: Path, paths: list[str], stream, table, *, train, seed, batch_size) -> tuple[Path, int]:
+    """The reader's file list for the stream's first iterations: (list path, iterations it covers)."""
+    iterations = list_iterations(stream, batch_size)
+    videos, starts = [], []
+    for k in range(iterations):
+        v, s = stream_rows(stream, table, train=train, seed=seed, batch_size=batch_size, iteration=k)
+        videos.append(v)
+        starts.append(s)
+    span = table.geometry.clip_length_frames * table.geometry.stride_frames
+    return write_file_list(folder, paths, np.concatenate(videos), np.concatenate(starts), span), iterations
+
+
 def build_clip_pipeline(
     *,
     source: str,
-    paths: list[str],
-    video_ids: np.ndarray,
-    starts: np.ndarray,
-    frame_sizes: np.ndarray,
+    clip_input,
     clip_length_frames: int,
     stride_frames: int,
     size_px: int,
@@ -109,27 +172,25 @@ def build_clip_pipeline(
     num_threads: int,
     prefetch_queue_depth: int,
     seed: int,
-    work_dir: Path,
-    video_refs: list | None = None,
+    roi_feed: RoiFeed | None = None,
+    start_method: str = "fork",
     frames_first: bool = False,
 ):
-    """Build (not yet run) the DALI pipeline for one epoch plan.
+    """Build (not yet run) a clip pipeline.
 
     Args:
-        source: ``"dali"`` (DALI's video reader), ``"pyav"`` (PyAV keyframe seeks, one worker
-            process per thread) or ``"pyav_sequential"`` (one PyAV pass through video
-            ``video_ids[0]`` in chunks of ``clip_length_frames``, for the sequential reader).
-        paths: Video files by video id.
-        video_ids, starts: The plan rows: which video, which first frame.
-        frame_sizes: (rows, 2) (width, height) of each row's video, for ``centre_crop``.
-        fit: ``"stretch"`` (whole frame) or ``"centre_crop"`` (central square).
+        source: ``"dali"`` (DALI's video reader over the file list ``clip_input``), ``"pyav"``
+            (``clip_input`` is a :class:`~gpufeed.pipelines._pyav.ClipSource`, run by one worker
+            process per thread) or ``"pyav_sequential"`` (a
+            :class:`~gpufeed.pipelines._pyav.SequentialFeed`, in this process).
+        fit: ``"stretch"`` (whole frame) or ``"centre_crop"`` (central square; the ``"dali"``
+            source then needs ``roi_feed``, PyAV sources fit frames themselves).
         device_id: CUDA device (NVDEC decoding, GPU resize); ``None`` runs on the CPU.
-        work_dir: Folder for the reader's file list (kept while the pipeline lives).
-        video_refs: :class:`~gpufeed.pipelines._pyav.VideoRef` per video id (PyAV sources only).
+        start_method: ``"fork"`` or ``"spawn"`` for the PyAV workers.
         frames_first: Output (T, 3, S, S) "FCHW" (a chunk of frames) instead of (3, T, S, S).
 
     Returns:
-        A built pipeline with outputs ``(clips uint8 (3, T, S, S), rows int32 (1,))`` per sample.
+        A built pipeline with outputs ``(clips uint8 (3, T, S, S), tag (1,))`` per sample.
     """
     from nvidia.dali import fn, pipeline_def, types
 
@@ -137,20 +198,16 @@ def build_clip_pipeline(
         raise ValueError(f"source {source!r} is not allowed; allowed: dali, pyav, pyav_sequential")
     if fit not in ("stretch", "centre_crop"):
         raise ValueError(f"fit {fit!r} is not allowed; allowed: stretch, centre_crop")
-    rows = len(starts)
-    if not (len(video_ids) == rows == len(frame_sizes)) or rows == 0:
-        raise ValueError(f"plan rows disagree or are empty: {len(video_ids)} videos, {rows} starts")
+    if source == "dali" and fit == "centre_crop" and roi_feed is None:
+        raise ValueError("the dali source with fit centre_crop needs a roi_feed")
     on_gpu = device_id is not None
-    list_file = None
-    if source == "dali":
-        list_file = write_file_list(work_dir, paths, video_ids, starts, clip_length_frames, stride_frames)
 
     @pipeline_def(enable_conditionals=False)
     def clip_graph():
         if source == "dali":
-            frames, row = fn.experimental.readers.video(
+            frames, tag = fn.experimental.readers.video(
                 device="gpu" if on_gpu else "cpu",
-                file_list=str(list_file),
+                file_list=str(clip_input),
                 file_list_format="frames",
                 file_list_include_end=False,
                 sequence_length=clip_length_frames,
@@ -160,30 +217,16 @@ def build_clip_pipeline(
                 image_type=types.RGB,
                 name=READER_NAME,
             )
-        elif source == "pyav":
-            from gpufeed.pipelines._pyav import ClipSource
-
-            clip_source = ClipSource(
-                video_refs, video_ids, starts, clip_length_frames, stride_frames, size_px=size_px, fit=fit
-            )
-            frames, row = fn.external_source(
-                source=clip_source,
-                num_outputs=2,
-                batch=False,
-                parallel=True,
-                prefetch_queue_depth=max(2, prefetch_queue_depth),
-                layout=["FHWC", None],
-                dtype=[types.UINT8, types.INT32],
-            )
         else:
-            from gpufeed.pipelines._pyav import SequentialFeed
-
-            frames, row = fn.external_source(
-                source=SequentialFeed(video_refs[int(video_ids[0])], clip_length_frames, size_px=size_px, fit=fit),
+            parallel = source == "pyav"
+            extra = {"parallel": True, "prefetch_queue_depth": max(2, prefetch_queue_depth)} if parallel else {}
+            frames, tag = fn.external_source(
+                source=clip_input,
                 num_outputs=2,
                 batch=False,
                 layout=["FHWC", None],
-                dtype=[types.UINT8, types.INT32],
+                dtype=[types.UINT8, types.INT64 if parallel else types.INT32],
+                **extra,
             )
         if on_gpu and source != "dali":
             frames = frames.gpu()
@@ -191,10 +234,7 @@ def build_clip_pipeline(
             resize_args = {}
             if fit == "centre_crop":
                 roi_start, roi_end = fn.external_source(
-                    source=RowFeed(list(centre_square_rois(frame_sizes)), batch_size),
-                    num_outputs=2,
-                    batch=True,
-                    dtype=[types.FLOAT, types.FLOAT],
+                    source=roi_feed, num_outputs=2, batch=True, dtype=[types.FLOAT, types.FLOAT]
                 )
                 resize_args = {"roi_start": roi_start, "roi_end": roi_end, "roi_relative": False}
             frames = fn.resize(
@@ -209,16 +249,18 @@ def build_clip_pipeline(
             clips = fn.transpose(frames, perm=[0, 3, 1, 2], output_layout="FCHW")
         else:
             clips = fn.transpose(frames, perm=[3, 0, 1, 2], output_layout="CFHW")
-        return clips, row
+        return clips, tag
 
     workers = {}
     if source == "pyav":
-        # Fork is unsafe once CUDA is initialised, so GPU processes spawn (their scripts need the
-        # usual `if __name__ == "__main__":` guard, as with torch's DataLoader). A forked worker also
-        # inherits the parent's unreachable DALI pipelines and crashes if its garbage collector
-        # finalises one: collect them in the parent first.
-        gc.collect()
-        workers = {"py_num_workers": num_threads, "py_start_method": "spawn" if on_gpu else "fork"}
+        # Started once per pipeline, so once per loader. A forked worker inherits the parent's
+        # unreachable DALI pipelines and crashes if its garbage collector finalises one: collect
+        # them in the parent first.
+        if start_method == "fork":
+            import gc
+
+            gc.collect()
+        workers = {"py_num_workers": num_threads, "py_start_method": start_method}
     pipe = clip_graph(
         batch_size=batch_size,
         num_threads=num_threads,
@@ -229,41 +271,26 @@ def build_clip_pipeline(
         **workers,
     )
     pipe.build()
-    _check_outputs(pipe, source, rows)
+    _check_outputs(pipe)
     return pipe
 
 
-def _check_outputs(pipe, source: str, rows: int) -> None:
+def _check_outputs(pipe) -> None:
     from nvidia.dali import types
 
     dtypes, ndims = pipe.output_dtype(), pipe.output_ndim()
     if dtypes[0] not in (types.UINT8, None) or ndims[0] not in (4, None):
         raise RuntimeError(f"clip pipeline outputs {dtypes[0]} with {ndims[0]} dims; expected uint8 (3, T, S, S)")
-    if source == "dali":
-        size = pipe.reader_meta(READER_NAME)["epoch_size"]
-        if size != rows:
-            raise RuntimeError(
-                f"DALI's video reader accepted {size} of the {rows} planned clips; a clip range outside its video "
-                "or an unreadable file was dropped. Run 'gpufeed check' on the videos."
-            )
 
 
-def dali_iterator(pipe, names: list[str], *, source: str, size: int):
-    """A ``DALIGenericIterator`` that stops at the plan's end and keeps a partial last batch.
-
-    The reader path counts through the reader (``reader_name``); external sources have no reader,
-    so the iterator gets the exact row count and the feeds pad past it, as DALI expects.
-    """
-    import warnings
-
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-
-    policy = {"last_batch_policy": LastBatchPolicy.PARTIAL, "auto_reset": False, "dynamic_shape": True}
-    if source == "dali":
-        return DALIGenericIterator(pipe, names, reader_name=READER_NAME, **policy)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # DALI's advice to prefer reader_name; there is no reader here
-        return DALIGenericIterator(pipe, names, size=size, last_batch_padded=True, **policy)
+def check_reader_size(pipe, lines: int) -> None:
+    """DALI's reader silently drops list lines it cannot use: refuse a pipeline that did."""
+    size = pipe.reader_meta(READER_NAME)["epoch_size"]
+    if size != lines:
+        raise RuntimeError(
+            f"DALI's video reader accepted {size} of the {lines} planned clips; a clip range outside its video "
+            "or an unreadable file was dropped. Run 'gpufeed check' on the videos."
+        )
 
 
 def new_work_dir() -> tempfile.TemporaryDirectory:

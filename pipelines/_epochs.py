@@ -1,11 +1,22 @@
-"""What every gpufeed loader shares: epochs, resume, and turning a failed batch into named files.
+"""What every gpufeed loader shares: one pipeline for many epochs, resume, and honest failures.
 
-:class:`EpochLoader` runs the loop the image and clip loaders have in common: plan the epoch
-(:func:`plan_epoch`), build that epoch's DALI pipeline behind a ``DALIGenericIterator``, yield
-batches while counting them (the resume position), and, when the pipeline fails, find which
-files caused it and either raise :class:`BadSampleError` naming them or leave them out of this
-rank's shard and carry on (``loader.on_bad_sample``). A subclass says what a plan unit is, how to
-build the pipeline, how to assemble a batch and how to re-check a suspect file.
+:class:`EpochLoader` runs the loop the image and clip loaders have in common. A loader builds its
+DALI pipeline (and, for PyAV clips, its worker processes) once, over a :class:`PlanStream`: the
+plan batches of consecutive epochs from where reading starts. Each ``for batch in loader`` takes
+the current epoch's batches from that stream; the pipeline keeps prefetching across the epoch
+boundary, so the next epoch's first batch is usually ready before it is asked for. The pipeline
+is rebuilt only when it must be (``pipeline_builds`` counts builds):
+
+* the position jumps: :meth:`~EpochLoader.load_state_dict`, :meth:`~EpochLoader.set_epoch` to an
+  epoch other than the next, or a new epoch after one abandoned part-way;
+* the plan changes: files found bad and skipped (``loader.on_bad_sample: skip``);
+* DALI failed (a failed pipeline cannot go on);
+* the pipeline's input is finite and used up (DALI's video reader takes its clip list once).
+
+When the pipeline fails, the files of the batches it was working on are suspects: those DALI's
+message names, or that fail a decode outside DALI, are bad files (:class:`BadSampleError`, or left
+out of this rank's shard with ``skip``); when none is, the failure is reported as what it is, a
+:class:`PipelineError` carrying DALI's own first message and the likely cause, never as bad data.
 """
 
 from __future__ import annotations
@@ -13,14 +24,15 @@ from __future__ import annotations
 import logging
 import os
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from gpufeed.pipelines._errors import BAD_FILE_HINT, BadSampleError, DatasetError
-from gpufeed.pipelines._sampler import EpochPlan, plan_epoch
+from gpufeed.pipelines._errors import BAD_FILE_HINT, BadSampleError, DatasetError, PipelineError, dali_reason
+from gpufeed.pipelines._sampler import EpochPlan, PlanSpec, PlanStream, StreamBatch, plan_epoch
 
-__all__ = ["EpochLoader", "default_num_threads", "error_reason", "last_line"]
+__all__ = ["EpochLoader", "Session", "cuda_initialised", "default_num_threads", "error_reason", "worker_start_method"]
 
 log = logging.getLogger("gpufeed")
 
@@ -33,15 +45,109 @@ def default_num_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def last_line(message: str) -> str:
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else message
+def cuda_initialised() -> bool:
+    """Whether CUDA's driver is initialised in this process (then forking is unsafe).
+
+    DALI's own test (the one behind its "Cannot fork a process when the CUDA has been initialized"
+    error), which sees any library's CUDA use, and torch's, for the case DALI cannot see.
+    """
+    import sys
+
+    from nvidia.dali import backend
+
+    if backend.IsDriverInitialized():
+        return True
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def worker_start_method(requested: str) -> tuple[str, str]:
+    """``fork`` or ``spawn`` for DALI's Python workers, and why (``loader.worker_start_method``)."""
+    if requested in ("fork", "spawn"):
+        return requested, f"loader.worker_start_method: {requested}"
+    if requested != "auto":
+        raise ValueError(f"worker start method {requested!r} is not allowed; allowed: auto, fork, spawn")
+    if cuda_initialised():
+        return "spawn", "CUDA is initialised in this process, so forking is unsafe"
+    return "fork", "CUDA is not initialised in this process"
 
 
 def error_reason(message: str, path: str) -> str:
     """The part of a (worker) error message that says what is wrong with ``path``."""
-    line = next((ln for ln in reversed(message.splitlines()) if path in ln), last_line(message))
+    line = next((ln for ln in reversed(message.splitlines()) if path in ln), dali_reason(message))
     return line.split(path, 1)[-1].lstrip(": ") or "cannot be decoded"
+
+
+def _process_state(pid: int) -> str | None:
+    """Linux process state letter of ``pid`` ("Z": exited, not yet reaped), ``None`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None if os.path.isdir("/proc") else "?"  # no /proc (not Linux): cannot tell, assume alive
+
+
+@dataclass
+class Session:
+    """One built pipeline and how far its stream has been read.
+
+    Attributes:
+        iterator: The ``DALIGenericIterator`` over the pipeline (one output per plan batch).
+        stream: The plan batches the pipeline produces, in order.
+        limit: Iterations the pipeline can produce (``None``: unbounded).
+        consumed: Iterations read so far.
+        resources: Objects to keep alive with the pipeline and release after it (``cleanup()``).
+        feed: The pipeline's batch-mode source, when it has one (how far DALI has been fed).
+        worker_pids: Process ids of the pipeline's Python workers (PyAV), checked before each read.
+    """
+
+    iterator: Any
+    stream: PlanStream
+    limit: int | None = None
+    consumed: int = 0
+    resources: list = field(default_factory=list)
+    feed: Any = None
+    worker_pids: list[int] = field(default_factory=list)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.limit is not None and self.consumed >= self.limit
+
+    def position(self) -> tuple[int, int]:
+        """(epoch, batch) of the next output."""
+        return self.stream.position(self.consumed)
+
+    def next(self) -> tuple[dict, StreamBatch, int]:
+        """The next output, the plan batch it holds and its iteration number."""
+        self._check_workers()
+        out = next(self.iterator)[0]
+        k = self.consumed
+        self.consumed = k + 1
+        return out, self.stream[k], k
+
+    def _check_workers(self) -> None:
+        """Fail at once when a worker process has died since the last read.
+
+        DALI would notice too, but its pool can deadlock notifying a worker that died while
+        waiting for work (a multiprocessing condition counts on every sleeper to wake), so a
+        worker killed between batches (the out-of-memory killer, a stray ``kill``) would hang
+        training instead of stopping it.
+        """
+        for pid in self.worker_pids:
+            state = _process_state(pid)
+            if state in (None, "Z", "X"):
+                raise RuntimeError(
+                    f"Python worker process {pid} of the parallel external source exited unexpectedly "
+                    f"({'gone' if state is None else 'dead'})"
+                )
+
+    def close(self) -> None:
+        self.iterator = None  # the pipeline (and its worker processes) go with the iterator
+        self.feed = None
+        self.worker_pids = []
+        for resource in self.resources:
+            resource.cleanup()
+        self.resources = []
 
 
 class EpochLoader:
@@ -50,6 +156,9 @@ class EpochLoader:
     Subclasses call :meth:`_setup_epochs` in ``__init__`` and implement the hooks below. Sample
     ids here are dataset positions (images or videos); ``skipped`` maps each left-out id to why,
     ``read_failures`` the subset found bad while decoding (it travels in :meth:`state_dict`).
+
+    Attributes:
+        pipeline_builds: DALI pipelines built so far (one per loader unless rebuilt, see above).
     """
 
     # How many batches past the failing one DALI may have been preparing (prefetch queue + 1).
@@ -69,6 +178,8 @@ class EpochLoader:
         self._start_batch = 0
         self.skipped: dict[int, str] = {}
         self.read_failures: dict[int, str] = {}
+        self.pipeline_builds = 0
+        self._session: Session | None = None
 
     def _leave_out(self, bad: dict[int, str], what: str) -> None:
         """Files unusable before reading: an error naming them, or skipped (``on_bad_sample``)."""
@@ -93,23 +204,16 @@ class EpochLoader:
         """Plan units to leave out because of ``read_failures``."""
         raise NotImplementedError
 
-    def _open_epoch(self, plan: EpochPlan) -> Any:
-        """Per-epoch state for :meth:`_iterator` and :meth:`_batch`."""
-        return None
-
-    def _close_epoch(self, ctx: Any) -> None:
-        """Release what :meth:`_open_epoch` made."""
-
-    def _iterator(self, plan: EpochPlan, ctx: Any):
-        """A fresh ``DALIGenericIterator`` over ``plan``'s remaining batches."""
+    def _open_session(self, stream: PlanStream) -> Session:
+        """Build the pipeline over ``stream`` and the iterator around it."""
         raise NotImplementedError
 
-    def _batch(self, out: dict, plan: EpochPlan, ctx: Any):
-        """The typed batch for one iterator output."""
+    def _batch(self, out: dict, batch: StreamBatch, iteration: int):
+        """The typed batch for one iterator output (iteration ``iteration``, plan batch ``batch``)."""
         raise NotImplementedError
 
-    def _suspects(self, plan: EpochPlan, ctx: Any, rows: slice) -> list[tuple[int, str, Any]]:
-        """(sample id, path, what :meth:`_recheck` needs) for the plan rows a failure may come from."""
+    def _suspects(self, batches: list[StreamBatch]) -> list[tuple[int, str, Any]]:
+        """(sample id, path, what :meth:`_recheck` needs) for the rows of the batches a failure may come from."""
         raise NotImplementedError
 
     def _recheck(self, suspects: list[tuple[int, str, Any]]) -> dict[int, str]:
@@ -117,6 +221,18 @@ class EpochLoader:
         raise NotImplementedError
 
     # -- the public surface -----------------------------------------------------------------
+    def _spec(self) -> PlanSpec:
+        return PlanSpec(
+            self._plan_ids(),
+            seed=self.seed,
+            shuffle=self.train and self.cfg.shuffle,
+            shard_id=self.shard_id,
+            num_shards=self.num_shards,
+            batch_size=self.batch_size,
+            last_batch=self.last_batch,
+            excluded=self._excluded_plan_ids(),
+        )
+
     def _plan(self, start_batch: int) -> EpochPlan:
         return plan_epoch(
             self._plan_ids(),
@@ -131,9 +247,20 @@ class EpochLoader:
             excluded=self._excluded_plan_ids(),
         )
 
+    def _epoch_plan(self, spec: PlanSpec, epoch: int) -> EpochPlan:
+        """``spec``'s plan of ``epoch``, from the running pipeline's stream when it has it.
+
+        Planning shuffles every sample id; at an epoch boundary the stream has already planned the
+        new epoch (DALI was fed its first batches), so asking again would stall for nothing.
+        """
+        session = self._session
+        if session is not None and session.stream.spec == spec:
+            return session.stream.plan(epoch)
+        return spec.plan(epoch)
+
     def __len__(self) -> int:
         """Batches in the current epoch (all of them, including any already consumed)."""
-        return self._plan(0).num_batches
+        return self._epoch_plan(self._spec(), self.epoch).num_batches
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at the beginning of ``epoch``."""
@@ -157,44 +284,55 @@ class EpochLoader:
             self.read_failures.setdefault(int(sample_id), why)
             self.skipped.setdefault(int(sample_id), why)
 
+    def close(self) -> None:
+        """Release the pipeline (and its worker processes) now; the next iteration builds a new one."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def _session_at(self, spec: PlanSpec) -> Session:
+        """The pipeline whose next output is the current position under ``spec``: kept, or built."""
+        session = self._session
+        here = (self.epoch, self._start_batch)
+        if session is not None and not session.exhausted and session.stream.spec == spec and session.position() == here:
+            return session
+        self.close()
+        self.pipeline_builds += 1
+        self._session = self._open_session(PlanStream(spec, *here, plan_ahead=True))
+        return self._session
+
     def __iter__(self):
         """Yield the rest of the current epoch, then advance to the next epoch."""
         while True:
-            plan = self._plan(self._start_batch)
-            if len(plan.sample_ids) == 0:
-                break
-            ctx = self._open_epoch(plan)
-            iterator, failed = None, None
-            batch_index = self._start_batch
-            try:
-                while True:
-                    try:
-                        # DALIGenericIterator runs the first batch in its constructor, so build it here.
-                        iterator = iterator or self._iterator(plan, ctx)
-                        out = next(iterator)[0]
-                    except StopIteration:
-                        break
-                    except Exception as err:  # DALI raises RuntimeError, and plain Exception for worker errors
-                        failed = err
-                        break
-                    batch_index += 1
-                    self._start_batch = batch_index
-                    yield self._batch(out, plan, ctx)
-            finally:
-                del iterator
-                self._close_epoch(ctx)
+            spec = self._spec()
+            total = self._epoch_plan(spec, self.epoch).num_batches
+            failed, session = None, None
+            while self._start_batch < total:
+                try:
+                    if session is None or session.exhausted:
+                        session = self._session_at(spec)
+                    out, batch, k = session.next()
+                except Exception as err:  # DALI raises RuntimeError, and plain Exception for worker errors
+                    failed = err
+                    break
+                self._start_batch += 1
+                yield self._batch(out, batch, k)
             if failed is None:
                 break
-            self._handle_failure(failed, plan, ctx, batch_index)
+            self._handle_failure(failed, session)
         self.epoch += 1
         self._start_batch = 0
 
-    def _handle_failure(self, err: Exception, plan: EpochPlan, ctx: Any, batch_index: int) -> None:
-        """Name the file(s) behind a pipeline failure; skip them or raise :class:`BadSampleError`."""
-        first = (batch_index - plan.start_batch) * self.batch_size
-        # DALI may have been preparing a few batches ahead when it failed.
-        rows = slice(first, first + self.batch_size * (self.cfg.prefetch_queue_depth + self._lookahead_batches))
-        suspects = self._suspects(plan, ctx, rows)
+    def _handle_failure(self, err: Exception, session: Session | None) -> None:
+        """Name the file(s) behind a pipeline failure and skip them, or raise naming them or the real cause."""
+        if session is not None and session is self._session:
+            stream, first = session.stream, session.consumed
+        else:
+            stream, first = PlanStream(self._spec(), self.epoch, self._start_batch), 0
+        self.close()  # a failed pipeline is invalid: the next iteration builds a new one
+        # DALI may have been preparing a few batches ahead of the one that failed, past the epoch's end too.
+        ahead = self.cfg.prefetch_queue_depth + self._lookahead_batches
+        suspects = self._suspects([stream[first + i] for i in range(ahead + 1)])
         message = str(err)
         problems = {
             sample_id: error_reason(message, path)
@@ -204,13 +342,20 @@ class EpochLoader:
         if not problems:  # the message does not say which file: re-check them one by one
             problems = self._recheck(suspects)
         if not problems:
-            raise BadSampleError(
-                [(path, "in the failing batch") for path in dict.fromkeys(path for _, path, _ in suspects)],
-                detail=f" DALI said: {last_line(message)}",
-            ) from err
+            where = f" at epoch {self.epoch}, batch {self._start_batch}"
+            checked = list(dict.fromkeys(path for _, path, _ in suspects))
+            raise PipelineError(message, checked=checked, where=where) from err
         if self.cfg.on_bad_sample == "error":
             raise BadSampleError([(self.dataset.paths[i], why) for i, why in problems.items()]) from err
         for sample_id, why in problems.items():
             self.skipped[sample_id] = self.read_failures[sample_id] = why
             log.warning("skipping bad sample %s: %s", self.dataset.paths[sample_id], why)
-        self._start_batch = batch_index
+
+    @staticmethod
+    def _check_rows(tags: np.ndarray, expected: np.ndarray) -> None:
+        """Guard against an output that is not the plan batch the stream says it is."""
+        if not np.array_equal(tags, expected):
+            raise RuntimeError(
+                f"pipeline output out of step with the plan: rows {tags[:4].tolist()}..., expected "
+                f"{expected[:4].tolist()}... (a gpufeed bug; please report it)"
+            )

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.pipelines._clip_pipeline import build_clip_pipeline, dali_iterator, new_work_dir
+from gpufeed.pipelines._clip_pipeline import build_clip_pipeline, new_work_dir, write_file_list
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._pyav import VideoRef
+from gpufeed.pipelines._pyav import SequentialFeed, VideoRef
 from gpufeed.pipelines._videos import VideoInfo, probe_video
 
 __all__ = ["FrameChunk", "VideoFrameReader"]
@@ -91,17 +91,24 @@ class VideoFrameReader:
         return len(self._starts)
 
     def __iter__(self):
+        """Every frame once, in order. Each pass builds one pipeline for this video (tens of ms)."""
         import torch
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
         work = new_work_dir()
         try:
             rows = len(self._starts)
+            if self.source == "dali":
+                clip_input = write_file_list(
+                    Path(work.name), [self.info.path], np.zeros(rows, dtype=np.int64), self._starts, self.chunk_frames
+                )
+            else:
+                clip_input = SequentialFeed(
+                    VideoRef.from_info(self.info), self.chunk_frames, size_px=self.size_px, fit=self.fit
+                )
             pipe = build_clip_pipeline(
                 source="dali" if self.source == "dali" else "pyav_sequential",
-                paths=[self.info.path],
-                video_ids=np.zeros(rows, dtype=np.int64),
-                starts=self._starts,
-                frame_sizes=np.tile([self.info.width, self.info.height], (rows, 1)),
+                clip_input=clip_input,
                 clip_length_frames=self.chunk_frames,
                 stride_frames=1,
                 size_px=self.size_px,
@@ -111,16 +118,19 @@ class VideoFrameReader:
                 num_threads=self.num_threads,
                 prefetch_queue_depth=2,
                 seed=0,
-                work_dir=Path(work.name),
-                video_refs=[VideoRef.from_info(self.info)],
+                roi_feed=self._roi_feed(),
                 frames_first=True,
             )
-            iterator = dali_iterator(pipe, ["frames", "rows"], source=self.source, size=rows)
+            # Exactly one output per range: the reader's list and the feed both wrap or repeat after it.
+            iterator = DALIGenericIterator(pipe, ["frames", "rows"], auto_reset=False)
             done = 0  # frames already yielded: the end-aligned last range overlaps them
             torch_device = self.device.torch_device
-            for out in iterator:
-                row = int(out[0]["rows"].view(-1)[0])
-                frames = out[0]["frames"][0]
+            for expected in range(rows):
+                out = next(iterator)[0]
+                row = int(out["rows"].view(-1)[0])
+                if row != expected:
+                    raise RuntimeError(f"{self.info.path}: frame range {row} arrived where {expected} was expected")
+                frames = out["frames"][0]
                 first = int(self._starts[row])
                 skip = max(0, done - first)
                 frames = frames[skip:]
@@ -131,3 +141,11 @@ class VideoFrameReader:
                 raise DatasetError(f"{self.info.path}: read {done} frames, the index lists {self.info.num_frames}")
         finally:
             work.cleanup()
+
+    def _roi_feed(self):
+        if self.source != "dali" or self.fit != "centre_crop":
+            return None
+        from gpufeed.pipelines._clip_pipeline import RoiFeed
+
+        sizes = np.array([[self.info.width, self.info.height]])
+        return RoiFeed(lambda _k: np.zeros(1, dtype=np.int64), sizes)

@@ -1,57 +1,150 @@
 """The DALI image graph: read, decode the crop window only, resize with the flip folded in.
 
-Stages and what each outputs (checked when the pipeline is built):
+One graph serves a loader for its whole life: a batch-mode ``external_source`` (:class:`ImageFeed`)
+hands it, iteration after iteration, the next plan batch of a :class:`~gpufeed.pipelines._sampler.PlanStream`
+(epoch after epoch), so nothing is rebuilt at an epoch boundary and DALI keeps prefetching across it.
 
 ==============  ==================================================  ===========================
 stage           output                                              where
 ==============  ==================================================  ===========================
-file reader     encoded bytes + position in the epoch plan (int32)  CPU
-crop windows    anchor (x, y), shape (w, h), ROI for resize         CPU (external_source)
+feed            per row: file path (uint8), crop window, resize     CPU (external_source)
+                ROI, meta (iteration, row, sample id, label, valid)
+file read       encoded bytes (``fn.io.file.read``)                 CPU, DALI's threads
 decode          uint8 HWC, the window only (nvJPEG ROI decode)      GPU ("mixed") or CPU
 resize          uint8 (size, size, 3), mirrored where flip=1        GPU or CPU
 ==============  ==================================================  ===========================
 
-The loader exposes the HWC batch to torch as (N, 3, size, size) in channels_last memory format,
-which is both the NCHW shape models expect and the layout convolution kernels run fastest on,
-so no transpose pass is spent.
+A pipeline iteration is exactly one plan batch: a ``partial`` last batch is a shorter DALI batch
+(the feed returns fewer rows), so nothing is decoded twice or trimmed. The loader exposes the HWC
+batch to torch as (N, 3, size, size) in channels_last memory format, which is both the NCHW
+shape models expect and the layout convolution kernels run fastest on, so no transpose is spent.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import numpy as np
 
+from gpufeed.pipelines._sampler import PlanStream
 from gpufeed.pipelines._windows import Windows
 
-__all__ = ["READER_NAME", "WindowFeed", "build_image_pipeline"]
+__all__ = ["META_COLUMNS", "ImageFeed", "PathTable", "build_image_pipeline", "decode_window", "gpu_decoder_options"]
 
-READER_NAME = "reader"
+# Columns of the per-row ``meta`` output (int64).
+META_COLUMNS = ("iteration", "row", "sample_id", "label", "valid")
+
+# DALI's own defaults for nvJPEG's per-thread buffers; raised only when the data needs more.
+_DEVICE_PADDING_BYTES = 16 << 20
+_HOST_PADDING_BYTES = 8 << 20
 
 
-class WindowFeed:
-    """Batch-mode ``external_source`` callback: the crop windows, batch by batch, in plan order.
+def gpu_decoder_options(max_width: int, max_height: int, hw_decoder_load: float) -> dict:
+    """Arguments for the ``mixed`` (nvJPEG) decoder, sized for the largest image of the data.
 
-    The reader returns the plan's files in order and pads its last batch by repeating the final
-    file (``pad_last_batch``); this feed pads the same way so windows and bytes stay aligned.
+    * ``hw_decoder_load``: share of JPEGs sent to the hardware JPEG decoder (A100, H100); the rest
+      go through nvJPEG's CUDA/hybrid path, which also uses CPU threads.
+    * ``preallocate_width_hint`` / ``preallocate_height_hint``: the hardware decoder's buffers are
+      allocated once for the largest image instead of growing mid-run.
+    * ``device_memory_padding`` / ``host_memory_padding``: nvJPEG's per-thread device and pinned
+      host buffers, at least one decoded RGB copy of the largest image, so they are never
+      reallocated mid-run (DALI's defaults, 16 and 8 MiB, when those suffice).
+
+    Only the ``mixed`` backend accepts these: CPU pipelines never get them.
+    """
+    largest = 3 * int(max_width) * int(max_height)
+    padding = -(-largest // (1 << 20)) << 20  # whole MiB
+    return {
+        "hw_decoder_load": float(hw_decoder_load),
+        "preallocate_width_hint": int(max_width),
+        "preallocate_height_hint": int(max_height),
+        "device_memory_padding": max(_DEVICE_PADDING_BYTES, padding),
+        "host_memory_padding": max(_HOST_PADDING_BYTES, padding),
+    }
+
+
+class PathTable:
+    """Every file path of a dataset as bytes in one buffer, gathered a batch at a time.
+
+    A batch's paths go to DALI as one zero-padded (N, longest) uint8 array plus their lengths
+    (the graph slices each row back to its path): a handful of numpy operations per batch
+    instead of a Python object per row, which at GPU rates (batches of 256, dozens a second)
+    would cost the feeding thread more than the rest of the step.
     """
 
-    def __init__(self, windows: Windows, batch_size: int) -> None:
-        roi_start, roi_end = windows.roi()
-        self._columns = (windows.anchor, windows.shape, roi_start, roi_end)
-        self._batch_size = batch_size
-        self._count = len(windows)
-        self._next = 0
+    def __init__(self, paths: list[str]) -> None:
+        encoded = [os.fsencode(path) for path in paths]
+        self.lengths = np.array([len(b) for b in encoded], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        self.buffer = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+
+    def gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(paths (N, longest) uint8 zero-padded, lengths (N, 1) int32) of the sample ids."""
+        lengths = self.lengths[ids]
+        longest = int(lengths.max()) if len(ids) else 1
+        cols = np.arange(longest)
+        inside = cols[None, :] < lengths[:, None]
+        index = np.where(inside, self.offsets[ids][:, None] + cols[None, :], 0)
+        return np.where(inside, self.buffer[index], 0).astype(np.uint8), lengths[:, None].astype(np.int32)
+
+
+class ImageFeed:
+    """Batch-mode ``external_source`` callback: the inputs of the stream's next plan batch.
+
+    Called once per pipeline iteration, in order (DALI runs it on the thread that schedules the
+    iteration); iteration ``k`` returns plan batch ``stream[k]``.
+
+    Args:
+        stream: The plan batches, epoch after epoch.
+        paths: The dataset's file paths.
+        labels: Label of every sample id.
+        windows: ``windows(sample_ids, epoch) -> Windows``: the crop windows, a pure function.
+    """
+
+    def __init__(
+        self,
+        stream: PlanStream,
+        paths: PathTable,
+        labels: np.ndarray,
+        windows: Callable[[np.ndarray, int], Windows],
+    ) -> None:
+        self.stream, self.paths, self.labels, self.windows = stream, paths, np.asarray(labels), windows
+        self.iteration = 0
 
     def __call__(self):
-        start = self._next
-        index = np.minimum(np.arange(start, start + self._batch_size), self._count - 1)
-        self._next = start + self._batch_size
-        if start >= self._count:
-            # DALI can ask one batch beyond the epoch while prefetching; the reader is padded too.
-            index = np.full(self._batch_size, self._count - 1)
-        return [list(column[index]) for column in self._columns]
+        k = self.iteration
+        batch = self.stream[k]
+        self.iteration = k + 1
+        ids = batch.sample_ids
+        windows = self.windows(ids, batch.epoch)
+        roi_start, roi_end = windows.roi()
+        meta = np.stack(
+            [np.full(len(ids), k), np.arange(len(ids)), ids, self.labels[ids], batch.valid.astype(np.int64)], axis=1
+        ).astype(np.int64)
+        paths, lengths = self.paths.gather(ids)
+        return (
+            paths,
+            lengths,
+            windows.anchor.astype(np.int32),
+            windows.shape.astype(np.int32),
+            roi_start.astype(np.float32),
+            roi_end.astype(np.float32),
+            meta,
+        )
 
 
-def decode_window(encoded, anchor, shape, roi_start, roi_end, *, size_px: int, on_gpu: bool):
+def decode_window(
+    encoded,
+    anchor,
+    shape,
+    roi_start,
+    roi_end,
+    *,
+    size_px: int,
+    on_gpu: bool,
+    gpu_options: dict | None = None,
+):
     """The graph fragment every image consumer shares: decode the crop window, resize, flip.
 
     The training/evaluation loaders and the inference server call this, so serving crops and
@@ -64,14 +157,17 @@ def decode_window(encoded, anchor, shape, roi_start, roi_end, *, size_px: int, o
             (see :meth:`gpufeed.pipelines.Windows.roi`).
         size_px: Output height and width.
         on_gpu: Decode with nvJPEG (``device="mixed"``) and resize on the GPU.
+        gpu_options: Extra arguments of the ``mixed`` decoder (:func:`gpu_decoder_options`);
+            ignored on the CPU, where DALI rejects them.
 
     Returns:
         uint8 (size_px, size_px, 3) HWC images, on the GPU when ``on_gpu``.
     """
     from nvidia.dali import fn, types
 
+    extra = dict(gpu_options or {}) if on_gpu else {}
     images = fn.decoders.image_slice(
-        encoded, anchor, shape, axis_names="WH", device="mixed" if on_gpu else "cpu", output_type=types.RGB
+        encoded, anchor, shape, axis_names="WH", device="mixed" if on_gpu else "cpu", output_type=types.RGB, **extra
     )
     return fn.resize(
         images,
@@ -82,12 +178,12 @@ def decode_window(encoded, anchor, shape, roi_start, roi_end, *, size_px: int, o
         interp_type=types.INTERP_LINEAR,
         antialias=True,
         dtype=types.UINT8,
+        bytes_per_sample_hint=size_px * size_px * 3,
     )
 
 
 def build_image_pipeline(
-    files: list[str],
-    windows: Windows,
+    feed: ImageFeed,
     *,
     size_px: int,
     batch_size: int,
@@ -95,41 +191,39 @@ def build_image_pipeline(
     num_threads: int,
     prefetch_queue_depth: int,
     seed: int,
+    gpu_options: dict | None = None,
 ):
-    """Build (not yet run) the DALI pipeline for one epoch plan.
+    """Build (not yet run) the loader's DALI pipeline over ``feed``'s stream of plan batches.
 
     Args:
-        files: The plan's files, in read order (one entry per row, padding included).
-        windows: One crop window per entry of ``files``.
+        feed: The batch-mode source (one plan batch per iteration, at most ``batch_size`` rows).
         size_px: Output height and width.
         device_id: CUDA device for nvJPEG decoding and GPU resize; ``None`` runs on the CPU.
+        gpu_options: Extra ``mixed`` decoder arguments (see :func:`gpu_decoder_options`).
 
     Returns:
-        A built ``nvidia.dali.Pipeline`` with outputs ``(images HWC uint8, positions int32)``.
+        A built ``nvidia.dali.Pipeline`` with outputs ``(images HWC uint8, meta int64 (5,))`` and,
+        on a GPU, a third: ``meta`` again, copied to the GPU with the images.
     """
     from nvidia.dali import fn, pipeline_def, types
 
-    if len(files) != len(windows):
-        raise ValueError(f"{len(files)} files but {len(windows)} crop windows: they must match one to one")
     on_gpu = device_id is not None
 
     @pipeline_def(enable_conditionals=False)
     def image_graph():
-        encoded, position = fn.readers.file(
-            files=files,
-            labels=list(range(len(files))),
-            random_shuffle=False,
-            pad_last_batch=True,
-            name=READER_NAME,
-        )
-        anchor, shape, roi_start, roi_end = fn.external_source(
-            source=WindowFeed(windows, batch_size),
-            num_outputs=4,
+        paths, lengths, anchor, shape, roi_start, roi_end, meta = fn.external_source(
+            source=feed,
+            num_outputs=7,
             batch=True,
-            dtype=[types.INT32, types.INT32, types.FLOAT, types.FLOAT],
+            dtype=[types.UINT8, types.INT32, types.INT32, types.INT32, types.FLOAT, types.FLOAT, types.INT64],
+            ndim=[1, 1, 1, 1, 1, 1, 1],
         )
-        images = decode_window(encoded, anchor, shape, roi_start, roi_end, size_px=size_px, on_gpu=on_gpu)
-        return images, position
+        path = fn.slice(paths, np.zeros(1, dtype=np.int32), lengths, axes=[0])  # drop the padding
+        encoded = fn.io.file.read(path)
+        images = decode_window(
+            encoded, anchor, shape, roi_start, roi_end, size_px=size_px, on_gpu=on_gpu, gpu_options=gpu_options
+        )
+        return (images, meta, meta.gpu()) if on_gpu else (images, meta)
 
     pipe = image_graph(
         batch_size=batch_size,

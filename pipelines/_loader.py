@@ -9,6 +9,9 @@ Usage::
             batch.images              # (N, 3, S, S) uint8, channels_last, on the device
             batch.labels, batch.sample_ids, batch.valid
     state = loader.state_dict()       # {"epoch", "batch", ...}: resume exactly here
+
+The loader builds its DALI pipeline once and feeds it epoch after epoch (see
+:mod:`gpufeed.pipelines._epochs`); ``loader.pipeline_builds`` counts builds.
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufeed.pipelines._dataset import ImageDataset
-from gpufeed.pipelines._epochs import EpochLoader
+from gpufeed.pipelines._epochs import EpochLoader, Session
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._image_pipeline import READER_NAME, build_image_pipeline
+from gpufeed.pipelines._image_pipeline import ImageFeed, PathTable, build_image_pipeline, gpu_decoder_options
 from gpufeed.pipelines._image_verify import find_bad_files
 from gpufeed.pipelines._quarantine import quarantined_ids
-from gpufeed.pipelines._sampler import EpochPlan
+from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
 
 __all__ = ["ImageBatch", "ImageLoader", "find_bad_files"]
@@ -47,6 +50,29 @@ class ImageBatch:
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class CropPolicy:
+    """The crop windows of a split: ``policy(sample_ids, epoch) -> Windows``, a pure function.
+
+    Training: random-resized crops and flips from (seed, epoch, sample id); evaluation: centre
+    squares. Held by the pipeline's feed, so it carries only what it needs.
+    """
+
+    sizes: np.ndarray
+    train: bool
+    seed: int
+    crop_area: tuple[float, float]
+    crop_aspect_ratio: tuple[float, float]
+    flip: bool
+    eval_crop_fraction: float
+
+    def __call__(self, ids: np.ndarray, epoch: int) -> Windows:
+        sizes = self.sizes[ids]
+        if self.train:
+            return train_windows(sizes, ids, self.seed, epoch, self.crop_area, self.crop_aspect_ratio, self.flip)
+        return eval_windows(sizes, self.eval_crop_fraction)
 
 
 class ImageLoader(EpochLoader):
@@ -97,13 +123,12 @@ class ImageLoader(EpochLoader):
                 f"{self.dataset.source}, batch_size {self.batch_size}, last_batch '{self.last_batch}'. "
                 "Use a smaller batch_size or last_batch: partial."
             )
-
-    def _windows(self, ids: np.ndarray) -> Windows:
-        sizes = self.dataset.sizes[ids]
-        if self.train:
-            c = self.image_cfg
-            return train_windows(sizes, ids, self.seed, self.epoch, c.crop_area, c.crop_aspect_ratio, c.flip)
-        return eval_windows(sizes, self.image_cfg.eval_crop_fraction)
+        c = image_cfg
+        self.crops = CropPolicy(
+            np.asarray(dataset.sizes), train, seed, c.crop_area, c.crop_aspect_ratio, c.flip, c.eval_crop_fraction
+        )
+        # Encoded once: the feed hands DALI each batch's paths as bytes for fn.io.file.read.
+        self._path_table = PathTable(list(dataset.paths))
 
     # -- EpochLoader hooks --------------------------------------------------------------------
     def _plan_ids(self) -> np.ndarray:
@@ -112,51 +137,49 @@ class ImageLoader(EpochLoader):
     def _excluded_plan_ids(self) -> list[int]:
         return sorted(self.read_failures)
 
-    def _open_epoch(self, plan: EpochPlan):
-        import torch
-
-        # Looked up on the CPU (DALI returns positions there), then moved with the batch.
-        return (
-            torch.as_tensor(plan.sample_ids),
-            torch.as_tensor(self._labels[plan.sample_ids]),
-            torch.as_tensor(plan.valid),
+    def _decoder_options(self) -> dict:
+        usable = self._usable
+        sizes = np.asarray(self.dataset.sizes)[usable] if len(usable) else np.ones((1, 2), dtype=np.int64)
+        return gpu_decoder_options(
+            int(sizes[:, 0].max()), int(sizes[:, 1].max()), getattr(self.cfg, "hw_decoder_load", 0.9)
         )
 
-    def _iterator(self, plan: EpochPlan, ctx):
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    def _open_session(self, stream: PlanStream) -> Session:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
+        feed = ImageFeed(stream, self._path_table, self._labels, self.crops)
         pipe = build_image_pipeline(
-            [self.dataset.paths[i] for i in plan.sample_ids],
-            self._windows(plan.sample_ids),
+            feed,
             size_px=self.image_cfg.size_px,
             batch_size=self.batch_size,
             device_id=self.device.device_id,
             num_threads=self.num_threads,
             prefetch_queue_depth=self.cfg.prefetch_queue_depth,
             seed=self.seed,
+            gpu_options=self._decoder_options(),
         )
-        return DALIGenericIterator(
-            pipe,
-            ["images", "positions"],
-            reader_name=READER_NAME,
-            last_batch_policy=LastBatchPolicy.PARTIAL,
-            auto_reset=False,
-        )
+        names = ["images", "meta", "meta_gpu"] if self.device.is_gpu else ["images", "meta"]
+        # No reader and no size: the iterator runs as long as the feed does, epoch after epoch.
+        iterator = DALIGenericIterator(pipe, names, auto_reset=False, prepare_first_batch=False)
+        return Session(iterator, stream, feed=feed)
 
-    def _batch(self, out: dict, plan: EpochPlan, ctx) -> ImageBatch:
-        ids_t, labels_t, valid_t = ctx
-        device = self.device.torch_device
-        pos = out["positions"].view(-1).long().cpu()
+    def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ImageBatch:
+        meta = out["meta"]
+        n = len(batch)
+        expected = np.stack([np.full(n, iteration), np.arange(n)], axis=1)
+        self._check_rows(meta[:, :2].numpy(), expected)
+        on_device = out.get("meta_gpu", meta)
         return ImageBatch(
             out["images"].permute(0, 3, 1, 2),
-            labels_t[pos].to(device, non_blocking=True),
-            ids_t[pos].to(device, non_blocking=True),
-            valid_t[pos].to(device, non_blocking=True),
+            on_device[:, 3].contiguous(),
+            on_device[:, 2].contiguous(),
+            on_device[:, 4].bool(),
         )
 
-    def _suspects(self, plan: EpochPlan, ctx, rows: slice) -> list[tuple[int, str, None]]:
-        return [(int(i), self.dataset.paths[i], None) for i in dict.fromkeys(plan.sample_ids[rows].tolist())]
+    def _suspects(self, batches: list[StreamBatch]) -> list[tuple[int, str, None]]:
+        ids = dict.fromkeys(int(i) for batch in batches for i in batch.sample_ids)
+        return [(i, self.dataset.paths[i], None) for i in ids]
 
     def _recheck(self, suspects) -> dict[int, str]:
         by_path = {path: sample_id for sample_id, path, _ in suspects}
-        return {by_path[path]: why for path, why in find_bad_files(list(by_path))}
+        return {by_path[path]: why for path, why in find_bad_files(list(by_path), self.dataset.max_pixels)}

@@ -202,36 +202,57 @@ class ClipDecoder:
 
 
 class ClipSource:
-    """Per-sample callback for DALI's parallel ``external_source``: one clip per plan row.
+    """Per-sample callback for DALI's parallel ``external_source``: the clips of a plan stream.
 
-    Returns ``(frames (T, S, S, 3) uint8, position (1,) int32)`` for ``sample_info.idx_in_epoch``,
-    frames already fitted to ``size_px`` (see :class:`FrameFitter`). Rows past the plan repeat its
-    last row (DALI may prefetch beyond the epoch; the loader's iterator trims them), like the
-    readers' ``pad_last_batch``.
+    DALI's workers call it with ``sample_info``; sample ``idx_in_batch`` of pipeline iteration
+    ``iteration`` is row ``idx_in_batch`` of plan batch ``stream[iteration]``, so the workers start
+    once and read epoch after epoch with no message from the loader: everything is a pure
+    function of the (picklable) stream, clip table and video facts. Returns
+    ``(frames (T, S, S, 3) uint8, tag (1,) int64)``, frames fitted to ``size_px`` (see
+    :class:`FrameFitter`), tag ``iteration * batch_size + idx_in_batch``. Rows past a short plan
+    batch (DALI's batches here are always full) are black frames the loader drops.
+
+    Args:
+        stream: The plan batches (:class:`gpufeed.pipelines._sampler.PlanStream`).
+        table: The clip slots (:class:`gpufeed.pipelines._clips.ClipTable`).
+        videos: :class:`VideoRef` per video id.
+        train, seed: Random starts (training) or tiled starts, as ``ClipTable.clips``.
+        batch_size: Rows per pipeline iteration.
     """
 
-    def __init__(
-        self, videos: list[VideoRef], video_ids, starts, clip_length_frames: int, stride_frames: int, size_px, fit
-    ) -> None:
-        self.videos = videos
-        self.video_ids = np.asarray(video_ids, dtype=np.int64)
-        self.starts = np.asarray(starts, dtype=np.int64)
-        self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
+    def __init__(self, stream, table, videos: list[VideoRef], *, train: bool, seed: int, batch_size: int, size_px, fit):
+        self.stream, self.table, self.videos = stream, table, videos
+        self.train, self.seed, self.batch_size = train, seed, batch_size
         self.size_px, self.fit = size_px, fit
         self._decoder: ClipDecoder | None = None
+        self._batch = (None, None)  # (iteration, its rows): a worker reads many rows of one batch
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_decoder"] = None  # open files do not travel to worker processes
+        state["_batch"] = (None, None)
         return state
 
+    def _rows(self, iteration: int):
+        cached, rows = self._batch
+        if cached != iteration:
+            batch = self.stream[iteration]
+            videos, starts = self.table.clips(batch.sample_ids, train=self.train, seed=self.seed, epoch=batch.epoch)
+            rows = (videos, starts)
+            self._batch = (iteration, rows)
+        return rows
+
     def __call__(self, sample_info):
-        row = min(int(sample_info.idx_in_epoch), len(self.starts) - 1)
+        k, j = int(sample_info.iteration), int(sample_info.idx_in_batch)
+        tag = np.array([k * self.batch_size + j], dtype=np.int64)
+        videos, starts = self._rows(k)
+        geometry = self.table.geometry
+        if j >= len(videos):
+            return np.zeros((geometry.clip_length_frames, self.size_px, self.size_px, 3), dtype=np.uint8), tag
         if self._decoder is None:
             self._decoder = ClipDecoder(fitter=FrameFitter(self.size_px, self.fit))
-        video = self.videos[int(self.video_ids[row])]
-        clip = self._decoder.read(video, self.starts[row] + self.offsets)
-        return clip, np.array([row], dtype=np.int32)
+        clip = self._decoder.read(self.videos[int(videos[j])], geometry.frames(int(starts[j])))
+        return clip, tag
 
 
 class SequentialFeed:

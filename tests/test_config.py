@@ -41,6 +41,8 @@ def test_round_trip_through_yaml(tmp_path):
         ({"data": {"train": {}}}, "data.train", "give exactly one of 'root'"),
         ({"data": {"train": {"root": "a", "list_file": "b"}}}, "data.train", "give exactly one of 'root'"),
         ({"loader": [1, 2]}, "loader", "expected a mapping"),
+        ({"loader": {"hw_decoder_load": 1.5}}, "loader.hw_decoder_load", "must be <= 1.0"),
+        ({"loader": {"worker_start_method": "thread"}}, "loader.worker_start_method", "allowed: auto, fork, spawn"),
     ],
 )
 def test_bad_values_name_the_key_and_the_allowed_values(data, key, words):

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import pickle
+import select
+import signal
+
 import numpy as np
 import pytest
 
 from gpufeed.pipelines import eval_windows, hash_uniforms, plan_epoch, train_windows
+from gpufeed.pipelines._sampler import PlanSpec, PlanStream
 
 
 def _plan(n, shard, shards, policy, batch=4, epoch=0, seed=1, shuffle=True, **kw):
@@ -65,6 +71,59 @@ def test_excluding_a_sample_keeps_order_and_shards():
     other = _plan(40, 1, 2, "partial", excluded=[bad])
     assert np.array_equal(other.sample_ids, _plan(40, 1, 2, "partial").sample_ids)
     assert len(_plan(40, 0, 2, "drop", excluded=[bad]).sample_ids) == len(_plan(40, 0, 2, "drop").sample_ids)
+
+
+@pytest.mark.parametrize("policy", ["drop", "partial", "pad"])
+def test_the_stream_is_the_epoch_plans_batch_after_batch(policy):
+    spec = PlanSpec(np.arange(23), seed=4, shuffle=True, shard_id=1, num_shards=2, batch_size=4, last_batch=policy)
+    stream = PlanStream(spec, epoch=3, batch=1)
+    expected = []
+    for epoch in (3, 4, 5, 6):
+        plan = _plan(23, 1, 2, policy, epoch=epoch, seed=4)
+        first = 1 if epoch == 3 else 0
+        for b in range(first, plan.num_batches):
+            expected.append((epoch, b, plan.sample_ids[b * 4 : (b + 1) * 4], plan.valid[b * 4 : (b + 1) * 4]))
+    got = [stream[k] for k in range(len(expected))]
+    for batch, (epoch, b, ids, valid) in zip(got, expected, strict=True):
+        assert (batch.epoch, batch.batch, batch.first_row) == (epoch, b, b * 4)
+        assert np.array_equal(batch.sample_ids, ids) and np.array_equal(batch.valid, valid)
+    per_epoch = _plan(23, 1, 2, policy).num_batches
+    assert stream.iterations_until(4) == per_epoch - 1 and stream.iterations_until(6) == 3 * per_epoch - 1
+    # A worker process gets a copy that computes the same batches on its own, in any order.
+    copy = pickle.loads(pickle.dumps(stream))
+    assert all(np.array_equal(copy[k].sample_ids, got[k].sample_ids) for k in reversed(range(len(got))))
+
+
+def test_planning_ahead_gives_the_same_plans_and_a_forked_copy_plans_alone():
+    spec = PlanSpec(np.arange(50), seed=2, shuffle=True, shard_id=0, num_shards=1, batch_size=8, last_batch="pad")
+    stream = PlanStream(spec, epoch=0, plan_ahead=True)
+    assert np.array_equal(stream.plan(0).sample_ids, spec.plan(0).sample_ids)
+    assert set(stream._ahead) == {1}  # epoch 1 is being planned on the background thread
+    assert np.array_equal(stream.plan(1).sample_ids, spec.plan(1).sample_ids)
+    # A forked child inherits the stream and the executor but not its thread: it must plan itself
+    # (this hung DALI's fork-started PyAV workers before planning was keyed by process).
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        # Epoch 4 would wait on a future submitted while planning epoch 3, in a thread-less executor.
+        ok = all(np.array_equal(stream.plan(e).sample_ids, spec.plan(e).sample_ids) for e in (3, 4))
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    answered, _, _ = select.select([read], [], [], 30)
+    if not answered:
+        os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    assert answered, "the forked copy hung planning an epoch"
+    assert os.read(read, 1) == b"1"
+
+
+def test_a_spec_with_other_exclusions_is_another_plan():
+    a = PlanSpec(np.arange(10), seed=0, shuffle=True, shard_id=0, num_shards=1, batch_size=4, last_batch="drop")
+    same = PlanSpec(np.arange(10), seed=0, shuffle=True, shard_id=0, num_shards=1, batch_size=4, last_batch="drop")
+    fewer = PlanSpec(np.arange(10), 0, True, 0, 1, 4, "drop", excluded=[3])
+    assert a == same and a != fewer
+    assert np.array_equal(fewer.plan(2).sample_ids, _plan(10, 0, 1, "drop", epoch=2, seed=0, excluded=[3]).sample_ids)
 
 
 def test_bad_policy_and_shard_are_named():
