@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed.pipelines._augment import LoaderAugment
 from gpufeed.pipelines._clip_pipeline import build_clip_pipeline, dali_iterator, new_work_dir
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._epochs import EpochLoader
@@ -99,14 +100,27 @@ class ClipLoader(EpochLoader):
             is read as ``partial`` there.
         device: :class:`gpufeed.device.DeviceChoice`.
         shard_id, num_shards: This rank's shard of the clip slots.
-        seed: Seeds order and random starts.
+        seed: Seeds order, random starts and augmentation.
+        augment: Colour jitter, grayscale and flips applied inside the DALI graph when training, one
+            draw per clip slot and epoch, the same on every frame; ``None`` or empty: none.
     """
 
     def __init__(
-        self, dataset: VideoDataset, *, train: bool, video_cfg, loader_cfg, device, shard_id=0, num_shards=1, seed=0
+        self,
+        dataset: VideoDataset,
+        *,
+        train: bool,
+        video_cfg,
+        loader_cfg,
+        device,
+        shard_id=0,
+        num_shards=1,
+        seed=0,
+        augment: LoaderAugment | None = None,
     ):
         self.dataset = dataset
         self.video_cfg = video_cfg
+        self.augment = augment if train and augment else None
         self._setup_epochs(
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
@@ -141,8 +155,13 @@ class ClipLoader(EpochLoader):
         self._check_plan(self._plan(0))
 
     @classmethod
-    def from_config(cls, cfg, *, train: bool, device, shard_id: int = 0, num_shards: int = 1, progress=False):
-        """Index ``cfg.video.train`` (or ``val``) and build a loader from the whole :class:`Config`."""
+    def from_config(
+        cls, cfg, *, train: bool, device, shard_id: int = 0, num_shards: int = 1, progress=False, augment=None
+    ):
+        """Index ``cfg.video.train`` (or ``val``) and build a loader from the whole :class:`Config`.
+
+        ``augment``: the loader's share of ``cfg.augment`` (see ``gpufeed.train.plan_augmentation``).
+        """
         folder = cfg.video.train if train else cfg.video.val
         if folder is None:
             raise DatasetError(f"config key 'video.{'train' if train else 'val'}' is not set: no video folder")
@@ -156,6 +175,7 @@ class ClipLoader(EpochLoader):
             shard_id=shard_id,
             num_shards=num_shards,
             seed=cfg.seed,
+            augment=augment,
         )
 
     # -- planning ---------------------------------------------------------------------------
@@ -225,6 +245,8 @@ class ClipLoader(EpochLoader):
             seed=self.seed,
             work_dir=Path(work.name),
             video_refs=self._refs,
+            # Augmentation seam: one parameter row per clip slot of the plan.
+            augment=None if self.augment is None else self.augment.rows(self.seed, plan.epoch, plan.sample_ids),
         )
         return dali_iterator(pipe, ["clips", "rows"], source=self.source, size=len(starts))
 

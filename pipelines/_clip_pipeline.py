@@ -8,6 +8,7 @@ stage           output                                                       whe
 decode          uint8 (T, H, W, 3) "FHWC" per clip + its plan row (int32)     see below
 crop window     roi_start/roi_end (y, x) of the central square (centre_crop)  CPU (external_source)
 resize          uint8 (T, S, S, 3): crop and resize fused, bilinear+antialias  GPU, or CPU
+augment         uint8 (T, S, S, 3): one colour matrix and flip per clip        GPU, or CPU (optional)
 transpose       uint8 (3, T, S, S) "CFHW" (frame chunks: (T, 3, S, S) "FCHW")  GPU, or CPU
 ==============  ===========================================================  =====================
 
@@ -37,6 +38,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from gpufeed.pipelines._augment import AugmentRows, augment_graph
 
 __all__ = ["READER_NAME", "RowFeed", "build_clip_pipeline", "centre_square_rois", "dali_iterator", "new_work_dir"]
 
@@ -112,6 +115,7 @@ def build_clip_pipeline(
     work_dir: Path,
     video_refs: list | None = None,
     frames_first: bool = False,
+    augment: AugmentRows | None = None,
 ):
     """Build (not yet run) the DALI pipeline for one epoch plan.
 
@@ -127,6 +131,8 @@ def build_clip_pipeline(
         work_dir: Folder for the reader's file list (kept while the pipeline lives).
         video_refs: :class:`~gpufeed.pipelines._pyav.VideoRef` per video id (PyAV sources only).
         frames_first: Output (T, 3, S, S) "FCHW" (a chunk of frames) instead of (3, T, S, S).
+        augment: Loader augmentation, one row per plan row (the same on every frame of a clip);
+            ``None``: none.
 
     Returns:
         A built pipeline with outputs ``(clips uint8 (3, T, S, S), rows int32 (1,))`` per sample.
@@ -140,6 +146,8 @@ def build_clip_pipeline(
     rows = len(starts)
     if not (len(video_ids) == rows == len(frame_sizes)) or rows == 0:
         raise ValueError(f"plan rows disagree or are empty: {len(video_ids)} videos, {rows} starts")
+    if augment is not None and len(augment) not in (0, rows):
+        raise ValueError(f"{len(augment)} augmentation rows for {rows} plan rows: they must match one to one")
     on_gpu = device_id is not None
     list_file = None
     if source == "dali":
@@ -205,6 +213,8 @@ def build_clip_pipeline(
                 dtype=types.UINT8,
                 **resize_args,
             )
+        # Augmentation seam: per-clip colour matrix and flip, on every frame of the clip.
+        frames = augment_graph(frames, augment, batch_size)
         if frames_first:
             clips = fn.transpose(frames, perm=[0, 3, 1, 2], output_layout="FCHW")
         else:

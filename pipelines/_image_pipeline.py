@@ -9,7 +9,11 @@ file reader     encoded bytes + position in the epoch plan (int32)  CPU
 crop windows    anchor (x, y), shape (w, h), ROI for resize         CPU (external_source)
 decode          uint8 HWC, the window only (nvJPEG ROI decode)      GPU ("mixed") or CPU
 resize          uint8 (size, size, 3), mirrored where flip=1        GPU or CPU
+colour          uint8 (size, size, 3), one 3x4 colour matrix each   GPU or CPU (optional)
 ==============  ==================================================  ===========================
+
+The colour stage (training only, when the loader is given augmentation) is
+:func:`gpufeed.pipelines._augment.augment_graph`: per-row matrices from the crop windows' hash.
 
 The loader exposes the HWC batch to torch as (N, 3, size, size) in channels_last memory format,
 which is both the NCHW shape models expect and the layout convolution kernels run fastest on,
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpufeed.pipelines._augment import AugmentRows, augment_graph
 from gpufeed.pipelines._windows import Windows
 
 __all__ = ["READER_NAME", "WindowFeed", "build_image_pipeline"]
@@ -95,6 +100,7 @@ def build_image_pipeline(
     num_threads: int,
     prefetch_queue_depth: int,
     seed: int,
+    augment: AugmentRows | None = None,
 ):
     """Build (not yet run) the DALI pipeline for one epoch plan.
 
@@ -103,6 +109,8 @@ def build_image_pipeline(
         windows: One crop window per entry of ``files``.
         size_px: Output height and width.
         device_id: CUDA device for nvJPEG decoding and GPU resize; ``None`` runs on the CPU.
+        augment: Loader augmentation, one row per entry of ``files``, applied after the resize
+            (its ``flip`` must already be folded into ``windows``); ``None``: none.
 
     Returns:
         A built ``nvidia.dali.Pipeline`` with outputs ``(images HWC uint8, positions int32)``.
@@ -111,6 +119,11 @@ def build_image_pipeline(
 
     if len(files) != len(windows):
         raise ValueError(f"{len(files)} files but {len(windows)} crop windows: they must match one to one")
+    if augment is not None and (augment.flip is not None or len(augment) not in (0, len(files))):
+        raise ValueError(
+            f"augmentation rows must be {len(files)} colour rows without flips (fold flips into the windows), "
+            f"got {len(augment)} rows, flip {'set' if augment.flip is not None else 'unset'}"
+        )
     on_gpu = device_id is not None
 
     @pipeline_def(enable_conditionals=False)
@@ -129,6 +142,8 @@ def build_image_pipeline(
             dtype=[types.INT32, types.INT32, types.FLOAT, types.FLOAT],
         )
         images = decode_window(encoded, anchor, shape, roi_start, roi_end, size_px=size_px, on_gpu=on_gpu)
+        # Augmentation seam: per-row colour matrices applied to the resized images.
+        images = augment_graph(images, augment, batch_size)
         return images, position
 
     pipe = image_graph(

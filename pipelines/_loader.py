@@ -13,10 +13,11 @@ Usage::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from gpufeed.pipelines._augment import AugmentRows, LoaderAugment
 from gpufeed.pipelines._dataset import ImageDataset
 from gpufeed.pipelines._epochs import EpochLoader
 from gpufeed.pipelines._errors import DatasetError
@@ -76,7 +77,9 @@ class ImageLoader(EpochLoader):
             so ``drop`` is read as ``partial`` there.
         device: :class:`gpufeed.device.DeviceChoice`.
         shard_id, num_shards: This rank's shard (see :mod:`gpufeed.pipelines._sampler`).
-        seed: Seeds order and crop windows.
+        seed: Seeds order, crop windows and augmentation.
+        augment: Colour jitter, grayscale and flips to apply inside the DALI graph when training
+            (:class:`~gpufeed.pipelines._augment.LoaderAugment`); ``None`` or empty: none.
     """
 
     def __init__(
@@ -90,9 +93,11 @@ class ImageLoader(EpochLoader):
         shard_id: int = 0,
         num_shards: int = 1,
         seed: int = 0,
+        augment: LoaderAugment | None = None,
     ) -> None:
         self.dataset = dataset
         self.image_cfg = image_cfg
+        self.augment = augment if train and augment else None
         self._setup_epochs(
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
@@ -138,15 +143,22 @@ class ImageLoader(EpochLoader):
     def _iterator(self, plan: EpochPlan, ctx):
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
+        windows, rows = self._windows(plan.sample_ids), None
+        if self.augment is not None:  # augmentation seam: flips toggle the windows', colour goes to the graph
+            rows = self.augment.rows(self.seed, plan.epoch, plan.sample_ids)
+            if rows.flip is not None:
+                windows = replace(windows, flip=windows.flip ^ rows.flip.astype(np.uint8))
+            rows = AugmentRows(colour=rows.colour)
         pipe = build_image_pipeline(
             [self.dataset.paths[i] for i in plan.sample_ids],
-            self._windows(plan.sample_ids),
+            windows,
             size_px=self.image_cfg.size_px,
             batch_size=self.batch_size,
             device_id=self.device.device_id,
             num_threads=self.num_threads,
             prefetch_queue_depth=self.cfg.prefetch_queue_depth,
             seed=self.seed,
+            augment=rows,
         )
         return DALIGenericIterator(
             pipe,
