@@ -8,7 +8,7 @@ Before the first step the run folder must be writable and hold room for two chec
 (:mod:`gpufeed.train.preflight`); files the loaders leave out are reported (:mod:`gpufeed.train.skipped`).
 """
 
-from gpufeed.train.augment import AugmentPlan, Augmenter, build_augmenter, plan_augmentation
+from gpufeed.train.augment import Augmenter, AugmentPlan, build_augmenter, plan_augmentation
 from gpufeed.train.checkpoint import capture_rng, load_latest_checkpoint, restore_rng, save_checkpoint
 from gpufeed.train.distributed import DistInfo, env_dist_info
 from gpufeed.train.loop import TrainError, TrainResult, train
