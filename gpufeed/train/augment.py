@@ -38,6 +38,7 @@ __all__ = [
     "AugmentPlan",
     "Augmenter",
     "FusedColour",
+    "KorniaStage",
     "RandomFlip",
     "apply_colour",
     "build_augmenter",
