@@ -48,6 +48,7 @@ __all__ = [
     "ColourJitter",
     "LoaderAugment",
     "RowsFeed",
+    "apply_augment_nodes",
     "augment_graph",
     "colour_coefficients",
     "colour_matrices",
@@ -230,8 +231,24 @@ class RowsFeed:
         return [list(column[index]) for column in self._columns]
 
 
+def apply_augment_nodes(frames, colour=None, flip=None):
+    """The graph fragment on parameter nodes: colour (``fn.coord_transform``), then flip (``fn.flip``).
+
+    For pipelines that feed the parameters their own way (a per-sample ``external_source`` reading
+    ``SampleInfo``, say): ``colour`` is a float32 (3, 4) ``[M | T]`` per sample, ``flip`` an int32
+    scalar per sample (1: mirror), both CPU DataNodes; ``None`` leaves that op out.
+    """
+    from nvidia.dali import fn, types
+
+    if colour is not None:
+        frames = fn.coord_transform(frames, MT=colour, dtype=types.UINT8)
+    if flip is not None:
+        frames = fn.flip(frames, horizontal=flip)
+    return frames
+
+
 def augment_graph(frames, rows: AugmentRows | None, batch_size: int):
-    """The graph fragment: colour (``fn.coord_transform``) then flip (``fn.flip``), per sample.
+    """The graph fragment fed from a plan's rows: colour then flip, per sample.
 
     Args:
         frames: uint8 HWC images or FHWC clips (CPU or GPU DataNode), one per plan row.
@@ -253,8 +270,8 @@ def augment_graph(frames, rows: AugmentRows | None, batch_size: int):
         columns.append(np.asarray(rows.flip, dtype=np.int32))
         dtypes.append(types.INT32)
     fed = fn.external_source(source=RowsFeed(columns, batch_size), num_outputs=len(columns), batch=True, dtype=dtypes)
-    if rows.colour is not None:
-        frames = fn.coord_transform(frames, MT=fed[0], dtype=types.UINT8)
-    if rows.flip is not None:
-        frames = fn.flip(frames, horizontal=fed[-1])
-    return frames
+    return apply_augment_nodes(
+        frames,
+        colour=fed[0] if rows.colour is not None else None,
+        flip=fed[-1] if rows.flip is not None else None,
+    )

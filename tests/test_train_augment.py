@@ -138,9 +138,7 @@ def test_device_ops_never_synchronise_with_the_host(op, place):
 def test_bench_augment_prints_every_op_beside_the_model_step(capsys):
     from gpufeed.bench.augment import print_augment_result, run_augment_bench
 
-    result = run_augment_bench(
-        device="cpu", model="smallcnn", batch_size=4, size_px=32, rounds=2, graph_rounds=1, graph_iterations=2
-    )
+    result = run_augment_bench(device="cpu", model="smallcnn", batch_size=4, size_px=32, rounds=2, graph_iterations=2)
     assert result["model_step_ms"] > 0
     places = {(r["op"], r["place"].split(":")[0]) for r in result["ops"]}
     assert {(op, "kornia") for op in AUGMENT_OPS} <= places

@@ -13,11 +13,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gpufeed.bench._common import median
 from gpufeed.pipelines import LoaderAugment
 from gpufeed.pipelines._augment import RowsFeed, augment_graph
 
-__all__ = ["graph_variants", "time_graph_variants"]
+__all__ = ["GraphTimer", "graph_variants"]
 
 Fragment = Callable[[object, int], object]
 
@@ -94,49 +93,69 @@ def _build(fragment: Fragment | None, batch, *, batch_size: int, device_id: int 
     return pipe
 
 
-def time_graph_variants(
-    variants: dict,
-    *,
-    batch_size: int,
-    size_px: int,
-    device_id: int | None,
-    num_threads: int,
-    rounds: int,
-    iterations: int,
-    seed: int = 0,
-) -> dict[str, float]:
-    """Seconds per batch of each variant's graph (medians over ``rounds``, interleaved)."""
-    import torch
+class GraphTimer:
+    """The variants' graphs, built once over one fixed batch; :meth:`round` times each in turn.
 
-    rng = np.random.default_rng(seed)
-    batch = rng.integers(0, 256, (batch_size, size_px, size_px, 3), dtype=np.uint8)
-    if device_id is not None:
-        batch = torch.from_numpy(batch).cuda(device_id)  # DALI reads it through __cuda_array_interface__
-    pipes = {
-        name: _build(
-            None if spec is None else spec[2],
-            batch,
-            batch_size=batch_size,
-            device_id=device_id,
-            num_threads=num_threads,
-        )
-        for name, spec in variants.items()
-    }
-    times: dict[str, list[float]] = {name: [] for name in pipes}
+    Args:
+        variants: From :func:`graph_variants`.
+        iterations: Batches per variant and round.
+    """
 
-    def sync() -> None:
+    def __init__(
+        self,
+        variants: dict,
+        *,
+        batch_size: int,
+        size_px: int,
+        device_id: int | None,
+        num_threads: int,
+        iterations: int,
+        seed: int = 0,
+    ) -> None:
+        import torch
+
+        batch = np.random.default_rng(seed).integers(0, 256, (batch_size, size_px, size_px, 3), dtype=np.uint8)
         if device_id is not None:
-            torch.cuda.synchronize(device_id)
+            batch = torch.from_numpy(batch).cuda(device_id)  # DALI reads it through __cuda_array_interface__
+        self.device_id, self.iterations = device_id, iterations
+        self._turn = -1
+        self.pipes = {
+            name: _build(
+                None if spec is None else spec[2],
+                batch,
+                batch_size=batch_size,
+                device_id=device_id,
+                num_threads=num_threads,
+            )
+            for name, spec in variants.items()
+        }
+        for pipe in self.pipes.values():
+            pipe.run()
 
-    for pipe in pipes.values():
-        pipe.run()
-    for _ in range(rounds):
-        for name, pipe in pipes.items():
-            sync()
+    def _sync(self) -> None:
+        if self.device_id is not None:
+            import torch
+
+            torch.cuda.synchronize(self.device_id)
+
+    def round(self) -> dict[str, float]:
+        """Seconds per batch of every variant, measured once each.
+
+        One untimed batch of each first, and a rotating order, so that whatever ran just before
+        (on a CPU, the training framework's threads still spinning) weighs on no variant more
+        than on the others.
+        """
+        for pipe in self.pipes.values():
+            pipe.run()
+        self._turn = (self._turn + 1) % len(self.pipes)
+        names = list(self.pipes)
+        out = {}
+        for name in names[self._turn :] + names[: self._turn]:
+            pipe = self.pipes[name]
+            self._sync()
             start = time.perf_counter()
-            for _ in range(iterations):
+            for _ in range(self.iterations):
                 pipe.run()
-            sync()
-            times[name].append((time.perf_counter() - start) / iterations)
-    del pipes
-    return {name: median(values) for name, values in times.items()}
+            self._sync()
+            out[name] = (time.perf_counter() - start) / self.iterations
+        return out

@@ -142,6 +142,17 @@ def _previous_default(dtype):
     return Augmenter([KorniaStage([op], clips=False, dtype=dtype)], clips=False, names=["color_jitter"])
 
 
+def _row(op: str, place: str, precision: str, seconds: float, step_s: float, syncs) -> dict:
+    return {
+        "op": op,
+        "place": place,
+        "precision": precision,
+        "ms": seconds * 1e3,
+        "share_of_step": seconds / step_s,
+        "host_syncs": syncs,
+    }
+
+
 def run_augment_bench(
     *,
     device: str = "auto",
@@ -150,20 +161,22 @@ def run_augment_bench(
     size_px: int | None = None,
     amp: str = "auto",
     rounds: int = 20,
-    graph_rounds: int = 5,
     graph_iterations: int = 10,
     num_threads: int = 0,
     seed: int = 0,
 ) -> dict:
     """Time every op at every place it can run, and the model step, on one device; return the figures.
 
-    ``None`` for ``model``, ``batch_size`` or ``size_px`` takes the device's default (GPU:
-    ResNet-18, 224 px, batch 256; CPU: ResNet-18, 64 px, batch 16).
+    Each round runs one model step, one call of every device variant and ``graph_iterations``
+    batches of every graph variant, so a busy moment of a shared machine hits all of them alike;
+    the figures are medians over ``rounds``. ``None`` for ``model``, ``batch_size`` or
+    ``size_px`` takes the device's default (GPU: ResNet-18, 224 px, batch 256; CPU: ResNet-18,
+    64 px, batch 16).
     """
     import torch
     from tqdm import tqdm
 
-    from gpufeed.bench._augment_graph import graph_variants, time_graph_variants
+    from gpufeed.bench._augment_graph import GraphTimer, graph_variants
     from gpufeed.config import AugmentConfig
     from gpufeed.device import resolve_device
     from gpufeed.pipelines import default_num_threads
@@ -172,76 +185,67 @@ def run_augment_bench(
 
     choice = resolve_device(device)
     defaults = GPU_DEFAULTS if choice.is_gpu else CPU_DEFAULTS
-    model, batch_size, size_px = (
-        model or defaults["model"],
-        batch_size or defaults["batch_size"],
-        size_px or defaults["size_px"],
-    )
+    model = model or defaults["model"]
+    batch_size, size_px = batch_size or defaults["batch_size"], size_px or defaults["size_px"]
     amp_dtype = resolve_amp(amp, choice)
     torch_device, clock = choice.torch_device, _Clock(choice.is_gpu)
     torch.manual_seed(seed)
     pixels = torch.randint(0, 256, (batch_size, 3, size_px, size_px), dtype=torch.uint8, device=torch_device)
     pixels = pixels.contiguous(memory_format=torch.channels_last)
     batch = _Batch(pixels, torch.randint(0, 1000, (batch_size,), device=torch_device))
-
     stepper = _stepper(model, size_px, torch_device, amp_dtype, choice.is_gpu)
-    for _ in range(3):
-        stepper(batch)
-    step_s = median([stepper(batch).compute_s for _ in tqdm(range(rounds), desc="model steps", leave=False)])
 
-    def device_row(op, place, precision, augmenter):
-        augmenter = augmenter.to(torch_device)
-        for _ in range(3):
-            augmenter(pixels)
-        seconds = median(clock.measure(lambda: augmenter(pixels), rounds))
-        return {
-            "op": op,
-            "place": place,
-            "precision": precision,
-            "ms": seconds * 1e3,
-            "share_of_step": seconds / step_s,
-            "host_syncs": clock.syncs(lambda: augmenter(pixels)),
-        }
-
-    rows = []
-    for op, place, precision, cfg, dtype in tqdm(_device_variants(amp_dtype), desc="device ops", leave=False):
-        rows.append(device_row(op, place, precision, build_augmenter(cfg, dtype=dtype)))
-
-    threads = num_threads or default_num_threads()
     defaults_cfg = AugmentConfig()
     plan = plan_augmentation(defaults_cfg, dtype=amp_dtype)
-    needed = batch_size * (graph_rounds * graph_iterations + 4)
-    variants = graph_variants(plan.loader, defaults_cfg.grayscale.p, needed, seed)
-    graph_s = time_graph_variants(
+    device_variants = {
+        (op, place, precision): build_augmenter(cfg, dtype=dtype).to(torch_device)
+        for op, place, precision, cfg, dtype in _device_variants(amp_dtype)
+    }
+    device_variants["before"] = _previous_default(torch.float32).to(torch_device)
+    device_variants["now"] = plan.augmenter.to(torch_device)
+    threads = num_threads or default_num_threads()
+    variants = graph_variants(
+        plan.loader, defaults_cfg.grayscale.p, batch_size * (rounds * (graph_iterations + 1) + 4), seed
+    )
+    graph = GraphTimer(
         variants,
         batch_size=batch_size,
         size_px=size_px,
         device_id=choice.device_id,
         num_threads=threads,
-        rounds=graph_rounds,
         iterations=graph_iterations,
         seed=seed,
     )
-    for name, spec in variants.items():
-        if spec is None:
-            continue
-        seconds = max(0.0, graph_s[name] - graph_s["none"])
-        rows.append(
-            {
-                "op": spec[0],
-                "place": f"loader: {spec[1]}",
-                "precision": "uint8/float32",
-                "ms": seconds * 1e3,
-                "share_of_step": seconds / step_s,
-                "host_syncs": None,
-            }
-        )
-    params_s = median(clock_host(lambda: plan.loader.rows(seed, 0, list(range(batch_size))), rounds))
 
-    before = device_row("color_jitter", "kornia, random order (before)", "float32", _previous_default(torch.float32))
-    device_now = device_row("color_jitter", "device share now", "-", plan.augmenter)
+    for _ in range(3):  # warm-up: kernels chosen, caches and allocator filled
+        stepper(batch)
+        for augmenter in device_variants.values():
+            augmenter(pixels)
+    step_times: list[float] = []
+    device_times: dict = {key: [] for key in device_variants}
+    graph_times: dict = {name: [] for name in variants}
+    for _ in tqdm(range(rounds), desc="rounds (step, device ops, graph ops)", leave=False):
+        step_times.append(stepper(batch).compute_s)
+        for key, augmenter in device_variants.items():
+            device_times[key].extend(clock.measure(lambda a=augmenter: a(pixels), 1))
+        for name, seconds in graph.round().items():
+            graph_times[name].append(seconds)
+    del graph
+
+    step_s = median(step_times)
+    device_s = {key: median(values) for key, values in device_times.items()}
+    graph_s = {name: median(values) for name, values in graph_times.items()}
+    syncs = {key: clock.syncs(lambda a=augmenter: a(pixels)) for key, augmenter in device_variants.items()}
+    before = ("color_jitter", "kornia, random order (previous default)", "float32")
+    rows = [_row(*before, device_s["before"], step_s, syncs["before"])]
+    rows += [_row(*key, device_s[key], step_s, syncs[key]) for key in device_variants if key not in ("before", "now")]
+    for name, spec in variants.items():
+        if spec is not None:
+            marginal = max(0.0, graph_s[name] - graph_s["none"])
+            rows.append(_row(spec[0], f"loader: {spec[1]}", "uint8/float32", marginal, step_s, None))
+    params_s = median(clock_host(lambda: plan.loader.rows(seed, 0, list(range(batch_size))), rounds))
     loader_now_s = max(0.0, graph_s["color_jitter"] - graph_s["none"])
-    now_s = loader_now_s + device_now["ms"] / 1e3
+    now_s = loader_now_s + device_s["now"]
     return {
         "benchmark": "augment",
         "model": model,
@@ -257,11 +261,11 @@ def run_augment_bench(
         "default": {
             "ops": list(defaults_cfg.ops),
             "placement_now": plan.placement,
-            "before_ms": before["ms"],
-            "before_share": before["share_of_step"],
-            "before_host_syncs": before["host_syncs"],
+            "before_ms": device_s["before"] * 1e3,
+            "before_share": device_s["before"] / step_s,
+            "before_host_syncs": syncs["before"],
             "now_loader_ms": loader_now_s * 1e3,
-            "now_device_ms": device_now["ms"],
+            "now_device_ms": device_s["now"] * 1e3,
             "now_ms": now_s * 1e3,
             "now_share": now_s / step_s,
             "target_share": TARGET_SHARE,
