@@ -7,12 +7,22 @@ from typing import Literal, get_args
 
 from gpufeed._schema import ConfigError, option
 
-__all__ = ["AUGMENT_OPS", "AugmentConfig", "ModelConfig", "TelemetryConfig", "TrainConfig"]
+__all__ = ["AUGMENT_OPS", "LOADER_AUGMENT_OPS", "AugmentConfig", "ModelConfig", "TelemetryConfig", "TrainConfig"]
 
 Schedule = Literal["cosine", "linear", "constant"]
 AmpMode = Literal["auto", "bf16", "fp16", "off"]
 AugmentOp = Literal["color_jitter", "grayscale", "gaussian_blur", "rotation", "erasing", "horizontal_flip"]
 AUGMENT_OPS: tuple[str, ...] = get_args(AugmentOp)
+# Where an op runs: inside the loader's DALI graph, gpufeed's fused torch op on the training
+# device, or Kornia on the training device; auto picks (see AugmentConfig).
+ColourPlace = Literal["auto", "loader", "torch", "kornia"]
+KorniaPlace = Literal["auto", "kornia"]
+LOADER_AUGMENT_OPS: tuple[str, ...] = ("color_jitter", "grayscale", "horizontal_flip")
+_COLOUR_WHERE_DOC = (
+    "where it runs: loader (inside the DALI graph), torch (fused op on the training device), kornia; "
+    "auto: the loader when every op before it runs there too, else torch"
+)
+_KORNIA_WHERE_DOC = "where it runs: kornia on the training device (auto means the same; DALI has no such op)"
 
 
 @dataclass(frozen=True)
@@ -63,8 +73,14 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ColorJitterConfig:
-    """Kornia ``ColorJitter``: random brightness, contrast, saturation and hue."""
+    """Random brightness, contrast, saturation and hue.
 
+    In the loader and the fused torch op: one colour matrix per sample (contrast about mid-grey,
+    hue as a rotation about the grey axis; ``gpufeed.pipelines._augment``). In Kornia:
+    ``ColorJitter`` in a fixed order (brightness, contrast, saturation, hue).
+    """
+
+    where: ColourPlace = option("auto", doc=_COLOUR_WHERE_DOC)
     p: float = option(0.8, ge=0.0, le=1.0, doc="probability per sample")
     brightness: float = option(0.2, ge=0.0, doc="brightness factor drawn from [1 - b, 1 + b]")
     contrast: float = option(0.2, ge=0.0, doc="contrast factor drawn from [1 - c, 1 + c]")
@@ -74,8 +90,9 @@ class ColorJitterConfig:
 
 @dataclass(frozen=True)
 class GrayscaleConfig:
-    """Kornia ``RandomGrayscale``."""
+    """Random grayscale (luma 0.299 R + 0.587 G + 0.114 B on all three channels)."""
 
+    where: ColourPlace = option("auto", doc=_COLOUR_WHERE_DOC)
     p: float = option(0.1, ge=0.0, le=1.0, doc="probability per sample")
 
 
@@ -83,6 +100,7 @@ class GrayscaleConfig:
 class GaussianBlurConfig:
     """Kornia ``RandomGaussianBlur``."""
 
+    where: KorniaPlace = option("auto", doc=_KORNIA_WHERE_DOC)
     p: float = option(0.2, ge=0.0, le=1.0, doc="probability per sample")
     kernel_size_px: int = option(3, ge=3, doc="odd kernel side in pixels")
     sigma: tuple[float, float] = option((0.1, 1.5), gt=0.0, doc="range of the blur's standard deviation in pixels")
@@ -98,6 +116,7 @@ class GaussianBlurConfig:
 class RotationConfig:
     """Kornia ``RandomRotation`` (bilinear)."""
 
+    where: KorniaPlace = option("auto", doc=_KORNIA_WHERE_DOC)
     p: float = option(0.3, ge=0.0, le=1.0, doc="probability per sample")
     degrees: float = option(10.0, gt=0.0, le=180.0, doc="rotation drawn from [-degrees, degrees]")
 
@@ -106,6 +125,7 @@ class RotationConfig:
 class ErasingConfig:
     """Kornia ``RandomErasing``: a random rectangle set to black."""
 
+    where: KorniaPlace = option("auto", doc=_KORNIA_WHERE_DOC)
     p: float = option(0.25, ge=0.0, le=1.0, doc="probability per sample")
     scale: tuple[float, float] = option((0.02, 0.2), gt=0.0, le=1.0, doc="range of the erased share of the area")
     ratio: tuple[float, float] = option((0.3, 3.3), gt=0.0, doc="range of the erased rectangle's aspect ratio")
@@ -119,18 +139,31 @@ class ErasingConfig:
 
 @dataclass(frozen=True)
 class HorizontalFlipConfig:
-    """Kornia ``RandomHorizontalFlip`` (the image pipeline already flips; useful for clips)."""
+    """Random left-right flip (the image pipeline already flips with ``image.flip``; useful for clips).
 
+    In the loader it toggles the image crop's own flip (free, folded into the resize) or flips the
+    whole clip.
+    """
+
+    where: ColourPlace = option("auto", doc=_COLOUR_WHERE_DOC.replace("fused op", "flip"))
     p: float = option(0.5, ge=0.0, le=1.0, doc="probability per sample")
 
 
 @dataclass(frozen=True)
 class AugmentConfig:
-    """Augmentations run by Kornia on the training device after the loader, in the order of ``ops``.
+    """Training augmentation: which ops, in which order, and where each runs (``<op>.where``).
 
-    Every op keeps the uint8 contract: pixels go to float [0, 1] for Kornia and come back as
-    uint8, so the model sees exactly what it sees when served. Clips get the same parameters on
-    every frame of a clip.
+    Three places: ``loader`` (inside the loader's DALI graph, on the GPU when the loader is;
+    per-sample parameters from the crop windows' hash, so deterministic per (seed, epoch,
+    sample)): ``color_jitter``, ``grayscale`` and ``horizontal_flip``; ``torch`` (gpufeed's fused
+    ops on the training device, the same maths as the loader's, batched, no host syncs): the same
+    three; ``kornia`` (on the training device, in the step's precision): every op. ``auto``
+    (default) puts an op in the loader when every op listed before it runs there too, so the
+    order of ``ops`` always holds; otherwise in the fused torch op, or Kornia for ops only Kornia
+    has. The loader's ops run before the device's, so an explicit ``where: loader`` after a
+    device op moves it first. Every op keeps the uint8 contract (uint8 in, uint8 out), so the
+    model sees exactly what it sees when served; clips get the same parameters on every frame of
+    a clip. Evaluation and serving never augment.
     """
 
     ops: tuple[AugmentOp, ...] = option(("color_jitter",), doc="ops to apply, in order; [] for none")

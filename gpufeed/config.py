@@ -21,11 +21,19 @@ import yaml
 
 from gpufeed._config_data import DataConfig, DatasetConfig, ImagePipelineConfig, LoaderConfig, VideoConfig
 from gpufeed._config_serve import ServeConfig
-from gpufeed._config_train import AUGMENT_OPS, AugmentConfig, ModelConfig, TelemetryConfig, TrainConfig
+from gpufeed._config_train import (
+    AUGMENT_OPS,
+    LOADER_AUGMENT_OPS,
+    AugmentConfig,
+    ModelConfig,
+    TelemetryConfig,
+    TrainConfig,
+)
 from gpufeed._schema import ConfigError, describe, from_mapping, option, to_mapping
 
 __all__ = [
     "AUGMENT_OPS",
+    "LOADER_AUGMENT_OPS",
     "AugmentConfig",
     "Config",
     "ConfigError",

@@ -4,14 +4,23 @@ Images: :class:`ImageDataset` indexes a split, :class:`ImageLoader` yields :clas
 (uint8 NCHW channels_last images, labels, sample ids) decoded on the GPU with nvJPEG, or on the
 CPU. Videos: :class:`VideoDataset` indexes a folder of videos and label CSVs, :class:`ClipLoader`
 yields :class:`ClipBatch` (uint8 (N, 3, T, S, S) clips, per-frame and centre labels) decoded on
-NVDEC, or on the CPU; :class:`VideoFrameReader` reads whole videos in order. :func:`check_path`
-finds bad files before training.
+NVDEC, or on the CPU; :class:`VideoFrameReader` reads whole videos in order. Both loaders can
+apply colour jitter, grayscale and flips inside their DALI graph (:class:`LoaderAugment`),
+deterministic per (seed, epoch, sample). :func:`check_path` finds bad files before training.
 
 Each loader builds its DALI pipeline once and reads epoch after epoch through it. A pipeline
 failure is a :class:`BadSampleError` when files are to blame (named), a :class:`PipelineError`
 (DALI's own message and the likely cause) when none is.
 """
 
+from gpufeed.pipelines._augment import (
+    AugmentRows,
+    ColourJitter,
+    LoaderAugment,
+    colour_coefficients,
+    colour_matrices,
+    reference_augment,
+)
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding, check_images, check_path
 from gpufeed.pipelines._clip_loader import ClipBatch, ClipLoader, choose_decoder
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
@@ -48,6 +57,7 @@ __all__ = [
     "LAST_BATCH_POLICIES",
     "SUPPORTED_CODECS",
     "VIDEO_EXTENSIONS",
+    "AugmentRows",
     "BadSampleError",
     "CheckReport",
     "ClipBatch",
@@ -56,6 +66,7 @@ __all__ = [
     "ClipGeometry",
     "ClipLoader",
     "ClipTable",
+    "ColourJitter",
     "DatasetError",
     "EpochPlan",
     "EpochWaits",
@@ -65,6 +76,7 @@ __all__ = [
     "ImageDataset",
     "ImageFacts",
     "ImageLoader",
+    "LoaderAugment",
     "PipelineError",
     "PrepareOptions",
     "PrepareReport",
@@ -78,6 +90,8 @@ __all__ = [
     "check_path",
     "check_videos",
     "choose_decoder",
+    "colour_coefficients",
+    "colour_matrices",
     "decode_problem",
     "decode_window",
     "default_num_threads",
@@ -92,5 +106,6 @@ __all__ = [
     "read_image_facts",
     "read_label_csv",
     "read_quarantine",
+    "reference_augment",
     "train_windows",
 ]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed.pipelines._augment import LoaderAugment, StreamAugmentFeed
 from gpufeed.pipelines._clip_pipeline import (
     RoiFeed,
     build_clip_pipeline,
@@ -116,14 +117,27 @@ class ClipLoader(EpochLoader):
             is read as ``partial`` there.
         device: :class:`gpufeed.device.DeviceChoice`.
         shard_id, num_shards: This rank's shard of the clip slots.
-        seed: Seeds order and random starts.
+        seed: Seeds order, random starts and augmentation.
+        augment: Colour jitter, grayscale and flips applied inside the DALI graph when training, one
+            draw per clip slot and epoch, the same on every frame; ``None`` or empty: none.
     """
 
     def __init__(
-        self, dataset: VideoDataset, *, train: bool, video_cfg, loader_cfg, device, shard_id=0, num_shards=1, seed=0
+        self,
+        dataset: VideoDataset,
+        *,
+        train: bool,
+        video_cfg,
+        loader_cfg,
+        device,
+        shard_id=0,
+        num_shards=1,
+        seed=0,
+        augment: LoaderAugment | None = None,
     ):
         self.dataset = dataset
         self.video_cfg = video_cfg
+        self.augment = augment if train and augment else None
         self._setup_epochs(
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
@@ -158,8 +172,13 @@ class ClipLoader(EpochLoader):
         self._check_plan(self._plan(0))
 
     @classmethod
-    def from_config(cls, cfg, *, train: bool, device, shard_id: int = 0, num_shards: int = 1, progress=False):
-        """Index ``cfg.video.train`` (or ``val``) and build a loader from the whole :class:`Config`."""
+    def from_config(
+        cls, cfg, *, train: bool, device, shard_id: int = 0, num_shards: int = 1, progress=False, augment=None
+    ):
+        """Index ``cfg.video.train`` (or ``val``) and build a loader from the whole :class:`Config`.
+
+        ``augment``: the loader's share of ``cfg.augment`` (see ``gpufeed.train.plan_augmentation``).
+        """
         folder = cfg.video.train if train else cfg.video.val
         if folder is None:
             raise DatasetError(f"config key 'video.{'train' if train else 'val'}' is not set: no video folder")
@@ -173,6 +192,7 @@ class ClipLoader(EpochLoader):
             shard_id=shard_id,
             num_shards=num_shards,
             seed=cfg.seed,
+            augment=augment,
         )
 
     # -- planning ---------------------------------------------------------------------------
@@ -228,6 +248,10 @@ class ClipLoader(EpochLoader):
             "num_threads": self.num_threads,
             "prefetch_queue_depth": self.cfg.prefetch_queue_depth,
             "seed": self.seed,
+            # Augmentation: one parameter row per clip, from the same stream of plan batches.
+            "augment": None
+            if self.augment is None
+            else StreamAugmentFeed(stream, self.augment, self.seed, fill_to=self.batch_size),
         }
         resources, limit = [], None
         if self.source == "pyav":

@@ -8,6 +8,7 @@ stage           output                                                       whe
 decode          uint8 (T, H, W, 3) "FHWC" per clip + its tag (int)             see below
 crop window     roi_start/roi_end (y, x) of the central square (centre_crop)  CPU (external_source)
 resize          uint8 (T, S, S, 3): crop and resize fused, bilinear+antialias  GPU, or CPU
+augment         uint8 (T, S, S, 3): one colour matrix and flip per clip        GPU, or CPU (optional)
 transpose       uint8 (3, T, S, S) "CFHW" (frame chunks: (T, 3, S, S) "FCHW")  GPU, or CPU
 ==============  ===========================================================  =====================
 
@@ -46,6 +47,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from gpufeed.pipelines._augment import StreamAugmentFeed
 
 __all__ = [
     "LIST_LINES",
@@ -175,6 +178,7 @@ def build_clip_pipeline(
     roi_feed: RoiFeed | None = None,
     start_method: str = "fork",
     frames_first: bool = False,
+    augment: StreamAugmentFeed | None = None,
 ):
     """Build (not yet run) a clip pipeline.
 
@@ -188,6 +192,8 @@ def build_clip_pipeline(
         device_id: CUDA device (NVDEC decoding, GPU resize); ``None`` runs on the CPU.
         start_method: ``"fork"`` or ``"spawn"`` for the PyAV workers.
         frames_first: Output (T, 3, S, S) "FCHW" (a chunk of frames) instead of (3, T, S, S).
+        augment: Loader augmentation fed iteration by iteration, one parameter row per clip (the
+            same on every frame of it); ``None``: none.
 
     Returns:
         A built pipeline with outputs ``(clips uint8 (3, T, S, S), tag (1,))`` per sample.
@@ -245,6 +251,9 @@ def build_clip_pipeline(
                 dtype=types.UINT8,
                 **resize_args,
             )
+        # Augmentation seam: per-clip colour matrix and flip, on every frame of the clip.
+        if augment is not None:
+            frames = augment.apply(frames)
         if frames_first:
             clips = fn.transpose(frames, perm=[0, 3, 1, 2], output_layout="FCHW")
         else:

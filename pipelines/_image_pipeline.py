@@ -12,21 +12,28 @@ feed            per row: file path (uint8), crop window, resize     CPU (externa
 file read       encoded bytes (``fn.io.file.read``)                 CPU, DALI's threads
 decode          uint8 HWC, the window only (nvJPEG ROI decode)      GPU ("mixed") or CPU
 resize          uint8 (size, size, 3), mirrored where flip=1        GPU or CPU
+colour          uint8 (size, size, 3), one 3x4 colour matrix each   GPU or CPU (optional)
 ==============  ==================================================  ===========================
 
 A pipeline iteration is exactly one plan batch: a ``partial`` last batch is a shorter DALI batch
-(the feed returns fewer rows), so nothing is decoded twice or trimmed. The loader exposes the HWC
-batch to torch as (N, 3, size, size) in channels_last memory format, which is both the NCHW
-shape models expect and the layout convolution kernels run fastest on, so no transpose is spent.
+(the feed returns fewer rows), so nothing is decoded twice or trimmed. The colour stage (training
+only, when the loader is given augmentation) is one more feed output, per-row matrices from the
+crop windows' hash on a stream of their own, applied by
+:func:`gpufeed.pipelines._augment.apply_augment_nodes`; augmentation flips toggle the windows'.
+The loader exposes the HWC batch to torch as (N, 3, size, size) in channels_last memory format,
+which is both the NCHW shape models expect and the layout convolution kernels run fastest on, so
+no transpose is spent.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
+from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
 from gpufeed.pipelines._sampler import PlanStream
 from gpufeed.pipelines._windows import Windows
 
@@ -100,6 +107,9 @@ class ImageFeed:
         paths: The dataset's file paths.
         labels: Label of every sample id.
         windows: ``windows(sample_ids, epoch) -> Windows``: the crop windows, a pure function.
+        augment: Loader augmentation (training): its flips toggle the windows' flips and, when it
+            has colour ops, each row's (3, 4) colour matrix is an eighth output.
+        seed: Seeds the augmentation parameters (the crop windows' seed).
     """
 
     def __init__(
@@ -108,9 +118,17 @@ class ImageFeed:
         paths: PathTable,
         labels: np.ndarray,
         windows: Callable[[np.ndarray, int], Windows],
+        augment: LoaderAugment | None = None,
+        seed: int = 0,
     ) -> None:
         self.stream, self.paths, self.labels, self.windows = stream, paths, np.asarray(labels), windows
+        self.augment, self.seed = (augment or None), seed
         self.iteration = 0
+
+    @property
+    def has_colour(self) -> bool:
+        """Whether the feed has the colour-matrix output."""
+        return self.augment is not None and self.augment.has_colour
 
     def __call__(self):
         k = self.iteration
@@ -118,6 +136,13 @@ class ImageFeed:
         self.iteration = k + 1
         ids = batch.sample_ids
         windows = self.windows(ids, batch.epoch)
+        colour = ()
+        if self.augment is not None:
+            rows = self.augment.rows(self.seed, batch.epoch, ids)
+            if rows.flip is not None:  # an independent coin on top of the window's own flip
+                windows = replace(windows, flip=windows.flip ^ rows.flip.astype(windows.flip.dtype))
+            if rows.colour is not None:
+                colour = (rows.colour.astype(np.float32),)
         roi_start, roi_end = windows.roi()
         meta = np.stack(
             [np.full(len(ids), k), np.arange(len(ids)), ids, self.labels[ids], batch.valid.astype(np.int64)], axis=1
@@ -131,6 +156,7 @@ class ImageFeed:
             roi_start.astype(np.float32),
             roi_end.astype(np.float32),
             meta,
+            *colour,
         )
 
 
@@ -211,18 +237,21 @@ def build_image_pipeline(
 
     @pipeline_def(enable_conditionals=False)
     def image_graph():
-        paths, lengths, anchor, shape, roi_start, roi_end, meta = fn.external_source(
+        colour = [types.FLOAT] if feed.has_colour else []
+        paths, lengths, anchor, shape, roi_start, roi_end, meta, *matrix = fn.external_source(
             source=feed,
-            num_outputs=7,
+            num_outputs=7 + len(colour),
             batch=True,
-            dtype=[types.UINT8, types.INT32, types.INT32, types.INT32, types.FLOAT, types.FLOAT, types.INT64],
-            ndim=[1, 1, 1, 1, 1, 1, 1],
+            dtype=[types.UINT8, types.INT32, types.INT32, types.INT32, types.FLOAT, types.FLOAT, types.INT64, *colour],
+            ndim=[1, 1, 1, 1, 1, 1, 1] + [2] * len(colour),
         )
         path = fn.slice(paths, np.zeros(1, dtype=np.int32), lengths, axes=[0])  # drop the padding
         encoded = fn.io.file.read(path)
         images = decode_window(
             encoded, anchor, shape, roi_start, roi_end, size_px=size_px, on_gpu=on_gpu, gpu_options=gpu_options
         )
+        if matrix:  # per-row colour matrices on the resized images, on their device
+            images = apply_augment_nodes(images, colour=matrix[0])
         return (images, meta, meta.gpu()) if on_gpu else (images, meta)
 
     pipe = image_graph(

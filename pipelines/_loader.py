@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpufeed.pipelines._augment import LoaderAugment
 from gpufeed.pipelines._dataset import ImageDataset
 from gpufeed.pipelines._epochs import EpochLoader, Session
 from gpufeed.pipelines._errors import DatasetError
@@ -89,7 +90,9 @@ class ImageLoader(EpochLoader):
             so ``drop`` is read as ``partial`` there.
         device: :class:`gpufeed.device.DeviceChoice`.
         shard_id, num_shards: This rank's shard (see :mod:`gpufeed.pipelines._sampler`).
-        seed: Seeds order and crop windows.
+        seed: Seeds order, crop windows and augmentation.
+        augment: Colour jitter, grayscale and flips to apply inside the DALI graph when training
+            (:class:`~gpufeed.pipelines._augment.LoaderAugment`); ``None`` or empty: none.
     """
 
     def __init__(
@@ -103,9 +106,11 @@ class ImageLoader(EpochLoader):
         shard_id: int = 0,
         num_shards: int = 1,
         seed: int = 0,
+        augment: LoaderAugment | None = None,
     ) -> None:
         self.dataset = dataset
         self.image_cfg = image_cfg
+        self.augment = augment if train and augment else None
         self._setup_epochs(
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
@@ -147,7 +152,7 @@ class ImageLoader(EpochLoader):
     def _open_session(self, stream: PlanStream) -> Session:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
-        feed = ImageFeed(stream, self._path_table, self._labels, self.crops)
+        feed = ImageFeed(stream, self._path_table, self._labels, self.crops, augment=self.augment, seed=self.seed)
         pipe = build_image_pipeline(
             feed,
             size_px=self.image_cfg.size_px,

@@ -59,10 +59,16 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def hash_uniforms(seed: int, epoch: int, ids: np.ndarray, draws: int) -> np.ndarray:
-    """(len(ids), draws) float64 uniforms in [0, 1), a pure function of (seed, epoch, id, draw)."""
+def hash_uniforms(seed: int, epoch: int, ids: np.ndarray, draws: int, stream: int = 0) -> np.ndarray:
+    """(len(ids), draws) float64 uniforms in [0, 1), a pure function of (seed, epoch, id, draw, stream).
+
+    ``stream`` separates independent uses of the same (seed, epoch, id): the crop windows use
+    stream 0, the loader's colour augmentation its own, so neither's draws depend on the other's.
+    """
     with np.errstate(over="ignore"):
         key = _mix(np.uint64(seed) * _GOLDEN + np.uint64(epoch))
+        if stream:
+            key = _mix(key ^ (np.uint64(stream) * _M2))
         base = _mix(key ^ (np.asarray(ids, dtype=np.uint64) * _GOLDEN))
         counters = np.arange(1, draws + 1, dtype=np.uint64) * _GOLDEN
         bits = _mix(base[:, None] + counters[None, :])

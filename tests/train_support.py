@@ -24,7 +24,8 @@ def train_mapping(synth_dir: Path, device: str = "cpu") -> dict:
         "loader": {"batch_size": 16, "num_threads": 2},
         "model": {"name": "smallcnn"},
         "train": {"epochs": 6, "lr": 0.01, "warmup_steps": 3, "progress": False},
-        "augment": {"ops": ["color_jitter"]},
+        # Colour jitter runs in the loader's graph, the blur on the device: both places train.
+        "augment": {"ops": ["color_jitter", "gaussian_blur"]},
         "telemetry": {"metrics_port": 0},
     }
 

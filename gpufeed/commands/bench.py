@@ -50,6 +50,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lazy("gpufeed.bench.image_checks:main_images"))
 
     p = kinds.add_parser(
+        "augment",
+        help="each augmentation op where it can run (DALI graph, fused torch, Kornia) against the model step",
+        description="Times every augmentation op on the training device (Kornia in float32 and in the step's "
+        "precision, gpufeed's fused torch ops) and inside the loader's DALI graph (marginal cost per batch), beside "
+        "the model step (forward + backward + AdamW) measured in the same run, and the default augmentation before "
+        "(Kornia on the device) and now (in the DALI graph) as shares of the step. GPU defaults: ResNet-18, 224 px, "
+        "batch 256, bf16; CPU: ResNet-18, 64 px, batch 16.",
+    )
+    p.add_argument("--model", help="model to step (default resnet18)")
+    p.add_argument("--batch-size", type=int, help="batch size (default: 256 on a GPU, 16 on the CPU)")
+    p.add_argument("--image-size", type=int, help="image side in pixels (default: 224 on a GPU, 64 on the CPU)")
+    p.add_argument("--amp", choices=("auto", "bf16", "fp16", "off"), default="auto", help="the step's precision")
+    p.add_argument("--rounds", type=int, default=20, help="timed calls per variant (default 20)")
+    p.add_argument("--workers", type=int, default=0, help="DALI threads; 0 = one per core")
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=lazy("gpufeed.bench.augment:main_augment"))
+
+    p = kinds.add_parser(
         "clips",
         help="random h264 clips: gpufeed vs decode-from-start, OpenCV seeking (and torchcodec on a GPU)",
         description="Random clips from generated 2-minute 30 fps h264 videos with a long GOP, then the same videos "

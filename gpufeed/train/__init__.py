@@ -1,14 +1,14 @@
 """gpufeed.train: the training loop fed by the gpufeed loaders.
 
 ``train(cfg, run_dir)`` trains ``cfg.model`` with batches from :class:`gpufeed.pipelines.ImageLoader`
-(or the video issue's ``ClipLoader`` for clip models), Kornia augmentation on the device, AMP and
-AdamW, measuring loader wait against compute every step (Prometheus metrics, JSON lines, a summary
+(or ``ClipLoader`` for clip models), augmentation split between the loader's DALI graph and the
+device (:func:`plan_augmentation`), AMP and AdamW, measuring loader wait against compute every step (Prometheus metrics, JSON lines, a summary
 table), with atomic checkpoints and ``torchrun`` DDP. ``draw_report(run_dir)`` plots a run.
 Before the first step the run folder must be writable and hold room for two checkpoints
 (:mod:`gpufeed.train.preflight`); files the loaders leave out are reported (:mod:`gpufeed.train.skipped`).
 """
 
-from gpufeed.train.augment import Augmenter, build_augmenter
+from gpufeed.train.augment import Augmenter, AugmentPlan, build_augmenter, plan_augmentation
 from gpufeed.train.checkpoint import capture_rng, load_latest_checkpoint, restore_rng, save_checkpoint
 from gpufeed.train.distributed import DistInfo, env_dist_info
 from gpufeed.train.loop import TrainError, TrainResult, train
@@ -25,6 +25,7 @@ __all__ = [
     "STAGE_NAMES",
     "STEP_FIELDS",
     "Accuracy",
+    "AugmentPlan",
     "Augmenter",
     "DistInfo",
     "ImageTask",
@@ -46,6 +47,7 @@ __all__ = [
     "lr_factor",
     "param_digest",
     "parse_profile_steps",
+    "plan_augmentation",
     "read_step_logs",
     "resolve_amp",
     "restore_rng",

@@ -1,30 +1,66 @@
-"""Kornia augmentation on the training device, built from the ``augment`` config section.
+"""Training augmentation: which ops the loader's DALI graph runs, and the device module for the rest.
 
-Input and output are the loader's uint8 pixels: images ``(N, 3, H, W)`` or clips
-``(N, 3, T, H, W)``, on whatever device they arrive. Inside, pixels become float32 in [0, 1] (what
-Kornia expects), the ops run in the configured order, and the result is rounded back to uint8, so
+:func:`plan_augmentation` reads the ``augment`` config section and splits its ops by where each
+runs (``augment.<op>.where``, see :class:`gpufeed.config.AugmentConfig`):
+
+=========  =====================================================================================
+place      what runs there
+=========  =====================================================================================
+loader     colour jitter, grayscale, flips inside the DALI graph
+           (:class:`gpufeed.pipelines.LoaderAugment`, one 3x4 colour matrix per sample)
+torch      the same three on the training device: :class:`FusedColour` (the loader's formula
+           fed by ``torch.rand``, one batched pass) and :class:`RandomFlip`
+kornia     every op, Kornia's implementation, in the step's precision
+=========  =====================================================================================
+
+The :class:`Augmenter` it returns (the device's share) takes and returns the loader's uint8
+pixels: images ``(N, 3, H, W)`` or clips ``(N, 3, T, H, W)``, on whatever device they arrive, so
 the model keeps its one input contract (uint8, normalised inside) in training, export and serving
-alike. A clip gets the same parameters on all of its frames (``kornia.augmentation.VideoSequential``),
-so motion is not destroyed by per-frame jitter. With no ops the batch passes through untouched.
+alike. Kornia ops see float pixels in [0, 1] in ``dtype`` (the step's autocast precision on a GPU,
+float32 on the CPU); the fused ops work on uint8 directly. Nothing here reads a value back to the
+host: parameters are drawn on the device and applied with ``torch.where`` blends, so the host
+keeps queueing work ahead of the GPU. A clip gets the same parameters on all of its frames
+(``kornia.augmentation.VideoSequential`` with ``same_on_frame``; the fused ops draw per clip).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from gpufeed.config import AugmentConfig
+from gpufeed.config import LOADER_AUGMENT_OPS, AugmentConfig
+from gpufeed.pipelines import ColourJitter, LoaderAugment, colour_coefficients
+from gpufeed.pipelines._augment import BASIS, DRAWS
 
-__all__ = ["Augmenter", "build_augmenter", "build_op"]
+__all__ = [
+    "AugmentPlan",
+    "Augmenter",
+    "FusedColour",
+    "KorniaStage",
+    "RandomFlip",
+    "apply_colour",
+    "build_augmenter",
+    "build_op",
+    "plan_augmentation",
+]
+
+_COLOUR_OPS = ("color_jitter", "grayscale")
 
 
 def build_op(name: str, cfg: AugmentConfig) -> nn.Module:
-    """One Kornia op from its config subsection ``cfg.<name>``."""
+    """One Kornia op from its config subsection ``cfg.<name>``.
+
+    Colour jitter runs its four steps in a fixed order (brightness, contrast, saturation, hue, as
+    the loader's colour matrix does): that path is branch-free, where a random order reads the
+    order and each step's factors back on the host.
+    """
     import kornia.augmentation as K
 
     if name == "color_jitter":
         c = cfg.color_jitter
-        return K.ColorJitter(c.brightness, c.contrast, c.saturation, c.hue, p=c.p)
+        return K.ColorJitter(c.brightness, c.contrast, c.saturation, c.hue, p=c.p, order=(0, 1, 2, 3))
     if name == "grayscale":
         return K.RandomGrayscale(p=cfg.grayscale.p)
     if name == "gaussian_blur":
@@ -42,33 +78,110 @@ def build_op(name: str, cfg: AugmentConfig) -> nn.Module:
     raise ValueError(f"augment op {name!r} is not known; known ops: {', '.join(AUGMENT_OPS)}")
 
 
-class Augmenter(nn.Module):
-    """uint8 in, uint8 out: the configured Kornia ops on images or clips.
+def apply_colour(pixels: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor:
+    """``out = M @ rgb + T`` per sample on uint8 pixels, rounded half to even and saturated.
 
     Args:
-        ops: Kornia modules, applied in order.
-        clips: Inputs are ``(N, 3, T, H, W)`` clips (same parameters on every frame).
+        pixels: uint8 ``(N, 3, ...)``: images (channels_last or contiguous) or clips.
+        matrices: float ``(N, 3, 4)`` ``[M | T]`` per sample, on the pixels' device.
+
+    Returns:
+        uint8 pixels of the same shape; channels_last images stay channels_last.
+    """
+    n, shape = pixels.shape[0], pixels.shape
+    m, t = matrices[:, :, :3].float(), matrices[:, :, 3].float()
+    if pixels.dim() == 4 and not pixels.is_contiguous() and pixels.is_contiguous(memory_format=torch.channels_last):
+        # (N, H, W, 3) is a free view of channels_last: one batched (HW, 3) @ (3, 3) per sample.
+        x = pixels.permute(0, 2, 3, 1).reshape(n, -1, 3).float()
+        out = torch.baddbmm(t.unsqueeze(1), x, m.transpose(1, 2)).round_().clamp_(0, 255).to(torch.uint8)
+        return out.view(n, shape[2], shape[3], 3).permute(0, 3, 1, 2)
+    x = pixels.contiguous().view(n, 3, -1).float()
+    out = torch.baddbmm(t.unsqueeze(2), m, x).round_().clamp_(0, 255).to(torch.uint8)
+    return out.view(shape)
+
+
+class FusedColour(nn.Module):
+    """Colour jitter and/or grayscale in one batched pass: the loader's colour matrix, drawn with torch.
+
+    The parameters of each sample (apply-or-not and magnitudes) come from ``torch.rand`` on the
+    pixels' device through :func:`gpufeed.pipelines.colour_coefficients`, the formula the DALI
+    graph uses, so the two places differ only in where their random numbers come from.
     """
 
-    def __init__(self, ops: list[nn.Module], clips: bool) -> None:
+    def __init__(self, jitter: ColourJitter | None, grayscale_p: float | None) -> None:
         super().__init__()
+        self.jitter, self.grayscale_p = jitter, grayscale_p
+        self.register_buffer("basis", torch.as_tensor(BASIS, dtype=torch.float32), persistent=False)
+
+    def matrices(self, count: int, device: torch.device) -> torch.Tensor:
+        """(count, 3, 4) float32 ``[M | T]`` drawn on ``device``."""
+        u = torch.rand(count, DRAWS, device=device)
+        coefficients = colour_coefficients(u, self.jitter, self.grayscale_p, torch)
+        return (coefficients @ self.basis.to(device)).view(count, 3, 4)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return apply_colour(pixels, self.matrices(pixels.shape[0], pixels.device))
+
+
+class RandomFlip(nn.Module):
+    """Left-right flip of each sample (a whole clip at once) with probability ``p``, no host sync."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        chosen = torch.rand(pixels.shape[0], device=pixels.device) < self.p
+        return torch.where(chosen.view(-1, *([1] * (pixels.dim() - 1))), pixels.flip(-1), pixels)
+
+
+class KorniaStage(nn.Module):
+    """Consecutive Kornia ops inside one uint8 -> float [0, 1] -> uint8 round trip.
+
+    The float pixels keep the input's memory format and use ``dtype`` (bfloat16/float16 halve the
+    memory traffic of every op); the result comes back as uint8 in channels_last for images.
+    """
+
+    def __init__(self, ops: list[nn.Module], clips: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
         self.clips = clips
-        self.names = [type(op).__name__ for op in ops]
-        if not ops:
-            self.pipeline = None
-        elif clips:
+        if clips:
             import kornia.augmentation as K
 
             self.pipeline = K.VideoSequential(*ops, data_format="BCTHW", same_on_frame=True)
         else:
             self.pipeline = nn.Sequential(*ops)
 
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        out = self.pipeline(pixels.to(self.dtype).div_(255.0))
+        out = out.mul_(255.0).round_().clamp_(0, 255)
+        if self.clips:
+            return out.to(torch.uint8)
+        return out.to(torch.uint8, memory_format=torch.channels_last)
+
+
+class Augmenter(nn.Module):
+    """uint8 in, uint8 out: the device's share of the augmentation, stage by stage in order.
+
+    Args:
+        stages: uint8 -> uint8 modules (:class:`FusedColour`, :class:`RandomFlip`, Kornia stages).
+        clips: Inputs are ``(N, 3, T, H, W)`` clips (same parameters on every frame).
+        names: The op names the stages run, in order (for logs and benchmarks).
+    """
+
+    def __init__(self, stages: list[nn.Module], clips: bool, names: list[str] | None = None) -> None:
+        super().__init__()
+        self.clips = clips
+        self.stages = nn.ModuleList(stages)
+        self.names = list(names or [type(s).__name__ for s in stages])
+
     def __bool__(self) -> bool:
-        return self.pipeline is not None
+        return len(self.stages) > 0
 
     @torch.no_grad()
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        if self.pipeline is None:
+        if not self.stages:
             return pixels
         expected = 5 if self.clips else 4
         if pixels.dtype != torch.uint8 or pixels.dim() != expected or pixels.shape[1] != 3:
@@ -76,10 +189,109 @@ class Augmenter(nn.Module):
             raise ValueError(
                 f"augmentation takes uint8 {layout} pixels, got {pixels.dtype} of shape {tuple(pixels.shape)}"
             )
-        out = self.pipeline(pixels.float().div_(255.0))
-        return out.mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
+        for stage in self.stages:
+            pixels = stage(pixels)
+        return pixels
 
 
-def build_augmenter(cfg: AugmentConfig, clips: bool = False) -> Augmenter:
-    """The :class:`Augmenter` for ``cfg.ops`` (images, or clips when ``clips``)."""
-    return Augmenter([build_op(name, cfg) for name in cfg.ops], clips=clips)
+@dataclass
+class AugmentPlan:
+    """Where each configured op runs, the loader's share and the device's module.
+
+    Attributes:
+        placement: op name -> ``"loader"``, ``"torch"`` or ``"kornia"``, in the order of ``augment.ops``.
+        loader: What to pass as the loader's ``augment=`` (``None`` when the loader runs nothing).
+        augmenter: The device's :class:`Augmenter` for every op not in the loader (may be empty).
+    """
+
+    placement: dict[str, str]
+    loader: LoaderAugment | None
+    augmenter: Augmenter
+
+    def ops_at(self, place: str) -> list[str]:
+        return [op for op, where in self.placement.items() if where == place]
+
+
+def _placement(cfg: AugmentConfig, loader: bool) -> dict[str, str]:
+    placement: dict[str, str] = {}
+    all_in_loader = True  # every op so far runs in the loader: auto may put the next one there too
+    for op in cfg.ops:
+        where = getattr(cfg, op).where
+        if where == "auto":
+            if loader and all_in_loader and op in LOADER_AUGMENT_OPS:
+                where = "loader"
+            else:
+                where = "torch" if op in LOADER_AUGMENT_OPS else "kornia"
+        elif where == "loader" and not loader:
+            where = "torch"  # this loader cannot augment: the same maths on the device
+        all_in_loader = all_in_loader and where == "loader"
+        placement[op] = where
+    return placement
+
+
+def _loader_share(cfg: AugmentConfig, ops: list[str]) -> LoaderAugment | None:
+    if not ops:
+        return None
+    return LoaderAugment(
+        jitter=_jitter(cfg) if "color_jitter" in ops else None,
+        grayscale_p=cfg.grayscale.p if "grayscale" in ops else None,
+        flip_p=cfg.horizontal_flip.p if "horizontal_flip" in ops else None,
+    )
+
+
+def _jitter(cfg: AugmentConfig) -> ColourJitter:
+    c = cfg.color_jitter
+    return ColourJitter(c.p, c.brightness, c.contrast, c.saturation, c.hue)
+
+
+def _stage(kind: str, ops: list[str], cfg: AugmentConfig, clips: bool, dtype: torch.dtype) -> nn.Module:
+    if kind == "kornia":
+        return KorniaStage([build_op(op, cfg) for op in ops], clips, dtype)
+    if kind == "colour":
+        return FusedColour(
+            _jitter(cfg) if "color_jitter" in ops else None, cfg.grayscale.p if "grayscale" in ops else None
+        )
+    return RandomFlip(cfg.horizontal_flip.p)
+
+
+def _device_stages(cfg: AugmentConfig, placement: dict[str, str], clips: bool, dtype: torch.dtype):
+    """Stages in list order: neighbouring torch colour ops fuse into one pass, neighbouring Kornia
+    ops share one float round trip."""
+    groups: list[tuple[str, list[str]]] = []
+    for op, where in placement.items():
+        if where == "loader":
+            continue
+        kind = "kornia" if where == "kornia" else ("colour" if op in _COLOUR_OPS else "flip")
+        if groups and groups[-1][0] == kind and kind != "flip":
+            groups[-1][1].append(op)
+        else:
+            groups.append((kind, [op]))
+    return [_stage(kind, ops, cfg, clips, dtype) for kind, ops in groups]
+
+
+def plan_augmentation(
+    cfg: AugmentConfig, *, clips: bool = False, loader: bool = True, dtype: torch.dtype | None = None
+) -> AugmentPlan:
+    """Split ``cfg.ops`` between the loader's DALI graph and the training device.
+
+    Every op runs exactly once: those placed in the loader go into ``plan.loader`` (give it to
+    ``ImageLoader``/``ClipLoader`` as ``augment=``), every other op into ``plan.augmenter``.
+
+    Args:
+        cfg: The ``augment`` config section.
+        clips: The inputs are clips (the augmenter takes ``(N, 3, T, H, W)``).
+        loader: Whether the loader can run ops in its graph (gpufeed's loaders can; a
+            ``torch.utils.data.DataLoader`` cannot: its share then runs as the fused torch ops,
+            the same maths on the device).
+        dtype: Float precision of the Kornia ops (the step's autocast dtype); ``None``: float32.
+    """
+    placement = _placement(cfg, loader)
+    loader_ops = [op for op, where in placement.items() if where == "loader"]
+    stages = _device_stages(cfg, placement, clips, dtype or torch.float32)
+    device_ops = [op for op, where in placement.items() if where != "loader"]
+    return AugmentPlan(placement, _loader_share(cfg, loader_ops), Augmenter(stages, clips, device_ops))
+
+
+def build_augmenter(cfg: AugmentConfig, clips: bool = False, dtype: torch.dtype | None = None) -> Augmenter:
+    """Every op of ``cfg.ops`` on the device (no loader share): for inputs from any loader."""
+    return plan_augmentation(cfg, clips=clips, loader=False, dtype=dtype).augmenter

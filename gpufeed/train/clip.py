@@ -59,8 +59,10 @@ class ClipTask(Task):
         return MultiLabelF1(self.num_classes, self.labels)
 
 
-def build_clip_data(cfg: Config, device, dist: DistInfo):
+def build_clip_data(cfg: Config, device, dist: DistInfo, augment=None):
     """The clip task and this rank's clip loaders, from the ``video`` config section.
+
+    ``augment`` is the training loader's share of the augmentation (a ``LoaderAugment``, or ``None``).
 
     Raises:
         DatasetError: ``video.train`` is not set or its videos cannot be used.
@@ -75,7 +77,14 @@ def build_clip_data(cfg: Config, device, dist: DistInfo):
         )
 
     def loader(train: bool) -> ClipLoader:
-        return ClipLoader.from_config(cfg, train=train, device=device, shard_id=dist.rank, num_shards=dist.world_size)
+        return ClipLoader.from_config(
+            cfg,
+            train=train,
+            device=device,
+            shard_id=dist.rank,
+            num_shards=dist.world_size,
+            augment=augment if train else None,
+        )
 
     train_loader = loader(True)
     labels = tuple(train_loader.behaviours)

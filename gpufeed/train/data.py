@@ -46,7 +46,7 @@ def _num_classes(cfg: Config, found: int) -> int:
     return wanted
 
 
-def _image_data(cfg: Config, device, dist: DistInfo) -> TrainData:
+def _image_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
     from gpufeed.pipelines import ImageDataset, ImageLoader
 
     if cfg.data.train is None:
@@ -77,6 +77,7 @@ def _image_data(cfg: Config, device, dist: DistInfo) -> TrainData:
             shard_id=dist.rank,
             num_shards=dist.world_size,
             seed=cfg.seed,
+            augment=augment if train else None,
         )
 
     labels = train_set.classes if num_classes == len(train_set.classes) else ()
@@ -93,12 +94,16 @@ def _image_data(cfg: Config, device, dist: DistInfo) -> TrainData:
     )
 
 
-def build_data(cfg: Config, task_kind: str, device, dist: DistInfo) -> TrainData:
-    """The task and this rank's loaders for a model whose spec says ``task_kind`` (image | clip)."""
+def build_data(cfg: Config, task_kind: str, device, dist: DistInfo, augment=None) -> TrainData:
+    """The task and this rank's loaders for a model whose spec says ``task_kind`` (image | clip).
+
+    ``augment``: the training loader's share of the augmentation
+    (:attr:`gpufeed.train.augment.AugmentPlan.loader`); the evaluation loader never augments.
+    """
     if task_kind == "image":
-        return _image_data(cfg, device, dist)
+        return _image_data(cfg, device, dist, augment)
     if task_kind == "clip":
         from gpufeed.train.clip import build_clip_data
 
-        return build_clip_data(cfg, device, dist)
+        return build_clip_data(cfg, device, dist, augment)
     raise ValueError(f"task {task_kind!r} is not known; known tasks: image, clip")

@@ -1,7 +1,7 @@
-"""The training loop: DALI batches in, Kornia augmentation, AMP steps, telemetry, checkpoints.
+"""The training loop: DALI batches in, augmentation, AMP steps, telemetry, checkpoints.
 
-``train(cfg, run_dir)`` (and ``gpufeed train``) does, per step: wait for the next batch, augment
-it on the device, forward + backward + AdamW step under autocast, then records the three timings
+``train(cfg, run_dir)`` (and ``gpufeed train``) does, per step: wait for the next batch (already
+augmented in the loader's graph where ``augment`` puts ops there), augment it on the device, forward + backward + AdamW step under autocast, then records the three timings
 (see :mod:`gpufeed.train.telemetry`). Each epoch ends with an evaluation and a checkpoint; a
 summary table of loader wait against compute is printed at the end.
 

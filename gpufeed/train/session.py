@@ -104,7 +104,7 @@ class Session:
 
     def _setup(self) -> None:
         from gpufeed.models import create_model, default_spec, list_checkpoints
-        from gpufeed.train.augment import build_augmenter
+        from gpufeed.train.augment import plan_augmentation
         from gpufeed.train.checkpoint import load_latest_checkpoint, remove_stale_temp_files
         from gpufeed.train.data import build_data
         from gpufeed.train.optim import build_optimizer, build_scheduler
@@ -126,7 +126,9 @@ class Session:
             raise ConfigError("model.name", str(err)) from None
 
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-        self.data = build_data(cfg, task_kind, self.device, self.dist)
+        # One plan decides where each op runs, so none runs both in the loader and on the device.
+        augment = plan_augmentation(cfg.augment, clips=task_kind == "clip", dtype=self.amp_dtype)
+        self.data = build_data(cfg, task_kind, self.device, self.dist, augment=augment.loader)
         spec = dict(self.data.spec_overrides, mean=cfg.model.mean, std=cfg.model.std)
         model = create_model(cfg.model.name, **spec).to(self.device.torch_device)
         self.input_format = None
@@ -135,7 +137,8 @@ class Session:
 
             model = to_channels_last(model)
             self.input_format = self.data.task.input_format(model)
-        self.augment = build_augmenter(cfg.augment, clips=self.data.task.clips).to(self.device.torch_device)
+        self.augment = augment.augmenter.to(self.device.torch_device)
+        self.augment_placement = augment.placement
         self.optimizer = build_optimizer(model, cfg.train)
         self.total_steps = cfg.train.epochs * len(self.data.train)
         self.scheduler = build_scheduler(self.optimizer, self.total_steps, cfg.train)
@@ -176,6 +179,9 @@ class Session:
             len(self.data.train),
             self.run_dir,
         )
+        if self.augment_placement:
+            where = ", ".join(f"{op} in {place}" for op, place in self.augment_placement.items())
+            log.info("augmentation: %s", where)
 
     def _check_space(self) -> None:
         """Refuse to start without room for two checkpoints and the step logs (rank 0 decides for all)."""
