@@ -89,12 +89,13 @@ def test_images_run_feeds_both_loaders_the_same_samples(tmp_path, capsys, device
         assert line in out, line
 
 
-def test_clips_run_feeds_both_loaders_the_same_clips(tmp_path, capsys):
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_clips_run_feeds_both_loaders_the_same_clips(tmp_path, capsys, device):
     result, out = _run(
-        tmp_path, capsys, "--task", "clips", "--device", "cpu", "--videos", "1", "--seconds", "3",
-        "--video-size", "64", "--batch-size", "4", "--size-px", "32",
+        tmp_path, capsys, "--task", "clips", "--device", device.kind, "--videos", "1", "--seconds", "3",
+        "--video-size", "128", "--batch-size", "4", "--size-px", "32",
     )  # fmt: skip
-    # 90 frames: 8 slots of 11 frames (the last aligned to the end), two batches of 4.
+    # 90 frames hold 8 or 9 slots of 11-frame clips; last_batch drop keeps two full batches of 4.
     _check_figures(result, samples_per_epoch=8, steps_per_epoch=2)
     assert result["model"] == "r3d_small" and result["clip_length_frames"] == 11
     assert "DataLoader+PyAV" in out

@@ -148,6 +148,10 @@ def _x(value) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
+def _rate(value) -> str:
+    return "n/a" if value is None else f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
 def _pct(value) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
@@ -222,7 +226,9 @@ def draw_train_plot(result: dict, out: str | Path) -> Path:
         for side in SIDES
     ]
     every = np.concatenate(totals) * 1e3
-    ceiling = float(np.percentile(every, 95) * 3) if len(every) >= 10 else float(every.max(initial=1.0))
+    # A loader start-up can take 100x a normal step; clip it so the normal steps stay readable.
+    top = float(every.max(initial=1.0)) * 1.05
+    ceiling = min(top, float(np.percentile(every, 95) * 3)) if len(every) >= 10 else top
     for ax, side in zip(axes, SIDES, strict=True):
         figs = result["loaders"][side]
         steps = figs["per_step"]
@@ -247,7 +253,7 @@ def draw_train_plot(result: dict, out: str | Path) -> Path:
         ax.set_title(
             f"{result['labels'][side]}: loader wait {_pct(figs['loader_wait_share'])} of step time "
             f"({_pct(figs['steady_loader_wait_share'])} without epochs' first batches), "
-            f"{figs['samples_per_s']:,.0f} samples/s",
+            f"{_rate(figs['samples_per_s'])} samples/s",
             fontsize=10,
         )
     axes[0].legend(loc="upper right", fontsize=8)
