@@ -143,3 +143,8 @@ def test_help_lists_the_options(capsys):
     for option in ("--task", "--device", "--model", "--batch-size", "--epochs", "--rounds", "--data", "--json",
                    "--plot", "--prefetch-factor", "--set"):  # fmt: skip
         assert option in text, option
+
+
+def test_set_cannot_override_what_the_flags_decide(capsys):
+    assert main(["bench", "train", "--device", "cpu", "--set", "loader.batch_size=3"]) == 2
+    assert "config key 'loader.batch_size': this command sets it with --batch-size" in capsys.readouterr().err

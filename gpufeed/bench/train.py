@@ -43,8 +43,17 @@ DEFAULTS = {
     ("clips", "cpu"): _defaults("r3d_small", 4, 64, epochs=3, rounds=1, videos=2, seconds=8),
     ("clips", "gpu"): _defaults("r3d_small", 64, 112, epochs=4, rounds=2, videos=4, seconds=120),
 }
-# Config keys the command's own flags decide.
-_FLAG_KEYS = ("model.name", "loader.batch_size", "image.size_px", "video.size_px", "train.epochs", "device")
+# Config keys the command's own flags decide, and those flags.
+_FLAG_KEYS = {
+    "model.name": "--model",
+    "loader.batch_size": "--batch-size",
+    "image.size_px": "--size-px",
+    "video.size_px": "--size-px",
+    "video.clip_length_frames": "--clip-length",
+    "train.epochs": "--epochs",
+    "loader.num_threads": "--workers",
+    "device": "--device",
+}
 _WARMUP_STEPS = 2
 
 
@@ -238,14 +247,12 @@ class _Run:
 
 
 def _config(args, pick: dict, workers: int) -> Config:
-    taken = [item for item in args.overrides if item.partition("=")[0].strip() in _FLAG_KEYS]
-    if taken:
-        from gpufeed.config import ConfigError
+    for item in args.overrides:
+        key = item.partition("=")[0].strip()
+        if key in _FLAG_KEYS:
+            from gpufeed.config import ConfigError
 
-        raise ConfigError(
-            taken[0].partition("=")[0],
-            "is set by this command's flags (--model, --batch-size, --size, --epochs, --device)",
-        )
+            raise ConfigError(key, f"this command sets it with {_FLAG_KEYS[key]}, not --set")
     cfg = parse_config(None, args.overrides, base_dir=Path.cwd())
     size = {"size_px": pick["size_px"]}
     return dataclasses.replace(
