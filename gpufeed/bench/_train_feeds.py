@@ -1,0 +1,214 @@
+"""The two ways ``gpufeed bench train`` feeds a training step: gpufeed's loaders and torch's DataLoader.
+
+A *feed* turns one training run into a single stream of ``(epoch, batch index, batch)`` over
+every epoch, with batches of gpufeed's own types (:class:`~gpufeed.pipelines.ImageBatch`,
+:class:`~gpufeed.pipelines.ClipBatch`) on the training device, so one
+:class:`~gpufeed.train.step.Stepper` consumes either. The loader is built inside the stream, on
+its first ``next``: whatever a loader costs to start (a DALI pipeline, forking DataLoader workers)
+lands in the first batch's wait, as it does in a real run. The loader lives as long as its
+stream: dropping the stream (and collecting it) shuts its pipeline or worker processes down.
+
+The DataLoader side is what a careful user writes, doing the same work per sample as gpufeed:
+
+* images: PIL decodes the file, crops the epoch's window (the very windows gpufeed decodes:
+  :func:`gpufeed.pipelines.train_windows`, a pure function of (seed, epoch, id)), resizes it
+  bilinearly, flips it, and returns uint8 HWC; the collated (N, S, S, 3) batch viewed as
+  (N, 3, S, S) is channels_last, like gpufeed's, at no cost;
+* clips: PyAV, files kept open per worker, seeks to the keyframe at or before the clip, decodes
+  forward to its last frame, converts and resizes each wanted frame in one swscale pass (the
+  filter gpufeed's PyAV path uses).
+
+Both sides read the same samples in the same order (gpufeed's epoch plan). The DataLoader runs
+one worker per core, pinned memory on a GPU, persistent workers and ``prefetch_factor``; its
+batch is copied to the GPU inside the timed wait (a blocking copy: the training step synchronises
+every step, so nothing else could overlap it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gpufeed.pipelines import ClipBatch, ImageBatch, train_windows
+
+__all__ = ["EpochKeys", "PilTrainImages", "PyAvSeekClips", "dataloader_feed", "gpufeed_feed"]
+
+
+class EpochKeys(torch.utils.data.Sampler):
+    """The DataLoader's sampler: the keys gpufeed reads in each epoch, in its order.
+
+    Lives in the main process (persistent workers only receive keys), so :meth:`set_epoch` works.
+    """
+
+    def __init__(self, keys_by_epoch: list[list]) -> None:
+        self.keys_by_epoch = keys_by_epoch
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.keys_by_epoch[self.epoch])
+
+    def __iter__(self):
+        return iter(self.keys_by_epoch[self.epoch])
+
+
+class PilTrainImages(torch.utils.data.Dataset):
+    """PIL decode, the epoch's crop window, bilinear resize, flip; ``(uint8 (S, S, 3), label, id)``.
+
+    Keys are ``(sample id, epoch)``: the window of a sample depends on the epoch, and workers
+    cannot see an epoch counter set in the main process.
+    """
+
+    def __init__(self, dataset, image_cfg, seed: int) -> None:
+        self.paths, self.sizes, self.labels = dataset.paths, dataset.sizes, dataset.labels
+        self.size_px, self.seed = image_cfg.size_px, seed
+        self.area, self.ratio, self.flip = image_cfg.crop_area, image_cfg.crop_aspect_ratio, image_cfg.flip
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, key):
+        from PIL import Image
+
+        sample_id, epoch = key
+        ids = np.array([sample_id], dtype=np.int64)
+        window = train_windows(self.sizes[ids], ids, self.seed, epoch, self.area, self.ratio, self.flip)
+        (x, y), (w, h) = window.anchor[0].tolist(), window.shape[0].tolist()
+        with Image.open(self.paths[sample_id]) as img:
+            out = img.convert("RGB").crop((x, y, x + w, y + h)).resize((self.size_px, self.size_px), Image.BILINEAR)
+        if window.flip[0]:
+            out = out.transpose(Image.FLIP_LEFT_RIGHT)
+        return torch.from_numpy(np.asarray(out).copy()), int(self.labels[sample_id]), sample_id
+
+
+class PyAvSeekClips(torch.utils.data.Dataset):
+    """Clips by keyframe seek with PyAV; ``(uint8 (T, S, S, 3), frame labels (T, K), video, start)``.
+
+    Keys are ``(video id, start frame)``. Frame numbers come from timestamps and the stream's
+    constant frame rate, as a user without gpufeed's index would compute them; a seek that lands
+    after the clip's first frame is an error rather than a silently wrong clip.
+    """
+
+    def __init__(self, dataset, clip_length_frames: int, stride_frames: int, size_px: int) -> None:
+        self.paths, self.labels = dataset.paths, dataset.labels
+        self.offsets = np.arange(clip_length_frames) * stride_frames
+        self.size_px = size_px
+        self._open: dict = {}
+        self._reformatter = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_open": {}, "_reformatter": None}  # open files stay in their process
+
+    def _stream(self, path: str):
+        import av
+
+        if path not in self._open:
+            container = av.open(path)
+            stream = container.streams.video[0]
+            stream.thread_count = 1  # one decoder per worker, one worker per core
+            self._open[path] = (container, stream)
+        return self._open[path]
+
+    def _resize(self, frame) -> np.ndarray:
+        if self._reformatter is None:
+            from av.video.reformatter import Interpolation, VideoReformatter
+
+            self._reformatter = VideoReformatter()
+            self._flags = (
+                Interpolation.AREA
+                | Interpolation.ACCURATE_RND
+                | Interpolation.FULL_CHR_H_INT
+                | Interpolation.FULL_CHR_H_INP
+            )
+        size = self.size_px
+        rgb = self._reformatter.reformat(
+            frame, width=size, height=size, format="rgb24", interpolation=self._flags, threads=1
+        )
+        return rgb.to_ndarray()
+
+    def __getitem__(self, key):
+        video, start = key
+        path = self.paths[video]
+        container, stream = self._stream(path)
+        frames_per_tick = float(stream.average_rate * stream.time_base)
+        first_pts = stream.start_time or 0
+        wanted = (start + self.offsets).tolist()
+        container.seek(first_pts + round(start / frames_per_tick), stream=stream, backward=True, any_frame=False)
+        out: list[np.ndarray] = []
+        for frame in container.decode(stream):
+            index = round((frame.pts - first_pts) * frames_per_tick)
+            if not out and index > start:
+                raise RuntimeError(f"{path}: seeking to frame {start} landed on frame {index}")
+            if index == wanted[len(out)]:
+                out.append(self._resize(frame))
+                if len(out) == len(wanted):
+                    break
+        if len(out) != len(wanted):
+            raise RuntimeError(f"{path}: decoded {len(out)} of the {len(wanted)} frames from {start}")
+        labels = self.labels[video][wanted].astype(np.float32)
+        return torch.from_numpy(np.stack(out)), torch.from_numpy(labels), video, start
+
+
+def gpufeed_feed(make_loader, epochs: int):
+    """gpufeed's loader over ``epochs`` epochs: ``(epoch, batch index, batch)``; built on the first ``next``."""
+    loader = make_loader()
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for index, batch in enumerate(loader):
+            yield epoch, index, batch
+
+
+def _image_batch(raw, device, valid) -> ImageBatch:
+    hwc, labels, ids = raw
+    images = hwc.to(device).permute(0, 3, 1, 2)  # (N, S, S, 3) -> (N, 3, S, S), channels_last: a view
+    return ImageBatch(images, labels.to(device), ids.to(device), valid[: len(images)])
+
+
+def _clip_batch(raw, device, valid, behaviours, centre: int) -> ClipBatch:
+    frames, frame_labels, videos, starts = raw
+    clips = frames.to(device).permute(0, 4, 1, 2, 3)  # (N, T, S, S, 3) -> (N, 3, T, S, S): channels_last_3d
+    frame_labels = frame_labels.to(device)
+    return ClipBatch(
+        clips=clips,
+        frame_labels=frame_labels,
+        centre_labels=frame_labels[:, centre].contiguous(),
+        video_ids=videos.to(device),
+        start_frames=starts.to(device),
+        valid=valid[: len(clips)],
+        behaviours=behaviours,
+    )
+
+
+def dataloader_feed(dataset, keys_by_epoch: list[list], *, batch_size, workers, prefetch_factor, device, clips=None):
+    """torch's DataLoader over the same keys: ``(epoch, batch index, batch)`` on ``device``.
+
+    Args:
+        dataset: :class:`PilTrainImages` or :class:`PyAvSeekClips`.
+        keys_by_epoch: Each epoch's keys, in gpufeed's order.
+        clips: ``(behaviours, centre frame offset)`` for clip batches; ``None`` for images.
+    """
+    torch_device = device.torch_device
+    sampler = EpochKeys(keys_by_epoch)
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=device.is_gpu,
+        persistent_workers=True,
+        prefetch_factor=prefetch_factor,
+        drop_last=True,
+    )
+    valid = torch.ones(batch_size, dtype=torch.bool, device=torch_device)
+    for epoch in range(len(keys_by_epoch)):
+        sampler.set_epoch(epoch)
+        for index, raw in enumerate(loader):
+            if clips is None:
+                yield epoch, index, _image_batch(raw, torch_device, valid)
+            else:
+                yield epoch, index, _clip_batch(raw, torch_device, valid, *clips)

@@ -1,0 +1,271 @@
+"""Figures, table, verdicts and plot of ``gpufeed bench train`` (see :mod:`gpufeed.bench.train`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.bench._common import format_table, machine_facts
+from gpufeed.train.summary import STAGES, summarize
+
+__all__ = ["SIDES", "draw_train_plot", "figures", "print_train_result"]
+
+SIDES = ("gpufeed", "dataloader")
+_STAGE_NAMES = dict(STAGES)
+_GPU_TARGET_SHARE = 0.05
+
+
+def side_label(side: str, task: str) -> str:
+    if side == "gpufeed":
+        return "gpufeed"
+    return "DataLoader+PyAV" if task == "clips" else "DataLoader+PIL"
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
+
+
+def _side_figures(blocks: list[dict]) -> dict:
+    steps = [s for block in blocks for s in block["steps"]]
+    summary = summarize(steps)
+    waits = np.array([s["loader_wait_s"] for s in steps])
+    median_wait = float(np.median(waits)) if len(waits) else float("nan")
+    epochs = max((s["epoch"] for s in steps), default=-1) + 1
+    first = []
+    for epoch in range(epochs):
+        values = [s["loader_wait_s"] for s in steps if s["epoch"] == epoch and s["batch"] == 0]
+        first.append(float(np.median(values)) if values else float("nan"))
+    wall_s = sum(block["wall_s"] for block in blocks)
+    return {
+        **summary,
+        "wall_s": wall_s,
+        "samples_per_s_wall": summary["samples"] / wall_s if wall_s > 0 else float("nan"),
+        "median_wait_s": median_wait,
+        "first_batch_wait_s": first,
+        "first_batch_wait_vs_median": [_ratio(f, median_wait) for f in first],
+        "samples_per_epoch": [block["samples_per_epoch"] for block in blocks],
+        "per_step": steps,
+    }
+
+
+def _targets(loaders: dict, on_gpu: bool) -> list[dict]:
+    g, d = loaders["gpufeed"], loaders["dataloader"]
+    first = g["first_batch_wait_s"]
+    epoch2 = first[1] if len(first) > 1 else float("nan")
+    return [
+        {
+            "name": "cpu_wait_no_higher",
+            "machine": "2-core CPU",
+            "target": "gpufeed's loader wait no higher than the DataLoader's in the same run",
+            "applies": not on_gpu,
+            "holds": bool(g["loader_wait_share"] <= d["loader_wait_share"]),
+            "measured": f"{g['loader_wait_share']:.1%} vs {d['loader_wait_share']:.1%} of step time",
+        },
+        {
+            "name": "cpu_epoch2_first_batch",
+            "machine": "2-core CPU",
+            "target": "gpufeed's first batch of epoch 2 waits no longer than a median batch",
+            "applies": not on_gpu and len(first) > 1,
+            "holds": bool(epoch2 <= g["median_wait_s"]) if len(first) > 1 else None,
+            "measured": f"{epoch2 * 1e3:.1f} ms vs median {g['median_wait_s'] * 1e3:.1f} ms "
+            f"(DataLoader: {d['first_batch_wait_s'][1] * 1e3 if len(first) > 1 else float('nan'):.1f} ms vs "
+            f"{d['median_wait_s'] * 1e3:.1f} ms)",
+        },
+        {
+            "name": "gpu_wait_under_5pct",
+            "machine": "GPU",
+            "target": "gpufeed's loader wait < 5% of step time over the whole run, epoch boundaries included",
+            "applies": on_gpu,
+            "holds": bool(g["loader_wait_share"] < _GPU_TARGET_SHARE),
+            "measured": f"{g['loader_wait_share']:.1%} (DataLoader: {d['loader_wait_share']:.1%})",
+        },
+    ]
+
+
+def _measured_text(device, settings: dict, cores: int) -> str:
+    timing = (
+        "augment and compute with CUDA events, one synchronisation per step"
+        if device.is_gpu
+        else "augment and compute with time.perf_counter (the CPU runs synchronously)"
+    )
+    copy = "; the DataLoader's includes its blocking copy to the GPU from pinned memory" if device.is_gpu else ""
+    orders = ", ".join(" then ".join(order) for order in settings["order"])
+    return (
+        f"everything on {device.describe()} with {cores} CPU cores. Loader wait: host time blocked waiting for the "
+        f"next batch, loader start-up and epoch ends included{copy}. {timing[0].upper()}{timing[1:]}; step: from the "
+        f"start of the wait to the end of the optimizer step. Each round trains every epoch with one loader, then "
+        f"with the other (fresh loader and model each; one loader works at a time), rounds in order: {orders}."
+    )
+
+
+def figures(device, settings: dict, blocks: dict[str, list[dict]], same_samples: bool) -> dict:
+    """The result document: settings, each side's figures, ratios and target verdicts."""
+    loaders = {side: _side_figures(blocks[side]) for side in SIDES}
+    g, d = loaders["gpufeed"], loaders["dataloader"]
+    ratios = {
+        "samples_per_s": _ratio(g["samples_per_s"], d["samples_per_s"]),
+        "samples_per_s_wall": _ratio(g["samples_per_s_wall"], d["samples_per_s_wall"]),
+        "loader_wait_share": _ratio(g["loader_wait_share"], d["loader_wait_share"]),
+        "steady_loader_wait_share": _ratio(g["steady_loader_wait_share"], d["steady_loader_wait_share"]),
+    }
+    for key, _ in STAGES:
+        for q in ("p50", "p95"):
+            ratios[f"{key.removesuffix('_s')}_{q}"] = _ratio(g["stages"][key][f"{q}_s"], d["stages"][key][f"{q}_s"])
+    machine = machine_facts(device)
+    return _finite(
+        {
+            "benchmark": "train",
+            **settings,
+            "labels": {side: side_label(side, settings["task"]) for side in SIDES},
+            "machine": machine,
+            "measured": _measured_text(device, settings, machine["cpu_cores"]),
+            "same_samples_per_epoch": bool(same_samples),
+            "loaders": loaders,
+            "ratios": ratios,
+            "targets": _targets(loaders, device.is_gpu),
+        }
+    )
+
+
+def _finite(tree):
+    """``tree`` with NaN and infinities as ``None``, so the JSON is standard."""
+    if isinstance(tree, dict):
+        return {k: _finite(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_finite(v) for v in tree]
+    if isinstance(tree, float) and not math.isfinite(tree):
+        return None
+    return tree
+
+
+def _ms(value) -> str:
+    return "n/a" if value is None else f"{value * 1e3:,.1f}"
+
+
+def _x(value) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _rate(value) -> str:
+    return "n/a" if value is None else f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def print_train_result(result: dict) -> None:
+    """The comparison table, what was measured where, and the target verdicts."""
+    g, d = (result["loaders"][side] for side in SIDES)
+    r = result["ratios"]
+    clip = f", {result['clip_length_frames']}-frame clips" if result["task"] == "clips" else ""
+    print(
+        f"train benchmark ({result['task']}): {result['model']}, {result['size_px']} px{clip}, batch "
+        f"{result['batch_size']}, amp {result['amp']}, channels_last {result['channels_last']}; {result['data']}"
+    )
+    for side, label in (("gpufeed", "gpufeed"), ("dataloader", "DataLoader")):
+        placement = result.get("augment_placement", {}).get(side, {})
+        where = ", ".join(f"{op} ({place})" for op, place in placement.items()) or "none"
+        print(f"augment, {label}: {where}")
+    print(
+        f"{result['rounds']} round(s) x {result['epochs']} epochs x {result['steps_per_epoch']} steps per loader; "
+        f"{result['workers']} DALI threads / DataLoader workers (persistent, prefetch_factor "
+        f"{result['prefetch_factor']}, pin_memory {result['pin_memory']}; DALI prefetch_queue_depth "
+        f"{result['dali_prefetch_queue_depth']})"
+    )
+    rows = [
+        ["samples/s (over step time)", f"{g['samples_per_s']:,.1f}", f"{d['samples_per_s']:,.1f}", _x(r["samples_per_s"])],
+        ["samples/s (wall clock)", f"{g['samples_per_s_wall']:,.1f}", f"{d['samples_per_s_wall']:,.1f}",
+         _x(r["samples_per_s_wall"])],
+        ["loader wait, share of step time", _pct(g["loader_wait_share"]), _pct(d["loader_wait_share"]),
+         _x(r["loader_wait_share"])],
+        ["  without each epoch's first batch", _pct(g["steady_loader_wait_share"]),
+         _pct(d["steady_loader_wait_share"]), _x(r["steady_loader_wait_share"])],
+    ]  # fmt: skip
+    for key, name in (
+        ("step_s", "step"),
+        ("compute_s", "compute"),
+        ("augment_s", "augment"),
+        ("loader_wait_s", "loader wait"),
+    ):
+        cells = [f"{_ms(s['stages'][key]['p50_s'])} / {_ms(s['stages'][key]['p95_s'])}" for s in (g, d)]
+        base = key.removesuffix("_s")
+        ratio = f"{_x(r[f'{base}_p50'])} / {_x(r[f'{base}_p95'])}"
+        rows.append([f"{name} p50 / p95 (ms)", *cells, ratio])
+    for epoch, (gw, dw) in enumerate(zip(g["first_batch_wait_s"], d["first_batch_wait_s"], strict=True)):
+        cells = [f"{_ms(w)} ({_x(s['first_batch_wait_vs_median'][epoch])} median)" for w, s in ((gw, g), (dw, d))]
+        rows.append([f"epoch {epoch + 1}, first batch's wait (ms)", *cells, _x(gw / dw if gw and dw else None)])
+    rows.append(["median wait (ms)", _ms(g["median_wait_s"]), _ms(d["median_wait_s"]), ""])
+    per_epoch = [" | ".join(" ".join(map(str, r)) for r in s["samples_per_epoch"]) for s in (g, d)]
+    rows.append(["samples per epoch (each round)", *per_epoch, ""])
+    labels = result["labels"]
+    print(format_table(["", labels["gpufeed"], labels["dataloader"], "gpufeed / DataLoader"], rows))
+    print(f"same samples in every epoch on both sides: {'yes' if result['same_samples_per_epoch'] else 'NO'}")
+    print(f"measured: {result['measured']}")
+    print("targets (measured verdicts, not test assertions):")
+    for t in result["targets"]:
+        if t["applies"]:
+            verdict = "yes" if t["holds"] else "NO"
+            print(f"  [{t['machine']}] {t['target']}: {verdict} ({t['measured']})")
+        else:
+            print(f"  [{t['machine']}] {t['target']}: not this machine's target ({t['measured']})")
+
+
+def draw_train_plot(result: dict, out: str | Path) -> Path:
+    """Per step, loader wait / augment / compute of both loaders, epoch starts dotted, rounds solid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(len(SIDES), 1, figsize=(11, 7), sharex=True, sharey=True)
+    colours = (("loader_wait_s", "#d62728"), ("augment_s", "#ff7f0e"), ("compute_s", "#1f77b4"))
+    totals = [
+        np.array([s["loader_wait_s"] + s["augment_s"] + s["compute_s"] for s in result["loaders"][side]["per_step"]])
+        for side in SIDES
+    ]
+    every = np.concatenate(totals) * 1e3
+    # A loader start-up can take 100x a normal step; clip it so the normal steps stay readable.
+    top = float(every.max(initial=1.0)) * 1.05
+    ceiling = min(top, float(np.percentile(every, 95) * 3)) if len(every) >= 10 else top
+    for ax, side in zip(axes, SIDES, strict=True):
+        figs = result["loaders"][side]
+        steps = figs["per_step"]
+        x = np.arange(1, len(steps) + 1)
+        base = np.zeros(len(steps))
+        for key, colour in colours:
+            values = np.array([s[key] for s in steps]) * 1e3
+            ax.bar(x, values, bottom=base, width=1.0, color=colour, label=_STAGE_NAMES[key], linewidth=0)
+            base += values
+        for step, s in zip(x, steps, strict=True):
+            if s["batch"] == 0:
+                solid = s["epoch"] == 0
+                ax.axvline(
+                    step - 0.5, color="black" if solid else "grey", linewidth=0.8, linestyle="-" if solid else ":"
+                )
+            if base[step - 1] > ceiling:
+                ax.annotate(
+                    f"{base[step - 1]:,.0f} ms", (step, ceiling), ha="center", va="top", fontsize=7, rotation=90
+                )
+        ax.set_ylim(0, ceiling)
+        ax.set_ylabel("ms per step")
+        ax.set_title(
+            f"{result['labels'][side]}: loader wait {_pct(figs['loader_wait_share'])} of step time "
+            f"({_pct(figs['steady_loader_wait_share'])} without epochs' first batches), "
+            f"{_rate(figs['samples_per_s'])} samples/s",
+            fontsize=10,
+        )
+    axes[0].legend(loc="upper right", fontsize=8)
+    axes[-1].set_xlabel("step (solid line: a round starts with a fresh loader; dotted: an epoch starts)")
+    fig.suptitle(
+        f"gpufeed bench train: {result['model']}, batch {result['batch_size']}, {result['machine']['device']}",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,417 @@
+"""``gpufeed bench train``: the same training run fed by gpufeed and by torch's DataLoader.
+
+Both sides train the same model (fresh, same seed) with the same batch size, input size,
+augmentation, optimiser, schedule, precision and memory format, through the very
+:class:`~gpufeed.train.step.Stepper` that ``gpufeed train`` runs, for the same epochs over the
+same samples in the same order. Only the feed differs (see :mod:`gpufeed.bench._train_feeds`):
+gpufeed's :class:`~gpufeed.pipelines.ImageLoader` / :class:`~gpufeed.pipelines.ClipLoader`, or a
+DataLoader with PIL (images) or PyAV keyframe seeks (clips) doing the same work per sample.
+
+Each step is timed as the trainer times it: loader wait (host time blocked waiting for the next
+batch; the DataLoader's includes its copy to the GPU), augment and compute (CUDA events with one
+synchronisation per step on a GPU, ``perf_counter`` on the CPU) and the whole step. A *round*
+runs every epoch with one side, then with the other, each with a fresh loader and model, so only
+one loader works at a time on the same cores; the order alternates from round to round, which
+cancels most of a shared machine's drift. Figures are computed over all rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from pathlib import Path
+
+import torch
+
+from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, dataloader_feed, gpufeed_feed
+from gpufeed.bench._train_report import SIDES, figures, print_train_result
+from gpufeed.config import Config, parse_config
+from gpufeed.train.augment import AugmentPlan, plan_augmentation
+
+__all__ = ["DEFAULTS", "augment_plans", "main_train", "run_train_bench"]
+
+
+def _defaults(model: str, batch_size: int, size_px: int, epochs: int, rounds: int, **data) -> dict:
+    return {"model": model, "batch_size": batch_size, "size_px": size_px, "epochs": epochs, "rounds": rounds, **data}
+
+
+# Per (task, device kind): what a sensible run on that machine looks like (flags override each).
+DEFAULTS = {
+    ("images", "cpu"): _defaults("smallcnn", 32, 64, epochs=3, rounds=2, images=512),
+    ("images", "gpu"): _defaults("resnet18", 256, 224, epochs=4, rounds=2, images=4096),
+    ("clips", "cpu"): _defaults("r3d_small", 4, 64, epochs=3, rounds=1, videos=2, seconds=8),
+    ("clips", "gpu"): _defaults("r3d_small", 64, 112, epochs=4, rounds=2, videos=4, seconds=120),
+}
+# Config keys the command's own flags decide, and those flags.
+_FLAG_KEYS = {
+    "model.name": "--model",
+    "loader.batch_size": "--batch-size",
+    "image.size_px": "--size-px",
+    "video.size_px": "--size-px",
+    "video.clip_length_frames": "--clip-length",
+    "train.epochs": "--epochs",
+    "loader.num_threads": "--workers",
+    "device": "--device",
+}
+_WARMUP_STEPS = 2
+
+
+def augment_plans(cfg: Config, clips: bool, dtype: torch.dtype | None = None) -> dict[str, AugmentPlan]:
+    """Where each side runs ``cfg.augment``, by side name: the same ops on every sample on both sides.
+
+    gpufeed's loader runs the ops placed in its DALI graph (``augment.<op>.where``, as ``gpufeed
+    train`` does); a DataLoader cannot, so its side runs that share on the device as the same fused
+    torch maths. Every other op runs on the device on both sides.
+    """
+    return {
+        "gpufeed": plan_augmentation(cfg.augment, clips=clips, loader=True, dtype=dtype),
+        "dataloader": plan_augmentation(cfg.augment, clips=clips, loader=False, dtype=dtype),
+    }
+
+
+class _Run:
+    """Everything both sides share: device, resolved config, data, task, model spec, epoch plans."""
+
+    def __init__(self, args) -> None:
+        from gpufeed.device import resolve_device
+        from gpufeed.pipelines import default_num_threads
+        from gpufeed.train.optim import resolve_amp
+
+        self.task_name = args.task
+        self.device = resolve_device(args.device)
+        kind = "gpu" if self.device.is_gpu else "cpu"
+        defaults = DEFAULTS[(args.task, kind)]
+        pick = {k: getattr(args, k, None) if getattr(args, k, None) is not None else v for k, v in defaults.items()}
+        self.pick = pick
+        self.epochs, self.rounds = int(pick["epochs"]), int(pick["rounds"])
+        self.workers = args.workers or default_num_threads()
+        self.prefetch_factor = args.prefetch_factor
+        self.cfg = _config(args, pick, self.workers)
+        self.amp_dtype = resolve_amp(self.cfg.train.amp, self.device)
+        self.plans = augment_plans(self.cfg, args.task == "clips", self.amp_dtype)
+        if args.task == "images":
+            self._images(args)
+        else:
+            self._clips(args)
+
+    # -- data -----------------------------------------------------------------------------------
+    def _images(self, args) -> None:
+        from gpufeed.pipelines import ImageDataset, plan_epoch
+        from gpufeed.train.tasks import ImageTask
+
+        if args.data:
+            self.dataset = ImageDataset.from_folder(args.data, progress=True)
+            classes = args.classes or len(self.dataset.classes)
+            self.data_text = f"{len(self.dataset)} images in {args.data}"
+        else:
+            classes = args.classes or 1000
+            listing = _generated_image_list(args.cache, self.pick["images"], args.image_size, classes)
+            self.dataset = ImageDataset.from_list(listing, progress=True)
+            self.data_text = f"{len(self.dataset)} generated photo-like {args.image_size[0]}x{args.image_size[1]} JPEGs"
+        self.data_text += f", {classes} classes"
+        cfg = self.cfg
+        self.task = ImageTask(classes)
+        self.spec = {"num_classes": classes, "size_px": cfg.image.size_px}
+        plans = [
+            plan_epoch(
+                self.dataset.usable_ids,
+                epoch=e,
+                seed=cfg.seed,
+                shuffle=cfg.loader.shuffle,
+                shard_id=0,
+                num_shards=1,
+                batch_size=cfg.loader.batch_size,
+                last_batch="drop",
+            ).sample_ids.tolist()
+            for e in range(self.epochs)
+        ]
+        self.keys = [[(i, e) for i in ids] for e, ids in enumerate(plans)]
+
+    def _clips(self, args) -> None:
+        from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
+        from gpufeed.pipelines import VideoDataset
+        from gpufeed.train.clip import ClipTask
+
+        v = self.cfg.video
+        if args.data:
+            folder = Path(args.data)
+        else:
+            videos, seconds = self.pick["videos"], self.pick["seconds"]
+            raw = make_bench_videos(args.cache, videos, seconds, 30, args.video_size, args.gop, self.cfg.seed)
+            folder = prepared_bench_videos(raw, v.clip_length_frames, v.stride_frames)
+        self.dataset = VideoDataset.from_folder(folder, progress=True)
+        self.data_text = (
+            f"{len(self.dataset)} videos in {args.data}"
+            if args.data
+            else f"{len(self.dataset)} generated {self.pick['seconds']} s {args.video_size}x{args.video_size} h264 videos "
+            "after 'gpufeed prepare'"
+        )
+        behaviours = tuple(self.dataset.behaviours)
+        self.task = ClipTask(len(behaviours), behaviours)
+        self.spec = {
+            "num_classes": len(behaviours),
+            "labels": behaviours,
+            "clip_length_frames": v.clip_length_frames,
+            "size_px": v.size_px,
+        }
+        planner = self._gpufeed_loader()
+        self.keys = []
+        for e in range(self.epochs):
+            videos, starts = planner.epoch_clips(e)
+            self.keys.append(list(zip(videos.tolist(), starts.tolist(), strict=True)))
+        self.centre = planner.geometry.centre_offset
+        del planner
+
+    @property
+    def clips(self) -> bool:
+        return self.task_name == "clips"
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.keys[0]) // self.cfg.loader.batch_size
+
+    # -- the two feeds --------------------------------------------------------------------------
+    def _gpufeed_loader(self):
+        from gpufeed.pipelines import ClipLoader, ImageLoader
+
+        cfg = self.cfg
+        common = {
+            "train": True,
+            "loader_cfg": cfg.loader,
+            "device": self.device,
+            "seed": cfg.seed,
+            "augment": self.plans["gpufeed"].loader,
+        }
+        if self.clips:
+            return ClipLoader(self.dataset, video_cfg=cfg.video, **common)
+        return ImageLoader(self.dataset, image_cfg=cfg.image, **common)
+
+    def feed(self, side: str):
+        """A fresh stream of ``(epoch, batch index, batch)`` for every epoch, fed by ``side``."""
+        if side == "gpufeed":
+            return gpufeed_feed(self._gpufeed_loader, self.epochs)
+        v = self.cfg.video
+        if self.clips:
+            dataset = PyAvSeekClips(self.dataset, v.clip_length_frames, v.stride_frames, v.size_px)
+            clips = (tuple(self.dataset.behaviours), self.centre)
+        else:
+            dataset, clips = PilTrainImages(self.dataset, self.cfg.image, self.cfg.seed), None
+        return dataloader_feed(
+            dataset,
+            self.keys,
+            batch_size=self.cfg.loader.batch_size,
+            workers=self.workers,
+            prefetch_factor=self.prefetch_factor,
+            device=self.device,
+            clips=clips,
+        )
+
+    # -- the step -------------------------------------------------------------------------------
+    def stepper(self, augment: torch.nn.Module):
+        """A fresh model, optimiser and schedule behind the trainer's :class:`Stepper`, as ``gpufeed train`` builds them."""
+        from gpufeed.models import create_model
+        from gpufeed.train.optim import build_optimizer, build_scheduler
+        from gpufeed.train.step import Stepper
+        from gpufeed.train.tasks import to_channels_last
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)  # the same initial weights on both sides
+        spec = dict(self.spec, mean=cfg.model.mean, std=cfg.model.std)
+        model = create_model(cfg.model.name, **spec).to(self.device.torch_device)
+        memory_format = None
+        if cfg.train.channels_last:
+            model = to_channels_last(model)
+            memory_format = self.task.input_format(model)
+        optimizer = build_optimizer(model, cfg.train)
+        scheduler = build_scheduler(optimizer, self.epochs * self.steps_per_epoch, cfg.train)
+        scaler = torch.amp.GradScaler(self.device.torch_device.type, enabled=self.amp_dtype == torch.float16)
+        return Stepper(
+            model,
+            self.task,
+            optimizer,
+            scheduler,
+            augment.to(self.device.torch_device),
+            scaler,
+            amp_dtype=self.amp_dtype,
+            memory_format=memory_format,
+            grad_clip_norm=cfg.train.grad_clip_norm,
+            on_gpu=self.device.is_gpu,
+        )
+
+    def synthetic_batch(self):
+        """A batch of the feeds' type and layout with random pixels: warms kernels up, untimed."""
+        from gpufeed.pipelines import ClipBatch, ImageBatch
+
+        n, s, dev = self.cfg.loader.batch_size, self.spec["size_px"], self.device.torch_device
+        valid = torch.ones(n, dtype=torch.bool, device=dev)
+        if not self.clips:
+            images = torch.randint(0, 256, (n, s, s, 3), dtype=torch.uint8, device=dev).permute(0, 3, 1, 2)
+            labels = torch.randint(0, self.spec["num_classes"], (n,), device=dev)
+            return ImageBatch(images, labels, torch.arange(n, device=dev), valid)
+        t, k = self.spec["clip_length_frames"], self.spec["num_classes"]
+        clips = torch.randint(0, 256, (n, t, s, s, 3), dtype=torch.uint8, device=dev).permute(0, 4, 1, 2, 3)
+        labels = torch.zeros(n, t, k, device=dev)
+        ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        return ClipBatch(clips, labels, labels[:, t // 2], ids, ids, valid, tuple(self.dataset.behaviours))
+
+
+def _config(args, pick: dict, workers: int) -> Config:
+    for item in args.overrides:
+        key = item.partition("=")[0].strip()
+        if key in _FLAG_KEYS:
+            from gpufeed.config import ConfigError
+
+            raise ConfigError(key, f"this command sets it with {_FLAG_KEYS[key]}, not --set")
+    cfg = parse_config(None, args.overrides, base_dir=Path.cwd())
+    size = {"size_px": pick["size_px"]}
+    return dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, name=pick["model"]),
+        train=dataclasses.replace(cfg.train, epochs=pick["epochs"]),
+        loader=dataclasses.replace(
+            cfg.loader, batch_size=pick["batch_size"], num_threads=workers, shuffle=True, last_batch="drop"
+        ),
+        image=dataclasses.replace(cfg.image, **size),
+        video=dataclasses.replace(cfg.video, clip_length_frames=args.clip_length, **size),
+    )
+
+
+def _generated_image_list(cache: Path, count: int, image_size: tuple[int, int], classes: int) -> Path:
+    """``gpufeed bench loader``'s generated photos as a list file with labels ``i % classes``."""
+    from gpufeed.bench.loader import make_bench_images
+
+    folder = make_bench_images(cache, count, *image_size)
+    listing = folder / f"labels-{classes}.txt"
+    if not listing.exists():
+        photos = sorted((folder / "photos").glob("*.jpg"))
+        tmp = listing.with_name(listing.name + ".tmp")
+        tmp.write_text("".join(f"photos/{p.name} {i % classes}\n" for i, p in enumerate(photos)), encoding="utf-8")
+        tmp.replace(listing)
+    return listing
+
+
+def _ids(batch, clips: bool) -> list:
+    if clips:
+        return list(zip(batch.video_ids.tolist(), batch.start_frames.tolist(), strict=True))
+    return batch.sample_ids.tolist()
+
+
+def _run_block(run: _Run, side: str, augment, round_index: int, bar) -> dict:
+    """One side's whole run (every epoch), timed step by step; the loader is gone when it returns."""
+    stepper = run.stepper(augment)
+    feed = run.feed(side)
+    steps: list[dict] = []
+    seen: list[list] = [[] for _ in range(run.epochs)]
+    batch, waited, stepped = None, 0.0, 0.0
+    started_run = time.perf_counter()
+    while True:
+        started = time.perf_counter()
+        try:
+            epoch, index, batch = next(feed)
+        except StopIteration:
+            break
+        wait_s = time.perf_counter() - started
+        outcome = stepper(batch)
+        step_s = time.perf_counter() - started
+        steps.append(
+            {
+                "round": round_index,
+                "epoch": epoch,
+                "batch": index,
+                "loader_wait_s": wait_s,
+                "augment_s": outcome.augment_s,
+                "compute_s": outcome.compute_s,
+                "step_s": step_s,
+                "samples": outcome.samples,
+            }
+        )
+        seen[epoch].extend(_ids(batch, run.clips))  # after the step's timing: a device-to-host copy
+        waited, stepped = waited + wait_s, stepped + step_s
+        bar.update(1)
+        bar.set_postfix_str(f"epoch {epoch + 1}, wait {waited / max(stepped, 1e-9):.0%}", refresh=False)
+    wall_s = time.perf_counter() - started_run
+    del feed, batch, stepper
+    gc.collect()  # loader workers and DALI pipelines go now, before the other side starts (and forks)
+    return {"steps": steps, "wall_s": wall_s, "samples_per_epoch": [len(ids) for ids in seen], "ids": seen}
+
+
+def _warm_up(run: _Run, augmenters: dict) -> None:
+    """Run a few untimed steps per side on random pixels: kernels, autotuning and allocator warm."""
+    batch = run.synthetic_batch()
+    for augment in augmenters.values():
+        stepper = run.stepper(augment)
+        for _ in range(_WARMUP_STEPS):
+            stepper(batch)
+    del stepper
+    gc.collect()
+    if run.device.is_gpu:
+        torch.cuda.synchronize(run.device.torch_device)
+
+
+def run_train_bench(args) -> dict:
+    """Run the benchmark described by ``args`` (the CLI's arguments); return the figures."""
+    from tqdm import tqdm
+
+    run = _Run(args)
+    augmenters = {side: plan.augmenter for side, plan in run.plans.items()}
+    _warm_up(run, augmenters)
+    blocks: dict[str, list[dict]] = {side: [] for side in SIDES}
+    orders = []
+    total = run.rounds * len(SIDES) * run.epochs * run.steps_per_epoch
+    with tqdm(total=total, desc="bench train", unit="step", dynamic_ncols=True) as bar:
+        for r in range(run.rounds):
+            order = list(SIDES) if r % 2 == 0 else list(reversed(SIDES))
+            orders.append(order)
+            for side in order:
+                bar.set_description(f"round {r + 1}/{run.rounds} {side}")
+                blocks[side].append(_run_block(run, side, augmenters[side], r, bar))
+    # Every round, every epoch: the same samples on both sides (and the same clip starts).
+    same = all(
+        sorted(g) == sorted(d)
+        for gb, db in zip(blocks["gpufeed"], blocks["dataloader"], strict=True)
+        for g, d in zip(gb["ids"], db["ids"], strict=True)
+    )
+    for side_blocks in blocks.values():
+        for block in side_blocks:
+            del block["ids"]
+    settings = _settings(run, augmenters, orders)
+    return figures(run.device, settings, blocks, same)
+
+
+def _settings(run: _Run, augmenters: dict, orders: list) -> dict:
+    cfg = run.cfg
+    return {
+        "task": run.task_name,
+        "model": cfg.model.name,
+        "size_px": run.spec["size_px"],
+        "clip_length_frames": run.spec.get("clip_length_frames"),
+        "batch_size": cfg.loader.batch_size,
+        "epochs": run.epochs,
+        "rounds": run.rounds,
+        "steps_per_epoch": run.steps_per_epoch,
+        "order": orders,
+        "data": run.data_text,
+        "workers": run.workers,
+        "prefetch_factor": run.prefetch_factor,
+        "pin_memory": run.device.is_gpu,
+        "dali_prefetch_queue_depth": cfg.loader.prefetch_queue_depth,
+        "amp": str(run.amp_dtype).replace("torch.", "") if run.amp_dtype else "off",
+        "channels_last": cfg.train.channels_last,
+        "augment": {side: list(getattr(a, "names", [])) for side, a in augmenters.items()},
+        "augment_placement": {side: plan.placement for side, plan in run.plans.items()},
+        "seed": cfg.seed,
+    }
+
+
+def main_train(args) -> int:
+    from gpufeed.bench._common import write_json
+    from gpufeed.bench._train_report import draw_train_plot
+
+    result = run_train_bench(args)
+    print_train_result(result)
+    if args.json:
+        write_json(args.json, result)
+    if args.plot:
+        print(f"plot: {draw_train_plot(result, args.plot)}")
+    return 0
