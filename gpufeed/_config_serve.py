@@ -17,8 +17,11 @@ ExecutionProvider = Literal["auto", "cpu", "cuda", "tensorrt"]
 class ServeConfig:
     """The inference server (``gpufeed serve``): address, batching, limits, execution provider.
 
-    Requests are validated, then queued; a model's batcher runs a batch when ``batch_size`` images
-    (the model card's fixed size) are waiting or the oldest has waited ``max_delay_ms``.
+    Requests are validated, then queued. A model runs at the batch sizes of its card (``gpufeed
+    export --batch-sizes``, e.g. 1, 2, 4, 8), or those of them listed in ``batch_sizes``. When a
+    batch can start, a queue holding exactly one of those sizes, or the largest or more, runs at
+    once; any other count waits until it reaches one or its oldest image has waited
+    ``max_delay_ms``. A batch of k runs at the smallest size that holds k, padded up to it.
 
     Access: with ``auth_token_file`` (or the ``GPUFEED_SERVE_TOKEN`` environment variable) every
     endpoint except the two health probes needs ``Authorization: Bearer <token>``. Only the file's
@@ -32,7 +35,15 @@ class ServeConfig:
         "none: the GPUFEED_SERVE_TOKEN environment variable if set, else no auth",
     )
     port: int = option(8000, ge=0, le=65535, doc="TCP port; 0 picks a free one")
-    max_delay_ms: float = option(5.0, ge=0.0, le=10_000.0, doc="longest wait for a batch to fill")
+    max_delay_ms: float = option(
+        5.0, ge=0.0, le=10_000.0, doc="longest wait for the queue to reach one of the batch sizes before it runs"
+    )
+    batch_sizes: tuple[int, ...] = option(
+        (),
+        ge=1,
+        doc="batch sizes to run each model at, among its card's (its largest is always kept); empty: all of "
+        "them. [8] alone: every batch waits up to max_delay_ms to fill",
+    )
     queue_capacity: int = option(256, ge=1, doc="images waiting per model before 503 + Retry-After")
     request_timeout_seconds: float = option(
         30.0, gt=0.0, doc="a request not answered by then gets 504; a body not fully received by then gets 408"
