@@ -119,25 +119,34 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def export_bench_models(cache: Path, architecture: str, size_px: int, batch_size: int, checkpoint: Path | None) -> dict:
-    """The batch-N export (gpufeed, LitServe) and batch-1 export (plain) of one checkpoint, cached."""
-    from gpufeed.models import export_model, read_model_card
+def export_bench_models(
+    cache: Path,
+    architecture: str,
+    size_px: int,
+    batch_size: int,
+    checkpoint: Path | None,
+    batch_sizes: tuple[int, ...] | None = None,
+) -> dict:
+    """One checkpoint exported twice, cached: ``batched`` at ``batch_sizes`` (default: the powers of two
+    up to ``batch_size``; gpufeed and LitServe) and ``single`` at 1 (the plain server)."""
+    from gpufeed.models import default_batch_sizes, export_model, read_model_card
     from gpufeed.server import untrained_checkpoint
 
+    sizes = tuple(batch_sizes or default_batch_sizes(batch_size))
     source = (
         "untrained" if checkpoint is None else hashlib.sha256(str(Path(checkpoint).resolve()).encode()).hexdigest()[:12]
     )
-    tag = f"{architecture}-{size_px}px-n{batch_size}-{source}"
-    root = cache / "server-models" / tag
+    root = cache / "server-models" / f"{architecture}-{size_px}px-{source}"
     if checkpoint is None:
         classes = tuple(f"class_{i}" for i in range(10))
         checkpoint = untrained_checkpoint(root, classes, size_px, architecture)
-    models = {"batched": root / "n" / _MODEL_NAME, "single": root / "1" / _MODEL_NAME}
-    for key, n in (("batched", batch_size), ("single", 1)):
+    wanted = {"batched": sizes, "single": (1,)}
+    models = {key: root / ("n" + "-".join(map(str, s))) / _MODEL_NAME for key, s in wanted.items()}
+    for key, s in wanted.items():
         try:
             read_model_card(models[key])
         except ValueError:
-            export_model(checkpoint, models[key], batch_size=n)
+            export_model(checkpoint, models[key], batch_sizes=s)
     return models
 
 
