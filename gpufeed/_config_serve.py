@@ -68,8 +68,17 @@ class ServeConfig:
     )
     tensorrt_cache_dir: Path | None = option(None, doc="where the TensorRT provider caches engines; none: no cache")
     decode_threads: int = option(0, ge=0, doc="DALI CPU threads per model; 0 means one per core")
-    inference_threads: int = option(0, ge=0, doc="onnxruntime intra-op threads; 0 means onnxruntime's default")
+    inference_threads: int = option(
+        0,
+        ge=0,
+        doc="onnxruntime intra-op threads per batch; 0: on the CPU the cores shared out among the workers, "
+        "on a GPU onnxruntime's default",
+    )
     warmup_batches: int = option(2, ge=1, doc="full batches run through decode and inference before ready")
     workers_per_model: int = option(
-        0, ge=0, le=8, doc="batches in flight per model (2 overlaps decode with inference); 0: 2 on a GPU, 1 on CPU"
+        0,
+        ge=0,
+        le=8,
+        doc="batches in flight per model (a GPU decodes one while it runs another; the CPU runs two side by "
+        "side, one thread each on two cores); 0: 2",
     )
