@@ -350,6 +350,25 @@ def test_batch_step_runs_at_the_smallest_size_that_holds_the_batch_and_isolates_
         fixed.close()
 
 
+def test_runner_has_a_session_per_batch_size_and_refuses_other_sizes():
+    from gpufeed.models import read_model_card
+    from gpufeed.server import OnnxRunner, RuntimeSetupError
+
+    model_dir = exported_repo() / IMAGE_MODEL
+    card = read_model_card(model_dir)
+    runner = OnnxRunner(model_dir, card, CPU)
+    assert runner.batch_sizes == card.batch_sizes == (1, 2, IMAGE_BATCH)
+    assert {n: s.get_inputs()[0].shape[0] for n, s in runner.sessions.items()} == {1: 1, 2: 2, 4: 4}
+    batch = runner.new_batch()
+    assert batch.shape == card.input_shape
+    with pytest.raises(ValueError, match=r"a batch of 3 rows: this model runs batches of \[1, 2, 4\]"):
+        runner.run(batch[:3])
+    with pytest.raises(ValueError, match="5 rows: a batch holds 1 to 4"):
+        runner.bucket_for(5)
+    with pytest.raises(RuntimeSetupError, match=r"batch sizes \[2\] are not a subset"):
+        OnnxRunner(model_dir, card, CPU, batch_sizes=(2,))
+
+
 def test_items_given_up_inside_a_taken_batch_are_not_decoded_or_run(val_set):
     """A 504 while the batch waits to start: run_batch drops those items and runs the rest at a smaller size."""
     import threading
