@@ -17,8 +17,11 @@ ExecutionProvider = Literal["auto", "cpu", "cuda", "tensorrt"]
 class ServeConfig:
     """The inference server (``gpufeed serve``): address, batching, limits, execution provider.
 
-    Requests are validated, then queued; a model's batcher runs a batch when ``batch_size`` images
-    (the model card's fixed size) are waiting or the oldest has waited ``max_delay_ms``.
+    Requests are validated, then queued. A model runs at the batch sizes of its card (``gpufeed
+    export --batch-sizes``, e.g. 1, 2, 4, 8), or those of them listed in ``batch_sizes``. When a
+    batch can start, a queue holding exactly one of those sizes, or the largest or more, runs at
+    once; any other count waits until it reaches one or its oldest image has waited
+    ``max_delay_ms``. A batch of k runs at the smallest size that holds k, padded up to it.
 
     Access: with ``auth_token_file`` (or the ``GPUFEED_SERVE_TOKEN`` environment variable) every
     endpoint except the two health probes needs ``Authorization: Bearer <token>``. Only the file's
@@ -32,7 +35,15 @@ class ServeConfig:
         "none: the GPUFEED_SERVE_TOKEN environment variable if set, else no auth",
     )
     port: int = option(8000, ge=0, le=65535, doc="TCP port; 0 picks a free one")
-    max_delay_ms: float = option(5.0, ge=0.0, le=10_000.0, doc="longest wait for a batch to fill")
+    max_delay_ms: float = option(
+        5.0, ge=0.0, le=10_000.0, doc="longest wait for the queue to reach one of the batch sizes before it runs"
+    )
+    batch_sizes: tuple[int, ...] = option(
+        (),
+        ge=1,
+        doc="batch sizes to run each model at, among its card's (its largest is always kept); empty: all of "
+        "them. [8] alone: every batch waits up to max_delay_ms to fill",
+    )
     queue_capacity: int = option(256, ge=1, doc="images waiting per model before 503 + Retry-After")
     request_timeout_seconds: float = option(
         30.0, gt=0.0, doc="a request not answered by then gets 504; a body not fully received by then gets 408"
@@ -57,8 +68,17 @@ class ServeConfig:
     )
     tensorrt_cache_dir: Path | None = option(None, doc="where the TensorRT provider caches engines; none: no cache")
     decode_threads: int = option(0, ge=0, doc="DALI CPU threads per model; 0 means one per core")
-    inference_threads: int = option(0, ge=0, doc="onnxruntime intra-op threads; 0 means onnxruntime's default")
+    inference_threads: int = option(
+        0,
+        ge=0,
+        doc="onnxruntime intra-op threads per batch; 0: on the CPU the cores shared out among the workers, "
+        "on a GPU onnxruntime's default",
+    )
     warmup_batches: int = option(2, ge=1, doc="full batches run through decode and inference before ready")
     workers_per_model: int = option(
-        0, ge=0, le=8, doc="batches in flight per model (2 overlaps decode with inference); 0: 2 on a GPU, 1 on CPU"
+        0,
+        ge=0,
+        le=8,
+        doc="batches in flight per model (a GPU decodes one while it runs another; the CPU runs two side by "
+        "side, one thread each on two cores); 0: 2",
     )

@@ -3,11 +3,20 @@
 ``create_model(name, num_classes=...)`` builds any registered network; ``model.spec`` (a
 :class:`ModelSpec`) holds mean, std, input size, layout and clip length, and is what checkpoints,
 ONNX model cards and the server read. :func:`export_model` writes ``model.onnx`` (uint8 in,
-normalisation inside, fixed batch size) and ``model_card.json`` (:class:`ModelCard`).
+normalisation inside, run at a set of fixed batch sizes) and ``model_card.json`` (:class:`ModelCard`).
 """
 
-from gpufeed.models._card import CARD_FILE, ONNX_FILE, ModelCard, ModelCardError, read_model_card
-from gpufeed.models._export import ExportError, export_model, parity_inputs, parity_tolerance
+from gpufeed.models._card import (
+    BATCH_DIM,
+    CARD_FILE,
+    ONNX_FILE,
+    ModelCard,
+    ModelCardError,
+    check_batch_sizes,
+    default_batch_sizes,
+    read_model_card,
+)
+from gpufeed.models._export import ExportError, export_model, parity_inputs, parity_tolerance, resolve_batch_sizes
 from gpufeed.models._io import (
     CHECKPOINT_DIR,
     checkpoint_path,
@@ -21,6 +30,7 @@ from gpufeed.models._registry import create_model, default_spec, list_models, mo
 from gpufeed.models._spec import IMAGENET_MEAN, IMAGENET_STD, ModelSpec
 
 __all__ = [
+    "BATCH_DIM",
     "CARD_FILE",
     "CHECKPOINT_DIR",
     "IMAGENET_MEAN",
@@ -31,8 +41,10 @@ __all__ = [
     "ModelCard",
     "ModelCardError",
     "ModelSpec",
+    "check_batch_sizes",
     "checkpoint_path",
     "create_model",
+    "default_batch_sizes",
     "default_spec",
     "export_model",
     "find_checkpoint",
@@ -45,4 +57,5 @@ __all__ = [
     "parity_tolerance",
     "read_model_card",
     "register_model",
+    "resolve_batch_sizes",
 ]

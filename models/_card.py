@@ -2,16 +2,25 @@
 
 A model folder (``MODEL_DIR``) holds::
 
-    model.onnx          uint8 input, normalisation inside, fixed batch size, float32 logits out
+    model.onnx          uint8 input, normalisation inside, float32 logits out
     model_card.json     this card (format "gpufeed-model-card", version 1)
 
 The card carries every preprocessing fact the server needs (input name, shape, layout, size,
-crop fraction, clip length, labels), the facts a reader wants (precision, opset, mean/std, parity
-with PyTorch, the source checkpoint) and the full :class:`~gpufeed.models.ModelSpec`.
+crop fraction, clip length, labels), the batch sizes the graph is run at (``batch_sizes``,
+ascending; the last is the largest, ``batch_size``), the facts a reader wants (precision, opset,
+mean/std, parity with PyTorch per batch size, the source checkpoint) and the full
+:class:`~gpufeed.models.ModelSpec`.
+
+A card that lists one batch size N goes with a graph whose batch dimension is fixed at N (cards
+written before batch sizes came in hold only ``batch_size`` and read as exactly that). A card
+that lists several goes with a graph whose batch dimension is symbolic; whoever runs it fixes
+that dimension to one listed size per onnxruntime session (a free-dimension override), so each
+session still sees static shapes, as TensorRT engines and CUDA graphs want.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,17 +28,64 @@ from typing import Any
 
 from gpufeed.models._spec import ModelSpec
 
-__all__ = ["CARD_FILE", "CARD_FORMAT", "ONNX_FILE", "ModelCard", "ModelCardError", "read_model_card"]
+__all__ = [
+    "BATCH_DIM",
+    "CARD_FILE",
+    "CARD_FORMAT",
+    "ONNX_FILE",
+    "ModelCard",
+    "ModelCardError",
+    "check_batch_sizes",
+    "default_batch_sizes",
+    "read_model_card",
+]
 
 CARD_FILE = "model_card.json"
 ONNX_FILE = "model.onnx"
 CARD_FORMAT = "gpufeed-model-card"
 CARD_VERSION = 1
 PRECISIONS = ("fp32", "fp16")
+# The symbolic batch dimension of a graph exported for several batch sizes: each onnxruntime
+# session fixes it to one of them (SessionOptions.add_free_dimension_override_by_name).
+BATCH_DIM = "batch"
 
 
 class ModelCardError(ValueError):
     """A model card is missing, unreadable or inconsistent; the message names the file and field."""
+
+
+def default_batch_sizes(largest: int) -> tuple[int, ...]:
+    """Powers of two below ``largest``, then ``largest``: 8 -> (1, 2, 4, 8), 12 -> (1, 2, 4, 8, 12).
+
+    Each formed batch runs at the smallest of these that holds it, so a lone request pays for
+    one row and a batch of k at most for 2k - 1 rows.
+    """
+    if largest < 1:
+        raise ValueError(f"the largest batch size {largest} must be >= 1")
+    sizes, n = [], 1
+    while n < largest:
+        sizes.append(n)
+        n *= 2
+    return (*sizes, largest)
+
+
+def check_batch_sizes(sizes, what: str = "batch_sizes") -> tuple[int, ...]:
+    """``sizes`` as a tuple if it is a non-empty, strictly ascending list of integers >= 1.
+
+    Raises:
+        ValueError: Naming ``what`` and the bad value.
+    """
+    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+        raise ValueError(f"{what} must be a list of integers, got {sizes!r}")
+    sizes = tuple(sizes)
+    if not sizes:
+        raise ValueError(f"{what} must list at least one batch size")
+    for n in sizes:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"{what} {list(sizes)}: {n!r} is not an integer >= 1")
+    if any(b <= a for a, b in itertools.pairwise(sizes)):
+        raise ValueError(f"{what} {list(sizes)} must be strictly ascending, e.g. [1, 2, 4, 8]")
+    return sizes
 
 
 @dataclass(frozen=True)
@@ -39,14 +95,17 @@ class ModelCard:
     Attributes:
         name: The model's name (``--name``; defaults to the model folder's name).
         spec: The network's :class:`ModelSpec` (architecture, task, size, mean/std, labels ...).
-        batch_size: The fixed batch size N baked into the ONNX graph.
+        batch_size: The largest batch size N (the last of ``batch_sizes``).
+        batch_sizes: Every batch size the graph is run at, ascending (default: ``(batch_size,)``,
+            a graph with its batch dimension fixed at N).
         precision: ``fp32`` or ``fp16`` (fp16 computes in half precision; input stays uint8 and
             the output float32).
         opset: ONNX opset of the graph.
-        input_name, output_name: Graph input (uint8, ``spec.input_shape(N)``) and output
-            (float32 logits ``(N, num_classes)``).
-        parity: How the ONNX output compared with PyTorch's at export: ``max_abs_diff``,
-            ``tolerance``, ``samples``, ``inputs`` (what was fed).
+        input_name, output_name: Graph input (uint8, ``spec.input_shape(n)``) and output
+            (float32 logits ``(n, num_classes)``) for a batch of n, one of ``batch_sizes``.
+        parity: How the ONNX output compared with PyTorch's at export: ``max_abs_diff`` (the
+            worst over every batch size), ``per_batch_size`` (``{"n": {"max_abs_diff",
+            "top1_agreement"}}``), ``tolerance``, ``samples``, ``inputs`` (what was fed).
         source_checkpoint: The checkpoint it was exported from, as given.
         onnx_sha256: Digest of ``model.onnx``, to tell exports apart.
         extra: Anything else recorded (versions, export time).
@@ -63,10 +122,21 @@ class ModelCard:
     source_checkpoint: str = ""
     onnx_sha256: str = ""
     extra: dict = field(default_factory=dict)
+    batch_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ModelCardError(f"model card {self.name!r}: batch_size {self.batch_size} must be >= 1")
+        try:
+            sizes = check_batch_sizes(self.batch_sizes or (self.batch_size,))
+        except ValueError as err:
+            raise ModelCardError(f"model card {self.name!r}: {err}") from None
+        if sizes[-1] != self.batch_size:
+            raise ModelCardError(
+                f"model card {self.name!r}: the largest of batch_sizes {list(sizes)} must equal batch_size "
+                f"{self.batch_size}"
+            )
+        object.__setattr__(self, "batch_sizes", sizes)
         if self.precision not in PRECISIONS:
             raise ModelCardError(
                 f"model card {self.name!r}: precision {self.precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}"
@@ -74,7 +144,7 @@ class ModelCard:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        """The ONNX input shape, batch included: ``(N, 3, S, S)`` or ``(N, 3, T, S, S)``."""
+        """The input shape at the largest batch size N: ``(N, 3, S, S)`` or ``(N, 3, T, S, S)``."""
         return self.spec.input_shape(self.batch_size)
 
     @property
@@ -97,6 +167,7 @@ class ModelCard:
             "task": spec.task,
             "multilabel": spec.multilabel,
             "batch_size": self.batch_size,
+            "batch_sizes": list(self.batch_sizes),
             "precision": self.precision,
             "opset": self.opset,
             "input": {
@@ -156,10 +227,19 @@ class ModelCard:
         batch_size = data["batch_size"]
         if not isinstance(batch_size, int) or isinstance(batch_size, bool):
             raise ModelCardError(f"{where}: field 'batch_size' must be an integer, got {batch_size!r}")
+        try:  # cards written before batch sizes came in hold batch_size alone
+            batch_sizes = check_batch_sizes(data.get("batch_sizes", [batch_size]), "field 'batch_sizes'")
+        except ValueError as err:
+            raise ModelCardError(f"{where}: {err}") from None
+        if batch_sizes[-1] != batch_size:
+            raise ModelCardError(
+                f"{where}: field 'batch_sizes' {list(batch_sizes)} must end with batch_size {batch_size}"
+            )
         card = cls(
             name=str(data["name"]),
             spec=spec,
             batch_size=batch_size,
+            batch_sizes=batch_sizes,
             precision=data.get("precision", "fp32"),
             opset=int(data.get("opset", 18)),
             input_name=str(data["input"].get("name", "pixels")),
@@ -187,6 +267,7 @@ class ModelCard:
             "name": self.name,
             "architecture": self.spec.name,
             "input": f"{self.input_name} uint8 {list(self.input_shape)} {self.spec.input_layout}",
+            "batch_sizes": list(self.batch_sizes),
             "precision": self.precision,
         }
 

@@ -1,20 +1,24 @@
-"""ONNX export: uint8 in, normalisation inside, a fixed batch size, parity checked on real inputs.
+"""ONNX export: uint8 in, normalisation inside, a set of batch sizes, parity checked at each.
 
-``export_model(checkpoint, out_dir, batch_size=N)`` writes ``out_dir/model.onnx`` and
+``export_model(checkpoint, out_dir, batch_sizes=(1, 2, 4, 8))`` writes ``out_dir/model.onnx`` and
 ``out_dir/model_card.json``:
 
-* **Graph**: input ``pixels`` uint8 ``spec.input_shape(N)`` (NCHW images, NCTHW clips), output
-  ``logits`` float32 ``(N, num_classes)``. Shapes are static, so TensorRT and CUDA graphs can
-  plan for them; the server pads every batch to N. Normalisation is the graph's first three
-  nodes (Cast, Mul, Add), so nobody re-implements it.
+* **Graph**: input ``pixels`` uint8 ``spec.input_shape(n)`` (NCHW images, NCTHW clips), output
+  ``logits`` float32 ``(n, num_classes)``. With one batch size N the batch dimension is fixed at
+  N in the file. With several, it is the symbolic ``batch`` and every runner fixes it per
+  onnxruntime session (a free-dimension override), one session per size: each session plans for
+  static shapes, as TensorRT and CUDA graphs want, while the file and its weights exist once. The
+  server runs each batch on the smallest size that holds it. Normalisation is the graph's first
+  three nodes (Cast, Mul, Add), so nobody re-implements it.
 * **fp16**: the backbone computes in half precision; normalisation stays in float32 (a uint8
   pixel does not survive ``/ 255`` well in half) and the logits are cast back to float32, so the
   server's handling does not change with precision.
 * **Checks**: the ONNX checker (full check, with shape inference), then onnxruntime against the
-  float32 PyTorch model on real inputs: synthetic JPEG/PNG images through gpufeed's evaluation
-  pipeline (exactly what the server feeds), or rendered behaviour-video frames for clip models.
-  The max absolute difference is printed and recorded; above the tolerance the export fails and
-  leaves no model behind.
+  float32 PyTorch model on real inputs, once per batch size (a session fixed at that size, as the
+  server makes them): synthetic JPEG/PNG images through gpufeed's evaluation pipeline (exactly
+  what the server feeds), or rendered behaviour-video frames for clip models. The max absolute
+  difference per size is printed and recorded; above the tolerance at any size the export fails
+  and leaves no model behind.
 """
 
 from __future__ import annotations
@@ -33,11 +37,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpufeed.models._card import ONNX_FILE, PRECISIONS, ModelCard
+from gpufeed.models._card import (
+    BATCH_DIM,
+    ONNX_FILE,
+    PRECISIONS,
+    ModelCard,
+    check_batch_sizes,
+    default_batch_sizes,
+)
 from gpufeed.models._io import find_checkpoint, load_model
 from gpufeed.models._spec import ModelSpec
 
-__all__ = ["ExportError", "export_model", "parity_inputs", "parity_tolerance"]
+__all__ = ["ExportError", "export_model", "parity_inputs", "parity_tolerance", "resolve_batch_sizes"]
 
 log = logging.getLogger("gpufeed")
 
@@ -129,7 +140,8 @@ def parity_inputs(
     return _clip_inputs(spec, batch_size, batches)
 
 
-def _onnx_session(path: Path, device):
+def _onnx_session(path: Path, device, batch_size: int | None = None):
+    """A session on the CPU (or CUDA) provider; ``batch_size`` fixes a symbolic batch dimension."""
     import onnxruntime as ort
 
     providers = ["CPUExecutionProvider"]
@@ -139,15 +151,47 @@ def _onnx_session(path: Path, device):
         providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if batch_size is not None:
+        options.add_free_dimension_override_by_name(BATCH_DIM, batch_size)
     return ort.InferenceSession(str(path), options, providers=providers)
 
 
-def _torch_export(module: nn.Module, example: torch.Tensor, path: Path, opset: int) -> None:
+def _run_in_chunks(session, inputs: np.ndarray, batch_size: int) -> np.ndarray:
+    """Logits for every row, ``batch_size`` rows per run; the last chunk is zero-padded, padding dropped."""
+    out = []
+    for start in range(0, len(inputs), batch_size):
+        chunk = inputs[start : start + batch_size]
+        if len(chunk) < batch_size:
+            chunk = np.concatenate([chunk, np.zeros((batch_size - len(chunk), *chunk.shape[1:]), chunk.dtype)])
+        out.append(session.run(["logits"], {"pixels": chunk})[0][: min(batch_size, len(inputs) - start)])
+    return np.concatenate(out)
+
+
+def resolve_batch_sizes(batch_size: int | None, batch_sizes) -> tuple[int, ...]:
+    """The batch sizes to export from the two ways of asking (see :func:`export_model`).
+
+    Raises:
+        ValueError: Naming the bad value.
+    """
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size {batch_size!r} must be an integer >= 1")
+    if batch_sizes is None:
+        return default_batch_sizes(8 if batch_size is None else batch_size)
+    sizes = check_batch_sizes(batch_sizes)
+    if batch_size is not None and sizes[-1] != batch_size:
+        raise ValueError(f"batch_sizes {list(sizes)} must end with batch_size {batch_size} (the largest)")
+    return sizes
+
+
+def _torch_export(module: nn.Module, example: torch.Tensor, path: Path, opset: int, dynamic_batch: bool) -> None:
     # The exporter and its optimiser log every pass (and warn about torchvision ops we never use).
     noisy = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir")]
     levels = [logger.level for logger in noisy]
     for logger in noisy:
         logger.setLevel(logging.ERROR)
+    # A symbolic batch dimension keeps every shape computed from the input (a flatten is
+    # Reshape [-1, C], not [N, C]), so one graph is valid at every batch size.
+    dynamic = {"pixels": {0: torch.export.Dim(BATCH_DIM, min=1)}} if dynamic_batch else None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -161,21 +205,37 @@ def _torch_export(module: nn.Module, example: torch.Tensor, path: Path, opset: i
                 dynamo=True,
                 external_data=False,
                 verbose=False,
+                dynamic_shapes=dynamic,
             )
     finally:
         for logger, level in zip(noisy, levels, strict=True):
             logger.setLevel(level)
 
 
-def _add_metadata(path: Path, spec: ModelSpec, batch_size: int, precision: str) -> None:
+def _batch_dims(model) -> list:
+    """The batch dimension (first) of every graph input and output."""
+    return [v.type.tensor_type.shape.dim[0] for v in [*model.graph.input, *model.graph.output]]
+
+
+def _add_metadata(path: Path, spec: ModelSpec, batch_sizes: tuple[int, ...], precision: str) -> None:
     import onnx
 
     model = onnx.load(str(path))
+    if len(batch_sizes) > 1:
+        dims = _batch_dims(model)
+        if any(d.HasField("dim_value") for d in dims):
+            raise ExportError(
+                f"the exporter fixed the batch dimension of {path.name} at {[d.dim_value for d in dims]}; "
+                f"batch sizes {list(batch_sizes)} need a symbolic one"
+            )
+        for dim in dims:  # one agreed name, which runners fix per session
+            dim.dim_param = BATCH_DIM
     onnx.helper.set_model_props(
         model,
         {
             "gpufeed.model_spec": json.dumps(spec.to_dict()),
-            "gpufeed.batch_size": str(batch_size),
+            "gpufeed.batch_size": str(batch_sizes[-1]),
+            "gpufeed.batch_sizes": ",".join(map(str, batch_sizes)),
             "gpufeed.precision": precision,
         },
     )
@@ -191,7 +251,8 @@ def export_model(
     source: str | Path,
     out_dir: str | Path,
     *,
-    batch_size: int = 8,
+    batch_size: int | None = None,
+    batch_sizes=None,
     precision: str = "fp32",
     name: str | None = None,
     opset: int = DEFAULT_OPSET,
@@ -204,11 +265,15 @@ def export_model(
     Args:
         source: A checkpoint file or a run folder (see :func:`gpufeed.models.find_checkpoint`).
         out_dir: The model folder to write (created; an earlier export there is replaced).
-        batch_size: The fixed batch size N of the graph.
+        batch_size: The largest batch size N; alone, the sizes are
+            :func:`~gpufeed.models.default_batch_sizes` of it (8: 1, 2, 4, 8).
+        batch_sizes: Every batch size to run the graph at, strictly ascending (``[8]``: one
+            graph fixed at 8). Default: from ``batch_size``, else 1, 2, 4, 8.
         precision: ``fp32`` or ``fp16``.
         name: The model's name in the card; default: ``out_dir``'s folder name.
         parity_data: Images (list file or class folders) for the parity check; default:
             synthetic images. Ignored for clip models.
+        parity_batches: Batches of the largest size fed to the parity check.
         device: :class:`~gpufeed.device.DeviceChoice` for the parity inputs' pipeline and the
             onnxruntime session (CUDA provider on a GPU); default: CPU.
 
@@ -216,14 +281,14 @@ def export_model(
         The written :class:`ModelCard`.
 
     Raises:
-        ExportError: The graph fails the ONNX checker or parity is above the tolerance; nothing is
-            left in ``out_dir`` then.
-        ValueError: Bad ``batch_size`` or ``precision``.
+        ExportError: The graph fails the ONNX checker or parity at some batch size is above the
+            tolerance; nothing is left in ``out_dir`` then.
+        ValueError: Bad ``batch_size``, ``batch_sizes`` or ``precision``.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size {batch_size} must be >= 1")
+    sizes = resolve_batch_sizes(batch_size, batch_sizes)
+    largest, dynamic = sizes[-1], len(sizes) > 1
     checkpoint = find_checkpoint(source)
     try:
         model = load_model(checkpoint).eval()
@@ -234,53 +299,62 @@ def export_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     name = name or out_dir.resolve().name
 
-    inputs, what = parity_inputs(spec, batch_size, parity_batches, parity_data, device)
+    inputs, what = parity_inputs(spec, largest, parity_batches, parity_data, device)
     with torch.no_grad():
         reference = np.concatenate(
-            [model(torch.from_numpy(inputs[i : i + batch_size])).numpy() for i in range(0, len(inputs), batch_size)]
+            [model(torch.from_numpy(inputs[i : i + largest])).numpy() for i in range(0, len(inputs), largest)]
         )
+    tolerance = parity_tolerance(precision, reference)
 
     tmp = out_dir / f".{ONNX_FILE}.partial"
     try:
         exportable = _Exportable(copy.deepcopy(model), precision).eval()
         with torch.no_grad():
-            _torch_export(exportable, torch.from_numpy(inputs[:batch_size]), tmp, opset)
-        _add_metadata(tmp, spec, batch_size, precision)
-        session = _onnx_session(tmp, device)
-        got = np.concatenate(
-            [
-                session.run(["logits"], {"pixels": inputs[i : i + batch_size]})[0]
-                for i in range(0, len(inputs), batch_size)
-            ]
-        )
-        max_diff = float(np.abs(got - reference).max())
-        tolerance = parity_tolerance(precision, reference)
-        top1 = float((got.argmax(1) == reference.argmax(1)).mean())
+            _torch_export(exportable, torch.from_numpy(inputs[:largest]), tmp, opset, dynamic)
+        _add_metadata(tmp, spec, sizes, precision)
+        per_size, provider = {}, ""
+        for n in sizes:
+            session = _onnx_session(tmp, device, n if dynamic else None)
+            provider = session.get_providers()[0]
+            got = _run_in_chunks(session, inputs, n)
+            del session
+            per_size[n] = {
+                "max_abs_diff": float(np.abs(got - reference).max()),
+                "top1_agreement": float((got.argmax(1) == reference.argmax(1)).mean()),
+            }
+        max_diff = max(p["max_abs_diff"] for p in per_size.values())  # NaN compares False: checked below
+        if any(not np.isfinite(p["max_abs_diff"]) for p in per_size.values()):
+            max_diff = float("nan")
+        top1 = min(p["top1_agreement"] for p in per_size.values())
+        figures = ", ".join(f"batch {n}: {p['max_abs_diff']:.3g}" for n, p in per_size.items())
         print(
-            f"parity onnxruntime ({session.get_providers()[0]}, {precision}) vs PyTorch fp32 on {len(inputs)} "
-            f"{what}: max |diff| {max_diff:.3g} (tolerance {tolerance:.3g}), top-1 agreement {top1:.0%}",
+            f"parity onnxruntime ({provider}, {precision}) vs PyTorch fp32 on {len(inputs)} {what}: "
+            f"max |diff| {max_diff:.3g} ({figures}; tolerance {tolerance:.3g}), top-1 agreement {top1:.0%}",
             flush=True,
         )
         if not np.isfinite(max_diff) or max_diff > tolerance:
+            worst = [n for n, p in per_size.items() if not p["max_abs_diff"] <= tolerance]
             raise ExportError(
-                f"onnxruntime disagrees with PyTorch for {checkpoint}: max |diff| {max_diff:.3g} is above the "
-                f"{precision} tolerance {tolerance:.3g}; no model was written to {out_dir}"
+                f"onnxruntime disagrees with PyTorch for {checkpoint} at batch size(s) {worst}: max |diff| "
+                f"{max_diff:.3g} is above the {precision} tolerance {tolerance:.3g}; no model was written to {out_dir}"
             )
         digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
         card = ModelCard(
             name=name,
             spec=spec,
-            batch_size=batch_size,
+            batch_size=largest,
+            batch_sizes=sizes,
             precision=precision,
             opset=opset,
             parity={
                 "max_abs_diff": max_diff,
+                "per_batch_size": {str(n): p for n, p in per_size.items()},
                 "tolerance": tolerance,
                 "top1_agreement": top1,
                 "samples": len(inputs),
                 "inputs": what,
                 "reference": "PyTorch fp32 on the CPU",
-                "provider": session.get_providers()[0],
+                "provider": provider,
             },
             source_checkpoint=str(checkpoint),
             onnx_sha256=digest,

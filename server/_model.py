@@ -1,16 +1,21 @@
-"""One served model: decoder, onnxruntime session and batcher, and the batch step that joins them.
+"""One served model: decoder, onnxruntime sessions and batcher, and the batch step that joins them.
 
 A request becomes :class:`Item` rows (one per image or tensor row). The batcher hands up to N of
 them to :meth:`ServedModel.run_batch`, which
 
-1. decodes the encoded images of the batch in one DALI call straight into rows ``0..k`` of the
-   model's input buffer (a CUDA tensor on a GPU, a numpy array on the CPU),
-2. copies already-decoded uint8 rows (KServe UINT8 tensors) after them,
-3. zeroes the remaining rows (padding up to the fixed N), runs onnxruntime once,
-4. hands each item its own logits row; padding rows are discarded.
+1. drops the items whose callers have given up (a request that got its 504 while the batch
+   waited to start): they are neither decoded nor run,
+2. picks the smallest of the model's batch sizes that holds the k items left (1, 2, 4, 8: a
+   batch of 3 runs at 4),
+3. decodes the encoded images in one DALI call straight into rows ``0..`` of the model's input
+   buffer (a CUDA tensor on a GPU, a numpy array on the CPU), copies already-decoded uint8 rows
+   (KServe UINT8 tensors) after them and zeroes the padding rows up to that size,
+4. runs onnxruntime once, on that size's session, and hands each item its own logits row;
+   padding rows are discarded.
 
 Rows of the model never interact (eval-mode batch norm), so an item's logits do not depend on
-its neighbours or on padding: the tests check that against one-at-a-time answers.
+its neighbours, on padding or on the batch size it ran at: the tests check that against
+one-at-a-time answers at every size.
 """
 
 from __future__ import annotations
@@ -19,17 +24,18 @@ import io
 import logging
 import queue
 import time
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from gpufeed.models import ModelCard
-from gpufeed.server._batcher import Batcher
+from gpufeed.server._batcher import Batch, Batcher
 from gpufeed.server._errors import RequestError
 from gpufeed.server._metrics import ServerMetrics
 from gpufeed.server._preprocess import ImageDecoder
-from gpufeed.server._runtime import OnnxRunner
+from gpufeed.server._runtime import OnnxRunner, served_batch_sizes
 
 __all__ = ["Item", "ServedModel", "scores_from_logits"]
 
@@ -98,12 +104,24 @@ class ServedModel:
 
         self.name, self.dir, self.card, self.cfg, self.metrics = name, Path(model_dir), card, cfg, metrics
         self.ready = False
+        # One lane (decoder + input buffer) per batcher worker, so batches can overlap: on a GPU one
+        # decodes while another runs the model; on the CPU two batches each run single-threaded
+        # on two cores, which costs less CPU per row than one batch split over both (measured
+        # for ResNet-18 on two cores: about 10 % less), at some latency when only one request waits.
+        self.workers = cfg.workers_per_model or 2
+        on_cpu = not device.is_gpu or cfg.execution_provider == "cpu"
+        threads = cfg.inference_threads or (max(1, default_num_threads() // self.workers) if on_cpu else 0)
         self.runner = OnnxRunner(
-            model_dir, card, device, cfg.execution_provider, cfg.inference_threads, cfg.tensorrt_cache_dir
+            model_dir,
+            card,
+            device,
+            cfg.execution_provider,
+            threads,
+            cfg.tensorrt_cache_dir,
+            served_batch_sizes(card, cfg.batch_sizes),
         )
+        self.batch_sizes = self.runner.batch_sizes
         self.on_gpu = self.runner.on_gpu
-        # One lane (decoder + input buffer) per batcher worker, so batches can overlap.
-        self.workers = cfg.workers_per_model or (2 if self.on_gpu else 1)
         self._lanes: queue.SimpleQueue[_Lane] = queue.SimpleQueue()
         for _ in range(self.workers):
             decoder = None
@@ -120,6 +138,7 @@ class ServedModel:
         self.batcher = Batcher(
             self.run_batch,
             batch_size=card.batch_size,
+            batch_sizes=self.batch_sizes,
             max_delay_s=cfg.max_delay_ms / 1000.0,
             capacity=cfg.queue_capacity,
             on_batch=self._observe_batch,
@@ -150,6 +169,7 @@ class ServedModel:
             "input_buffer": buffer,
             "providers": list(self.runner.providers),
             "batch_size": self.batch_size,
+            "batch_sizes": list(self.batch_sizes),
             "workers": self.workers,
         }
 
@@ -160,7 +180,6 @@ class ServedModel:
     def _observe_batch(self, waits: list[float], rows: int) -> None:
         for wait in waits:
             self.metrics.observe_stage(self.name, "queue_wait", wait)
-        self.metrics.observe_batch(self.name, rows, self.batch_size)
 
     def _copy_rows(self, buffer, start: int, rows: list[np.ndarray]) -> None:
         block = np.stack(rows)
@@ -172,7 +191,11 @@ class ServedModel:
             buffer[start : start + len(rows)] = block
 
     def run_batch(self, items: list[Item]) -> list[np.ndarray | BaseException]:
-        """Logits row per item (or the item's error); at most N items (the batcher's promise)."""
+        """Logits row per item (or the item's error); at most N items (the batcher's promise).
+
+        ``items`` may be the batcher's :class:`~gpufeed.server._batcher.Batch`: items whose callers
+        gave up get :class:`concurrent.futures.CancelledError` and cost nothing further.
+        """
         if len(items) > self.batch_size:
             raise ValueError(f"{len(items)} items exceed the batch size {self.batch_size}")
         lane = self._lanes.get()
@@ -181,46 +204,65 @@ class ServedModel:
         finally:
             self._lanes.put(lane)
 
+    @staticmethod
+    def _wanted(items: list[Item]) -> list[int]:
+        """Positions of the items whose callers still wait for them."""
+        if isinstance(items, Batch):
+            return [i for i, gone in enumerate(items.abandoned()) if not gone]
+        return list(range(len(items)))
+
     def _run_in_lane(self, lane: _Lane, items: list[Item]) -> list[np.ndarray | BaseException]:
-        buffer = lane.buffer
-        encoded = [i for i, item in enumerate(items) if item.encoded is not None]
-        decoded = [i for i, item in enumerate(items) if item.encoded is None]
+        results: list[np.ndarray | BaseException] = [CancelledError("its caller gave up")] * len(items)
+        live = self._wanted(items)
+        if not live:
+            return results
+        size = self.runner.bucket_for(len(live))
+        buffer = lane.buffer[:size]  # the first rows of the largest buffer: contiguous, no copy
+        encoded = [i for i in live if items[i].encoded is not None]
+        decoded = [i for i in live if items[i].encoded is None]
         order = encoded + decoded  # row r of the buffer holds items[order[r]]
-        failures: dict[int, BaseException] = {}
         if encoded:
             start = time.perf_counter()
             sizes = np.array([items[i].size for i in encoded], dtype=np.int64)
             outcome = lane.decoder.decode_into([items[i].encoded for i in encoded], sizes, buffer[: len(encoded)])
             for i, err in zip(encoded, outcome, strict=True):
                 if err is not None:
-                    failures[i] = RequestError(
+                    results[i] = RequestError(
                         getattr(err, "reason", "corrupt_image"), f"{items[i].where}: {getattr(err, 'message', err)}"
                     )
             self._observe("decode", time.perf_counter() - start)
         if decoded:
             self._copy_rows(buffer, len(encoded), [items[i].pixels for i in decoded])
-        if len(items) < self.batch_size:
-            buffer[len(items) :] = 0  # padding rows, discarded below
+        if len(order) < size:
+            buffer[len(order) :] = 0  # padding rows, discarded below
+        if not self._wanted(items):  # every caller gave up while the batch decoded
+            return results
         start = time.perf_counter()
         logits = self.runner.run(buffer)
         self._observe("inference", time.perf_counter() - start)
-        results: list[np.ndarray | BaseException] = [None] * len(items)
+        if self.ready:  # warm-up batches are not traffic
+            self.metrics.observe_batch(self.name, len(order), self.batch_size)
         for row, i in enumerate(order):
-            results[i] = failures.get(i, logits[row].copy())
+            if not isinstance(results[i], RequestError):
+                results[i] = logits[row].copy()
         return results
 
     def warm_up(self) -> None:
-        """Run ``serve.warmup_batches`` full batches end to end, then mark the model ready."""
+        """Run ``serve.warmup_batches`` full batches of every batch size end to end, then mark the model ready."""
         if self.accepts_encoded:
             image = _warmup_image(self.card.spec.size_px)
             size = (self.card.spec.size_px * 2, self.card.spec.size_px * 2)
-            items = [Item(encoded=image, size=size, where="warm-up image")] * self.batch_size
+            item = Item(encoded=image, size=size, where="warm-up image")
         else:
-            pixels = np.zeros(self.card.sample_shape, dtype=np.uint8)
-            items = [Item(pixels=pixels, where="warm-up row")] * self.batch_size
+            item = Item(pixels=np.zeros(self.card.sample_shape, dtype=np.uint8), where="warm-up row")
         lanes = [self._lanes.get() for _ in range(self.workers)]
         try:
-            outcomes = [self._run_in_lane(lane, items) for lane in lanes for _ in range(self.cfg.warmup_batches)]
+            outcomes = [
+                self._run_in_lane(lane, [item] * n)
+                for lane in lanes
+                for n in self.batch_sizes
+                for _ in range(self.cfg.warmup_batches)
+            ]
         finally:
             for lane in lanes:
                 self._lanes.put(lane)

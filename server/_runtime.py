@@ -1,4 +1,14 @@
-"""onnxruntime for one exported model: the session, the input buffer, and a batch in -> logits out.
+"""onnxruntime for one exported model: a session per batch size, the input buffer, a batch in -> logits out.
+
+A model card lists the batch sizes its graph runs at (``card.batch_sizes``). For a graph exported
+at several sizes the batch dimension is symbolic, and each size gets its own onnxruntime session
+with that dimension fixed (``add_free_dimension_override_by_name``): every session plans memory
+and kernels for static shapes, as TensorRT engines and CUDA graphs want, and a batch of k rows
+runs on the smallest size that holds it (:meth:`OnnxRunner.bucket_for`), padded only up to that
+size. A graph exported at one size N has its batch dimension fixed at N and one session.
+
+One input buffer of the largest size serves every session: a batch of n is its first n rows, a
+contiguous view, so no copy is made to change sizes.
 
 On a GPU the CUDA provider (or TensorRT by option) runs the graph with IOBinding: the decoded uint8
 batch stays a CUDA tensor from DALI to the model, bound by pointer, no host round trip; only the
@@ -9,21 +19,34 @@ before torch reads them. On the CPU, plain numpy arrays go through ``session.run
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from pathlib import Path
 
 import numpy as np
 
-from gpufeed.models import ONNX_FILE, ModelCard
+from gpufeed.models import BATCH_DIM, ONNX_FILE, ModelCard
 
-__all__ = ["OnnxRunner", "RuntimeSetupError"]
+__all__ = ["OnnxRunner", "RuntimeSetupError", "served_batch_sizes"]
 
 log = logging.getLogger("gpufeed.server")
 
 
 class RuntimeSetupError(RuntimeError):
     """The requested execution provider is not usable (the message says which and why)."""
+
+
+def served_batch_sizes(card: ModelCard, wanted: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The batch sizes to run ``card``'s model at: ``wanted`` (``serve.batch_sizes``) among the card's.
+
+    Empty ``wanted`` means every size of the card. The card's largest size is always kept, so a
+    full batch always fits; sizes the card does not list are ignored (a repository may hold models
+    exported with different sizes).
+    """
+    if not wanted:
+        return card.batch_sizes
+    return tuple(n for n in card.batch_sizes if n in set(wanted) or n == card.batch_size)
 
 
 def _providers(requested: str, device, precision: str, trt_cache: Path | None) -> list:
@@ -43,20 +66,39 @@ def _providers(requested: str, device, precision: str, trt_cache: Path | None) -
     return [cuda, "CPUExecutionProvider"]
 
 
+def _with_cache_folder(providers: list, size: int) -> list:
+    """TensorRT's engine cache in a sub-folder per batch size: each size builds its own engine."""
+    out = []
+    for provider in providers:
+        if (
+            isinstance(provider, tuple)
+            and provider[0] == "TensorrtExecutionProvider"
+            and "trt_engine_cache_path" in provider[1]
+        ):
+            folder = Path(provider[1]["trt_engine_cache_path"]) / f"batch{size}"
+            folder.mkdir(parents=True, exist_ok=True)
+            provider = (provider[0], {**provider[1], "trt_engine_cache_path": str(folder)})
+        out.append(provider)
+    return out
+
+
 class OnnxRunner:
-    """An onnxruntime session for a model folder, fed fixed-size uint8 batches.
+    """onnxruntime sessions for a model folder, one per batch size, fed uint8 batches of those sizes.
 
     Args:
         model_dir: The folder holding ``model.onnx``.
         card: Its :class:`~gpufeed.models.ModelCard`.
         device: :class:`~gpufeed.device.DeviceChoice`; on a GPU the CUDA provider is used.
         provider: ``auto``, ``cpu``, ``cuda`` or ``tensorrt`` (``serve.execution_provider``).
-        threads: onnxruntime intra-op threads; 0 keeps onnxruntime's default.
+        threads: onnxruntime intra-op threads per session; 0 keeps onnxruntime's default.
         tensorrt_cache_dir: Engine cache for the TensorRT provider (``None``: no cache).
+        batch_sizes: The sizes to load, a subset of the card's that holds its largest (see
+            :func:`served_batch_sizes`); default: every size of the card.
 
     Attributes:
+        batch_sizes: The sizes this runner runs, ascending; the last is the card's largest.
         on_gpu: True when batches are CUDA tensors bound with IOBinding.
-        providers: The providers the session actually uses, best first.
+        providers: The providers the sessions actually use, best first.
     """
 
     def __init__(
@@ -67,12 +109,36 @@ class OnnxRunner:
         provider: str = "auto",
         threads: int = 0,
         tensorrt_cache_dir: Path | None = None,
+        batch_sizes: tuple[int, ...] | None = None,
     ) -> None:
-        import onnxruntime as ort
-
         self.card = card
         self.device = device
+        self.path = Path(model_dir) / ONNX_FILE
+        sizes = tuple(batch_sizes or card.batch_sizes)
+        if not set(sizes) <= set(card.batch_sizes) or sizes[-1] != card.batch_size:
+            raise RuntimeSetupError(
+                f"batch sizes {list(sizes)} are not a subset of {self.path}'s {list(card.batch_sizes)} ending with "
+                f"its largest, {card.batch_size}"
+            )
+        self.batch_sizes = sizes
         wanted = _providers(provider, device, card.precision, tensorrt_cache_dir)
+        self.sessions = {n: self._session(n, wanted, threads) for n in sizes}
+        self.providers = self.sessions[sizes[-1]].get_providers()
+        self.on_gpu = self.providers[0] in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+        self.output_name = self.sessions[sizes[-1]].get_outputs()[0].name
+        self.num_classes = card.spec.num_classes
+        self._local = threading.local()  # per calling thread: {size: (IOBinding, output buffer)}
+        log.info(
+            "model %s: onnxruntime providers %s, batch sizes %s",
+            card.name,
+            ", ".join(self.providers),
+            ", ".join(map(str, sizes)),
+        )
+
+    def _session(self, size: int, wanted: list, threads: int):
+        import onnxruntime as ort
+
+        card = self.card
         options = ort.SessionOptions()
         options.log_severity_level = 3
         if threads:
@@ -80,31 +146,48 @@ class OnnxRunner:
         # onnxruntime's pool spins after each run by default: on a busy CPU that steals the cores the
         # decoder and the HTTP loop need between batches.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(Path(model_dir) / ONNX_FILE), options, providers=wanted)
-        self.providers = self.session.get_providers()
+        if len(card.batch_sizes) > 1:  # a symbolic batch dimension: this session fixes it
+            options.add_free_dimension_override_by_name(BATCH_DIM, size)
+            wanted = _with_cache_folder(wanted, size)
+        session = ort.InferenceSession(str(self.path), options, providers=wanted)
         first = wanted[0] if isinstance(wanted[0], str) else wanted[0][0]
-        if first != "CPUExecutionProvider" and self.providers[0] != first:
+        if first != "CPUExecutionProvider" and session.get_providers()[0] != first:
             raise RuntimeSetupError(
-                f"onnxruntime could not start {first} for {model_dir} (it offers {', '.join(self.providers)}); "
-                "check the CUDA/cuDNN/TensorRT libraries, or set serve.execution_provider: cpu"
+                f"onnxruntime could not start {first} for {self.path} (it offers "
+                f"{', '.join(session.get_providers())}); check the CUDA/cuDNN/TensorRT libraries, or set "
+                "serve.execution_provider: cpu"
             )
-        self.on_gpu = self.providers[0] in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
-        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        if [i.name for i in inputs] != [card.input_name] or list(inputs[0].shape) != list(card.input_shape):
+        inputs = session.get_inputs()
+        expected = [size, *card.sample_shape]
+        if [i.name for i in inputs] != [card.input_name] or list(inputs[0].shape) != expected:
             raise RuntimeSetupError(
-                f"{model_dir / ONNX_FILE} takes {[(i.name, i.shape) for i in inputs]}, but its model card says "
-                f"{card.input_name} {list(card.input_shape)}: re-export the model"
+                f"{self.path} takes {[(i.name, i.shape) for i in inputs]} at batch size {size}, but its model card "
+                f"says {card.input_name} {expected} (batch sizes {list(card.batch_sizes)}): re-export the model"
             )
         if inputs[0].type != "tensor(uint8)":
-            raise RuntimeSetupError(f"{model_dir / ONNX_FILE} takes {inputs[0].type}; gpufeed models take uint8")
-        self.output_name = outputs[0].name
-        self.num_classes = card.spec.num_classes
-        self._local = threading.local()  # one IOBinding and output buffer per calling thread
-        log.info("model %s: onnxruntime providers %s", card.name, ", ".join(self.providers))
+            raise RuntimeSetupError(f"{self.path} takes {inputs[0].type}; gpufeed models take uint8")
+        return session
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.batch_sizes[-1]
+
+    def bucket_for(self, rows: int) -> int:
+        """The smallest batch size that holds ``rows`` rows.
+
+        Raises:
+            ValueError: ``rows`` is not in ``1..max_batch_size``.
+        """
+        if not 1 <= rows <= self.max_batch_size:
+            raise ValueError(f"{rows} rows: a batch holds 1 to {self.max_batch_size}")
+        return self.batch_sizes[bisect.bisect_left(self.batch_sizes, rows)]
 
     def new_batch(self):
-        """A zeroed input batch ``(N, ...)`` uint8 where :meth:`run` expects it (CUDA or host)."""
-        shape = self.card.input_shape
+        """A zeroed input batch at the largest size, where :meth:`run` expects it (CUDA or host).
+
+        A batch of n for :meth:`run` is its first n rows (``batch[:n]``).
+        """
+        shape = self.card.spec.input_shape(self.max_batch_size)
         if self.on_gpu:
             import torch
 
@@ -112,27 +195,34 @@ class OnnxRunner:
         return np.zeros(shape, dtype=np.uint8)
 
     def run(self, batch) -> np.ndarray:
-        """Logits ``(N, num_classes)`` float32 on the host for a full batch from :meth:`new_batch`.
+        """Logits ``(n, num_classes)`` float32 on the host for a batch of n rows, n one of ``batch_sizes``.
 
-        Thread-safe: onnxruntime sessions run concurrently; each thread binds its own buffers.
+        ``batch`` is a contiguous uint8 array (CUDA tensor on a GPU), e.g. the first n rows of
+        :meth:`new_batch`. Thread-safe: onnxruntime sessions run concurrently; each thread binds
+        its own buffers.
         """
+        size = int(batch.shape[0])
+        session = self.sessions.get(size)
+        if session is None:
+            raise ValueError(f"a batch of {size} rows: this model runs batches of {list(self.batch_sizes)}")
         if not self.on_gpu:
-            return self.session.run([self.output_name], {self.card.input_name: batch})[0]
+            return session.run([self.output_name], {self.card.input_name: batch})[0]
         import torch
 
         # The batch was written on torch's current stream (DALI copy, row copies); onnxruntime
         # computes on its own stream, so the writes must be complete before it reads.
         torch.cuda.current_stream(batch.device).synchronize()
-        if not hasattr(self._local, "binding"):
-            self._local.binding = self.session.io_binding()
-            self._local.output = torch.empty(
-                (self.card.batch_size, self.num_classes), dtype=torch.float32, device=batch.device
-            )
-        binding, output = self._local.binding, self._local.output
+        bound = getattr(self._local, "bound", None)
+        if bound is None:
+            bound = self._local.bound = {}
+        if size not in bound:
+            output = torch.empty((size, self.num_classes), dtype=torch.float32, device=batch.device)
+            bound[size] = (session.io_binding(), output)
+        binding, output = bound[size]
         device_id = self.device.device_id or 0
         binding.bind_input(self.card.input_name, "cuda", device_id, np.uint8, tuple(batch.shape), batch.data_ptr())
         binding.bind_output(self.output_name, "cuda", device_id, np.float32, tuple(output.shape), output.data_ptr())
-        self.session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding)
         binding.synchronize_outputs()
         torch.cuda.current_stream(batch.device).synchronize()
         return output.cpu().numpy()

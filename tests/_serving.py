@@ -20,8 +20,8 @@ from PIL import Image
 
 from gpufeed.models import checkpoint_path, create_model, export_model, model_state
 
-IMAGE_MODEL = "small"  # smallcnn, 48 px, batch 4
-CLIP_MODEL = "clips"  # r3d_small, 32 px, 4 frames, batch 2
+IMAGE_MODEL = "small"  # smallcnn, 48 px, batch sizes 1, 2, 4
+CLIP_MODEL = "clips"  # r3d_small, 32 px, 4 frames, batch sizes 1, 2
 IMAGE_BATCH = 4
 CLIP_BATCH = 2
 CLASSES = ("amber", "birch", "cedar", "daisy")

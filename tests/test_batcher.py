@@ -50,11 +50,67 @@ def test_a_partial_batch_runs_after_max_delay():
     batcher.close()
 
 
+def _wait_until_taken(batcher, deadline_s: float = 5.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while batcher.depth and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def test_a_count_that_is_a_batch_size_runs_at_once():
+    step = Recorder()
+    batcher = Batcher(step, batch_size=8, batch_sizes=(1, 2, 4, 8), max_delay_s=5.0, capacity=64).start()
+    started = time.monotonic()
+    (lone,) = batcher.submit([3])
+    assert lone.result(timeout=2) == 9
+    pair = batcher.submit([4, 5])
+    assert [f.result(timeout=2) for f in pair] == [16, 25]
+    assert time.monotonic() - started < 2.0, "a lone item and a pair need no company: nobody waits the 5 s"
+    assert step.batches == [[3], [4, 5]]
+    batcher.close()
+
+
+def test_other_counts_wait_for_the_next_batch_size_or_the_delay():
+    step = Recorder()
+    batcher = Batcher(step, batch_size=8, batch_sizes=(1, 2, 4, 8), max_delay_s=1.0, capacity=64).start()
+    started = time.monotonic()
+    three = batcher.submit([1, 2, 3])
+    time.sleep(0.05)
+    assert not any(f.done() for f in three), "3 is not a batch size: it waits for a fourth"
+    fourth = batcher.submit([4])
+    assert [f.result(timeout=2) for f in three + fourth] == [1, 4, 9, 16]
+    assert time.monotonic() - started < 0.8, "the fourth item made a batch of 4 before the delay ran out"
+
+    started = time.monotonic()
+    five = batcher.submit([1, 2, 3, 4, 5])
+    assert [f.result(timeout=5) for f in five] == [1, 4, 9, 16, 25]
+    assert 0.9 <= time.monotonic() - started < 4.0, "5 waited for 8 up to the delay, then ran as it was"
+    assert step.batches == [[1, 2, 3, 4], [1, 2, 3, 4, 5]]
+    batcher.close()
+
+
+def test_under_load_batches_fill_to_n():
+    hold = threading.Event()
+    step = Recorder(hold)
+    batcher = Batcher(step, batch_size=8, batch_sizes=(1, 2, 4, 8), max_delay_s=0.0, capacity=64).start()
+    first = batcher.submit([0])  # runs at once and holds the worker, as a slow batch would
+    _wait_until_taken(batcher)
+    queued = [batcher.submit([k]) for k in range(1, 21)]  # 20 requests arrive while it runs
+    hold.set()
+    assert [f.result(timeout=5) for f in first + [f for fs in queued for f in fs]] == [k * k for k in range(21)]
+    assert [len(b) for b in step.batches] == [1, 8, 8, 4], "what queued up meanwhile ran in full batches"
+    batcher.close()
+
+
 def test_concurrent_submitters_each_get_their_own_results_in_batches_of_at_most_n():
     step = Recorder()
     waits: list[float] = []
     batcher = Batcher(
-        step, batch_size=5, max_delay_s=0.01, capacity=1000, on_batch=lambda w, rows: waits.extend(w)
+        step,
+        batch_size=5,
+        batch_sizes=(1, 2, 5),
+        max_delay_s=0.01,
+        capacity=1000,
+        on_batch=lambda w, rows: waits.extend(w),
     ).start()
 
     def client(k):
@@ -154,6 +210,40 @@ def test_cancelled_items_leave_the_queue_and_never_run():
     assert [x for b in step.batches for x in b] == [1, 4]
 
 
+def test_items_of_a_running_batch_that_are_given_up_are_marked_for_the_step():
+    hold, seen = threading.Event(), []
+
+    def step(items):
+        hold.wait(10)  # the batch has been taken; its callers give up meanwhile
+        seen.append(items.abandoned())
+        return [x * 10 for x in items]
+
+    batcher = Batcher(step, batch_size=4, batch_sizes=(1, 2, 4), max_delay_s=0.0, capacity=8).start()
+    kept, doomed = batcher.submit([1, 2]), batcher.submit([3, 4])
+    _wait_until_taken(batcher)
+    assert batcher.cancel(doomed) == 0, "nothing was queued any more: nothing withdrawn"
+    hold.set()
+    assert [f.result(timeout=5) for f in kept] == [10, 20]
+    assert seen == [[False, False, True, True]], "the step learns which items nobody waits for"
+    for future in doomed:
+        with pytest.raises(CancelledError, match="gave up"):
+            future.result(timeout=5)
+    batcher.close()
+
+
+def test_cancel_lets_a_waiting_batch_go_when_the_rest_is_a_batch_size():
+    step = Recorder()
+    batcher = Batcher(step, batch_size=8, batch_sizes=(1, 2, 4, 8), max_delay_s=5.0, capacity=16).start()
+    kept, doomed = batcher.submit([1, 2]), batcher.submit([3])  # 3 items: waits for a fourth
+    time.sleep(0.05)
+    started = time.monotonic()
+    assert batcher.cancel(doomed) == 1
+    assert [f.result(timeout=2) for f in kept] == [1, 4]
+    assert time.monotonic() - started < 2.0, "2 left, a batch size: it runs without waiting the delay"
+    assert step.batches == [[1, 2]]
+    batcher.close()
+
+
 def test_close_drains_or_fails_and_then_refuses():
     step = Recorder()
     batcher = Batcher(step, batch_size=4, max_delay_s=10.0, capacity=8).start()
@@ -184,3 +274,5 @@ def test_bad_arguments_are_named():
         Batcher(Recorder(), batch_size=0, max_delay_s=0.0, capacity=1)
     with pytest.raises(ValueError, match="capacity 0"):
         Batcher(Recorder(), batch_size=1, max_delay_s=0.0, capacity=0)
+    with pytest.raises(ValueError, match=r"batch_sizes \[1, 16\] must lie in 1..batch_size \(8\)"):
+        Batcher(Recorder(), batch_size=8, batch_sizes=(1, 16), max_delay_s=0.0, capacity=1)

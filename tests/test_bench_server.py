@@ -10,6 +10,7 @@ import pytest
 from _serving import IMAGE_MODEL, encode, exported_repo
 
 from gpufeed.bench._loadgen import run_load
+from gpufeed.bench._server_report import batch_usage, verdicts
 from gpufeed.bench.server import print_server_result, run_server_bench, session_cpu_seconds
 from gpufeed.config import parse_config
 from gpufeed.device import DeviceChoice
@@ -50,5 +51,36 @@ def test_tiny_sweep_with_every_contender(tmp_path, capsys):
         point = result["results"][name]["2"]
         assert point["throughput_rps"] > 0 and point["errors"] == 0, (name, point)
         assert point["server_cpu_ms_per_request"] > 0
+    assert result["batch_sizes"] == [1, 2]
+    usage = result["results"]["gpufeed"]["2"]["batch_usage"]  # read from gpufeed's own /metrics
+    assert usage["batches"] > 0 and sum(usage["by_size"].values()) == usage["batches"]
+    assert 1.0 <= usage["mean_rows"] <= 2.0
+    assert [t["verdict"] for t in result["targets"]] == ["not measured"] * 4, "no target is at 2 clients"
     print_server_result(result)
-    assert "req/s vs plain" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "req/s vs plain" in out and "gpufeed's batches by the batch size they ran at" in out
+    assert "CPU, 8 clients: >= 1.5x: not measured in this run" in out
+
+
+def test_batch_usage_and_verdicts_from_figures():
+    # Cumulative histogram counts (le -> batches) before and after a point: 3 batches of 1 row,
+    # 2 of 3 rows (run at 4), 5 of 8 rows.
+    before = {1.0: 10, 2.0: 10, 3.0: 10, 4.0: 10, 8.0: 12, float("inf"): 12}
+    after = {1.0: 13, 2.0: 13, 3.0: 15, 4.0: 15, 8.0: 22, float("inf"): 22}
+    usage = batch_usage(before, after, (1, 2, 4, 8))
+    assert usage["by_size"] == {"1": 3, "2": 0, "4": 2, "8": 5} and usage["batches"] == 10
+    assert usage["mean_rows"] == (3 * 1 + 2 * 3 + 5 * 8) / 10
+
+    def point(rps, p99):
+        return {"throughput_rps": rps, "p99_ms": p99}
+
+    result = {
+        "architecture": "resnet18",
+        "machine": {"device": "cpu"},
+        "results": {
+            "gpufeed": {"1": point(36.0, 30.0), "32": point(43.0, 900.0)},
+            "plain": {"1": point(40.0, 29.0), "32": point(42.0, 800.0)},
+        },
+    }
+    got = {(v["target"]["device"], v["target"]["clients"]): v["verdict"] for v in verdicts(result)}
+    assert got == {("cpu", 1): "MET", ("cpu", 32): "MISSED", ("gpu", 32): "not measured"}, "0.9x met; p99 higher"

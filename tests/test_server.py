@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -60,6 +61,8 @@ def _metrics(server) -> dict[tuple, float]:
 def _direct_logits(model_dir: Path, batch: np.ndarray) -> np.ndarray:
     session = ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     n = session.get_inputs()[0].shape[0]
+    if not isinstance(n, int):  # a symbolic batch dimension: any number of rows at once
+        return session.run(None, {"pixels": batch})[0]
     rows = []
     for start in range(0, len(batch), n):
         chunk = batch[start : start + n]
@@ -134,23 +137,73 @@ def test_server_scores_equal_direct_onnxruntime_on_evaluation_pipeline_inputs(se
     np.testing.assert_allclose([t["score"] for t in prediction["top_k"]], np.sort(probs)[::-1], rtol=1e-5)
 
 
-def test_concurrent_requests_get_the_answers_they_get_alone(server, val_set):
+@pytest.mark.parametrize("batch_sizes", [[], [IMAGE_BATCH]], ids=["sizes-1-2-4", "size-4-only"])
+def test_concurrent_requests_get_the_answers_they_get_alone(server, val_set, batch_sizes):
+    """With every batch size (a request runs at once when the model is free) and with the largest alone
+    (requests wait up to max_delay_ms for a full batch): each answer is the one it gets alone."""
     blobs = [Path(p).read_bytes() for p in val_set.paths[:12]]
     client = _client(server)
     alone = [client.infer(IMAGE_MODEL, [_bytes_input([b])]).as_numpy("logits")[0] for b in blobs]
-    before = _metrics(server)
-    many = _client(server, concurrency=12)
-    for count in (1, 2, 3, IMAGE_BATCH, IMAGE_BATCH + 1, 12):
-        pending = [many.async_infer(IMAGE_MODEL, [_bytes_input([b])]) for b in blobs[:count]]
-        for k, request in enumerate(pending):
-            np.testing.assert_allclose(request.get_result().as_numpy("logits")[0], alone[k], atol=1e-6)
-    after = _metrics(server)
-    key = ("gpufeed_server_batch_size_bucket", (("le", "1.0"), ("model", IMAGE_MODEL)))
-    count_key = ("gpufeed_server_batch_size_count", (("model", IMAGE_MODEL),))
-    batches = after[count_key] - before[count_key]
-    singles = after[key] - before[key]
-    assert batches < 1 + 2 + 3 + 4 + 5 + 12, "concurrent requests were batched together"
-    assert batches > singles, "some batches held more than one request"
+    target = server
+    if batch_sizes:
+        cfg = parse_config(
+            {"serve": {"max_delay_ms": 50, "decode_threads": 2, "warmup_batches": 1, "batch_sizes": batch_sizes}}
+        )
+        target = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU)
+    try:
+        before = _metrics(target)
+        many = _client(target, concurrency=12)
+        counts = (1, 2, 3, IMAGE_BATCH, IMAGE_BATCH + 1, 12)
+        for count in counts:
+            pending = [many.async_infer(IMAGE_MODEL, [_bytes_input([b])]) for b in blobs[:count]]
+            for k, request in enumerate(pending):
+                np.testing.assert_allclose(request.get_result().as_numpy("logits")[0], alone[k], atol=1e-6)
+        after = _metrics(target)
+    finally:
+        if target is not server:
+            target.stop()
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted({"model": IMAGE_MODEL, **labels}.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    batches, rows = delta("gpufeed_server_batch_size_count"), delta("gpufeed_server_batch_size_sum")
+    assert rows == sum(counts) and 1 <= batches <= sum(counts), "every request ran once, in batches"
+    assert delta("gpufeed_server_batch_size_bucket", le=f"{IMAGE_BATCH:.1f}") == batches, "no batch above N"
+    if batch_sizes:
+        assert batches < sum(counts), "concurrent requests were batched together"
+        assert batches > delta("gpufeed_server_batch_size_bucket", le="1.0"), "some batches held several requests"
+
+
+def test_a_request_that_times_out_while_queued_never_runs(val_set):
+    """504 with the request's images still queued: they leave the queue and no batch ever runs them."""
+    cfg = parse_config(
+        {
+            "serve": {
+                "max_delay_ms": 2500,  # 3 images are no batch size (1, 2, 4): they wait for a fourth ...
+                "request_timeout_seconds": 0.5,  # ... longer than the request may wait
+                "warmup_batches": 1,
+                "decode_threads": 2,
+            }
+        }
+    )
+    running = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU)
+    try:
+        blobs = [Path(p).read_bytes() for p in val_set.paths[:3]]
+        before = _metrics(running)
+        files = [("image", (f"{k}.jpg", b, "image/jpeg")) for k, b in enumerate(blobs)]
+        response = httpx.post(f"{running.url}/v1/models/{IMAGE_MODEL}/predict", files=files, timeout=30)
+        assert response.status_code == 504 and response.json()["reason"] == "timeout"
+        assert running.state.models[IMAGE_MODEL].batcher.depth == 0, "its images left the queue at once"
+        time.sleep(3.0)  # past the moment the batch would have run
+        after = _metrics(running)
+        count = ("gpufeed_server_batch_size_count", (("model", IMAGE_MODEL),))
+        decodes = ("gpufeed_server_stage_seconds_count", (("model", IMAGE_MODEL), ("stage", "decode")))
+        assert after[count] == before[count] and after[decodes] == before[decodes], "nothing was decoded or run"
+        ok = httpx.post(f"{running.url}/v1/models/{IMAGE_MODEL}/predict", files=files[:2], timeout=30)
+        assert ok.status_code == 200 and len(ok.json()["predictions"]) == 2, "2 images: a batch size, no wait"
+    finally:
+        running.stop()
 
 
 def test_two_workers_per_model_give_the_same_answers(server, val_set):
@@ -229,40 +282,149 @@ def test_a_bad_image_in_a_batch_fails_alone(server, val_set):
     assert client.is_server_ready()
 
 
-def test_batch_step_pads_to_n_and_isolates_a_bad_row(val_set):
-    """ServedModel.run_batch without HTTP: rows come back in order whatever the mix, padding discarded."""
-    from _serving import png_with_damaged_data
-
+def _served_model(batch_sizes=()):
     from gpufeed.models import read_model_card
-    from gpufeed.server import Item, RequestError, ServedModel, ServerMetrics, inspect_image
+    from gpufeed.server import ServedModel, ServerMetrics
 
     model_dir = exported_repo() / IMAGE_MODEL
     card = read_model_card(model_dir)
-    cfg = parse_config({"serve": {"decode_threads": 2}}).serve
-    model = ServedModel(IMAGE_MODEL, model_dir, card, cfg, CPU, ServerMetrics({IMAGE_MODEL: card.batch_size}))
+    cfg = parse_config({"serve": {"decode_threads": 2, "batch_sizes": list(batch_sizes)}}).serve
+    return ServedModel(IMAGE_MODEL, model_dir, card, cfg, CPU, ServerMetrics({IMAGE_MODEL: card.batch_size}))
+
+
+def _item(blob, where="test image"):
+    from gpufeed.server import Item, inspect_image
+
+    info = inspect_image(blob, 10**8)
+    return Item(encoded=blob, size=(info.width, info.height), where=where)
+
+
+def test_batch_step_runs_at_the_smallest_size_that_holds_the_batch_and_isolates_a_bad_row(val_set):
+    """ServedModel.run_batch without HTTP: at every batch size, rows come back in order whatever the mix,
+    each equal to its answer alone (no neighbour or padding leaks in), padding discarded."""
+    from _serving import png_with_damaged_data
+
+    from gpufeed.server import Item, RequestError
+
+    model = _served_model()
     try:
-        blobs = [Path(p).read_bytes() for p in val_set.paths[:3]]
+        assert model.batch_sizes == (1, 2, IMAGE_BATCH) and sorted(model.runner.sessions) == [1, 2, IMAGE_BATCH]
+        assert [model.runner.bucket_for(k) for k in range(1, IMAGE_BATCH + 1)] == [1, 2, 4, 4]
+        blobs = [Path(p).read_bytes() for p in val_set.paths[:IMAGE_BATCH]]
         png = Path(next(p for p in val_set.paths if p.endswith(".png"))).read_bytes()
         damaged = png_with_damaged_data(png)
-
-        def item(blob):
-            info = inspect_image(blob, 10**8)
-            return Item(encoded=blob, size=(info.width, info.height), where="test image")
-
-        alone = [model.run_batch([item(b)])[0] for b in blobs]
-        pixels = np.zeros(card.sample_shape, np.uint8)
+        alone = [model.run_batch([_item(b)])[0] for b in blobs]  # batch size 1, no padding
+        pixels = np.zeros(model.card.sample_shape, np.uint8)
         (zero_row,) = model.run_batch([Item(pixels=pixels)])
-        mixed = model.run_batch([Item(pixels=pixels), item(blobs[0]), item(damaged), item(blobs[2])])
-        np.testing.assert_allclose(mixed[0], zero_row, atol=1e-6)
-        np.testing.assert_allclose(mixed[1], alone[0], atol=1e-6)
-        np.testing.assert_allclose(mixed[3], alone[2], atol=1e-6)
-        assert isinstance(mixed[2], RequestError) and mixed[2].reason == "corrupt_image"
-        assert mixed[2].message.startswith("test image: the image data is damaged")
-        again = model.run_batch([item(b) for b in blobs])  # the decoder is healthy afterwards
-        np.testing.assert_allclose(np.stack(again), np.stack(alone), atol=1e-6)
+        for k in range(1, IMAGE_BATCH + 1):  # sizes 1, 2, 4 and 3 (at 4, one padding row)
+            together = model.run_batch([_item(b) for b in blobs[:k]])
+            np.testing.assert_allclose(np.stack(together), np.stack(alone[:k]), atol=1e-6, err_msg=f"{k} rows")
+            reversed_ = model.run_batch([_item(b) for b in blobs[:k][::-1]])
+            np.testing.assert_allclose(np.stack(reversed_[::-1]), np.stack(alone[:k]), atol=1e-6)
+        for mix in (
+            [Item(pixels=pixels), _item(blobs[0]), _item(damaged), _item(blobs[2])],  # size 4
+            [_item(damaged), Item(pixels=pixels), _item(blobs[2])],  # 3 at size 4
+            [_item(blobs[0]), _item(damaged)],  # size 2
+        ):
+            out = model.run_batch(mix)
+            for item, result in zip(mix, out, strict=True):
+                if item.encoded is damaged:
+                    assert isinstance(result, RequestError) and result.reason == "corrupt_image"
+                    assert result.message.startswith("test image: the image data is damaged")
+                elif item.pixels is not None:
+                    np.testing.assert_allclose(result, zero_row, atol=1e-6)
+                else:
+                    np.testing.assert_allclose(result, alone[blobs.index(item.encoded)], atol=1e-6)
+        again = model.run_batch([_item(b) for b in blobs[:3]])  # the decoder is healthy afterwards
+        np.testing.assert_allclose(np.stack(again), np.stack(alone[:3]), atol=1e-6)
         with pytest.raises(ValueError, match="exceed the batch size"):
             model.run_batch([Item(pixels=pixels)] * (IMAGE_BATCH + 1))
     finally:
+        model.close()
+
+    fixed = _served_model(batch_sizes=[IMAGE_BATCH])  # serve.batch_sizes: run the card's largest only
+    try:
+        assert fixed.batch_sizes == (IMAGE_BATCH,) and list(fixed.runner.sessions) == [IMAGE_BATCH]
+        np.testing.assert_allclose(fixed.run_batch([_item(blobs[1])])[0], alone[1], atol=1e-6)
+    finally:
+        fixed.close()
+
+
+def test_runner_has_a_session_per_batch_size_and_refuses_other_sizes():
+    from gpufeed.models import read_model_card
+    from gpufeed.server import OnnxRunner, RuntimeSetupError
+
+    model_dir = exported_repo() / IMAGE_MODEL
+    card = read_model_card(model_dir)
+    runner = OnnxRunner(model_dir, card, CPU)
+    assert runner.batch_sizes == card.batch_sizes == (1, 2, IMAGE_BATCH)
+    assert {n: s.get_inputs()[0].shape[0] for n, s in runner.sessions.items()} == {1: 1, 2: 2, 4: 4}
+    batch = runner.new_batch()
+    assert batch.shape == card.input_shape
+    with pytest.raises(ValueError, match=r"a batch of 3 rows: this model runs batches of \[1, 2, 4\]"):
+        runner.run(batch[:3])
+    with pytest.raises(ValueError, match="5 rows: a batch holds 1 to 4"):
+        runner.bucket_for(5)
+    with pytest.raises(RuntimeSetupError, match=r"batch sizes \[2\] are not a subset"):
+        OnnxRunner(model_dir, card, CPU, batch_sizes=(2,))
+
+
+def test_items_given_up_inside_a_taken_batch_are_not_decoded_or_run(val_set):
+    """A 504 while the batch waits to start: run_batch drops those items and runs the rest at a smaller size."""
+    import threading
+    from concurrent.futures import CancelledError
+
+    from gpufeed.server import Batcher
+
+    model = _served_model()
+    model.warm_up()  # ready: batches are counted in the metrics from now on
+    blobs = [Path(p).read_bytes() for p in val_set.paths[:3]]
+    hold = threading.Event()
+
+    def step(items):
+        hold.wait(10)  # taken, not yet started: its callers give up meanwhile
+        return model.run_batch(items)
+
+    batcher = Batcher(step, batch_size=IMAGE_BATCH, batch_sizes=model.batch_sizes, max_delay_s=0.0, capacity=8)
+    batcher.start()
+
+    def batches() -> tuple[float, float]:
+        """(batches run, rows run) from the model's own metrics."""
+        labels = {"model": IMAGE_MODEL}
+        get = model.metrics.registry.get_sample_value
+        return get("gpufeed_server_batch_size_count", labels), get("gpufeed_server_batch_size_sum", labels)
+
+    def taken() -> None:
+        deadline = time.monotonic() + 5
+        while batcher.depth and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    try:
+        alone = model.run_batch([_item(blobs[0])])[0]
+        before = batches()
+        kept, *doomed = batcher.submit([_item(b) for b in blobs])
+        taken()
+        batcher.cancel(doomed)
+        hold.set()
+        np.testing.assert_allclose(kept.result(timeout=30), alone, atol=1e-6)
+        for future in doomed:
+            with pytest.raises(CancelledError):
+                future.result(timeout=5)
+        after = batches()
+        assert (after[0] - before[0], after[1] - before[1]) == (1, 1), "one batch of one row ran, at size 1"
+
+        hold.clear()
+        everyone_left = batcher.submit([_item(b) for b in blobs[:2]])
+        taken()
+        batcher.cancel(everyone_left)
+        hold.set()
+        for future in everyone_left:
+            with pytest.raises(CancelledError):
+                future.result(timeout=5)
+        assert batches() == after, "a batch whose callers all left decodes and runs nothing"
+    finally:
+        hold.set()
+        batcher.close()
         model.close()
 
 

@@ -18,6 +18,7 @@ import pytest
 import tritonclient.http as triton
 from _serving import (
     CLIP_MODEL,
+    IMAGE_BATCH,
     IMAGE_MODEL,
     encode,
     exported_repo,
@@ -157,6 +158,7 @@ def test_limits_overload_and_timeouts():
             "device": "cpu",
             "serve": {
                 "max_delay_ms": 3000,  # a lone request waits for company longer than it may wait at all
+                "batch_sizes": [IMAGE_BATCH],  # a full batch only: a lone request is not a batch by itself
                 "request_timeout_seconds": 0.6,
                 "queue_capacity": 1,
                 "retry_after_seconds": 3,

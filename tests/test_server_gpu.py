@@ -70,3 +70,28 @@ def test_tensorrt_provider_by_option_serves_or_says_why(synth_dir):
         assert _logits(server, IMAGE_MODEL, _images(synth_dir)).shape == (6, 4)
     finally:
         server.stop()
+
+
+def test_cuda_runner_binds_every_batch_size_and_agrees_with_the_cpu_runner():
+    """One CUDA session per batch size, fed the first n rows of one device buffer through IOBinding."""
+    import torch
+
+    from gpufeed.models import read_model_card
+    from gpufeed.server import OnnxRunner
+
+    model_dir = exported_repo() / IMAGE_MODEL
+    card = read_model_card(model_dir)
+    gpu, cpu = OnnxRunner(model_dir, card, GPU), OnnxRunner(model_dir, card, CPU)
+    assert gpu.on_gpu and sorted(gpu.sessions) == list(card.batch_sizes)
+    assert {s.get_providers()[0] for s in gpu.sessions.values()} == {"CUDAExecutionProvider"}
+    rows = np.random.default_rng(1).integers(0, 256, (card.batch_size, *card.sample_shape), dtype=np.uint8)
+    batch = gpu.new_batch()
+    assert batch.is_cuda and tuple(batch.shape) == card.input_shape
+    for n in card.batch_sizes:
+        batch[:n].copy_(torch.from_numpy(rows[:n]))
+        got = gpu.run(batch[:n])
+        assert got.shape == (n, card.spec.num_classes) and got.dtype == np.float32
+        np.testing.assert_allclose(got, cpu.run(rows[:n].copy()), atol=1e-3, err_msg=f"batch size {n}")
+    np.testing.assert_allclose(gpu.run(batch[:1]), cpu.run(rows[:1].copy()), atol=1e-3)  # its binding, reused
+    with pytest.raises(ValueError, match=r"a batch of 3 rows: this model runs batches of \[1, 2, 4\]"):
+        gpu.run(batch[:3])

@@ -104,7 +104,12 @@ def run_drain(
     held = card.batch_size - 1
     if held < 1 or len(images) < held:
         raise ValueError(f"need a model with batch size >= 2 and >= {held} images")
-    settings = [f"serve.max_delay_ms={hold_ms}", f"serve.shutdown_delay_seconds={shutdown_delay_s}"]
+    # Only the largest batch size: the held requests wait for a full batch (or hold_ms) together.
+    settings = [
+        f"serve.max_delay_ms={hold_ms}",
+        f"serve.shutdown_delay_seconds={shutdown_delay_s}",
+        f"serve.batch_sizes=[{card.batch_size}]",
+    ]
     tally, probes = _Tally(), {"ready": [], "predict": []}
     headers_seen: list[dict] = []
     with ServeProcess(model_dir, settings, device=device) as server, ThreadPoolExecutor(held + 2) as pool:

@@ -106,11 +106,12 @@ def errors_by_reason(host: str, port: int, headers: dict[str, str] | None = None
 
 
 def direct_logits(model_dir: Path, rows: np.ndarray) -> np.ndarray:
-    """onnxruntime on the exported graph, without the server: rows padded to the fixed batch size."""
+    """onnxruntime on the exported graph, without the server: rows padded to a fixed batch size N."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(Path(model_dir) / "model.onnx"), providers=["CPUExecutionProvider"])
     n = session.get_inputs()[0].shape[0]
+    n = n if isinstance(n, int) else len(rows)  # a symbolic batch dimension takes the rows as they are
     padded = np.concatenate([rows, np.zeros((n - len(rows), *rows.shape[1:]), np.uint8)])
     return session.run(None, {session.get_inputs()[0].name: padded})[0][: len(rows)]
 

@@ -2,17 +2,19 @@
 
 Contenders, each its own process on a loopback port, all serving the same checkpoint:
 
-* ``gpufeed``: ``gpufeed serve`` (validation, dynamic batching to a fixed N, DALI decode,
-  onnxruntime), REST ``POST /v1/models/{name}/predict``;
+* ``gpufeed``: ``gpufeed serve`` (validation, dynamic batching at the export's batch sizes 1, 2,
+  4, .. N, DALI decode, onnxruntime), REST ``POST /v1/models/{name}/predict``;
 * ``plain``: FastAPI + PIL + onnxruntime, one inference per request (batch-1 export);
-* ``litserve``: LitServe with dynamic batching (``max_batch_size`` N, the same max delay).
+* ``litserve``: LitServe with dynamic batching (``max_batch_size`` N, the same max delay, the
+  symbolic-batch export run at whatever batch forms).
 
 One closed-loop client (:mod:`gpufeed.bench._loadgen`) sends the same photo-like JPEGs as
 multipart uploads at each concurrency of the sweep; contenders take turns point by point (order
 rotated each round), so a noisy neighbour hits all of them alike. Reported per point: throughput
 (answers/s), p50 and p99 latency, the server's CPU time per answered request (its processes' user +
 system time: the figure a noisy, shared machine disturbs least), errors, and throughput ratios against
-``plain``.
+``plain``; then the batch sizes gpufeed ran at per concurrency, read from its own metrics, and
+verdicts on the speed targets (:mod:`gpufeed.bench._server_report`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 
 from gpufeed.bench._common import format_table, machine_facts, median, write_json
 from gpufeed.bench._loadgen import run_load
+from gpufeed.bench._server_report import batch_usage, print_batch_usage, print_verdicts, scrape_batch_rows, verdicts
 
 __all__ = ["CONTENDERS", "run_server_bench"]
 
@@ -119,25 +122,34 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def export_bench_models(cache: Path, architecture: str, size_px: int, batch_size: int, checkpoint: Path | None) -> dict:
-    """The batch-N export (gpufeed, LitServe) and batch-1 export (plain) of one checkpoint, cached."""
-    from gpufeed.models import export_model, read_model_card
+def export_bench_models(
+    cache: Path,
+    architecture: str,
+    size_px: int,
+    batch_size: int,
+    checkpoint: Path | None,
+    batch_sizes: tuple[int, ...] | None = None,
+) -> dict:
+    """One checkpoint exported twice, cached: ``batched`` at ``batch_sizes`` (default: the powers of two
+    up to ``batch_size``; gpufeed and LitServe) and ``single`` at 1 (the plain server)."""
+    from gpufeed.models import default_batch_sizes, export_model, read_model_card
     from gpufeed.server import untrained_checkpoint
 
+    sizes = tuple(batch_sizes or default_batch_sizes(batch_size))
     source = (
         "untrained" if checkpoint is None else hashlib.sha256(str(Path(checkpoint).resolve()).encode()).hexdigest()[:12]
     )
-    tag = f"{architecture}-{size_px}px-n{batch_size}-{source}"
-    root = cache / "server-models" / tag
+    root = cache / "server-models" / f"{architecture}-{size_px}px-{source}"
     if checkpoint is None:
         classes = tuple(f"class_{i}" for i in range(10))
         checkpoint = untrained_checkpoint(root, classes, size_px, architecture)
-    models = {"batched": root / "n" / _MODEL_NAME, "single": root / "1" / _MODEL_NAME}
-    for key, n in (("batched", batch_size), ("single", 1)):
+    wanted = {"batched": sizes, "single": (1,)}
+    models = {key: root / ("n" + "-".join(map(str, s))) / _MODEL_NAME for key, s in wanted.items()}
+    for key, s in wanted.items():
         try:
             read_model_card(models[key])
         except ValueError:
-            export_model(checkpoint, models[key], batch_size=n)
+            export_model(checkpoint, models[key], batch_sizes=s)
     return models
 
 
@@ -161,11 +173,13 @@ def run_server_bench(
     from tqdm import tqdm
 
     from gpufeed.device import resolve_device
+    from gpufeed.models import read_model_card
     from gpufeed.pipelines import default_num_threads
 
     choice = resolve_device(device)
     threads = default_num_threads()
     models = export_bench_models(cache, architecture, size_px, batch_size, checkpoint)
+    sizes = read_model_card(models["batched"]).batch_sizes
     running = {}
     try:
         for name in contenders:
@@ -180,12 +194,16 @@ def run_server_bench(
                     order = list(contenders[r % len(contenders) :] + contenders[: r % len(contenders)])
                     for name in order:
                         proc, port, path = running[name]
+                        rows_before = scrape_batch_rows(port, _MODEL_NAME) if name == "gpufeed" else None
                         cpu_before = session_cpu_seconds(proc.pid)
                         result = run_load(
                             "127.0.0.1", port, path, images, concurrency=c, seconds=seconds, warmup_s=warmup_s
                         )
                         cpu_ms = 1000 * (session_cpu_seconds(proc.pid) - cpu_before) / max(1, result.answered)
-                        points[name][c].append((result, cpu_ms))
+                        usage = None
+                        if rows_before is not None:
+                            usage = batch_usage(rows_before, scrape_batch_rows(port, _MODEL_NAME), sizes)
+                        points[name][c].append((result, cpu_ms, usage))
                         bar.update(1)
     finally:
         for proc, _, _ in running.values():
@@ -194,21 +212,30 @@ def run_server_bench(
     for name in contenders:
         table[name] = {}
         for c in concurrency:
-            runs = [run for run, _ in points[name][c]]
+            runs = [run for run, _, _ in points[name][c]]
             latencies = [x for run in runs for x in run.latencies_s]
             table[name][c] = {
                 "throughput_rps": median([run.throughput for run in runs]),
-                "server_cpu_ms_per_request": median([cpu for _, cpu in points[name][c]]),
+                "server_cpu_ms_per_request": median([cpu for _, cpu, _ in points[name][c]]),
                 "p50_ms": float(np.percentile(latencies, 50) * 1000) if latencies else float("nan"),
                 "p99_ms": float(np.percentile(latencies, 99) * 1000) if latencies else float("nan"),
                 "errors": sum(run.errors for run in runs),
                 "rounds": [run.to_dict() for run in runs],
             }
-    return {
+            usages = [u for _, _, u in points[name][c] if u is not None]
+            if usages:  # every round together: batches at each size, mean real rows per batch
+                batches = sum(u["batches"] for u in usages)
+                table[name][c]["batch_usage"] = {
+                    "batches": batches,
+                    "mean_rows": sum(u["mean_rows"] * u["batches"] for u in usages if u["batches"]) / max(1, batches),
+                    "by_size": {str(n): sum(u["by_size"][str(n)] for u in usages) for n in sizes},
+                }
+    document = {
         "benchmark": "server",
         "architecture": architecture,
         "size_px": size_px,
         "batch_size": batch_size,
+        "batch_sizes": list(sizes),
         "max_delay_ms": max_delay_ms,
         "images": len(images),
         "seconds_per_point": seconds,
@@ -219,12 +246,15 @@ def run_server_bench(
         "results": {n: {str(c): v for c, v in t.items()} for n, t in table.items()},
         "machine": machine_facts(choice),
     }
+    document["targets"] = verdicts(document)
+    return document
 
 
 def print_server_result(result: dict) -> None:
     contenders, results = result["contenders"], result["results"]
     print(
-        f"\nserver benchmark: {result['architecture']} at {result['size_px']} px, batch {result['batch_size']}, "
+        f"\nserver benchmark: {result['architecture']} at {result['size_px']} px, batch sizes "
+        f"{', '.join(map(str, result.get('batch_sizes') or [result['batch_size']]))}, "
         f"max delay {result['max_delay_ms']:g} ms, {result['images']} JPEGs, {result['seconds_per_point']:g} s per point "
         f"x {result['rounds']} round(s), {result['machine']['device']}"
     )
@@ -244,6 +274,8 @@ def print_server_result(result: dict) -> None:
         "server CPU ms/req: CPU time of the server's processes per answered request, the figure that shared or "
         "noisy machines disturb least (cores / CPU per request bounds a CPU-bound server's throughput)"
     )
+    print_batch_usage(result)
+    print_verdicts(result)
 
 
 def plot_server_results(results: list[dict], path: Path) -> Path:
@@ -281,8 +313,10 @@ def plot_server_results(results: list[dict], path: Path) -> Path:
 
 
 def main_server(args) -> int:
+    from gpufeed.bench._serve_proc import quiet_http_logs
     from gpufeed.bench.loader import make_bench_images
 
+    quiet_http_logs()
     folder = make_bench_images(args.cache, args.images, *args.image_size)
     images = [p.read_bytes() for p in sorted((folder / "photos").glob("*.jpg"))]
     results = []

@@ -106,14 +106,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="gpufeed serve vs FastAPI+PIL+onnxruntime (one per request) vs LitServe (batching)",
         description="Serve the same model three ways (each its own process on a loopback port) and drive each with "
         "the same closed-loop client and JPEGs at every concurrency of the sweep, contenders interleaved. Prints "
-        "throughput and p50/p99 latency per point and the throughput ratio against the plain server.",
+        "throughput and p50/p99 latency per point, the throughput ratio against the plain server, the batch sizes "
+        "gpufeed ran at, and verdicts on the speed targets.",
     )
     p.add_argument(
         "--models", nargs="+", default=["resnet18", "smallcnn"], help="architectures (default: resnet18 smallcnn)"
     )
     p.add_argument("--checkpoint", type=Path, help="serve this checkpoint instead of fresh weights (one model)")
     p.add_argument("--size-px", type=int, default=224, help="model input size (default 224)")
-    p.add_argument("--batch-size", type=int, default=8, help="gpufeed's and LitServe's batch size N (default 8)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        help="largest batch size N; gpufeed and LitServe serve the export at 1, 2, 4, .. N (default 8)",
+    )
     p.add_argument("--max-delay-ms", type=float, default=5.0, help="batching delay for gpufeed and LitServe")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64], help="clients (default 1 8 32 64)")
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per point (default 8)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -19,15 +20,29 @@ def _positive(text: str) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export",
-        help="export a checkpoint to ONNX (uint8 in, normalisation inside, fixed batch size) with a model card",
+        help="export a checkpoint to ONNX (uint8 in, normalisation inside, a set of batch sizes) with a model card",
         description="Write MODEL_DIR/model.onnx and MODEL_DIR/model_card.json from a checkpoint or a run folder's "
-        "newest checkpoint. Runs the ONNX checker and compares onnxruntime with PyTorch on real inputs (synthetic "
-        "images through the evaluation pipeline, or rendered video frames for clip models); fails above the "
-        "tolerance.",
+        "newest checkpoint. The graph runs at each of the batch sizes (one onnxruntime session per size, static "
+        "shapes in each); the server runs every batch at the smallest size that holds it. Runs the ONNX checker "
+        "and compares onnxruntime with PyTorch at every batch size on real inputs (synthetic images through the "
+        "evaluation pipeline, or rendered video frames for clip models); fails above the tolerance.",
     )
     p.add_argument("source", type=Path, metavar="CHECKPOINT_OR_RUN_DIR", help="checkpoint file or run folder")
     p.add_argument("--out", required=True, type=Path, metavar="MODEL_DIR", help="model folder to write")
-    p.add_argument("--batch-size", type=_positive, default=8, help="fixed batch size N of the graph (default 8)")
+    sizes = p.add_mutually_exclusive_group()
+    sizes.add_argument(
+        "--batch-size",
+        type=_positive,
+        metavar="N",
+        help="the largest batch size; the sizes are the powers of two below it and N (default 8: 1 2 4 8)",
+    )
+    sizes.add_argument(
+        "--batch-sizes",
+        type=_positive,
+        nargs="+",
+        metavar="N",
+        help="every batch size, ascending (e.g. 1 4 16; a single N fixes the graph's batch dimension at N)",
+    )
     p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="fp16: half precision for GPUs")
     p.add_argument("--name", help="model name in the card (default: the MODEL_DIR folder name)")
     p.add_argument("--opset", type=_positive, default=18, help="ONNX opset (default 18)")
@@ -62,12 +77,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     from gpufeed.device import resolve_device
-    from gpufeed.models import export_model
+    from gpufeed.models import export_model, resolve_batch_sizes
 
+    try:
+        sizes = resolve_batch_sizes(args.batch_size, args.batch_sizes)
+    except ValueError as err:
+        print(f"gpufeed export: error: --batch-sizes: {err}", file=sys.stderr)
+        return 2
     card = export_model(
         args.source,
         args.out,
-        batch_size=args.batch_size,
+        batch_sizes=sizes,
         precision=args.precision,
         name=args.name,
         opset=args.opset,
@@ -76,7 +96,8 @@ def _export(args: argparse.Namespace) -> int:
     )
     print(
         f"wrote {args.out / 'model.onnx'} and model_card.json: {card.name} ({card.spec.name}, {card.spec.task}), "
-        f"input {card.input_name} uint8 {list(card.input_shape)} {card.spec.input_layout}, {card.precision}, "
+        f"input {card.input_name} uint8 {list(card.input_shape)} {card.spec.input_layout} at batch sizes "
+        f"{', '.join(map(str, card.batch_sizes))}, {card.precision}, "
         f"parity max |diff| {card.parity['max_abs_diff']:.3g}"
     )
     return 0

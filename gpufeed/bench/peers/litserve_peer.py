@@ -1,8 +1,10 @@
 """The LitServe baseline: LitServe's dynamic batching, PIL decoding in ``decode_request``.
 
-LitServe gathers up to ``max_batch_size`` requests or waits ``batch_timeout``, as gpufeed does;
-decoding happens per request with PIL in its inference worker. The fixed-size graph (``--batch-size
-N`` export) is fed batches padded to N, padding rows dropped::
+LitServe gathers up to ``max_batch_size`` requests or waits ``batch_timeout``; decoding happens
+per request with PIL in its inference worker. A graph exported at several batch sizes has a
+symbolic batch dimension, so LitServe runs each batch as it comes (what a LitServe user would do
+with a dynamic-batch export); a graph fixed at one size N is fed batches padded to N, padding rows
+dropped::
 
     python -m gpufeed.bench.peers.litserve_peer --model-dir MODEL_DIR --port 8102 --max-delay-ms 5
 """
@@ -20,7 +22,7 @@ __all__ = ["OnnxImageAPI", "main"]
 
 
 class OnnxImageAPI(ls.LitAPI):
-    """PIL decode per request, batches padded to the export's N, softmax top-5 replies."""
+    """PIL decode per request, batches as they come (padded to N for a fixed-size graph), softmax top-5 replies."""
 
     def __init__(self, model_dir: str, device: str = "cpu", **kwargs) -> None:
         super().__init__(**kwargs)
@@ -33,6 +35,7 @@ class OnnxImageAPI(ls.LitAPI):
 
         self.card = read_model_card(self.model_dir)
         self.session = ort.InferenceSession(f"{self.model_dir}/model.onnx", providers=onnx_providers(self.device_kind))
+        self.fixed = isinstance(self.session.get_inputs()[0].shape[0], int)
 
     def decode_request(self, request):
         upload = request["image"]
@@ -41,6 +44,8 @@ class OnnxImageAPI(ls.LitAPI):
 
     def batch(self, inputs):
         rows = np.stack(inputs)
+        if not self.fixed:
+            return rows, len(rows)
         padded = np.zeros((self.card.batch_size, *rows.shape[1:]), np.uint8)
         padded[: len(rows)] = rows
         return padded, len(rows)
