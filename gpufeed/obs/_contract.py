@@ -43,6 +43,7 @@ ERROR_REASONS = (
     "queue_full",
     "timeout",
     "unauthorized",
+    "client_disconnect",  # the client hung up before its request was read: counted, never a server error
     "internal",
 )
 
