@@ -12,7 +12,9 @@ during which no other thread, the event loop included, runs a line. JSON documen
 :data:`INLINE_JSON_BYTES` are therefore parsed in a worker process (:meth:`ParsePool.run_isolated`,
 started on first use) that sends back the parsed request with its tensors as numpy arrays; the
 server process spends only the time to copy the body over and the arrays back. If the worker
-dies (out of memory, killed), the pool is replaced and that request is parsed on a thread.
+dies (out of memory, killed), the pool is replaced and that request is parsed on a thread. The
+worker runs at a lower scheduling priority (nice 10), so on a busy machine a flood of large
+bodies slows their own parsing, not the answers to everyone else.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ log = logging.getLogger("gpufeed.server")
 PARSE_THREAD_PREFIX = "gpufeed-parse"
 # Larger JSON documents are parsed in the worker process; smaller ones hold the lock for < ~25 ms.
 INLINE_JSON_BYTES = 256 * 1024
+WORKER_NICENESS = 10
 
 
 class ParsePool:
@@ -71,7 +74,10 @@ class ParsePool:
             if self._workers is None:
                 # spawn: a fresh interpreter, never a fork of this multi-threaded process
                 context = multiprocessing.get_context("spawn")
-                self._workers = ProcessPoolExecutor(self.processes, mp_context=context)
+                # Lower priority: on a busy machine, the event loop's process gets the CPU first.
+                self._workers = ProcessPoolExecutor(
+                    self.processes, mp_context=context, initializer=os.nice, initargs=(WORKER_NICENESS,)
+                )
             return self._workers
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
