@@ -182,13 +182,12 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
             raise RequestError("unknown_model", f"model {model.name!r} has only version 1")
         body = await read_body(request, cfg.max_body_bytes, _left(started))
         t0 = time.perf_counter()
-        encoding, header_length = (
-            request.headers.get("content-encoding"),
-            request.headers.get("inference-header-content-length"),
-        )
+        header_length = request.headers.get("inference-header-content-length")
+        encoding = request.headers.get("content-encoding")
         parsed, items = await pool.run(_kserve_items, model, cfg, body, encoding, header_length)
         if parsed is None:  # megabytes of JSON: parsed in the worker process, the event loop stays free
-            parsed = await pool.run_isolated(parse_request, items, header_length, _max_elements(model, cfg))
+            inflated = items
+            parsed = await pool.run_isolated(parse_request, inflated, header_length, _max_elements(model, cfg))
             items = await pool.run(items_from_kserve, model, parsed, cfg.max_image_pixels, cfg.max_images_per_request)
         metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
         logits = np.stack(await submit_and_wait(model, items, started))
