@@ -20,8 +20,8 @@ GET  /openapi.json                             this API as OpenAPI 3.0 (for clie
 =============================================  ====================================================
 
 Health answers follow the KServe v2 protocol: 200 for true, a 4xx (400, as Triton) for false.
-Bodies are read with the limits of :mod:`._http` and parsed on :class:`._offload.ParsePool`
-threads, never on the event loop. Every refusal is a JSON ``{"error", "reason"}`` counted by
+Bodies are read with the limits of :mod:`._http` and turned into batch items by :mod:`._requests`
+on :class:`._offload.ParsePool` threads, never on the event loop. Every refusal is a JSON ``{"error", "reason"}`` counted by
 reason (one handler for :class:`RequestError` on every route; 404/405 included); every answer to
 an inference path is counted and timed by :class:`._accounting.Accounting`, which also turns
 anything unexpected into a JSON 500. With a bearer token configured, every route but the two
@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import time
 
 import numpy as np
@@ -47,78 +46,20 @@ from gpufeed.server._access import AccessGuard, route_of
 from gpufeed.server._accounting import Accounting
 from gpufeed.server._batcher import BatcherClosedError, QueueFullError
 from gpufeed.server._errors import REASONS, RequestError, json_bytes, shown
-from gpufeed.server._http import (
-    JSONAnswer,
-    compress_response,
-    content_type_of,
-    decode_body,
-    parse_multipart,
-    read_body,
-    response_coding,
-)
-from gpufeed.server._inputs import items_from_images, items_from_kserve, kserve_inputs
+from gpufeed.server._http import JSONAnswer, compress_response, read_body, response_coding
+from gpufeed.server._inputs import items_from_kserve, kserve_inputs
 from gpufeed.server._kserve import encode_response, parse_request
 from gpufeed.server._model import scores_from_logits
-from gpufeed.server._offload import INLINE_JSON_BYTES, ParsePool
+from gpufeed.server._offload import ParsePool
 from gpufeed.server._openapi import openapi_document
+from gpufeed.server._requests import kserve_items, max_elements, rest_items, top_k_of
 from gpufeed.server._state import NotReadyError, ServingState
 from gpufeed.server._triton import EXTENSIONS, model_config, repository_index
 
 __all__ = ["build_app"]
 
-IMAGE_TYPES = ("image/jpeg", "image/jpg", "image/png")
 # Responses larger than this are compressed on a parser thread rather than on the event loop.
 _INLINE_COMPRESS_BYTES = 64 * 1024
-
-
-def _json_bytes_of(body: bytes, header_length: str | None) -> int:
-    """How much of ``body`` is JSON: the Inference-Header-Content-Length, or all of it."""
-    if header_length is None:
-        return len(body)
-    try:
-        return min(len(body), max(0, int(header_length)))
-    except ValueError:
-        return 0  # refused by the parser, quickly
-
-
-def _kserve_items(model, cfg, body: bytes, encoding, header_length):
-    """Inflate, parse and validate a KServe body (on a parser thread).
-
-    Returns:
-        ``(request, items)``; or ``(None, body)`` when the JSON is too large to parse on a thread
-        (the caller hands the inflated body to the worker process).
-    """
-    body = decode_body(body, encoding, cfg.max_body_bytes)
-    if _json_bytes_of(body, header_length) > INLINE_JSON_BYTES:
-        return None, body
-    parsed = parse_request(body, header_length, _max_elements(model, cfg))
-    return parsed, items_from_kserve(model, parsed, cfg.max_image_pixels, cfg.max_images_per_request)
-
-
-def _max_elements(model, cfg) -> int:
-    """Most elements one input may declare: a full request of the model's decoded rows."""
-    return cfg.max_images_per_request * max(1, math.prod(model.card.sample_shape))
-
-
-def _rest_items(model, cfg, body: bytes, encoding, content_type):
-    """Inflate, split (multipart) and validate a REST body (on a parser thread)."""
-    body = decode_body(body, encoding, cfg.max_body_bytes)
-    kind, params = content_type_of(content_type)
-    if kind in IMAGE_TYPES:
-        blobs, where = [body], "the request body"
-    elif kind == "multipart/form-data":
-        every = parse_multipart(body, params.get("boundary"))
-        parts = [p for p in every if p.filename is not None or p.content_type in IMAGE_TYPES]
-        if not parts:
-            raise RequestError("malformed_request", "the multipart body has no file part (an image)")
-        blobs, where = [p.data for p in parts], "the multipart files"
-    else:
-        raise RequestError(
-            "unsupported_media_type",
-            f"Content-Type {shown(kind or '(none)', 80)} is not accepted; send image/jpeg, image/png or "
-            "multipart/form-data",
-        )
-    return items_from_images(model, blobs, cfg.max_image_pixels, cfg.max_images_per_request, where)
 
 
 def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -> Starlette:
@@ -184,10 +125,10 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
         t0 = time.perf_counter()
         header_length = request.headers.get("inference-header-content-length")
         encoding = request.headers.get("content-encoding")
-        parsed, items = await pool.run(_kserve_items, model, cfg, body, encoding, header_length)
+        parsed, items = await pool.run(kserve_items, model, cfg, body, encoding, header_length)
         if parsed is None:  # megabytes of JSON: parsed in the worker process, the event loop stays free
             inflated = items
-            parsed = await pool.run_isolated(parse_request, inflated, header_length, _max_elements(model, cfg))
+            parsed = await pool.run_isolated(parse_request, inflated, header_length, max_elements(model, cfg))
             items = await pool.run(items_from_kserve, model, parsed, cfg.max_image_pixels, cfg.max_images_per_request)
         metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
         logits = np.stack(await submit_and_wait(model, items, started))
@@ -201,9 +142,9 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
     async def rest_predict(request: Request, model, started: float) -> Response:
         body = await read_body(request, cfg.max_body_bytes, _left(started))
         t0 = time.perf_counter()
-        top_k = _top_k(request.query_params.get("top_k"), cfg.top_k, model.card.spec.num_classes)
+        top_k = top_k_of(request.query_params.get("top_k"), cfg.top_k, model.card.spec.num_classes)
         items = await pool.run(
-            _rest_items, model, cfg, body, request.headers.get("content-encoding"), request.headers.get("content-type")
+            rest_items, model, cfg, body, request.headers.get("content-encoding"), request.headers.get("content-type")
         )
         metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
         logits = np.stack(await submit_and_wait(model, items, started))
@@ -400,17 +341,3 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
     app.router.redirect_slashes = False
     app.state.parse_pool = pool
     return app
-
-
-def _top_k(raw: str | None, default: int, num_classes: int) -> int:
-    if raw is None:
-        return min(default, num_classes)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise RequestError(
-            "malformed_request", f"query parameter top_k must be an integer, got {shown(raw, 40)}"
-        ) from None
-    if not 1 <= value <= num_classes:
-        raise RequestError("malformed_request", f"query parameter top_k must be in [1, {num_classes}], got {value}")
-    return value

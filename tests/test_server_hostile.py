@@ -315,14 +315,14 @@ def test_parsing_happens_off_the_event_loop(server, monkeypatch):
 
         return run
 
-    for name in ("_kserve_items", "_rest_items"):
+    for name in ("kserve_items", "rest_items"):
         monkeypatch.setattr(app_module, name, spy(getattr(app_module, name)))
     pool = server.server.config.app.state.parse_pool
     isolated = pool.isolated_runs
     assert _infer(server.url, json.dumps(_pixels_doc()).encode()).status_code == 200
     files = [("image", ("a.jpg", JPEG, "image/jpeg"))]
     assert httpx.post(f"{server.url}/v1/models/{IMAGE_MODEL}/predict", files=files).status_code == 200
-    assert [s[0] for s in seen] == ["_kserve_items", "_rest_items"]
+    assert [s[0] for s in seen] == ["kserve_items", "rest_items"]
     assert all(name.startswith(PARSE_THREAD_PREFIX) and not on_loop for _, name, on_loop in seen), seen
     assert pool.isolated_runs == isolated, "small JSON stays on the parser threads"
     # Megabytes of JSON (a valid request, padded with spaces) are parsed in the worker process.
