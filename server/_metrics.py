@@ -145,10 +145,18 @@ class ServerMetrics:
             raise ValueError(f"reason {reason!r} is not allowed; allowed: {', '.join(REASONS)}")
         self.errors_total.labels(self.model_label(model), reason).inc()
 
-    def observe_batch(self, model: str, rows: int, batch_size: int) -> None:
-        """A batch of ``rows`` real rows is about to run (called on the batcher thread that runs it)."""
+    def observe_batch(
+        self,
+        model: str,
+        rows: int,
+        batch_size: int,
+        *,
+        decode_s: float | None = None,
+        inference_s: float | None = None,
+    ) -> None:
+        """A batch of ``rows`` real rows ran; its decode and inference times feed Triton's ``batch_stats``."""
         label = self.model_label(model)
-        self.stats.batch_started(model, rows)
+        self.stats.batch(model, rows, decode_s, inference_s)
         self.batch_size.labels(label).observe(rows)
         self.batch_fill_ratio.labels(label).observe(rows / batch_size)
 

@@ -160,7 +160,6 @@ class ServedModel:
     def _observe_batch(self, waits: list[float], rows: int) -> None:
         for wait in waits:
             self.metrics.observe_stage(self.name, "queue_wait", wait)
-        self.metrics.observe_batch(self.name, rows, self.batch_size)
 
     def _copy_rows(self, buffer, start: int, rows: list[np.ndarray]) -> None:
         block = np.stack(rows)
@@ -187,6 +186,7 @@ class ServedModel:
         decoded = [i for i, item in enumerate(items) if item.encoded is None]
         order = encoded + decoded  # row r of the buffer holds items[order[r]]
         failures: dict[int, BaseException] = {}
+        decode_s = None
         if encoded:
             start = time.perf_counter()
             sizes = np.array([items[i].size for i in encoded], dtype=np.int64)
@@ -196,14 +196,20 @@ class ServedModel:
                     failures[i] = RequestError(
                         getattr(err, "reason", "corrupt_image"), f"{items[i].where}: {getattr(err, 'message', err)}"
                     )
-            self._observe("decode", time.perf_counter() - start)
+            decode_s = time.perf_counter() - start
+            self._observe("decode", decode_s)
         if decoded:
             self._copy_rows(buffer, len(encoded), [items[i].pixels for i in decoded])
         if len(items) < self.batch_size:
             buffer[len(items) :] = 0  # padding rows, discarded below
         start = time.perf_counter()
         logits = self.runner.run(buffer)
-        self._observe("inference", time.perf_counter() - start)
+        inference_s = time.perf_counter() - start
+        self._observe("inference", inference_s)
+        if self.ready:  # warm-up batches are not traffic
+            self.metrics.observe_batch(
+                self.name, len(items), self.batch_size, decode_s=decode_s, inference_s=inference_s
+            )
         results: list[np.ndarray | BaseException] = [None] * len(items)
         for row, i in enumerate(order):
             results[i] = failures.get(i, logits[row].copy())

@@ -16,12 +16,11 @@ compute_output         ``stage="postprocess"``: one per answered request (scores
 inference_count        real rows executed (``gpufeed_server_batch_size`` sum)
 execution_count        batches executed (``gpufeed_server_batch_size`` count)
 batch_stats            per real-rows count: compute_input and compute_infer of the batches of that size
+                       (the decode and inference times ``observe_batch`` reports with each batch)
 last_inference         wall clock (ms since the epoch) of the last answered inference request
 =====================  ================================================================================
 
-The batch a decode or inference observation belongs to is the one the batcher worker thread
-announced last (:meth:`InferenceStats.batch_started`, called from the batcher's ``on_batch`` hook
-just before it runs the batch on the same thread). Durations are integer nanoseconds.
+Durations are integer nanoseconds.
 """
 
 from __future__ import annotations
@@ -79,7 +78,6 @@ class InferenceStats:
     def __init__(self, models) -> None:
         self._models = {name: _ModelStats() for name in models}
         self._lock = threading.Lock()
-        self._batch = threading.local()  # rows of the batch this batcher thread is running
 
     def request(self, model: str, code: int, seconds: float) -> None:
         """An inference request was answered with ``code`` after ``seconds``."""
@@ -94,31 +92,25 @@ class InferenceStats:
     def stage(self, model: str, stage: str, seconds: float) -> None:
         """One observation of a serving stage (the same call that feeds ``gpufeed_server_stage_seconds``)."""
         stats = self._models.get(model)
-        if stats is None:
+        field = "compute_output" if stage == "postprocess" else _STAGE_FIELD.get(stage)
+        if stats is None or field is None:
             return
         with self._lock:
-            if stage == "postprocess":
-                stats.infer["compute_output"].add(seconds)
-                return
-            field = _STAGE_FIELD.get(stage)
-            if field is None:
-                return
             stats.infer[field].add(seconds)
-            rows = getattr(self._batch, "rows", {}).get(model) if stage != "queue_wait" else None
-            if rows is not None:
-                stats.batches[rows][field].add(seconds)
 
-    def batch_started(self, model: str, rows: int) -> None:
-        """The calling batcher thread is about to run a batch of ``rows`` real rows of ``model``."""
+    def batch(self, model: str, rows: int, decode_s: float | None, inference_s: float | None) -> None:
+        """A batch of ``rows`` real rows ran: its decode (``None``: nothing to decode) and inference times."""
         stats = self._models.get(model)
         if stats is None:
             return
-        if not hasattr(self._batch, "rows"):
-            self._batch.rows = {}
-        self._batch.rows[model] = rows
         with self._lock:
             stats.inference_count += rows
             stats.execution_count += 1
+            fields = stats.batches[rows]
+            if decode_s is not None:
+                fields["compute_input"].add(decode_s)
+            if inference_s is not None:
+                fields["compute_infer"].add(inference_s)
 
     def model_stats(self, model: str) -> dict:
         """One ``$model_stat`` object of Triton's statistics response."""

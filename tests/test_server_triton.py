@@ -226,6 +226,10 @@ def test_statistics_count_what_happened_and_agree_with_prometheus(server):
     assert delta("success")["ns"] > 0 and after["last_inference"] >= before["last_inference"] > 0
     sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in after["batch_stats"]}
     assert sum(sizes.values()) == after["execution_count"] and set(sizes) <= set(range(1, IMAGE_BATCH + 1))
+    for field in ("compute_input", "compute_infer"):  # per batch size, the same observations again
+        per_size = [b[field] for b in after["batch_stats"]]
+        assert sum(d["count"] for d in per_size) == after["inference_stats"][field]["count"], field
+        assert sum(d["ns"] for d in per_size) == after["inference_stats"][field]["ns"], field
     everything = client.get_inference_statistics()["model_stats"]
     assert [m["name"] for m in everything] == [CLIP_MODEL, IMAGE_MODEL]
     assert (
