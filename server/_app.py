@@ -233,10 +233,11 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
         model = state.models.get(name)
         on_gpu = model.on_gpu if model is not None else state.device.is_gpu
         workers = model.workers if model is not None else cfg.workers_per_model or (2 if on_gpu else 1)
-        card = state.entries[name].card
-        return JSONAnswer(
-            model_config(name, card, cfg, on_gpu=on_gpu, device_id=state.device.device_id, workers=workers)
+        card, sizes = state.entries[name].card, getattr(model, "batch_sizes", None)
+        document = model_config(
+            name, card, cfg, on_gpu=on_gpu, device_id=state.device.device_id, workers=workers, batch_sizes=sizes
         )
+        return JSONAnswer(document)
 
     async def stats(request: Request) -> Response:
         names = [lookup(request)] if "name" in request.path_params else list(state.entries)

@@ -9,7 +9,7 @@ it (perf_analyzer, model analyzer) see what the server really does:
   request may carry up to ``serve.max_images_per_request`` rows, which the server splits;
 * ``input``: ``image`` (``TYPE_STRING``, encoded JPEG/PNG, image models) and the card's UINT8
   input, each ``optional`` when there are two (a request sends exactly one of them);
-* ``dynamic_batching``: the card's batch sizes as ``preferred_batch_size``, ``serve.max_delay_ms``
+* ``dynamic_batching``: the batch sizes the model runs at as ``preferred_batch_size``, ``serve.max_delay_ms``
   as the queue delay, ``serve.queue_capacity`` (images) and ``serve.request_timeout_seconds`` as
   the queue policy;
 * ``instance_group``: ``serve.workers_per_model`` batches in flight, on the GPU or the CPU.
@@ -61,7 +61,7 @@ def _output(name: str, classes: int) -> dict:
     }
 
 
-def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, workers: int) -> dict:
+def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, workers: int, batch_sizes=None) -> dict:
     """Triton's model configuration JSON for a served model.
 
     Args:
@@ -70,8 +70,11 @@ def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, w
         cfg: :class:`gpufeed.config.ServeConfig`.
         on_gpu, device_id: Where it runs.
         workers: Batches in flight (``serve.workers_per_model`` as resolved).
+        batch_sizes: The sizes the loaded model runs at (the card's, possibly narrowed by
+            ``serve.batch_sizes``); default: the card's.
     """
-    spec, sizes = card.spec, batch_sizes_of(card)
+    spec = card.spec
+    sizes = tuple(sorted(batch_sizes)) if batch_sizes else batch_sizes_of(card)
     encoded = spec.task == "image"
     sample = [int(d) for d in card.sample_shape]
     inputs = [
