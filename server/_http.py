@@ -6,9 +6,9 @@ compressed body (``Content-Encoding: gzip`` or ``deflate``, as tritonclient's
 ``request_compression_algorithm`` sends it) is inflated in bounded steps and refused as soon as
 its decompressed size passes the limit, so a zip bomb is never inflated whole.
 
-**Response compression**: a 200 answer is compressed when the request's ``Accept-Encoding`` asks for
-gzip or deflate (tritonclient's ``response_compression_algorithm``); errors never are, so every
-client can read them.
+**Response compression**: a 200 answer of at least :data:`MIN_COMPRESSED_BYTES` is compressed when
+the request's ``Accept-Encoding`` asks for gzip or deflate (tritonclient's
+``response_compression_algorithm``); errors never are, so every client can read them.
 
 **multipart/form-data** is parsed by python-multipart's streaming parser; the limits (parts,
 header lines and sizes) and the messages, which name the part at fault, are this module's.
@@ -53,6 +53,9 @@ MAX_BOUNDARY_CHARS = 200
 # Content codings a request body may use; "deflate" is the zlib format (RFC 9110), as tritonclient sends it.
 CODINGS = ("gzip", "deflate")
 INFLATE_STEP_BYTES = 1 << 20
+# Smaller answers are sent as they are even when compression is welcome (as Starlette's GZipMiddleware):
+# a few hundred bytes gain nothing on the wire and cost both sides CPU.
+MIN_COMPRESSED_BYTES = 512
 
 # python-multipart logs a warning for every malformed body; the client already gets a 400 saying why.
 logging.getLogger("python_multipart.multipart").setLevel(logging.ERROR)
@@ -224,8 +227,8 @@ def response_coding(accept_encoding: str | None) -> str | None:
 
 
 def compress_response(payload: bytes, coding: str | None) -> tuple[bytes, dict[str, str]]:
-    """``payload`` compressed with ``coding`` (and the headers saying so), or as it is when ``coding`` is None."""
-    if coding is None:
+    """``payload`` compressed with ``coding`` (and the headers saying so), or as it is when unwanted or small."""
+    if coding is None or len(payload) < MIN_COMPRESSED_BYTES:
         return payload, {}
     data = gzip.compress(payload, compresslevel=5) if coding == "gzip" else zlib.compress(payload, 5)
     return data, {"content-encoding": coding, "vary": "Accept-Encoding"}

@@ -147,8 +147,8 @@ def test_compressed_requests_and_responses(server):
                 )
                 np.testing.assert_allclose(result.as_numpy("logits"), plain, rtol=1e-6, atol=1e-6)
     # The response really is compressed when asked for.
-    body = json.dumps({"inputs": [{"name": "pixels", "datatype": "UINT8", "shape": [4, 3, 48, 48],
-                                   "data": [7] * (4 * 3 * 48 * 48)}],
+    body = json.dumps({"inputs": [{"name": "pixels", "datatype": "UINT8", "shape": [16, 3, 48, 48],
+                                   "data": [7] * (16 * 3 * 48 * 48)}],
                        "outputs": [{"name": "logits", "parameters": {"classification": 4}}]}).encode()  # fmt: skip
     answer = httpx.post(
         f"{server.url}/v2/models/{IMAGE_MODEL}/infer",
@@ -156,7 +156,7 @@ def test_compressed_requests_and_responses(server):
         headers={"content-encoding": "gzip", "accept-encoding": "gzip"},
     )
     assert answer.status_code == 200 and answer.headers["content-encoding"] == "gzip"
-    assert len(answer.json()["outputs"][0]["data"]) == 16  # httpx inflated it: it is valid gzip
+    assert len(answer.json()["outputs"][0]["data"]) == 64  # httpx inflated it: it is valid gzip
     # Errors are never compressed, so any client can read them.
     bad = httpx.post(f"{server.url}/v2/models/{IMAGE_MODEL}/infer", content=b"{", headers={"accept-encoding": "gzip"})
     assert bad.status_code == 400 and "content-encoding" not in bad.headers
