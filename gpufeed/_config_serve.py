@@ -60,6 +60,13 @@ class ServeConfig:
     max_header_bytes: int = option(
         64 * 1024, ge=1024, doc="a longer request line plus headers gets 431 and the connection is closed"
     )
+    header_timeout_seconds: float = option(
+        10.0,
+        gt=0.0,
+        le=600.0,
+        doc="a request line plus headers not complete this long after their first byte (or after the connection "
+        "opened) gets 408 and the connection is closed",
+    )
     max_image_pixels: int = option(40_000_000, ge=1, doc="width x height above this is refused (decompression bombs)")
     max_images_per_request: int = option(64, ge=1, doc="images or tensor rows in one request")
     top_k: int = option(5, ge=1, doc="labels returned by the REST endpoint unless ?top_k= says otherwise")

@@ -1,27 +1,63 @@
 """gpufeed.server: serve exported models over HTTP with DALI decoding and dynamic batching.
 
 ``start_server(repo=...)`` (or ``gpufeed serve --model-repo DIR``) serves every model folder
-written by ``gpufeed export``: KServe v2 under ``/v2`` (tritonclient works unmodified), a simple
-REST ``POST /v1/models/{name}/predict``, and Prometheus ``/metrics``. Requests are validated
-before batching; the :class:`Batcher` fills fixed-size batches; DALI decodes them (nvJPEG on a
-GPU); onnxruntime runs them (CUDA with IOBinding on a GPU). ``GET /openapi.json`` describes the
-API (:func:`openapi_document`); an optional bearer token guards everything but the health probes
-(:func:`load_token`); SIGTERM drains and exits 0 (:class:`DrainingServer`).
+written by ``gpufeed export``: KServe v2 under ``/v2`` with Triton's model configuration,
+statistics and repository extensions (tritonclient works unmodified), a simple REST
+``POST /v1/models/{name}/predict``, and Prometheus ``/metrics``. Requests are validated before
+batching, off the event loop; the :class:`Batcher` fills fixed-size batches; DALI decodes them
+(nvJPEG on a GPU); onnxruntime runs them (CUDA with IOBinding on a GPU). ``GET /openapi.json``
+describes the API (:func:`openapi_document`); an optional bearer token guards everything but the
+health probes (:func:`load_token`); SIGTERM drains and exits 0 (:class:`DrainingServer`).
+
+The names below are imported on first use (PEP 562): importing one light part of the server (the
+KServe parser, which request-parsing worker processes import) does not load torch, DALI and
+onnxruntime along with it.
 """
 
-from gpufeed.server._access import TOKEN_ENV, TokenError, load_token
-from gpufeed.server._batcher import Batcher, BatcherClosedError, QueueFullError
-from gpufeed.server._demo import run_serve_demo, untrained_checkpoint
-from gpufeed.server._errors import REASONS, RequestError
-from gpufeed.server._kserve import InferRequest, encode_response, parse_request
-from gpufeed.server._launch import DrainingServer, RunningServer, ServerStartError, serve_forever, start_server
-from gpufeed.server._metrics import PROTOCOLS, STAGES, ServerMetrics
-from gpufeed.server._model import Item, ServedModel, scores_from_logits
-from gpufeed.server._openapi import openapi_document
-from gpufeed.server._preprocess import ImageDecoder, ImageInfo, inspect_image
-from gpufeed.server._repo import ModelEntry, ModelRepoError, load_repository
-from gpufeed.server._report import histogram_quantile, stage_latency_rows, stage_latency_table
-from gpufeed.server._runtime import OnnxRunner, RuntimeSetupError
+from __future__ import annotations
+
+import importlib
+
+# name -> the private module that defines it
+_EXPORTS = {
+    "TOKEN_ENV": "_access",
+    "TokenError": "_access",
+    "load_token": "_access",
+    "Batcher": "_batcher",
+    "BatcherClosedError": "_batcher",
+    "QueueFullError": "_batcher",
+    "run_serve_demo": "_demo",
+    "untrained_checkpoint": "_demo",
+    "REASONS": "_errors",
+    "RequestError": "_errors",
+    "InferRequest": "_kserve",
+    "encode_response": "_kserve",
+    "parse_request": "_kserve",
+    "DrainingServer": "_launch",
+    "RunningServer": "_launch",
+    "ServerStartError": "_launch",
+    "serve_forever": "_launch",
+    "start_server": "_launch",
+    "PROTOCOLS": "_metrics",
+    "STAGES": "_metrics",
+    "ServerMetrics": "_metrics",
+    "Item": "_model",
+    "ServedModel": "_model",
+    "scores_from_logits": "_model",
+    "openapi_document": "_openapi",
+    "ImageDecoder": "_preprocess",
+    "ImageInfo": "_preprocess",
+    "inspect_image": "_preprocess",
+    "ModelEntry": "_repo",
+    "ModelRepoError": "_repo",
+    "load_repository": "_repo",
+    "histogram_quantile": "_report",
+    "stage_latency_rows": "_report",
+    "stage_latency_table": "_report",
+    "OnnxRunner": "_runtime",
+    "RuntimeSetupError": "_runtime",
+    "InferenceStats": "_stats",
+}
 
 __all__ = [
     "PROTOCOLS",
@@ -34,6 +70,7 @@ __all__ = [
     "ImageDecoder",
     "ImageInfo",
     "InferRequest",
+    "InferenceStats",
     "Item",
     "ModelEntry",
     "ModelRepoError",
@@ -61,3 +98,16 @@ __all__ = [
     "start_server",
     "untrained_checkpoint",
 ]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -12,8 +12,9 @@ path                                   needs the token (when one is configured)
 ``/v2/health/live``, ``/v2/health/ready``  no: probes (kubelet, load balancers) carry no secrets, and
                                            they reveal nothing but "up" and "ready"
 everything else                        yes: inference (``/v2/models/*/infer``, ``/v1/models/*/predict``),
-                                       model metadata and readiness (they name the models), ``/v2``,
-                                       ``/v1/models``, ``/metrics``, ``/openapi.json``
+                                       model metadata, configuration, statistics and readiness (they
+                                       name the models), ``/v2``, ``/v2/repository/*``, ``/v1/models``,
+                                       ``/metrics``, ``/openapi.json``
 =====================================  =================================================================
 
 A refusal is 401 with ``WWW-Authenticate: Bearer realm="gpufeed"`` (plus ``error="invalid_token"``
@@ -32,10 +33,9 @@ import hmac
 import logging
 import os
 import re
-import time
 from pathlib import Path
 
-from starlette.responses import JSONResponse
+from gpufeed.server._http import JSONAnswer
 
 __all__ = ["OPEN_PATHS", "TOKEN_ENV", "AccessGuard", "TokenError", "load_token", "route_of"]
 
@@ -149,24 +149,20 @@ class AccessGuard:
             await self.app(scope, receive, send)
             return
         if self._digest is not None and scope["path"] not in OPEN_PATHS:
-            started = time.perf_counter()
             problem = self._problem(scope["headers"])
             if problem is not None:
-                await self._refuse(scope, receive, send, *problem, started)
+                await self._refuse(scope, receive, send, *problem)
                 return
         if self.state.closing:
             send = _closing(send)
         await self.app(scope, receive, send)
 
-    async def _refuse(self, scope, receive, send, message: str, challenge: str, started: float) -> None:
-        metrics = self.state.metrics
-        name, protocol = route_of(scope["path"])
-        metrics.count_error(name, "unauthorized")
-        response = JSONResponse(
+    async def _refuse(self, scope, receive, send, message: str, challenge: str) -> None:
+        # Counted by reason here; the answer itself is counted by the accounting layer around this one.
+        self.state.metrics.count_error(route_of(scope["path"])[0], "unauthorized")
+        response = JSONAnswer(
             {"error": message, "reason": "unauthorized"}, status_code=401, headers={"WWW-Authenticate": challenge}
         )
-        if protocol is not None:
-            metrics.observe_request(name, protocol, 401, time.perf_counter() - started)
         await response(scope, receive, send)
 
 

@@ -9,7 +9,11 @@ are binary per output when the request says ``binary_data_output`` or an output'
 on an output) returns the top K as ``"value:index:label"`` BYTES, as Triton does. Shared-memory
 parameters are refused (the server shares no memory with clients).
 
-Every problem is a :class:`RequestError` naming the field at fault.
+Every problem is a :class:`RequestError` naming the field at fault. Nothing a client sends can
+make parsing fail otherwise: integer literals longer than Python converts (4,300 digits) are
+refused naming their field, dimensions must fit an unsigned 64-bit integer, strings that are not
+valid Unicode (a lone surrogate such as ``"\\ud800"``) are refused naming the element, and a
+declared element count over ``max_elements`` is refused before any data is converted.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpufeed.server._errors import RequestError
+from gpufeed.server._errors import RequestError, shown
 
 __all__ = ["DTYPES", "InferInput", "InferRequest", "RequestedOutput", "encode_response", "parse_request"]
 
@@ -40,6 +44,37 @@ DTYPES: dict[str, np.dtype] = {
     "FP64": np.dtype(np.float64),
 }
 _MAX_DIMS = 8
+_MAX_DIM = 2**64 - 1  # "each dimension must be an integer representable as an unsigned 64-bit integer"
+
+
+class LongInteger:
+    """Stands for an integer literal too long for Python to convert (over 4,300 digits): never a valid value."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, literal: str) -> None:
+        self.digits = len(literal.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits:,} digits>"
+
+
+def _bounded_int(literal: str):
+    try:
+        return int(literal)
+    except ValueError:
+        return LongInteger(literal)
+
+
+def _loads(head: bytes):
+    """``json.loads``, with integer literals Python refuses to convert kept as :class:`LongInteger`."""
+    try:
+        return json.loads(head)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        # Parse again, slower, so the over-long literal can be named by the field that holds it.
+        return json.loads(head, parse_int=_bounded_int)
 
 
 @dataclass
@@ -76,9 +111,11 @@ def _bad(message: str, reason: str = "malformed_request") -> RequestError:
 def _shape(raw, where: str) -> tuple[int, ...]:
     ok = isinstance(raw, list) and len(raw) <= _MAX_DIMS
     if ok:
-        ok = all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw)
+        ok = all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= _MAX_DIM for d in raw)
     if not ok:
-        raise _bad(f"{where} 'shape' must be a list of at most {_MAX_DIMS} non-negative integers, got {raw!r}")
+        raise _bad(
+            f"{where} 'shape' must be a list of at most {_MAX_DIMS} non-negative integers below 2**64, got {shown(raw)}"
+        )
     return tuple(raw)
 
 
@@ -98,17 +135,21 @@ def _split_bytes(blob: bytes, count: int, where: str) -> list[bytes]:
     return elements
 
 
+def _utf8(value: str, k: int, where: str) -> bytes:
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\\ud800") is JSON but not text
+        raise _bad(f"{where}: BYTES element {k} is not valid Unicode text: {shown(value, 60)}") from None
+
+
 def _json_elements(data, datatype: str, count: int, where: str):
-    if datatype == "BYTES":
-        flat = _flatten(data, where)
-        if not all(isinstance(v, str) for v in flat):
-            raise _bad(f"{where}: BYTES 'data' must be strings in JSON; send binary data for raw bytes")
-        if len(flat) != count:
-            raise RequestError("bad_shape", f"{where}: shape holds {count} elements but 'data' has {len(flat)}")
-        return [v.encode("utf-8") for v in flat]
-    flat = _flatten(data, where)
+    flat = _flatten(data, count, where)
     if len(flat) != count:
         raise RequestError("bad_shape", f"{where}: shape holds {count} elements but 'data' has {len(flat)}")
+    if datatype == "BYTES":
+        if not all(isinstance(v, str) for v in flat):
+            raise _bad(f"{where}: BYTES 'data' must be strings in JSON; send binary data for raw bytes")
+        return [_utf8(v, k, where) for k, v in enumerate(flat)]
     dtype = DTYPES[datatype]
     # JSON true/false for BOOL, integers for integer types (1.5 is not silently truncated), any number for floats.
     allowed = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}[dtype.kind]
@@ -131,9 +172,12 @@ def _params(node: dict) -> dict:
     return {} if value is None else value
 
 
-def _flatten(data, where: str) -> list:
+def _flatten(data, count: int, where: str) -> list:
+    """The values of ``data`` (flat or nested), row-major; stops once it holds more than ``count``."""
     if not isinstance(data, list):
         raise _bad(f"{where} 'data' must be a list, got {type(data).__name__}")
+    if len(data) > count:  # more values than the shape holds, even before looking inside
+        raise RequestError("bad_shape", f"{where}: shape holds {count} elements but 'data' has more")
     out, stack = [], [iter(data)]
     while stack:
         for value in stack[-1]:
@@ -141,25 +185,48 @@ def _flatten(data, where: str) -> list:
                 stack.append(iter(value))
                 break
             out.append(value)
+            if len(out) > count:
+                raise RequestError("bad_shape", f"{where}: shape holds {count} elements but 'data' has more")
         else:
             stack.pop()
     return out
 
 
-def parse_request(body: bytes, header_length: str | None) -> InferRequest:
-    """Parse an infer request body (JSON, or JSON header plus binary tensor data)."""
+def _header_length(raw: str, body_bytes: int) -> int:
+    try:
+        size = int(raw)
+    except ValueError:
+        raise _bad(f"header Inference-Header-Content-Length must be an integer, got {shown(raw, 60)}") from None
+    if not 0 < size <= body_bytes:
+        raise _bad(f"header Inference-Header-Content-Length {size} is outside the body's {body_bytes} bytes")
+    return size
+
+
+def _request_id(doc: dict) -> str | None:
+    value = doc.get("id")
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # clients that send numbers get them back as strings
+    raise _bad(f"'id' must be a string, got {shown(value, 60)}")
+
+
+def parse_request(body: bytes, header_length: str | None, max_elements: int | None = None) -> InferRequest:
+    """Parse an infer request body (JSON, or JSON header plus binary tensor data).
+
+    Args:
+        body: The whole (decompressed) request body.
+        header_length: The ``Inference-Header-Content-Length`` header, if any.
+        max_elements: Most elements one input may declare; a larger ``shape`` is refused
+            (``bad_shape``) before its data is looked at.
+    """
     if header_length is not None:
-        try:
-            size = int(header_length)
-        except ValueError:
-            raise _bad(f"header Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
-        if not 0 < size <= len(body):
-            raise _bad(f"header Inference-Header-Content-Length {size} is outside the body's {len(body)} bytes")
+        size = _header_length(header_length, len(body))
         head, binary = body[:size], memoryview(body)[size:]
     else:
         head, binary = body, memoryview(b"")
     try:
-        doc = json.loads(head)
+        doc = _loads(head)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise _bad(f"the request's JSON header is not valid JSON: {err}") from None
     except RecursionError:  # "[[[[...": deeper than the parser's stack, never a real request
@@ -172,19 +239,26 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
     params = _params(doc)
     if not isinstance(params, dict):
         raise _bad("'parameters' must be an object")
+    request_id = _request_id(doc)
     inputs, offset = [], 0
     for k, raw in enumerate(raw_inputs):
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise _bad(f"inputs[{k}] must be an object with a string 'name'")
-        where = f"input '{raw['name']}'"
+        where = f"input {shown(raw['name'], 80)}"
         datatype = raw.get("datatype")
         if not isinstance(datatype, str) or (datatype != "BYTES" and datatype not in DTYPES):
             raise RequestError(
                 "bad_dtype",
-                f"{where}: datatype {str(datatype)[:40]!r} is not a KServe v2 datatype; allowed: BYTES, {', '.join(DTYPES)}",
+                f"{where}: datatype {shown(datatype, 40)} is not a KServe v2 datatype; allowed: BYTES, {', '.join(DTYPES)}",
             )
         shape = _shape(raw.get("shape"), where)
         count = math.prod(shape)  # Python integers: a shape like [2**62, 4] cannot wrap around
+        if max_elements is not None and count > max_elements:
+            raise RequestError(
+                "bad_shape",
+                f"{where}: shape {list(shape)} holds {count:,} elements; the limit is {max_elements:,} "
+                "(serve.max_images_per_request rows of the model's input)",
+            )
         p = _params(raw)
         if not isinstance(p, dict):
             raise _bad(f"{where}: 'parameters' must be an object")
@@ -193,9 +267,10 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
         tensor = InferInput(raw["name"], datatype, shape)
         if "binary_data_size" in p:
             size = p["binary_data_size"]
-            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
                 raise _bad(
-                    f"{where}: binary_data_size {size!r} does not fit the {len(binary) - offset} binary bytes left"
+                    f"{where}: binary_data_size {shown(size, 60)} does not fit the {len(binary) - offset} "
+                    "binary bytes left"
                 )
             blob = bytes(binary[offset : offset + size])
             offset += size
@@ -229,19 +304,19 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
         for k, raw in enumerate(doc["outputs"]):
             if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
                 raise _bad(f"outputs[{k}] must be an object with a string 'name'")
+            where = f"output {shown(raw['name'], 80)}"
             p = _params(raw)
             if not isinstance(p, dict):
-                raise _bad(f"output '{raw['name']}': 'parameters' must be an object")
+                raise _bad(f"{where}: 'parameters' must be an object")
             if any(key.startswith("shared_memory") for key in p):
-                raise _bad(f"output '{raw['name']}': shared memory outputs are not supported")
+                raise _bad(f"{where}: shared memory outputs are not supported")
             classes = p.get("classification", 0)
-            if not isinstance(classes, int) or classes < 0:
-                raise _bad(f"output '{raw['name']}': parameters.classification must be a non-negative integer")
+            if not isinstance(classes, int) or isinstance(classes, bool) or classes < 0:
+                raise _bad(f"{where}: parameters.classification must be a non-negative integer")
             binary_flag = p.get("binary_data")
             outputs.append(RequestedOutput(raw["name"], None if binary_flag is None else bool(binary_flag), classes))
-    request_id = doc.get("id")
     return InferRequest(
-        id=str(request_id) if request_id is not None else None,
+        id=request_id,
         inputs=inputs,
         outputs=outputs,
         binary_output=bool(params.get("binary_data_output", False)),

@@ -136,7 +136,11 @@ def _prepare(repo, model, cfg, host, port, device):
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=int(max(1, cfg.serve.request_timeout_seconds)),
-        **http_protocol(cfg.serve.max_header_bytes, lambda: state.metrics.count_error("", "malformed_request")),
+        **http_protocol(
+            cfg.serve.max_header_bytes,
+            cfg.serve.header_timeout_seconds,
+            lambda reason: state.metrics.count_error("", reason),
+        ),
     )
     url_host = f"[{host}]" if ":" in host else host
     return state, DrainingServer(config, state), sock, f"http://{url_host}:{bound}", bound

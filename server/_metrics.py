@@ -3,7 +3,11 @@
 All series live in one :class:`prometheus_client.CollectorRegistry` per server, so several servers
 (tests, benchmarks) can share a process. Label values come from small fixed sets: ``model`` is a
 loaded model's name or ``"unknown"``, never text taken from a request; ``stage``, ``protocol`` and
-``reason`` are the fixed sets below; ``code`` is an HTTP status the server itself chose.
+``reason`` are the fixed sets below; ``code`` is an HTTP status the server itself chose (499 for a
+client that closed the connection before its request was read, nginx's convention).
+
+Every observation is also passed to :class:`~gpufeed.server._stats.InferenceStats` (``stats``),
+which answers Triton's statistics endpoint from the very same calls.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gpufeed.server._errors import REASONS
+from gpufeed.server._stats import InferenceStats
 
 __all__ = ["PROTOCOLS", "STAGES", "UNKNOWN_MODEL", "ServerMetrics"]
 
@@ -61,6 +66,7 @@ class ServerMetrics:
     def __init__(self, batch_sizes: dict[str, int]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.models = frozenset(batch_sizes)
+        self.stats = InferenceStats(self.models)
         size_buckets, ratio_buckets = _batch_buckets(list(batch_sizes.values()))
         r = self.registry
         self.stage_seconds = Histogram(
@@ -87,7 +93,7 @@ class ServerMetrics:
         )
         self.batch_fill_ratio = Histogram(
             "gpufeed_server_batch_fill_ratio",
-            "Real rows / the model's fixed batch size N, per executed batch",
+            "Real rows / the batch size the batch ran at (the rest is padding), per executed batch",
             ["model"],
             buckets=ratio_buckets,
             registry=r,
@@ -124,6 +130,7 @@ class ServerMetrics:
         if stage not in STAGES:
             raise ValueError(f"stage {stage!r} is not allowed; allowed: {', '.join(STAGES)}")
         self.stage_seconds.labels(self.model_label(model), stage).observe(seconds)
+        self.stats.stage(model, stage, seconds)
 
     def observe_request(self, model: str, protocol: str, code: int, seconds: float) -> None:
         if protocol not in PROTOCOLS:
@@ -131,14 +138,25 @@ class ServerMetrics:
         label = self.model_label(model)
         self.request_seconds.labels(label, protocol).observe(seconds)
         self.requests_total.labels(label, protocol, str(int(code))).inc()
+        self.stats.request(model, code, seconds)
 
     def count_error(self, model: str, reason: str) -> None:
         if reason not in REASONS:
             raise ValueError(f"reason {reason!r} is not allowed; allowed: {', '.join(REASONS)}")
         self.errors_total.labels(self.model_label(model), reason).inc()
 
-    def observe_batch(self, model: str, rows: int, batch_size: int) -> None:
+    def observe_batch(
+        self,
+        model: str,
+        rows: int,
+        batch_size: int,
+        *,
+        decode_s: float | None = None,
+        inference_s: float | None = None,
+    ) -> None:
+        """A batch of ``rows`` real rows ran; its decode and inference times feed Triton's ``batch_stats``."""
         label = self.model_label(model)
+        self.stats.batch(model, rows, decode_s, inference_s)
         self.batch_size.labels(label).observe(rows)
         self.batch_fill_ratio.labels(label).observe(rows / batch_size)
 

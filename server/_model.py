@@ -221,6 +221,7 @@ class ServedModel:
         encoded = [i for i in live if items[i].encoded is not None]
         decoded = [i for i in live if items[i].encoded is None]
         order = encoded + decoded  # row r of the buffer holds items[order[r]]
+        decode_s = None
         if encoded:
             start = time.perf_counter()
             sizes = np.array([items[i].size for i in encoded], dtype=np.int64)
@@ -230,7 +231,8 @@ class ServedModel:
                     results[i] = RequestError(
                         getattr(err, "reason", "corrupt_image"), f"{items[i].where}: {getattr(err, 'message', err)}"
                     )
-            self._observe("decode", time.perf_counter() - start)
+            decode_s = time.perf_counter() - start
+            self._observe("decode", decode_s)
         if decoded:
             self._copy_rows(buffer, len(encoded), [items[i].pixels for i in decoded])
         if len(order) < size:
@@ -239,9 +241,10 @@ class ServedModel:
             return results
         start = time.perf_counter()
         logits = self.runner.run(buffer)
-        self._observe("inference", time.perf_counter() - start)
+        inference_s = time.perf_counter() - start
+        self._observe("inference", inference_s)
         if self.ready:  # warm-up batches are not traffic
-            self.metrics.observe_batch(self.name, len(order), self.batch_size)
+            self.metrics.observe_batch(self.name, len(order), size, decode_s=decode_s, inference_s=inference_s)
         for row, i in enumerate(order):
             if not isinstance(results[i], RequestError):
                 results[i] = logits[row].copy()

@@ -5,9 +5,11 @@ nothing generates it), for the served models: path parameter ``name`` lists them
 fuzzer (schemathesis, in the tests) reaches the real endpoints rather than 404s. Request bodies
 are described as the handlers read them: KServe v2 JSON inference requests (or the binary tensor
 extension, ``application/octet-stream`` with ``Inference-Header-Content-Length``), REST image
-bodies (``image/jpeg``, ``image/png``, ``multipart/form-data`` with an ``image`` file). Every
-refusal is declared with its status and the JSON error body, so a response the document does not
-allow is a bug one side or the other.
+bodies (``image/jpeg``, ``image/png``, ``multipart/form-data`` with an ``image`` file), either
+possibly compressed (``Content-Encoding: gzip`` or ``deflate``). Triton's extensions are
+described too: model configuration, statistics, the repository index (load and unload are
+declared as what they are: refused). Every refusal is declared with its status and the JSON
+error body, so a response the document does not allow is a bug one side or the other.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ _ERROR_STATUSES = {
     "400": "the request is malformed: bad JSON, shape, dtype, image data or parameter (reason says which)",
     "404": "no such model (or version)",
     "408": "the request body did not arrive within serve.request_timeout_seconds",
-    "413": "the body is larger than serve.max_body_bytes",
-    "415": "the content type or image format is not accepted",
+    "413": "the body, or its decompressed content, is larger than serve.max_body_bytes",
+    "415": "the content type, content coding or image format is not accepted",
     "503": "the queue is full (Retry-After) or the server is loading or draining",
     "504": "no answer within serve.request_timeout_seconds",
 }
@@ -78,6 +80,59 @@ def _schemas(datatypes: list[str]) -> dict:
                 "inputs": {"type": "array", "items": tensor_meta},
                 "outputs": {"type": "array", "items": tensor_meta},
                 "parameters": {"type": "object"},
+            },
+        },
+        "ModelConfig": {
+            "type": "object",
+            "description": "Triton's ModelConfig (model_config.proto) as JSON",
+            "required": ["name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching"],
+            "properties": {
+                "name": string,
+                "platform": string,
+                "backend": string,
+                "max_batch_size": integer,
+                "input": {"type": "array", "items": {"type": "object"}},
+                "output": {"type": "array", "items": {"type": "object"}},
+                "dynamic_batching": {"type": "object"},
+                "instance_group": {"type": "array", "items": {"type": "object"}},
+                "parameters": {"type": "object"},
+            },
+        },
+        "ModelStats": {
+            "type": "object",
+            "description": "Triton's statistics extension: cumulative counts and durations (ns) per model",
+            "required": ["model_stats"],
+            "properties": {
+                "model_stats": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "inference_count", "execution_count", "inference_stats", "batch_stats"],
+                        "properties": {
+                            "name": string,
+                            "version": string,
+                            "last_inference": integer,
+                            "inference_count": integer,
+                            "execution_count": integer,
+                            "inference_stats": {"type": "object"},
+                            "batch_stats": {"type": "array", "items": {"type": "object"}},
+                        },
+                    },
+                }
+            },
+        },
+        "RepositoryIndexRequest": {"type": "object", "properties": {"ready": boolean}},
+        "RepositoryIndex": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "state", "reason"],
+                "properties": {
+                    "name": string,
+                    "version": string,
+                    "state": {"type": "string", "enum": ["READY", "LOADING", "UNAVAILABLE"]},
+                    "reason": string,
+                },
             },
         },
         "ModelReady": {
@@ -230,12 +285,28 @@ def openapi_document(model_names: list[str], version: str, auth: bool) -> dict:
         "required": False,
         "schema": {"type": "integer", "minimum": 1},
     }
+    codings = [
+        {
+            "name": "Content-Encoding",
+            "in": "header",
+            "required": False,
+            "description": "the body compressed (tritonclient's request_compression_algorithm)",
+            "schema": {"type": "string", "enum": ["identity", "gzip", "deflate"]},
+        },
+        {
+            "name": "Accept-Encoding",
+            "in": "header",
+            "required": False,
+            "description": "a 200 answer compressed (tritonclient's response_compression_algorithm)",
+            "schema": {"type": "string", "enum": ["identity", "gzip", "deflate"]},
+        },
+    ]
 
     def infer(params):
         return {
             "post": {
                 "summary": "KServe v2 inference: input 'image' (BYTES, encoded JPEG/PNG) or 'pixels' (UINT8)",
-                "parameters": [*params, header],
+                "parameters": [*params, header, *codings],
                 "requestBody": infer_body,
                 "responses": infer_responses,
             }
@@ -248,6 +319,7 @@ def openapi_document(model_names: list[str], version: str, auth: bool) -> dict:
             "parameters": [
                 name,
                 {"name": "top_k", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1}},
+                *codings,
             ],
             "requestBody": {
                 "required": True,
@@ -269,30 +341,54 @@ def openapi_document(model_names: list[str], version: str, auth: bool) -> dict:
             },
         }
     }
+
+    def post(summary: str, schema: str, body: dict | None, codes: tuple[str, ...], params=(), ok_codes=("200",)):
+        responses = {code: {"description": summary, "content": _json(_ref(schema))} for code in ok_codes}
+        responses.update(_errors(codes, auth))
+        op = {"summary": summary, "responses": responses}
+        if params:
+            op["parameters"] = list(params)
+        if body is not None:
+            op["requestBody"] = body
+        return {"post": op}
+
+    index_body = {"required": False, "content": _json(_ref("RepositoryIndexRequest"))}
+    control = post("models are loaded when the server starts: always 400", "Error", None, (), [name], ("400",))
     paths = {
         "/v2/health/live": get("the process serves HTTP", "Live", public=True),
-        "/v2/health/ready": get("every model loaded and warmed up", "Ready", ok_codes=("200", "503"), public=True),
+        "/v2/health/ready": get("every model loaded and warmed up", "Ready", ok_codes=("200", "400"), public=True),
         "/v2": get("server metadata", "ServerMetadata"),
-        "/v2/models/{name}": get("model metadata", "ModelMetadata", ("404",), [name]),
-        "/v2/models/{name}/versions/{version}": get("model metadata", "ModelMetadata", ("404",), [name, version_param]),
-        "/v2/models/{name}/ready": get("model readiness", "ModelReady", ("404",), [name], ok_codes=("200", "503")),
-        "/v2/models/{name}/versions/{version}/ready": get(
-            "model readiness", "ModelReady", ("404",), [name, version_param], ok_codes=("200", "503")
+        "/v2/models/stats": get("inference statistics of every model (Triton)", "ModelStats"),
+        "/v2/repository/index": post(
+            "the served models and their state (Triton)", "RepositoryIndex", index_body, ("400", "408", "413")
         ),
-        "/v2/models/{name}/infer": infer([name]),
-        "/v2/models/{name}/versions/{version}/infer": infer([name, version_param]),
-        "/v1/models": get("the served models", "ModelList"),
-        "/v1/models/{name}/predict": predict,
-        "/metrics": {
-            "get": {
-                "summary": "Prometheus text exposition",
-                "responses": {
-                    "200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
-                    **_errors((), auth),
-                },
-            }
-        },
+        "/v2/repository/models/{name}/load": control,
+        "/v2/repository/models/{name}/unload": control,
     }
+    for base, params in (
+        ("/v2/models/{name}", [name]),
+        ("/v2/models/{name}/versions/{version}", [name, version_param]),
+    ):
+        paths[base] = get("model metadata", "ModelMetadata", ("404",), params)
+        paths[base + "/ready"] = get("model readiness", "ModelReady", ("404",), params, ok_codes=("200", "400"))
+        paths[base + "/config"] = get("model configuration (Triton)", "ModelConfig", ("404",), params)
+        paths[base + "/stats"] = get("inference statistics (Triton)", "ModelStats", ("404",), params)
+        paths[base + "/infer"] = infer(params)
+    paths.update(
+        {
+            "/v1/models": get("the served models", "ModelList"),
+            "/v1/models/{name}/predict": predict,
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus text exposition",
+                    "responses": {
+                        "200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                        **_errors((), auth),
+                    },
+                }
+            },
+        }
+    )
     document = {
         "openapi": "3.0.3",
         "info": {

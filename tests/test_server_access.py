@@ -174,7 +174,7 @@ def test_schemathesis_finds_no_endpoint_that_ignores_the_token(guarded, tmp_path
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
-    assert "Tested: 12" in done.stdout
+    assert "Tested: 20" in done.stdout
 
 
 def test_the_token_is_never_logged_saved_or_shown(guarded, token_file, tmp_path, caplog):
@@ -346,7 +346,7 @@ def test_request_heads_are_bounded_too():
                 except OSError:  # the server closed the connection after its answer: expected
                     pass
                 answer = _read_answer(sock)
-            assert answer.startswith(b"HTTP/1.1 431") and b'"reason": "malformed_request"' in answer
+            assert answer.startswith(b"HTTP/1.1 431") and b'"reason":"malformed_request"' in answer
         assert server.rss_bytes() - rss_before < 20 * 1024 * 1024, "100 MB of headers were not buffered"
         fine = httpx.get(server.url + "/v2/health/live", headers={"X-Fine": "f" * 60_000})
         assert fine.status_code == 200, "a 60 KB head is under the 64 KiB default"

@@ -22,7 +22,14 @@ path_like              ``../x``, ``%2e%2e%2f``, ``..%2f..%2fetc%2fpasswd``, NUL,
 long_names             65 to 8000 characters
 bad_query, multipart   broken ``top_k``; malformed multipart bodies
 wrong_method           GET on inference endpoints, DELETE, PUT
+long_integers          integer literals over Python's 4,300-digit limit in every numeric field
+bad_unicode            lone surrogates in BYTES data, names, ids; invalid UTF-8
+content_encoding       gzip/deflate bombs, corrupt or truncated compressed bodies, unknown codings
+large_json             bodies near the limit of ``[],`` runs, too many values, huge declared shapes
+large_heads            request heads over ``serve.max_header_bytes`` (431)
 =====================  =====================================================================
+
+The hostile categories (the last five) are :mod:`gpufeed.bench._corpus_hostile`.
 
 A flipped bit inside JPEG entropy-coded data (or inside PNG data that a decoder tolerates) can
 leave a file that still decodes, to different pixels: no checksum can tell. Those probes carry
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpufeed.bench._corpus_hostile import hostile_probes, large_head_probes
 from gpufeed.bench._corpus_images import image_probes, make_images
 from gpufeed.bench._corpus_requests import json_probes, name_probes, oversized_probes, rest_probes, tensor_probes
 from gpufeed.bench._probe import Builder, Probe, Target
@@ -41,14 +49,21 @@ __all__ = ["Probe", "Target", "malformed_corpus"]
 
 
 def malformed_corpus(
-    targets: list[Target], *, max_body_bytes: int, max_image_pixels: int, max_images_per_request: int, seed: int = 0
+    targets: list[Target],
+    *,
+    max_body_bytes: int,
+    max_image_pixels: int,
+    max_images_per_request: int,
+    max_header_bytes: int = 64 * 1024,
+    seed: int = 0,
 ) -> list[Probe]:
     """Every malformed request of the corpus for the served ``targets`` (deterministic for ``seed``).
 
     Args:
         targets: The served models (image models get the image categories).
-        max_body_bytes, max_image_pixels, max_images_per_request: The server's limits (``serve.*``):
-            the oversized, huge-dimension and too-many-rows probes are sized against them.
+        max_body_bytes, max_image_pixels, max_images_per_request, max_header_bytes: The server's
+            limits (``serve.*``): the oversized, huge-dimension, too-many-rows and large-head probes
+            are sized against them.
     """
     rng = np.random.default_rng(seed)
     images = make_images(rng)
@@ -61,8 +76,10 @@ def malformed_corpus(
             rest_probes(b, images["jpeg"])
         json_probes(b, rng)
         tensor_probes(b, max_images_per_request, max_body_bytes)
+        hostile_probes(b, max_body_bytes=max_body_bytes, max_images=max_images_per_request, jpeg=images["jpeg"])
         if k == 0:
             name_probes(b, served, images["jpeg"])
             oversized_probes(b, max_body_bytes, images["jpeg"])
+            large_head_probes(b, max_header_bytes)
         probes += b.probes
     return probes

@@ -13,8 +13,8 @@ Scenario, against a ``gpufeed serve`` child process:
 Every request sent is accounted for: answered (with its status), refused at connect (never sent,
 so never dropped), or dropped (sent, no answer). What it checks (:func:`drain_problems`): no
 request dropped; the in-flight requests answered 200 with the scores the same images got before the signal;
-readiness 503 from the first probe after the signal; new requests 503 ``not_ready`` with
-Retry-After and ``Connection: close``; exit status 0.
+readiness false (400, the KServe v2 "4xx for false") from the first probe after the signal; new
+requests 503 ``not_ready`` with Retry-After and ``Connection: close``; exit status 0.
 """
 
 from __future__ import annotations
@@ -182,8 +182,8 @@ def drain_problems(result: dict) -> list[str]:
     if result["dropped"] or result["refused_at_connect"]:
         problems.append(f"{result['dropped']} dropped, {result['refused_at_connect']} refused at connect")
     ready = [status for _, status in result["ready_probes"]]
-    if not ready or set(ready) != {503}:
-        problems.append(f"readiness after SIGTERM: {ready} (expected 503 only)")
+    if not ready or set(ready) != {400}:
+        problems.append(f"readiness after SIGTERM: {ready} (expected 400, not ready, only)")
     predicts = result["drain_responses"]
     if not predicts:
         problems.append("no new request was tried during the drain")

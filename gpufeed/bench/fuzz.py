@@ -7,8 +7,12 @@ JSON ``{"error", "reason"}`` with the expected reason and an error message that 
 (one of the probe's words, at most 1,000 characters). A probe marked ``may_decode`` may also get
 200. After each category, and at the end, a valid request must still be answered correctly: a
 JPEG gets the scores it got before the corpus, and a UINT8 tensor gets exactly the logits
-onnxruntime computes for it directly. Finally every reason the responses gave must have been
-counted once in ``gpufeed_server_errors_total``.
+onnxruntime computes for it directly. Finally the metrics must account for every answer: each
+reason the responses gave counted once in ``gpufeed_server_errors_total``, and each answer to an
+inference path (corpus and checks alike) counted with its status in
+``gpufeed_server_requests_total`` (431s excepted: those heads never reach the app, and are counted
+by reason only). ``gpufeed bench fuzz`` then measures liveness while large bodies are refused
+(:mod:`gpufeed.bench._liveness`).
 """
 
 from __future__ import annotations
@@ -16,15 +20,15 @@ from __future__ import annotations
 import http.client
 import json
 import time
+import urllib.parse
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from gpufeed.bench._corpus import Probe, Target, malformed_corpus
 
-__all__ = ["FUZZ_LIMITS", "fuzz_problems", "run_corpus", "valid_request_check"]
+__all__ = ["FUZZ_LIMITS", "ValidRequestCheck", "fuzz_problems", "run_corpus", "valid_request_check"]
 
 # The limits the fuzzing server runs with: small enough that oversized probes stay cheap.
 FUZZ_LIMITS = {"max_body_bytes": 256 * 1024, "max_image_pixels": 4_000_000, "max_images_per_request": 8}
@@ -88,8 +92,8 @@ def _verdict(probe: Probe, status: int, body: bytes) -> tuple[str, str | None, s
     return "ok", reason, message
 
 
-def errors_by_reason(host: str, port: int, headers: dict[str, str] | None = None) -> Counter:
-    """``gpufeed_server_errors_total`` summed over models, by reason."""
+def _metric_totals(host: str, port: int, headers: dict[str, str] | None) -> tuple[Counter, Counter]:
+    """(errors by reason, inference requests by status code) from ``/metrics``, summed over models."""
     from prometheus_client.parser import text_string_to_metric_families
 
     client = RawClient(host, port, headers)
@@ -97,12 +101,27 @@ def errors_by_reason(host: str, port: int, headers: dict[str, str] | None = None
         _, _, text = client.request("GET", "/metrics")
     finally:
         client.close()
-    out = Counter()
+    errors, requests = Counter(), Counter()
     for family in text_string_to_metric_families(text.decode()):
         for s in family.samples:
             if s.name == "gpufeed_server_errors_total":
-                out[s.labels["reason"]] += s.value
-    return out
+                errors[s.labels["reason"]] += s.value
+            elif s.name == "gpufeed_server_requests_total":
+                requests[int(s.labels["code"])] += s.value
+    return errors, requests
+
+
+def errors_by_reason(host: str, port: int, headers: dict[str, str] | None = None) -> Counter:
+    """``gpufeed_server_errors_total`` summed over models, by reason."""
+    return _metric_totals(host, port, headers)[0]
+
+
+def is_inference_path(path: str) -> bool:
+    """Whether the server counts an answer to ``path`` (as sent, query included) in its requests metric."""
+    from gpufeed.server._access import route_of
+
+    decoded = urllib.parse.unquote(path.partition("?")[0], errors="replace")  # as uvicorn decodes it
+    return route_of(decoded)[1] is not None
 
 
 def direct_logits(model_dir: Path, rows: np.ndarray) -> np.ndarray:
@@ -116,70 +135,84 @@ def direct_logits(model_dir: Path, rows: np.ndarray) -> np.ndarray:
     return session.run(None, {session.get_inputs()[0].name: padded})[0][: len(rows)]
 
 
-def valid_request_check(
-    host: str, port: int, model_dir: Path, jpeg: bytes | None, headers: dict[str, str] | None = None
-) -> Callable[[], str | None]:
-    """A check to run between probes: ``None`` when valid requests are answered correctly, else why not.
+class ValidRequestCheck:
+    """A check to run between probes: ``check()`` is ``None`` when valid requests are answered correctly, else why not.
 
-    The UINT8 tensor request must get the logits onnxruntime gives directly; the JPEG (image models)
-    must get the scores it got when this check was made, before any malformed request.
+    The UINT8 tensor request must get the logits onnxruntime gives directly; the JPEG (image
+    models) must get the scores it got when this check was made, before any malformed request.
+    ``answers`` counts the status codes of the inference requests the checks sent.
     """
-    from gpufeed.models import read_model_card
 
-    card = read_model_card(model_dir)
-    rows = np.random.default_rng(7).integers(0, 256, (1, *card.sample_shape), dtype=np.uint8)
-    expected = direct_logits(model_dir, rows)
-    doc = {"inputs": [{"name": card.input_name, "datatype": "UINT8", "shape": list(rows.shape),
-                       "data": rows.ravel().tolist()}], "outputs": [{"name": "logits"}]}  # fmt: skip
-    body = json.dumps(doc).encode()
-    client = RawClient(host, port, headers)
-    predict = f"/v1/models/{card.name}/predict?top_k={card.spec.num_classes}"
+    def __init__(self, host, port, model_dir: Path, jpeg: bytes | None, headers: dict[str, str] | None = None):
+        from gpufeed.models import read_model_card
 
-    def jpeg_scores() -> list[float]:
-        status, _, data = client.request("POST", predict, jpeg, {"Content-Type": "image/jpeg"}.items())
+        card = read_model_card(model_dir)
+        rows = np.random.default_rng(7).integers(0, 256, (1, *card.sample_shape), dtype=np.uint8)
+        self.expected = direct_logits(model_dir, rows)
+        doc = {"inputs": [{"name": card.input_name, "datatype": "UINT8", "shape": list(rows.shape),
+                           "data": rows.ravel().tolist()}], "outputs": [{"name": "logits"}]}  # fmt: skip
+        self.body, self.name, self.jpeg = json.dumps(doc).encode(), card.name, jpeg
+        self.client = RawClient(host, port, headers)
+        self.predict = f"/v1/models/{card.name}/predict?top_k={card.spec.num_classes}"
+        self.answers: Counter = Counter()
+        self.reference = self._jpeg_scores() if jpeg is not None and card.spec.task == "image" else None
+
+    def _send(self, method, path, body=b"", headers=()) -> tuple[int, bytes]:
+        status, _, data = self.client.request(method, path, body, headers)
+        if is_inference_path(path):
+            self.answers[status] += 1
+        return status, data
+
+    def _jpeg_scores(self) -> list[float]:
+        status, data = self._send("POST", self.predict, self.jpeg, {"Content-Type": "image/jpeg"}.items())
         if status != 200:
             raise RuntimeError(f"a valid JPEG got {status}: {data[:200]!r}")
         (prediction,) = json.loads(data)["predictions"]
         return [t["score"] for t in sorted(prediction["top_k"], key=lambda t: t["index"])]
 
-    reference = jpeg_scores() if jpeg is not None and card.spec.task == "image" else None
-
-    def check() -> str | None:
+    def __call__(self) -> str | None:
         try:
-            status, _, data = client.request("GET", "/v2/health/ready")
+            status, data = self._send("GET", "/v2/health/ready")
             if status != 200:
                 return f"not ready: {status} {data[:200]!r}"
-            status, _, data = client.request("POST", f"/v2/models/{card.name}/infer", body)
+            status, data = self._send("POST", f"/v2/models/{self.name}/infer", self.body)
             if status != 200:
                 return f"a valid UINT8 request got {status}: {data[:200]!r}"
-            got = np.array(json.loads(data)["outputs"][0]["data"], np.float32).reshape(expected.shape)
-            if not np.allclose(got, expected, atol=1e-5):
-                return f"a valid UINT8 request got logits {got} instead of {expected}"
-            if reference is not None and not np.allclose(jpeg_scores(), reference, atol=1e-6):
+            got = np.array(json.loads(data)["outputs"][0]["data"], np.float32).reshape(self.expected.shape)
+            if not np.allclose(got, self.expected, atol=1e-5):
+                return f"a valid UINT8 request got logits {got} instead of {self.expected}"
+            if self.reference is not None and not np.allclose(self._jpeg_scores(), self.reference, atol=1e-6):
                 return "a valid JPEG got different scores than before the corpus"
         except (OSError, http.client.HTTPException, RuntimeError) as err:
             return f"a valid request failed: {err}"
         return None
 
-    return check
+
+def valid_request_check(
+    host: str, port: int, model_dir: Path, jpeg: bytes | None, headers: dict[str, str] | None = None
+) -> ValidRequestCheck:
+    """A :class:`ValidRequestCheck` for the model in ``model_dir``."""
+    return ValidRequestCheck(host, port, model_dir, jpeg, headers)
 
 
 def run_corpus(
     host: str,
     port: int,
     probes: list[Probe],
-    check_valid: Callable[[], str | None],
+    checks: list[ValidRequestCheck],
     *,
     headers: dict[str, str] | None = None,
     progress: bool = True,
 ) -> dict:
-    """Send every probe, judge every answer, run ``check_valid`` after each category; return the figures."""
+    """Send every probe, judge every answer, run the ``checks`` after each category; return the figures."""
     from tqdm import tqdm
 
-    before = errors_by_reason(host, port, headers)
+    before, requests_before = _metric_totals(host, port, headers)
+    checked_before = sum((c.answers for c in checks), Counter())
     client = RawClient(host, port, headers)
     categories: dict[str, dict] = {}
     statuses, reasons, failures, valid_failures = Counter(), Counter(), [], []
+    inference_answers = Counter()
     valid_checks = 0
     started = time.perf_counter()
     order = list(dict.fromkeys(p.category for p in probes))
@@ -198,6 +231,8 @@ def run_corpus(
                 client.close()
             statuses[status] += 1
             tally["statuses"][status] += 1
+            if status and status != 431 and is_inference_path(probe.path):
+                inference_answers[status] += 1
             if reason is not None:
                 reasons[reason] += 1
             tally["decoded"] += verdict == "decoded"
@@ -206,15 +241,17 @@ def run_corpus(
                 failures.append({"category": category, "verdict": verdict, "status": status, "reason": reason,
                                  "message": message[:300], "method": probe.method, "path": probe.path[:120]})  # fmt: skip
             bar.update(1)
-        problem = check_valid()
+        problem = next((p for p in (check() for check in checks) if p is not None), None)
         valid_checks += 1
         if problem is not None:
             valid_failures.append(f"after {category}: {problem}")
     bar.close()
     client.close()
     seconds = time.perf_counter() - started
-    after = errors_by_reason(host, port, headers)
+    after, requests_after = _metric_totals(host, port, headers)
+    inference_answers += sum((c.answers for c in checks), Counter()) - checked_before
     counted = {r: after[r] - before[r] for r in set(after) | set(before) if after[r] != before[r]}
+    requests_counted = {c: requests_after[c] - requests_before[c] for c in set(requests_after) | set(requests_before)}
     return {
         "requests": len(probes),
         "seconds": seconds,
@@ -222,6 +259,8 @@ def run_corpus(
         "statuses": dict(sorted(statuses.items())),
         "reasons": dict(sorted(reasons.items())),
         "counted": dict(sorted(counted.items())),
+        "inference_answers": dict(sorted(inference_answers.items())),
+        "requests_counted": {c: n for c, n in sorted(requests_counted.items()) if n},
         "failures": failures,
         "valid_checks": valid_checks,
         "valid_failures": valid_failures,
@@ -236,8 +275,15 @@ def fuzz_problems(summary: dict) -> list[str]:
         first = summary["failures"][0]
         problems.append(f"{len(summary['failures'])} bad answer(s) {dict(kinds)}; first: {first}")
     problems += summary["valid_failures"]
+    if any(status >= 500 for status in summary["statuses"]):
+        problems.append(f"answers >= 500: { {s: n for s, n in summary['statuses'].items() if s >= 500} }")
     if summary["counted"] != summary["reasons"]:
         problems.append(f"errors counted by the server {summary['counted']} != reasons answered {summary['reasons']}")
+    if summary["requests_counted"] != summary["inference_answers"]:
+        problems.append(
+            f"inference requests counted by the server {summary['requests_counted']} != answers received "
+            f"{summary['inference_answers']}"
+        )
     return problems
 
 
@@ -256,14 +302,18 @@ def print_fuzz_result(summary: dict) -> None:
     print(f"  statuses: {summary['statuses']}")
     print(f"  reasons answered: {summary['reasons']}")
     print(f"  counted in gpufeed_server_errors_total: {summary['counted']}")
+    print(f"  inference answers received: {summary['inference_answers']}")
+    print(f"  counted in gpufeed_server_requests_total: {summary['requests_counted']}")
     problems = fuzz_problems(summary)
     print("  result: " + ("PASS" if not problems else "FAIL: " + "; ".join(problems)))
 
 
 def main_fuzz(args) -> int:
     from gpufeed.bench._common import write_json
+    from gpufeed.bench._liveness import measure_liveness, print_liveness
     from gpufeed.bench._serve_proc import ServeProcess, quiet_http_logs
     from gpufeed.bench.soak import reliability_inputs
+    from gpufeed.config import parse_config
     from gpufeed.models import read_model_card
 
     quiet_http_logs()
@@ -273,12 +323,22 @@ def main_fuzz(args) -> int:
     with ServeProcess(model_dir, settings, device=args.device) as server:
         probes = malformed_corpus([Target.from_card(card)], seed=args.seed, **FUZZ_LIMITS)
         check = valid_request_check(server.host, server.port, model_dir, images[0])
-        summary = run_corpus(server.host, server.port, probes, check)
+        summary = run_corpus(server.host, server.port, probes, [check])
         alive = server.proc.poll() is None
     summary["server_alive_after"] = alive
     summary["exit_status"] = server.proc.returncode
     print_fuzz_result(summary)
     print(f"  server alive after the corpus: {alive}; exit status on SIGTERM {summary['exit_status']}")
+    # Liveness needs bodies as large as a real server takes: a second server, with the default limits.
+    settings = ["serve.max_delay_ms=2", *args.overrides]
+    limit = parse_config(None, [s for s in settings if s.startswith("serve.")]).serve.max_body_bytes
+    with ServeProcess(model_dir, settings, device=args.device) as server:
+        liveness = measure_liveness(
+            server.host, server.port, card.name, card.input_name, tuple(card.sample_shape), body_bytes=limit - 4096
+        )
+    summary["liveness"] = liveness
+    print_liveness(liveness)
     if args.json:
         write_json(args.json, summary)
-    return 1 if fuzz_problems(summary) or not alive or summary["exit_status"] != 0 else 0
+    failed = fuzz_problems(summary) or not alive or summary["exit_status"] != 0 or not liveness["ok"]
+    return 1 if failed else 0

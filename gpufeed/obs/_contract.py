@@ -43,6 +43,7 @@ ERROR_REASONS = (
     "queue_full",
     "timeout",
     "unauthorized",
+    "client_disconnect",  # the client hung up before its request was read: counted, never a server error
     "internal",
 )
 
@@ -98,7 +99,12 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     _server("gpufeed_server_request_seconds", "histogram", ("model", "protocol"), "the whole request"),
     _server("gpufeed_server_batch_size", "histogram", ("model",), "real rows per executed batch"),
-    _server("gpufeed_server_batch_fill_ratio", "histogram", ("model",), "real rows / the model's batch size"),
+    _server(
+        "gpufeed_server_batch_fill_ratio",
+        "histogram",
+        ("model",),
+        "real rows / the batch size the batch ran at (the rest is padding)",
+    ),
     _server("gpufeed_server_queue_depth", "gauge", ("model",), "requests waiting in the batcher"),
     _server("gpufeed_server_inflight_requests", "gauge", (), "requests being handled"),
     _server("gpufeed_server_model_ready", "gauge", ("model",), "1 when the model is loaded and warmed up"),

@@ -1,0 +1,180 @@
+"""Triton's extensions beyond the KServe v2 core, as JSON documents: model configuration and repository index.
+
+``GET /v2/models/NAME/config`` answers the JSON form of Triton's ``ModelConfig`` message
+(``model_config.proto``, field names as in the proto, 64-bit integers as JSON numbers, enums as
+their names, every field present), so ``tritonclient``'s ``get_model_config`` and tools that read
+it (perf_analyzer, model analyzer) see what the server really does:
+
+* ``max_batch_size``: the largest batch the model executes (the card's largest batch size); a
+  request may carry up to ``serve.max_images_per_request`` rows, which the server splits;
+* ``input``: ``image`` (``TYPE_STRING``, encoded JPEG/PNG, image models) and the card's UINT8
+  input, each ``optional`` when there are two (a request sends exactly one of them);
+* ``dynamic_batching``: the batch sizes the model runs at as ``preferred_batch_size``, ``serve.max_delay_ms``
+  as the queue delay, ``serve.queue_capacity`` (images) and ``serve.request_timeout_seconds`` as
+  the queue policy;
+* ``instance_group``: ``serve.workers_per_model`` batches in flight, on the GPU or the CPU.
+
+``POST /v2/repository/index`` lists the served models with their state (``READY``, ``LOADING``,
+``UNAVAILABLE`` and why). Models are fixed when the server starts, so the repository extension's
+load and unload are refused, and ``model_repository`` is not among the advertised extensions.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EXTENSIONS", "batch_sizes_of", "model_config", "repository_index"]
+
+# What GET /v2 advertises; each is implemented in full.
+EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics")
+ENCODED_INPUT = "image"
+
+
+def batch_sizes_of(card) -> tuple[int, ...]:
+    """The batch sizes the model executes, ascending (the card's ``batch_sizes``, else its one ``batch_size``)."""
+    sizes = getattr(card, "batch_sizes", None) or (card.batch_size,)
+    return tuple(sorted({int(n) for n in sizes}))
+
+
+def _input(name: str, data_type: str, dims: list[int], fmt: str, optional: bool, reshape=None) -> dict:
+    entry = {
+        "name": name,
+        "data_type": data_type,
+        "format": fmt,
+        "dims": dims,
+        "is_shape_tensor": False,
+        "allow_ragged_batch": False,
+        "optional": optional,
+        "is_non_linear_format_io": False,
+    }
+    if reshape is not None:
+        entry["reshape"] = {"shape": reshape}
+    return entry
+
+
+def _output(name: str, classes: int) -> dict:
+    return {
+        "name": name,
+        "data_type": "TYPE_FP32",
+        "dims": [classes],
+        "label_filename": "",
+        "is_shape_tensor": False,
+        "is_non_linear_format_io": False,
+    }
+
+
+def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, workers: int, batch_sizes=None) -> dict:
+    """Triton's model configuration JSON for a served model.
+
+    Args:
+        name: The served name.
+        card: Its :class:`~gpufeed.models.ModelCard`.
+        cfg: :class:`gpufeed.config.ServeConfig`.
+        on_gpu, device_id: Where it runs.
+        workers: Batches in flight (``serve.workers_per_model`` as resolved).
+        batch_sizes: The sizes the loaded model runs at (the card's, possibly narrowed by
+            ``serve.batch_sizes``); default: the card's.
+    """
+    spec = card.spec
+    sizes = tuple(sorted(batch_sizes)) if batch_sizes else batch_sizes_of(card)
+    encoded = spec.task == "image"
+    sample = [int(d) for d in card.sample_shape]
+    inputs = [
+        _input(card.input_name, "TYPE_UINT8", sample, "FORMAT_NCHW" if len(sample) == 3 else "FORMAT_NONE", encoded)
+    ]
+    if encoded:  # one encoded image per row: dims [1], which the model sees as a scalar per row
+        inputs.insert(0, _input(ENCODED_INPUT, "TYPE_STRING", [1], "FORMAT_NONE", True, reshape=[]))
+    provider = cfg.execution_provider
+    accelerators = [{"name": "tensorrt", "parameters": {}}] if provider == "tensorrt" else []
+    facts = {
+        "task": spec.task,
+        "architecture": spec.name,
+        "precision": card.precision,
+        "size_px": spec.size_px,
+        "eval_crop_fraction": spec.eval_crop_fraction,
+        "clip_length_frames": spec.clip_length_frames,
+        "layout": spec.input_layout,
+        "multilabel": spec.multilabel,
+        "labels": ",".join(card.labels),
+        "max_images_per_request": cfg.max_images_per_request,
+        "max_image_pixels": cfg.max_image_pixels,
+        "warmup_batches": cfg.warmup_batches,
+    }
+    return {
+        "name": name,
+        "platform": "onnxruntime_onnx",
+        "backend": "onnxruntime",
+        "runtime": "",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": sizes[-1],
+        "input": inputs,
+        "output": [_output("logits", spec.num_classes), _output("scores", spec.num_classes)],
+        "batch_input": [],
+        "batch_output": [],
+        "optimization": {
+            "priority": "PRIORITY_DEFAULT",
+            "execution_accelerators": {"gpu_execution_accelerator": accelerators, "cpu_execution_accelerator": []},
+            "input_pinned_memory": {"enable": on_gpu},
+            "output_pinned_memory": {"enable": on_gpu},
+            "gather_kernel_buffer_threshold": 0,
+            "eager_batching": False,
+        },
+        "dynamic_batching": {
+            "preferred_batch_size": list(sizes),
+            "max_queue_delay_microseconds": round(cfg.max_delay_ms * 1000),
+            "preserve_ordering": False,
+            "priority_levels": 0,
+            "default_priority_level": 0,
+            "default_queue_policy": {
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": round(cfg.request_timeout_seconds * 1_000_000),
+                "allow_timeout_override": False,
+                "max_queue_size": cfg.queue_capacity,
+            },
+            "priority_queue_policy": {},
+        },
+        "instance_group": [
+            {
+                "name": name,
+                "kind": "KIND_GPU" if on_gpu else "KIND_CPU",
+                "count": workers,
+                "gpus": [device_id or 0] if on_gpu else [],
+                "secondary_devices": [],
+                "profile": [],
+                "passive": False,
+                "host_policy": "",
+            }
+        ],
+        "default_model_filename": "model.onnx",
+        "cc_model_filenames": {},
+        "metric_tags": {},
+        "parameters": {key: {"string_value": str(value)} for key, value in facts.items()},
+        "model_warmup": [],  # gpufeed warms up with its own generated batches: parameters.warmup_batches
+        "model_transaction_policy": {"decoupled": False},
+        "response_cache": {"enable": False},
+    }
+
+
+def repository_index(entries, models: dict, load_error, closing: bool, ready_only: bool) -> list[dict]:
+    """Triton's ``$repository_index_response``: every served model with its state and the reason for it.
+
+    Args:
+        entries: Served name -> :class:`~gpufeed.server.ModelEntry` (the repository's models).
+        models: Served name -> loaded :class:`~gpufeed.server.ServedModel` (so far).
+        load_error: Why loading failed, or ``None``.
+        closing: The server is draining.
+        ready_only: Only the models ready for inference (the request's ``"ready": true``).
+    """
+    out = []
+    for name in entries:
+        model = models.get(name)
+        if model is not None and model.ready and not closing:
+            state, reason = "READY", ""
+        elif closing:
+            state, reason = "UNAVAILABLE", "the server is shutting down"
+        elif load_error is not None:
+            state, reason = "UNAVAILABLE", f"loading failed: {load_error}"
+        else:
+            state, reason = "LOADING", "loading and warming up"
+        if ready_only and state != "READY":
+            continue
+        out.append({"name": name, "version": "1", "state": state, "reason": reason})
+    return out
