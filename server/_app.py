@@ -232,7 +232,7 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
         name = lookup(request)
         model = state.models.get(name)
         on_gpu = model.on_gpu if model is not None else state.device.is_gpu
-        workers = model.workers if model is not None else cfg.workers_per_model or (2 if on_gpu else 1)
+        workers = model.workers if model is not None else cfg.workers_per_model or 2
         card, sizes = state.entries[name].card, getattr(model, "batch_sizes", None)
         document = model_config(
             name, card, cfg, on_gpu=on_gpu, device_id=state.device.device_id, workers=workers, batch_sizes=sizes

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -160,8 +161,14 @@ def test_a_skipped_bad_file_costs_one_rebuild(synth_dir, tmp_path):
     root = _copy_split(synth_dir, tmp_path)
     victim = sorted(root.rglob("*.png"))[5]
     data = bytearray(victim.read_bytes())
-    start = data.index(b"IDAT") + 8
+    # Damage the compressed pixels but keep the chunk's CRC right, so that the file passes the
+    # dataset's scan and fails only when it is decoded (inside the pipeline).
+    kind = data.index(b"IDAT")
+    length = int.from_bytes(data[kind - 4 : kind], "big")
+    start = kind + 8
     data[start : start + 40] = bytes(b ^ 0x5A for b in data[start : start + 40])
+    end = kind + 4 + length
+    data[end : end + 4] = zlib.crc32(bytes(data[kind:end])).to_bytes(4, "big")
     victim.write_bytes(bytes(data))
     dataset = ImageDataset.from_folder(root)
     bad = dataset.paths.index(str(victim))

@@ -199,6 +199,8 @@ def test_train_runs_on_the_good_odd_images_with_exact_samples(corpus, tmp_path, 
             # Whole images (area 1, the aspect ratio falls back to the full frame), unflipped: every
             # training crop still shows its tag.
             "image": {"size_px": 32, "crop_area": [1.0, 1.0], "flip": False},
+            # The spy sees the loader's output, where the default colour jitter has already run.
+            "augment": {"ops": []},
             "loader": {"batch_size": 5, "num_threads": 2, "last_batch": "partial"},
             "model": {"name": "smallcnn"},
             "train": {"epochs": 1, "lr": 0.01, "warmup_steps": 1, "progress": False},
@@ -227,6 +229,7 @@ def test_train_runs_on_the_good_odd_videos_with_exact_frames(corpus, tmp_path, m
         {
             "device": "cpu",
             "video": {"train": folder, "size_px": 32, "clip_length_frames": 5, "decoder": "auto"},
+            "augment": {"ops": []},  # as above: the tags are read from the loader's output
             "loader": {"batch_size": 8, "num_threads": 2, "last_batch": "partial"},
             "model": {"name": "r3d_small"},
             "train": {"epochs": 1, "max_steps": 4, "lr": 0.01, "warmup_steps": 1, "progress": False},

@@ -101,7 +101,7 @@ def test_model_config_is_tritons_model_config_for_the_card(server):
         assert batching.max_queue_delay_microseconds == 20_000  # serve.max_delay_ms 20
         assert batching.default_queue_policy.max_queue_size == 256
         assert batching.default_queue_policy.default_timeout_microseconds == 30_000_000
-        assert message.instance_group[0].kind == 2 and message.instance_group[0].count == 1  # KIND_CPU, one lane
+        assert message.instance_group[0].kind == 2 and message.instance_group[0].count == 2  # KIND_CPU, two lanes
         assert message.parameters["labels"].string_value == ",".join(card.labels)
         assert config["max_batch_size"] == batch and isinstance(
             config["dynamic_batching"]["max_queue_delay_microseconds"], int
