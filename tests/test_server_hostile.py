@@ -12,7 +12,6 @@ import logging
 import socket
 import threading
 import time
-import tomllib
 from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import tomllib
 from _serving import IMAGE_MODEL, encode, exported_repo
 from packaging.requirements import Requirement
 from prometheus_client.parser import text_string_to_metric_families
