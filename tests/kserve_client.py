@@ -55,7 +55,7 @@ async def _infer(protocol: str, address: str, model: str, mode: str, blobs: list
         response = await client.infer(address, request, model_name=model, headers=headers)
         await client.close()
     else:
-        client = InferenceGRPCClient(address, retries=1, timeout=60)
+        client = InferenceGRPCClient(address, retries=2, timeout=60)
         headers = (("authorization", f"Bearer {token}"),) if token else None
         response = await client.infer(request, headers=headers)
         await client.close()
