@@ -290,10 +290,7 @@ class _Service(_service_base()):  # type: ignore[misc]
         if request.model_version not in ("", "1"):
             raise RequestError("unknown_model", f"model {model.name!r} has only version 1")
         t0 = time.perf_counter()
-        parsed = await self.front.pool.run(infer_request, request, max_elements(model, cfg))
-        items = await self.front.pool.run(
-            items_from_kserve, model, parsed, cfg.max_image_pixels, cfg.max_images_per_request
-        )
+        parsed, items = await self.front.pool.run(_validated, model, cfg, request)
         state.metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
         logits = np.stack(await submit_and_wait(cfg, model, items, started))
         t0 = time.perf_counter()
@@ -301,3 +298,9 @@ class _Service(_service_base()):  # type: ignore[misc]
         response = infer_response(self.pb2, model.name, parsed, tensors, model.card.labels)
         state.metrics.observe_stage(model.name, "postprocess", time.perf_counter() - t0)
         return response
+
+
+def _validated(model, cfg, message):
+    """``(request, items)`` of a ModelInferRequest: the HTTP side's checks, on a parser thread."""
+    parsed = infer_request(message, max_elements(model, cfg))
+    return parsed, items_from_kserve(model, parsed, cfg.max_image_pixels, cfg.max_images_per_request)

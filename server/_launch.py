@@ -124,10 +124,10 @@ def _prepare(repo, model, cfg, host, port, device, grpc_port=None, announce=None
 
     grpc_port = _grpc_port_of(cfg, grpc_port)
     if grpc_port is not None:
-        from gpufeed.server._grpc import require_grpc
+        try:  # before loading anything: the message names the extra to install
+            from gpufeed.server._grpc import require_grpc
 
-        try:
-            require_grpc()  # before loading anything: the message names the extra to install
+            require_grpc()
         except ImportError as err:
             raise ServerStartError(str(err)) from None
     entries = load_repository(repo, model)  # fails fast, naming the folder, before binding
