@@ -25,7 +25,8 @@ on :class:`._offload.ParsePool` threads, never on the event loop. Every refusal 
 reason (one handler for :class:`RequestError` on every route; 404/405 included); every answer to
 an inference path is counted and timed by :class:`._accounting.Accounting`, which also turns
 anything unexpected into a JSON 500. With a bearer token configured, every route but the two
-health probes needs it (:mod:`._access`).
+health probes needs it (:mod:`._access`). With ``grpc_port`` the lifespan also runs KServe v2 over
+gRPC (:mod:`._grpc`) on the same event loop, sharing all of the above.
 """
 
 from __future__ import annotations

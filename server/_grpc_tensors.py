@@ -147,7 +147,7 @@ def infer_request(message, max_elements: int | None = None) -> InferRequest:
                 result.array = values.reshape(shape)
         else:
             raise _bad(f"{where} has no data: send raw_input_contents or contents")
-        if result.content_type == BASE64:
+        if result.content_type in BASE64:
             result.elements = decode_base64(result.elements, where)
         inputs.append(result)
     outputs = None

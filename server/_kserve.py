@@ -57,7 +57,9 @@ DTYPES: dict[str, np.dtype] = {
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
 }
-BASE64 = "base64"  # the content_type value MLServer and KServe's clients use for base64 BYTES
+# content_type values meaning "each BYTES element is base64": MLServer's and KServe's "base64", and
+# "pillow_image" of MLServer's HuggingFace runtime (base64 of the encoded image file).
+BASE64 = frozenset({"base64", "pillow_image"})
 _MAX_DIMS = 8
 _MAX_DIM = 2**64 - 1  # "each dimension must be an integer representable as an unsigned 64-bit integer"
 
@@ -194,8 +196,8 @@ def content_type_of(tensor_params: dict, request_params: dict, datatype: str, wh
         return None
     if not isinstance(value, str):
         raise _bad(f"{where}: parameters.content_type must be a string, got {shown(value, 60)}")
-    if value == BASE64 and datatype != "BYTES":
-        raise RequestError("bad_dtype", f"{where}: content_type 'base64' is for BYTES inputs, not {datatype}")
+    if value in BASE64 and datatype != "BYTES":
+        raise RequestError("bad_dtype", f"{where}: content_type {value!r} is for BYTES inputs, not {datatype}")
     return value
 
 
@@ -351,7 +353,7 @@ def parse_request(body: bytes, header_length: str | None, max_elements: int | No
                 tensor.array = values.reshape(shape)
         else:
             raise _bad(f"{where} has neither 'data' nor parameters.binary_data_size")
-        if tensor.content_type == BASE64:
+        if tensor.content_type in BASE64:
             tensor.elements = decode_base64(tensor.elements, where)
         inputs.append(tensor)
     if offset != len(binary):

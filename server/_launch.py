@@ -26,6 +26,7 @@ are released.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
@@ -195,6 +196,12 @@ class RunningServer:
         self.sock.close()
 
 
+def _run_in_thread(server, sock) -> None:
+    # uvicorn answers a failed startup (the gRPC port taken) with SystemExit; start_server reports why.
+    with contextlib.suppress(SystemExit):
+        server.run(sockets=[sock])
+
+
 def _watch_loading(state, server) -> None:
     state.loaded.wait()
     if state.load_error is not None:
@@ -230,13 +237,18 @@ def start_server(
 
     cfg = cfg or Config()
     state, server, sock, url, bound, app = _prepare(repo, model, cfg, host, port, device, grpc_port)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gpufeed-uvicorn", daemon=True)
+    thread = threading.Thread(target=_run_in_thread, args=(server, sock), name="gpufeed-uvicorn", daemon=True)
     thread.start()
     running = RunningServer(url, bound, state, server, thread, sock)
     deadline = time.monotonic() + ready_timeout
-    if not state.loaded.wait(ready_timeout):
-        running.stop()
-        raise ServerStartError(f"the models were not loaded within {ready_timeout:g} s")
+    while not state.loaded.wait(0.05):
+        # The app's startup failed (the gRPC port could not be bound): loading never starts.
+        if app.state.grpc_error is not None or not thread.is_alive():
+            running.stop()
+            raise ServerStartError(str(app.state.grpc_error or "uvicorn stopped before the models were loaded"))
+        if time.monotonic() > deadline:
+            running.stop()
+            raise ServerStartError(f"the models were not loaded within {ready_timeout:g} s")
     if state.load_error is not None:
         running.stop()
         raise ServerStartError(f"a model failed to load: {state.load_error}") from state.load_error
@@ -280,6 +292,9 @@ def serve_forever(
     threading.Thread(target=_watch_loading, args=(state, server), daemon=True).start()
     try:
         server.run(sockets=[sock])
+    except SystemExit:  # uvicorn exits 3 when the app's startup fails: say why, in one line
+        if app.state.grpc_error is None:
+            raise
     finally:
         sock.close()
     if state.load_error is not None:

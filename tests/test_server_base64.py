@@ -85,8 +85,9 @@ def _b64(blobs, encoder=base64.b64encode) -> list[str]:
         (None, None, base64.b64encode),  # bare strings: UTF-8 text is never an image, so base64
         ({"content_type": "base64"}, None, base64.urlsafe_b64encode),
         ({"content_type": "base64"}, None, base64.encodebytes),  # MIME: line breaks every 76 characters
+        ({"content_type": "pillow_image"}, None, base64.b64encode),  # MLServer's HuggingFace runtime
     ],
-    ids=["on-input", "on-request", "bare", "urlsafe", "mime-lines"],
+    ids=["on-input", "on-request", "bare", "urlsafe", "mime-lines", "pillow-image"],
 )
 def test_base64_json_strings_classify_as_the_binary_tensors_do(
     server, reference, tensor_params, request_params, encoder

@@ -373,3 +373,15 @@ def test_grpc_port_config_key():
     assert parse_config({"serve": {"grpc_port": 8001}}).serve.grpc_port == 8001
     with pytest.raises(ValueError, match=r"serve\.grpc_port"):
         parse_config({"serve": {"grpc_port": 70000}})
+
+
+def test_a_grpc_port_in_use_is_a_start_error_naming_it():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        cfg = parse_config({"device": "cpu", "serve": {"warmup_batches": 1}})
+        with pytest.raises(ServerStartError, match=rf"cannot listen for gRPC on 127\.0\.0\.1:{port}"):
+            start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU, grpc_port=port, ready_timeout=60)
