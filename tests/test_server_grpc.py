@@ -385,3 +385,31 @@ def test_a_grpc_port_in_use_is_a_start_error_naming_it():
         cfg = parse_config({"device": "cpu", "serve": {"warmup_batches": 1}})
         with pytest.raises(ServerStartError, match=rf"cannot listen for gRPC on 127\.0\.0\.1:{port}"):
             start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU, grpc_port=port, ready_timeout=60)
+
+
+def test_drain_answers_grpc_calls_in_flight():
+    # Batches run only at size 4 and wait up to 5 s to fill: a lone image is in flight until the drain
+    # expedites its batch, so the drain must wait for the gRPC call and the call must get its answer.
+    cfg = parse_config(
+        {"device": "cpu", "serve": {"max_delay_ms": 5000, "batch_sizes": [4], "warmup_batches": 1, "decode_threads": 2}}
+    )
+    server = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU, grpc_port=0)
+
+    async def call_then_drain():
+        client = tgrpc_aio.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        try:
+            call = asyncio.ensure_future(client.infer(IMAGE_MODEL, [_images(tgrpc_aio, IMAGES[:1])]))
+            while server.state.inflight == 0:
+                await asyncio.sleep(0.01)
+            started = asyncio.get_running_loop().time()
+            stopping = asyncio.get_running_loop().run_in_executor(None, server.stop)
+            result = await call
+            waited = asyncio.get_running_loop().time() - started
+            await stopping
+            return result, waited
+        finally:
+            await client.close()
+
+    result, waited = asyncio.run(call_then_drain())
+    assert result.as_numpy("scores").shape == (1, 4) and waited < 4.0, waited
+    assert server.state.inflight == 0 and not server.thread.is_alive()
