@@ -92,8 +92,10 @@ def _refusal(call) -> grpc.RpcError:
     return info.value
 
 
-def test_tritonclient_grpc_classifies_exactly_as_http(server, reference):
-    result = _grpc_client(server).infer(IMAGE_MODEL, [_images(tgrpc, IMAGES)], headers=dict(AUTH))
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_tritonclient_grpc_classifies_exactly_as_http(server, reference, compression):
+    client = _grpc_client(server)
+    result = client.infer(IMAGE_MODEL, [_images(tgrpc, IMAGES)], headers=dict(AUTH), compression_algorithm=compression)
     np.testing.assert_array_equal(result.as_numpy("scores"), reference["scores"])
     np.testing.assert_array_equal(result.as_numpy("logits"), reference["logits"])
     assert result.get_response().model_name == IMAGE_MODEL and result.get_response().model_version == "1"
