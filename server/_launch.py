@@ -142,6 +142,12 @@ def _prepare(repo, model, cfg, host, port, device, grpc_port=None, announce=None
     port = cfg.serve.port if port is None else port
     sock = _bind(host, port)
     bound = sock.getsockname()[1]
+    if grpc_port:  # a port taken is refused now, in one line, before any model loads (gRPC binds it later)
+        try:
+            _bind(host, grpc_port).close()
+        except ServerStartError as err:
+            sock.close()
+            raise ServerStartError(str(err).replace("cannot listen on", "cannot listen for gRPC on")) from None
     if token is None and not _is_loopback(host):
         log.warning(
             "serving on %s without a bearer token: anyone who can reach this address can use every endpoint "
