@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.bench._common import format_table, machine_facts
+from gpufeed._text import format_table
+from gpufeed.bench._common import machine_facts
 from gpufeed.train.summary import STAGES, summarize
 
 __all__ = ["SIDES", "draw_train_plot", "figures", "print_train_result"]

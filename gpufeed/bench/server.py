@@ -29,7 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.bench._common import format_table, machine_facts, median, write_json
+from gpufeed._files import write_json
+from gpufeed._text import format_table
+from gpufeed.bench._common import machine_facts, median
 from gpufeed.bench._loadgen import run_load
 from gpufeed.bench._server_report import batch_usage, print_batch_usage, print_verdicts, scrape_batch_rows, verdicts
 

@@ -84,7 +84,7 @@ def run_obs_demo(
         servers: ``host:port`` of running ``gpufeed serve`` instances.
         scrape_seconds: How long to scrape before reading figures.
     """
-    from gpufeed.bench._common import format_table
+    from gpufeed._text import format_table
 
     stack = find_stack_dir()
     try:

@@ -217,7 +217,7 @@ def missing_series(api: PrometheusAPI, component: str | None = None) -> list[str
 
 def format_checks(checks: Sequence[QueryCheck], only_failures: bool = False) -> str:
     """A readable table of query checks."""
-    from gpufeed.bench._common import format_table
+    from gpufeed._text import format_table
 
     rows = [
         [c.status, c.query.source, c.query.kind, c.query.where[:60], c.detail[:100]]

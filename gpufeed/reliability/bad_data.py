@@ -193,7 +193,7 @@ class BadDataReport(Checklist):
         return out
 
     def table(self) -> str:
-        from gpufeed.bench._common import format_table
+        from gpufeed._text import format_table
 
         found = sum(p in self.check_listed for p in self.damaged)
         lines = [

@@ -118,7 +118,7 @@ class DiskReport(Checklist):
         return out
 
     def table(self) -> str:
-        from gpufeed.bench._common import format_table
+        from gpufeed._text import format_table
 
         rows = [
             [c.name, "" if c.size_kib is None else f"{c.size_kib} KiB", c.status, c.steps, f"{c.seconds:.1f}"]

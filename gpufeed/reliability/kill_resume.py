@@ -148,7 +148,7 @@ class KillResumeReport:
         return {**asdict(self), "ok": self.ok}
 
     def table(self) -> str:
-        from gpufeed.bench._common import format_table
+        from gpufeed._text import format_table
 
         rows = [
             [

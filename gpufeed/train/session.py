@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from gpufeed._files import write_json
 from gpufeed.config import Config, ConfigError, save_config
 from gpufeed.train.distributed import (
     all_gather_objects,
@@ -348,8 +349,7 @@ class Session:
                 print("\n" + format_summary(entry["summary"], heading), flush=True)
             print(skipped_line(skipped, clips=self.data.task.clips), flush=True)
             # Written last: its presence tells watchers (and tests) the run has finished.
-            text = json.dumps(_finite(document), indent=2, allow_nan=False)
-            (self.run_dir / "summary.json").write_text(text + "\n", encoding="utf-8")
+            write_json(self.run_dir / "summary.json", _finite(document), allow_nan=False)
         return TrainResult(
             run_dir=self.run_dir,
             step=self.step,

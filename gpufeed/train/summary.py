@@ -89,7 +89,7 @@ def _summarize(columns: dict[str, np.ndarray]) -> dict:
 
 def format_summary(summary: dict, title: str = "") -> str:
     """The summary as a text table: p50/p95/mean in milliseconds and each stage's share of step time."""
-    from gpufeed.bench._common import format_table
+    from gpufeed._text import format_table
 
     if not summary.get("steps"):
         return f"{title}: no steps recorded" if title else "no steps recorded"
