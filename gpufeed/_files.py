@@ -11,13 +11,14 @@ The bottom layer: anything in gpufeed may import it, and it imports nothing of g
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "fsync_dir", "temp_path", "write_atomic", "write_json"]
+__all__ = ["atomic_path", "finite", "fsync_dir", "temp_path", "write_atomic", "write_json"]
 
 
 def temp_path(path: str | Path) -> Path:
@@ -115,3 +116,21 @@ def write_json(path: str | Path, document: Any, *, compact: bool = False, allow_
     else:
         text = json.dumps(document, indent=2, allow_nan=allow_nan) + "\n"
     return write_atomic(path, text)
+
+
+def finite(tree: Any) -> Any:
+    """``tree`` with NaN and infinities as ``None``, so it is standard JSON (which has neither).
+
+    Args:
+        tree: Dicts, lists and tuples (tuples become lists) of JSON-able leaves.
+
+    Returns:
+        A copy of ``tree``; non-finite floats are ``None``, other leaves are unchanged.
+    """
+    if isinstance(tree, dict):
+        return {k: finite(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [finite(v) for v in tree]
+    if isinstance(tree, float) and not math.isfinite(tree):
+        return None
+    return tree

@@ -132,7 +132,7 @@ class _Run:
     def _clips(self, args) -> None:
         from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
         from gpufeed.pipelines import VideoDataset
-        from gpufeed.train.clip import ClipTask
+        from gpufeed.train.tasks import ClipTask
 
         v = self.cfg.video
         if args.data:

@@ -37,6 +37,7 @@ each 256 KiB chunk of a write pause that long, so a test can kill a process mid-
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -53,6 +54,7 @@ from gpufeed.models import CHECKPOINT_DIR, checkpoint_path, list_checkpoints
 __all__ = [
     "capture_rng",
     "load_latest_checkpoint",
+    "param_digest",
     "prune_checkpoints",
     "remove_stale_temp_files",
     "restore_rng",
@@ -169,3 +171,12 @@ def restore_rng(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])  # the current device's, as captured
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    """SHA-256 over a model's parameters (names and values, in order): equal digests, equal weights."""
+    digest = hashlib.sha256()
+    for name, param in getattr(model, "module", model).named_parameters():
+        digest.update(name.encode())
+        digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
