@@ -1,9 +1,9 @@
 """Atomic file writes and JSON output, shared by every part of gpufeed that writes results.
 
-A reader (a resumed run, Prometheus reading a target list, a test watching for ``summary.json``)
-may open a file at any moment, and a process may be killed mid-write. Every write here therefore
-goes to a hidden temporary file beside the target, is flushed to disk, and is renamed over the
-target: the target is either the old file, the complete new one, or absent.
+A reader (a resumed run, Prometheus reading a target list) may open a file at any moment, and a
+process may be killed mid-write. An atomic write therefore goes to a hidden temporary file beside
+the target, is flushed to disk, and is renamed over the target: the target is either the old file,
+the complete new one, or absent.
 
 The bottom layer: anything in gpufeed may import it, and it imports nothing of gpufeed's.
 """
@@ -98,8 +98,12 @@ def write_atomic(path: str | Path, data: str | bytes, *, sync_dir: bool = False)
     return path
 
 
-def write_json(path: str | Path, document: Any, *, compact: bool = False, allow_nan: bool = True) -> Path:
-    """Write ``document`` as JSON to ``path`` atomically, creating missing folders.
+def write_json(
+    path: str | Path, document: Any, *, compact: bool = False, allow_nan: bool = True, atomic: bool = False
+) -> Path:
+    """Write ``document`` as JSON to ``path``, creating missing folders.
+
+    The text is built before the file is opened, so a document ``json`` rejects leaves no file.
 
     Args:
         path: The file to write.
@@ -107,6 +111,9 @@ def write_json(path: str | Path, document: Any, *, compact: bool = False, allow_
         compact: One line without spaces (caches); otherwise indented by two with a final newline
             (documents people read).
         allow_nan: ``False`` raises on NaN or infinity rather than writing JSON other tools reject.
+        atomic: Write through :func:`write_atomic` (for files others read while they change).
+            Otherwise the file is written in place, so a symlink is written through and a write
+            error (a full disk) is the caller's to report.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -115,7 +122,12 @@ def write_json(path: str | Path, document: Any, *, compact: bool = False, allow_
         text = json.dumps(document, separators=(",", ":"), allow_nan=allow_nan)
     else:
         text = json.dumps(document, indent=2, allow_nan=allow_nan) + "\n"
-    return write_atomic(path, text)
+    if atomic:
+        return write_atomic(path, text)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
 
 
 def finite(tree: Any) -> Any:

@@ -47,4 +47,4 @@ def write_json_atomic(path: Path, document: Any) -> None:
     Failing to write a cache is not an error: the index is rebuilt next time.
     """
     with contextlib.suppress(OSError):
-        write_json(path, document, compact=True)
+        write_json(path, document, compact=True, atomic=True)

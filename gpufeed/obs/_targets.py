@@ -82,4 +82,4 @@ def file_sd_groups(
 
 def write_file_sd(path: str | Path, groups: list[dict]) -> Path:
     """Write a file_sd JSON target list atomically (Prometheus may read it at any moment)."""
-    return write_json(path, groups)
+    return write_json(path, groups, atomic=True)
