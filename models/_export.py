@@ -37,6 +37,8 @@ import torch
 from torch import nn
 
 from gpufeed._files import atomic_path
+from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.device import DeviceChoice
 from gpufeed.models._card import (
     BATCH_DIM,
     ONNX_FILE,
@@ -84,8 +86,8 @@ def parity_tolerance(precision: str, reference: np.ndarray) -> float:
 
 
 def _image_inputs(spec: ModelSpec, batch_size: int, batches: int, data: Path | None, device) -> tuple[np.ndarray, str]:
-    from gpufeed.config import ImagePipelineConfig, LoaderConfig
-    from gpufeed.device import DeviceChoice
+    # Deferred, as is synth below: only the parity check reads data, and `import gpufeed.models`
+    # (the server's, the trainer's) should not load the loaders.
     from gpufeed.pipelines import ImageDataset, ImageLoader
 
     with contextlib.ExitStack() as stack:

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._files import atomic_path
+from gpufeed._text import format_table
 from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, FrameFitter, VideoRef
@@ -117,8 +118,6 @@ class PrepareReport:
         return {"ok": self.ok, "options": asdict(self.options), "videos": [asdict(v) for v in self.videos]}
 
     def table(self) -> str:
-        from gpufeed._text import format_table
-
         rows = []
         for v in self.videos:
             if v.problem:

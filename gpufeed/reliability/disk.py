@@ -36,6 +36,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpufeed._text import format_table
 from gpufeed.reliability._common import (
     Checklist,
     ensure_synth,
@@ -118,8 +119,6 @@ class DiskReport(Checklist):
         return out
 
     def table(self) -> str:
-        from gpufeed._text import format_table
-
         rows = [
             [c.name, "" if c.size_kib is None else f"{c.size_kib} KiB", c.status, c.steps, f"{c.seconds:.1f}"]
             for c in self.cases

@@ -38,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpufeed._text import format_table
 from gpufeed.reliability._common import ensure_synth, gpufeed_argv, step_records, tiny_train_mapping, write_train_yaml
 
 __all__ = ["WEIGHT_TOLERANCE", "Kill", "KillResumeReport", "KillTarget", "draw_targets", "run_kill_resume"]
@@ -148,8 +149,6 @@ class KillResumeReport:
         return {**asdict(self), "ok": self.ok}
 
     def table(self) -> str:
-        from gpufeed._text import format_table
-
         rows = [
             [
                 i,

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpufeed._files import write_atomic
+from gpufeed.train.errors import TrainError
 
 __all__ = [
     "HISTOGRAM_BUCKETS_S",
@@ -215,8 +216,6 @@ class MetricsServer:
         try:
             self._server, self._thread = start_http_server(port, addr=host, registry=registry)
         except OSError as err:
-            from gpufeed.train.errors import TrainError
-
             raise TrainError(
                 f"cannot serve training metrics on {host}:{port}: {err.strerror or err}. "
                 "Set telemetry.metrics_port to a free port, or 0 to pick one."
