@@ -39,7 +39,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpufeed._text import format_table
+from gpufeed.config import load_config
+from gpufeed.models import list_checkpoints
 from gpufeed.reliability._common import ensure_synth, gpufeed_argv, step_records, tiny_train_mapping, write_train_yaml
+from gpufeed.train import train
 
 __all__ = ["WEIGHT_TOLERANCE", "Kill", "KillResumeReport", "KillTarget", "draw_targets", "run_kill_resume"]
 
@@ -213,8 +216,6 @@ def _inspect(run_dir: Path, launched_unix: float, resumed_from: int) -> tuple[in
     """After a kill: steps done, the checkpoint being written, every checkpoint loaded."""
     import torch
 
-    from gpufeed.models import list_checkpoints
-
     records = step_records(run_dir, launched_unix)
     done = records[-1]["step"] if records else resumed_from
     temps = sorted((run_dir / "checkpoints").glob(".ckpt-*.pt.tmp-*"))
@@ -279,10 +280,6 @@ def run_kill_resume(
         progress: Show a progress bar over the attempts.
     """
     from tqdm import tqdm
-
-    from gpufeed.config import load_config
-    from gpufeed.models import list_checkpoints
-    from gpufeed.train import train
 
     out = Path(out)
     data_dir = ensure_synth(Path(data) if data else out / "data")
