@@ -35,6 +35,14 @@ class ServeConfig:
         "none: the GPUFEED_SERVE_TOKEN environment variable if set, else no auth",
     )
     port: int = option(8000, ge=0, le=65535, doc="TCP port; 0 picks a free one")
+    grpc_port: int | None = option(
+        None,
+        ge=0,
+        le=65535,
+        doc="also serve KServe v2 over gRPC (inference.GRPCInferenceService) on this TCP port: same host, "
+        "models, batchers, limits, token and metrics as HTTP; 0 or none: no gRPC (gpufeed serve --grpc-port 0 "
+        "picks a free port). Needs the grpc extra: pip install 'gpufeed[grpc]'",
+    )
     max_delay_ms: float = option(
         5.0, ge=0.0, le=10_000.0, doc="longest wait for the queue to reach one of the batch sizes before it runs"
     )

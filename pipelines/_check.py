@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpufeed.pipelines._dataset import ImageDataset
+from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, ImageDataset
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
@@ -125,7 +125,8 @@ def _holds_videos(path: Path) -> bool:
 def check_path(path: str | Path, progress: bool = True, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> CheckReport:
     """Check whatever ``path`` holds.
 
-    * a file: an image list file;
+    * an image file (``.jpg``, ``.jpeg``, ``.png``): that image alone;
+    * any other file: an image list file;
     * a folder with ``*.txt`` list files beside split folders (``images/`` of ``gpufeed synth``):
       each list file;
     * a folder with ``images/`` or ``videos/`` inside: each of those;
@@ -141,6 +142,10 @@ def check_path(path: str | Path, progress: bool = True, max_pixels: int = DEFAUL
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"{path} does not exist")
+    if path.is_file() and path.name.lower().endswith(IMAGE_EXTENSIONS):
+        # One image (a user checking a file they suspect), not a list file to parse as text.
+        why = decode_problem(path, max_pixels=max_pixels)
+        return CheckReport(sources=[str(path)], checked=1, findings=[Finding(str(path), why, "image")] if why else [])
     if path.is_file():
         return _check_image_source(path, progress, max_pixels)
     parts = [path / name for name in ("images", "videos") if (path / name).is_dir()]

@@ -3,7 +3,9 @@
 ``start_server(repo=...)`` (or ``gpufeed serve --model-repo DIR``) serves every model folder
 written by ``gpufeed export``: KServe v2 under ``/v2`` with Triton's model configuration,
 statistics and repository extensions (tritonclient works unmodified), a simple REST
-``POST /v1/models/{name}/predict``, and Prometheus ``/metrics``. Requests are validated before
+``POST /v1/models/{name}/predict``, and Prometheus ``/metrics``; with ``grpc_port`` (``serve.grpc_port``,
+``--grpc-port``) also KServe v2 over gRPC (``inference.GRPCInferenceService``, the ``grpc`` extra),
+sharing everything with HTTP. Requests are validated before
 batching, off the event loop; the :class:`Batcher` fills fixed-size batches; DALI decodes them
 (nvJPEG on a GPU); onnxruntime runs them (CUDA with IOBinding on a GPU). ``GET /openapi.json``
 describes the API (:func:`openapi_document`); an optional bearer token guards everything but the

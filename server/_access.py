@@ -130,8 +130,12 @@ class AccessGuard:
     def enabled(self) -> bool:
         return self._digest is not None
 
-    def _problem(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, str] | None:
-        """``None`` when the request carries the right token, else (message, WWW-Authenticate)."""
+    def problem(self, headers: list[tuple[bytes, bytes]]) -> tuple[str, str] | None:
+        """``None`` when the request carries the right token, else (message, WWW-Authenticate).
+
+        Args:
+            headers: Lower-case names and values, as ASGI gives them (the gRPC front end passes its metadata).
+        """
         values = [v for k, v in headers if k == b"authorization"]
         if not values:
             return "this endpoint needs 'Authorization: Bearer <token>' (serve.auth_token_file)", _REALM
@@ -149,7 +153,7 @@ class AccessGuard:
             await self.app(scope, receive, send)
             return
         if self._digest is not None and scope["path"] not in OPEN_PATHS:
-            problem = self._problem(scope["headers"])
+            problem = self.problem(scope["headers"])
             if problem is not None:
                 await self._refuse(scope, receive, send, *problem)
                 return

@@ -25,7 +25,8 @@ on :class:`._offload.ParsePool` threads, never on the event loop. Every refusal 
 reason (one handler for :class:`RequestError` on every route; 404/405 included); every answer to
 an inference path is counted and timed by :class:`._accounting.Accounting`, which also turns
 anything unexpected into a JSON 500. With a bearer token configured, every route but the two
-health probes needs it (:mod:`._access`).
+health probes needs it (:mod:`._access`). With ``grpc_port`` the lifespan also runs KServe v2 over
+gRPC (:mod:`._grpc`) on the same event loop, sharing all of the above.
 """
 
 from __future__ import annotations
@@ -56,48 +57,81 @@ from gpufeed.server._requests import kserve_items, max_elements, rest_items, top
 from gpufeed.server._state import NotReadyError, ServingState
 from gpufeed.server._triton import EXTENSIONS, model_config, repository_index
 
-__all__ = ["build_app"]
+__all__ = ["build_app", "model_config_of", "submit_and_wait"]
 
 # Responses larger than this are compressed on a parser thread rather than on the event loop.
 _INLINE_COMPRESS_BYTES = 64 * 1024
 
 
-def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -> Starlette:
+def _left(cfg, started: float) -> float:
+    return cfg.request_timeout_seconds - (time.perf_counter() - started)
+
+
+async def submit_and_wait(cfg, model, items, started: float) -> list[np.ndarray]:
+    """Queue validated items on the model's batcher and wait for their logits (HTTP and gRPC share this).
+
+    Raises:
+        RequestError: ``queue_full`` (503 + Retry-After) or ``timeout`` (504, after
+            ``serve.request_timeout_seconds`` from ``started``).
+        NotReadyError: The batcher is closed (the server is stopping).
+    """
+    try:
+        futures = model.batcher.submit(items)
+    except QueueFullError as err:
+        raise RequestError(
+            "queue_full",
+            f"model {model.name!r} is at capacity ({err.depth} of {err.capacity} images queued); retry later",
+            headers={"Retry-After": str(cfg.retry_after_seconds)},
+        ) from None
+    except BatcherClosedError as err:
+        raise NotReadyError(str(err)) from None
+    waiters = [asyncio.wrap_future(f) for f in futures]
+    try:
+        return await asyncio.wait_for(asyncio.gather(*waiters), max(_left(cfg, started), 0.001))
+    except asyncio.TimeoutError:
+        model.batcher.cancel(futures)
+        raise RequestError(
+            "timeout", f"no answer within {cfg.request_timeout_seconds:g} s (serve.request_timeout_seconds)"
+        ) from None
+    except asyncio.CancelledError:  # the server is stopping the task (or a gRPC client left): free the queue slots
+        model.batcher.cancel(futures)
+        raise
+
+
+def model_config_of(state: ServingState, name: str) -> dict:
+    """Triton's model configuration of served model ``name`` (JSON form), loaded or not yet."""
+    cfg, model = state.cfg, state.models.get(name)
+    on_gpu = model.on_gpu if model is not None else state.device.is_gpu
+    workers = model.workers if model is not None else cfg.workers_per_model or 2
+    card, sizes = state.entries[name].card, getattr(model, "batch_sizes", None)
+    return model_config(
+        name, card, cfg, on_gpu=on_gpu, device_id=state.device.device_id, workers=workers, batch_sizes=sizes
+    )
+
+
+def build_app(
+    state: ServingState,
+    on_shutdown=None,
+    token: str | None = None,
+    *,
+    grpc_port: int | None = None,
+    grpc_host: str = "127.0.0.1",
+    announce=None,
+) -> Starlette:
     """The ASGI app over ``state``; model loading starts when the app starts (lifespan).
 
     Args:
         state: The models and their life cycle.
         on_shutdown: Called after the models are drained and released.
         token: Bearer token every route but the health probes requires; ``None``: open access.
+        grpc_port: Also serve KServe v2 over gRPC on this port (0: a free one; ``None``: no gRPC),
+            started and stopped with the app on its event loop (:mod:`._grpc`); the bound port is
+            ``app.state.grpc.port`` once the app has started.
+        grpc_host: Address the gRPC server binds.
+        announce: Called with a line naming the gRPC address once it is bound.
     """
     cfg, metrics = state.cfg, state.metrics
     pool = ParsePool()
-
-    def _left(started: float) -> float:
-        return cfg.request_timeout_seconds - (time.perf_counter() - started)
-
-    async def submit_and_wait(model, items, started: float) -> list[np.ndarray]:
-        try:
-            futures = model.batcher.submit(items)
-        except QueueFullError as err:
-            raise RequestError(
-                "queue_full",
-                f"model {model.name!r} is at capacity ({err.depth} of {err.capacity} images queued); retry later",
-                headers={"Retry-After": str(cfg.retry_after_seconds)},
-            ) from None
-        except BatcherClosedError as err:
-            raise NotReadyError(str(err)) from None
-        waiters = [asyncio.wrap_future(f) for f in futures]
-        try:
-            return await asyncio.wait_for(asyncio.gather(*waiters), max(_left(started), 0.001))
-        except asyncio.TimeoutError:
-            model.batcher.cancel(futures)
-            raise RequestError(
-                "timeout", f"no answer within {cfg.request_timeout_seconds:g} s (serve.request_timeout_seconds)"
-            ) from None
-        except asyncio.CancelledError:  # the server is stopping the task: free the queue slots
-            model.batcher.cancel(futures)
-            raise
 
     async def answer(request: Request, payload: bytes, headers: dict[str, str]) -> Response:
         """A 200 answer, compressed when the client asked for it (Accept-Encoding)."""
@@ -121,7 +155,7 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
     async def kserve_infer(request: Request, model, started: float) -> Response:
         if request.path_params.get("version", "1") != "1":
             raise RequestError("unknown_model", f"model {model.name!r} has only version 1")
-        body = await read_body(request, cfg.max_body_bytes, _left(started))
+        body = await read_body(request, cfg.max_body_bytes, _left(cfg, started))
         t0 = time.perf_counter()
         header_length = request.headers.get("inference-header-content-length")
         encoding = request.headers.get("content-encoding")
@@ -131,7 +165,7 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
             parsed = await pool.run_isolated(parse_request, inflated, header_length, max_elements(model, cfg))
             items = await pool.run(items_from_kserve, model, parsed, cfg.max_image_pixels, cfg.max_images_per_request)
         metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
-        logits = np.stack(await submit_and_wait(model, items, started))
+        logits = np.stack(await submit_and_wait(cfg, model, items, started))
         t0 = time.perf_counter()
         tensors = {"logits": logits, "scores": scores_from_logits(logits, model.card.spec.multilabel)}
         payload, response_headers = encode_response(model.name, parsed, tensors, model.card.labels)
@@ -140,14 +174,14 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
         return response
 
     async def rest_predict(request: Request, model, started: float) -> Response:
-        body = await read_body(request, cfg.max_body_bytes, _left(started))
+        body = await read_body(request, cfg.max_body_bytes, _left(cfg, started))
         t0 = time.perf_counter()
         top_k = top_k_of(request.query_params.get("top_k"), cfg.top_k, model.card.spec.num_classes)
         items = await pool.run(
             rest_items, model, cfg, body, request.headers.get("content-encoding"), request.headers.get("content-type")
         )
         metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
-        logits = np.stack(await submit_and_wait(model, items, started))
+        logits = np.stack(await submit_and_wait(cfg, model, items, started))
         t0 = time.perf_counter()
         scores = scores_from_logits(logits, model.card.spec.multilabel)
         labels = model.card.labels
@@ -229,15 +263,7 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
         return JSONAnswer({"name": name, "ready": ok}, status_code=200 if ok else 400)
 
     async def config(request: Request) -> Response:
-        name = lookup(request)
-        model = state.models.get(name)
-        on_gpu = model.on_gpu if model is not None else state.device.is_gpu
-        workers = model.workers if model is not None else cfg.workers_per_model or 2
-        card, sizes = state.entries[name].card, getattr(model, "batch_sizes", None)
-        document = model_config(
-            name, card, cfg, on_gpu=on_gpu, device_id=state.device.device_id, workers=workers, batch_sizes=sizes
-        )
-        return JSONAnswer(document)
+        return JSONAnswer(model_config_of(state, lookup(request)))
 
     async def stats(request: Request) -> Response:
         names = [lookup(request)] if "name" in request.path_params else list(state.entries)
@@ -302,9 +328,23 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        front = None
+        if grpc_port is not None:
+            from gpufeed.server._grpc import GrpcFront
+
+            front = GrpcFront(state, pool, token, grpc_host, grpc_port, announce)
+            try:
+                await front.start()
+            except Exception as err:  # kept for start_server's error; uvicorn then reports a failed startup
+                app.state.grpc_error = err
+                raise
+            app.state.grpc = front
         state.start_loading()
         yield
-        # Graceful shutdown: no new requests, queued ones finish, then the models go.
+        # Graceful shutdown: no new requests, queued ones finish, then the models go. The drain
+        # has already waited for gRPC requests in flight (they count in state.inflight).
+        if front is not None:
+            await front.stop(grace=1.0)
         await asyncio.get_running_loop().run_in_executor(None, state.close)
         pool.close()
         if on_shutdown is not None:
@@ -341,4 +381,5 @@ def build_app(state: ServingState, on_shutdown=None, token: str | None = None) -
     # No 307 from "/v2/models/x/" to "/v2/models/x": a path that does not exist is a 404 naming it.
     app.router.redirect_slashes = False
     app.state.parse_pool = pool
+    app.state.grpc, app.state.grpc_error = None, None
     return app

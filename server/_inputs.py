@@ -5,7 +5,9 @@ image or tensor fails its own request with a 4xx and never reaches a batch.
 
 KServe inputs a model accepts (``GET /v2/models/{name}`` lists them):
 
-* ``image``: BYTES, shape ``[k]`` or ``[k, 1]``, encoded JPEG/PNG (image models only);
+* ``image``: BYTES, shape ``[k]`` or ``[k, 1]``, encoded JPEG/PNG (image models only): raw bytes
+  (binary tensor data, gRPC), or base64 text (``parameters.content_type: "base64"``; a JSON string
+  with no content type is read as base64 too, since UTF-8 text is never a JPEG or PNG);
 * the model card's input name (``pixels``): UINT8, shape ``[k, *sample_shape]``, already decoded
   and cropped (``[k, 3, S, S]`` NCHW images, ``[k, 3, T, S, S]`` NCTHW clips).
 """
@@ -16,7 +18,7 @@ import numpy as np
 
 from gpufeed.models import ModelCard
 from gpufeed.server._errors import RequestError
-from gpufeed.server._kserve import InferRequest
+from gpufeed.server._kserve import InferRequest, decode_base64
 from gpufeed.server._model import Item, ServedModel
 from gpufeed.server._preprocess import inspect_image
 
@@ -75,7 +77,17 @@ def items_from_kserve(model: ServedModel, request: InferRequest, max_pixels: int
             raise RequestError("bad_dtype", f"{where} must be BYTES (encoded JPEG/PNG), got {tensor.datatype}")
         if len(tensor.shape) not in (1, 2) or (len(tensor.shape) == 2 and tensor.shape[1] != 1):
             raise RequestError("bad_shape", f"{where} must have shape [k] or [k, 1], got {list(tensor.shape)}")
-        return items_from_images(model, tensor.elements, max_pixels, limit, where)
+        blobs = tensor.elements
+        if tensor.text:  # JSON strings, no content type: the only image they can carry is base64
+            try:
+                blobs = decode_base64(blobs, where)
+            except RequestError as err:
+                raise RequestError(
+                    "corrupt_image",
+                    f"{err.message}; a JSON string carries an image as base64 (parameters.content_type "
+                    "'base64'), or send the raw bytes with the binary tensor data extension",
+                ) from None
+        return items_from_images(model, blobs, max_pixels, limit, where)
     if tensor.name == card.input_name:
         expected = [-1, *card.sample_shape]
         if tensor.datatype != "UINT8":

@@ -18,6 +18,8 @@ declared element count over ``max_elements`` is refused before any data is conve
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import struct
@@ -27,7 +29,19 @@ import numpy as np
 
 from gpufeed.server._errors import RequestError, shown
 
-__all__ = ["DTYPES", "InferInput", "InferRequest", "RequestedOutput", "encode_response", "parse_request"]
+__all__ = [
+    "BASE64",
+    "DTYPES",
+    "InferInput",
+    "InferRequest",
+    "RequestedOutput",
+    "classification",
+    "content_type_of",
+    "decode_base64",
+    "encode_response",
+    "parse_request",
+    "split_bytes",
+]
 
 DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
@@ -43,6 +57,9 @@ DTYPES: dict[str, np.dtype] = {
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
 }
+# content_type values meaning "each BYTES element is base64": MLServer's and KServe's "base64", and
+# "pillow_image" of MLServer's HuggingFace runtime (base64 of the encoded image file).
+BASE64 = frozenset({"base64", "pillow_image"})
 _MAX_DIMS = 8
 _MAX_DIM = 2**64 - 1  # "each dimension must be an integer representable as an unsigned 64-bit integer"
 
@@ -79,13 +96,19 @@ def _loads(head: bytes):
 
 @dataclass
 class InferInput:
-    """One input tensor: numeric ``array`` (numpy, shaped) or ``elements`` (BYTES, flat list)."""
+    """One input tensor: numeric ``array`` (numpy, shaped) or ``elements`` (BYTES, flat list).
+
+    ``content_type`` is the one the input (or the request) declared, if any; ``text`` is true when
+    the BYTES elements came as JSON strings with no content type (their UTF-8 bytes).
+    """
 
     name: str
     datatype: str
     shape: tuple[int, ...]
     array: np.ndarray | None = None
     elements: list[bytes] | None = None
+    content_type: str | None = None
+    text: bool = False
 
 
 @dataclass
@@ -119,7 +142,7 @@ def _shape(raw, where: str) -> tuple[int, ...]:
     return tuple(raw)
 
 
-def _split_bytes(blob: bytes, count: int, where: str) -> list[bytes]:
+def split_bytes(blob: bytes, count: int, where: str) -> list[bytes]:
     elements, pos = [], 0
     while pos < len(blob):
         if pos + 4 > len(blob):
@@ -140,6 +163,42 @@ def _utf8(value: str, k: int, where: str) -> bytes:
         return value.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate ("\\ud800") is JSON but not text
         raise _bad(f"{where}: BYTES element {k} is not valid Unicode text: {shown(value, 60)}") from None
+
+
+def decode_base64(elements: list[bytes], where: str) -> list[bytes]:
+    """Decode base64 BYTES elements (standard or URL-safe alphabet; line breaks and missing padding allowed).
+
+    Raises:
+        RequestError: ``malformed_request`` naming ``where`` and the element that is not base64.
+    """
+    out = []
+    for k, element in enumerate(elements):
+        text = b"".join(bytes(element).split())  # `base64` wraps its output at 76 columns
+        altchars = b"-_" if (b"-" in text or b"_" in text) else None
+        text += b"=" * (-len(text) % 4)
+        try:
+            out.append(base64.b64decode(text, altchars=altchars, validate=True))
+        except (binascii.Error, ValueError) as err:
+            raise _bad(f"{where}: BYTES element {k} is not valid base64 ({err}): {shown(bytes(element), 60)}") from None
+    return out
+
+
+def content_type_of(tensor_params: dict, request_params: dict, datatype: str, where: str) -> str | None:
+    """The content type that applies to one input: its own, else the request's (BYTES inputs only).
+
+    Raises:
+        RequestError: The content type is not a string, or base64 is declared for a non-BYTES input.
+    """
+    value = tensor_params.get("content_type")
+    if value is None and datatype == "BYTES":
+        value = request_params.get("content_type")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _bad(f"{where}: parameters.content_type must be a string, got {shown(value, 60)}")
+    if value in BASE64 and datatype != "BYTES":
+        raise RequestError("bad_dtype", f"{where}: content_type {value!r} is for BYTES inputs, not {datatype}")
+    return value
 
 
 def _json_elements(data, datatype: str, count: int, where: str):
@@ -264,7 +323,7 @@ def parse_request(body: bytes, header_length: str | None, max_elements: int | No
             raise _bad(f"{where}: 'parameters' must be an object")
         if any(key.startswith("shared_memory") for key in p):
             raise _bad(f"{where}: shared memory inputs are not supported; send the data in the request")
-        tensor = InferInput(raw["name"], datatype, shape)
+        tensor = InferInput(raw["name"], datatype, shape, content_type=content_type_of(p, params, datatype, where))
         if "binary_data_size" in p:
             size = p["binary_data_size"]
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
@@ -275,7 +334,7 @@ def parse_request(body: bytes, header_length: str | None, max_elements: int | No
             blob = bytes(binary[offset : offset + size])
             offset += size
             if datatype == "BYTES":
-                tensor.elements = _split_bytes(blob, count, where)
+                tensor.elements = split_bytes(blob, count, where)
             else:
                 dtype = DTYPES[datatype]
                 if size != count * dtype.itemsize:
@@ -289,10 +348,13 @@ def parse_request(body: bytes, header_length: str | None, max_elements: int | No
             values = _json_elements(raw["data"], datatype, count, where)
             if datatype == "BYTES":
                 tensor.elements = values
+                tensor.text = tensor.content_type is None
             else:
                 tensor.array = values.reshape(shape)
         else:
             raise _bad(f"{where} has neither 'data' nor parameters.binary_data_size")
+        if tensor.content_type in BASE64:
+            tensor.elements = decode_base64(tensor.elements, where)
         inputs.append(tensor)
     if offset != len(binary):
         raise _bad(f"{len(binary) - offset} bytes of binary data after the inputs belong to no input")
@@ -324,7 +386,7 @@ def parse_request(body: bytes, header_length: str | None, max_elements: int | No
     )
 
 
-def _classification(values: np.ndarray, k: int, labels: tuple[str, ...]) -> np.ndarray:
+def classification(values: np.ndarray, k: int, labels: tuple[str, ...]) -> np.ndarray:
     k = min(k, values.shape[-1])
     top = np.argsort(-values, axis=-1, kind="stable")[:, :k]
     rows = [[f"{values[r, i]:f}:{i}:{labels[i]}".encode() for i in top[r]] for r in range(len(values))]
@@ -346,7 +408,7 @@ def encode_response(
         values = tensors[out.name]
         datatype = "FP32"
         if out.classification:
-            values, datatype = _classification(values, out.classification, labels), "BYTES"
+            values, datatype = classification(values, out.classification, labels), "BYTES"
         entry = {"name": out.name, "datatype": datatype, "shape": list(values.shape)}
         binary = request.binary_output if out.binary is None else out.binary
         if binary:

@@ -18,11 +18,15 @@ Graceful shutdown (SIGTERM or SIGINT, or ``RunningServer.stop()``), by :class:`D
    with requests unanswered exits 1.
 
 The socket is bound before uvicorn starts, so port 0 (a free port) works and the bound address is
-known (and printed) before the first request.
+known (and printed) before the first request. With a gRPC port (``serve.grpc_port``, ``--grpc-port``)
+the app's lifespan also starts KServe v2 over gRPC (:mod:`._grpc`) on uvicorn's event loop; it is
+drained with HTTP (new calls UNAVAILABLE, calls in flight answered) and stopped before the models
+are released.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
@@ -104,7 +108,14 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
-def _prepare(repo, model, cfg, host, port, device):
+def _grpc_port_of(cfg, grpc_port: int | None) -> int | None:
+    """The gRPC port to serve on: the argument (0: a free one) if given, else ``serve.grpc_port`` (0: off)."""
+    if grpc_port is not None:
+        return grpc_port
+    return cfg.serve.grpc_port or None
+
+
+def _prepare(repo, model, cfg, host, port, device, grpc_port=None, announce=None):
     from gpufeed.device import resolve_device
     from gpufeed.server._access import load_token
     from gpufeed.server._app import build_app
@@ -112,6 +123,14 @@ def _prepare(repo, model, cfg, host, port, device):
     from gpufeed.server._repo import load_repository
     from gpufeed.server._state import ServingState
 
+    grpc_port = _grpc_port_of(cfg, grpc_port)
+    if grpc_port is not None:
+        try:  # before loading anything: the message names the extra to install
+            from gpufeed.server._grpc import require_grpc
+
+            require_grpc()
+        except ImportError as err:
+            raise ServerStartError(str(err)) from None
     entries = load_repository(repo, model)  # fails fast, naming the folder, before binding
     try:
         token = load_token(cfg.serve.auth_token_file)
@@ -123,13 +142,19 @@ def _prepare(repo, model, cfg, host, port, device):
     port = cfg.serve.port if port is None else port
     sock = _bind(host, port)
     bound = sock.getsockname()[1]
+    if grpc_port:  # a port taken is refused now, in one line, before any model loads (gRPC binds it later)
+        try:
+            _bind(host, grpc_port).close()
+        except ServerStartError as err:
+            sock.close()
+            raise ServerStartError(str(err).replace("cannot listen on", "cannot listen for gRPC on")) from None
     if token is None and not _is_loopback(host):
         log.warning(
             "serving on %s without a bearer token: anyone who can reach this address can use every endpoint "
             "(set serve.auth_token_file or GPUFEED_SERVE_TOKEN)",
             host,
         )
-    app = build_app(state, token=token)
+    app = build_app(state, token=token, grpc_port=grpc_port, grpc_host=host, announce=announce)
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -143,7 +168,7 @@ def _prepare(repo, model, cfg, host, port, device):
         ),
     )
     url_host = f"[{host}]" if ":" in host else host
-    return state, DrainingServer(config, state), sock, f"http://{url_host}:{bound}", bound
+    return state, DrainingServer(config, state), sock, f"http://{url_host}:{bound}", bound, app
 
 
 def _is_loopback(host: str) -> bool:
@@ -167,6 +192,7 @@ class RunningServer:
     server: object
     thread: threading.Thread
     sock: socket.socket
+    grpc_port: int | None = None  # the bound gRPC port, when gRPC is served
 
     def stop(self, timeout: float = 30.0) -> None:
         """Drain as on SIGTERM (readiness false, requests in flight answered), then stop and join."""
@@ -174,6 +200,12 @@ class RunningServer:
         self.server.should_exit = True
         self.thread.join(timeout)
         self.sock.close()
+
+
+def _run_in_thread(server, sock) -> None:
+    # uvicorn answers a failed startup (the gRPC port taken) with SystemExit; start_server reports why.
+    with contextlib.suppress(SystemExit):
+        server.run(sockets=[sock])
 
 
 def _watch_loading(state, server) -> None:
@@ -191,6 +223,7 @@ def start_server(
     port: int | None = None,
     device=None,
     ready_timeout: float = 300.0,
+    grpc_port: int | None = None,
 ) -> RunningServer:
     """Serve a model repository (or one model folder) on a background thread; return when ready.
 
@@ -199,6 +232,8 @@ def start_server(
         cfg: A :class:`gpufeed.config.Config` (its ``serve`` section and ``device``); default: defaults.
         host, port: Override ``serve.host`` / ``serve.port`` (port 0: a free port).
         device: A :class:`~gpufeed.device.DeviceChoice` to use instead of resolving ``cfg.device``.
+        grpc_port: Also serve KServe v2 over gRPC on this port (0: a free one; the bound port is
+            ``RunningServer.grpc_port``); ``None``: as ``serve.grpc_port`` says.
 
     Raises:
         ServerStartError: Binding failed, or a model failed to load or warm up (with why).
@@ -207,14 +242,19 @@ def start_server(
     from gpufeed.config import Config
 
     cfg = cfg or Config()
-    state, server, sock, url, bound = _prepare(repo, model, cfg, host, port, device)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gpufeed-uvicorn", daemon=True)
+    state, server, sock, url, bound, app = _prepare(repo, model, cfg, host, port, device, grpc_port)
+    thread = threading.Thread(target=_run_in_thread, args=(server, sock), name="gpufeed-uvicorn", daemon=True)
     thread.start()
     running = RunningServer(url, bound, state, server, thread, sock)
     deadline = time.monotonic() + ready_timeout
-    if not state.loaded.wait(ready_timeout):
-        running.stop()
-        raise ServerStartError(f"the models were not loaded within {ready_timeout:g} s")
+    while not state.loaded.wait(0.05):
+        # The app's startup failed (the gRPC port could not be bound): loading never starts.
+        if app.state.grpc_error is not None or not thread.is_alive():
+            running.stop()
+            raise ServerStartError(str(app.state.grpc_error or "uvicorn stopped before the models were loaded"))
+        if time.monotonic() > deadline:
+            running.stop()
+            raise ServerStartError(f"the models were not loaded within {ready_timeout:g} s")
     if state.load_error is not None:
         running.stop()
         raise ServerStartError(f"a model failed to load: {state.load_error}") from state.load_error
@@ -222,7 +262,11 @@ def start_server(
         time.sleep(0.01)
     if not server.started:
         running.stop()
+        if app.state.grpc_error is not None:
+            raise ServerStartError(str(app.state.grpc_error))
         raise ServerStartError("uvicorn did not start")
+    if app.state.grpc is not None:
+        running.grpc_port = app.state.grpc.port
     return running
 
 
@@ -233,6 +277,7 @@ def serve_forever(
     *,
     host: str | None = None,
     port: int | None = None,
+    grpc_port: int | None = None,
     announce=print,
 ) -> int:
     """Serve in this thread until SIGINT/SIGTERM (the ``gpufeed serve`` command); return the exit status.
@@ -247,14 +292,19 @@ def serve_forever(
     from gpufeed.config import Config
 
     cfg = cfg or Config()
-    state, server, sock, url, _ = _prepare(repo, model, cfg, host, port, None)
+    state, server, sock, url, _, app = _prepare(repo, model, cfg, host, port, None, grpc_port, announce)
     names = ", ".join(state.entries)
     announce(f"gpufeed serve: listening on {url} (models: {names}); ready at {url}/v2/health/ready once warmed up")
     threading.Thread(target=_watch_loading, args=(state, server), daemon=True).start()
     try:
         server.run(sockets=[sock])
+    except SystemExit:  # uvicorn exits 3 when the app's startup fails: say why, in one line
+        if app.state.grpc_error is None:
+            raise
     finally:
         sock.close()
     if state.load_error is not None:
         raise ServerStartError(f"a model failed to load: {state.load_error}") from state.load_error
+    if app.state.grpc_error is not None:
+        raise ServerStartError(str(app.state.grpc_error))
     return server.exit_status

@@ -3,8 +3,11 @@
 All series live in one :class:`prometheus_client.CollectorRegistry` per server, so several servers
 (tests, benchmarks) can share a process. Label values come from small fixed sets: ``model`` is a
 loaded model's name or ``"unknown"``, never text taken from a request; ``stage``, ``protocol`` and
-``reason`` are the fixed sets below; ``code`` is an HTTP status the server itself chose (499 for a
-client that closed the connection before its request was read, nginx's convention).
+``reason`` are the fixed sets below (``protocol``: ``kserve`` is KServe v2 over HTTP, ``rest`` the
+simple REST endpoint, ``grpc`` KServe v2 over gRPC); ``code`` is an HTTP status the server itself
+chose (499 for a client that closed the connection before its request was read, or cancelled its
+gRPC call, nginx's convention); a gRPC answer is counted with the HTTP status the same answer gets
+over HTTP (200 for OK, 400 for INVALID_ARGUMENT ...; see :mod:`._grpc`).
 
 Every observation is also passed to :class:`~gpufeed.server._stats.InferenceStats` (``stats``),
 which answers Triton's statistics endpoint from the very same calls.
@@ -23,7 +26,7 @@ from gpufeed.server._stats import InferenceStats
 __all__ = ["PROTOCOLS", "STAGES", "UNKNOWN_MODEL", "ServerMetrics"]
 
 STAGES = ("preprocess", "queue_wait", "decode", "inference", "postprocess")
-PROTOCOLS = ("kserve", "rest")
+PROTOCOLS = ("kserve", "rest", "grpc")
 UNKNOWN_MODEL = "unknown"
 # 100 µs .. 30 s: a batch of a tiny model on a GPU up to a slow request on a busy CPU.
 LATENCY_BUCKETS = (

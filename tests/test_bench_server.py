@@ -10,6 +10,7 @@ import pytest
 from _serving import IMAGE_MODEL, encode, exported_repo
 
 from gpufeed.bench._loadgen import run_load
+from gpufeed.bench._loadgen_grpc import run_grpc_load
 from gpufeed.bench._server_report import batch_usage, verdicts
 from gpufeed.bench.server import print_server_result, run_server_bench, session_cpu_seconds
 from gpufeed.config import parse_config
@@ -33,6 +34,40 @@ def test_load_generator_counts_answers_and_latencies():
     finally:
         server.stop()
     assert session_cpu_seconds(os.getsid(0)) > 0, "this test's own session used CPU"
+
+
+def test_grpc_load_generator_counts_answers_and_statuses():
+    cfg = parse_config({"device": "cpu", "serve": {"max_delay_ms": 2, "warmup_batches": 1}})
+    server = start_server(repo=exported_repo(), cfg=cfg, port=0, device=DeviceChoice("cpu", None, "test"), grpc_port=0)
+    try:
+        ok = run_grpc_load("127.0.0.1", server.grpc_port, IMAGE_MODEL, IMAGES, concurrency=3, seconds=1.0)
+        assert ok.ok > 0 and ok.errors == 0 and ok.statuses == {200: ok.ok}
+        assert ok.answered >= ok.ok and 0 < ok.percentile_ms(50) <= ok.percentile_ms(99)
+        missing = run_grpc_load("127.0.0.1", server.grpc_port, "nope", IMAGES, concurrency=1, seconds=0.5)
+        assert missing.ok == 0 and set(missing.statuses) == {404} and set(missing.reasons) == {"not_found"}
+        bad = run_grpc_load("127.0.0.1", server.grpc_port, IMAGE_MODEL, [b"not an image"], concurrency=1, seconds=0.5)
+        assert bad.ok == 0 and set(bad.statuses) == {400}
+    finally:
+        server.stop()
+
+
+def test_tiny_sweep_over_grpc(tmp_path):
+    result = run_server_bench(
+        architecture="smallcnn",
+        images=IMAGES,
+        cache=tmp_path,
+        size_px=32,
+        batch_size=2,
+        concurrency=(2,),
+        seconds=1.0,
+        warmup_s=0.5,
+        device="cpu",
+        contenders=("gpufeed",),
+        protocol="grpc",
+    )
+    point = result["results"]["gpufeed"]["2"]
+    assert result["protocol"] == "grpc" and point["throughput_rps"] > 0 and point["errors"] == 0, point
+    assert point["batch_usage"]["batches"] > 0, "the gRPC requests ran through gpufeed's batcher"
 
 
 def test_tiny_sweep_with_every_contender(tmp_path, capsys):

@@ -101,6 +101,17 @@ def test_missing_and_empty(tmp_path):
         check_path(tmp_path / "empty")
 
 
+def test_one_image_file_is_checked_alone(damaged):
+    """A user checking one suspect file gets that file's verdict, not a list-file parse error."""
+    root, cases, _ = damaged
+    for path, words in cases.items():
+        report = check_path(path, progress=False)
+        assert report.checked == 1 and report.bad_paths() == [str(path)], (path, report.table())
+        assert words in report.findings[0].reason
+    fine = sorted(p for p in root.rglob("*.jpg") if p not in cases)[0]
+    assert check_path(fine, progress=False).table().endswith("no problems found")
+
+
 def test_cli_exit_status_json_and_quarantine(damaged, tmp_path):
     root, cases, _ = damaged
     out_json, quarantine = tmp_path / "report.json", tmp_path / "quarantine.txt"

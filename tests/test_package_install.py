@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STACK = ROOT / "gpufeed" / "obs" / "stack"
 # Not source: local environments, outputs and caches of a working checkout.
 _NOT_SOURCE = shutil.ignore_patterns(".*", "runs", "build", "dist", "*.egg-info", "__pycache__")
-EXTRAS = ("bench", "demo", "test")
+EXTRAS = ("bench", "demo", "grpc", "test")
 
 
 def _run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -274,11 +274,22 @@ def test_a_command_whose_extra_is_missing_says_what_to_install(installed, comman
     assert not list(cwd.iterdir()), "the command started work before checking its extra"
 
 
+def test_serve_grpc_port_without_the_grpc_extra_says_what_to_install(installed):
+    cwd = installed["cwd"] / "needs-grpc-serve"
+    cwd.mkdir()
+    proc = _run([installed["gpufeed"], "serve", "--model", cwd / "no-model", "--grpc-port", "0"], cwd, installed["env"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "'gpufeed serve --grpc-port' needs gpufeed's 'grpc' extra" in lines[0], lines[0]
+    assert lines[0].endswith("pip install 'gpufeed[grpc]'"), lines[0]
+
+
 def test_with_every_extra_installed_no_command_is_stopped():
     """The development venv has all extras: the check finds nothing missing (no false alarms)."""
     from gpufeed.commands import missing_from_extra, require_extra
 
-    assert missing_from_extra("bench") == [] and missing_from_extra("demo") == []
+    assert missing_from_extra("bench") == [] and missing_from_extra("demo") == [] and missing_from_extra("grpc") == []
     require_extra("bench", "gpufeed bench server")
-    with pytest.raises(ValueError, match="no extra 'gpu'; it has: bench, demo, test"):
+    with pytest.raises(ValueError, match="no extra 'gpu'; it has: bench, demo, grpc, test"):
         missing_from_extra("gpu")

@@ -3,7 +3,9 @@
 Contenders, each its own process on a loopback port, all serving the same checkpoint:
 
 * ``gpufeed``: ``gpufeed serve`` (validation, dynamic batching at the export's batch sizes 1, 2,
-  4, .. N, DALI decode, onnxruntime), REST ``POST /v1/models/{name}/predict``;
+  4, .. N, DALI decode, onnxruntime), REST ``POST /v1/models/{name}/predict``; with ``protocol
+  "grpc"`` (``--protocol grpc``), KServe v2 ``ModelInfer`` over gRPC instead (the other
+  contenders have no gRPC and stay on HTTP);
 * ``plain``: FastAPI + PIL + onnxruntime, one inference per request (batch-1 export);
 * ``litserve``: LitServe with dynamic batching (``max_batch_size`` N, the same max delay, the
   symbolic-batch export run at whatever batch forms).
@@ -63,7 +65,9 @@ def _wait_ready(proc: subprocess.Popen, url: str, name: str, timeout: float = 18
     raise RuntimeError(f"{name} was not ready at {url} within {timeout:g} s")
 
 
-def _start(name: str, models: dict[str, Path], port: int, max_delay_ms: float, device: str, threads: int):
+def _start(
+    name: str, models: dict[str, Path], port: int, max_delay_ms: float, device: str, threads: int, grpc_port=None
+):
     """Start one contender; return (process, request path)."""
     python = sys.executable
     if name == "gpufeed":
@@ -72,6 +76,8 @@ def _start(name: str, models: dict[str, Path], port: int, max_delay_ms: float, d
             "--set", f"device={device}", "--set", f"serve.max_delay_ms={max_delay_ms}",
             "--set", f"serve.decode_threads={threads}", "--set", "serve.queue_capacity=1024",
         ]  # fmt: skip
+        if grpc_port is not None:
+            cmd += ["--grpc-port", str(grpc_port)]
         path, ready = f"/v1/models/{_MODEL_NAME}/predict", "/v2/health/ready"
     elif name == "plain":
         cmd = [
@@ -170,8 +176,15 @@ def run_server_bench(
     contenders: tuple[str, ...] = CONTENDERS,
     device: str = "auto",
     checkpoint: Path | None = None,
+    protocol: str = "rest",
 ) -> dict:
-    """Measure every contender at every concurrency; return the figures (see module docs)."""
+    """Measure every contender at every concurrency; return the figures (see module docs).
+
+    ``protocol``: how the ``gpufeed`` contender is driven, ``"rest"`` (multipart uploads to the
+    REST endpoint) or ``"grpc"`` (KServe v2 ``ModelInfer`` with raw bytes, on its ``--grpc-port``).
+    """
+    if protocol not in ("rest", "grpc"):
+        raise ValueError(f"protocol {protocol!r} is not known; known: rest, grpc")
     from tqdm import tqdm
 
     from gpufeed.device import resolve_device
@@ -184,9 +197,11 @@ def run_server_bench(
     sizes = read_model_card(models["batched"]).batch_sizes
     running = {}
     try:
+        grpc_port = _free_port() if protocol == "grpc" else None
         for name in contenders:
             port = _free_port()
-            proc, path = _start(name, models, port, max_delay_ms, "gpu" if choice.is_gpu else "cpu", threads)
+            extra = grpc_port if name == "gpufeed" else None
+            proc, path = _start(name, models, port, max_delay_ms, "gpu" if choice.is_gpu else "cpu", threads, extra)
             running[name] = (proc, port, path)
         points: dict[str, dict[int, list]] = {n: {c: [] for c in concurrency} for n in contenders}
         steps = rounds * len(concurrency) * len(contenders)
@@ -198,9 +213,17 @@ def run_server_bench(
                         proc, port, path = running[name]
                         rows_before = scrape_batch_rows(port, _MODEL_NAME) if name == "gpufeed" else None
                         cpu_before = session_cpu_seconds(proc.pid)
-                        result = run_load(
-                            "127.0.0.1", port, path, images, concurrency=c, seconds=seconds, warmup_s=warmup_s
-                        )
+                        if name == "gpufeed" and grpc_port is not None:
+                            from gpufeed.bench._loadgen_grpc import run_grpc_load
+
+                            result = run_grpc_load(
+                                "127.0.0.1", grpc_port, _MODEL_NAME, images, concurrency=c, seconds=seconds,
+                                warmup_s=warmup_s,
+                            )  # fmt: skip
+                        else:
+                            result = run_load(
+                                "127.0.0.1", port, path, images, concurrency=c, seconds=seconds, warmup_s=warmup_s
+                            )
                         cpu_ms = 1000 * (session_cpu_seconds(proc.pid) - cpu_before) / max(1, result.answered)
                         usage = None
                         if rows_before is not None:
@@ -245,6 +268,7 @@ def run_server_bench(
         "rounds": rounds,
         "concurrency": list(concurrency),
         "contenders": list(contenders),
+        "protocol": protocol,
         "results": {n: {str(c): v for c, v in t.items()} for n, t in table.items()},
         "machine": machine_facts(choice),
     }
@@ -318,6 +342,10 @@ def main_server(args) -> int:
     from gpufeed.bench._serve_proc import quiet_http_logs
     from gpufeed.bench.loader import make_bench_images
 
+    if args.protocol == "grpc":
+        from gpufeed.commands import require_extra
+
+        require_extra("grpc", "gpufeed bench server --protocol grpc")
     quiet_http_logs()
     folder = make_bench_images(args.cache, args.images, *args.image_size)
     images = [p.read_bytes() for p in sorted((folder / "photos").glob("*.jpg"))]
@@ -337,6 +365,7 @@ def main_server(args) -> int:
             contenders=tuple(args.contenders),
             device=args.device,
             checkpoint=args.checkpoint,
+            protocol=args.protocol,
         )
         print_server_result(result)
         results.append(result)

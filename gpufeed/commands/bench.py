@@ -128,6 +128,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--contenders", nargs="+", choices=("gpufeed", "plain", "litserve"), default=["gpufeed", "plain", "litserve"]
     )
+    p.add_argument(
+        "--protocol",
+        choices=("rest", "grpc"),
+        default="rest",
+        help="how gpufeed is driven: rest (multipart uploads, default) or grpc (KServe v2 ModelInfer with raw "
+        "bytes; needs the grpc extra); the other contenders always speak HTTP",
+    )
     p.add_argument("--images", type=int, default=64, help="generated JPEGs (default 64)")
     p.add_argument("--image-size", type=_size, default=(640, 480), help="generated image size WxH (default 640x480)")
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where images and exports are kept")

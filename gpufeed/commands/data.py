@@ -30,8 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "check",
         help="list every unreadable, truncated, zero-byte or non-image file and unknown label",
-        description="Check a dataset before training: a list file, class folders, or a folder holding "
-        "images/ and videos/ (as written by 'gpufeed synth'). Exit status 1 when problems are found.",
+        description="Check a dataset before training: a list file, class folders, a video folder, a folder "
+        "holding images/ and videos/ (as written by 'gpufeed synth'), or single JPEG/PNG files. Exit status 1 "
+        "when problems are found.",
     )
     p.add_argument("data", nargs="+", type=Path, help="dataset paths")
     p.add_argument("--json", type=Path, help="also write the report as JSON here")

@@ -63,6 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--model", type=Path, metavar="MODEL_DIR", help="one model folder")
     p.add_argument("--host", help="address to bind (default: serve.host, 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default: serve.port, 8000; 0 picks a free one)")
+    p.add_argument(
+        "--grpc-port",
+        type=int,
+        help="also serve KServe v2 over gRPC on this port (default: serve.grpc_port, off; 0 picks a free one); "
+        "needs the grpc extra: pip install 'gpufeed[grpc]'",
+    )
     p.add_argument("--config", type=Path, metavar="CFG", help="YAML config (its serve section and device)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a key")
     p.add_argument(
@@ -111,4 +117,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.auth_token_file is not None:
         overrides.append(f"serve.auth_token_file={args.auth_token_file}")
     cfg = load_config(args.config, overrides)
-    return serve_forever(args.model_repo, args.model, cfg, host=args.host, port=args.port)
+    if args.grpc_port is not None or cfg.serve.grpc_port:
+        from gpufeed.commands import require_extra
+
+        require_extra("grpc", "gpufeed serve --grpc-port")  # before any model is loaded
+    return serve_forever(args.model_repo, args.model, cfg, host=args.host, port=args.port, grpc_port=args.grpc_port)

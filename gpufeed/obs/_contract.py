@@ -29,7 +29,7 @@ MetricType = Literal["histogram", "counter", "gauge"]
 
 # Server stages, in the order a request passes through them.
 STAGES = ("preprocess", "queue_wait", "decode", "inference", "postprocess")
-PROTOCOLS = ("kserve", "rest")
+PROTOCOLS = ("kserve", "rest", "grpc")
 ERROR_REASONS = (
     "corrupt_image",
     "unsupported_media_type",
