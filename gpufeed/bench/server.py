@@ -343,7 +343,7 @@ def main_server(args) -> int:
     from gpufeed.bench.loader import make_bench_images
 
     if args.protocol == "grpc":
-        from gpufeed.commands import require_extra
+        from gpufeed._extras import require_extra
 
         require_extra("grpc", "gpufeed bench server --protocol grpc")
     quiet_http_logs()
