@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufeed._files import write_json
 from gpufeed.models._spec import ModelSpec
 
 __all__ = [
@@ -257,9 +258,7 @@ class ModelCard:
         return card
 
     def write(self, model_dir: str | Path) -> Path:
-        path = Path(model_dir) / CARD_FILE
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
-        return path
+        return write_json(Path(model_dir) / CARD_FILE, self.to_dict())
 
     def summary(self) -> dict:
         """A short dict for logs: name, architecture, input shape, precision."""

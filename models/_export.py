@@ -28,7 +28,6 @@ import copy
 import hashlib
 import json
 import logging
-import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -37,6 +36,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from gpufeed._files import atomic_path
+from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.device import DeviceChoice
 from gpufeed.models._card import (
     BATCH_DIM,
     ONNX_FILE,
@@ -84,8 +86,8 @@ def parity_tolerance(precision: str, reference: np.ndarray) -> float:
 
 
 def _image_inputs(spec: ModelSpec, batch_size: int, batches: int, data: Path | None, device) -> tuple[np.ndarray, str]:
-    from gpufeed.config import ImagePipelineConfig, LoaderConfig
-    from gpufeed.device import DeviceChoice
+    # Deferred, as is synth below: only the parity check reads data, and `import gpufeed.models`
+    # (the server's, the trainer's) should not load the loaders.
     from gpufeed.pipelines import ImageDataset, ImageLoader
 
     with contextlib.ExitStack() as stack:
@@ -306,8 +308,7 @@ def export_model(
         )
     tolerance = parity_tolerance(precision, reference)
 
-    tmp = out_dir / f".{ONNX_FILE}.partial"
-    try:
+    with atomic_path(out_dir / ONNX_FILE) as tmp:
         exportable = _Exportable(copy.deepcopy(model), precision).eval()
         with torch.no_grad():
             _torch_export(exportable, torch.from_numpy(inputs[:largest]), tmp, opset, dynamic)
@@ -360,9 +361,6 @@ def export_model(
             onnx_sha256=digest,
             extra={"torch": torch.__version__, "exporter": "torch.onnx.export(dynamo=True)"},
         )
-        os.replace(tmp, out_dir / ONNX_FILE)
-    finally:
-        tmp.unlink(missing_ok=True)
     card.write(out_dir)
     log.info("exported %s to %s (%s)", checkpoint, out_dir, card.summary())
     return card

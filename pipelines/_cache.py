@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from gpufeed._files import write_json
 
 __all__ = ["index_cache_path", "read_json_cache", "write_json_atomic"]
 
@@ -44,11 +46,5 @@ def write_json_atomic(path: Path, document: Any) -> None:
 
     Failing to write a cache is not an error: the index is rebuilt next time.
     """
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(document, fh, separators=(",", ":"))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        write_json(path, document, compact=True, atomic=True)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.pipelines._clip_pipeline import build_clip_pipeline, new_work_dir, write_file_list
+from gpufeed.pipelines._clip_loader import choose_decoder
+from gpufeed.pipelines._clip_pipeline import RoiFeed, build_clip_pipeline, new_work_dir, write_file_list
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._pyav import SequentialFeed, VideoRef
 from gpufeed.pipelines._videos import VideoInfo, probe_video
@@ -70,8 +71,6 @@ class VideoFrameReader:
         decoder="auto",
         num_threads=1,
     ):
-        from gpufeed.pipelines._clip_loader import choose_decoder
-
         info = video if isinstance(video, VideoInfo) else probe_video(Path(video))
         if info.problem:
             raise DatasetError(f"{info.path}: {info.problem}")
@@ -145,7 +144,5 @@ class VideoFrameReader:
     def _roi_feed(self):
         if self.source != "dali" or self.fit != "centre_crop":
             return None
-        from gpufeed.pipelines._clip_pipeline import RoiFeed
-
         sizes = np.array([[self.info.width, self.info.height]])
         return RoiFeed(lambda _k: np.zeros(1, dtype=np.int64), sizes)

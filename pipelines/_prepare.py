@@ -24,7 +24,6 @@ reader) is measured before and after and printed as a table.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._files import atomic_path
+from gpufeed._text import format_table
 from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, FrameFitter, VideoRef
@@ -117,8 +118,6 @@ class PrepareReport:
         return {"ok": self.ok, "options": asdict(self.options), "videos": [asdict(v) for v in self.videos]}
 
     def table(self) -> str:
-        from gpufeed.bench._common import format_table
-
         rows = []
         for v in self.videos:
             if v.problem:
@@ -169,11 +168,14 @@ def _encode(src: str, dst: Path, opts: PrepareOptions, info, bar) -> int:
     encoder, _ = _CODECS[opts.codec]
     gop = opts.resolved_gop_frames
     rate = Fraction(opts.fps).limit_denominator(1001) if opts.fps else Fraction(info.fps).limit_denominator(1001)
-    tmp = dst.with_name(dst.name + ".part")
     count = 0
     reformatter = VideoReformatter()  # reused: a new one per frame costs more than the conversion
     container_opts = {"movflags": "+faststart"} if dst.suffix == ".mp4" else {}
-    with av.open(src) as source, av.open(str(tmp), "w", format=dst.suffix[1:], options=container_opts) as out:
+    with (
+        atomic_path(dst) as tmp,
+        av.open(src) as source,
+        av.open(str(tmp), "w", format=dst.suffix[1:], options=container_opts) as out,
+    ):
         stream_in = source.streams.video[0]
         stream_in.thread_type = "AUTO"
         stream = out.add_stream(encoder, rate=rate)
@@ -211,7 +213,6 @@ def _encode(src: str, dst: Path, opts: PrepareOptions, info, bar) -> int:
             bar.update(1)
         for packet in stream.encode():
             out.mux(packet)
-    os.replace(tmp, dst)
     return count
 
 
@@ -262,8 +263,7 @@ def prepare_videos(src: str | Path, dst: str | Path, options: PrepareOptions = P
             out.parent.mkdir(parents=True, exist_ok=True)
             try:
                 count = _encode(path, out, options, info, bar)
-            except Exception as err:  # FFmpeg and PyAV raise several types; the file is named either way
-                out.with_name(out.name + ".part").unlink(missing_ok=True)
+            except Exception as err:  # FFmpeg and PyAV raise several types; the partial file is gone
                 item.problem = f"re-encoding failed: {err}"
                 continue
             after = probe_video(out)

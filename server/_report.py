@@ -77,7 +77,7 @@ def stage_latency_rows(metrics_text: str, model: str) -> list[list]:
 
 def stage_latency_table(metrics_text: str, model: str) -> str:
     """The per-stage table as text (decode and inference are per batch; the rest per request or image)."""
-    from gpufeed.bench._common import format_table
+    from gpufeed._text import format_table
 
     rows = stage_latency_rows(metrics_text, model)
     if not rows:

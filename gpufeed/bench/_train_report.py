@@ -7,7 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.bench._common import format_table, machine_facts
+from gpufeed._files import finite
+from gpufeed._text import format_table
+from gpufeed.bench._common import machine_facts
 from gpufeed.train.summary import STAGES, summarize
 
 __all__ = ["SIDES", "draw_train_plot", "figures", "print_train_result"]
@@ -114,7 +116,7 @@ def figures(device, settings: dict, blocks: dict[str, list[dict]], same_samples:
         for q in ("p50", "p95"):
             ratios[f"{key.removesuffix('_s')}_{q}"] = _ratio(g["stages"][key][f"{q}_s"], d["stages"][key][f"{q}_s"])
     machine = machine_facts(device)
-    return _finite(
+    return finite(
         {
             "benchmark": "train",
             **settings,
@@ -127,17 +129,6 @@ def figures(device, settings: dict, blocks: dict[str, list[dict]], same_samples:
             "targets": _targets(loaders, device.is_gpu),
         }
     )
-
-
-def _finite(tree):
-    """``tree`` with NaN and infinities as ``None``, so the JSON is standard."""
-    if isinstance(tree, dict):
-        return {k: _finite(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return [_finite(v) for v in tree]
-    if isinstance(tree, float) and not math.isfinite(tree):
-        return None
-    return tree
 
 
 def _ms(value) -> str:

@@ -24,7 +24,9 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from gpufeed.bench._common import format_table, machine_facts, median, write_json
+from gpufeed._files import write_json
+from gpufeed._text import format_table
+from gpufeed.bench._common import machine_facts, median
 
 __all__ = ["print_augment_result", "run_augment_bench"]
 

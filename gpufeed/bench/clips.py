@@ -28,7 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.bench._common import format_table, machine_facts, median, write_json
+from gpufeed._files import write_json
+from gpufeed._text import format_table
+from gpufeed.bench._common import machine_facts, median
 
 __all__ = ["make_bench_videos", "prepared_bench_videos", "run_clip_bench"]
 

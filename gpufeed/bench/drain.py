@@ -225,7 +225,7 @@ def print_drain_result(result: dict) -> None:
 
 
 def main_drain(args) -> int:
-    from gpufeed.bench._common import write_json
+    from gpufeed._files import write_json
     from gpufeed.bench._serve_proc import quiet_http_logs
     from gpufeed.bench.soak import reliability_inputs
 

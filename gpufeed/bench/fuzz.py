@@ -288,7 +288,7 @@ def fuzz_problems(summary: dict) -> list[str]:
 
 
 def print_fuzz_result(summary: dict) -> None:
-    from gpufeed.bench._common import format_table
+    from gpufeed._text import format_table
 
     print(
         f"\nfuzz corpus: {summary['requests']:,} malformed requests in {summary['seconds']:.1f} s "
@@ -309,7 +309,7 @@ def print_fuzz_result(summary: dict) -> None:
 
 
 def main_fuzz(args) -> int:
-    from gpufeed.bench._common import write_json
+    from gpufeed._files import write_json
     from gpufeed.bench._liveness import measure_liveness, print_liveness
     from gpufeed.bench._serve_proc import ServeProcess, quiet_http_logs
     from gpufeed.bench.soak import reliability_inputs

@@ -154,7 +154,9 @@ def run_image_checks(device) -> dict:
 
 
 def main_images(args) -> int:
-    from gpufeed.bench._common import format_table, machine_facts, write_json
+    from gpufeed._files import write_json
+    from gpufeed._text import format_table
+    from gpufeed.bench._common import machine_facts
     from gpufeed.device import resolve_device
 
     device = resolve_device(args.device)

@@ -210,7 +210,7 @@ def print_overload_result(result: dict) -> None:
 
 
 def main_overload(args) -> int:
-    from gpufeed.bench._common import write_json
+    from gpufeed._files import write_json
     from gpufeed.bench._serve_proc import quiet_http_logs
     from gpufeed.bench.soak import reliability_inputs
 

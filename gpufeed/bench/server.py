@@ -31,7 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.bench._common import format_table, machine_facts, median, write_json
+from gpufeed._files import write_json
+from gpufeed._text import format_table
+from gpufeed.bench._common import machine_facts, median
 from gpufeed.bench._loadgen import run_load
 from gpufeed.bench._server_report import batch_usage, print_batch_usage, print_verdicts, scrape_batch_rows, verdicts
 
@@ -341,7 +343,7 @@ def main_server(args) -> int:
     from gpufeed.bench.loader import make_bench_images
 
     if args.protocol == "grpc":
-        from gpufeed.commands import require_extra
+        from gpufeed._extras import require_extra
 
         require_extra("grpc", "gpufeed bench server --protocol grpc")
     quiet_http_logs()

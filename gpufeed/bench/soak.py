@@ -205,7 +205,7 @@ def plot_soak(result: dict, path: Path) -> Path:
 
 
 def main_soak(args) -> int:
-    from gpufeed.bench._common import write_json
+    from gpufeed._files import write_json
     from gpufeed.bench._serve_proc import quiet_http_logs
 
     quiet_http_logs()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from gpufeed._files import write_atomic
 from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, dataloader_feed, gpufeed_feed
 from gpufeed.bench._train_report import SIDES, figures, print_train_result
 from gpufeed.config import Config, parse_config
@@ -131,7 +132,7 @@ class _Run:
     def _clips(self, args) -> None:
         from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
         from gpufeed.pipelines import VideoDataset
-        from gpufeed.train.clip import ClipTask
+        from gpufeed.train.tasks import ClipTask
 
         v = self.cfg.video
         if args.data:
@@ -285,9 +286,7 @@ def _generated_image_list(cache: Path, count: int, image_size: tuple[int, int], 
     listing = folder / f"labels-{classes}.txt"
     if not listing.exists():
         photos = sorted((folder / "photos").glob("*.jpg"))
-        tmp = listing.with_name(listing.name + ".tmp")
-        tmp.write_text("".join(f"photos/{p.name} {i % classes}\n" for i, p in enumerate(photos)), encoding="utf-8")
-        tmp.replace(listing)
+        write_atomic(listing, "".join(f"photos/{p.name} {i % classes}\n" for i, p in enumerate(photos)))
     return listing
 
 
@@ -405,7 +404,7 @@ def _settings(run: _Run, augmenters: dict, orders: list) -> dict:
 
 
 def main_train(args) -> int:
-    from gpufeed.bench._common import write_json
+    from gpufeed._files import write_json
     from gpufeed.bench._train_report import draw_train_plot
 
     result = run_train_bench(args)

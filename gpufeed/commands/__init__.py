@@ -1,66 +1,20 @@
-"""Subcommands of the ``gpufeed`` CLI, one module per group; see :mod:`gpufeed.cli`."""
+"""Subcommands of the ``gpufeed`` CLI, one module per group; see :mod:`gpufeed.cli`.
+
+A group's module is imported for every ``gpufeed`` call, to register its arguments, so it imports
+gpufeed's libraries (torch, DALI, the server) only inside its handlers or through :func:`lazy`:
+``gpufeed --help`` and a mistyped option answer in a fraction of a second.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
-import re
 from collections.abc import Callable
 
+# Re-exported: the CLI and the command groups check extras through this package.
+from gpufeed._extras import MissingExtraError, missing_from_extra, require_extra
+
 __all__ = ["MissingExtraError", "lazy", "missing_from_extra", "require_extra"]
-
-
-class MissingExtraError(RuntimeError):
-    """A command needs packages of a gpufeed extra (``pip install 'gpufeed[NAME]'``) that are not installed."""
-
-
-def missing_from_extra(extra: str) -> list[str]:
-    """The distributions of gpufeed's ``extra`` that are not installed, read from gpufeed's own metadata.
-
-    The extra's list in pyproject.toml is the one source: nothing here names packages. Empty when
-    gpufeed's metadata is absent (running from a checkout that was never installed). Requirements
-    whose marker says more than ``extra == NAME`` are not judged here (no marker evaluator is a
-    runtime dependency), so the check can only ever under-report.
-
-    Raises:
-        ValueError: gpufeed declares no such extra.
-    """
-    try:
-        metadata = importlib.metadata.metadata("gpufeed")
-    except importlib.metadata.PackageNotFoundError:
-        return []
-    if extra not in (metadata.get_all("Provides-Extra") or []):
-        raise ValueError(
-            f"gpufeed has no extra {extra!r}; it has: {', '.join(metadata.get_all('Provides-Extra') or [])}"
-        )
-    missing = []
-    for requirement in metadata.get_all("Requires-Dist") or []:
-        spec, _, marker = requirement.partition(";")
-        if re.fullmatch(rf"\s*extra\s*==\s*[\"']{re.escape(extra)}[\"']\s*", marker) is None:
-            continue
-        name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec).group(1)
-        if name.lower() == "gpufeed":
-            continue
-        try:
-            importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            missing.append(name)
-    return missing
-
-
-def require_extra(extra: str, command: str) -> None:
-    """Check before any work starts that ``command`` has the packages of gpufeed's ``extra``.
-
-    Raises:
-        MissingExtraError: One line naming the missing packages and the ``pip install`` to run.
-    """
-    missing = missing_from_extra(extra)
-    if missing:
-        raise MissingExtraError(
-            f"'{command}' needs gpufeed's '{extra}' extra, which is not installed (missing: {', '.join(missing)}); "
-            f"install it with: pip install 'gpufeed[{extra}]'"
-        )
 
 
 def lazy(target: str, extra: str | None = None) -> Callable[[argparse.Namespace], int]:

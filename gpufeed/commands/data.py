@@ -112,7 +112,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from gpufeed.bench._common import write_json
+    from gpufeed._files import write_json
     from gpufeed.pipelines import PrepareOptions, prepare_videos
 
     try:

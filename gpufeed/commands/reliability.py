@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _finish(report, args: argparse.Namespace) -> int:
-    from gpufeed.bench._common import write_json
+    from gpufeed._files import write_json
 
     print(report.table())
     if args.json:

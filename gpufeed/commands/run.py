@@ -43,7 +43,7 @@ def _config(args: argparse.Namespace) -> int:
     import yaml
 
     from gpufeed._schema import to_mapping
-    from gpufeed.bench._common import format_table
+    from gpufeed._text import format_table
     from gpufeed.config import describe_config, load_config
 
     if args.describe:

@@ -1,8 +1,7 @@
 """The Prometheus metric names gpufeed's trainer and server export: one table, checked everywhere.
 
-This is the cross-issue contract the trainer (``gpufeed train``) and the server (``gpufeed
-serve``) implement, and what the Prometheus rules and Grafana dashboards under ``gpufeed/obs/stack/`` may
-query. Tests check that the dashboards and rules name only these series (plus the recording
+The trainer (``gpufeed train``) and the server (``gpufeed serve``) export exactly these series,
+and the Prometheus rules and Grafana dashboards under ``gpufeed/obs/stack/`` may query only them. Tests check that the dashboards and rules name only these series (plus the recording
 rules they define), and the live test checks that a real trainer and server export all of them.
 
 Label values come from small fixed sets (``STAGES``, ``PROTOCOLS``, ``ERROR_REASONS``, a rank, a

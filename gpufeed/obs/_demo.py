@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpufeed._text import format_table
 from gpufeed.obs._prometheus import PrometheusAPI, PrometheusNotFoundError, find_prometheus_binary
 from gpufeed.obs._queries import load_queries
 from gpufeed.obs._verify import check_queries, find_stack_dir
@@ -84,8 +85,6 @@ def run_obs_demo(
         servers: ``host:port`` of running ``gpufeed serve`` instances.
         scrape_seconds: How long to scrape before reading figures.
     """
-    from gpufeed.bench._common import format_table
-
     stack = find_stack_dir()
     try:
         rows = _promtool_checks(stack)

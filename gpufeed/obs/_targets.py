@@ -9,11 +9,11 @@ multi-rank run gets scraped without editing the Prometheus config.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from gpufeed._files import write_json
 
 __all__ = ["MetricsAddressError", "file_sd_groups", "read_metrics_addresses", "write_file_sd"]
 
@@ -82,9 +82,4 @@ def file_sd_groups(
 
 def write_file_sd(path: str | Path, groups: list[dict]) -> Path:
     """Write a file_sd JSON target list atomically (Prometheus may read it at any moment)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(groups, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_json(path, groups, atomic=True)

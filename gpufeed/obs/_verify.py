@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+from gpufeed._text import format_table
 from gpufeed.obs._contract import exported_series_names
 from gpufeed.obs._prometheus import PrometheusAPI, PrometheusError, finite_values, scrape_job
 from gpufeed.obs._queries import DEFAULT_GRAFANA_VALUES, Query, alert_signal, label_values_args, substitute
@@ -217,8 +218,6 @@ def missing_series(api: PrometheusAPI, component: str | None = None) -> list[str
 
 def format_checks(checks: Sequence[QueryCheck], only_failures: bool = False) -> str:
     """A readable table of query checks."""
-    from gpufeed.bench._common import format_table
-
     rows = [
         [c.status, c.query.source, c.query.kind, c.query.where[:60], c.detail[:100]]
         for c in checks

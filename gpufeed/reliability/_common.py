@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from gpufeed.synth import SynthSpec, write_synthetic_dataset
+
 __all__ = [
     "CliOutcome",
     "LogCapture",
@@ -60,8 +62,6 @@ def write_train_yaml(path: Path, mapping: dict) -> Path:
 
 def ensure_synth(folder: Path, progress: bool = False) -> Path:
     """The default synthetic dataset in ``folder`` (written once; reused when already there)."""
-    from gpufeed.synth import SynthSpec, write_synthetic_dataset
-
     folder = Path(folder)
     if not (folder / "synth.json").is_file():
         write_synthetic_dataset(folder, SynthSpec(), progress=progress)
@@ -110,6 +110,8 @@ class CliOutcome:
 
 def run_cli(*args: str) -> CliOutcome:
     """Run ``gpufeed ARGS`` in this process, as a user would see it (exit status, error line)."""
+    # Deferred: the one import up the layers (tests/test_layers.py lists it), and the CLI's module
+    # imports every command group.
     from gpufeed.cli import main
 
     out, err = io.StringIO(), io.StringIO()

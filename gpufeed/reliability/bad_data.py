@@ -37,6 +37,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufeed._text import format_table
 from gpufeed.reliability._common import (
     Checklist,
     LogCapture,
@@ -193,8 +194,6 @@ class BadDataReport(Checklist):
         return out
 
     def table(self) -> str:
-        from gpufeed.bench._common import format_table
-
         found = sum(p in self.check_listed for p in self.damaged)
         lines = [
             f"bad data: {len(self.damaged)} damaged files among the synthetic images and videos",

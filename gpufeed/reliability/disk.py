@@ -36,6 +36,9 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpufeed._text import format_table
+from gpufeed.config import load_config
+from gpufeed.models import create_model, list_checkpoints
 from gpufeed.reliability._common import (
     Checklist,
     ensure_synth,
@@ -44,6 +47,8 @@ from gpufeed.reliability._common import (
     tiny_train_mapping,
     write_train_yaml,
 )
+from gpufeed.train.optim import build_optimizer
+from gpufeed.train.preflight import estimate_checkpoint_bytes
 
 __all__ = ["DiskCase", "DiskReport", "namespace_command", "run_disk_faults"]
 
@@ -118,8 +123,6 @@ class DiskReport(Checklist):
         return out
 
     def table(self) -> str:
-        from gpufeed.bench._common import format_table
-
         rows = [
             [c.name, "" if c.size_kib is None else f"{c.size_kib} KiB", c.status, c.steps, f"{c.seconds:.1f}"]
             for c in self.cases
@@ -183,8 +186,6 @@ def _train(config: Path, run_dir: Path, name: str, *extra: str, size_kib: int | 
 def _checkpoint_states(run_dir: Path) -> list[str]:
     import torch
 
-    from gpufeed.models import list_checkpoints
-
     states = []
     for path in list_checkpoints(run_dir):
         try:
@@ -197,11 +198,6 @@ def _checkpoint_states(run_dir: Path) -> list[str]:
 
 def _checkpoint_kib(config: Path) -> int:
     """The preflight's estimate of one checkpoint of the job, in KiB (sizes the tmpfs)."""
-    from gpufeed.config import load_config
-    from gpufeed.models import create_model
-    from gpufeed.train.optim import build_optimizer
-    from gpufeed.train.preflight import estimate_checkpoint_bytes
-
     cfg = load_config(config)
     classes = (cfg.data.train.list_file.parent / "classes.txt").read_text(encoding="utf-8").split()
     model = create_model(cfg.model.name, num_classes=len(classes), size_px=cfg.image.size_px)

@@ -38,7 +38,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpufeed._text import format_table
+from gpufeed.config import load_config
+from gpufeed.models import list_checkpoints
 from gpufeed.reliability._common import ensure_synth, gpufeed_argv, step_records, tiny_train_mapping, write_train_yaml
+from gpufeed.train import train
 
 __all__ = ["WEIGHT_TOLERANCE", "Kill", "KillResumeReport", "KillTarget", "draw_targets", "run_kill_resume"]
 
@@ -148,8 +152,6 @@ class KillResumeReport:
         return {**asdict(self), "ok": self.ok}
 
     def table(self) -> str:
-        from gpufeed.bench._common import format_table
-
         rows = [
             [
                 i,
@@ -213,8 +215,6 @@ def _wait_and_kill(proc, run_dir: Path, target: KillTarget, launched_unix: float
 def _inspect(run_dir: Path, launched_unix: float, resumed_from: int) -> tuple[int, str | None, list, int, list, int]:
     """After a kill: steps done, the checkpoint being written, every checkpoint loaded."""
     import torch
-
-    from gpufeed.models import list_checkpoints
 
     records = step_records(run_dir, launched_unix)
     done = records[-1]["step"] if records else resumed_from
@@ -280,10 +280,6 @@ def run_kill_resume(
         progress: Show a progress bar over the attempts.
     """
     from tqdm import tqdm
-
-    from gpufeed.config import load_config
-    from gpufeed.models import list_checkpoints
-    from gpufeed.train import train
 
     out = Path(out)
     data_dir = ensure_synth(Path(data) if data else out / "data")

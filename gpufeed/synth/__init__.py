@@ -16,10 +16,10 @@ Image pixels carry (sample id, label) and video frames carry (frame index, video
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gpufeed._files import write_json
 from gpufeed.synth.images import CLASS_NAMES, IMAGE_SIZES, render_image, write_image_split
 from gpufeed.synth.tags import CLASS_WORDS, Tag, TagError, draw_tag, read_tag
 from gpufeed.synth.videos import BEHAVIOURS, behaviour_labels, render_frame, write_video
@@ -95,5 +95,5 @@ def write_synthetic_dataset(out: str | Path, spec: SynthSpec = SynthSpec(), prog
                 progress=bar,
             )
     manifest = {"spec": asdict(spec), "classes": list(classes), "behaviours": list(BEHAVIOURS)}
-    (out / "synth.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    write_json(out / "synth.json", manifest)
     return out

@@ -9,16 +9,17 @@ Before the first step the run folder must be writable and hold room for two chec
 """
 
 from gpufeed.train.augment import Augmenter, AugmentPlan, build_augmenter, plan_augmentation
-from gpufeed.train.checkpoint import capture_rng, load_latest_checkpoint, restore_rng, save_checkpoint
+from gpufeed.train.checkpoint import capture_rng, load_latest_checkpoint, param_digest, restore_rng, save_checkpoint
 from gpufeed.train.distributed import DistInfo, env_dist_info
-from gpufeed.train.loop import TrainError, TrainResult, train
+from gpufeed.train.errors import TrainError
+from gpufeed.train.loop import TrainResult
 from gpufeed.train.optim import lr_factor, resolve_amp
 from gpufeed.train.preflight import ensure_writable, estimate_checkpoint_bytes, space_needed
 from gpufeed.train.profiling import STAGE_NAMES, parse_profile_steps
 from gpufeed.train.report import draw_report
-from gpufeed.train.session import param_digest
+from gpufeed.train.session import train
 from gpufeed.train.summary import format_summary, summarize
-from gpufeed.train.tasks import Accuracy, ImageTask, MultiLabelF1, Task
+from gpufeed.train.tasks import Accuracy, ClipTask, ImageTask, MultiLabelF1, Task
 from gpufeed.train.telemetry import STEP_FIELDS, StepRecord, TrainMetrics, addr_file, read_step_logs, step_log_path
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "Accuracy",
     "AugmentPlan",
     "Augmenter",
+    "ClipTask",
     "DistInfo",
     "ImageTask",
     "MultiLabelF1",

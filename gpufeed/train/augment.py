@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gpufeed.config import LOADER_AUGMENT_OPS, AugmentConfig
+from gpufeed.config import AUGMENT_OPS, LOADER_AUGMENT_OPS, AugmentConfig
 from gpufeed.pipelines import ColourJitter, LoaderAugment, colour_coefficients
 from gpufeed.pipelines._augment import BASIS, DRAWS
 
@@ -73,8 +73,6 @@ def build_op(name: str, cfg: AugmentConfig) -> nn.Module:
         return K.RandomErasing(scale=c.scale, ratio=c.ratio, value=0.0, p=c.p)
     if name == "horizontal_flip":
         return K.RandomHorizontalFlip(p=cfg.horizontal_flip.p)
-    from gpufeed.config import AUGMENT_OPS
-
     raise ValueError(f"augment op {name!r} is not known; known ops: {', '.join(AUGMENT_OPS)}")
 
 

@@ -37,6 +37,7 @@ each 256 KiB chunk of a write pause that long, so a test can kill a process mid-
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -47,11 +48,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpufeed._files import atomic_path, temp_path
 from gpufeed.models import CHECKPOINT_DIR, checkpoint_path, list_checkpoints
 
 __all__ = [
     "capture_rng",
     "load_latest_checkpoint",
+    "param_digest",
     "prune_checkpoints",
     "remove_stale_temp_files",
     "restore_rng",
@@ -63,22 +66,6 @@ log = logging.getLogger("gpufeed")
 
 _CHUNK_BYTES = 256 * 1024
 _DELAY_ENV = "GPUFEED_CHECKPOINT_CHUNK_DELAY_MS"
-
-
-def temp_path(path: Path) -> Path:
-    """The hidden temporary file a write of ``path`` goes through (never matched as a checkpoint)."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(payload: dict, run_dir: Path, step: int, keep: int | None = None) -> Path:
@@ -93,23 +80,16 @@ def save_checkpoint(payload: dict, run_dir: Path, step: int, keep: int | None = 
     torch.save(payload, buffer)
     data = buffer.getbuffer()
     delay_s = float(os.environ.get(_DELAY_ENV, "0") or 0) / 1e3
-    tmp = temp_path(path)
     try:
-        with open(tmp, "wb") as fh:
+        # Chunked rather than write_atomic, so the test delay can pause between chunks.
+        with atomic_path(path, sync_dir=True) as tmp, open(tmp, "wb") as fh:
             for start in range(0, len(data), _CHUNK_BYTES):
                 fh.write(data[start : start + _CHUNK_BYTES])
                 if delay_s:
                     fh.flush()
                     time.sleep(delay_s)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     finally:
         del data
-    _fsync_dir(path.parent)
     if keep is not None:
         prune_checkpoints(run_dir, keep)
     return path
@@ -191,3 +171,12 @@ def restore_rng(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])  # the current device's, as captured
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    """SHA-256 over a model's parameters (names and values, in order): equal digests, equal weights."""
+    digest = hashlib.sha256()
+    for name, param in getattr(model, "module", model).named_parameters():
+        digest.update(name.encode())
+        digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()

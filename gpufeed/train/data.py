@@ -3,7 +3,8 @@
 The model's preprocessing facts come from the data side, never from a second setting: an image
 model's ``size_px`` and ``eval_crop_fraction`` are the image pipeline's ``image.size_px`` and
 ``image.eval_crop_fraction``; its classes are the dataset's (``model.num_classes`` may only
-confirm them or leave room for more).
+confirm them or leave room for more). A clip model's classes are the behaviours of its videos,
+and its clip length and size the ``video`` section's.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufeed.config import Config, ConfigError
+from gpufeed.pipelines import ClipLoader, ImageDataset, ImageLoader
 from gpufeed.train.distributed import DistInfo
-from gpufeed.train.tasks import ImageTask, Task
+from gpufeed.train.tasks import ClipTask, ImageTask, Task
 
 __all__ = ["TrainData", "build_data"]
 
@@ -47,8 +49,6 @@ def _num_classes(cfg: Config, found: int) -> int:
 
 
 def _image_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
-    from gpufeed.pipelines import ImageDataset, ImageLoader
-
     if cfg.data.train is None:
         raise ConfigError(
             "data.train", "an image model needs a training split: set data.train.root or data.train.list_file"
@@ -94,6 +94,51 @@ def _image_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
     )
 
 
+def _clip_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
+    """The clip task and this rank's clip loaders, from the ``video`` config section.
+
+    Raises:
+        DatasetError: ``video.train`` is not set or its videos cannot be used.
+        ConfigError: ``model.num_classes`` disagrees with the number of behaviours.
+    """
+    if cfg.video.train is None:
+        raise ConfigError(
+            "video.train", f"model {cfg.model.name!r} is a clip model and needs a folder of training videos"
+        )
+
+    def loader(train: bool) -> ClipLoader:
+        return ClipLoader.from_config(
+            cfg,
+            train=train,
+            device=device,
+            shard_id=dist.rank,
+            num_shards=dist.world_size,
+            augment=augment if train else None,
+        )
+
+    train_loader = loader(True)
+    labels = tuple(train_loader.behaviours)
+    num_classes = len(labels)
+    if cfg.model.num_classes not in (None, num_classes):
+        # One logit per behaviour column: BCE compares them one to one with the centre frame's labels.
+        raise ConfigError(
+            "model.num_classes",
+            f"value {cfg.model.num_classes} does not match the {num_classes} behaviours {list(labels)} "
+            f"of the videos in {cfg.video.train}; set null to use them",
+        )
+    return TrainData(
+        task=ClipTask(num_classes, labels),
+        train=train_loader,
+        val=None if cfg.video.val is None else loader(False),
+        spec_overrides={
+            "num_classes": num_classes,
+            "labels": labels,
+            "clip_length_frames": cfg.video.clip_length_frames,
+            "size_px": cfg.video.size_px,
+        },
+    )
+
+
 def build_data(cfg: Config, task_kind: str, device, dist: DistInfo, augment=None) -> TrainData:
     """The task and this rank's loaders for a model whose spec says ``task_kind`` (image | clip).
 
@@ -103,7 +148,5 @@ def build_data(cfg: Config, task_kind: str, device, dist: DistInfo, augment=None
     if task_kind == "image":
         return _image_data(cfg, device, dist, augment)
     if task_kind == "clip":
-        from gpufeed.train.clip import build_clip_data
-
-        return build_clip_data(cfg, device, dist, augment)
+        return _clip_data(cfg, device, dist, augment)
     raise ValueError(f"task {task_kind!r} is not known; known tasks: image, clip")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from gpufeed._schema import to_mapping
 from gpufeed.config import Config, parse_config
+from gpufeed.train.report import draw_report
+from gpufeed.train.session import train
 
 __all__ = ["demo_train_config", "run_train_demo"]
 
@@ -35,8 +37,6 @@ def demo_train_config(cfg: Config, model: str = "resnet18") -> Config:
 
 def run_train_demo(out: str | Path, cfg: Config, model: str = "resnet18") -> Path:
     """Train ``model`` into ``out/train-<model>`` (replacing an earlier demo run); return the run folder."""
-    from gpufeed.train import draw_report, train
-
     print(f"\n== training {model}", flush=True)
     run_dir = Path(out) / f"train-{model}"
     if run_dir.exists():

@@ -1,6 +1,7 @@
 """The training loop: DALI batches in, augmentation, AMP steps, telemetry, checkpoints.
 
-``train(cfg, run_dir)`` (and ``gpufeed train``) does, per step: wait for the next batch (already
+:class:`Loop` runs what :func:`gpufeed.train.train` (and ``gpufeed train``) asks, on a prepared
+:class:`~gpufeed.train.session.Session`; per step: wait for the next batch (already
 augmented in the loader's graph where ``augment`` puts ops there), augment it on the device, forward + backward + AdamW step under autocast, then records the three timings
 (see :mod:`gpufeed.train.telemetry`). Each epoch ends with an evaluation and a checkpoint; a
 summary table of loader wait against compute is printed at the end.
@@ -27,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufeed.config import Config
-from gpufeed.train.errors import TrainError
 from gpufeed.train.profiling import ProfileWindow, StageRanges
+from gpufeed.train.step import Stepper
 from gpufeed.train.summary import StepStats
 from gpufeed.train.telemetry import StepRecord
 
-__all__ = ["TrainError", "TrainResult", "train"]
+__all__ = ["Loop", "TrainResult"]
 
 log = logging.getLogger("gpufeed")
 
@@ -62,38 +63,10 @@ class TrainResult:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def train(
-    cfg: Config,
-    run_dir: str | Path | None = None,
-    *,
-    resume: bool = False,
-    profile_steps: tuple[int, int] | None = None,
-) -> TrainResult:
-    """Train ``cfg.model`` on ``cfg.data`` into ``run_dir``.
-
-    Args:
-        cfg: The whole config (sections ``model``, ``train``, ``augment``, ``telemetry``,
-            ``data``, ``image``, ``loader``).
-        run_dir: The run folder; default ``runs/<model>-<date>-<time>``.
-        resume: Continue from the newest loadable checkpoint in ``run_dir`` (start fresh if there
-            is none). Without it, a ``run_dir`` that holds checkpoints is refused.
-        profile_steps: ``(A, B)``: record a Chrome trace of steps A..B.
-
-    Raises:
-        ConfigError, TrainError, DatasetError, BadSampleError: Input problems, clearly named.
-    """
-    from gpufeed.train.session import Session
-
-    with Session(cfg, run_dir, resume=resume, profile_steps=profile_steps) as session:
-        return session.run()
-
-
 class Loop:
     """The per-step and per-epoch mechanics, on top of a prepared :class:`~gpufeed.train.session.Session`."""
 
     def __init__(self, session) -> None:
-        from gpufeed.train.step import Stepper
-
         s = session
         self.s = s
         self.cfg: Config = s.cfg

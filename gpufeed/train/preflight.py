@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from gpufeed.models import model_state
 from gpufeed.train.errors import TrainError
 
 __all__ = [
@@ -135,8 +136,6 @@ def estimate_checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Opt
     trainable parameter (same size as the parameter), plus framing. Measured within 5% above the real
     size for smallcnn; the estimate errs on the large side.
     """
-    from gpufeed.models import model_state
-
     sink = _CountingSink()
     torch.save(model_state(model), sink)
     total = sink.size

@@ -1,22 +1,44 @@
 """One training run's state: device, ranks, run folder, model, optimiser, loaders, telemetry, resume.
 
-:class:`Session` prepares everything :class:`~gpufeed.train.loop.Loop` needs, owns the
-checkpoint contents (what goes in, how a resume puts it back) and closes what it opened.
+:func:`train` opens a :class:`Session`, which prepares everything :class:`~gpufeed.train.loop.Loop`
+needs, owns the checkpoint contents (what goes in, how a resume puts it back) and closes what it
+opened.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
-import math
 import time
 from pathlib import Path
 
 import torch
 
+from gpufeed import __version__
+from gpufeed._files import finite, write_json
+from gpufeed._schema import to_mapping
 from gpufeed.config import Config, ConfigError, save_config
+from gpufeed.device import resolve_device
+from gpufeed.models import (
+    CHECKPOINT_DIR,
+    ModelSpec,
+    checkpoint_path,
+    create_model,
+    default_spec,
+    list_checkpoints,
+    model_state,
+)
+from gpufeed.train.augment import plan_augmentation
+from gpufeed.train.checkpoint import (
+    capture_rng,
+    load_latest_checkpoint,
+    param_digest,
+    remove_stale_temp_files,
+    restore_rng,
+    save_checkpoint,
+)
+from gpufeed.train.data import build_data
 from gpufeed.train.distributed import (
     all_gather_objects,
     broadcast_object,
@@ -24,20 +46,25 @@ from gpufeed.train.distributed import (
     init_distributed,
     shutdown_distributed,
 )
-from gpufeed.train.loop import Loop, TrainError, TrainResult
+from gpufeed.train.errors import TrainError
+from gpufeed.train.loop import Loop, TrainResult
+from gpufeed.train.optim import build_optimizer, build_scheduler, resolve_amp
+from gpufeed.train.preflight import (
+    STEP_LOG_LINE_BYTES,
+    disk_full,
+    ensure_writable,
+    estimate_checkpoint_bytes,
+    space_problem,
+    write_failure_message,
+)
+from gpufeed.train.skipped import merge_skipped, report_skipped, skipped_files, skipped_line
+from gpufeed.train.summary import format_summary
+from gpufeed.train.tasks import to_channels_last
+from gpufeed.train.telemetry import MetricsServer, StepLog, TrainMetrics, step_log_path
 
-__all__ = ["Session", "param_digest"]
+__all__ = ["Session", "train"]
 
 log = logging.getLogger("gpufeed")
-
-
-def param_digest(model: torch.nn.Module) -> str:
-    """SHA-256 over a model's parameters (names and values, in order): equal digests, equal weights."""
-    digest = hashlib.sha256()
-    for name, param in getattr(model, "module", model).named_parameters():
-        digest.update(name.encode())
-        digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
 
 
 def _flatten(tree, prefix: str = "") -> dict:
@@ -53,9 +80,6 @@ class Session:
     """Set up a run (``with Session(...) as s: s.run()``); see :func:`gpufeed.train.train`."""
 
     def __init__(self, cfg: Config, run_dir, *, resume: bool, profile_steps) -> None:
-        from gpufeed.device import resolve_device
-        from gpufeed.train.optim import resolve_amp
-
         self.cfg = cfg
         self.resume_requested = resume
         self.profile_steps = profile_steps
@@ -83,9 +107,6 @@ class Session:
         if run_dir is None:
             run_dir = Path("runs") / f"{self.cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(broadcast_object(str(Path(run_dir).resolve())))
-        from gpufeed.models import CHECKPOINT_DIR
-        from gpufeed.train.preflight import ensure_writable
-
         # Before anything is written there (metrics address, config): fail in seconds, not at the first checkpoint.
         ensure_writable(run_dir)
         ensure_writable(run_dir / CHECKPOINT_DIR)
@@ -103,13 +124,6 @@ class Session:
         self.close(linger=exc_type is None)
 
     def _setup(self) -> None:
-        from gpufeed.models import create_model, default_spec, list_checkpoints
-        from gpufeed.train.augment import plan_augmentation
-        from gpufeed.train.checkpoint import load_latest_checkpoint, remove_stale_temp_files
-        from gpufeed.train.data import build_data
-        from gpufeed.train.optim import build_optimizer, build_scheduler
-        from gpufeed.train.telemetry import MetricsServer, StepLog, TrainMetrics, step_log_path
-
         cfg, rank = self.cfg, self.dist.rank
         if not self.resume_requested and list_checkpoints(self.run_dir):
             raise TrainError(
@@ -133,8 +147,6 @@ class Session:
         model = create_model(cfg.model.name, **spec).to(self.device.torch_device)
         self.input_format = None
         if cfg.train.channels_last:
-            from gpufeed.train.tasks import to_channels_last
-
             model = to_channels_last(model)
             self.input_format = self.data.task.input_format(model)
         self.augment = augment.augmenter.to(self.device.torch_device)
@@ -185,9 +197,6 @@ class Session:
 
     def _check_space(self) -> None:
         """Refuse to start without room for two checkpoints and the step logs (rank 0 decides for all)."""
-        from gpufeed.models import list_checkpoints
-        from gpufeed.train.preflight import STEP_LOG_LINE_BYTES, estimate_checkpoint_bytes, space_problem
-
         problem = None
         if self.dist.is_main:
             cfg = self.cfg
@@ -207,9 +216,6 @@ class Session:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _restore(self, path: Path, state: dict) -> None:
-        from gpufeed.models import ModelSpec
-        from gpufeed.train.checkpoint import restore_rng
-
         cfg, rank = self.cfg, self.dist.rank
         saved_spec = ModelSpec.from_dict(state["model_spec"])
         if saved_spec != self.model.spec:
@@ -245,7 +251,7 @@ class Session:
         self.mid_epoch = int(loader_state.get("batch", 0)) > 0
         self.resumed = True
         old = _flatten(state.get("config") or {})
-        new = _flatten(json.loads(json.dumps(_config_mapping(cfg))))
+        new = _flatten(json.loads(json.dumps(to_mapping(cfg))))
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if changed and rank == 0:
             log.info(
@@ -255,10 +261,6 @@ class Session:
 
     def save_checkpoint(self) -> Path | None:
         """Gather every rank's loader and RNG state; rank 0 writes the checkpoint atomically."""
-        from gpufeed import __version__
-        from gpufeed.models import model_state
-        from gpufeed.train.checkpoint import capture_rng, save_checkpoint
-
         mine = {"loader": self.data.train.state_dict(), "rng": capture_rng()}
         gathered = all_gather_objects(mine)
         if not self.dist.is_main:
@@ -273,16 +275,13 @@ class Session:
             "loader": [g["loader"] for g in gathered],
             "rng": [g["rng"] for g in gathered],
             "world_size": self.dist.world_size,
-            "config": _config_mapping(self.cfg),
+            "config": to_mapping(self.cfg),
             "gpufeed": __version__,
         }
         started = time.perf_counter()
         try:
             path = save_checkpoint(payload, self.run_dir, self.step, keep=self.cfg.train.keep_checkpoints)
         except OSError as err:
-            from gpufeed.models import checkpoint_path
-            from gpufeed.train.preflight import write_failure_message
-
             # The write went through a temporary file that is gone now: the checkpoints on disk are untouched.
             what = f"checkpoint {checkpoint_path(self.run_dir, self.step)}"
             raise TrainError(write_failure_message(err, self.run_dir, self._newest_checkpoint(), what)) from err
@@ -303,15 +302,11 @@ class Session:
         return max(0, self.epoch - 1) if at_boundary else self.epoch
 
     def _newest_checkpoint(self) -> Path | None:
-        from gpufeed.models import list_checkpoints
-
         found = list_checkpoints(self.run_dir)
         return found[-1] if found else None
 
     def run(self) -> TrainResult:
         """Train to the end; a write that fails for lack of space (or a file system turned read-only) is a TrainError."""
-        from gpufeed.train.preflight import disk_full, write_failure_message
-
         try:
             return self._run()
         except OSError as err:
@@ -321,9 +316,6 @@ class Session:
             raise TrainError(write_failure_message(err, self.run_dir, self._newest_checkpoint(), what)) from err
 
     def _run(self) -> TrainResult:
-        from gpufeed.train.skipped import merge_skipped, report_skipped, skipped_files, skipped_line
-        from gpufeed.train.summary import format_summary
-
         self.last_checkpoint = None
         summary, evaluations = Loop(self).run()
         mine = {"rank": self.dist.rank, "summary": summary, "param_digest": param_digest(self.model)}
@@ -348,8 +340,7 @@ class Session:
                 print("\n" + format_summary(entry["summary"], heading), flush=True)
             print(skipped_line(skipped, clips=self.data.task.clips), flush=True)
             # Written last: its presence tells watchers (and tests) the run has finished.
-            text = json.dumps(_finite(document), indent=2, allow_nan=False)
-            (self.run_dir / "summary.json").write_text(text + "\n", encoding="utf-8")
+            write_json(self.run_dir / "summary.json", finite(document), allow_nan=False)
         return TrainResult(
             run_dir=self.run_dir,
             step=self.step,
@@ -379,18 +370,25 @@ class Session:
             self._owns_group = False
 
 
-def _finite(tree):
-    """``tree`` with NaN and infinities as ``None``, so it is standard JSON."""
-    if isinstance(tree, dict):
-        return {k: _finite(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return [_finite(v) for v in tree]
-    if isinstance(tree, float) and not math.isfinite(tree):
-        return None
-    return tree
+def train(
+    cfg: Config,
+    run_dir: str | Path | None = None,
+    *,
+    resume: bool = False,
+    profile_steps: tuple[int, int] | None = None,
+) -> TrainResult:
+    """Train ``cfg.model`` on ``cfg.data`` into ``run_dir``.
 
+    Args:
+        cfg: The whole config (sections ``model``, ``train``, ``augment``, ``telemetry``,
+            ``data``, ``image``, ``loader``).
+        run_dir: The run folder; default ``runs/<model>-<date>-<time>``.
+        resume: Continue from the newest loadable checkpoint in ``run_dir`` (start fresh if there
+            is none). Without it, a ``run_dir`` that holds checkpoints is refused.
+        profile_steps: ``(A, B)``: record a Chrome trace of steps A..B.
 
-def _config_mapping(cfg: Config) -> dict:
-    from gpufeed._schema import to_mapping
-
-    return to_mapping(cfg)
+    Raises:
+        ConfigError, TrainError, DatasetError, BadSampleError: Input problems, clearly named.
+    """
+    with Session(cfg, run_dir, resume=resume, profile_steps=profile_steps) as session:
+        return session.run()

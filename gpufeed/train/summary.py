@@ -6,6 +6,8 @@ from array import array
 
 import numpy as np
 
+from gpufeed._text import format_table
+
 __all__ = ["STAGES", "StepStats", "format_summary", "summarize"]
 
 # (record field, table name) in the order they happen within a step.
@@ -89,8 +91,6 @@ def _summarize(columns: dict[str, np.ndarray]) -> dict:
 
 def format_summary(summary: dict, title: str = "") -> str:
     """The summary as a text table: p50/p95/mean in milliseconds and each stage's share of step time."""
-    from gpufeed.bench._common import format_table
-
     if not summary.get("steps"):
         return f"{title}: no steps recorded" if title else "no steps recorded"
     rows = []

@@ -3,7 +3,7 @@
 The loop is task-agnostic; a task says which batch field is the input, which the target, how the
 loss is computed and what evaluation reports. The task comes from the model: a model whose
 :class:`~gpufeed.models.ModelSpec` says ``task: image`` trains as :class:`ImageTask`, ``clip``
-as :class:`gpufeed.train.clip.ClipTask`.
+as :class:`ClipTask`.
 
 ==========  ==============================  ====================================  =======================
 task        input                           target                                evaluation
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from gpufeed.train.distributed import all_reduce_sum
 
-__all__ = ["Accuracy", "ImageTask", "MultiLabelF1", "Task", "masked_mean", "to_channels_last"]
+__all__ = ["Accuracy", "ClipTask", "ImageTask", "MultiLabelF1", "Task", "masked_mean", "to_channels_last"]
 
 
 def masked_mean(per_sample: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -183,3 +183,40 @@ class ImageTask(Task):
 
     def new_metric(self) -> Accuracy:
         return Accuracy()
+
+
+class ClipTask(Task):
+    """Multi-label clips: BCE-with-logits on the centre frame's labels, per-class F1.
+
+    A clip model (``clip_resnet18``, ``r3d_small``) learns the behaviours active at each clip's
+    centre frame. It reads these fields of a :class:`gpufeed.pipelines.ClipLoader` batch::
+
+        clips          uint8   (N, 3, T, H, W)  on the device
+        centre_labels  float32 (N, K)           multi-hot of frame T // 2 (the training target)
+        valid          bool    (N,)             False for padding rows
+    """
+
+    name = "clip"
+    clips = True
+    primary_metric = "macro_f1"
+
+    def __init__(self, num_classes: int, labels: tuple[str, ...] = ()) -> None:
+        self.num_classes = num_classes
+        self.labels = tuple(labels)
+
+    def inputs(self, batch) -> torch.Tensor:
+        return batch.clips
+
+    def targets(self, batch) -> torch.Tensor:
+        return batch.centre_labels
+
+    def per_sample_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if logits.shape != targets.shape:
+            raise ValueError(
+                f"clip logits {tuple(logits.shape)} do not match centre_labels {tuple(targets.shape)}: "
+                "the model's num_classes must equal the number of behaviours"
+            )
+        return F.binary_cross_entropy_with_logits(logits, targets.float(), reduction="none").mean(dim=1)
+
+    def new_metric(self) -> MultiLabelF1:
+        return MultiLabelF1(self.num_classes, self.labels)

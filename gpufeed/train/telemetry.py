@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from gpufeed._files import write_atomic
+from gpufeed.train.errors import TrainError
 
 __all__ = [
     "HISTOGRAM_BUCKETS_S",
@@ -214,8 +216,6 @@ class MetricsServer:
         try:
             self._server, self._thread = start_http_server(port, addr=host, registry=registry)
         except OSError as err:
-            from gpufeed.train.errors import TrainError
-
             raise TrainError(
                 f"cannot serve training metrics on {host}:{port}: {err.strerror or err}. "
                 "Set telemetry.metrics_port to a free port, or 0 to pick one."
@@ -223,9 +223,7 @@ class MetricsServer:
         self.host = host
         self.port = int(self._server.server_port)
         self.path = addr_file(run_dir, rank)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(f"{self.address}\n", encoding="utf-8")
-        os.replace(tmp, self.path)  # readers never see a half-written address
+        write_atomic(self.path, f"{self.address}\n")  # readers never see a half-written address
         log.info("training metrics of rank %d at http://%s/metrics", rank, self.address)
 
     @property
@@ -263,9 +261,7 @@ class StepLog:
                     kept.append(line)
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut short by a kill: drop it
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomic(path, "".join(line + "\n" for line in kept))
 
     def write(self, record: StepRecord | dict) -> None:
         """Append one record (a :class:`StepRecord` or a JSON-able dict with a ``step`` key)."""

@@ -1,0 +1,65 @@
+"""Whether gpufeed's optional extras are installed, read from gpufeed's own package metadata.
+
+Commands that need an extra (``gpufeed demo``, ``gpufeed serve --grpc-port``, ``gpufeed bench
+server --protocol grpc``) check it before any work starts, so a missing package is one clear line
+rather than an ImportError halfway through.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+__all__ = ["MissingExtraError", "missing_from_extra", "require_extra"]
+
+
+class MissingExtraError(RuntimeError):
+    """A command needs packages of a gpufeed extra (``pip install 'gpufeed[NAME]'``) that are not installed."""
+
+
+def missing_from_extra(extra: str) -> list[str]:
+    """The distributions of gpufeed's ``extra`` that are not installed, read from gpufeed's own metadata.
+
+    The extra's list in pyproject.toml is the one source: nothing here names packages. Empty when
+    gpufeed's metadata is absent (running from a checkout that was never installed). Requirements
+    whose marker says more than ``extra == NAME`` are not judged here (no marker evaluator is a
+    runtime dependency), so the check can only ever under-report.
+
+    Raises:
+        ValueError: gpufeed declares no such extra.
+    """
+    try:
+        metadata = importlib.metadata.metadata("gpufeed")
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    if extra not in (metadata.get_all("Provides-Extra") or []):
+        raise ValueError(
+            f"gpufeed has no extra {extra!r}; it has: {', '.join(metadata.get_all('Provides-Extra') or [])}"
+        )
+    missing = []
+    for requirement in metadata.get_all("Requires-Dist") or []:
+        spec, _, marker = requirement.partition(";")
+        if re.fullmatch(rf"\s*extra\s*==\s*[\"']{re.escape(extra)}[\"']\s*", marker) is None:
+            continue
+        name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec).group(1)
+        if name.lower() == "gpufeed":
+            continue
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+    return missing
+
+
+def require_extra(extra: str, command: str) -> None:
+    """Check before any work starts that ``command`` has the packages of gpufeed's ``extra``.
+
+    Raises:
+        MissingExtraError: One line naming the missing packages and the ``pip install`` to run.
+    """
+    missing = missing_from_extra(extra)
+    if missing:
+        raise MissingExtraError(
+            f"'{command}' needs gpufeed's '{extra}' extra, which is not installed (missing: {', '.join(missing)}); "
+            f"install it with: pip install 'gpufeed[{extra}]'"
+        )

@@ -1,0 +1,47 @@
+"""The shared bottom-layer helpers: atomic writes, JSON output, text tables."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpufeed._files import atomic_path, temp_path, write_atomic, write_json
+from gpufeed._text import format_table
+
+
+def test_write_json_is_indented_or_compact(tmp_path):
+    path = write_json(tmp_path / "a" / "doc.json", {"x": [1, 2]})
+    assert path.read_text(encoding="utf-8") == '{\n  "x": [\n    1,\n    2\n  ]\n}\n'
+    write_json(path, {"x": [1, 2]}, compact=True, atomic=True)
+    assert path.read_text(encoding="utf-8") == '{"x":[1,2]}'
+    for atomic in (False, True):
+        with pytest.raises(ValueError):
+            write_json(path, {"x": float("nan")}, allow_nan=False, atomic=atomic)
+    assert json.loads(path.read_text(encoding="utf-8")) == {"x": [1, 2]}  # the old file is untouched
+    assert sorted(p.name for p in path.parent.iterdir()) == ["doc.json"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = write_atomic(tmp_path / "f.txt", "old\n")
+    with pytest.raises(RuntimeError), atomic_path(path, sync_dir=True) as tmp:
+        assert tmp == temp_path(path) and tmp.name.startswith(".f.txt.tmp-")
+        tmp.write_text("half")
+        raise RuntimeError("killed mid-write")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+def test_format_table_aligns_numbers_right_and_text_left():
+    text = format_table(["name", "n", "ms"], [["a", 1, 1234.56], ["bbb", 22, 0.5]])
+    assert text == "name   n       ms\n----  --  -------\na      1  1,234.6\nbbb   22      0.5"
+
+
+def test_a_plain_write_goes_through_a_symlink_and_an_atomic_one_replaces_it(tmp_path):
+    target = tmp_path / "target.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    write_json(link, [1])
+    assert link.is_symlink() and target.read_text() == "[\n  1\n]\n"
+    write_json(link, [2], atomic=True)
+    assert not link.is_symlink() and target.read_text() == "[\n  1\n]\n"

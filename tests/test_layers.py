@@ -1,0 +1,311 @@
+"""The package layers point one way, and no first-party modules import each other in a circle.
+
+Every first-party module is parsed with :mod:`ast` (nothing is imported), and every import is
+collected: at module level and inside functions, absolute and relative (``from . import x``),
+``importlib.import_module("literal")``, and a string that names a first-party module, alone or as
+``"module:function"`` (the CLI imports its command modules and handlers by such names). Two rules:
+
+* **Layers**: a module may import its own layer and the layers below it, never one above. Bottom to
+  top: core (``gpufeed/_*.py``, ``config``, ``device``, ``synth``) < ``pipelines``, ``models`` <
+  ``train`` < ``server`` < ``bench``, ``obs``, ``reliability``, the demos < ``commands``, ``cli``.
+* **No cycles**: no modules import each other in a circle, within a package (``gpufeed.train``)
+  or across packages, counting imports inside functions, which only defer a circle rather than
+  remove it.
+
+A short list of known exceptions (:data:`KNOWN_EXCEPTIONS`), each with its reason, is exempt.
+
+A failure names the importing module, its line and the imported module (or the circle's modules).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Source folder -> the package name it installs as (setup.py's ROOTS).
+SOURCE_ROOTS = {
+    "gpufeed": "gpufeed",
+    "pipelines": "gpufeed.pipelines",
+    "models": "gpufeed.models",
+    "server": "gpufeed.server",
+}
+
+# Bottom to top. A module's layer is that of the longest prefix listed; ``gpufeed`` itself (the
+# package ``__init__`` and its private ``_*`` modules) is the core.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("core", ["gpufeed", "gpufeed.config", "gpufeed.device", "gpufeed.synth"]),
+    ("pipelines/models", ["gpufeed.pipelines", "gpufeed.models"]),
+    ("train", ["gpufeed.train"]),
+    ("server", ["gpufeed.server"]),
+    (
+        "bench/obs/reliability/demos",
+        ["gpufeed.bench", "gpufeed.obs", "gpufeed.reliability", "gpufeed.demo", "gpufeed.video_demo"],
+    ),
+    ("commands/cli", ["gpufeed.commands", "gpufeed.cli", "gpufeed.__main__"]),
+]
+
+# Known exceptions, (importer, imported) -> why: each import is exempt from both checks. The test
+# prints them so they stay visible, and fails when one no longer exists, so the list only shrinks.
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("gpufeed.reliability._common", "gpufeed.cli"): (
+        "the bad-data and disk runs call `gpufeed ...` in this process, to report the exit status and "
+        "error line a user sees; a subprocess per call would change the seconds they report. It closes the "
+        "circle cli -> commands.reliability -> reliability -> cli, deferred until run_cli is called"
+    ),
+    ("gpufeed.server._app", "gpufeed.server._grpc"): (
+        "the app starts the gRPC front (an optional extra, imported only when a gRPC port is set), which "
+        "calls back into the app's model_config_of and submit_and_wait: those belong in a module below "
+        "both, a move left to the gRPC work in server/"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's target, resolved to a first-party module."""
+
+    importer: str
+    line: int
+    target: str
+
+    def __str__(self) -> str:
+        return f"{self.importer}:{self.line} imports {self.target}"
+
+
+def _module_files() -> dict[str, Path]:
+    """Every first-party module by its installed name (``pipelines/_dataset.py`` is ``gpufeed.pipelines._dataset``)."""
+    modules = {}
+    for folder, package in SOURCE_ROOTS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+MODULES = _module_files()
+
+
+_NAMED_MODULE = re.compile(r"gpufeed(\.\w+)+(:\w+)?")
+
+
+def _resolve(name: str) -> str | None:
+    """The first-party module ``name`` refers to: itself, or the nearest enclosing package known."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _package_of(module: str) -> str:
+    """The package a module's relative imports start from (a package's ``__init__`` is its own)."""
+    is_package = MODULES[module].name == "__init__.py"
+    return module if is_package else module.rpartition(".")[0]
+
+
+def _absolute(module: str, level: int, name: str | None) -> str:
+    base = _package_of(module)
+    for _ in range(level - 1):
+        base = base.rpartition(".")[0]
+    return f"{base}.{name}" if name else base
+
+
+def imports_of(module: str, tree: ast.AST | None = None) -> list[Import]:
+    """Every first-party import in ``module``, at any depth of its source, resolved to module names."""
+    tree = tree if tree is not None else ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    found: dict[Import, None] = {}  # ordered, and one edge per line however many names it imports
+
+    def add(line: int, name: str) -> None:
+        target = _resolve(name)
+        if target is not None and target != module:
+            found[Import(module, line, target)] = None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(node.lineno, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, node.level, node.module) if node.level else (node.module or "")
+            for alias in node.names:
+                # ``from pkg import sub`` imports the submodule when there is one, else a name of pkg.
+                full = f"{base}.{alias.name}"
+                add(node.lineno, full if full in MODULES else base)
+        elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                name = first.value
+                if name.startswith("."):
+                    level = len(name) - len(name.lstrip("."))
+                    name = _absolute(module, level, name.lstrip(".") or None)
+                add(node.lineno, name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _NAMED_MODULE.fullmatch(node.value):
+            name = node.value.partition(":")[0]
+            # A whole module's name only (not a logger's), and not the module's own package, which
+            # a package-data lookup names (resources.files("gpufeed.obs")) once it is imported.
+            if name in MODULES and not module.startswith(name + "."):
+                add(node.lineno, name)
+    return list(found)
+
+
+def _is_import_module(func: ast.expr) -> bool:
+    if isinstance(func, ast.Attribute):
+        return func.attr == "import_module" and isinstance(func.value, ast.Name) and func.value.id == "importlib"
+    return isinstance(func, ast.Name) and func.id == "import_module"
+
+
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of the layer ``module`` belongs to (longest matching prefix)."""
+    best, best_len = 0, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = index, len(prefix)
+    return best
+
+
+def upward_imports(edges: list[Import]) -> list[Import]:
+    """The imports that point to a higher layer and are not in :data:`KNOWN_EXCEPTIONS`."""
+    return [
+        e for e in edges if layer_of(e.target) > layer_of(e.importer) and (e.importer, e.target) not in KNOWN_EXCEPTIONS
+    ]
+
+
+def cycles(edges: list[Import]) -> list[list[Import]]:
+    """One import circle per strongly connected set of modules, as its edges."""
+    graph: dict[str, list[Import]] = {}
+    for e in edges:
+        graph.setdefault(e.importer, []).append(e)
+    # Tarjan's algorithm, iterative so a deep package does not hit the recursion limit.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = len(index)
+                stack.append(node)
+                on_stack.add(node)
+            out = graph.get(node, [])
+            if i < len(out):
+                work.append((node, i + 1))
+                nxt = out[i].target
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return [_circle(graph, set(c)) for c in components]
+
+
+def _circle(graph: dict[str, list[Import]], members: set[str]) -> list[Import]:
+    """A shortest circle through the first member of a strongly connected set, as its import edges."""
+    start = min(members)
+    paths: dict[str, list[Import]] = {start: []}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for e in graph.get(node, []):
+            if e.target == start:
+                return paths[node] + [e]
+            if e.target in members and e.target not in paths:
+                paths[e.target] = paths[node] + [e]
+                queue.append(e.target)
+    raise AssertionError(f"no circle through {start}")  # pragma: no cover - a component has one
+
+
+def all_imports() -> list[Import]:
+    return [e for module in sorted(MODULES) for e in imports_of(module)]
+
+
+def test_every_module_has_a_layer_and_parses():
+    assert "gpufeed.train.loop" in MODULES and "gpufeed.pipelines" in MODULES
+    assert layer_of("gpufeed._text") == 0 and layer_of("gpufeed.synth.images") == 0
+    assert layer_of("gpufeed.server._app") > layer_of("gpufeed.train.loop") > layer_of("gpufeed.models._io")
+    assert all_imports()
+
+
+def test_known_exceptions_still_exist():
+    edges = {(e.importer, e.target) for e in all_imports()}
+    for (importer, target), why in sorted(KNOWN_EXCEPTIONS.items()):
+        print(f"known exception: {importer} -> {target}: {why}")
+    stale = sorted(set(KNOWN_EXCEPTIONS) - edges)
+    assert not stale, f"known exceptions that no longer exist, to remove from the list: {stale}"
+
+
+def test_no_import_points_up_the_layers():
+    bad = upward_imports(all_imports())
+    assert not bad, "imports that point up the layers:\n" + "\n".join(
+        f"  {e} ({LAYERS[layer_of(e.importer)][0]} -> {LAYERS[layer_of(e.target)][0]})" for e in bad
+    )
+
+
+def test_no_import_cycles():
+    found = cycles([e for e in all_imports() if (e.importer, e.target) not in KNOWN_EXCEPTIONS])
+    assert not found, "import cycles:\n" + "\n".join("  " + " -> ".join(str(e) for e in circle) for circle in found)
+
+
+# The checks themselves: each catches what it is there to catch.
+
+
+def _edges_of(module: str, source: str) -> list[Import]:
+    return imports_of(module, ast.parse(source))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from gpufeed.server import Server\n",
+        "def f():\n    from gpufeed.server._app import build\n",
+        "import gpufeed.server._app\n",
+        "import importlib\nimportlib.import_module('gpufeed.server')\n",
+        "HANDLER = 'gpufeed.server._app:build'\n",
+    ],
+)
+def test_an_upward_import_is_caught(source):
+    bad = upward_imports(_edges_of("gpufeed.train.loop", source))
+    assert [(e.importer, e.target.split(".")[1]) for e in bad] == [("gpufeed.train.loop", "server")]
+
+
+def test_a_relative_import_is_resolved():
+    edges = _edges_of("gpufeed.train.loop", "from . import session\nfrom ..bench import _common\n")
+    assert [e.target for e in edges] == ["gpufeed.train.session", "gpufeed.bench._common"]
+    assert [e.target for e in upward_imports(edges)] == ["gpufeed.bench._common"]
+
+
+def test_a_cycle_is_caught():
+    edges = [
+        *_edges_of("gpufeed.train.loop", "from gpufeed.train.step import x\n"),
+        *_edges_of("gpufeed.train.step", "def f():\n    from gpufeed.train import loop\n"),
+    ]
+    (circle,) = cycles(edges)
+    assert [(e.importer, e.line, e.target) for e in circle] == [
+        ("gpufeed.train.loop", 1, "gpufeed.train.step"),
+        ("gpufeed.train.step", 2, "gpufeed.train.loop"),
+    ]
