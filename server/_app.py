@@ -45,7 +45,6 @@ from starlette.routing import Route
 
 from gpufeed.server._access import AccessGuard, route_of
 from gpufeed.server._accounting import Accounting
-from gpufeed.server._batcher import BatcherClosedError, QueueFullError
 from gpufeed.server._errors import REASONS, RequestError, json_bytes, shown
 from gpufeed.server._http import JSONAnswer, compress_response, read_body, response_coding
 from gpufeed.server._inputs import items_from_kserve, kserve_inputs
@@ -54,59 +53,14 @@ from gpufeed.server._model import scores_from_logits
 from gpufeed.server._offload import ParsePool
 from gpufeed.server._openapi import openapi_document
 from gpufeed.server._requests import kserve_items, max_elements, rest_items, top_k_of
-from gpufeed.server._state import NotReadyError, ServingState
-from gpufeed.server._triton import EXTENSIONS, model_config, repository_index
+from gpufeed.server._state import ServingState
+from gpufeed.server._submit import model_config_of, seconds_left, submit_and_wait
+from gpufeed.server._triton import EXTENSIONS, repository_index
 
-__all__ = ["build_app", "model_config_of", "submit_and_wait"]
+__all__ = ["build_app"]
 
 # Responses larger than this are compressed on a parser thread rather than on the event loop.
 _INLINE_COMPRESS_BYTES = 64 * 1024
-
-
-def _left(cfg, started: float) -> float:
-    return cfg.request_timeout_seconds - (time.perf_counter() - started)
-
-
-async def submit_and_wait(cfg, model, items, started: float) -> list[np.ndarray]:
-    """Queue validated items on the model's batcher and wait for their logits (HTTP and gRPC share this).
-
-    Raises:
-        RequestError: ``queue_full`` (503 + Retry-After) or ``timeout`` (504, after
-            ``serve.request_timeout_seconds`` from ``started``).
-        NotReadyError: The batcher is closed (the server is stopping).
-    """
-    try:
-        futures = model.batcher.submit(items)
-    except QueueFullError as err:
-        raise RequestError(
-            "queue_full",
-            f"model {model.name!r} is at capacity ({err.depth} of {err.capacity} images queued); retry later",
-            headers={"Retry-After": str(cfg.retry_after_seconds)},
-        ) from None
-    except BatcherClosedError as err:
-        raise NotReadyError(str(err)) from None
-    waiters = [asyncio.wrap_future(f) for f in futures]
-    try:
-        return await asyncio.wait_for(asyncio.gather(*waiters), max(_left(cfg, started), 0.001))
-    except asyncio.TimeoutError:
-        model.batcher.cancel(futures)
-        raise RequestError(
-            "timeout", f"no answer within {cfg.request_timeout_seconds:g} s (serve.request_timeout_seconds)"
-        ) from None
-    except asyncio.CancelledError:  # the server is stopping the task (or a gRPC client left): free the queue slots
-        model.batcher.cancel(futures)
-        raise
-
-
-def model_config_of(state: ServingState, name: str) -> dict:
-    """Triton's model configuration of served model ``name`` (JSON form), loaded or not yet."""
-    cfg, model = state.cfg, state.models.get(name)
-    on_gpu = model.on_gpu if model is not None else state.device.is_gpu
-    workers = model.workers if model is not None else cfg.workers_per_model or 2
-    card, sizes = state.entries[name].card, getattr(model, "batch_sizes", None)
-    return model_config(
-        name, card, cfg, on_gpu=on_gpu, device_id=state.device.device_id, workers=workers, batch_sizes=sizes
-    )
 
 
 def build_app(
@@ -155,7 +109,7 @@ def build_app(
     async def kserve_infer(request: Request, model, started: float) -> Response:
         if request.path_params.get("version", "1") != "1":
             raise RequestError("unknown_model", f"model {model.name!r} has only version 1")
-        body = await read_body(request, cfg.max_body_bytes, _left(cfg, started))
+        body = await read_body(request, cfg.max_body_bytes, seconds_left(cfg, started))
         t0 = time.perf_counter()
         header_length = request.headers.get("inference-header-content-length")
         encoding = request.headers.get("content-encoding")
@@ -174,7 +128,7 @@ def build_app(
         return response
 
     async def rest_predict(request: Request, model, started: float) -> Response:
-        body = await read_body(request, cfg.max_body_bytes, _left(cfg, started))
+        body = await read_body(request, cfg.max_body_bytes, seconds_left(cfg, started))
         t0 = time.perf_counter()
         top_k = top_k_of(request.query_params.get("top_k"), cfg.top_k, model.card.spec.num_classes)
         items = await pool.run(

@@ -37,12 +37,12 @@ import time
 import numpy as np
 
 from gpufeed.server._access import AccessGuard
-from gpufeed.server._app import model_config_of, submit_and_wait
 from gpufeed.server._errors import REASONS, RequestError, shown
 from gpufeed.server._grpc_tensors import infer_request, infer_response
 from gpufeed.server._inputs import items_from_kserve, kserve_inputs
 from gpufeed.server._model import scores_from_logits
 from gpufeed.server._requests import max_elements
+from gpufeed.server._submit import model_config_of, submit_and_wait
 from gpufeed.server._triton import EXTENSIONS, repository_index
 
 __all__ = ["EXTRA_HINT", "GrpcFront", "require_grpc"]

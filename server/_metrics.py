@@ -1,4 +1,6 @@
-"""The server's Prometheus metrics (names and labels are a cross-issue contract; see the README).
+"""The server's Prometheus metrics.
+
+Names and labels are a contract with the dashboards and rules in ``gpufeed/obs`` (see the README).
 
 All series live in one :class:`prometheus_client.CollectorRegistry` per server, so several servers
 (tests, benchmarks) can share a process. Label values come from small fixed sets: ``model`` is a

@@ -58,11 +58,6 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
         "error line a user sees; a subprocess per call would change the seconds they report. It closes the "
         "circle cli -> commands.reliability -> reliability -> cli, deferred until run_cli is called"
     ),
-    ("gpufeed.server._app", "gpufeed.server._grpc"): (
-        "the app starts the gRPC front (an optional extra, imported only when a gRPC port is set), which "
-        "calls back into the app's model_config_of and submit_and_wait: those belong in a module below "
-        "both, a move left to the gRPC work in server/"
-    ),
 }
 
 

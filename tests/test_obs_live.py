@@ -44,10 +44,7 @@ pytestmark = pytest.mark.timeout(900)
 def live(tmp_path_factory, synth_dir):
     missing = missing_commands()
     if missing:
-        pytest.fail(
-            f"the live stack needs `gpufeed {' / '.join(missing)}`, which this checkout does not have "
-            "(train: issue #4, export and serve: issue #5)"
-        )
+        pytest.fail(f"the live stack needs `gpufeed {' / '.join(missing)}`, which this checkout does not have")
     try:
         find_prometheus_binary()
     except PrometheusNotFoundError as err:

@@ -31,7 +31,7 @@ HEIGHT, WIDTH = 32, 48  # the 64x96 videos at half size: keeps a ResNet-18 step 
 
 @dataclass(frozen=True)
 class ClipBatch:
-    """The ClipBatch contract's fields (the video issue's loader yields these)."""
+    """The ClipBatch contract's fields (what ClipLoader yields)."""
 
     clips: torch.Tensor  # uint8 (N, 3, T, H, W)
     frame_labels: torch.Tensor  # float32 (N, T, K)
