@@ -8,67 +8,37 @@ NVDEC, or on the CPU; :class:`VideoFrameReader` reads whole videos in order. Bot
 apply colour jitter, grayscale and flips inside their DALI graph (:class:`LoaderAugment`),
 deterministic per (seed, epoch, sample). :func:`check_path` finds bad files before training.
 
+Only what users call is exported here (each name is in the README's Python API section);
+everything else lives in the private modules, which gpufeed's own packages import directly.
+
 Each loader builds its DALI pipeline once and reads epoch after epoch through it. A pipeline
 failure is a :class:`BadSampleError` when files are to blame (named), a :class:`PipelineError`
 (DALI's own message and the likely cause) when none is.
 """
 
-from gpufeed.pipelines._augment import (
-    AugmentRows,
-    ColourJitter,
-    LoaderAugment,
-    colour_coefficients,
-    colour_matrices,
-    reference_augment,
-)
-from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding, check_images, check_path
-from gpufeed.pipelines._clip_loader import ClipBatch, ClipLoader, choose_decoder
-from gpufeed.pipelines._clips import ClipGeometry, ClipTable
-from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, ImageDataset, parse_list_line
-from gpufeed.pipelines._epochs import default_num_threads
+# Imported for its side effect: it registers the video checker that check_path uses for video folders.
+from gpufeed.pipelines import _video_check  # noqa: F401
+from gpufeed.pipelines._augment import ColourJitter, LoaderAugment, reference_augment
+from gpufeed.pipelines._check import CheckReport, Finding, check_path
+from gpufeed.pipelines._clip_loader import ClipBatch, ClipLoader
+from gpufeed.pipelines._dataset import ImageDataset
 from gpufeed.pipelines._errors import BadSampleError, DatasetError, PipelineError
 from gpufeed.pipelines._frames import FrameChunk, VideoFrameReader
-from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
-from gpufeed.pipelines._image_pipeline import decode_window
-from gpufeed.pipelines._image_verify import decode_problem, find_bad_files
+from gpufeed.pipelines._image_facts import ImageFacts, read_image_facts
+from gpufeed.pipelines._image_verify import decode_problem
 from gpufeed.pipelines._loader import ImageBatch, ImageLoader
 from gpufeed.pipelines._prepare import PrepareOptions, PrepareReport, prepare_videos
-from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
-from gpufeed.pipelines._quarantine import Quarantine, read_quarantine
-from gpufeed.pipelines._sampler import LAST_BATCH_POLICIES, EpochPlan, plan_epoch
-from gpufeed.pipelines._video_check import check_videos
-from gpufeed.pipelines._videos import (
-    DALI_CPU_CODECS,
-    SUPPORTED_CODECS,
-    VIDEO_EXTENSIONS,
-    VideoDataset,
-    VideoInfo,
-    probe_video,
-    read_label_csv,
-)
+from gpufeed.pipelines._videos import VideoDataset
 from gpufeed.pipelines._waits import EpochWaits, measure_epoch_waits
-from gpufeed.pipelines._windows import Windows, eval_windows, hash_uniforms, train_windows
+from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
 
 __all__ = [
-    "CHECKERS",
-    "DALI_CPU_CODECS",
-    "DEFAULT_MAX_IMAGE_PIXELS",
-    "IMAGE_EXTENSIONS",
-    "LAST_BATCH_POLICIES",
-    "SUPPORTED_CODECS",
-    "VIDEO_EXTENSIONS",
-    "AugmentRows",
     "BadSampleError",
     "CheckReport",
     "ClipBatch",
-    "ClipDecodeError",
-    "ClipDecoder",
-    "ClipGeometry",
     "ClipLoader",
-    "ClipTable",
     "ColourJitter",
     "DatasetError",
-    "EpochPlan",
     "EpochWaits",
     "Finding",
     "FrameChunk",
@@ -80,32 +50,15 @@ __all__ = [
     "PipelineError",
     "PrepareOptions",
     "PrepareReport",
-    "Quarantine",
     "VideoDataset",
     "VideoFrameReader",
-    "VideoInfo",
-    "VideoRef",
     "Windows",
-    "check_images",
     "check_path",
-    "check_videos",
-    "choose_decoder",
-    "colour_coefficients",
-    "colour_matrices",
     "decode_problem",
-    "decode_window",
-    "default_num_threads",
     "eval_windows",
-    "find_bad_files",
-    "hash_uniforms",
     "measure_epoch_waits",
-    "parse_list_line",
-    "plan_epoch",
     "prepare_videos",
-    "probe_video",
     "read_image_facts",
-    "read_label_csv",
-    "read_quarantine",
     "reference_augment",
     "train_windows",
 ]

@@ -43,7 +43,8 @@ import re
 
 import numpy as np
 
-from gpufeed.pipelines import decode_window, eval_windows, read_image_facts
+from gpufeed.pipelines import eval_windows, read_image_facts
+from gpufeed.pipelines._image_pipeline import decode_window
 from gpufeed.server._errors import RequestError
 
 __all__ = ["ImageDecoder", "ImageInfo", "inspect_image"]

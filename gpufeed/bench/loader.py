@@ -107,7 +107,8 @@ def run_loader_bench(
 
     from gpufeed.config import ImagePipelineConfig, LoaderConfig
     from gpufeed.device import resolve_device
-    from gpufeed.pipelines import ImageDataset, ImageLoader, default_num_threads, train_windows
+    from gpufeed.pipelines import ImageDataset, ImageLoader, train_windows
+    from gpufeed.pipelines._epochs import default_num_threads
 
     choice = resolve_device(device)
     workers = workers or default_num_threads()
