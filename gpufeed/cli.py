@@ -49,7 +49,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from gpufeed.device import DeviceUnavailableError
     from gpufeed.models import ExportError, ModelCardError
     from gpufeed.pipelines._errors import BadSampleError, DatasetError
-    from gpufeed.server import ModelRepoError, RuntimeSetupError, ServerStartError
+    from gpufeed.server import ServerStartError
+    from gpufeed.server._repo import ModelRepoError
+    from gpufeed.server._runtime import RuntimeSetupError
     from gpufeed.train.errors import TrainError
 
     serving = (ExportError, ModelCardError, ModelRepoError, RuntimeSetupError, ServerStartError)

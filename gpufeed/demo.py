@@ -98,7 +98,7 @@ def run_demo(out: str | Path, device: str = "auto") -> Config:
     run_train_demo(out, cfg, model="clip_resnet18")
 
     _banner("serving")
-    from gpufeed.server import run_serve_demo
+    from gpufeed.server._demo import run_serve_demo
 
     run_serve_demo(cfg, out, choice, find_checkpoint(image_run))
 

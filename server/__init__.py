@@ -11,9 +11,10 @@ batching, off the event loop; the :class:`Batcher` fills fixed-size batches; DAL
 describes the API (:func:`openapi_document`); an optional bearer token guards everything but the
 health probes (:func:`load_token`); SIGTERM drains and exits 0 (:class:`DrainingServer`).
 
-The names below are imported on first use (PEP 562): importing one light part of the server (the
-KServe parser, which request-parsing worker processes import) does not load torch, DALI and
-onnxruntime along with it.
+Only what users call is exported (each name is in the README's Python API list); gpufeed's own
+packages import the rest from the private modules. The names are imported on first use (PEP 562):
+importing one light part of the server (the KServe parser, which request-parsing worker
+processes import) does not load torch, DALI and onnxruntime along with it.
 """
 
 from __future__ import annotations
@@ -28,13 +29,9 @@ _EXPORTS = {
     "Batcher": "_batcher",
     "BatcherClosedError": "_batcher",
     "QueueFullError": "_batcher",
-    "run_serve_demo": "_demo",
-    "untrained_checkpoint": "_demo",
     "REASONS": "_errors",
     "RequestError": "_errors",
-    "InferRequest": "_kserve",
-    "encode_response": "_kserve",
-    "parse_request": "_kserve",
+    "ModelRepoError": "_repo",
     "DrainingServer": "_launch",
     "RunningServer": "_launch",
     "ServerStartError": "_launch",
@@ -42,23 +39,7 @@ _EXPORTS = {
     "start_server": "_launch",
     "PROTOCOLS": "_metrics",
     "STAGES": "_metrics",
-    "ServerMetrics": "_metrics",
-    "Item": "_model",
-    "ServedModel": "_model",
-    "scores_from_logits": "_model",
     "openapi_document": "_openapi",
-    "ImageDecoder": "_preprocess",
-    "ImageInfo": "_preprocess",
-    "inspect_image": "_preprocess",
-    "ModelEntry": "_repo",
-    "ModelRepoError": "_repo",
-    "load_repository": "_repo",
-    "histogram_quantile": "_report",
-    "stage_latency_rows": "_report",
-    "stage_latency_table": "_report",
-    "OnnxRunner": "_runtime",
-    "RuntimeSetupError": "_runtime",
-    "InferenceStats": "_stats",
 }
 
 __all__ = [
@@ -69,36 +50,16 @@ __all__ = [
     "Batcher",
     "BatcherClosedError",
     "DrainingServer",
-    "ImageDecoder",
-    "ImageInfo",
-    "InferRequest",
-    "InferenceStats",
-    "Item",
-    "ModelEntry",
     "ModelRepoError",
-    "OnnxRunner",
     "QueueFullError",
     "RequestError",
     "RunningServer",
-    "RuntimeSetupError",
-    "ServedModel",
-    "ServerMetrics",
     "ServerStartError",
     "TokenError",
-    "encode_response",
-    "histogram_quantile",
-    "inspect_image",
-    "load_repository",
     "load_token",
     "openapi_document",
-    "parse_request",
-    "run_serve_demo",
-    "scores_from_logits",
     "serve_forever",
-    "stage_latency_rows",
-    "stage_latency_table",
     "start_server",
-    "untrained_checkpoint",
 ]
 
 

@@ -36,7 +36,7 @@ class Accounting:
 
     Args:
         app: The wrapped ASGI app.
-        metrics: The server's :class:`~gpufeed.server.ServerMetrics`.
+        metrics: The server's :class:`~gpufeed.server._metrics.ServerMetrics`.
     """
 
     def __init__(self, app, metrics) -> None:

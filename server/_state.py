@@ -27,7 +27,7 @@ class ServingState:
     """The models one server serves.
 
     Args:
-        entries: From :func:`gpufeed.server.load_repository`.
+        entries: From :func:`gpufeed.server._repo.load_repository`.
         cfg: :class:`gpufeed.config.ServeConfig`.
         device: :class:`gpufeed.device.DeviceChoice`.
     """

@@ -1,7 +1,7 @@
 """Triton's statistics extension (``GET /v2/models[/NAME]/stats``), fed by the Prometheus observation points.
 
 :class:`InferenceStats` keeps, per model, the cumulative counts and durations Triton reports. It
-is not a second timing system: :class:`gpufeed.server.ServerMetrics` passes it every observation
+is not a second timing system: :class:`gpufeed.server._metrics.ServerMetrics` passes it every observation
 it records (request, stage, batch), so the statistics and the Prometheus series always agree:
 
 =====================  ================================================================================

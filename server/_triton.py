@@ -157,8 +157,8 @@ def repository_index(entries, models: dict, load_error, closing: bool, ready_onl
     """Triton's ``$repository_index_response``: every served model with its state and the reason for it.
 
     Args:
-        entries: Served name -> :class:`~gpufeed.server.ModelEntry` (the repository's models).
-        models: Served name -> loaded :class:`~gpufeed.server.ServedModel` (so far).
+        entries: Served name -> :class:`~gpufeed.server._repo.ModelEntry` (the repository's models).
+        models: Served name -> loaded :class:`~gpufeed.server._model.ServedModel` (so far).
         load_error: Why loading failed, or ``None``.
         closing: The server is draining.
         ready_only: Only the models ready for inference (the request's ``"ready": true``).

@@ -19,7 +19,7 @@ from PIL import Image
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
 from gpufeed.pipelines import ImageDataset, ImageLoader, eval_windows, train_windows
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
-from gpufeed.server import ImageDecoder, inspect_image
+from gpufeed.server._preprocess import ImageDecoder, inspect_image
 from gpufeed.synth import CLASS_WORDS, draw_tag, read_tag
 
 pytestmark = pytest.mark.timeout(300)

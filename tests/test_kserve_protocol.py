@@ -10,8 +10,9 @@ import tritonclient.http as triton
 from tritonclient.http import InferResult
 from tritonclient.http._utils import _get_inference_request
 
-from gpufeed.server import RequestError, encode_response, parse_request
+from gpufeed.server import RequestError
 from gpufeed.server._http import content_type_of, parse_multipart
+from gpufeed.server._kserve import encode_response, parse_request
 
 
 def _triton_body(inputs, outputs=None):

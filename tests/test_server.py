@@ -284,7 +284,8 @@ def test_a_bad_image_in_a_batch_fails_alone(server, val_set):
 
 def _served_model(batch_sizes=()):
     from gpufeed.models import read_model_card
-    from gpufeed.server import ServedModel, ServerMetrics
+    from gpufeed.server._metrics import ServerMetrics
+    from gpufeed.server._model import ServedModel
 
     model_dir = exported_repo() / IMAGE_MODEL
     card = read_model_card(model_dir)
@@ -293,7 +294,8 @@ def _served_model(batch_sizes=()):
 
 
 def _item(blob, where="test image"):
-    from gpufeed.server import Item, inspect_image
+    from gpufeed.server._model import Item
+    from gpufeed.server._preprocess import inspect_image
 
     info = inspect_image(blob, 10**8)
     return Item(encoded=blob, size=(info.width, info.height), where=where)
@@ -304,7 +306,8 @@ def test_batch_step_runs_at_the_smallest_size_that_holds_the_batch_and_isolates_
     each equal to its answer alone (no neighbour or padding leaks in), padding discarded."""
     from _serving import png_with_damaged_data
 
-    from gpufeed.server import Item, RequestError
+    from gpufeed.server import RequestError
+    from gpufeed.server._model import Item
 
     model = _served_model()
     try:
@@ -352,7 +355,7 @@ def test_batch_step_runs_at_the_smallest_size_that_holds_the_batch_and_isolates_
 
 def test_runner_has_a_session_per_batch_size_and_refuses_other_sizes():
     from gpufeed.models import read_model_card
-    from gpufeed.server import OnnxRunner, RuntimeSetupError
+    from gpufeed.server._runtime import OnnxRunner, RuntimeSetupError
 
     model_dir = exported_repo() / IMAGE_MODEL
     card = read_model_card(model_dir)
@@ -430,7 +433,7 @@ def test_items_given_up_inside_a_taken_batch_are_not_decoded_or_run(val_set):
 
 def test_serve_demo_stage_exports_serves_and_reports(synth_dir, tmp_path, capsys):
     from gpufeed.demo import demo_config
-    from gpufeed.server import run_serve_demo, untrained_checkpoint
+    from gpufeed.server._demo import run_serve_demo, untrained_checkpoint
 
     out = tmp_path / "demo"
     out.mkdir()
@@ -454,7 +457,7 @@ def test_serve_demo_stage_exports_serves_and_reports(synth_dir, tmp_path, capsys
 
 
 def test_histogram_quantile_matches_prometheus_interpolation():
-    from gpufeed.server import histogram_quantile
+    from gpufeed.server._report import histogram_quantile
 
     buckets = [(0.1, 10.0), (0.2, 30.0), (0.5, 40.0), (float("inf"), 40.0)]
     assert histogram_quantile(0.25, buckets) == pytest.approx(0.1)

@@ -29,7 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufeed.config import parse_config
 from gpufeed.device import DeviceChoice
-from gpufeed.server import ModelRepoError, start_server
+from gpufeed.server import start_server
+from gpufeed.server._repo import ModelRepoError
 
 pytestmark = pytest.mark.timeout(300)
 

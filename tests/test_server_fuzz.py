@@ -49,8 +49,8 @@ def served():
 def test_openapi_document_lists_every_route(served):
     from gpufeed.config import parse_config
     from gpufeed.device import DeviceChoice
-    from gpufeed.server import load_repository
     from gpufeed.server._app import build_app
+    from gpufeed.server._repo import load_repository
     from gpufeed.server._state import ServingState
 
     served_doc = httpx.get(served.url + "/openapi.json").json()

@@ -15,7 +15,8 @@ from _serving import CLIP_MODEL, IMAGE_MODEL, exported_repo
 from gpufeed.config import parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ImageDataset
-from gpufeed.server import RuntimeSetupError, ServerStartError, start_server
+from gpufeed.server import ServerStartError, start_server
+from gpufeed.server._runtime import RuntimeSetupError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
@@ -77,7 +78,7 @@ def test_cuda_runner_binds_every_batch_size_and_agrees_with_the_cpu_runner():
     import torch
 
     from gpufeed.models import read_model_card
-    from gpufeed.server import OnnxRunner
+    from gpufeed.server._runtime import OnnxRunner
 
     model_dir = exported_repo() / IMAGE_MODEL
     card = read_model_card(model_dir)

@@ -24,8 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufeed.config import parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.models import read_model_card
-from gpufeed.server import load_repository, start_server
+from gpufeed.server import start_server
 from gpufeed.server._app import build_app
+from gpufeed.server._repo import load_repository
 from gpufeed.server._state import ServingState
 from gpufeed.server._triton import EXTENSIONS, batch_sizes_of
 

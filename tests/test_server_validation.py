@@ -10,7 +10,8 @@ from oddmedia import declare_size
 from PIL import Image
 
 from gpufeed.pipelines import decode_problem
-from gpufeed.server import ImageDecoder, RequestError, inspect_image
+from gpufeed.server import RequestError
+from gpufeed.server._preprocess import ImageDecoder, inspect_image
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -103,7 +103,7 @@ def _bomb_check(folder: Path) -> dict:
 
 def _server_decode(data: bytes, width: int, height: int, device):
     """A callable running the server's decoder (evaluation window, resize to 224) on ``data``."""
-    from gpufeed.server import ImageDecoder
+    from gpufeed.server._preprocess import ImageDecoder
 
     size = np.array([[width, height]])
     decoder = ImageDecoder(224, 0.875, 1, device.device_id, num_threads=1)
@@ -126,7 +126,7 @@ def run_image_checks(device) -> dict:
     from tqdm import tqdm
 
     from gpufeed.pipelines import decode_problem, read_image_facts
-    from gpufeed.server import inspect_image
+    from gpufeed.server._preprocess import inspect_image
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
