@@ -64,6 +64,26 @@ class LoadResult:
         """Successful answers per second inside the window."""
         return self.ok / self.seconds
 
+    def record(
+        self, status: int, sent: float, done: float, window: tuple[float, float], retry_after: bool, reason: str | None
+    ) -> None:
+        """Count one answer; only those sent and answered inside ``window`` (start, end) are figures."""
+        self.answered += 1
+        start, end = window
+        if not (start <= sent and done <= end):
+            return
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        if status == 200:
+            self.ok += 1
+            self.latencies_s.append(done - sent)
+            self.done_s.append(done - start)
+        else:
+            self.errors += 1
+            self.no_answer += status == 599
+            self.retry_after += retry_after
+            if reason is not None:
+                self.reasons[reason] = self.reasons.get(reason, 0) + 1
+
     def percentile_ms(self, q: float) -> float:
         return float(np.percentile(self.latencies_s, q) * 1000) if self.latencies_s else float("nan")
 
@@ -119,7 +139,7 @@ async def _read_response(reader: asyncio.StreamReader) -> _Answer:
 
 
 async def _connection(host, port, requests, offset, window, result: LoadResult, timeout_s: float) -> None:
-    start, end = window
+    _, end = window
     reader, writer = await asyncio.open_connection(host, port)
     k = offset
     try:
@@ -133,20 +153,8 @@ async def _connection(host, port, requests, offset, window, result: LoadResult, 
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
                 answer = _Answer(599, True)  # no answer: counted as an error, and a fresh connection
             done = time.perf_counter()
-            status, close = answer.status, answer.close
-            result.answered += 1
-            if start <= sent and done <= end:
-                result.statuses[status] = result.statuses.get(status, 0) + 1
-                if status == 200:
-                    result.ok += 1
-                    result.latencies_s.append(done - sent)
-                    result.done_s.append(done - start)
-                else:
-                    result.errors += 1
-                    result.no_answer += status == 599
-                    result.retry_after += answer.retry_after
-                    if answer.reason is not None:
-                        result.reasons[answer.reason] = result.reasons.get(answer.reason, 0) + 1
+            close = answer.close
+            result.record(answer.status, sent, done, window, answer.retry_after, answer.reason)
             if close:
                 writer.close()
                 reader, writer = await asyncio.open_connection(host, port)

@@ -44,7 +44,7 @@ def _requests(model: str, images: list[bytes]) -> list[bytes]:
 async def _caller(call, requests, offset, window, result: LoadResult, metadata, timeout_s: float) -> None:
     import grpc
 
-    start, end = window
+    _, end = window
     k = offset
     while time.perf_counter() < end:
         payload = requests[k % len(requests)]
@@ -60,18 +60,7 @@ async def _caller(call, requests, offset, window, result: LoadResult, metadata, 
             trailing = err.trailing_metadata() or ()
             retry_after = any(key == "retry-after" for key, _ in trailing)
         done = time.perf_counter()
-        result.answered += 1
-        if start <= sent and done <= end:
-            result.statuses[status] = result.statuses.get(status, 0) + 1
-            if status == 200:
-                result.ok += 1
-                result.latencies_s.append(done - sent)
-                result.done_s.append(done - start)
-            else:
-                result.errors += 1
-                result.no_answer += status == 599
-                result.retry_after += retry_after
-                result.reasons[reason] = result.reasons.get(reason, 0) + 1
+        result.record(status, sent, done, window, retry_after, reason)
 
 
 async def _run(address, requests, concurrency, warmup_s, seconds, metadata, timeout_s) -> LoadResult:
