@@ -28,8 +28,6 @@ _EXPORTS = {
     "Batcher": "_batcher",
     "BatcherClosedError": "_batcher",
     "QueueFullError": "_batcher",
-    "run_serve_demo": "_demo",
-    "untrained_checkpoint": "_demo",
     "REASONS": "_errors",
     "RequestError": "_errors",
     "InferRequest": "_kserve",
@@ -92,13 +90,11 @@ __all__ = [
     "load_token",
     "openapi_document",
     "parse_request",
-    "run_serve_demo",
     "scores_from_logits",
     "serve_forever",
     "stage_latency_rows",
     "stage_latency_table",
     "start_server",
-    "untrained_checkpoint",
 ]
 
 
