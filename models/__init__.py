@@ -24,6 +24,7 @@ from gpufeed.models._io import (
     list_checkpoints,
     load_model,
     model_state,
+    untrained_checkpoint,
 )
 from gpufeed.models._nets import GpufeedModel
 from gpufeed.models._registry import create_model, default_spec, list_models, model_from_spec, register_model
@@ -58,4 +59,5 @@ __all__ = [
     "read_model_card",
     "register_model",
     "resolve_batch_sizes",
+    "untrained_checkpoint",
 ]

@@ -12,10 +12,18 @@ from pathlib import Path
 import torch
 
 from gpufeed.models._nets import GpufeedModel
-from gpufeed.models._registry import model_from_spec
+from gpufeed.models._registry import create_model, model_from_spec
 from gpufeed.models._spec import ModelSpec
 
-__all__ = ["CHECKPOINT_DIR", "checkpoint_path", "find_checkpoint", "list_checkpoints", "load_model", "model_state"]
+__all__ = [
+    "CHECKPOINT_DIR",
+    "checkpoint_path",
+    "find_checkpoint",
+    "list_checkpoints",
+    "load_model",
+    "model_state",
+    "untrained_checkpoint",
+]
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -72,3 +80,28 @@ def load_model(source: str | Path | dict, map_location: str | torch.device = "cp
     model = model_from_spec(ModelSpec.from_dict(state["model_spec"]))
     model.load_state_dict(state["model"])
     return model
+
+
+def untrained_checkpoint(
+    out: str | Path, classes: tuple[str, ...], size_px: int, architecture: str = "resnet18"
+) -> Path:
+    """A checkpoint of a freshly initialised model, written as training writes one.
+
+    For exporting and serving a model without training one first (the server benchmark, tests).
+    The weights come from seed 0, so the same arguments write the same checkpoint.
+
+    Args:
+        out: The folder that receives the run folder ``untrained/``.
+        classes: The class labels, one output per class.
+        size_px: The model's input size.
+        architecture: A registered model name.
+
+    Returns:
+        The checkpoint file, ``out/untrained/checkpoints/ckpt-000000000.pt``.
+    """
+    torch.manual_seed(0)
+    model = create_model(architecture, num_classes=len(classes), size_px=size_px, labels=tuple(classes))
+    path = checkpoint_path(Path(out) / "untrained", 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({**model_state(model), "step": 0}, path)
+    return path

@@ -114,7 +114,7 @@ def test_dead_server_makes_target_down_alert_pending(prom):
 
 @pytest.mark.timeout(120)
 def test_demo_stage_checks_the_stack(tmp_path, capsys):
-    from gpufeed.obs import run_obs_demo
+    from gpufeed.demo import run_obs_demo
 
     assert run_obs_demo(tmp_path) is True
     out = capsys.readouterr().out

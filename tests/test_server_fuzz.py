@@ -24,7 +24,7 @@ from _serving import CLIP_MODEL, IMAGE_MODEL, encode, exported_repo
 from gpufeed import __version__
 from gpufeed.bench._corpus import Target, malformed_corpus
 from gpufeed.bench._serve_proc import ServeProcess
-from gpufeed.bench.fuzz import FUZZ_LIMITS, fuzz_problems, print_fuzz_result, run_corpus, valid_request_check
+from gpufeed.bench.fuzz import FUZZ_LIMITS, run_corpus, valid_request_check
 from gpufeed.models import read_model_card
 from gpufeed.server._openapi import openapi_document
 
@@ -95,9 +95,10 @@ def test_malformed_request_corpus(served):
     assert {p.category for p in probes} >= REQUIRED_CATEGORIES
     jpeg = encode(np.random.default_rng(5).integers(0, 256, (60, 80, 3), dtype=np.uint8))
     checks = [valid_request_check(served.host, served.port, repo / name, jpeg) for name in cards]
-    summary = run_corpus(served.host, served.port, probes, checks, progress=False)
-    print_fuzz_result(summary)
-    assert not fuzz_problems(summary), fuzz_problems(summary)
+    report = run_corpus(served.host, served.port, probes, checks, progress=False)
+    print(report.table())
+    assert report.ok, report.problems()
+    summary = report.figures
     assert all(status < 500 for status in summary["statuses"]) and 0 not in summary["statuses"]
     strict = {c: v for c, v in summary["categories"].items() if c not in ("bitflip_jpeg", "bitflip_png")}
     assert sum(v["decoded"] for v in strict.values()) <= 2, "only the two known still-decodable corruptions pass"

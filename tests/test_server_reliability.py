@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from _serving import IMAGE_MODEL, exported_repo
 
-from gpufeed.bench.drain import drain_problems, print_drain_result, run_drain
+from gpufeed.bench.drain import run_drain
 from gpufeed.bench.loader import make_bench_images
-from gpufeed.bench.overload import overload_problems, print_overload_result, run_overload
-from gpufeed.bench.soak import print_soak_result, run_soak, soak_problems
+from gpufeed.bench.overload import run_overload
+from gpufeed.bench.soak import run_soak
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -22,12 +22,13 @@ def images(tmp_path_factory) -> list[bytes]:
 
 
 def _soak(images, seconds: float, warmup_s: float) -> dict:
-    result = run_soak(
+    report = run_soak(
         exported_repo() / IMAGE_MODEL, images, clients=64, seconds=seconds, warmup_s=warmup_s,
         overrides=("serve.warmup_batches=1",), progress=False,
     )  # fmt: skip
-    print_soak_result(result)
-    assert not soak_problems(result), soak_problems(result)
+    print(report.table())
+    assert report.ok, report.problems()
+    result = report.figures
     assert result["load"]["ok"] > 0 and result["load"]["statuses"] == {"200": result["load"]["ok"]}
     assert result["clients"] == 64 and result["load"]["p99_ms"] >= result["load"]["p50_ms"] > 0
     return result
@@ -46,12 +47,13 @@ def test_soak_64_clients_for_60_seconds(images):
 
 
 def test_overload_is_refused_cleanly(images):
-    result = run_overload(
+    report = run_overload(
         exported_repo() / IMAGE_MODEL, images, clients=64, seconds=4.0, warmup_s=1.0, queue_capacity=8,
         request_timeout_s=5.0, overrides=("serve.warmup_batches=1",),
     )  # fmt: skip
-    print_overload_result(result)
-    assert not overload_problems(result), overload_problems(result)
+    print(report.table())
+    assert report.ok, report.problems()
+    result = report.figures
     assert result["queue_depth_samples"] > 0 and result["load"]["reasons"] == {"queue_full": result["load"]["errors"]}
     assert (
         result["counted_errors"]["queue_full"] >= result["load"]["errors"] and result["counted_errors"]["internal"] == 0
@@ -59,9 +61,10 @@ def test_overload_is_refused_cleanly(images):
 
 
 def test_sigterm_drains_and_exits_zero(images):
-    result = run_drain(exported_repo() / IMAGE_MODEL, images, hold_ms=1500.0, shutdown_delay_s=1.5)
-    print_drain_result(result)
-    assert not drain_problems(result), drain_problems(result)
+    report = run_drain(exported_repo() / IMAGE_MODEL, images, hold_ms=1500.0, shutdown_delay_s=1.5)
+    print(report.table())
+    assert report.ok, report.problems()
+    result = report.figures
     assert result["inflight_sent"] == 3 and result["inflight_answered_correctly"] == 3
     assert result["statuses"].get("503", 0) >= 2 and result["dropped"] == 0 and result["exit_status"] == 0
 
@@ -83,6 +86,7 @@ def test_bench_commands_print_figures_and_exit_by_the_verdict(tmp_path):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "result: PASS" in done.stdout
         figures = json.loads(out.read_text())
+        assert figures["ok"] is True and all(figures["checks"].values())
         if name == "fuzz":
             assert figures["requests"] >= 1000 and not figures["failures"] and figures["exit_status"] == 0
         else:

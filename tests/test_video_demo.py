@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpufeed.config import ConfigError, parse_config
+from gpufeed.demo import run_clip_demo
 from gpufeed.device import DeviceChoice
-from gpufeed.video_demo import run_clip_demo
 
 pytestmark = pytest.mark.timeout(300)
 

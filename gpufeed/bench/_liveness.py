@@ -28,7 +28,7 @@ from collections import Counter
 
 import numpy as np
 
-__all__ = ["LIVENESS_TARGET_MS", "liveness_bodies", "measure_liveness", "print_liveness"]
+__all__ = ["LIVENESS_TARGET_MS", "liveness_bodies", "liveness_lines", "measure_liveness", "print_liveness"]
 
 LIVENESS_TARGET_MS = 100.0
 
@@ -145,17 +145,20 @@ def measure_liveness(
     }
 
 
-def print_liveness(result: dict) -> None:
+def liveness_lines(result: dict) -> list[str]:
+    """The figures of :func:`measure_liveness` as printed, ending with its own verdict."""
     idle, load = result["idle"], result["under_load"]
-    print(
+    verdict = "PASS" if result["ok"] else "FAIL"
+    return [
         f"\nliveness while {result['senders']} clients send large bodies that are refused "
-        f"({', '.join(f'{k} {v / 1e6:.1f} MB' for k, v in result['body_bytes'].items())}):"
-    )
-    print(f"  bodies answered: {result['bodies_answered']}")
-    print(
+        f"({', '.join(f'{k} {v / 1e6:.1f} MB' for k, v in result['body_bytes'].items())}):",
+        f"  bodies answered: {result['bodies_answered']}",
         f"  GET /v2/health/live idle: p50 {idle['p50_ms']:.1f} ms, max {idle['max_ms']:.1f} ms ({idle['probes']} probes); "
         f"under load: p50 {load['p50_ms']:.1f} ms, p99 {load['p99_ms']:.1f} ms, max {load['max_ms']:.1f} ms "
-        f"({load['probes']} probes)"
-    )
-    verdict = "PASS" if result["ok"] else "FAIL"
-    print(f"  liveness under {result['target_ms']:.0f} ms: {verdict} (slowest answer {load['max_ms']:.1f} ms)")
+        f"({load['probes']} probes)",
+        f"  liveness under {result['target_ms']:.0f} ms: {verdict} (slowest answer {load['max_ms']:.1f} ms)",
+    ]
+
+
+def print_liveness(result: dict) -> None:
+    print("\n".join(liveness_lines(result)))

@@ -11,7 +11,7 @@ Scenario, against a ``gpufeed serve`` child process:
 3. the process must exit by itself, with status 0.
 
 Every request sent is accounted for: answered (with its status), refused at connect (never sent,
-so never dropped), or dropped (sent, no answer). What it checks (:func:`drain_problems`): no
+so never dropped), or dropped (sent, no answer). What it checks (:class:`DrainReport`): no
 request dropped; the in-flight requests answered 200 with the scores the same images got before the signal;
 readiness false (400, the KServe v2 "4xx for false") from the first probe after the signal; new
 requests 503 ``not_ready`` with Retry-After and ``Connection: close``; exit status 0.
@@ -24,11 +24,15 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["drain_problems", "run_drain"]
+from gpufeed._report import Check
+from gpufeed.bench._server_runs import ServerRunReport, main_run
+
+__all__ = ["DrainReport", "run_drain"]
 
 
 class _Tally:
@@ -93,7 +97,7 @@ def run_drain(
     hold_ms: float = 2000.0,
     shutdown_delay_s: float = 2.0,
     device: str = "cpu",
-) -> dict:
+) -> DrainReport:
     """SIGTERM a server with requests in flight; return how every request ended (see module docs)."""
     import httpx
 
@@ -147,7 +151,7 @@ def run_drain(
         r is not None and r.status_code == 200 and np.allclose(_scores(r), a, atol=1e-6)
         for r, a in zip(answers, reference, strict=True)
     ]
-    return {
+    figures = {
         "benchmark": "drain",
         "model": {"name": card.name, "architecture": card.spec.name, "batch_size": card.batch_size},
         "hold_ms": hold_ms,
@@ -167,78 +171,83 @@ def run_drain(
         "seconds_to_exit": exit_seconds,
         "log_says_drained": "model(s) drained" in log,
     }
+    return DrainReport(figures)
 
 
-def drain_problems(result: dict) -> list[str]:
-    """What went wrong in a drain run (empty when it passed)."""
-    problems = []
-    if result["inflight_at_signal"] < result["inflight_sent"]:
-        problems.append(f"only {result['inflight_at_signal']:g} of {result['inflight_sent']} requests were in flight")
-    if result["inflight_answered_correctly"] != result["inflight_sent"]:
-        problems.append(
-            f"{result['inflight_sent'] - result['inflight_answered_correctly']} in-flight request(s) not answered "
-            "200 with their own scores"
-        )
-    if result["dropped"] or result["refused_at_connect"]:
-        problems.append(f"{result['dropped']} dropped, {result['refused_at_connect']} refused at connect")
-    ready = [status for _, status in result["ready_probes"]]
-    if not ready or set(ready) != {400}:
-        problems.append(f"readiness after SIGTERM: {ready} (expected 400, not ready, only)")
-    predicts = result["drain_responses"]
-    if not predicts:
-        problems.append("no new request was tried during the drain")
-    for answer in predicts:
-        if answer.get("reason") != "not_ready" or "retry-after" not in answer or answer.get("connection") != "close":
-            problems.append(f"a request during the drain got {answer} (expected not_ready, Retry-After, close)")
-            break
-    if result["exit_status"] != 0:
-        problems.append(f"exit status {result['exit_status']} (expected 0)")
-    if not result["log_says_drained"]:
-        problems.append("the server's log does not say the models were drained")
-    return problems
+@dataclass
+class DrainReport(ServerRunReport):
+    """A drain run's figures; what it must show is in the module docs."""
 
+    def checks(self) -> list[Check]:
+        result = self.figures
+        ready = [status for _, status in result["ready_probes"]]
+        predicts = result["drain_responses"]
+        wrong = [
+            answer
+            for answer in predicts
+            if answer.get("reason") != "not_ready" or "retry-after" not in answer or answer.get("connection") != "close"
+        ]
+        return [
+            Check(
+                "every held request in flight at the signal",
+                not result["inflight_at_signal"] < result["inflight_sent"],  # a failed scrape (nan) passes
+                f"only {result['inflight_at_signal']:g} of {result['inflight_sent']} requests were in flight",
+            ),
+            Check(
+                "in-flight requests answered with their own scores",
+                result["inflight_answered_correctly"] == result["inflight_sent"],
+                f"{result['inflight_sent'] - result['inflight_answered_correctly']} in-flight request(s) not answered "
+                "200 with their own scores",
+            ),
+            Check(
+                "no request dropped or refused at connect",
+                not (result["dropped"] or result["refused_at_connect"]),
+                f"{result['dropped']} dropped, {result['refused_at_connect']} refused at connect",
+            ),
+            Check(
+                "not ready from the signal on",
+                bool(ready) and set(ready) == {400},
+                f"readiness after SIGTERM: {ready} (expected 400, not ready, only)",
+            ),
+            Check("new requests tried during the drain", bool(predicts), "no new request was tried during the drain"),
+            Check(
+                "new requests refused not_ready, with Retry-After and close",
+                not wrong,
+                f"a request during the drain got {wrong[0] if wrong else None} (expected not_ready, Retry-After, close)",
+            ),
+            Check("exit status 0", result["exit_status"] == 0, f"exit status {result['exit_status']} (expected 0)"),
+            Check(
+                "the log says the models drained",
+                result["log_says_drained"],
+                "the server's log does not say the models were drained",
+            ),
+        ]
 
-def print_drain_result(result: dict) -> None:
-    ready = result["ready_probes"]
-    print(
-        f"\ndrain: SIGTERM to gpufeed serve ({result['model']['architecture']}, batch {result['model']['batch_size']}, "
-        f"{result['device']}) with {result['inflight_at_signal']:g} requests in flight (held by max_delay_ms "
-        f"{result['hold_ms']:g}), shutdown_delay_seconds {result['shutdown_delay_seconds']:g}"
-    )
-    print(
-        f"  in flight: {result['inflight_answered_correctly']} of {result['inflight_sent']} answered 200 with the "
-        f"scores the same images got before the signal"
-    )
-    first = f"{ready[0][0] * 1000:.0f} ms" if ready else "-"
-    print(
-        f"  during the drain: readiness {sorted({s for _, s in ready})} from the first probe ({first} after the "
-        f"signal); new predictions {sorted({s for _, s in result['predict_probes']})} (not_ready, Retry-After, "
-        "Connection: close)"
-    )
-    print(
-        f"  every request: {result['requests_sent']} sent, statuses {result['statuses']}, dropped {result['dropped']}, "
-        f"refused at connect {result['refused_at_connect']}"
-    )
-    print(f"  exit status {result['exit_status']} after {result['seconds_to_exit']:.2f} s")
-    problems = drain_problems(result)
-    print("  result: " + ("PASS" if not problems else "FAIL: " + "; ".join(problems)))
+    def lines(self) -> list[str]:
+        result = self.figures
+        ready = result["ready_probes"]
+        first = f"{ready[0][0] * 1000:.0f} ms" if ready else "-"
+        return [
+            f"\ndrain: SIGTERM to gpufeed serve ({result['model']['architecture']}, batch "
+            f"{result['model']['batch_size']}, {result['device']}) with {result['inflight_at_signal']:g} requests in "
+            f"flight (held by max_delay_ms {result['hold_ms']:g}), shutdown_delay_seconds "
+            f"{result['shutdown_delay_seconds']:g}",
+            f"  in flight: {result['inflight_answered_correctly']} of {result['inflight_sent']} answered 200 with the "
+            f"scores the same images got before the signal",
+            f"  during the drain: readiness {sorted({s for _, s in ready})} from the first probe ({first} after the "
+            f"signal); new predictions {sorted({s for _, s in result['predict_probes']})} (not_ready, Retry-After, "
+            "Connection: close)",
+            f"  every request: {result['requests_sent']} sent, statuses {result['statuses']}, dropped "
+            f"{result['dropped']}, refused at connect {result['refused_at_connect']}",
+            f"  exit status {result['exit_status']} after {result['seconds_to_exit']:.2f} s",
+        ]
 
 
 def main_drain(args) -> int:
-    from gpufeed._files import write_json
-    from gpufeed.bench._serve_proc import quiet_http_logs
-    from gpufeed.bench.soak import reliability_inputs
-
-    quiet_http_logs()
-    model_dir, images = reliability_inputs(args.cache, args.model_dir)
-    result = run_drain(
-        model_dir,
-        images,
-        hold_ms=args.hold_ms,
-        shutdown_delay_s=args.shutdown_delay,
-        device=args.device,
+    """``gpufeed bench drain``."""
+    return main_run(
+        args,
+        lambda model_dir, images: run_drain(
+            model_dir, images, hold_ms=args.hold_ms, shutdown_delay_s=args.shutdown_delay, device=args.device
+        ),
     )
-    print_drain_result(result)
-    if args.json:
-        write_json(args.json, result)
-    return 1 if drain_problems(result) else 0

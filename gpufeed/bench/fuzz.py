@@ -22,13 +22,17 @@ import json
 import time
 import urllib.parse
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from gpufeed._report import Check
 from gpufeed.bench._corpus import Probe, Target, malformed_corpus
+from gpufeed.bench._liveness import liveness_lines
+from gpufeed.bench._server_runs import ServerRunReport, main_run
 
-__all__ = ["FUZZ_LIMITS", "ValidRequestCheck", "fuzz_problems", "run_corpus", "valid_request_check"]
+__all__ = ["FUZZ_LIMITS", "FuzzReport", "ValidRequestCheck", "run_corpus", "valid_request_check"]
 
 # The limits the fuzzing server runs with: small enough that oversized probes stay cheap.
 FUZZ_LIMITS = {"max_body_bytes": 256 * 1024, "max_image_pixels": 4_000_000, "max_images_per_request": 8}
@@ -203,7 +207,7 @@ def run_corpus(
     *,
     headers: dict[str, str] | None = None,
     progress: bool = True,
-) -> dict:
+) -> FuzzReport:
     """Send every probe, judge every answer, run the ``checks`` after each category; return the figures."""
     from tqdm import tqdm
 
@@ -252,7 +256,7 @@ def run_corpus(
     inference_answers += sum((c.answers for c in checks), Counter()) - checked_before
     counted = {r: after[r] - before[r] for r in set(after) | set(before) if after[r] != before[r]}
     requests_counted = {c: requests_after[c] - requests_before[c] for c in set(requests_after) | set(requests_before)}
-    return {
+    figures = {
         "requests": len(probes),
         "seconds": seconds,
         "categories": {c: {**v, "statuses": dict(sorted(v["statuses"].items()))} for c, v in categories.items()},
@@ -265,80 +269,117 @@ def run_corpus(
         "valid_checks": valid_checks,
         "valid_failures": valid_failures,
     }
+    return FuzzReport(figures)
 
 
-def fuzz_problems(summary: dict) -> list[str]:
-    """What went wrong in a corpus run (empty when it passed)."""
-    problems = []
-    if summary["failures"]:
-        kinds = Counter(f["verdict"] for f in summary["failures"])
-        first = summary["failures"][0]
-        problems.append(f"{len(summary['failures'])} bad answer(s) {dict(kinds)}; first: {first}")
-    problems += summary["valid_failures"]
-    if any(status >= 500 for status in summary["statuses"]):
-        problems.append(f"answers >= 500: { {s: n for s, n in summary['statuses'].items() if s >= 500} }")
-    if summary["counted"] != summary["reasons"]:
-        problems.append(f"errors counted by the server {summary['counted']} != reasons answered {summary['reasons']}")
-    if summary["requests_counted"] != summary["inference_answers"]:
-        problems.append(
-            f"inference requests counted by the server {summary['requests_counted']} != answers received "
-            f"{summary['inference_answers']}"
-        )
-    return problems
+@dataclass
+class FuzzReport(ServerRunReport):
+    """A corpus run's figures (module docs), and with ``gpufeed bench fuzz`` the server's exit and liveness.
 
+    ``server_alive_after``, ``exit_status`` and ``liveness`` are judged when the figures hold them.
+    """
 
-def print_fuzz_result(summary: dict) -> None:
-    from gpufeed._text import format_table
+    def checks(self) -> list[Check]:
+        summary = self.figures
+        failures, valid_failures = summary["failures"], summary["valid_failures"]
+        kinds = Counter(f["verdict"] for f in failures)
+        first = failures[0] if failures else None
+        server_errors = {s: n for s, n in summary["statuses"].items() if s >= 500}
+        checks = [
+            Check(
+                "every answer as expected", not failures, f"{len(failures)} bad answer(s) {dict(kinds)}; first: {first}"
+            ),
+            # Each failed valid request is its own problem, as it happened.
+            Check("valid requests answered correctly", not valid_failures, "; ".join(valid_failures)),
+            Check("no answer >= 500", not server_errors, f"answers >= 500: {server_errors}"),
+            Check(
+                "every error counted by reason",
+                summary["counted"] == summary["reasons"],
+                f"errors counted by the server {summary['counted']} != reasons answered {summary['reasons']}",
+            ),
+            Check(
+                "every inference answer counted",
+                summary["requests_counted"] == summary["inference_answers"],
+                f"inference requests counted by the server {summary['requests_counted']} != answers received "
+                f"{summary['inference_answers']}",
+            ),
+        ]
+        if "server_alive_after" in summary:
+            alive = summary["server_alive_after"]
+            checks.append(Check("server alive after the corpus", alive, "the server died during the corpus"))
+        if "exit_status" in summary:
+            checks.append(
+                Check(
+                    "exit status 0 on SIGTERM",
+                    summary["exit_status"] == 0,
+                    f"exit status {summary['exit_status']} after SIGTERM (expected 0)",
+                )
+            )
+        if "liveness" in summary:
+            live = summary["liveness"]
+            checks.append(
+                Check(
+                    "live while large bodies are refused",
+                    live["ok"],
+                    f"liveness under {live['target_ms']:.0f} ms failed (slowest answer "
+                    f"{live['under_load']['max_ms']:.1f} ms, bodies answered {live['bodies_answered']})",
+                )
+            )
+        return checks
 
-    print(
-        f"\nfuzz corpus: {summary['requests']:,} malformed requests in {summary['seconds']:.1f} s "
-        f"({summary['requests'] / summary['seconds']:,.0f} req/s), valid request checked {summary['valid_checks']} times"
-    )
-    rows = []
-    for category, tally in summary["categories"].items():
-        shown = ", ".join(f"{k}: {v}" for k, v in tally["statuses"].items())
-        rows.append([category, tally["sent"], shown, tally["decoded"], tally["failures"]])
-    print(format_table(["category", "sent", "statuses", "decoded (200)", "bad answers"], rows))
-    print(f"  statuses: {summary['statuses']}")
-    print(f"  reasons answered: {summary['reasons']}")
-    print(f"  counted in gpufeed_server_errors_total: {summary['counted']}")
-    print(f"  inference answers received: {summary['inference_answers']}")
-    print(f"  counted in gpufeed_server_requests_total: {summary['requests_counted']}")
-    problems = fuzz_problems(summary)
-    print("  result: " + ("PASS" if not problems else "FAIL: " + "; ".join(problems)))
+    def lines(self) -> list[str]:
+        from gpufeed._text import format_table
+
+        summary = self.figures
+        rows = []
+        for category, tally in summary["categories"].items():
+            shown = ", ".join(f"{k}: {v}" for k, v in tally["statuses"].items())
+            rows.append([category, tally["sent"], shown, tally["decoded"], tally["failures"]])
+        lines = [
+            f"\nfuzz corpus: {summary['requests']:,} malformed requests in {summary['seconds']:.1f} s "
+            f"({summary['requests'] / summary['seconds']:,.0f} req/s), valid request checked "
+            f"{summary['valid_checks']} times",
+            format_table(["category", "sent", "statuses", "decoded (200)", "bad answers"], rows),
+            f"  statuses: {summary['statuses']}",
+            f"  reasons answered: {summary['reasons']}",
+            f"  counted in gpufeed_server_errors_total: {summary['counted']}",
+            f"  inference answers received: {summary['inference_answers']}",
+            f"  counted in gpufeed_server_requests_total: {summary['requests_counted']}",
+        ]
+        if "server_alive_after" in summary:
+            lines.append(
+                f"  server alive after the corpus: {summary['server_alive_after']}; exit status on SIGTERM "
+                f"{summary['exit_status']}"
+            )
+        if "liveness" in summary:
+            lines += liveness_lines(summary["liveness"])
+        return lines
 
 
 def main_fuzz(args) -> int:
-    from gpufeed._files import write_json
-    from gpufeed.bench._liveness import measure_liveness, print_liveness
-    from gpufeed.bench._serve_proc import ServeProcess, quiet_http_logs
-    from gpufeed.bench.soak import reliability_inputs
+    """``gpufeed bench fuzz``: the corpus against one server, then liveness against a second."""
+    from gpufeed.bench._liveness import measure_liveness
+    from gpufeed.bench._serve_proc import ServeProcess
     from gpufeed.config import parse_config
     from gpufeed.models import read_model_card
 
-    quiet_http_logs()
-    model_dir, images = reliability_inputs(args.cache, args.model_dir)
-    card = read_model_card(model_dir)
-    settings = [f"serve.{k}={v}" for k, v in FUZZ_LIMITS.items()] + ["serve.max_delay_ms=2", *args.overrides]
-    with ServeProcess(model_dir, settings, device=args.device) as server:
-        probes = malformed_corpus([Target.from_card(card)], seed=args.seed, **FUZZ_LIMITS)
-        check = valid_request_check(server.host, server.port, model_dir, images[0])
-        summary = run_corpus(server.host, server.port, probes, [check])
-        alive = server.proc.poll() is None
-    summary["server_alive_after"] = alive
-    summary["exit_status"] = server.proc.returncode
-    print_fuzz_result(summary)
-    print(f"  server alive after the corpus: {alive}; exit status on SIGTERM {summary['exit_status']}")
-    # Liveness needs bodies as large as a real server takes: a second server, with the default limits.
-    settings = ["serve.max_delay_ms=2", *args.overrides]
-    limit = parse_config(None, [s for s in settings if s.startswith("serve.")]).serve.max_body_bytes
-    with ServeProcess(model_dir, settings, device=args.device) as server:
-        liveness = measure_liveness(
-            server.host, server.port, card.name, card.input_name, tuple(card.sample_shape), body_bytes=limit - 4096
-        )
-    summary["liveness"] = liveness
-    print_liveness(liveness)
-    if args.json:
-        write_json(args.json, summary)
-    failed = fuzz_problems(summary) or not alive or summary["exit_status"] != 0 or not liveness["ok"]
-    return 1 if failed else 0
+    def run(model_dir: Path, images: list[bytes]) -> FuzzReport:
+        card = read_model_card(model_dir)
+        settings = [f"serve.{k}={v}" for k, v in FUZZ_LIMITS.items()] + ["serve.max_delay_ms=2", *args.overrides]
+        with ServeProcess(model_dir, settings, device=args.device) as server:
+            probes = malformed_corpus([Target.from_card(card)], seed=args.seed, **FUZZ_LIMITS)
+            check = valid_request_check(server.host, server.port, model_dir, images[0])
+            report = run_corpus(server.host, server.port, probes, [check])
+            alive = server.proc.poll() is None
+        report.figures["server_alive_after"] = alive
+        report.figures["exit_status"] = server.proc.returncode
+        # Liveness needs bodies as large as a real server takes: a second server, with the default limits.
+        settings = ["serve.max_delay_ms=2", *args.overrides]
+        limit = parse_config(None, [s for s in settings if s.startswith("serve.")]).serve.max_body_bytes
+        with ServeProcess(model_dir, settings, device=args.device) as server:
+            report.figures["liveness"] = measure_liveness(
+                server.host, server.port, card.name, card.input_name, tuple(card.sample_shape), body_bytes=limit - 4096
+            )
+        return report
+
+    return main_run(args, run)

@@ -5,7 +5,7 @@ more closed-loop clients than the queue holds. Clients do not back off: a 503 is
 by the next request, so the offered load stays well above capacity for the whole run. Meanwhile
 ``/metrics`` is scraped every 50 ms for ``gpufeed_server_queue_depth``.
 
-What it checks (:func:`overload_problems`): the queue depth never exceeds its capacity; every
+What it checks (:class:`OverloadReport`): the queue depth never exceeds its capacity; every
 refusal is 503 ``queue_full`` with Retry-After; admitted requests are answered (200) within
 ``serve.request_timeout_seconds``; no request goes unanswered (the client's own timeout never
 fires); afterwards the server is ready and answers a request exactly as before the overload.
@@ -16,11 +16,15 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["overload_problems", "predict_scores", "run_overload"]
+from gpufeed._report import Check
+from gpufeed.bench._server_runs import ServerRunReport, main_run
+
+__all__ = ["OverloadReport", "predict_scores", "run_overload"]
 
 QUEUE_METRIC = "gpufeed_server_queue_depth"
 
@@ -73,7 +77,7 @@ def run_overload(
     request_timeout_s: float = 5.0,
     overrides: tuple[str, ...] = (),
     device: str = "cpu",
-) -> dict:
+) -> OverloadReport:
     """Serve ``model_dir`` with a ``queue_capacity`` queue, drive it with ``clients`` connections; return figures."""
     import httpx
 
@@ -125,7 +129,7 @@ def run_overload(
     }
     answered = sum(result.statuses.values())
     refused = result.statuses.get(503, 0)
-    return {
+    figures = {
         "benchmark": "overload",
         "model": {
             "name": card.name,
@@ -151,82 +155,91 @@ def run_overload(
         "exit_status": server.proc.returncode,
         "load_seconds": load_seconds,
     }
+    return OverloadReport(figures)
 
 
-def overload_problems(result: dict) -> list[str]:
-    """What went wrong in an overload run (empty when it passed)."""
-    load, problems = result["load"], []
-    statuses = {int(k): v for k, v in load["statuses"].items()}
-    refused = statuses.get(503, 0)
-    if refused == 0:
-        problems.append("no request was refused: the offered load did not exceed capacity")
-    if load["ok"] == 0:
-        problems.append("no request was admitted")
-    if set(statuses) - {200, 503}:
-        problems.append(f"statuses other than 200 and 503: {statuses}")
-    if load["reasons"] and set(load["reasons"]) != {"queue_full"}:
-        problems.append(f"refusal reasons other than queue_full: {load['reasons']}")
-    if load["retry_after"] != refused:
-        problems.append(f"{refused - load['retry_after']} of {refused} 503s came without Retry-After")
-    if load["no_answer"]:
-        problems.append(f"{load['no_answer']} request(s) got no answer (hung or dropped)")
-    if not result["queue_depth_max"] <= result["queue_capacity"]:
-        problems.append(f"queue depth reached {result['queue_depth_max']:g} > capacity {result['queue_capacity']}")
-    if not result["admitted_max_ms"] <= result["request_timeout_seconds"] * 1000:
-        problems.append(f"an admitted request took {result['admitted_max_ms']:.0f} ms, over the request timeout")
-    if result["ready_after"] != 200 or not result["same_answer_after"]:
-        problems.append(f"after the overload: ready {result['ready_after']}, same answer {result['same_answer_after']}")
-    if result["exit_status"] != 0:
-        problems.append(f"exit status {result['exit_status']} after SIGTERM (expected 0)")
-    return problems
+@dataclass
+class OverloadReport(ServerRunReport):
+    """An overload run's figures; what it must show is in the module docs."""
 
+    def checks(self) -> list[Check]:
+        result, load = self.figures, self.figures["load"]
+        statuses = {int(k): v for k, v in load["statuses"].items()}
+        refused = statuses.get(503, 0)
+        return [
+            Check(
+                "some requests refused", refused > 0, "no request was refused: the offered load did not exceed capacity"
+            ),
+            Check("some requests admitted", load["ok"] > 0, "no request was admitted"),
+            Check("only 200 and 503", not set(statuses) - {200, 503}, f"statuses other than 200 and 503: {statuses}"),
+            Check(
+                "refused only for queue_full",
+                not (load["reasons"] and set(load["reasons"]) != {"queue_full"}),
+                f"refusal reasons other than queue_full: {load['reasons']}",
+            ),
+            Check(
+                "Retry-After on every 503",
+                load["retry_after"] == refused,
+                f"{refused - load['retry_after']} of {refused} 503s came without Retry-After",
+            ),
+            Check(
+                "every request answered",
+                not load["no_answer"],
+                f"{load['no_answer']} request(s) got no answer (hung or dropped)",
+            ),
+            Check(
+                "queue depth within capacity",
+                result["queue_depth_max"] <= result["queue_capacity"],
+                f"queue depth reached {result['queue_depth_max']:g} > capacity {result['queue_capacity']}",
+            ),
+            Check(
+                "admitted requests within the request timeout",
+                result["admitted_max_ms"] <= result["request_timeout_seconds"] * 1000,
+                f"an admitted request took {result['admitted_max_ms']:.0f} ms, over the request timeout",
+            ),
+            Check(
+                "ready and the same answer afterwards",
+                result["ready_after"] == 200 and result["same_answer_after"],
+                f"after the overload: ready {result['ready_after']}, same answer {result['same_answer_after']}",
+            ),
+            Check(
+                "exit status 0 on SIGTERM",
+                result["exit_status"] == 0,
+                f"exit status {result['exit_status']} after SIGTERM (expected 0)",
+            ),
+        ]
 
-def print_overload_result(result: dict) -> None:
-    load, model = result["load"], result["model"]
-    print(
-        f"\noverload: {result['clients']} clients without back-off x {result['seconds']:g} s against gpufeed serve "
-        f"({model['architecture']} {model['size_px']} px batch {model['batch_size']}, {result['device']}), "
-        f"queue capacity {result['queue_capacity']} images, request timeout {result['request_timeout_seconds']:g} s"
-    )
-    print(
-        f"  offered {result['offered_rps']:,.0f} req/s; admitted {result['admitted_rps']:,.1f} req/s (200); "
-        f"refused {result['refused_share']:.1%} with 503 (reasons {load['reasons']}, Retry-After on "
-        f"{load['retry_after']:,}); unanswered {load['no_answer']}"
-    )
-    print(
-        f"  admitted latency p50 {load['p50_ms']:,.1f} ms, p99 {load['p99_ms']:,.1f} ms, max "
-        f"{result['admitted_max_ms']:,.1f} ms (timeout {result['request_timeout_seconds'] * 1000:,.0f} ms)"
-    )
-    print(
-        f"  queue depth: max {result['queue_depth_max']:g} of {result['queue_capacity']} over "
-        f"{result['queue_depth_samples']} scrapes; counted errors {result['counted_errors']}"
-    )
-    print(
-        f"  after: ready {result['ready_after']}, same answer as before {result['same_answer_after']}, "
-        f"exit status on SIGTERM {result['exit_status']}"
-    )
-    problems = overload_problems(result)
-    print("  result: " + ("PASS" if not problems else "FAIL: " + "; ".join(problems)))
+    def lines(self) -> list[str]:
+        result = self.figures
+        load, model = result["load"], result["model"]
+        return [
+            f"\noverload: {result['clients']} clients without back-off x {result['seconds']:g} s against gpufeed serve "
+            f"({model['architecture']} {model['size_px']} px batch {model['batch_size']}, {result['device']}), "
+            f"queue capacity {result['queue_capacity']} images, request timeout {result['request_timeout_seconds']:g} s",
+            f"  offered {result['offered_rps']:,.0f} req/s; admitted {result['admitted_rps']:,.1f} req/s (200); "
+            f"refused {result['refused_share']:.1%} with 503 (reasons {load['reasons']}, Retry-After on "
+            f"{load['retry_after']:,}); unanswered {load['no_answer']}",
+            f"  admitted latency p50 {load['p50_ms']:,.1f} ms, p99 {load['p99_ms']:,.1f} ms, max "
+            f"{result['admitted_max_ms']:,.1f} ms (timeout {result['request_timeout_seconds'] * 1000:,.0f} ms)",
+            f"  queue depth: max {result['queue_depth_max']:g} of {result['queue_capacity']} over "
+            f"{result['queue_depth_samples']} scrapes; counted errors {result['counted_errors']}",
+            f"  after: ready {result['ready_after']}, same answer as before {result['same_answer_after']}, "
+            f"exit status on SIGTERM {result['exit_status']}",
+        ]
 
 
 def main_overload(args) -> int:
-    from gpufeed._files import write_json
-    from gpufeed.bench._serve_proc import quiet_http_logs
-    from gpufeed.bench.soak import reliability_inputs
-
-    quiet_http_logs()
-    model_dir, images = reliability_inputs(args.cache, args.model_dir)
-    result = run_overload(
-        model_dir,
-        images,
-        clients=args.clients,
-        seconds=args.seconds,
-        queue_capacity=args.queue_capacity,
-        request_timeout_s=args.request_timeout,
-        overrides=tuple(args.overrides),
-        device=args.device,
+    """``gpufeed bench overload``."""
+    return main_run(
+        args,
+        lambda model_dir, images: run_overload(
+            model_dir,
+            images,
+            clients=args.clients,
+            seconds=args.seconds,
+            queue_capacity=args.queue_capacity,
+            request_timeout_s=args.request_timeout,
+            overrides=tuple(args.overrides),
+            device=args.device,
+        ),
     )
-    print_overload_result(result)
-    if args.json:
-        write_json(args.json, result)
-    return 1 if overload_problems(result) else 0

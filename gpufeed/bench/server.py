@@ -140,8 +140,7 @@ def export_bench_models(
 ) -> dict:
     """One checkpoint exported twice, cached: ``batched`` at ``batch_sizes`` (default: the powers of two
     up to ``batch_size``; gpufeed and LitServe) and ``single`` at 1 (the plain server)."""
-    from gpufeed.models import default_batch_sizes, export_model, read_model_card
-    from gpufeed.server._demo import untrained_checkpoint
+    from gpufeed.models import default_batch_sizes, export_model, read_model_card, untrained_checkpoint
 
     sizes = tuple(batch_sizes or default_batch_sizes(batch_size))
     source = (

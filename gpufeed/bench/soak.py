@@ -7,7 +7,7 @@ server's resident memory (VmRSS) is sampled every 0.5 s; growth is measured from
 warm-up (allocator pools, onnxruntime arenas and DALI buffers have reached their working size by
 then) to the end of the run, each end the median of its 2 s of samples. Afterwards the server must still be ready and exit 0 on SIGTERM.
 
-What it checks (:func:`soak_problems`): zero errors, no request without an answer, RSS growth
+What it checks (:class:`SoakReport`): zero errors, no request without an answer, RSS growth
 under ``max_growth``, a clean exit. The figures (throughput, p50/p99, RSS) are printed, and drawn
 by ``--plot``.
 """
@@ -16,32 +16,17 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["reliability_inputs", "run_soak", "soak_problems"]
+from gpufeed._report import Check
+from gpufeed.bench._server_runs import ServerRunReport, main_run
+
+__all__ = ["SoakReport", "run_soak"]
 
 MIB = 1024 * 1024
-
-
-def reliability_inputs(
-    cache: Path, model_dir: Path | None = None, images: int = 32, size: tuple[int, int] = (320, 240)
-) -> tuple[Path, list[bytes]]:
-    """The model and JPEGs the reliability scripts use.
-
-    The model is ``model_dir`` if given, else ``smallcnn`` at 64 px, batch 8, fresh weights,
-    exported once into ``cache``: a small model on purpose, since the scripts test the server
-    (HTTP, validation, batching, decode, memory), not how fast two CPU cores run a ResNet. The
-    JPEGs are photo-like, 320x240, generated once into ``cache``.
-    """
-    from gpufeed.bench.loader import make_bench_images
-    from gpufeed.bench.server import export_bench_models
-
-    if model_dir is None:
-        model_dir = export_bench_models(Path(cache), "smallcnn", 64, 8, None)["batched"]
-    folder = make_bench_images(Path(cache), images, *size)
-    return model_dir, [p.read_bytes() for p in sorted((folder / "photos").glob("*.jpg"))]
 
 
 def _sample_rss(server, samples: list, stop: threading.Event, t0: float, every_s: float, bar) -> None:
@@ -67,8 +52,13 @@ def run_soak(
     device: str = "cpu",
     sample_every_s: float = 0.5,
     progress: bool = True,
-) -> dict:
-    """Serve ``model_dir``, drive it with ``clients`` connections for ``warmup_s + seconds``; return figures."""
+    max_growth: float = 0.10,
+) -> SoakReport:
+    """Serve ``model_dir``, drive it with ``clients`` connections for ``warmup_s + seconds``.
+
+    Returns:
+        The figures, judged with ``max_growth`` as the largest RSS growth that passes.
+    """
     import httpx
     from tqdm import tqdm
 
@@ -105,7 +95,7 @@ def run_soak(
     warm = int(np.median([rss for t, rss in samples if warmup_s <= t <= warmup_s + 2.0] or [samples[-1][1]]))
     end = int(np.median([rss for t, rss in samples if t >= samples[-1][0] - 2.0]))
     per_second = np.bincount(np.floor(result.done_s).astype(int), minlength=int(seconds))[: int(seconds)]
-    return {
+    figures = {
         "benchmark": "soak",
         "model": {
             "name": card.name,
@@ -132,48 +122,59 @@ def run_soak(
         "rss_samples": [(round(t, 2), r / MIB) for t, r in samples],
         "throughput_per_second": per_second.tolist(),
     }
+    return SoakReport(figures, max_growth)
 
 
-def soak_problems(result: dict, max_growth: float = 0.10) -> list[str]:
-    """What went wrong in a soak run (empty when it passed)."""
-    load, problems = result["load"], []
-    if load["ok"] == 0:
-        problems.append("no request succeeded")
-    if load["errors"]:
-        problems.append(f"{load['errors']} error(s): statuses {load['statuses']}, reasons {load['reasons']}")
-    if load["no_answer"]:
-        problems.append(f"{load['no_answer']} request(s) got no answer")
-    if result["rss_growth"] >= max_growth:
-        rss = result["rss_mib"]
-        problems.append(
-            f"RSS grew {result['rss_growth']:.1%} (>= {max_growth:.0%}): {rss['after_warmup']:.0f} -> {rss['at_end']:.0f} MiB"
-        )
-    if result["ready_after"] != 200:
-        problems.append(f"not ready after the run ({result['ready_after']})")
-    if result["exit_status"] != 0:
-        problems.append(f"exit status {result['exit_status']} after SIGTERM (expected 0)")
-    return problems
+@dataclass
+class SoakReport(ServerRunReport):
+    """A soak run's figures; it passes with no error, every request answered, RSS growth under
+    ``max_growth``, the server ready afterwards and exiting 0 on SIGTERM."""
 
+    max_growth: float = 0.10
 
-def print_soak_result(result: dict, max_growth: float = 0.10) -> None:
-    load, rss, model = result["load"], result["rss_mib"], result["model"]
-    print(
-        f"\nsoak: {result['clients']} clients x {result['seconds']:g} s (after {result['warmup_seconds']:g} s warm-up) "
-        f"against gpufeed serve, {model['architecture']} {model['size_px']} px batch {model['batch_size']} on "
-        f"{result['device']}, multipart JPEGs (median {result['image_bytes_median'] / 1024:.0f} KiB)"
-    )
-    print(
-        f"  requests: {load['ok']:,} ok, {load['errors']} errors, {load['no_answer']} unanswered; "
-        f"throughput {load['throughput_rps']:,.1f} req/s; latency p50 {load['p50_ms']:,.1f} ms, "
-        f"p99 {load['p99_ms']:,.1f} ms, max {result['max_latency_ms']:,.1f} ms"
-    )
-    print(
-        f"  server RSS: {rss['at_start']:.0f} MiB at start, {rss['after_warmup']:.0f} MiB after warm-up, "
-        f"{rss['at_end']:.0f} MiB at the end (growth {result['rss_growth']:+.1%}), peak {rss['peak']:.0f} MiB"
-    )
-    print(f"  after: ready {result['ready_after']}, exit status on SIGTERM {result['exit_status']}")
-    problems = soak_problems(result, max_growth)
-    print("  result: " + ("PASS" if not problems else "FAIL: " + "; ".join(problems)))
+    def checks(self) -> list[Check]:
+        result, load, rss = self.figures, self.figures["load"], self.figures["rss_mib"]
+        growth = result["rss_growth"]
+        return [
+            Check("a request succeeded", load["ok"] > 0, "no request succeeded"),
+            Check(
+                "no errors",
+                not load["errors"],
+                f"{load['errors']} error(s): statuses {load['statuses']}, reasons {load['reasons']}",
+            ),
+            Check("every request answered", not load["no_answer"], f"{load['no_answer']} request(s) got no answer"),
+            Check(
+                "RSS growth under max_growth",
+                growth < self.max_growth,
+                f"RSS grew {growth:.1%} (>= {self.max_growth:.0%}): {rss['after_warmup']:.0f} -> {rss['at_end']:.0f} MiB",
+            ),
+            Check(
+                "ready after the run",
+                result["ready_after"] == 200,
+                f"not ready after the run ({result['ready_after']})",
+            ),
+            Check(
+                "exit status 0 on SIGTERM",
+                result["exit_status"] == 0,
+                f"exit status {result['exit_status']} after SIGTERM (expected 0)",
+            ),
+        ]
+
+    def lines(self) -> list[str]:
+        result = self.figures
+        load, rss, model = result["load"], result["rss_mib"], result["model"]
+        return [
+            f"\nsoak: {result['clients']} clients x {result['seconds']:g} s (after {result['warmup_seconds']:g} s "
+            f"warm-up) against gpufeed serve, {model['architecture']} {model['size_px']} px batch "
+            f"{model['batch_size']} on {result['device']}, multipart JPEGs (median "
+            f"{result['image_bytes_median'] / 1024:.0f} KiB)",
+            f"  requests: {load['ok']:,} ok, {load['errors']} errors, {load['no_answer']} unanswered; "
+            f"throughput {load['throughput_rps']:,.1f} req/s; latency p50 {load['p50_ms']:,.1f} ms, "
+            f"p99 {load['p99_ms']:,.1f} ms, max {result['max_latency_ms']:,.1f} ms",
+            f"  server RSS: {rss['at_start']:.0f} MiB at start, {rss['after_warmup']:.0f} MiB after warm-up, "
+            f"{rss['at_end']:.0f} MiB at the end (growth {result['rss_growth']:+.1%}), peak {rss['peak']:.0f} MiB",
+            f"  after: ready {result['ready_after']}, exit status on SIGTERM {result['exit_status']}",
+        ]
 
 
 def plot_soak(result: dict, path: Path) -> Path:
@@ -205,23 +206,22 @@ def plot_soak(result: dict, path: Path) -> Path:
 
 
 def main_soak(args) -> int:
-    from gpufeed._files import write_json
-    from gpufeed.bench._serve_proc import quiet_http_logs
+    """``gpufeed bench soak``."""
 
-    quiet_http_logs()
-    model_dir, images = reliability_inputs(args.cache, args.model_dir)
-    result = run_soak(
-        model_dir,
-        images,
-        clients=args.clients,
-        seconds=args.seconds,
-        warmup_s=args.warmup_seconds,
-        overrides=tuple(args.overrides),
-        device=args.device,
-    )
-    print_soak_result(result, args.max_growth)
-    if args.json:
-        write_json(args.json, result)
-    if args.plot:
-        print(f"plot: {plot_soak(result, args.plot)}")
-    return 1 if soak_problems(result, args.max_growth) else 0
+    def run(model_dir: Path, images: list[bytes]) -> SoakReport:
+        return run_soak(
+            model_dir,
+            images,
+            clients=args.clients,
+            seconds=args.seconds,
+            warmup_s=args.warmup_seconds,
+            overrides=tuple(args.overrides),
+            device=args.device,
+            max_growth=args.max_growth,
+        )
+
+    def plot(report: SoakReport) -> None:
+        if args.plot:
+            print(f"plot: {plot_soak(report.figures, args.plot)}")
+
+    return main_run(args, run, after=plot)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpufeed._report import finish
+
 
 def _common(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument(
@@ -65,15 +67,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_disk)
 
 
-def _finish(report, args: argparse.Namespace) -> int:
-    from gpufeed._files import write_json
-
-    print(report.table())
-    if args.json:
-        write_json(args.json, report.to_dict())
-    return 0 if report.ok else 1
-
-
 def _kill_resume(args: argparse.Namespace) -> int:
     from gpufeed.reliability import run_kill_resume
 
@@ -86,16 +79,16 @@ def _kill_resume(args: argparse.Namespace) -> int:
         chunk_delay_ms=args.chunk_delay_ms,
         data=args.data,
     )
-    return _finish(report, args)
+    return finish(report, args.json)
 
 
 def _bad_data(args: argparse.Namespace) -> int:
     from gpufeed.reliability import run_bad_data
 
-    return _finish(run_bad_data(args.out, data=args.data), args)
+    return finish(run_bad_data(args.out, data=args.data), args.json)
 
 
 def _disk(args: argparse.Namespace) -> int:
     from gpufeed.reliability import run_disk_faults
 
-    return _finish(run_disk_faults(args.out, data=args.data), args)
+    return finish(run_disk_faults(args.out, data=args.data), args.json)

@@ -8,6 +8,7 @@
   and query it.
 * :func:`check_queries`: evaluate every query and report which error or return no data.
 * :func:`file_sd_groups`: training runs' ``metrics-rank<r>.addr`` files as Prometheus targets.
+* :func:`live_figures`: loader wait against compute and per-stage latency, read through PromQL.
 """
 
 from gpufeed.obs._contract import (
@@ -20,7 +21,7 @@ from gpufeed.obs._contract import (
     exported_series_names,
     metric_by_name,
 )
-from gpufeed.obs._demo import live_figures, run_obs_demo
+from gpufeed.obs._figures import live_figures
 from gpufeed.obs._prometheus import (
     LocalPrometheus,
     PrometheusAPI,
@@ -92,7 +93,6 @@ __all__ = [
     "read_metrics_addresses",
     "rule_health_problems",
     "rule_queries",
-    "run_obs_demo",
     "scrape_job",
     "stack_scrape_configs",
     "substitute",

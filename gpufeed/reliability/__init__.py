@@ -7,7 +7,10 @@
 * :func:`run_disk_faults`: unwritable and full run folders, and a disk filling up mid-run
   (``... disk``).
 
-Each returns a report with ``table()`` (the figures), ``to_dict()`` and ``ok``.
+Each returns a report in the shape of every run that passes or fails
+(:class:`gpufeed._report.Checklist`, which the server's load runs in ``gpufeed.bench`` share):
+``table()`` (the figures, ending with the verdict), ``checks()``, ``problems()``, ``ok`` and
+``to_dict()``.
 """
 
 from gpufeed.reliability.bad_data import BadDataReport, BadDataset, CaseResult, run_bad_data, write_bad_dataset

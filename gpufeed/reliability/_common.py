@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -138,18 +138,3 @@ class LogCapture(logging.Handler):
 
     def __exit__(self, *exc) -> None:
         logging.getLogger("gpufeed").removeHandler(self)
-
-
-class Checklist:
-    """A report (a dataclass) whose verdict is a list of named expectations, all of which must hold."""
-
-    def checks(self) -> list[tuple[str, bool]]:
-        """Each expectation, and whether it held."""
-        raise NotImplementedError
-
-    @property
-    def ok(self) -> bool:
-        return all(passed for _, passed in self.checks())
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "checks": dict(self.checks()), "ok": self.ok}

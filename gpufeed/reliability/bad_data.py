@@ -37,9 +37,9 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufeed._report import Checklist
 from gpufeed._text import format_table
 from gpufeed.reliability._common import (
-    Checklist,
     LogCapture,
     ensure_synth,
     run_cli,
@@ -210,8 +210,7 @@ class BadDataReport(Checklist):
             rows.append([c.name, c.status, outcome, c.steps, metric, f"{c.seconds:.1f}"])
         lines.append(format_table(["case", "exit", "outcome", "steps", "skipped metric", "seconds"], rows))
         lines += [f"{c.name}: {c.error or c.summary_line}" for c in self.cases]
-        failed = [what for what, passed in self.checks() if not passed]
-        lines.append("PASS" if not failed else "FAIL: " + "; ".join(failed))
+        lines.append(self.verdict())
         return "\n".join(lines)
 
 

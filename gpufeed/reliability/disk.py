@@ -36,11 +36,11 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpufeed._report import Checklist
 from gpufeed._text import format_table
 from gpufeed.config import load_config
 from gpufeed.models import create_model, list_checkpoints
 from gpufeed.reliability._common import (
-    Checklist,
     ensure_synth,
     run_cli,
     step_records,
@@ -141,8 +141,7 @@ class DiskReport(Checklist):
                 f"{mid.resume_status} having logged steps {_span(mid.resumed_steps)}"
             )
         lines += [f"{name}: not run ({why})" for name, why in self.not_run.items()]
-        failed = [what for what, passed in self.checks() if not passed]
-        lines.append("PASS" if not failed else "FAIL: " + "; ".join(failed))
+        lines.append(self.verdict())
         return "\n".join(lines)
 
 

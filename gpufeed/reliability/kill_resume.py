@@ -35,9 +35,10 @@ import signal
 import statistics
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufeed._report import Checklist
 from gpufeed._text import format_table
 from gpufeed.config import load_config
 from gpufeed.models import list_checkpoints
@@ -115,7 +116,7 @@ class Kill:
 
 
 @dataclass
-class KillResumeReport:
+class KillResumeReport(Checklist):
     """The figures of a kill-and-resume run (see the module docs)."""
 
     num_steps: int
@@ -137,19 +138,15 @@ class KillResumeReport:
         """(loaded, on disk) summed over every kill."""
         return sum(k.loaded for k in self.kills), sum(len(k.checkpoints) for k in self.kills)
 
-    @property
-    def ok(self) -> bool:
+    def checks(self) -> list[tuple[str, bool]]:
+        """Each expectation of the module docs, and whether it held."""
         loaded, total = self.checkpoint_loads
-        return (
-            self.completed
-            and self.final_step == self.num_steps
-            and loaded == total
-            and self.max_weight_diff <= self.tolerance
-            and self.steps_logged == list(range(1, self.num_steps + 1))
-        )
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "ok": self.ok}
+        return [
+            ("the killed run completed every step", self.completed and self.final_step == self.num_steps),
+            ("every checkpoint left by a kill loads", loaded == total),
+            ("final weights match the uninterrupted run", self.max_weight_diff <= self.tolerance),
+            ("every step logged once, in order", self.steps_logged == list(range(1, self.num_steps + 1))),
+        ]
 
     def table(self) -> str:
         rows = [
@@ -177,7 +174,7 @@ class KillResumeReport:
             f"{self.tolerance:g}); optimizer moments {self.max_moment_diff:.3g}; per-step losses "
             f"{self.max_loss_diff:.3g} over {len(self.steps_logged)} logged steps",
             f"wall time: uninterrupted {self.reference_s:.1f} s, killed and resumed {self.killed_run_s:.1f} s",
-            "PASS" if self.ok else "FAIL",
+            self.verdict(),
         ]
         return "\n".join(lines)
 

@@ -11,7 +11,6 @@ back through PromQL exactly as the Grafana panels read them.
 from __future__ import annotations
 
 import contextlib
-import math
 import subprocess
 import tempfile
 import time
@@ -19,15 +18,26 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpufeed._text import format_table
-from gpufeed.obs._prometheus import PrometheusAPI, PrometheusNotFoundError, find_prometheus_binary
-from gpufeed.obs._queries import load_queries
-from gpufeed.obs._verify import check_queries, find_stack_dir
+from gpufeed.obs import (
+    PrometheusNotFoundError,
+    check_queries,
+    find_prometheus_binary,
+    find_stack_dir,
+    live_figures,
+    load_queries,
+)
 from gpufeed.obs._watch import stack_prometheus
 
-__all__ = ["live_figures", "run_obs_demo"]
+__all__ = ["run_obs_demo"]
 
 
 def _promtool_checks(stack: Path) -> list[list[str]]:
+    """Rows (check, result, detail) of promtool on the stack's config, rules and rule tests.
+
+    Raises:
+        PrometheusNotFoundError: promtool is not installed.
+        SystemExit: A check fails (promtool's output is in the message).
+    """
     promtool = str(find_prometheus_binary("promtool"))
     prom_dir = stack / "prometheus"
     rules = sorted(str(p.relative_to(prom_dir)) for p in (prom_dir / "rules").glob("*.yml"))
@@ -42,32 +52,6 @@ def _promtool_checks(stack: Path) -> list[list[str]]:
         rows.append([f"promtool {what}", "ok" if proc.returncode == 0 else "FAILED", f"{len(args) - 2} file(s)"])
         if proc.returncode != 0:
             raise SystemExit(f"promtool {what} failed:\n{proc.stdout}{proc.stderr}")
-    return rows
-
-
-def _value(api: PrometheusAPI, expr: str) -> dict[str, float]:
-    out = {}
-    for series in api.query(expr):
-        labels = ",".join(f"{k}={v}" for k, v in sorted(series["metric"].items()) if k != "__name__")
-        out[labels] = float(series["value"][1])
-    return out
-
-
-def live_figures(api: PrometheusAPI) -> list[list]:
-    """Rows (figure, labels, value) of loader-vs-compute and per-stage latency, read through PromQL."""
-    rows = []
-    for title, expr, scale, unit in (
-        ("loader-bound share", "rank:gpufeed_train_loader_bound:ratio_rate1m", 100, "%"),
-        ("train p50", "rank_phase:gpufeed_train_seconds:p50_rate1m", 1000, "ms"),
-        ("train p95", "rank_phase:gpufeed_train_seconds:p95_rate1m", 1000, "ms"),
-        ("samples/s", "rank:gpufeed_train_samples:rate1m", 1, "/s"),
-        ("server stage p50", "model_stage:gpufeed_server_stage_seconds:p50_rate1m", 1000, "ms"),
-        ("server stage p99", "model_stage:gpufeed_server_stage_seconds:p99_rate1m", 1000, "ms"),
-        ("requests/s", "model:gpufeed_server_requests:rate1m", 1, "/s"),
-    ):
-        for labels, value in sorted(_value(api, expr).items()):
-            shown = f"{value * scale:,.1f} {unit}" if math.isfinite(value) else "n/a"
-            rows.append([title, labels, shown])
     return rows
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpufeed._schema import to_mapping
 from gpufeed.config import Config, parse_config
+from gpufeed.demo._base import banner
 from gpufeed.train.report import draw_report
 from gpufeed.train.session import train
 
@@ -36,8 +37,17 @@ def demo_train_config(cfg: Config, model: str = "resnet18") -> Config:
 
 
 def run_train_demo(out: str | Path, cfg: Config, model: str = "resnet18") -> Path:
-    """Train ``model`` into ``out/train-<model>`` (replacing an earlier demo run); return the run folder."""
-    print(f"\n== training {model}", flush=True)
+    """Train ``model`` into ``out/train-<model>``, replacing an earlier demo run.
+
+    Args:
+        out: The demo's run folder.
+        cfg: The demo's config (:func:`gpufeed.demo.demo_config`).
+        model: A registered model name (``resnet18``, ``clip_resnet18``).
+
+    Returns:
+        The training run folder, which holds the checkpoint the serving stage exports.
+    """
+    banner(f"training {model}")
     run_dir = Path(out) / f"train-{model}"
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a demo run starts fresh every time

@@ -15,29 +15,21 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DEMO_MODEL_NAME", "run_serve_demo", "untrained_checkpoint"]
+from gpufeed.config import Config
+from gpufeed.device import DeviceChoice
+from gpufeed.models import export_model
+from gpufeed.pipelines import ImageDataset
+from gpufeed.server import start_server
+from gpufeed.server._report import stage_latency_table
+
+__all__ = ["DEMO_MODEL_NAME", "run_serve_demo"]
 
 DEMO_MODEL_NAME = "classifier"
 
 
-def untrained_checkpoint(out: Path, classes: tuple[str, ...], size_px: int, architecture: str = "resnet18") -> Path:
-    """A checkpoint of a freshly initialised model, written as training writes one.
-
-    Stands in until the training stage hands the demo its trained checkpoint.
-    """
-    import torch
-
-    from gpufeed.models import checkpoint_path, create_model, model_state
-
-    torch.manual_seed(0)
-    model = create_model(architecture, num_classes=len(classes), size_px=size_px, labels=tuple(classes))
-    path = checkpoint_path(Path(out) / "untrained", 0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({**model_state(model), "step": 0}, path)
-    return path
-
-
-def run_serve_demo(cfg, out: str | Path, device, checkpoint: str | Path, batch_size: int = 8) -> dict:
+def run_serve_demo(
+    cfg: Config, out: str | Path, device: DeviceChoice, checkpoint: str | Path, batch_size: int = 8
+) -> dict:
     """Export ``checkpoint``, serve it, classify the evaluation images two ways, print the stage table.
 
     Args:
@@ -45,17 +37,14 @@ def run_serve_demo(cfg, out: str | Path, device, checkpoint: str | Path, batch_s
         out: The demo's run folder.
         device: :class:`gpufeed.device.DeviceChoice`.
         checkpoint: A checkpoint file or a run folder.
+        batch_size: The exported model's batch size.
 
     Returns:
-        Figures: images classified, agreement between the two protocols, accuracy, requests/s.
+        Figures: ``images`` classified, ``agreement`` of the two protocols' top-1 labels, top-1 ``accuracy``.
     """
+    # The clients are the ``demo`` extra, which the command checks for before the demo starts.
     import httpx
     import tritonclient.http as triton
-
-    from gpufeed.models import export_model
-    from gpufeed.pipelines import ImageDataset
-    from gpufeed.server._launch import start_server
-    from gpufeed.server._report import stage_latency_table
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request drowns the report
     out = Path(out)

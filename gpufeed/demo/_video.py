@@ -1,6 +1,6 @@
 """The demo's clip stage: random training clips, every evaluation clip verified, one video in order.
 
-Called at the end of :func:`gpufeed.demo.run_demo` on the synthetic videos (``video.train`` and
+Called after the image stages of :func:`gpufeed.demo.run_demo` on the synthetic videos (``video.train`` and
 ``video.val`` of the demo config). Every frame of the synthetic videos carries (frame index,
 video id) in its pixels, so the stage proves that each clip holds exactly the frames it names.
 """
@@ -9,17 +9,31 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
+from gpufeed.config import Config
+from gpufeed.demo._base import banner
+from gpufeed.device import DeviceChoice
+from gpufeed.pipelines import ClipLoader, VideoFrameReader
+from gpufeed.synth import read_tag
+
 __all__ = ["run_clip_demo"]
 
 
-def run_clip_demo(cfg, choice) -> dict:
-    """Read clips with :class:`gpufeed.pipelines.ClipLoader` and verify them; return the figures."""
-    import numpy as np
+def run_clip_demo(cfg: Config, choice: DeviceChoice) -> dict:
+    """Read clips with :class:`gpufeed.pipelines.ClipLoader` and verify them.
 
-    from gpufeed.pipelines import ClipLoader, VideoFrameReader
-    from gpufeed.synth import read_tag
+    Args:
+        cfg: The demo's config (its ``video`` section names the synthetic videos).
+        choice: The device the loaders run on.
 
-    print("\n== clip loader", flush=True)
+    Returns:
+        Figures: ``train_clips_per_second`` and ``eval_clips_verified``.
+
+    Raises:
+        SystemExit: A clip holds frames or labels other than those it names.
+    """
+    banner("clip loader")
     train = ClipLoader.from_config(cfg, train=True, device=choice)
     print(f"decoder: {train.source} ({train.decoder_reason})")
     start, clips = time.perf_counter(), 0

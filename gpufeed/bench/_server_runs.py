@@ -1,0 +1,81 @@
+"""What the server's fault and load runs share: their inputs, their report shape and their command.
+
+``bench soak``, ``bench overload``, ``bench drain`` and ``bench fuzz`` each drive a real
+``gpufeed serve`` and return a :class:`ServerRunReport`: the run's figures (the dict its JSON
+holds) and the expectations they must meet, in the one shape of every run that passes or fails
+(:class:`gpufeed._report.Checklist`, which the reliability runs use too). :func:`main_run` is the
+command around each of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufeed._report import Checklist, finish
+from gpufeed.bench._serve_proc import quiet_http_logs
+from gpufeed.bench.loader import make_bench_images
+from gpufeed.bench.server import export_bench_models
+
+__all__ = ["ServerRunReport", "main_run", "reliability_inputs"]
+
+
+def reliability_inputs(
+    cache: Path, model_dir: Path | None = None, images: int = 32, size: tuple[int, int] = (320, 240)
+) -> tuple[Path, list[bytes]]:
+    """The model and JPEGs the reliability scripts use.
+
+    The model is ``model_dir`` if given, else ``smallcnn`` at 64 px, batch 8, fresh weights,
+    exported once into ``cache``: a small model on purpose, since the scripts test the server
+    (HTTP, validation, batching, decode, memory), not how fast two CPU cores run a ResNet. The
+    JPEGs are photo-like, 320x240, generated once into ``cache``.
+    """
+    if model_dir is None:
+        model_dir = export_bench_models(Path(cache), "smallcnn", 64, 8, None)["batched"]
+    folder = make_bench_images(Path(cache), images, *size)
+    return model_dir, [p.read_bytes() for p in sorted((folder / "photos").glob("*.jpg"))]
+
+
+@dataclass
+class ServerRunReport(Checklist):
+    """A server run's figures and the expectations they must meet.
+
+    Attributes:
+        figures: What the run measured, as its JSON holds it (``to_dict`` adds ``checks`` and ``ok``).
+    """
+
+    figures: dict
+
+    def lines(self) -> list[str]:
+        """The figures as printed, one line each, before the verdict."""
+        raise NotImplementedError
+
+    def table(self) -> str:
+        return "\n".join([*self.lines(), "  result: " + self.verdict()])
+
+    def to_dict(self) -> dict:
+        # The figures stay at the top level, where the JSON has always had them.
+        return {**self.figures, "checks": {c.name: c.passed for c in self._checks()}, "ok": self.ok}
+
+
+def main_run(
+    args, run: Callable[[Path, list[bytes]], ServerRunReport], after: Callable[[ServerRunReport], None] | None = None
+) -> int:
+    """The command around a server run: its inputs, the run, the report printed and written.
+
+    Args:
+        args: The command's arguments (``cache``, ``model_dir``, ``json``).
+        run: Runs against the model folder and JPEGs, and returns the report.
+        after: Called with the report once it is printed (a plot, say).
+
+    Returns:
+        The exit status: 1 when an expectation failed.
+    """
+    quiet_http_logs()
+    model_dir, images = reliability_inputs(args.cache, args.model_dir)
+    report = run(model_dir, images)
+    status = finish(report, args.json)
+    if after is not None:
+        after(report)
+    return status
