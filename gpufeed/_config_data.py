@@ -44,7 +44,7 @@ class DataConfig:
     classes: tuple[str, ...] | None = option(
         None, doc="class names in label order; default: sorted class folders or classes.txt"
     )
-    # The same default as serve.max_image_pixels (gpufeed.pipelines.DEFAULT_MAX_IMAGE_PIXELS).
+    # The same default as serve.max_image_pixels (gpufeed.pipelines._image_facts.DEFAULT_MAX_IMAGE_PIXELS).
     max_image_pixels: int = option(
         40_000_000,
         ge=1,

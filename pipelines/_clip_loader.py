@@ -12,7 +12,7 @@ Usage::
     state = loader.state_dict()         # resume exactly here with load_state_dict
 
 Which clips an epoch holds is decided by :class:`gpufeed.pipelines._clips.ClipTable` and
-:func:`gpufeed.pipelines.plan_epoch` (order, shards, last batch), so every decoder reads the same
+:func:`gpufeed.pipelines._sampler.plan_epoch` (order, shards, last batch), so every decoder reads the same
 clips for the same seed. The pipeline (and the PyAV worker processes) is built once and reads
 epoch after epoch (see :mod:`gpufeed.pipelines._epochs`); ``loader.pipeline_builds`` counts builds.
 """

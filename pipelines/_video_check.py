@@ -7,7 +7,7 @@ missing, malformed, or whose row count does not match the frame count. As warnin
 loaders read them, exactly): a variable frame rate (frames are numbered in presentation order,
 which may not be how the labels were made) and pixel formats NVIDIA's decoder (NVDEC) does not
 take, which on a GPU need ``video.decoder: pyav`` or ``gpufeed prepare``. Label CSVs without a
-video and other files are listed as ignored. Registered in :data:`gpufeed.pipelines.CHECKERS`,
+video and other files are listed as ignored. Registered in :data:`gpufeed.pipelines._check.CHECKERS`,
 so ``gpufeed check DIR`` on a ``gpufeed synth`` folder checks ``videos/`` too.
 """
 

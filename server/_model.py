@@ -100,7 +100,7 @@ class ServedModel:
     """
 
     def __init__(self, name: str, model_dir: Path, card: ModelCard, cfg, device, metrics: ServerMetrics) -> None:
-        from gpufeed.pipelines import default_num_threads
+        from gpufeed.pipelines._epochs import default_num_threads
 
         self.name, self.dir, self.card, self.cfg, self.metrics = name, Path(model_dir), card, cfg, metrics
         self.ready = False

@@ -17,16 +17,8 @@ from videohelp import decode_all, frame_tags, write_odd_video
 
 from gpufeed.config import LoaderConfig, VideoConfig
 from gpufeed.device import DeviceChoice
-from gpufeed.pipelines import (
-    BadSampleError,
-    ClipDecoder,
-    ClipLoader,
-    DatasetError,
-    PrepareOptions,
-    VideoDataset,
-    VideoRef,
-    prepare_videos,
-)
+from gpufeed.pipelines import BadSampleError, ClipLoader, DatasetError, PrepareOptions, VideoDataset, prepare_videos
+from gpufeed.pipelines._pyav import ClipDecoder, VideoRef
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -13,8 +13,9 @@ from PIL import Image, ImageOps
 
 from gpufeed._config_data import DataConfig
 from gpufeed._config_serve import ServeConfig
-from gpufeed.pipelines import DEFAULT_MAX_IMAGE_PIXELS, decode_problem, read_image_facts
 from gpufeed.pipelines import _image_verify as verify
+from gpufeed.pipelines import decode_problem, read_image_facts
+from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 
 pytestmark = pytest.mark.timeout(300)
 

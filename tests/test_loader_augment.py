@@ -21,12 +21,10 @@ from gpufeed.pipelines import (
     ImageLoader,
     LoaderAugment,
     VideoDataset,
-    colour_coefficients,
-    colour_matrices,
-    hash_uniforms,
     reference_augment,
-    train_windows,
 )
+from gpufeed.pipelines._augment import colour_coefficients, colour_matrices
+from gpufeed.pipelines._windows import hash_uniforms, train_windows
 
 pytestmark = pytest.mark.timeout(300)
 

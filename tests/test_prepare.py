@@ -11,7 +11,8 @@ import av
 import pytest
 from videohelp import decode_all, write_odd_video
 
-from gpufeed.pipelines import DatasetError, PrepareOptions, VideoDataset, prepare_videos, probe_video
+from gpufeed.pipelines import DatasetError, PrepareOptions, VideoDataset, prepare_videos
+from gpufeed.pipelines._videos import probe_video
 from gpufeed.synth import read_tag
 
 pytestmark = pytest.mark.timeout(300)

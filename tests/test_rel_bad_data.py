@@ -10,7 +10,8 @@ import pytest
 
 from gpufeed.config import LoaderConfig, describe_config
 from gpufeed.device import DeviceChoice
-from gpufeed.pipelines import DatasetError, ImageDataset, ImageLoader, read_quarantine
+from gpufeed.pipelines import DatasetError, ImageDataset, ImageLoader
+from gpufeed.pipelines._quarantine import read_quarantine
 from gpufeed.reliability import run_bad_data
 
 CPU = DeviceChoice("cpu", None, "test")

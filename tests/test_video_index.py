@@ -8,15 +8,10 @@ import numpy as np
 import pytest
 from videohelp import write_odd_video
 
-from gpufeed.pipelines import (
-    ClipGeometry,
-    ClipTable,
-    DatasetError,
-    VideoDataset,
-    choose_decoder,
-    probe_video,
-    read_label_csv,
-)
+from gpufeed.pipelines import DatasetError, VideoDataset
+from gpufeed.pipelines._clip_loader import choose_decoder
+from gpufeed.pipelines._clips import ClipGeometry, ClipTable
+from gpufeed.pipelines._videos import probe_video, read_label_csv
 from gpufeed.synth import SynthSpec
 
 

@@ -181,7 +181,7 @@ def run_augment_bench(
     from gpufeed.bench._augment_graph import GraphTimer, graph_variants
     from gpufeed.config import AugmentConfig
     from gpufeed.device import resolve_device
-    from gpufeed.pipelines import default_num_threads
+    from gpufeed.pipelines._epochs import default_num_threads
     from gpufeed.train.augment import build_augmenter, plan_augmentation
     from gpufeed.train.optim import resolve_amp
 

@@ -309,7 +309,7 @@ def run_clip_bench(args) -> dict:
     ratios are medians of per-round ratios, which cancels most of a shared machine's drift.
     """
     from gpufeed.device import resolve_device
-    from gpufeed.pipelines import default_num_threads
+    from gpufeed.pipelines._epochs import default_num_threads
 
     choice = resolve_device(args.device)
     args.workers = args.workers or default_num_threads()

@@ -189,7 +189,7 @@ def run_server_bench(
 
     from gpufeed.device import resolve_device
     from gpufeed.models import read_model_card
-    from gpufeed.pipelines import default_num_threads
+    from gpufeed.pipelines._epochs import default_num_threads
 
     choice = resolve_device(device)
     threads = default_num_threads()

@@ -76,7 +76,7 @@ class _Run:
 
     def __init__(self, args) -> None:
         from gpufeed.device import resolve_device
-        from gpufeed.pipelines import default_num_threads
+        from gpufeed.pipelines._epochs import default_num_threads
         from gpufeed.train.optim import resolve_amp
 
         self.task_name = args.task
@@ -98,7 +98,8 @@ class _Run:
 
     # -- data -----------------------------------------------------------------------------------
     def _images(self, args) -> None:
-        from gpufeed.pipelines import ImageDataset, plan_epoch
+        from gpufeed.pipelines import ImageDataset
+        from gpufeed.pipelines._sampler import plan_epoch
         from gpufeed.train.tasks import ImageTask
 
         if args.data:

@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from gpufeed.config import AUGMENT_OPS, LOADER_AUGMENT_OPS, AugmentConfig
-from gpufeed.pipelines import ColourJitter, LoaderAugment, colour_coefficients
-from gpufeed.pipelines._augment import BASIS, DRAWS
+from gpufeed.pipelines import ColourJitter, LoaderAugment
+from gpufeed.pipelines._augment import BASIS, DRAWS, colour_coefficients
 
 __all__ = [
     "AugmentPlan",
@@ -102,7 +102,7 @@ class FusedColour(nn.Module):
     """Colour jitter and/or grayscale in one batched pass: the loader's colour matrix, drawn with torch.
 
     The parameters of each sample (apply-or-not and magnitudes) come from ``torch.rand`` on the
-    pixels' device through :func:`gpufeed.pipelines.colour_coefficients`, the formula the DALI
+    pixels' device through :func:`gpufeed.pipelines._augment.colour_coefficients`, the formula the DALI
     graph uses, so the two places differ only in where their random numbers come from.
     """
 
