@@ -9,6 +9,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -48,9 +50,10 @@ def _python_api_section() -> str:
     return text[start : text.index("\n## ", start + 1)]
 
 
-def test_every_public_name_of_pipelines_is_in_the_python_api_section():
+@pytest.mark.parametrize("package", ["pipelines", "models", "gpufeed/train"])
+def test_every_public_name_is_in_the_python_api_section(package):
     section = _python_api_section()
-    names = _public_names(README.parent / "pipelines" / "__init__.py")
-    assert names, "pipelines/__init__.py has an __all__"
+    names = _public_names(README.parent / package / "__init__.py")
+    assert names, f"{package}/__init__.py has an __all__"
     missing = [n for n in names if not re.search(rf"^- `{n}[(.`]", section, re.M)]
     assert not missing, f"public names without a line in the README's Python API section: {missing}"

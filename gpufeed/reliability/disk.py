@@ -38,7 +38,8 @@ from pathlib import Path
 
 from gpufeed._text import format_table
 from gpufeed.config import load_config
-from gpufeed.models import create_model, list_checkpoints
+from gpufeed.models import create_model
+from gpufeed.models._io import list_checkpoints
 from gpufeed.reliability._common import (
     Checklist,
     ensure_synth,
