@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gpufeed._schema import ConfigError, option
+from gpufeed._schema import ConfigError, check_ranges, option
 
 __all__ = ["DataConfig", "DatasetConfig", "ImagePipelineConfig", "LoaderConfig", "VideoConfig"]
 
@@ -72,10 +72,7 @@ class ImagePipelineConfig:
     eval_crop_fraction: float = option(0.875, gt=0.0, le=1.0, doc="centre crop / resized side")
 
     def __post_init__(self) -> None:
-        for name in ("crop_area", "crop_aspect_ratio"):
-            lo, hi = getattr(self, name)
-            if lo > hi:
-                raise ConfigError(name, f"range {[lo, hi]} is empty: the first value must be <= the second")
+        check_ranges(self, "crop_area", "crop_aspect_ratio")
 
 
 @dataclass(frozen=True)

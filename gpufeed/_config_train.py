@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from gpufeed._schema import ConfigError, option
+from gpufeed._schema import ConfigError, check_ranges, option
 
 __all__ = ["AUGMENT_OPS", "LOADER_AUGMENT_OPS", "AugmentConfig", "ModelConfig", "TelemetryConfig", "TrainConfig"]
 
@@ -108,8 +108,7 @@ class GaussianBlurConfig:
     def __post_init__(self) -> None:
         if self.kernel_size_px % 2 == 0:
             raise ConfigError("kernel_size_px", f"value {self.kernel_size_px} must be odd")
-        if self.sigma[0] > self.sigma[1]:
-            raise ConfigError("sigma", f"range {list(self.sigma)} is empty: the first value must be <= the second")
+        check_ranges(self, "sigma")
 
 
 @dataclass(frozen=True)
@@ -131,10 +130,7 @@ class ErasingConfig:
     ratio: tuple[float, float] = option((0.3, 3.3), gt=0.0, doc="range of the erased rectangle's aspect ratio")
 
     def __post_init__(self) -> None:
-        for name in ("scale", "ratio"):
-            lo, hi = getattr(self, name)
-            if lo > hi:
-                raise ConfigError(name, f"range {[lo, hi]} is empty: the first value must be <= the second")
+        check_ranges(self, "scale", "ratio")
 
 
 @dataclass(frozen=True)

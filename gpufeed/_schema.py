@@ -47,6 +47,25 @@ def option(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def check_ranges(section: Any, *names: str) -> None:
+    """Reject a ``(low, high)`` field whose low end is above its high end.
+
+    Bounds on each end are checked by :func:`from_mapping`; the order of the two ends is not a
+    bound, so a section's ``__post_init__`` calls this for its range fields.
+
+    Args:
+        section: The config dataclass being built.
+        names: Its ``(low, high)`` fields.
+
+    Raises:
+        ConfigError: A range is empty; the key is the field's name.
+    """
+    for name in names:
+        lo, hi = getattr(section, name)
+        if lo > hi:
+            raise ConfigError(name, f"range {[lo, hi]} is empty: the first value must be <= the second")
+
+
 def _describe_type(tp: Any) -> str:
     origin = get_origin(tp)
     if origin is Literal:

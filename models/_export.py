@@ -268,7 +268,7 @@ def export_model(
         source: A checkpoint file or a run folder (see :func:`gpufeed.models.find_checkpoint`).
         out_dir: The model folder to write (created; an earlier export there is replaced).
         batch_size: The largest batch size N; alone, the sizes are
-            :func:`~gpufeed.models.default_batch_sizes` of it (8: 1, 2, 4, 8).
+            :func:`~gpufeed.models._card.default_batch_sizes` of it (8: 1, 2, 4, 8).
         batch_sizes: Every batch size to run the graph at, strictly ascending (``[8]``: one
             graph fixed at 8). Default: from ``batch_size``, else 1, 2, 4, 8.
         precision: ``fp32`` or ``fp16``.

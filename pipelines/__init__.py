@@ -4,9 +4,11 @@ Images: :class:`ImageDataset` indexes a split, :class:`ImageLoader` yields :clas
 (uint8 NCHW channels_last images, labels, sample ids) decoded on the GPU with nvJPEG, or on the
 CPU. Videos: :class:`VideoDataset` indexes a folder of videos and label CSVs, :class:`ClipLoader`
 yields :class:`ClipBatch` (uint8 (N, 3, T, S, S) clips, per-frame and centre labels) decoded on
-NVDEC, or on the CPU; :class:`VideoFrameReader` reads whole videos in order. Both loaders can
-apply colour jitter, grayscale and flips inside their DALI graph (:class:`LoaderAugment`),
-deterministic per (seed, epoch, sample). :func:`check_path` finds bad files before training.
+NVDEC, or on the CPU; :class:`VideoFrameReader` reads whole videos in order, as :class:`FrameChunk`.
+Both loaders can apply colour jitter, grayscale and flips inside their DALI graph
+(:class:`LoaderAugment`, :class:`ColourJitter`), deterministic per (seed, epoch, sample).
+:func:`check_path` finds bad files before training; :func:`read_image_facts` and
+:func:`decode_problem` judge one image; :func:`prepare_videos` re-encodes videos for fast seeks.
 
 Only what users call is exported here (each name is in the README's Python API section);
 everything else lives in the private modules, which gpufeed's own packages import directly.
@@ -14,51 +16,48 @@ everything else lives in the private modules, which gpufeed's own packages impor
 Each loader builds its DALI pipeline once and reads epoch after epoch through it. A pipeline
 failure is a :class:`BadSampleError` when files are to blame (named), a :class:`PipelineError`
 (DALI's own message and the likely cause) when none is.
+
+Only what users call is exported here, each name listed in the README's Python API section;
+samplers, hash helpers, checker tables and the rest live in the private ``_*`` modules, which the
+other gpufeed packages import directly.
 """
 
-# Imported for its side effect: it registers the video checker that check_path uses for video folders.
-from gpufeed.pipelines import _video_check  # noqa: F401
 from gpufeed.pipelines._augment import ColourJitter, LoaderAugment, reference_augment
-from gpufeed.pipelines._check import CheckReport, Finding, check_path
+from gpufeed.pipelines._check import check_path
 from gpufeed.pipelines._clip_loader import ClipBatch, ClipLoader
 from gpufeed.pipelines._dataset import ImageDataset
 from gpufeed.pipelines._errors import BadSampleError, DatasetError, PipelineError
 from gpufeed.pipelines._frames import FrameChunk, VideoFrameReader
-from gpufeed.pipelines._image_facts import ImageFacts, read_image_facts
+from gpufeed.pipelines._image_facts import read_image_facts
 from gpufeed.pipelines._image_verify import decode_problem
 from gpufeed.pipelines._loader import ImageBatch, ImageLoader
-from gpufeed.pipelines._prepare import PrepareOptions, PrepareReport, prepare_videos
+from gpufeed.pipelines._prepare import PrepareOptions, prepare_videos
 from gpufeed.pipelines._videos import VideoDataset
-from gpufeed.pipelines._waits import EpochWaits, measure_epoch_waits
-from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
+from gpufeed.pipelines._waits import measure_epoch_waits
+
+# Imported for its side effect: it adds the video checker to check_path's table, so every use of
+# gpufeed.pipelines (any of its modules imports this package first) checks videos too.
+from gpufeed.pipelines import _video_check  # noqa: F401  # isort: skip
 
 __all__ = [
     "BadSampleError",
-    "CheckReport",
     "ClipBatch",
     "ClipLoader",
     "ColourJitter",
     "DatasetError",
-    "EpochWaits",
-    "Finding",
     "FrameChunk",
     "ImageBatch",
     "ImageDataset",
-    "ImageFacts",
     "ImageLoader",
     "LoaderAugment",
     "PipelineError",
     "PrepareOptions",
-    "PrepareReport",
     "VideoDataset",
     "VideoFrameReader",
-    "Windows",
     "check_path",
     "decode_problem",
-    "eval_windows",
     "measure_epoch_waits",
     "prepare_videos",
     "read_image_facts",
     "reference_augment",
-    "train_windows",
 ]

@@ -1,4 +1,5 @@
-"""Where per-dataset indexes are cached: beside the data, or in the user cache when read-only."""
+"""What the image and video indexes share: where they are cached (beside the data, or in the user
+cache when that is read-only), and which of their ids are usable."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gpufeed._files import write_json
 
-__all__ = ["index_cache_path", "read_json_cache", "write_json_atomic"]
+__all__ = ["index_cache_path", "read_json_cache", "usable_ids", "write_json_atomic"]
 
 CACHE_DIR_NAME = ".gpufeed"
 
@@ -48,3 +52,10 @@ def write_json_atomic(path: Path, document: Any) -> None:
     """
     with contextlib.suppress(OSError):
         write_json(path, document, compact=True, atomic=True)
+
+
+def usable_ids(count: int, problems: Iterable[int]) -> np.ndarray:
+    """Ids ``0 .. count - 1`` of an index's entries, less those with a recorded problem, ascending."""
+    ok = np.ones(count, dtype=bool)
+    ok[list(problems)] = False
+    return np.flatnonzero(ok)

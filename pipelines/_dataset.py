@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.pipelines._cache import index_cache_path, read_json_cache, write_json_atomic
+from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
 
@@ -84,9 +84,7 @@ class ImageDataset:
     @property
     def usable_ids(self) -> np.ndarray:
         """Sample ids of the files that can be decoded and have a known label."""
-        ok = np.ones(len(self.paths), dtype=bool)
-        ok[list(self.problems)] = False
-        return np.flatnonzero(ok)
+        return usable_ids(len(self.paths), self.problems)
 
     @classmethod
     def from_folder(

@@ -180,7 +180,7 @@ def decode_window(
         encoded: Encoded JPEG/PNG bytes (CPU).
         anchor, shape: int32 (x, y) and (w, h) of the window in source pixels (CPU).
         roi_start, roi_end: float (y, x) resize ROI over the window; a reversed x range mirrors
-            (see :meth:`gpufeed.pipelines.Windows.roi`).
+            (see :meth:`gpufeed.pipelines._windows.Windows.roi`).
         size_px: Output height and width.
         on_gpu: Decode with nvJPEG (``device="mixed"``) and resize on the GPU.
         gpu_options: Extra arguments of the ``mixed`` decoder (:func:`gpu_decoder_options`);

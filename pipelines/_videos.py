@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.pipelines._cache import index_cache_path, read_json_cache, write_json_atomic
+from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
 
 __all__ = [
@@ -302,9 +302,8 @@ class VideoDataset:
 
     @property
     def usable_ids(self) -> np.ndarray:
-        ok = np.ones(len(self.paths), dtype=bool)
-        ok[list(self.problems)] = False
-        return np.flatnonzero(ok)
+        """Video ids with no recorded problem (readable, supported, with matching labels)."""
+        return usable_ids(len(self.paths), self.problems)
 
     @property
     def num_frames(self) -> np.ndarray:

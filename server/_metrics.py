@@ -4,12 +4,13 @@ Names and labels are a contract with the dashboards and rules in ``gpufeed/obs``
 
 All series live in one :class:`prometheus_client.CollectorRegistry` per server, so several servers
 (tests, benchmarks) can share a process. Label values come from small fixed sets: ``model`` is a
-loaded model's name or ``"unknown"``, never text taken from a request; ``stage``, ``protocol`` and
-``reason`` are the fixed sets below (``protocol``: ``kserve`` is KServe v2 over HTTP, ``rest`` the
-simple REST endpoint, ``grpc`` KServe v2 over gRPC); ``code`` is an HTTP status the server itself
-chose (499 for a client that closed the connection before its request was read, or cancelled its
-gRPC call, nginx's convention); a gRPC answer is counted with the HTTP status the same answer gets
-over HTTP (200 for OK, 400 for INVALID_ARGUMENT ...; see :mod:`._grpc`).
+loaded model's name or ``"unknown"``, never text taken from a request; ``stage`` and ``protocol``
+come from :mod:`gpufeed._metric_values` (shared with the trainer and the metrics contract, as are
+the latency buckets), ``reason`` from :data:`~gpufeed.server._errors.REASONS`; ``code`` is an HTTP
+status the server itself chose (499 for a client that closed the connection before its request was
+read, or cancelled its gRPC call, nginx's convention); a gRPC answer is counted with the HTTP
+status the same answer gets over HTTP (200 for OK, 400 for INVALID_ARGUMENT ...; see
+:mod:`._grpc`).
 
 Every observation is also passed to :class:`~gpufeed.server._stats.InferenceStats` (``stats``),
 which answers Triton's statistics endpoint from the very same calls.
@@ -22,34 +23,13 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from gpufeed._metric_values import PROTOCOLS, SERVER_SECONDS_BUCKETS, STAGES
 from gpufeed.server._errors import REASONS
 from gpufeed.server._stats import InferenceStats
 
 __all__ = ["PROTOCOLS", "STAGES", "UNKNOWN_MODEL", "ServerMetrics"]
 
-STAGES = ("preprocess", "queue_wait", "decode", "inference", "postprocess")
-PROTOCOLS = ("kserve", "rest", "grpc")
 UNKNOWN_MODEL = "unknown"
-# 100 µs .. 30 s: a batch of a tiny model on a GPU up to a slow request on a busy CPU.
-LATENCY_BUCKETS = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-)
 
 
 def _batch_buckets(batch_sizes: list[int]) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -79,14 +59,14 @@ class ServerMetrics:
             "Time in one serving stage: preprocess (parse and validate), queue_wait (in the batcher), decode "
             "(DALI decode+resize of a batch), inference (onnxruntime on a batch), postprocess (scores to a response)",
             ["model", "stage"],
-            buckets=LATENCY_BUCKETS,
+            buckets=SERVER_SECONDS_BUCKETS,
             registry=r,
         )
         self.request_seconds = Histogram(
             "gpufeed_server_request_seconds",
             "Whole inference request, first byte read to response ready",
             ["model", "protocol"],
-            buckets=LATENCY_BUCKETS,
+            buckets=SERVER_SECONDS_BUCKETS,
             registry=r,
         )
         self.batch_size = Histogram(

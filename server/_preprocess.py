@@ -29,7 +29,7 @@ resize              uint8 (S, S, 3)                                             
 transpose           uint8 (3, S, S) "CHW"; the batch is (k, 3, S, S) NCHW       GPU or CPU
 ==================  ==========================================================  ================
 
-The crop window is :func:`gpufeed.pipelines.eval_windows` (resize the shorter side to
+The crop window is :func:`gpufeed.pipelines._windows.eval_windows` (resize the shorter side to
 ``S / eval_crop_fraction``, centre-crop ``S``) over the oriented size, with the very operators and
 arguments of the evaluation loader, so the server feeds the model exactly what evaluation did. If
 DALI fails on a batch (an image that passed validation but whose data is damaged), each image is
@@ -43,8 +43,9 @@ import re
 
 import numpy as np
 
-from gpufeed.pipelines import eval_windows, read_image_facts
+from gpufeed.pipelines import read_image_facts
 from gpufeed.pipelines._image_pipeline import decode_window
+from gpufeed.pipelines._windows import eval_windows
 from gpufeed.server._errors import RequestError
 
 __all__ = ["ImageDecoder", "ImageInfo", "inspect_image"]

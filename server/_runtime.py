@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.models import BATCH_DIM, ONNX_FILE, ModelCard
+from gpufeed.models import ModelCard
+from gpufeed.models._card import BATCH_DIM, ONNX_FILE
 
 __all__ = ["OnnxRunner", "RuntimeSetupError", "served_batch_sizes"]
 

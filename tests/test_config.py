@@ -36,6 +36,12 @@ def test_round_trip_through_yaml(tmp_path):
         ({"loader": {"last_batch": "keep"}}, "loader.last_batch", "allowed: drop, partial, pad"),
         ({"image": {"crop_area": [0.5]}}, "image.crop_area", "got 1 items"),
         ({"image": {"crop_area": [0.9, 0.1]}}, "image.crop_area", "range [0.9, 0.1] is empty"),
+        (
+            {"augment": {"gaussian_blur": {"sigma": [2.0, 1.0]}}},
+            "augment.gaussian_blur.sigma",
+            "range [2.0, 1.0] is empty",
+        ),
+        ({"augment": {"erasing": {"ratio": [3.0, 0.5]}}}, "augment.erasing.ratio", "range [3.0, 0.5] is empty"),
         ({"image": {"crop_area": [0.0, 1.0]}}, "image.crop_area", "must be > 0.0"),
         ({"image": {"flip": "yes"}}, "image.flip", "expected true or false"),
         ({"data": {"train": {}}}, "data.train", "give exactly one of 'root'"),

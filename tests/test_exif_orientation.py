@@ -17,8 +17,9 @@ from oddmedia import oriented_jpeg, oriented_png, reference_rgb
 from PIL import Image
 
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
-from gpufeed.pipelines import ImageDataset, ImageLoader, eval_windows, train_windows
+from gpufeed.pipelines import ImageDataset, ImageLoader
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
+from gpufeed.pipelines._windows import eval_windows, train_windows
 from gpufeed.server._preprocess import ImageDecoder, inspect_image
 from gpufeed.synth import CLASS_WORDS, draw_tag, read_tag
 

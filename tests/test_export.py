@@ -15,16 +15,8 @@ from _serving import CLASSES, CLIP_BATCH, CLIP_MODEL, IMAGE_BATCH, IMAGE_MODEL, 
 
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
 from gpufeed.device import DeviceChoice
-from gpufeed.models import (
-    BATCH_DIM,
-    ExportError,
-    ModelCard,
-    ModelCardError,
-    default_batch_sizes,
-    export_model,
-    load_model,
-    read_model_card,
-)
+from gpufeed.models import ExportError, ModelCard, ModelCardError, export_model, load_model, read_model_card
+from gpufeed.models._card import BATCH_DIM, default_batch_sizes
 from gpufeed.pipelines import ImageDataset, ImageLoader
 
 pytestmark = pytest.mark.timeout(300)

@@ -11,7 +11,8 @@ from conftest import DEVICES
 from PIL import Image
 
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
-from gpufeed.pipelines import BadSampleError, DatasetError, ImageDataset, ImageLoader, train_windows
+from gpufeed.pipelines import BadSampleError, DatasetError, ImageDataset, ImageLoader
+from gpufeed.pipelines._windows import train_windows
 from gpufeed.synth import CLASS_WORDS, read_tag
 
 pytestmark = pytest.mark.timeout(300)  # a pipeline that hangs fails instead of blocking CI

@@ -22,10 +22,9 @@ from gpufeed.pipelines import (
     LoaderAugment,
     VideoDataset,
     reference_augment,
-    train_windows,
 )
 from gpufeed.pipelines._augment import colour_coefficients, colour_matrices
-from gpufeed.pipelines._windows import hash_uniforms
+from gpufeed.pipelines._windows import hash_uniforms, train_windows
 
 pytestmark = pytest.mark.timeout(300)
 

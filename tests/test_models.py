@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpufeed.models import ModelSpec, create_model, list_models, model_from_spec
+from gpufeed.models import ModelSpec, create_model, list_models
+from gpufeed.models._registry import model_from_spec
 
 
 @pytest.mark.parametrize("name", list_models())

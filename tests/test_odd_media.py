@@ -15,9 +15,10 @@ from PIL import Image
 from videohelp import frame_tags
 
 from gpufeed.config import ImagePipelineConfig, LoaderConfig, parse_config
-from gpufeed.pipelines import ImageDataset, ImageLoader, check_path, eval_windows, read_image_facts, train_windows
+from gpufeed.pipelines import ImageDataset, ImageLoader, check_path, read_image_facts
 from gpufeed.pipelines import _image_verify as verify
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
+from gpufeed.pipelines._windows import eval_windows, train_windows
 from gpufeed.synth import read_tag
 
 pytestmark = pytest.mark.timeout(600)

@@ -1,10 +1,15 @@
-"""The README's structure: every heading has its own anchor and every in-page link finds one."""
+"""The README's structure: every heading has its own anchor, every in-page link finds one, and the
+Python API section has a line for every public name.
+"""
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -29,3 +34,26 @@ def test_in_page_links_point_at_headings():
     links = set(re.findall(r"\]\(#([^)]+)\)", README.read_text()))
     assert links, "the README links within itself"
     assert links <= anchors, f"links to missing headings: {sorted(links - anchors)}"
+
+
+def _public_names(init: Path) -> list[str]:
+    """The ``__all__`` of a package's ``__init__.py``, read without importing it."""
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+            return [elt.value for elt in node.value.elts]
+    return []
+
+
+def _python_api_section() -> str:
+    text = README.read_text()
+    start = text.index("\n## Python API\n")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+@pytest.mark.parametrize("package", ["pipelines", "models", "server", "gpufeed/train"])
+def test_every_public_name_is_in_the_python_api_section(package):
+    section = _python_api_section()
+    names = _public_names(README.parent / package / "__init__.py")
+    assert names, f"{package}/__init__.py has an __all__"
+    missing = [n for n in names if not re.search(rf"^- `{n}[(.`]", section, re.M)]
+    assert not missing, f"public names without a line in the README's Python API section: {missing}"

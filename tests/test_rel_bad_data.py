@@ -1,4 +1,4 @@
-"""Reliability (#7, training): corrupt images and a truncated video through check, error, skip and quarantine."""
+"""Training reliability: corrupt images and a truncated video through check, error, skip and quarantine."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reliability (#7, training): unwritable and full run folders fail before training; a disk filling mid-run."""
+"""Training reliability: unwritable and full run folders fail before training; a disk filling mid-run."""
 
 from __future__ import annotations
 

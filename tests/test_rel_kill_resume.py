@@ -1,4 +1,4 @@
-"""Reliability (#7, training): kill -9 at 5 seeded random moments of a real `gpufeed train` process, resume each time."""
+"""Training reliability: kill -9 at 5 seeded random moments of a real `gpufeed train` process, resume each time."""
 
 from __future__ import annotations
 

@@ -10,9 +10,8 @@ import signal
 import numpy as np
 import pytest
 
-from gpufeed.pipelines import eval_windows, train_windows
 from gpufeed.pipelines._sampler import PlanSpec, PlanStream, plan_epoch
-from gpufeed.pipelines._windows import hash_uniforms
+from gpufeed.pipelines._windows import eval_windows, hash_uniforms, train_windows
 
 
 def _plan(n, shard, shards, policy, batch=4, epoch=0, seed=1, shuffle=True, **kw):

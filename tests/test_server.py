@@ -433,7 +433,7 @@ def test_items_given_up_inside_a_taken_batch_are_not_decoded_or_run(val_set):
 
 def test_serve_demo_stage_exports_serves_and_reports(synth_dir, tmp_path, capsys):
     from gpufeed.demo import demo_config, run_serve_demo
-    from gpufeed.models import untrained_checkpoint
+    from gpufeed.models._io import untrained_checkpoint
 
     out = tmp_path / "demo"
     out.mkdir()

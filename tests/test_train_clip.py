@@ -1,8 +1,9 @@
 """The clip task on real frames: the synthetic h264 videos decoded with PyAV into ClipBatch tensors.
 
-The video loader (``gpufeed.pipelines.ClipLoader``) is another issue's; these tests feed the clip
-task, the real clip model and the real training step with tensors in the ClipBatch layout, cut
-from the decoded videos and labelled from their CSVs, so nothing here pretends to be the loader.
+These tests feed the clip task, the real clip model and the real training step with tensors in
+the ClipBatch layout, cut from the decoded videos and labelled from their CSVs, so the task and the
+step are tested apart from the loader (``gpufeed.pipelines.ClipLoader``, tested in
+``test_clip_loader.py``); nothing here pretends to be the loader.
 """
 
 from __future__ import annotations

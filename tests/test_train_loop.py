@@ -10,7 +10,8 @@ from conftest import DEVICES
 from train_support import train_config
 
 from gpufeed.config import ConfigError, load_config
-from gpufeed.models import list_checkpoints, load_model
+from gpufeed.models import load_model
+from gpufeed.models._io import list_checkpoints
 from gpufeed.train import TrainError, train
 from gpufeed.train.telemetry import STEP_FIELDS
 

@@ -12,24 +12,21 @@ import torch
 from prometheus_client import generate_latest
 
 from gpufeed.config import AugmentConfig, ConfigError, TrainConfig, parse_config
-from gpufeed.models import list_checkpoints
-from gpufeed.train import (
-    Accuracy,
-    ImageTask,
-    MultiLabelF1,
-    StepRecord,
-    TrainMetrics,
-    build_augmenter,
+from gpufeed.models._io import list_checkpoints
+from gpufeed.train.augment import build_augmenter
+from gpufeed.train.checkpoint import (
     capture_rng,
-    format_summary,
     load_latest_checkpoint,
-    lr_factor,
-    parse_profile_steps,
+    remove_stale_temp_files,
     restore_rng,
     save_checkpoint,
-    summarize,
+    temp_path,
 )
-from gpufeed.train.checkpoint import remove_stale_temp_files, temp_path
+from gpufeed.train.optim import lr_factor
+from gpufeed.train.profiling import parse_profile_steps
+from gpufeed.train.summary import format_summary, summarize
+from gpufeed.train.tasks import Accuracy, ImageTask, MultiLabelF1
+from gpufeed.train.telemetry import StepRecord, TrainMetrics
 
 CONTRACT_METRICS = {
     "gpufeed_train_loader_wait_seconds": "histogram",

@@ -15,8 +15,9 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from train_support import gpufeed_cmd, run_gpufeed, write_train_config
 
-from gpufeed.models import create_model, list_checkpoints, load_model
-from gpufeed.train import param_digest
+from gpufeed.models import create_model, load_model
+from gpufeed.models._io import list_checkpoints
+from gpufeed.train.checkpoint import param_digest
 from gpufeed.train.profiling import STAGE_NAMES
 
 pytestmark = pytest.mark.timeout(300)

@@ -11,7 +11,7 @@ stream: dropping the stream (and collecting it) shuts its pipeline or worker pro
 The DataLoader side is what a careful user writes, doing the same work per sample as gpufeed:
 
 * images: PIL decodes the file, crops the epoch's window (the very windows gpufeed decodes:
-  :func:`gpufeed.pipelines.train_windows`, a pure function of (seed, epoch, id)), resizes it
+  :func:`gpufeed.pipelines._windows.train_windows`, a pure function of (seed, epoch, id)), resizes it
   bilinearly, flips it, and returns uint8 HWC; the collated (N, S, S, 3) batch viewed as
   (N, 3, S, S) is channels_last, like gpufeed's, at no cost;
 * clips: PyAV, files kept open per worker, seeks to the keyframe at or before the clip, decodes
@@ -29,7 +29,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpufeed.pipelines import ClipBatch, ImageBatch, train_windows
+from gpufeed.pipelines import ClipBatch, ImageBatch
+from gpufeed.pipelines._windows import train_windows
 
 __all__ = ["EpochKeys", "PilTrainImages", "PyAvSeekClips", "dataloader_feed", "gpufeed_feed"]
 

@@ -1,7 +1,7 @@
 """``gpufeed bench loader``: the gpufeed image loader against a plain PIL DataLoader.
 
 Both sides do the same work on the same files with the same batch size: random-resized crop to
-224 (the very same windows: both read :func:`gpufeed.pipelines.train_windows`), random flip, uint8
+224 (the very same windows: both read :func:`gpufeed.pipelines._windows.train_windows`), random flip, uint8
 CHW. The DataLoader uses one worker per core; DALI one thread per core. On a GPU machine the
 baseline's batches are also copied to the GPU (pinned memory), since feeding the GPU is the job.
 Epochs alternate between the two, after one warm-up epoch each, and the medians are reported.
@@ -107,8 +107,9 @@ def run_loader_bench(
 
     from gpufeed.config import ImagePipelineConfig, LoaderConfig
     from gpufeed.device import resolve_device
-    from gpufeed.pipelines import ImageDataset, ImageLoader, train_windows
+    from gpufeed.pipelines import ImageDataset, ImageLoader
     from gpufeed.pipelines._epochs import default_num_threads
+    from gpufeed.pipelines._windows import train_windows
 
     choice = resolve_device(device)
     workers = workers or default_num_threads()

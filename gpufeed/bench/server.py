@@ -140,7 +140,9 @@ def export_bench_models(
 ) -> dict:
     """One checkpoint exported twice, cached: ``batched`` at ``batch_sizes`` (default: the powers of two
     up to ``batch_size``; gpufeed and LitServe) and ``single`` at 1 (the plain server)."""
-    from gpufeed.models import default_batch_sizes, export_model, read_model_card, untrained_checkpoint
+    from gpufeed.models import export_model, read_model_card
+    from gpufeed.models._card import default_batch_sizes
+    from gpufeed.models._io import untrained_checkpoint
 
     sizes = tuple(batch_sizes or default_batch_sizes(batch_size))
     source = (

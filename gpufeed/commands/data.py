@@ -94,7 +94,8 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gpufeed.pipelines import CheckReport, check_path
+    from gpufeed.pipelines import check_path
+    from gpufeed.pipelines._check import CheckReport
     from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 
     max_pixels = args.max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS

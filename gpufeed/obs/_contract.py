@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from gpufeed._metric_values import PROTOCOLS, STAGES
+
 __all__ = [
     "DCGM_METRICS",
     "ERROR_REASONS",
@@ -27,9 +29,6 @@ __all__ = [
 
 MetricType = Literal["histogram", "counter", "gauge"]
 
-# Server stages, in the order a request passes through them.
-STAGES = ("preprocess", "queue_wait", "decode", "inference", "postprocess")
-PROTOCOLS = ("kserve", "rest", "grpc")
 ERROR_REASONS = (
     "corrupt_image",
     "unsupported_media_type",

@@ -39,7 +39,8 @@ from pathlib import Path
 from gpufeed._report import Checklist
 from gpufeed._text import format_table
 from gpufeed.config import load_config
-from gpufeed.models import create_model, list_checkpoints
+from gpufeed.models import create_model
+from gpufeed.models._io import list_checkpoints
 from gpufeed.reliability._common import (
     ensure_synth,
     run_cli,

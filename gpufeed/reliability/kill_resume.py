@@ -41,7 +41,7 @@ from pathlib import Path
 from gpufeed._report import Checklist
 from gpufeed._text import format_table
 from gpufeed.config import load_config
-from gpufeed.models import list_checkpoints
+from gpufeed.models._io import list_checkpoints
 from gpufeed.reliability._common import ensure_synth, gpufeed_argv, step_records, tiny_train_mapping, write_train_yaml
 from gpufeed.train import train
 

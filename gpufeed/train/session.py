@@ -20,15 +20,9 @@ from gpufeed._files import finite, write_json
 from gpufeed._schema import to_mapping
 from gpufeed.config import Config, ConfigError, save_config
 from gpufeed.device import resolve_device
-from gpufeed.models import (
-    CHECKPOINT_DIR,
-    ModelSpec,
-    checkpoint_path,
-    create_model,
-    default_spec,
-    list_checkpoints,
-    model_state,
-)
+from gpufeed.models import ModelSpec, checkpoint_path, create_model, model_state
+from gpufeed.models._io import CHECKPOINT_DIR, list_checkpoints
+from gpufeed.models._registry import default_spec
 from gpufeed.train.augment import plan_augmentation
 from gpufeed.train.checkpoint import (
     capture_rng,

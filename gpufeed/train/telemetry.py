@@ -35,10 +35,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpufeed._files import write_atomic
+from gpufeed._metric_values import TRAIN_SECONDS_BUCKETS
 from gpufeed.train.errors import TrainError
 
 __all__ = [
-    "HISTOGRAM_BUCKETS_S",
     "STEP_FIELDS",
     "MetricsServer",
     "StageClock",
@@ -50,26 +50,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("gpufeed")
-
-# From 0.5 ms (a prefetched batch) to a minute (a pipeline start-up on a cold disk).
-HISTOGRAM_BUCKETS_S = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-)
 
 
 @dataclass
@@ -158,7 +138,7 @@ class TrainMetrics:
         label = {"rank": str(rank)}
 
         def hist(name: str, doc: str):
-            return Histogram(name, doc, ["rank"], registry=self.registry, buckets=HISTOGRAM_BUCKETS_S).labels(**label)
+            return Histogram(name, doc, ["rank"], registry=self.registry, buckets=TRAIN_SECONDS_BUCKETS).labels(**label)
 
         def counter(name: str, doc: str):
             return Counter(name, doc, ["rank"], registry=self.registry).labels(**label)
