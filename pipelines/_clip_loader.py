@@ -171,30 +171,6 @@ class ClipLoader(EpochLoader):
         self._refs = [VideoRef.from_info(info) for info in dataset.infos]
         self._check_plan(self._plan(0))
 
-    @classmethod
-    def from_config(
-        cls, cfg, *, train: bool, device, shard_id: int = 0, num_shards: int = 1, progress=False, augment=None
-    ):
-        """Index ``cfg.video.train`` (or ``val``) and build a loader from the whole :class:`Config`.
-
-        ``augment``: the loader's share of ``cfg.augment`` (see ``gpufeed.train.plan_augmentation``).
-        """
-        folder = cfg.video.train if train else cfg.video.val
-        if folder is None:
-            raise DatasetError(f"config key 'video.{'train' if train else 'val'}' is not set: no video folder")
-        dataset = VideoDataset.from_folder(folder, progress=progress)
-        return cls(
-            dataset,
-            train=train,
-            video_cfg=cfg.video,
-            loader_cfg=cfg.loader,
-            device=device,
-            shard_id=shard_id,
-            num_shards=num_shards,
-            seed=cfg.seed,
-            augment=augment,
-        )
-
     # -- planning ---------------------------------------------------------------------------
     def _check_plan(self, plan: EpochPlan) -> None:
         if plan.num_batches == 0:

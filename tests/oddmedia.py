@@ -26,13 +26,13 @@ import io
 import struct
 import zlib
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps
+from videohelp import encode_tagged_video, mux_silence
 
-from gpufeed.synth import CLASS_NAMES, CLASS_WORDS, behaviour_labels, draw_tag, render_frame
+from gpufeed.synth import CLASS_NAMES, CLASS_WORDS, behaviour_labels, draw_tag
 from gpufeed.synth.videos import write_label_csv
 
 __all__ = [
@@ -320,59 +320,15 @@ def _png_chunks(data: bytes) -> list[tuple[bytes, int, int]]:
 # -- videos ---------------------------------------------------------------------------------------
 
 
-def _encode_video(
-    path: Path,
-    video_id: int,
-    num_frames: int,
-    *,
-    codec: str = "libx264",
-    width: int = 96,
-    height: int = 64,
-    pix_fmt: str = "yuv420p",
-    options: dict | None = None,
-    durations_ms: tuple[int, ...] = (),
-    labels: bool = True,
-) -> None:
-    import av
-
-    rows = behaviour_labels(num_frames, seed=100 + video_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream(codec, rate=Fraction(30, 1))
-        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
-        if durations_ms:
-            stream.codec_context.time_base = Fraction(1, 1000)
-        stream.options = dict(options or {})
-        t_ms = 0
-        for index in range(num_frames):
-            rgb = render_frame(index, video_id, rows[index], width, height)
-            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-            if durations_ms:
-                frame.pts, frame.time_base = t_ms, Fraction(1, 1000)
-                t_ms += durations_ms[index % len(durations_ms)]
-            else:
-                frame.pts = index
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    if labels:
-        write_label_csv(path.with_suffix(".csv"), rows)
+def _encode_video(path: Path, video_id: int, num_frames: int, **kwargs) -> None:
+    encode_tagged_video(path, video_id, num_frames, label_seed=100 + video_id, **kwargs)
 
 
 def _audio_only(path: Path) -> None:
     import av
 
     with av.open(str(path), "w") as container:
-        sound = container.add_stream("aac", rate=16000)
-        for start in range(0, 16000, 1024):
-            chunk = np.zeros((1, 1024), dtype=np.float32)
-            frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="mono")
-            frame.sample_rate, frame.pts = 16000, start
-            for packet in sound.encode(frame):
-                container.mux(packet)
-        for packet in sound.encode():
-            container.mux(packet)
+        mux_silence(container, container.add_stream("aac", rate=16000), 16 * 1024)
 
 
 _X264 = {"crf": "18", "g": "30", "keyint_min": "30", "sc_threshold": "0"}

@@ -249,7 +249,7 @@ def test_train_runs_on_the_good_odd_videos_with_exact_frames(corpus, tmp_path, m
 def test_every_clip_of_every_good_odd_video_decodes_exactly_on_the_cpu(corpus):
     """Evaluation reads every clip slot: HEVC and B-frame h264 included, through the PyAV path."""
     from gpufeed.device import DeviceChoice
-    from gpufeed.pipelines import ClipLoader
+    from gpufeed.pipelines import ClipLoader, VideoDataset
 
     root, _, videos = corpus
     cfg = parse_config(
@@ -258,7 +258,10 @@ def test_every_clip_of_every_good_odd_video_decodes_exactly_on_the_cpu(corpus):
             "loader": {"batch_size": 8, "num_threads": 2},
         }
     )
-    loader = ClipLoader.from_config(cfg, train=False, device=DeviceChoice("cpu", None, "test"))
+    dataset = VideoDataset.from_folder(cfg.video.val)
+    loader = ClipLoader(
+        dataset, train=False, video_cfg=cfg.video, loader_cfg=cfg.loader, device=DeviceChoice("cpu", None, "test")
+    )
     assert loader.source == "pyav" and {"h264", "hevc", "vp9"} <= loader.dataset.codecs
     per_video: dict[int, int] = {}
     for batch in loader:

@@ -14,7 +14,7 @@ import numpy as np
 from gpufeed.config import Config
 from gpufeed.demo._base import banner
 from gpufeed.device import DeviceChoice
-from gpufeed.pipelines import ClipLoader, VideoFrameReader
+from gpufeed.pipelines import ClipLoader, VideoDataset, VideoFrameReader
 from gpufeed.synth import read_tag
 
 __all__ = ["run_clip_demo"]
@@ -34,7 +34,7 @@ def run_clip_demo(cfg: Config, choice: DeviceChoice) -> dict:
         SystemExit: A clip holds frames or labels other than those it names.
     """
     banner("clip loader")
-    train = ClipLoader.from_config(cfg, train=True, device=choice)
+    train = _clip_loader(cfg, cfg.video.train, train=True, device=choice)
     print(f"decoder: {train.source} ({train.decoder_reason})")
     start, clips = time.perf_counter(), 0
     for batch in train:
@@ -47,7 +47,7 @@ def run_clip_demo(cfg: Config, choice: DeviceChoice) -> dict:
         f"({clips * t / seconds:,.0f} frames/s, pipeline start included)"
     )
 
-    val = ClipLoader.from_config(cfg, train=False, device=choice)
+    val = _clip_loader(cfg, cfg.video.val, train=False, device=choice)
     stride = cfg.video.stride_frames
     verified = 0
     for batch in val:
@@ -74,3 +74,9 @@ def run_clip_demo(cfg: Config, choice: DeviceChoice) -> dict:
         raise SystemExit(f"sequential reader returned frames {seen[:5]}... instead of 0..{info.num_frames - 1}")
     print(f"sequential reader: all {info.num_frames} frames of {info.path} once, in order ({reader.source})")
     return {"train_clips_per_second": clips / seconds, "eval_clips_verified": verified}
+
+
+def _clip_loader(cfg: Config, folder, *, train: bool, device: DeviceChoice) -> ClipLoader:
+    """A clip loader over ``folder`` with the ``video`` and ``loader`` sections, as training builds it."""
+    dataset = VideoDataset.from_folder(folder)
+    return ClipLoader(dataset, train=train, video_cfg=cfg.video, loader_cfg=cfg.loader, device=device, seed=cfg.seed)

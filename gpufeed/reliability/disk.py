@@ -36,6 +36,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpufeed._files import write_json
 from gpufeed._report import Checklist
 from gpufeed._text import format_table
 from gpufeed.config import load_config
@@ -234,7 +235,7 @@ def inside_namespace(work: str) -> None:
     case.resume_status = resumed.status
     case.resumed_steps = [r["step"] for r in step_records(run_dir)]
     cases.append(case)
-    (work_dir / "inside.json").write_text(json.dumps([asdict(c) for c in cases], indent=2), encoding="utf-8")
+    write_json(work_dir / "inside.json", [asdict(c) for c in cases])
 
 
 def run_disk_faults(out: str | Path, *, data: str | Path | None = None) -> DiskReport:

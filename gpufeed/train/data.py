@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufeed.config import Config, ConfigError
-from gpufeed.pipelines import ClipLoader, ImageDataset, ImageLoader
+from gpufeed.pipelines import ClipLoader, ImageDataset, ImageLoader, VideoDataset
 from gpufeed.train.distributed import DistInfo
 from gpufeed.train.tasks import ClipTask, ImageTask, Task
 
@@ -106,17 +106,20 @@ def _clip_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
             "video.train", f"model {cfg.model.name!r} is a clip model and needs a folder of training videos"
         )
 
-    def loader(train: bool) -> ClipLoader:
-        return ClipLoader.from_config(
-            cfg,
+    def loader(folder, train: bool) -> ClipLoader:
+        return ClipLoader(
+            VideoDataset.from_folder(folder),
             train=train,
+            video_cfg=cfg.video,
+            loader_cfg=cfg.loader,
             device=device,
             shard_id=dist.rank,
             num_shards=dist.world_size,
+            seed=cfg.seed,
             augment=augment if train else None,
         )
 
-    train_loader = loader(True)
+    train_loader = loader(cfg.video.train, True)
     labels = tuple(train_loader.behaviours)
     num_classes = len(labels)
     if cfg.model.num_classes not in (None, num_classes):
@@ -129,7 +132,7 @@ def _clip_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
     return TrainData(
         task=ClipTask(num_classes, labels),
         train=train_loader,
-        val=None if cfg.video.val is None else loader(False),
+        val=None if cfg.video.val is None else loader(cfg.video.val, False),
         spec_overrides={
             "num_classes": num_classes,
             "labels": labels,
