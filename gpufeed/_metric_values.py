@@ -17,43 +17,16 @@ PROTOCOLS = ("kserve", "rest", "grpc")
 
 # Training step stages: from 0.5 ms (a prefetched batch) to a minute (a pipeline start-up on a
 # cold disk).
+# fmt: off
 TRAIN_SECONDS_BUCKETS = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )
+# fmt: on
 
 # Server latencies: from 100 µs (a batch of a tiny model on a GPU) to 30 s (a slow request on a
 # busy CPU).
+# fmt: off
 SERVER_SECONDS_BUCKETS = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )
+# fmt: on

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed._report import Checklist, finish
+from gpufeed._report import Check, Checklist, finish
 from gpufeed.bench._serve_proc import quiet_http_logs
 from gpufeed.bench.loader import make_bench_images
 from gpufeed.bench.server import export_bench_models
 
-__all__ = ["ServerRunReport", "main_run", "reliability_inputs"]
+__all__ = ["ServerRunReport", "exit_check", "main_run", "reliability_inputs"]
 
 
 def reliability_inputs(
@@ -57,6 +57,11 @@ class ServerRunReport(Checklist):
     def to_dict(self) -> dict:
         # The figures stay at the top level, where the JSON has always had them.
         return {**self.figures, "checks": {c.name: c.passed for c in self._checks()}, "ok": self.ok}
+
+
+def exit_check(exit_status: int | None) -> Check:
+    """The expectation every server run ends with: SIGTERM drains the server and it exits 0."""
+    return Check("exit status 0 on SIGTERM", exit_status == 0, f"exit status {exit_status} after SIGTERM (expected 0)")
 
 
 def main_run(

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._report import Check
-from gpufeed.bench._server_runs import ServerRunReport, main_run
+from gpufeed.bench._server_runs import ServerRunReport, exit_check, main_run
 
 __all__ = ["DrainReport", "run_drain"]
 
@@ -215,7 +215,7 @@ class DrainReport(ServerRunReport):
                 not wrong,
                 f"a request during the drain got {wrong[0] if wrong else None} (expected not_ready, Retry-After, close)",
             ),
-            Check("exit status 0", result["exit_status"] == 0, f"exit status {result['exit_status']} (expected 0)"),
+            exit_check(result["exit_status"]),
             Check(
                 "the log says the models drained",
                 result["log_says_drained"],

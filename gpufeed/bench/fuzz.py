@@ -30,7 +30,7 @@ import numpy as np
 from gpufeed._report import Check
 from gpufeed.bench._corpus import Probe, Target, malformed_corpus
 from gpufeed.bench._liveness import liveness_lines
-from gpufeed.bench._server_runs import ServerRunReport, main_run
+from gpufeed.bench._server_runs import ServerRunReport, exit_check, main_run
 
 __all__ = ["FUZZ_LIMITS", "FuzzReport", "ValidRequestCheck", "run_corpus", "valid_request_check"]
 
@@ -308,13 +308,7 @@ class FuzzReport(ServerRunReport):
             alive = summary["server_alive_after"]
             checks.append(Check("server alive after the corpus", alive, "the server died during the corpus"))
         if "exit_status" in summary:
-            checks.append(
-                Check(
-                    "exit status 0 on SIGTERM",
-                    summary["exit_status"] == 0,
-                    f"exit status {summary['exit_status']} after SIGTERM (expected 0)",
-                )
-            )
+            checks.append(exit_check(summary["exit_status"]))
         if "liveness" in summary:
             live = summary["liveness"]
             checks.append(

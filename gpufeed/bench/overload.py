@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._report import Check
-from gpufeed.bench._server_runs import ServerRunReport, main_run
+from gpufeed.bench._server_runs import ServerRunReport, exit_check, main_run
 
 __all__ = ["OverloadReport", "predict_scores", "run_overload"]
 
@@ -202,11 +202,7 @@ class OverloadReport(ServerRunReport):
                 result["ready_after"] == 200 and result["same_answer_after"],
                 f"after the overload: ready {result['ready_after']}, same answer {result['same_answer_after']}",
             ),
-            Check(
-                "exit status 0 on SIGTERM",
-                result["exit_status"] == 0,
-                f"exit status {result['exit_status']} after SIGTERM (expected 0)",
-            ),
+            exit_check(result["exit_status"]),
         ]
 
     def lines(self) -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._report import Check
-from gpufeed.bench._server_runs import ServerRunReport, main_run
+from gpufeed.bench._server_runs import ServerRunReport, exit_check, main_run
 
 __all__ = ["SoakReport", "run_soak"]
 
@@ -153,11 +153,7 @@ class SoakReport(ServerRunReport):
                 result["ready_after"] == 200,
                 f"not ready after the run ({result['ready_after']})",
             ),
-            Check(
-                "exit status 0 on SIGTERM",
-                result["exit_status"] == 0,
-                f"exit status {result['exit_status']} after SIGTERM (expected 0)",
-            ),
+            exit_check(result["exit_status"]),
         ]
 
     def lines(self) -> list[str]:
