@@ -24,7 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from gpufeed.obs import LocalPrometheus, free_port
+from gpufeed.obs import LocalPrometheus
+from gpufeed.obs._prometheus import free_port
 from gpufeed.obs._watch import stack_prometheus
 
 MODEL_NAME = "smallcnn"

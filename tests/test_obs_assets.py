@@ -19,19 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufeed.obs import (
-    DCGM_METRICS,
-    METRICS,
-    alert_signal,
-    dashboard_queries,
-    find_stack_dir,
-    label_values_args,
-    load_queries,
-    metric_by_name,
-    metric_names,
-    packaged_stack_dir,
-    rule_queries,
-)
+from gpufeed.obs import METRICS, load_queries, packaged_stack_dir
+from gpufeed.obs._contract import DCGM_METRICS, metric_by_name
+from gpufeed.obs._queries import alert_signal, dashboard_queries, label_values_args, metric_names, rule_queries
+from gpufeed.obs._verify import find_stack_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = ROOT / "gpufeed" / "obs" / "stack"  # shipped as package data; compose mounts it

@@ -22,18 +22,9 @@ from pathlib import Path
 import pytest
 from _live_stack import DCGM_ENV, FOREIGN_MODEL, MODEL_NAME, missing_commands, start_live_stack, stop_live_stack
 
-from gpufeed.obs import (
-    ERROR_REASONS,
-    PROTOCOLS,
-    STAGES,
-    PrometheusNotFoundError,
-    check_queries,
-    find_prometheus_binary,
-    format_checks,
-    load_queries,
-    missing_series,
-    rule_health_problems,
-)
+from gpufeed.obs import PrometheusNotFoundError, check_queries, find_prometheus_binary, load_queries
+from gpufeed.obs._contract import ERROR_REASONS, PROTOCOLS, STAGES
+from gpufeed.obs._verify import format_checks, missing_series, rule_health_problems
 
 STACK = Path(__file__).resolve().parents[1] / "gpufeed" / "obs" / "stack"
 

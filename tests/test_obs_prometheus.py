@@ -23,10 +23,10 @@ from gpufeed.obs import (
     Query,
     check_queries,
     find_prometheus_binary,
-    free_port,
     load_queries,
-    rule_health_problems,
 )
+from gpufeed.obs._prometheus import free_port
+from gpufeed.obs._verify import rule_health_problems
 from gpufeed.obs._watch import refresh_train_targets, stack_prometheus
 
 STACK = Path(__file__).resolve().parents[1] / "gpufeed" / "obs" / "stack"

@@ -8,15 +8,9 @@ import sys
 
 import pytest
 
-from gpufeed.obs import (
-    MetricsAddressError,
-    alert_signal,
-    file_sd_groups,
-    label_values_args,
-    metric_names,
-    read_metrics_addresses,
-    substitute,
-)
+from gpufeed.obs import MetricsAddressError, file_sd_groups
+from gpufeed.obs._queries import alert_signal, label_values_args, metric_names, substitute
+from gpufeed.obs._targets import read_metrics_addresses
 
 
 def test_substitute_grafana_variables():

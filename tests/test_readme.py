@@ -50,7 +50,9 @@ def _python_api_section() -> str:
     return text[start : text.index("\n## ", start + 1)]
 
 
-@pytest.mark.parametrize("package", ["pipelines", "models", "server", "gpufeed/train"])
+@pytest.mark.parametrize(
+    "package", ["pipelines", "models", "server", "gpufeed/train", "gpufeed/obs", "gpufeed/reliability"]
+)
 def test_every_public_name_is_in_the_python_api_section(package):
     section = _python_api_section()
     names = _public_names(README.parent / package / "__init__.py")

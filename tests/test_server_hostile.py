@@ -369,7 +369,7 @@ def test_uvicorn_is_the_pinned_version_and_has_what_the_protocol_extends():
 
 
 def test_refusal_reasons_are_the_metrics_contract():
-    from gpufeed.obs import ERROR_REASONS
+    from gpufeed.obs._contract import ERROR_REASONS
     from gpufeed.server import REASONS
 
     assert tuple(REASONS) == ERROR_REASONS, "a new reason is a contract change: gpufeed/obs/_contract.py"

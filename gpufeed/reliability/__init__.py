@@ -13,31 +13,15 @@ Each returns a report in the shape of every run that passes or fails
 ``to_dict()``.
 """
 
-from gpufeed.reliability.bad_data import BadDataReport, BadDataset, CaseResult, run_bad_data, write_bad_dataset
-from gpufeed.reliability.disk import DiskCase, DiskReport, namespace_command, run_disk_faults
-from gpufeed.reliability.kill_resume import (
-    WEIGHT_TOLERANCE,
-    Kill,
-    KillResumeReport,
-    KillTarget,
-    draw_targets,
-    run_kill_resume,
-)
+from gpufeed.reliability.bad_data import BadDataReport, run_bad_data
+from gpufeed.reliability.disk import DiskReport, run_disk_faults
+from gpufeed.reliability.kill_resume import KillResumeReport, run_kill_resume
 
 __all__ = [
-    "WEIGHT_TOLERANCE",
     "BadDataReport",
-    "BadDataset",
-    "CaseResult",
-    "DiskCase",
     "DiskReport",
-    "Kill",
     "KillResumeReport",
-    "KillTarget",
-    "draw_targets",
-    "namespace_command",
     "run_bad_data",
     "run_disk_faults",
     "run_kill_resume",
-    "write_bad_dataset",
 ]
