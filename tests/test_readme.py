@@ -51,7 +51,7 @@ def _python_api_section() -> str:
 
 
 @pytest.mark.parametrize(
-    "package", ["pipelines", "models", "server", "gpufeed/train", "gpufeed/obs", "gpufeed/reliability"]
+    "package", ["pipelines", "models", "server", "gpufeed/train", "gpufeed/obs", "gpufeed/reliability", "gpufeed/synth"]
 )
 def test_every_public_name_is_in_the_python_api_section(package):
     section = _python_api_section()
