@@ -12,7 +12,9 @@ import importlib
 import logging
 import sys
 
+from gpufeed import __version__
 from gpufeed.commands import MissingExtraError
+from gpufeed.device import DeviceUnavailableError
 
 __all__ = ["build_parser", "main"]
 
@@ -29,8 +31,6 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpufeed import __version__
-
     parser = argparse.ArgumentParser(
         prog="gpufeed",
         description="Keep GPUs fed: DALI input pipelines, loader-vs-compute telemetry, GPU-decoding serving.",
@@ -45,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     # Errors caused by input (config, data, device choice) are reported in one line, no traceback.
+    # Deferred: these modules load torch and the config schema (about 1 s), which only a command that
+    # raised needs.
     from gpufeed._schema import ConfigError
-    from gpufeed.device import DeviceUnavailableError
     from gpufeed.models import ExportError, ModelCardError
     from gpufeed.pipelines._errors import BadSampleError, DatasetError
     from gpufeed.server import ServerStartError

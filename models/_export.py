@@ -49,6 +49,8 @@ from gpufeed.models._card import (
 )
 from gpufeed.models._io import find_checkpoint, load_model
 from gpufeed.models._spec import ModelSpec
+from gpufeed.pipelines import ImageDataset, ImageLoader
+from gpufeed.synth import SynthSpec, behaviour_labels, render_frame, write_synthetic_dataset
 
 __all__ = ["ExportError", "export_model", "parity_inputs", "parity_tolerance", "resolve_batch_sizes"]
 
@@ -86,14 +88,8 @@ def parity_tolerance(precision: str, reference: np.ndarray) -> float:
 
 
 def _image_inputs(spec: ModelSpec, batch_size: int, batches: int, data: Path | None, device) -> tuple[np.ndarray, str]:
-    # Deferred, as is synth below: only the parity check reads data, and `import gpufeed.models`
-    # (the server's, the trainer's) should not load the loaders.
-    from gpufeed.pipelines import ImageDataset, ImageLoader
-
     with contextlib.ExitStack() as stack:
         if data is None:
-            from gpufeed.synth import SynthSpec, write_synthetic_dataset
-
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpufeed-parity-")))
             per_class = -(-batch_size * batches // 4)
             write_synthetic_dataset(folder, SynthSpec(train_per_class=1, val_per_class=per_class, num_videos=0), False)
@@ -118,8 +114,6 @@ def _image_inputs(spec: ModelSpec, batch_size: int, batches: int, data: Path | N
 
 
 def _clip_inputs(spec: ModelSpec, batch_size: int, batches: int) -> tuple[np.ndarray, str]:
-    from gpufeed.synth import behaviour_labels, render_frame
-
     # The clip loader is built elsewhere; rendered synthetic behaviour frames (tags, bands, a
     # moving bar) are the same pixels the synthetic videos hold, before h264.
     t, s = spec.clip_length_frames, spec.size_px

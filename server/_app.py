@@ -43,6 +43,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gpufeed import __version__
 from gpufeed.server._access import AccessGuard, route_of
 from gpufeed.server._accounting import Accounting
 from gpufeed.server._errors import REASONS, RequestError, json_bytes, shown
@@ -176,8 +177,6 @@ def build_app(
         return JSONAnswer(body, status_code=200 if ok else 400)
 
     async def server_metadata(request: Request) -> Response:
-        from gpufeed import __version__
-
         return JSONAnswer({"name": "gpufeed", "version": __version__, "extensions": list(EXTENSIONS)})
 
     async def model_metadata(request: Request) -> Response:
@@ -250,8 +249,6 @@ def build_app(
         return Response(payload, headers={"content-type": content_type})
 
     async def openapi(request: Request) -> Response:
-        from gpufeed import __version__
-
         return JSONAnswer(openapi_document(list(state.entries), __version__, auth=token is not None))
 
     async def refused(request: Request, err: RequestError) -> Response:
@@ -284,6 +281,7 @@ def build_app(
     async def lifespan(app):
         front = None
         if grpc_port is not None:
+            # Deferred: gpufeed.server._grpc imports the optional grpc extra (grpcio, tritonclient[grpc]).
             from gpufeed.server._grpc import GrpcFront
 
             front = GrpcFront(state, pool, token, grpc_host, grpc_port, announce)

@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 
+from gpufeed import __version__
 from gpufeed.server._access import AccessGuard
 from gpufeed.server._errors import REASONS, RequestError, shown
 from gpufeed.server._grpc_tensors import infer_request, infer_response
@@ -221,8 +222,6 @@ class _Service(_service_base()):  # type: ignore[misc]
 
     async def ServerMetadata(self, request, context):
         async def metadata():
-            from gpufeed import __version__
-
             return self.pb2.ServerMetadataResponse(name="gpufeed", version=__version__, extensions=list(EXTENSIONS))
 
         return await self._answer(context, "ServerMetadata", "", metadata)

@@ -37,6 +37,14 @@ from pathlib import Path
 
 import uvicorn
 
+from gpufeed.config import Config
+from gpufeed.device import resolve_device
+from gpufeed.server._access import load_token
+from gpufeed.server._app import build_app
+from gpufeed.server._protocol import http_protocol
+from gpufeed.server._repo import load_repository
+from gpufeed.server._state import ServingState
+
 __all__ = ["RunningServer", "ServerStartError", "serve_forever", "start_server"]
 
 log = logging.getLogger("gpufeed.server")
@@ -116,16 +124,10 @@ def _grpc_port_of(cfg, grpc_port: int | None) -> int | None:
 
 
 def _prepare(repo, model, cfg, host, port, device, grpc_port=None, announce=None):
-    from gpufeed.device import resolve_device
-    from gpufeed.server._access import load_token
-    from gpufeed.server._app import build_app
-    from gpufeed.server._protocol import http_protocol
-    from gpufeed.server._repo import load_repository
-    from gpufeed.server._state import ServingState
-
     grpc_port = _grpc_port_of(cfg, grpc_port)
     if grpc_port is not None:
         try:  # before loading anything: the message names the extra to install
+            # Deferred: gpufeed.server._grpc imports the optional grpc extra (grpcio, tritonclient[grpc]).
             from gpufeed.server._grpc import require_grpc
 
             require_grpc()
@@ -239,8 +241,6 @@ def start_server(
         ServerStartError: Binding failed, or a model failed to load or warm up (with why).
         gpufeed.server.ModelRepoError: The repository or a model card is invalid.
     """
-    from gpufeed.config import Config
-
     cfg = cfg or Config()
     state, server, sock, url, bound, app = _prepare(repo, model, cfg, host, port, device, grpc_port)
     thread = threading.Thread(target=_run_in_thread, args=(server, sock), name="gpufeed-uvicorn", daemon=True)
@@ -289,8 +289,6 @@ def serve_forever(
     Raises:
         ServerStartError: As :func:`start_server`.
     """
-    from gpufeed.config import Config
-
     cfg = cfg or Config()
     state, server, sock, url, _, app = _prepare(repo, model, cfg, host, port, None, grpc_port, announce)
     names = ", ".join(state.entries)

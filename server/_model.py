@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed.models import ModelCard
+from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.server._batcher import Batch, Batcher
 from gpufeed.server._errors import RequestError
 from gpufeed.server._metrics import ServerMetrics
@@ -100,8 +101,6 @@ class ServedModel:
     """
 
     def __init__(self, name: str, model_dir: Path, card: ModelCard, cfg, device, metrics: ServerMetrics) -> None:
-        from gpufeed.pipelines._epochs import default_num_threads
-
         self.name, self.dir, self.card, self.cfg, self.metrics = name, Path(model_dir), card, cfg, metrics
         self.ready = False
         # One lane (decoder + input buffer) per batcher worker, so batches can overlap: on a GPU one

@@ -11,6 +11,7 @@ import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufeed._text import format_table
 from gpufeed.server._metrics import PROTOCOLS, STAGES
 
 __all__ = ["histogram_quantile", "stage_latency_rows", "stage_latency_table"]
@@ -77,8 +78,6 @@ def stage_latency_rows(metrics_text: str, model: str) -> list[list]:
 
 def stage_latency_table(metrics_text: str, model: str) -> str:
     """The per-stage table as text (decode and inference are per batch; the rest per request or image)."""
-    from gpufeed._text import format_table
-
     rows = stage_latency_rows(metrics_text, model)
     if not rows:
         return f"(no requests recorded for model {model!r})"

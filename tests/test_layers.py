@@ -11,10 +11,18 @@ collected: at module level and inside functions, absolute and relative (``from .
 * **No cycles**: no modules import each other in a circle, within a package (``gpufeed.train``)
   or across packages, counting imports inside functions, which only defer a circle rather than
   remove it.
+* **Deferred imports say why**: a first-party import inside a function (``import gpufeed...``,
+  ``from gpufeed... import``, ``from . import``) needs a comment starting ``# Deferred`` that gives
+  the reason (a heavy dependency ``gpufeed --help`` or a worker process must not load, an optional
+  extra, a known exception): on the import's own line, or in the comment block right above it or
+  above the run of imports it belongs to (blank lines between imports allowed); or, for a module
+  whose functions all defer for one reason, one module-level comment line starting
+  ``# Deferred imports:``. Every other first-party import sits at module level.
 
 A short list of known exceptions (:data:`KNOWN_EXCEPTIONS`), each with its reason, is exempt.
 
-A failure names the importing module, its line and the imported module (or the circle's modules).
+A failure names the importing module, its line and the imported module (or the circle's modules,
+or the file and line of an unexplained deferred import).
 """
 
 from __future__ import annotations
@@ -237,6 +245,71 @@ def all_imports() -> list[Import]:
     return [e for module in sorted(MODULES) for e in imports_of(module)]
 
 
+DEFERRED_NOTE = "# Deferred"
+MODULE_DEFERRED_NOTE = "# Deferred imports:"
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A first-party import statement inside a function."""
+
+    module: str
+    line: int
+    function: str
+    target: str
+
+    def __str__(self) -> str:
+        return f"{MODULES[self.module].relative_to(ROOT)}:{self.line} imports {self.target} inside {self.function}()"
+
+
+def deferred_imports(module: str, tree: ast.AST) -> list[tuple[Deferred, ast.stmt]]:
+    """Every first-party import statement inside a function of ``module`` (nested functions included), once."""
+    found: dict[int, tuple[Deferred, ast.stmt]] = {}
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [_absolute(module, node.level, node.module) if node.level else (node.module or "")]
+            else:
+                continue
+            targets = [t for t in map(_resolve, names) if t is not None]
+            if targets:  # met once per enclosing function, outermost first: the innermost one is kept
+                found[id(node)] = (Deferred(module, node.lineno, func.name, targets[0]), node)
+    return sorted(found.values(), key=lambda pair: pair[0].line)
+
+
+def unexplained_deferrals(module: str, source: str) -> list[Deferred]:
+    """The deferred first-party imports of ``module`` with no ``# Deferred`` comment (see the module docs)."""
+    lines = source.splitlines()
+    if any(line.startswith(MODULE_DEFERRED_NOTE) for line in lines):
+        return []
+    tree = ast.parse(source)
+    import_lines = {
+        n
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for n in range(node.lineno, node.end_lineno + 1)
+    }
+    bad = []
+    for deferred, node in deferred_imports(module, tree):
+        own = lines[node.lineno - 1 : node.end_lineno]
+        if any(DEFERRED_NOTE in line for line in own):
+            continue
+        above = node.lineno - 1  # 1-based number of the line above
+        while above >= 1 and (above in import_lines or not lines[above - 1].strip()):
+            above -= 1
+        block = []
+        while above >= 1 and lines[above - 1].lstrip().startswith("#"):
+            block.append(lines[above - 1].strip())
+            above -= 1
+        if not any(line.startswith(DEFERRED_NOTE) for line in block):
+            bad.append(deferred)
+    return bad
+
+
 def test_every_module_has_a_layer_and_parses():
     assert "gpufeed.train.loop" in MODULES and "gpufeed.pipelines" in MODULES
     assert layer_of("gpufeed._text") == 0 and layer_of("gpufeed.synth.images") == 0
@@ -262,6 +335,17 @@ def test_no_import_points_up_the_layers():
 def test_no_import_cycles():
     found = cycles([e for e in all_imports() if (e.importer, e.target) not in KNOWN_EXCEPTIONS])
     assert not found, "import cycles:\n" + "\n".join("  " + " -> ".join(str(e) for e in circle) for circle in found)
+
+
+def test_every_deferred_import_says_why():
+    """A first-party import inside a function has a ``# Deferred`` comment saying why (see the module docs)."""
+    sources = {module: path.read_text(encoding="utf-8") for module, path in sorted(MODULES.items())}
+    print(sum(len(deferred_imports(m, ast.parse(text))) for m, text in sources.items()), "deferred first-party imports")
+    bad = [d for module, text in sources.items() for d in unexplained_deferrals(module, text)]
+    assert not bad, (
+        "first-party imports inside functions with no '# Deferred: <why>' comment (move them to module level, "
+        "or say why they wait):\n" + "\n".join(f"  {d}" for d in bad)
+    )
 
 
 # The checks themselves: each catches what it is there to catch.
@@ -302,3 +386,37 @@ def test_a_cycle_is_caught():
         ("gpufeed.train.loop", 1, "gpufeed.train.step"),
         ("gpufeed.train.step", 2, "gpufeed.train.loop"),
     ]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f():\n    from gpufeed.pipelines import ImageLoader\n",
+        "def f():\n    import gpufeed.pipelines\n",
+        "def f():\n    from . import session\n",
+        # A comment that does not say it is a deferral, or one cut off from the import by code.
+        "def f():\n    # the loader\n    from gpufeed.pipelines import ImageLoader\n",
+        "def f():\n    # Deferred: DALI.\n    x = 1\n    from gpufeed.pipelines import ImageLoader\n",
+        "class C:\n    def m(self):\n        def g():\n            from gpufeed.models import ModelSpec\n",
+    ],
+)
+def test_an_unexplained_deferred_import_is_caught(source):
+    (bad,) = unexplained_deferrals("gpufeed.train.loop", source)
+    assert str(bad).startswith(f"gpufeed/train/loop.py:{bad.line} imports gpufeed.")
+    assert bad.function == ("g" if "def g" in source else "f")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f():\n    from gpufeed.pipelines import ImageLoader  # Deferred: loads DALI.\n",
+        "def f():\n    # Deferred: loads DALI.\n    from gpufeed.pipelines import ImageLoader\n",
+        "def f():\n    # Deferred: these load torch\n    # and DALI.\n    import torch\n\n"
+        "    from gpufeed.models import ModelSpec\n    from gpufeed.pipelines import ImageLoader\n",
+        "# Deferred imports: every handler loads torch.\n\n\ndef f():\n    from gpufeed.pipelines import ImageLoader\n",
+        "def f():\n    import json\n",  # not first-party
+        "from gpufeed.pipelines import ImageLoader\n",  # module level
+    ],
+)
+def test_an_explained_deferred_import_passes(source):
+    assert unexplained_deferrals("gpufeed.train.loop", source) == []

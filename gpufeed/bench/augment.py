@@ -26,7 +26,16 @@ from dataclasses import dataclass
 
 from gpufeed._files import write_json
 from gpufeed._text import format_table
+from gpufeed.bench._augment_graph import GraphTimer, graph_variants
 from gpufeed.bench._common import machine_facts, median
+from gpufeed.config import AUGMENT_OPS, LOADER_AUGMENT_OPS, AugmentConfig, TrainConfig
+from gpufeed.device import resolve_device
+from gpufeed.models import create_model
+from gpufeed.pipelines._epochs import default_num_threads
+from gpufeed.train.augment import Augmenter, KorniaStage, build_augmenter, plan_augmentation
+from gpufeed.train.optim import build_optimizer, build_scheduler, resolve_amp
+from gpufeed.train.step import Stepper
+from gpufeed.train.tasks import ImageTask, to_channels_last
 
 __all__ = ["print_augment_result", "run_augment_bench"]
 
@@ -87,13 +96,6 @@ class _Clock:
 def _stepper(model_name: str, size_px: int, torch_device, amp_dtype, on_gpu: bool):
     import torch
 
-    from gpufeed.config import TrainConfig
-    from gpufeed.models import create_model
-    from gpufeed.train.augment import Augmenter
-    from gpufeed.train.optim import build_optimizer, build_scheduler
-    from gpufeed.train.step import Stepper
-    from gpufeed.train.tasks import ImageTask, to_channels_last
-
     model = to_channels_last(create_model(model_name, num_classes=1000, size_px=size_px).to(torch_device))
     task = ImageTask(1000)
     cfg = TrainConfig()
@@ -116,8 +118,6 @@ def _device_variants(amp_dtype):
     """(op, place, precision label, AugmentConfig, dtype or None) for every device variant."""
     import torch
 
-    from gpufeed.config import AUGMENT_OPS, LOADER_AUGMENT_OPS, AugmentConfig
-
     precisions = [("float32", torch.float32)]
     if amp_dtype is not None:
         precisions.append((str(amp_dtype).replace("torch.", ""), amp_dtype))
@@ -135,9 +135,6 @@ def _device_variants(amp_dtype):
 def _previous_default(dtype):
     """The default as it ran before: Kornia ColorJitter, random order, float32 on the device."""
     import kornia.augmentation as K
-
-    from gpufeed.config import AugmentConfig
-    from gpufeed.train.augment import Augmenter, KorniaStage
 
     c = AugmentConfig().color_jitter
     op = K.ColorJitter(c.brightness, c.contrast, c.saturation, c.hue, p=c.p)
@@ -177,13 +174,6 @@ def run_augment_bench(
     """
     import torch
     from tqdm import tqdm
-
-    from gpufeed.bench._augment_graph import GraphTimer, graph_variants
-    from gpufeed.config import AugmentConfig
-    from gpufeed.device import resolve_device
-    from gpufeed.pipelines._epochs import default_num_threads
-    from gpufeed.train.augment import build_augmenter, plan_augmentation
-    from gpufeed.train.optim import resolve_amp
 
     choice = resolve_device(device)
     defaults = GPU_DEFAULTS if choice.is_gpu else CPU_DEFAULTS

@@ -31,6 +31,13 @@ import numpy as np
 from gpufeed._files import write_json
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts, median
+from gpufeed.config import LoaderConfig, VideoConfig
+from gpufeed.device import resolve_device
+from gpufeed.pipelines import ClipLoader, PrepareOptions, VideoDataset, prepare_videos
+from gpufeed.pipelines._epochs import default_num_threads
+from gpufeed.synth import TagError, read_tag
+from gpufeed.synth.tags import tag_blocks
+from gpufeed.synth.videos import behaviour_labels, write_label_csv
 
 __all__ = ["make_bench_videos", "prepared_bench_videos", "run_clip_bench"]
 
@@ -38,8 +45,6 @@ _DEEPETHOGRAM_FRAMES_PER_SECOND = 1200  # the loading rate DeepEthogram's author
 
 
 def _render(index: int, video_id: int, size: int, texture: np.ndarray, rng) -> np.ndarray:
-    from gpufeed.synth.tags import tag_blocks
-
     frame = texture.copy()
     t = index / 30.0
     cy, cx = size / 2 + size / 3 * np.sin(t * 0.7 + video_id), size / 2 + size / 3 * np.cos(t * 0.5)
@@ -63,8 +68,6 @@ def make_bench_videos(folder: Path, count=4, seconds=120, fps=30, size=256, gop=
 
     import av
     from tqdm import tqdm
-
-    from gpufeed.synth.videos import behaviour_labels, write_label_csv
 
     target = Path(folder) / f"clips-{count}x{seconds}s-{fps}fps-{size}px-gop{gop}-{seed}" / "videos"
     if (target / ".complete").exists():
@@ -96,8 +99,6 @@ def make_bench_videos(folder: Path, count=4, seconds=120, fps=30, size=256, gop=
 
 def prepared_bench_videos(videos: Path, clip_length_frames: int, stride_frames: int) -> Path:
     """``gpufeed prepare`` of the bench videos (default options for the clip), cached beside them."""
-    from gpufeed.pipelines import PrepareOptions, prepare_videos
-
     options = PrepareOptions(clip_length_frames=clip_length_frames, stride_frames=stride_frames, probe_clips=0)
     o = options
     target = videos.parent / f"prepared-{o.codec}-gop{o.resolved_gop_frames}-crf{o.crf}-{o.tune}"
@@ -224,8 +225,6 @@ def _torchcodec_epoch(clips: list[tuple[str, int]], length: int, stride: int, si
 
 def _exactness(batches: list, clips: list[tuple[int, int]], length: int, stride: int) -> float:
     """Share of clips whose every frame carries the (frame index, video id) asked for."""
-    from gpufeed.synth import TagError, read_tag
-
     stacked = [c for b in batches for c in b]
     good = 0
     for clip, (video, start) in zip(stacked, clips, strict=False):
@@ -261,9 +260,6 @@ class _BenchSet:
     """One folder of videos, its clip loader, and a runner per contender (same clips for all)."""
 
     def __init__(self, folder: Path, args, choice) -> None:
-        from gpufeed.config import LoaderConfig, VideoConfig
-        from gpufeed.pipelines import ClipLoader, VideoDataset
-
         self.args, self.choice = args, choice
         self.dataset = VideoDataset.from_folder(folder, progress=True)
         video_cfg = VideoConfig(clip_length_frames=args.clip_length, stride_frames=args.stride, size_px=args.size)
@@ -308,9 +304,6 @@ def run_clip_bench(args) -> dict:
     Each round runs every (video set, contender) once, alternating the order between rounds;
     ratios are medians of per-round ratios, which cancels most of a shared machine's drift.
     """
-    from gpufeed.device import resolve_device
-    from gpufeed.pipelines._epochs import default_num_threads
-
     choice = resolve_device(args.device)
     args.workers = args.workers or default_num_threads()
     contenders, missing = _contenders(tuple(args.contenders), choice)

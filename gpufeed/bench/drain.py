@@ -30,7 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._report import Check
+from gpufeed.bench._serve_proc import ServeProcess
 from gpufeed.bench._server_runs import ServerRunReport, exit_check, main_run
+from gpufeed.models import read_model_card
 
 __all__ = ["DrainReport", "run_drain"]
 
@@ -100,9 +102,6 @@ def run_drain(
 ) -> DrainReport:
     """SIGTERM a server with requests in flight; return how every request ended (see module docs)."""
     import httpx
-
-    from gpufeed.bench._serve_proc import ServeProcess
-    from gpufeed.models import read_model_card
 
     card = read_model_card(model_dir)
     held = card.batch_size - 1

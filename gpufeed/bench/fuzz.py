@@ -28,9 +28,14 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._report import Check
+from gpufeed._text import format_table
 from gpufeed.bench._corpus import Probe, Target, malformed_corpus
-from gpufeed.bench._liveness import liveness_lines
+from gpufeed.bench._liveness import liveness_lines, measure_liveness
+from gpufeed.bench._serve_proc import ServeProcess
 from gpufeed.bench._server_runs import ServerRunReport, exit_check, main_run
+from gpufeed.config import parse_config
+from gpufeed.models import read_model_card
+from gpufeed.server._access import route_of
 
 __all__ = ["FUZZ_LIMITS", "FuzzReport", "ValidRequestCheck", "run_corpus", "valid_request_check"]
 
@@ -122,8 +127,6 @@ def errors_by_reason(host: str, port: int, headers: dict[str, str] | None = None
 
 def is_inference_path(path: str) -> bool:
     """Whether the server counts an answer to ``path`` (as sent, query included) in its requests metric."""
-    from gpufeed.server._access import route_of
-
     decoded = urllib.parse.unquote(path.partition("?")[0], errors="replace")  # as uvicorn decodes it
     return route_of(decoded)[1] is not None
 
@@ -148,8 +151,6 @@ class ValidRequestCheck:
     """
 
     def __init__(self, host, port, model_dir: Path, jpeg: bytes | None, headers: dict[str, str] | None = None):
-        from gpufeed.models import read_model_card
-
         card = read_model_card(model_dir)
         rows = np.random.default_rng(7).integers(0, 256, (1, *card.sample_shape), dtype=np.uint8)
         self.expected = direct_logits(model_dir, rows)
@@ -322,8 +323,6 @@ class FuzzReport(ServerRunReport):
         return checks
 
     def lines(self) -> list[str]:
-        from gpufeed._text import format_table
-
         summary = self.figures
         rows = []
         for category, tally in summary["categories"].items():
@@ -352,10 +351,6 @@ class FuzzReport(ServerRunReport):
 
 def main_fuzz(args) -> int:
     """``gpufeed bench fuzz``: the corpus against one server, then liveness against a second."""
-    from gpufeed.bench._liveness import measure_liveness
-    from gpufeed.bench._serve_proc import ServeProcess
-    from gpufeed.config import parse_config
-    from gpufeed.models import read_model_card
 
     def run(model_dir: Path, images: list[bytes]) -> FuzzReport:
         card = read_model_card(model_dir)

@@ -23,6 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._files import write_json
+from gpufeed._text import format_table
+from gpufeed.bench._common import machine_facts
+from gpufeed.device import resolve_device
+from gpufeed.pipelines import check_path, decode_problem, read_image_facts
+from gpufeed.server._preprocess import ImageDecoder, inspect_image
+
 __all__ = ["main_images", "run_image_checks"]
 
 SIZES = ((640, 480), (1920, 1080), (4000, 3000))
@@ -74,8 +81,6 @@ def _time_ms(fn, budget_s: float = 0.6, least: int = 3) -> float:
 
 
 def _bomb_check(folder: Path) -> dict:
-    from gpufeed.pipelines import check_path
-
     for name in ("a", "b"):
         (folder / "bombs" / name).mkdir(parents=True, exist_ok=True)
     small = _encode(_photo(64, 48), "JPEG")
@@ -103,8 +108,6 @@ def _bomb_check(folder: Path) -> dict:
 
 def _server_decode(data: bytes, width: int, height: int, device):
     """A callable running the server's decoder (evaluation window, resize to 224) on ``data``."""
-    from gpufeed.server._preprocess import ImageDecoder
-
     size = np.array([[width, height]])
     decoder = ImageDecoder(224, 0.875, 1, device.device_id, num_threads=1)
     if not device.is_gpu:
@@ -124,9 +127,6 @@ def _server_decode(data: bytes, width: int, height: int, device):
 def run_image_checks(device) -> dict:
     """Time every check on every size (see the module docs); returns the figures."""
     from tqdm import tqdm
-
-    from gpufeed.pipelines import decode_problem, read_image_facts
-    from gpufeed.server._preprocess import inspect_image
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,11 +154,6 @@ def run_image_checks(device) -> dict:
 
 
 def main_images(args) -> int:
-    from gpufeed._files import write_json
-    from gpufeed._text import format_table
-    from gpufeed.bench._common import machine_facts
-    from gpufeed.device import resolve_device
-
     device = resolve_device(args.device)
     figures = run_image_checks(device)
     headers = [

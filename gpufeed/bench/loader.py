@@ -17,6 +17,11 @@ import numpy as np
 from gpufeed._files import write_json
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts, median
+from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.device import resolve_device
+from gpufeed.pipelines import ImageDataset, ImageLoader
+from gpufeed.pipelines._epochs import default_num_threads
+from gpufeed.pipelines._windows import train_windows
 
 __all__ = ["PilCropDataset", "make_bench_images", "run_loader_bench"]
 
@@ -104,12 +109,6 @@ def run_loader_bench(
         workers: DataLoader workers and DALI threads; 0 means one per core.
     """
     import torch
-
-    from gpufeed.config import ImagePipelineConfig, LoaderConfig
-    from gpufeed.device import resolve_device
-    from gpufeed.pipelines import ImageDataset, ImageLoader
-    from gpufeed.pipelines._epochs import default_num_threads
-    from gpufeed.pipelines._windows import train_windows
 
     choice = resolve_device(device)
     workers = workers or default_num_threads()

@@ -22,7 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._report import Check
+from gpufeed.bench._loadgen import run_load
+from gpufeed.bench._serve_proc import ServeProcess
 from gpufeed.bench._server_runs import ServerRunReport, exit_check, main_run
+from gpufeed.models import read_model_card
 
 __all__ = ["OverloadReport", "predict_scores", "run_overload"]
 
@@ -80,10 +83,6 @@ def run_overload(
 ) -> OverloadReport:
     """Serve ``model_dir`` with a ``queue_capacity`` queue, drive it with ``clients`` connections; return figures."""
     import httpx
-
-    from gpufeed.bench._loadgen import run_load
-    from gpufeed.bench._serve_proc import ServeProcess
-    from gpufeed.models import read_model_card
 
     card = read_model_card(model_dir)
     settings = [

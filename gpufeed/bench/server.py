@@ -31,11 +31,20 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._extras import require_extra
 from gpufeed._files import write_json
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts, median
 from gpufeed.bench._loadgen import run_load
+from gpufeed.bench._loadgen_grpc import run_grpc_load
+from gpufeed.bench._serve_proc import quiet_http_logs
 from gpufeed.bench._server_report import batch_usage, print_batch_usage, print_verdicts, scrape_batch_rows, verdicts
+from gpufeed.bench.loader import make_bench_images
+from gpufeed.device import resolve_device
+from gpufeed.models import export_model, read_model_card
+from gpufeed.models._card import default_batch_sizes
+from gpufeed.models._io import untrained_checkpoint
+from gpufeed.pipelines._epochs import default_num_threads
 
 __all__ = ["CONTENDERS", "run_server_bench"]
 
@@ -140,10 +149,6 @@ def export_bench_models(
 ) -> dict:
     """One checkpoint exported twice, cached: ``batched`` at ``batch_sizes`` (default: the powers of two
     up to ``batch_size``; gpufeed and LitServe) and ``single`` at 1 (the plain server)."""
-    from gpufeed.models import export_model, read_model_card
-    from gpufeed.models._card import default_batch_sizes
-    from gpufeed.models._io import untrained_checkpoint
-
     sizes = tuple(batch_sizes or default_batch_sizes(batch_size))
     source = (
         "untrained" if checkpoint is None else hashlib.sha256(str(Path(checkpoint).resolve()).encode()).hexdigest()[:12]
@@ -188,10 +193,6 @@ def run_server_bench(
         raise ValueError(f"protocol {protocol!r} is not known; known: rest, grpc")
     from tqdm import tqdm
 
-    from gpufeed.device import resolve_device
-    from gpufeed.models import read_model_card
-    from gpufeed.pipelines._epochs import default_num_threads
-
     choice = resolve_device(device)
     threads = default_num_threads()
     models = export_bench_models(cache, architecture, size_px, batch_size, checkpoint)
@@ -215,8 +216,6 @@ def run_server_bench(
                         rows_before = scrape_batch_rows(port, _MODEL_NAME) if name == "gpufeed" else None
                         cpu_before = session_cpu_seconds(proc.pid)
                         if name == "gpufeed" and grpc_port is not None:
-                            from gpufeed.bench._loadgen_grpc import run_grpc_load
-
                             result = run_grpc_load(
                                 "127.0.0.1", grpc_port, _MODEL_NAME, images, concurrency=c, seconds=seconds,
                                 warmup_s=warmup_s,
@@ -340,12 +339,7 @@ def plot_server_results(results: list[dict], path: Path) -> Path:
 
 
 def main_server(args) -> int:
-    from gpufeed.bench._serve_proc import quiet_http_logs
-    from gpufeed.bench.loader import make_bench_images
-
     if args.protocol == "grpc":
-        from gpufeed._extras import require_extra
-
         require_extra("grpc", "gpufeed bench server --protocol grpc")
     quiet_http_logs()
     folder = make_bench_images(args.cache, args.images, *args.image_size)

@@ -22,7 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._report import Check
+from gpufeed.bench._loadgen import run_load
+from gpufeed.bench._serve_proc import ServeProcess
 from gpufeed.bench._server_runs import ServerRunReport, exit_check, main_run
+from gpufeed.models import read_model_card
 
 __all__ = ["SoakReport", "run_soak"]
 
@@ -61,10 +64,6 @@ def run_soak(
     """
     import httpx
     from tqdm import tqdm
-
-    from gpufeed.bench._loadgen import run_load
-    from gpufeed.bench._serve_proc import ServeProcess
-    from gpufeed.models import read_model_card
 
     card = read_model_card(model_dir)
     path = f"/v1/models/{card.name}/predict"

@@ -24,11 +24,21 @@ from pathlib import Path
 
 import torch
 
-from gpufeed._files import write_atomic
+from gpufeed._files import write_atomic, write_json
 from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, dataloader_feed, gpufeed_feed
-from gpufeed.bench._train_report import SIDES, figures, print_train_result
-from gpufeed.config import Config, parse_config
+from gpufeed.bench._train_report import SIDES, draw_train_plot, figures, print_train_result
+from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
+from gpufeed.bench.loader import make_bench_images
+from gpufeed.config import Config, ConfigError, parse_config
+from gpufeed.device import resolve_device
+from gpufeed.models import create_model
+from gpufeed.pipelines import ClipBatch, ClipLoader, ImageBatch, ImageDataset, ImageLoader, VideoDataset
+from gpufeed.pipelines._epochs import default_num_threads
+from gpufeed.pipelines._sampler import plan_epoch
 from gpufeed.train.augment import AugmentPlan, plan_augmentation
+from gpufeed.train.optim import build_optimizer, build_scheduler, resolve_amp
+from gpufeed.train.step import Stepper
+from gpufeed.train.tasks import ClipTask, ImageTask, to_channels_last
 
 __all__ = ["DEFAULTS", "augment_plans", "main_train", "run_train_bench"]
 
@@ -75,10 +85,6 @@ class _Run:
     """Everything both sides share: device, resolved config, data, task, model spec, epoch plans."""
 
     def __init__(self, args) -> None:
-        from gpufeed.device import resolve_device
-        from gpufeed.pipelines._epochs import default_num_threads
-        from gpufeed.train.optim import resolve_amp
-
         self.task_name = args.task
         self.device = resolve_device(args.device)
         kind = "gpu" if self.device.is_gpu else "cpu"
@@ -98,10 +104,6 @@ class _Run:
 
     # -- data -----------------------------------------------------------------------------------
     def _images(self, args) -> None:
-        from gpufeed.pipelines import ImageDataset
-        from gpufeed.pipelines._sampler import plan_epoch
-        from gpufeed.train.tasks import ImageTask
-
         if args.data:
             self.dataset = ImageDataset.from_folder(args.data, progress=True)
             classes = args.classes or len(self.dataset.classes)
@@ -131,10 +133,6 @@ class _Run:
         self.keys = [[(i, e) for i in ids] for e, ids in enumerate(plans)]
 
     def _clips(self, args) -> None:
-        from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
-        from gpufeed.pipelines import VideoDataset
-        from gpufeed.train.tasks import ClipTask
-
         v = self.cfg.video
         if args.data:
             folder = Path(args.data)
@@ -175,8 +173,6 @@ class _Run:
 
     # -- the two feeds --------------------------------------------------------------------------
     def _gpufeed_loader(self):
-        from gpufeed.pipelines import ClipLoader, ImageLoader
-
         cfg = self.cfg
         common = {
             "train": True,
@@ -212,11 +208,6 @@ class _Run:
     # -- the step -------------------------------------------------------------------------------
     def stepper(self, augment: torch.nn.Module):
         """A fresh model, optimiser and schedule behind the trainer's :class:`Stepper`, as ``gpufeed train`` builds them."""
-        from gpufeed.models import create_model
-        from gpufeed.train.optim import build_optimizer, build_scheduler
-        from gpufeed.train.step import Stepper
-        from gpufeed.train.tasks import to_channels_last
-
         cfg = self.cfg
         torch.manual_seed(cfg.seed)  # the same initial weights on both sides
         spec = dict(self.spec, mean=cfg.model.mean, std=cfg.model.std)
@@ -243,8 +234,6 @@ class _Run:
 
     def synthetic_batch(self):
         """A batch of the feeds' type and layout with random pixels: warms kernels up, untimed."""
-        from gpufeed.pipelines import ClipBatch, ImageBatch
-
         n, s, dev = self.cfg.loader.batch_size, self.spec["size_px"], self.device.torch_device
         valid = torch.ones(n, dtype=torch.bool, device=dev)
         if not self.clips:
@@ -262,8 +251,6 @@ def _config(args, pick: dict, workers: int) -> Config:
     for item in args.overrides:
         key = item.partition("=")[0].strip()
         if key in _FLAG_KEYS:
-            from gpufeed.config import ConfigError
-
             raise ConfigError(key, f"this command sets it with {_FLAG_KEYS[key]}, not --set")
     cfg = parse_config(None, args.overrides, base_dir=Path.cwd())
     size = {"size_px": pick["size_px"]}
@@ -281,8 +268,6 @@ def _config(args, pick: dict, workers: int) -> Config:
 
 def _generated_image_list(cache: Path, count: int, image_size: tuple[int, int], classes: int) -> Path:
     """``gpufeed bench loader``'s generated photos as a list file with labels ``i % classes``."""
-    from gpufeed.bench.loader import make_bench_images
-
     folder = make_bench_images(cache, count, *image_size)
     listing = folder / f"labels-{classes}.txt"
     if not listing.exists():
@@ -405,9 +390,6 @@ def _settings(run: _Run, augmenters: dict, orders: list) -> dict:
 
 
 def main_train(args) -> int:
-    from gpufeed._files import write_json
-    from gpufeed.bench._train_report import draw_train_plot
-
     result = run_train_bench(args)
     print_train_result(result)
     if args.json:

@@ -7,6 +7,11 @@ import os
 import sys
 from pathlib import Path
 
+from gpufeed._files import write_json
+
+# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
+# imports the libraries it runs (numpy, PIL, DALI, PyAV) itself: `gpufeed --help` stays light.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -114,7 +119,6 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from gpufeed._files import write_json
     from gpufeed.pipelines import PrepareOptions, prepare_videos
 
     try:

@@ -7,6 +7,9 @@ import re
 import sys
 from pathlib import Path
 
+# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
+# imports the libraries it runs (yaml, ssl, http) itself: `gpufeed --help` stays light.
+
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 
 

@@ -7,6 +7,9 @@ from pathlib import Path
 
 from gpufeed._report import finish
 
+# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
+# imports the libraries it runs (torch, DALI) itself: `gpufeed --help` stays light.
+
 
 def _common(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument(

@@ -5,6 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpufeed._text import format_table
+from gpufeed.commands import require_extra
+
+# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
+# imports the libraries it runs (torch, DALI, yaml, the config schema) itself: `gpufeed --help` stays light.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -30,8 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from gpufeed.commands import require_extra
-
     require_extra("demo", "gpufeed demo")  # its clients (tritonclient, httpx), checked before any work
     from gpufeed.demo import run_demo
 
@@ -43,7 +47,6 @@ def _config(args: argparse.Namespace) -> int:
     import yaml
 
     from gpufeed._schema import to_mapping
-    from gpufeed._text import format_table
     from gpufeed.config import describe_config, load_config
 
     if args.describe:

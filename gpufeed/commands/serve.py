@@ -6,6 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpufeed.commands import require_extra
+from gpufeed.device import resolve_device
+
+# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
+# imports the libraries it runs (torch, onnxruntime, DALI, yaml) itself: `gpufeed --help` stays light.
+
 
 def _positive(text: str) -> int:
     try:
@@ -82,7 +88,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from gpufeed.device import resolve_device
     from gpufeed.models import export_model
     from gpufeed.models._export import resolve_batch_sizes
 
@@ -119,7 +124,5 @@ def _serve(args: argparse.Namespace) -> int:
         overrides.append(f"serve.auth_token_file={args.auth_token_file}")
     cfg = load_config(args.config, overrides)
     if args.grpc_port is not None or cfg.serve.grpc_port:
-        from gpufeed.commands import require_extra
-
         require_extra("grpc", "gpufeed serve --grpc-port")  # before any model is loaded
     return serve_forever(args.model_repo, args.model, cfg, host=args.host, port=args.port, grpc_port=args.grpc_port)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
+# imports the libraries it runs (torch, DALI, matplotlib) itself: `gpufeed --help` stays light.
+
 
 def _profile_steps(text: str) -> tuple[int, int]:
     from gpufeed.train.profiling import parse_profile_steps

@@ -17,6 +17,7 @@ import litserve as ls
 import numpy as np
 
 from gpufeed.bench.peers._common import onnx_providers, pil_preprocess, top_k_reply
+from gpufeed.models import read_model_card
 
 __all__ = ["OnnxImageAPI", "main"]
 
@@ -30,8 +31,6 @@ class OnnxImageAPI(ls.LitAPI):
 
     def setup(self, device) -> None:
         import onnxruntime as ort
-
-        from gpufeed.models import read_model_card
 
         self.card = read_model_card(self.model_dir)
         self.session = ort.InferenceSession(f"{self.model_dir}/model.onnx", providers=onnx_providers(self.device_kind))
@@ -62,8 +61,6 @@ class OnnxImageAPI(ls.LitAPI):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from gpufeed.models import read_model_card
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--host", default="127.0.0.1")

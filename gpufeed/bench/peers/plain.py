@@ -12,14 +12,14 @@ import argparse
 
 from fastapi import FastAPI, File, UploadFile
 
+from gpufeed.bench.peers._common import onnx_providers, pil_preprocess, top_k_reply
+from gpufeed.models import read_model_card
+
 __all__ = ["build_app", "main"]
 
 
 def build_app(model_dir: str, device: str = "cpu"):
     import onnxruntime as ort
-
-    from gpufeed.bench.peers._common import onnx_providers, pil_preprocess, top_k_reply
-    from gpufeed.models import read_model_card
 
     card = read_model_card(model_dir)
     if card.batch_size != 1:
