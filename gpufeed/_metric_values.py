@@ -1,6 +1,6 @@
 """Label values and histogram buckets of gpufeed's Prometheus metrics, defined once.
 
-The trainer (``gpufeed.train.telemetry``), the server (``gpufeed.server._metrics``) and the
+The trainer (``gpufeed.train._telemetry``), the server (``gpufeed.server._metrics``) and the
 metrics contract the dashboards are checked against (``gpufeed.obs._contract``) all read these,
 so a bucket or label value cannot differ between what is exported and what is contracted. They
 sit in the core because it is the one layer all three may import.

@@ -53,7 +53,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from gpufeed.server import ServerStartError
     from gpufeed.server._repo import ModelRepoError
     from gpufeed.server._runtime import RuntimeSetupError
-    from gpufeed.train.errors import TrainError
+    from gpufeed.train._errors import TrainError
 
     serving = (ExportError, ModelCardError, ModelRepoError, RuntimeSetupError, ServerStartError)
     return (ConfigError, DatasetError, BadSampleError, DeviceUnavailableError, FileNotFoundError, TrainError, *serving)

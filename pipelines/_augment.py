@@ -26,7 +26,7 @@ applied in that order (grayscale commutes with the others). They compose to
 ``M = a P0 + b P1 + c P2``, ``T = d 1`` with ``P0 = 1 g^T`` (projection on grey), ``P1 = I - P0``
 (the chroma part), ``P2`` (a quarter turn of the chroma plane) and four scalars per sample
 (:func:`colour_coefficients`). The same function, fed by ``torch.rand`` instead of the hash, is
-the training device's fused colour op (``gpufeed.train.augment``), so both places compute the
+the training device's fused colour op (``gpufeed.train._augment``), so both places compute the
 same maths. :func:`reference_augment` is the numpy reference the tests hold DALI to.
 
 Flips: the image loader folds them into the resize ROI (free); clips use ``fn.flip`` on the

@@ -33,7 +33,7 @@ from PIL import Image, ImageOps
 from videohelp import encode_tagged_video, mux_silence
 
 from gpufeed.synth import CLASS_NAMES, CLASS_WORDS, behaviour_labels, draw_tag
-from gpufeed.synth.videos import write_label_csv
+from gpufeed.synth._videos import write_label_csv
 
 __all__ = [
     "CLASSES",

@@ -311,9 +311,9 @@ def unexplained_deferrals(module: str, source: str) -> list[Deferred]:
 
 
 def test_every_module_has_a_layer_and_parses():
-    assert "gpufeed.train.loop" in MODULES and "gpufeed.pipelines" in MODULES
-    assert layer_of("gpufeed._text") == 0 and layer_of("gpufeed.synth.images") == 0
-    assert layer_of("gpufeed.server._app") > layer_of("gpufeed.train.loop") > layer_of("gpufeed.models._io")
+    assert "gpufeed.train._loop" in MODULES and "gpufeed.pipelines" in MODULES
+    assert layer_of("gpufeed._text") == 0 and layer_of("gpufeed.synth._images") == 0
+    assert layer_of("gpufeed.server._app") > layer_of("gpufeed.train._loop") > layer_of("gpufeed.models._io")
     assert all_imports()
 
 
@@ -366,25 +366,25 @@ def _edges_of(module: str, source: str) -> list[Import]:
     ],
 )
 def test_an_upward_import_is_caught(source):
-    bad = upward_imports(_edges_of("gpufeed.train.loop", source))
-    assert [(e.importer, e.target.split(".")[1]) for e in bad] == [("gpufeed.train.loop", "server")]
+    bad = upward_imports(_edges_of("gpufeed.train._loop", source))
+    assert [(e.importer, e.target.split(".")[1]) for e in bad] == [("gpufeed.train._loop", "server")]
 
 
 def test_a_relative_import_is_resolved():
-    edges = _edges_of("gpufeed.train.loop", "from . import session\nfrom ..bench import _common\n")
-    assert [e.target for e in edges] == ["gpufeed.train.session", "gpufeed.bench._common"]
+    edges = _edges_of("gpufeed.train._loop", "from . import _session\nfrom ..bench import _common\n")
+    assert [e.target for e in edges] == ["gpufeed.train._session", "gpufeed.bench._common"]
     assert [e.target for e in upward_imports(edges)] == ["gpufeed.bench._common"]
 
 
 def test_a_cycle_is_caught():
     edges = [
-        *_edges_of("gpufeed.train.loop", "from gpufeed.train.step import x\n"),
-        *_edges_of("gpufeed.train.step", "def f():\n    from gpufeed.train import loop\n"),
+        *_edges_of("gpufeed.train._loop", "from gpufeed.train._step import x\n"),
+        *_edges_of("gpufeed.train._step", "def f():\n    from gpufeed.train import _loop\n"),
     ]
     (circle,) = cycles(edges)
     assert [(e.importer, e.line, e.target) for e in circle] == [
-        ("gpufeed.train.loop", 1, "gpufeed.train.step"),
-        ("gpufeed.train.step", 2, "gpufeed.train.loop"),
+        ("gpufeed.train._loop", 1, "gpufeed.train._step"),
+        ("gpufeed.train._step", 2, "gpufeed.train._loop"),
     ]
 
 
@@ -401,8 +401,8 @@ def test_a_cycle_is_caught():
     ],
 )
 def test_an_unexplained_deferred_import_is_caught(source):
-    (bad,) = unexplained_deferrals("gpufeed.train.loop", source)
-    assert str(bad).startswith(f"gpufeed/train/loop.py:{bad.line} imports gpufeed.")
+    (bad,) = unexplained_deferrals("gpufeed.train._loop", source)
+    assert str(bad).startswith(f"gpufeed/train/_loop.py:{bad.line} imports gpufeed.")
     assert bad.function == ("g" if "def g" in source else "f")
 
 
@@ -419,4 +419,4 @@ def test_an_unexplained_deferred_import_is_caught(source):
     ],
 )
 def test_an_explained_deferred_import_passes(source):
-    assert unexplained_deferrals("gpufeed.train.loop", source) == []
+    assert unexplained_deferrals("gpufeed.train._loop", source) == []

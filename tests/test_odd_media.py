@@ -168,7 +168,7 @@ class _BatchSpy:
     """Wraps the real training step: reads every batch's tags before the step runs on it."""
 
     def __init__(self, monkeypatch) -> None:
-        from gpufeed.train.step import Stepper
+        from gpufeed.train._step import Stepper
 
         self.batches = []
         real = Stepper.__call__
@@ -279,8 +279,8 @@ def test_bombs_are_bad_files_for_the_loader_and_the_limit_is_the_config_key(corp
 
     from gpufeed.device import DeviceChoice
     from gpufeed.pipelines import DatasetError
-    from gpufeed.train.data import build_data
-    from gpufeed.train.distributed import DistInfo
+    from gpufeed.train._data import build_data
+    from gpufeed.train._distributed import DistInfo
 
     _, images, _ = corpus
     folder = tmp_path / "photos" / "amber"

@@ -10,8 +10,8 @@ import torch
 
 from gpufeed.models import create_model
 from gpufeed.reliability import run_disk_faults
-from gpufeed.train.optim import build_optimizer
-from gpufeed.train.preflight import estimate_checkpoint_bytes, space_needed
+from gpufeed.train._optim import build_optimizer
+from gpufeed.train._preflight import estimate_checkpoint_bytes, space_needed
 
 pytestmark = pytest.mark.timeout(300)
 

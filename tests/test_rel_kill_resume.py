@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpufeed.reliability import run_kill_resume
-from gpufeed.reliability.kill_resume import WEIGHT_TOLERANCE, draw_targets
+from gpufeed.reliability._kill_resume import WEIGHT_TOLERANCE, draw_targets
 
 
 def test_kill_moments_are_seeded_and_include_one_checkpoint_write():

@@ -11,8 +11,8 @@ from train_support import train_config
 
 from gpufeed.config import AUGMENT_OPS, LOADER_AUGMENT_OPS, AugmentConfig, ConfigError, parse_config
 from gpufeed.pipelines import ColourJitter, LoaderAugment, reference_augment
-from gpufeed.train.augment import FusedColour, RandomFlip, build_augmenter, plan_augmentation
-from gpufeed.train.session import Session
+from gpufeed.train._augment import FusedColour, RandomFlip, build_augmenter, plan_augmentation
+from gpufeed.train._session import Session
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -19,10 +19,10 @@ from conftest import DEVICES
 from gpufeed.config import AugmentConfig, TrainConfig
 from gpufeed.models import create_model
 from gpufeed.synth import read_tag
-from gpufeed.train.augment import build_augmenter
-from gpufeed.train.optim import build_optimizer, build_scheduler
-from gpufeed.train.step import Stepper
-from gpufeed.train.tasks import ClipTask, to_channels_last
+from gpufeed.train._augment import build_augmenter
+from gpufeed.train._optim import build_optimizer, build_scheduler
+from gpufeed.train._step import Stepper
+from gpufeed.train._tasks import ClipTask, to_channels_last
 
 pytestmark = pytest.mark.timeout(300)
 

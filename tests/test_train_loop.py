@@ -13,7 +13,7 @@ from gpufeed.config import ConfigError, load_config
 from gpufeed.models import load_model
 from gpufeed.models._io import list_checkpoints
 from gpufeed.train import TrainError, train
-from gpufeed.train.telemetry import STEP_FIELDS
+from gpufeed.train._telemetry import STEP_FIELDS
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -13,8 +13,8 @@ from prometheus_client import generate_latest
 
 from gpufeed.config import AugmentConfig, ConfigError, TrainConfig, parse_config
 from gpufeed.models._io import list_checkpoints
-from gpufeed.train.augment import build_augmenter
-from gpufeed.train.checkpoint import (
+from gpufeed.train._augment import build_augmenter
+from gpufeed.train._checkpoint import (
     capture_rng,
     load_latest_checkpoint,
     remove_stale_temp_files,
@@ -22,11 +22,11 @@ from gpufeed.train.checkpoint import (
     save_checkpoint,
     temp_path,
 )
-from gpufeed.train.optim import lr_factor
-from gpufeed.train.profiling import parse_profile_steps
-from gpufeed.train.summary import format_summary, summarize
-from gpufeed.train.tasks import Accuracy, ImageTask, MultiLabelF1
-from gpufeed.train.telemetry import StepRecord, TrainMetrics
+from gpufeed.train._optim import lr_factor
+from gpufeed.train._profiling import parse_profile_steps
+from gpufeed.train._summary import format_summary, summarize
+from gpufeed.train._tasks import Accuracy, ImageTask, MultiLabelF1
+from gpufeed.train._telemetry import StepRecord, TrainMetrics
 
 CONTRACT_METRICS = {
     "gpufeed_train_loader_wait_seconds": "histogram",

@@ -17,8 +17,8 @@ from train_support import gpufeed_cmd, run_gpufeed, write_train_config
 
 from gpufeed.models import create_model, load_model
 from gpufeed.models._io import list_checkpoints
-from gpufeed.train.checkpoint import param_digest
-from gpufeed.train.profiling import STAGE_NAMES
+from gpufeed.train._checkpoint import param_digest
+from gpufeed.train._profiling import STAGE_NAMES
 
 pytestmark = pytest.mark.timeout(300)
 

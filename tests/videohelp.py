@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed.synth import behaviour_labels, read_tag, render_frame
-from gpufeed.synth.videos import write_label_csv
+from gpufeed.synth._videos import write_label_csv
 
 
 def encode_tagged_video(

@@ -3,7 +3,7 @@
 A *feed* turns one training run into a single stream of ``(epoch, batch index, batch)`` over
 every epoch, with batches of gpufeed's own types (:class:`~gpufeed.pipelines.ImageBatch`,
 :class:`~gpufeed.pipelines.ClipBatch`) on the training device, so one
-:class:`~gpufeed.train.step.Stepper` consumes either. The loader is built inside the stream, on
+:class:`~gpufeed.train._step.Stepper` consumes either. The loader is built inside the stream, on
 its first ``next``: whatever a loader costs to start (a DALI pipeline, forking DataLoader workers)
 lands in the first batch's wait, as it does in a real run. The loader lives as long as its
 stream: dropping the stream (and collecting it) shuts its pipeline or worker processes down.

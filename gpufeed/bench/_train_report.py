@@ -10,7 +10,7 @@ import numpy as np
 from gpufeed._files import finite
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts
-from gpufeed.train.summary import STAGES, summarize
+from gpufeed.train._summary import STAGES, summarize
 
 __all__ = ["SIDES", "draw_train_plot", "figures", "print_train_result"]
 

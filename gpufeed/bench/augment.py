@@ -3,7 +3,7 @@
 In one run, on one device:
 
 * the **model step** (forward + backward + AdamW of the model at the batch size, size and
-  precision given, channels_last, through :class:`gpufeed.train.step.Stepper` as training runs
+  precision given, channels_last, through :class:`gpufeed.train._step.Stepper` as training runs
   it) on a fixed uint8 batch: the time everything else is compared with;
 * every op on the **training device**: Kornia in float32, Kornia in the step's precision (when the
   step uses autocast), and gpufeed's fused torch op for colour jitter, grayscale and flips, each
@@ -32,10 +32,10 @@ from gpufeed.config import AUGMENT_OPS, LOADER_AUGMENT_OPS, AugmentConfig, Train
 from gpufeed.device import resolve_device
 from gpufeed.models import create_model
 from gpufeed.pipelines._epochs import default_num_threads
-from gpufeed.train.augment import Augmenter, KorniaStage, build_augmenter, plan_augmentation
-from gpufeed.train.optim import build_optimizer, build_scheduler, resolve_amp
-from gpufeed.train.step import Stepper
-from gpufeed.train.tasks import ImageTask, to_channels_last
+from gpufeed.train._augment import Augmenter, KorniaStage, build_augmenter, plan_augmentation
+from gpufeed.train._optim import build_optimizer, build_scheduler, resolve_amp
+from gpufeed.train._step import Stepper
+from gpufeed.train._tasks import ImageTask, to_channels_last
 
 __all__ = ["print_augment_result", "run_augment_bench"]
 

@@ -36,8 +36,8 @@ from gpufeed.device import resolve_device
 from gpufeed.pipelines import ClipLoader, PrepareOptions, VideoDataset, prepare_videos
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.synth import TagError, read_tag
-from gpufeed.synth.tags import tag_blocks
-from gpufeed.synth.videos import behaviour_labels, write_label_csv
+from gpufeed.synth._tags import tag_blocks
+from gpufeed.synth._videos import behaviour_labels, write_label_csv
 
 __all__ = ["make_bench_videos", "prepared_bench_videos", "run_clip_bench"]
 

@@ -2,7 +2,7 @@
 
 Both sides train the same model (fresh, same seed) with the same batch size, input size,
 augmentation, optimiser, schedule, precision and memory format, through the very
-:class:`~gpufeed.train.step.Stepper` that ``gpufeed train`` runs, for the same epochs over the
+:class:`~gpufeed.train._step.Stepper` that ``gpufeed train`` runs, for the same epochs over the
 same samples in the same order. Only the feed differs (see :mod:`gpufeed.bench._train_feeds`):
 gpufeed's :class:`~gpufeed.pipelines.ImageLoader` / :class:`~gpufeed.pipelines.ClipLoader`, or a
 DataLoader with PIL (images) or PyAV keyframe seeks (clips) doing the same work per sample.
@@ -35,10 +35,10 @@ from gpufeed.models import create_model
 from gpufeed.pipelines import ClipBatch, ClipLoader, ImageBatch, ImageDataset, ImageLoader, VideoDataset
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._sampler import plan_epoch
-from gpufeed.train.augment import AugmentPlan, plan_augmentation
-from gpufeed.train.optim import build_optimizer, build_scheduler, resolve_amp
-from gpufeed.train.step import Stepper
-from gpufeed.train.tasks import ClipTask, ImageTask, to_channels_last
+from gpufeed.train._augment import AugmentPlan, plan_augmentation
+from gpufeed.train._optim import build_optimizer, build_scheduler, resolve_amp
+from gpufeed.train._step import Stepper
+from gpufeed.train._tasks import ClipTask, ImageTask, to_channels_last
 
 __all__ = ["DEFAULTS", "augment_plans", "main_train", "run_train_bench"]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from gpufeed._schema import to_mapping
 from gpufeed.config import Config, parse_config
 from gpufeed.demo._base import banner
-from gpufeed.train.report import draw_report
-from gpufeed.train.session import train
+from gpufeed.train._report import draw_report
+from gpufeed.train._session import train
 
 __all__ = ["demo_train_config", "run_train_demo"]
 

@@ -13,9 +13,9 @@ Each returns a report in the shape of every run that passes or fails
 ``to_dict()``.
 """
 
-from gpufeed.reliability.bad_data import BadDataReport, run_bad_data
-from gpufeed.reliability.disk import DiskReport, run_disk_faults
-from gpufeed.reliability.kill_resume import KillResumeReport, run_kill_resume
+from gpufeed.reliability._bad_data import BadDataReport, run_bad_data
+from gpufeed.reliability._disk import DiskReport, run_disk_faults
+from gpufeed.reliability._kill_resume import KillResumeReport, run_kill_resume
 
 __all__ = [
     "BadDataReport",

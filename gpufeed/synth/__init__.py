@@ -11,7 +11,7 @@
     DIR/synth.json                      what was written, with the parameters
 
 Image pixels carry (sample id, label) and video frames carry (frame index, video id); see
-:mod:`gpufeed.synth.tags`.
+:mod:`gpufeed.synth._tags`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpufeed._files import write_json
-from gpufeed.synth.images import CLASS_NAMES, IMAGE_SIZES, render_image, write_image_split
-from gpufeed.synth.tags import CLASS_WORDS, Tag, TagError, draw_tag, read_tag
-from gpufeed.synth.videos import BEHAVIOURS, behaviour_labels, render_frame, write_video
+from gpufeed.synth._images import CLASS_NAMES, IMAGE_SIZES, render_image, write_image_split
+from gpufeed.synth._tags import CLASS_WORDS, Tag, TagError, draw_tag, read_tag
+from gpufeed.synth._videos import BEHAVIOURS, behaviour_labels, render_frame, write_video
 
 __all__ = [
     "BEHAVIOURS",

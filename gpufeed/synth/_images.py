@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from gpufeed.synth.tags import CLASS_WORDS, draw_tag
+from gpufeed.synth._tags import CLASS_WORDS, draw_tag
 
 __all__ = ["CLASS_NAMES", "IMAGE_SIZES", "render_image", "write_image_split"]
 

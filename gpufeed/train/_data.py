@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from gpufeed.config import Config, ConfigError
 from gpufeed.pipelines import ClipLoader, ImageDataset, ImageLoader, VideoDataset
-from gpufeed.train.distributed import DistInfo
-from gpufeed.train.tasks import ClipTask, ImageTask, Task
+from gpufeed.train._distributed import DistInfo
+from gpufeed.train._tasks import ClipTask, ImageTask, Task
 
 __all__ = ["TrainData", "build_data"]
 
@@ -146,7 +146,7 @@ def build_data(cfg: Config, task_kind: str, device, dist: DistInfo, augment=None
     """The task and this rank's loaders for a model whose spec says ``task_kind`` (image | clip).
 
     ``augment``: the training loader's share of the augmentation
-    (:attr:`gpufeed.train.augment.AugmentPlan.loader`); the evaluation loader never augments.
+    (:attr:`gpufeed.train._augment.AugmentPlan.loader`); the evaluation loader never augments.
     """
     if task_kind == "image":
         return _image_data(cfg, device, dist, augment)

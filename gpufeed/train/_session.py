@@ -1,6 +1,6 @@
 """One training run's state: device, ranks, run folder, model, optimiser, loaders, telemetry, resume.
 
-:func:`train` opens a :class:`Session`, which prepares everything :class:`~gpufeed.train.loop.Loop`
+:func:`train` opens a :class:`Session`, which prepares everything :class:`~gpufeed.train._loop.Loop`
 needs, owns the checkpoint contents (what goes in, how a resume puts it back) and closes what it
 opened.
 """
@@ -23,8 +23,8 @@ from gpufeed.device import resolve_device
 from gpufeed.models import ModelSpec, checkpoint_path, create_model, model_state
 from gpufeed.models._io import CHECKPOINT_DIR, list_checkpoints
 from gpufeed.models._registry import default_spec
-from gpufeed.train.augment import plan_augmentation
-from gpufeed.train.checkpoint import (
+from gpufeed.train._augment import plan_augmentation
+from gpufeed.train._checkpoint import (
     capture_rng,
     load_latest_checkpoint,
     param_digest,
@@ -32,18 +32,18 @@ from gpufeed.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from gpufeed.train.data import build_data
-from gpufeed.train.distributed import (
+from gpufeed.train._data import build_data
+from gpufeed.train._distributed import (
     all_gather_objects,
     broadcast_object,
     env_dist_info,
     init_distributed,
     shutdown_distributed,
 )
-from gpufeed.train.errors import TrainError
-from gpufeed.train.loop import Loop, TrainResult
-from gpufeed.train.optim import build_optimizer, build_scheduler, resolve_amp
-from gpufeed.train.preflight import (
+from gpufeed.train._errors import TrainError
+from gpufeed.train._loop import Loop, TrainResult
+from gpufeed.train._optim import build_optimizer, build_scheduler, resolve_amp
+from gpufeed.train._preflight import (
     STEP_LOG_LINE_BYTES,
     disk_full,
     ensure_writable,
@@ -51,10 +51,10 @@ from gpufeed.train.preflight import (
     space_problem,
     write_failure_message,
 )
-from gpufeed.train.skipped import merge_skipped, report_skipped, skipped_files, skipped_line
-from gpufeed.train.summary import format_summary
-from gpufeed.train.tasks import to_channels_last
-from gpufeed.train.telemetry import MetricsServer, StepLog, TrainMetrics, step_log_path
+from gpufeed.train._skipped import merge_skipped, report_skipped, skipped_files, skipped_line
+from gpufeed.train._summary import format_summary
+from gpufeed.train._tasks import to_channels_last
+from gpufeed.train._telemetry import MetricsServer, StepLog, TrainMetrics, step_log_path
 
 __all__ = ["Session", "train"]
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gpufeed.train.profiling import StageRanges
-from gpufeed.train.tasks import Task
-from gpufeed.train.telemetry import StageClock
+from gpufeed.train._profiling import StageRanges
+from gpufeed.train._tasks import Task
+from gpufeed.train._telemetry import StageClock
 
 __all__ = ["StepOutcome", "Stepper"]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.train.summary import format_summary, summarize
-from gpufeed.train.telemetry import read_step_logs
+from gpufeed.train._summary import format_summary, summarize
+from gpufeed.train._telemetry import read_step_logs
 
 __all__ = ["draw_report"]
 

@@ -26,7 +26,7 @@ checkpoint file either is complete or does not exist: killing the process at any
 ``kill -9`` mid-write) leaves the previous checkpoints loadable and loses at most one checkpoint
 interval. Only then are checkpoints beyond ``keep`` pruned, oldest first. A write that fails (a
 full disk) removes its temporary file and raises; the checkpoints already there are untouched, and
-the session reports the failure with the newest of them (:mod:`gpufeed.train.preflight`).
+the session reports the failure with the newest of them (:mod:`gpufeed.train._preflight`).
 
 **Resume** takes the newest checkpoint that loads; one that does not (a damaged disk) is
 reported and the one before it is tried. Stale temporary files of killed writes are removed.

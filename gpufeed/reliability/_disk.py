@@ -49,8 +49,8 @@ from gpufeed.reliability._common import (
     tiny_train_mapping,
     write_train_yaml,
 )
-from gpufeed.train.optim import build_optimizer
-from gpufeed.train.preflight import estimate_checkpoint_bytes
+from gpufeed.train._optim import build_optimizer
+from gpufeed.train._preflight import estimate_checkpoint_bytes
 
 __all__ = ["DiskCase", "DiskReport", "namespace_command", "run_disk_faults"]
 
@@ -262,7 +262,7 @@ def run_disk_faults(out: str | Path, *, data: str | Path | None = None) -> DiskR
         return DiskReport(cases, {name: mechanism for name in _NAMESPACE_CASES}, "no mount namespace")
     for name in ("mnt-read-only", "mnt-full", "mnt-fill"):
         (out / name).mkdir()
-    code = f"from gpufeed.reliability.disk import inside_namespace; inside_namespace({str(out)!r})"
+    code = f"from gpufeed.reliability._disk import inside_namespace; inside_namespace({str(out)!r})"
     with open(out / "inside.log", "w", encoding="utf-8") as log_file:
         child = subprocess.run(
             [*prefix, sys.executable, "-c", code], stdout=log_file, stderr=subprocess.STDOUT, timeout=600

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.synth.tags import draw_tag
+from gpufeed.synth._tags import draw_tag
 
 __all__ = ["BEHAVIOURS", "behaviour_labels", "render_frame", "write_label_csv", "write_video"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gpufeed.train.distributed import all_reduce_sum
+from gpufeed.train._distributed import all_reduce_sum
 
 __all__ = ["Accuracy", "ClipTask", "ImageTask", "MultiLabelF1", "Task", "masked_mean", "to_channels_last"]
 

@@ -1,7 +1,7 @@
 """Checks before the first step: the run folder is writable and has room for checkpoints.
 
 A run that cannot save should fail in its first seconds, not after hours of training. Before any
-step, :class:`~gpufeed.train.session.Session` therefore
+step, :class:`~gpufeed.train._session.Session` therefore
 
 * creates the run folder and its ``checkpoints/`` folder and writes, flushes, ``fsync``'s and
   deletes a small probe file in each (:func:`ensure_writable`): a read-only file system, a missing
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from gpufeed.models import model_state
-from gpufeed.train.errors import TrainError
+from gpufeed.train._errors import TrainError
 
 __all__ = [
     "CHECKPOINT_OVERHEAD_BYTES",

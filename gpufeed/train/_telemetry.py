@@ -36,7 +36,7 @@ from pathlib import Path
 
 from gpufeed._files import write_atomic
 from gpufeed._metric_values import TRAIN_SECONDS_BUCKETS
-from gpufeed.train.errors import TrainError
+from gpufeed.train._errors import TrainError
 
 __all__ = [
     "STEP_FIELDS",

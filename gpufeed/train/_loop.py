@@ -1,9 +1,9 @@
 """The training loop: DALI batches in, augmentation, AMP steps, telemetry, checkpoints.
 
 :class:`Loop` runs what :func:`gpufeed.train.train` (and ``gpufeed train``) asks, on a prepared
-:class:`~gpufeed.train.session.Session`; per step: wait for the next batch (already
+:class:`~gpufeed.train._session.Session`; per step: wait for the next batch (already
 augmented in the loader's graph where ``augment`` puts ops there), augment it on the device, forward + backward + AdamW step under autocast, then records the three timings
-(see :mod:`gpufeed.train.telemetry`). Each epoch ends with an evaluation and a checkpoint; a
+(see :mod:`gpufeed.train._telemetry`). Each epoch ends with an evaluation and a checkpoint; a
 summary table of loader wait against compute is printed at the end.
 
 Under ``torchrun`` each rank reads its own shard and DDP averages gradients; rank 0 writes the
@@ -12,7 +12,7 @@ checkpoints, every rank serves its own metrics and writes its own step log.
 Run folder::
 
     RUN_DIR/config.yaml                the resolved config
-    RUN_DIR/checkpoints/ckpt-<step>.pt see gpufeed.train.checkpoint
+    RUN_DIR/checkpoints/ckpt-<step>.pt see gpufeed.train._checkpoint
     RUN_DIR/steps.jsonl                rank 0's steps (steps-rank<r>.jsonl: rank r)
     RUN_DIR/eval.jsonl                 one line per evaluation
     RUN_DIR/summary.json               every rank's summary, written at the end
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufeed.config import Config
-from gpufeed.train.profiling import ProfileWindow, StageRanges
-from gpufeed.train.step import Stepper
-from gpufeed.train.summary import StepStats
-from gpufeed.train.telemetry import StepRecord
+from gpufeed.train._profiling import ProfileWindow, StageRanges
+from gpufeed.train._step import Stepper
+from gpufeed.train._summary import StepStats
+from gpufeed.train._telemetry import StepRecord
 
 __all__ = ["Loop", "TrainResult"]
 
@@ -47,7 +47,7 @@ class TrainResult:
         step: Optimizer steps completed in total.
         epoch: Epochs completed.
         checkpoint: The last checkpoint written (rank 0), or ``None`` on other ranks.
-        summary: This rank's loader-vs-compute figures (:func:`gpufeed.train.summary.summarize`).
+        summary: This rank's loader-vs-compute figures (:func:`gpufeed.train._summary.summarize`).
         evaluations: Every evaluation of this run, oldest first.
         device: Where it ran, in words.
         skipped: Training files left out (quarantined or unusable), path -> reason, over all ranks.
@@ -64,7 +64,7 @@ class TrainResult:
 
 
 class Loop:
-    """The per-step and per-epoch mechanics, on top of a prepared :class:`~gpufeed.train.session.Session`."""
+    """The per-step and per-epoch mechanics, on top of a prepared :class:`~gpufeed.train._session.Session`."""
 
     def __init__(self, session) -> None:
         s = session
