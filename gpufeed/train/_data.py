@@ -48,6 +48,19 @@ def _num_classes(cfg: Config, found: int) -> int:
     return wanted
 
 
+def _loader_args(cfg: Config, device, dist: DistInfo, augment, train: bool) -> dict:
+    """What both loaders take besides their dataset and media section: one shard of this rank."""
+    return {
+        "train": train,
+        "loader_cfg": cfg.loader,
+        "device": device,
+        "shard_id": dist.rank,
+        "num_shards": dist.world_size,
+        "seed": cfg.seed,
+        "augment": augment if train else None,
+    }
+
+
 def _image_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
     if cfg.data.train is None:
         raise ConfigError(
@@ -67,18 +80,8 @@ def _image_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
         )
     num_classes = _num_classes(cfg, len(train_set.classes))
 
-    def loader(dataset, train: bool):
-        return ImageLoader(
-            dataset,
-            train=train,
-            image_cfg=cfg.image,
-            loader_cfg=cfg.loader,
-            device=device,
-            shard_id=dist.rank,
-            num_shards=dist.world_size,
-            seed=cfg.seed,
-            augment=augment if train else None,
-        )
+    def loader(dataset, train: bool) -> ImageLoader:
+        return ImageLoader(dataset, image_cfg=cfg.image, **_loader_args(cfg, device, dist, augment, train))
 
     labels = train_set.classes if num_classes == len(train_set.classes) else ()
     return TrainData(
@@ -107,17 +110,8 @@ def _clip_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
         )
 
     def loader(folder, train: bool) -> ClipLoader:
-        return ClipLoader(
-            VideoDataset.from_folder(folder),
-            train=train,
-            video_cfg=cfg.video,
-            loader_cfg=cfg.loader,
-            device=device,
-            shard_id=dist.rank,
-            num_shards=dist.world_size,
-            seed=cfg.seed,
-            augment=augment if train else None,
-        )
+        dataset = VideoDataset.from_folder(folder)
+        return ClipLoader(dataset, video_cfg=cfg.video, **_loader_args(cfg, device, dist, augment, train))
 
     train_loader = loader(cfg.video.train, True)
     labels = tuple(train_loader.behaviours)
