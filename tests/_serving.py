@@ -8,8 +8,12 @@ from __future__ import annotations
 import atexit
 import functools
 import io
+import json
+import os
 import shutil
 import struct
+import subprocess
+import sys
 import tempfile
 import zlib
 from pathlib import Path
@@ -88,3 +92,32 @@ def png_bomb_header(width: int, height: int) -> bytes:
     return (
         b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
     )
+
+
+KSERVE_CLIENT = Path(__file__).parent / "kserve_client.py"
+
+
+def run_kserve_client(
+    protocol: str, address: str, mode: str, files: list[Path], token: str | None = None
+) -> tuple[int, dict]:
+    """KServe's own SDK (``kserve_client.py``, in a subprocess) classifying ``files`` with ``IMAGE_MODEL``.
+
+    Args:
+        protocol: ``rest`` or ``grpc``; ``address`` is ``http://host:port`` or ``host:port``.
+        mode: How the SDK sends the images (see ``kserve_client.py``).
+        token: Bearer token the client sends, if the server wants one.
+
+    Returns:
+        The client's exit status and the JSON line it printed last.
+    """
+    env = {**os.environ, "GPUFEED_TEST_TOKEN": token} if token is not None else None
+    done = subprocess.run(
+        [sys.executable, str(KSERVE_CLIENT), protocol, address, IMAGE_MODEL, mode, *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"kserve client printed nothing; stderr:\n{done.stderr[-3000:]}"
+    return done.returncode, json.loads(lines[-1])

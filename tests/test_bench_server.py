@@ -51,8 +51,9 @@ def test_grpc_load_generator_counts_answers_and_statuses():
         server.stop()
 
 
-def test_tiny_sweep_over_grpc(tmp_path):
-    result = run_server_bench(
+def _tiny_sweep(tmp_path, **options) -> dict:
+    """A one-second sweep at 2 clients of smallcnn at 32 px, batch 2, on the CPU."""
+    return run_server_bench(
         architecture="smallcnn",
         images=IMAGES,
         cache=tmp_path,
@@ -62,26 +63,19 @@ def test_tiny_sweep_over_grpc(tmp_path):
         seconds=1.0,
         warmup_s=0.5,
         device="cpu",
-        contenders=("gpufeed",),
-        protocol="grpc",
+        **options,
     )
+
+
+def test_tiny_sweep_over_grpc(tmp_path):
+    result = _tiny_sweep(tmp_path, contenders=("gpufeed",), protocol="grpc")
     point = result["results"]["gpufeed"]["2"]
     assert result["protocol"] == "grpc" and point["throughput_rps"] > 0 and point["errors"] == 0, point
     assert point["batch_usage"]["batches"] > 0, "the gRPC requests ran through gpufeed's batcher"
 
 
 def test_tiny_sweep_with_every_contender(tmp_path, capsys):
-    result = run_server_bench(
-        architecture="smallcnn",
-        images=IMAGES,
-        cache=tmp_path,
-        size_px=32,
-        batch_size=2,
-        concurrency=(2,),
-        seconds=1.0,
-        warmup_s=0.5,
-        device="cpu",
-    )
+    result = _tiny_sweep(tmp_path)
     for name in ("gpufeed", "plain", "litserve"):
         point = result["results"][name]["2"]
         assert point["throughput_rps"] > 0 and point["errors"] == 0, (name, point)

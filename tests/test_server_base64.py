@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from _serving import IMAGE_MODEL, encode, exported_repo
+from _serving import IMAGE_MODEL, encode, exported_repo, run_kserve_client
 
 from gpufeed.config import parse_config
 from gpufeed.device import DeviceChoice
@@ -30,7 +28,6 @@ IMAGES = [
     encode(RNG.integers(0, 256, (52, 40, 3), dtype=np.uint8), "PNG"),
     encode(RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)),
 ]
-KSERVE_CLIENT = Path(__file__).parent / "kserve_client.py"
 
 
 @pytest.fixture(scope="module")
@@ -157,21 +154,9 @@ def test_base64_declared_on_a_numeric_input_is_refused(server):
     assert response.status_code == 200, response.text
 
 
-def _kserve(protocol: str, address: str, mode: str, files: list[Path]) -> tuple[int, dict]:
-    done = subprocess.run(
-        [sys.executable, str(KSERVE_CLIENT), protocol, address, IMAGE_MODEL, mode, *map(str, files)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    lines = done.stdout.strip().splitlines()
-    assert lines, f"kserve client printed nothing; stderr:\n{done.stderr[-3000:]}"
-    return done.returncode, json.loads(lines[-1])
-
-
 @pytest.mark.parametrize("mode", ["binary", "base64", "base64-request", "base64-bare"])
 def test_kserve_rest_client_classifies_like_tritonclient(server, reference, image_files, mode):
-    code, result = _kserve("rest", server.url, mode, image_files)
+    code, result = run_kserve_client("rest", server.url, mode, image_files)
     assert code == 0, result
     np.testing.assert_array_equal(np.array(result["scores"], np.float32), reference["scores"])
     np.testing.assert_array_equal(np.array(result["logits"], np.float32), reference["logits"])
@@ -180,5 +165,5 @@ def test_kserve_rest_client_classifies_like_tritonclient(server, reference, imag
 def test_kserve_rest_client_sees_the_servers_message(server, tmp_path):
     text = tmp_path / "note.jpg"
     text.write_bytes(b"plain text, not an image" * 4)
-    code, result = _kserve("rest", server.url, "base64", [text])
+    code, result = run_kserve_client("rest", server.url, "base64", [text])
     assert code == 1 and result["status"] == 400 and "input 'image'" in result["error"], result

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.grpc.aio as tgrpc_aio
 import tritonclient.http as thttp
-from _serving import CLIP_MODEL, IMAGE_MODEL, encode, exported_repo, png_bomb_header
+from _serving import CLIP_MODEL, IMAGE_MODEL, encode, exported_repo, png_bomb_header, run_kserve_client
 from google.protobuf import json_format
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
@@ -40,7 +39,6 @@ IMAGES = [
     encode(RNG.integers(0, 256, (40, 40, 3), dtype=np.uint8), "PNG"),
     encode(RNG.integers(0, 256, (72, 56, 3), dtype=np.uint8)),
 ]
-KSERVE_CLIENT = Path(__file__).parent / "kserve_client.py"
 Code = grpc.StatusCode
 
 
@@ -300,24 +298,7 @@ def test_grpc_requests_are_counted_with_their_protocol(server):
 
 
 def _kserve(server, mode: str, files: list[Path]) -> tuple[int, dict]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(KSERVE_CLIENT),
-            "grpc",
-            f"127.0.0.1:{server.grpc_port}",
-            IMAGE_MODEL,
-            mode,
-            *map(str, files),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**__import__("os").environ, "GPUFEED_TEST_TOKEN": TOKEN},
-    )
-    lines = done.stdout.strip().splitlines()
-    assert lines, f"kserve client printed nothing; stderr:\n{done.stderr[-3000:]}"
-    return done.returncode, json.loads(lines[-1])
+    return run_kserve_client("grpc", f"127.0.0.1:{server.grpc_port}", mode, files, token=TOKEN)
 
 
 @pytest.mark.parametrize("mode", ["binary", "base64", "base64-request"])
