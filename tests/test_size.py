@@ -102,3 +102,18 @@ def test_python_callers_are_checked_too():
     assert VideoConfig(size_px=SizePx(40, 40)).size_px == 40
     with pytest.raises(ConfigError, match="width 3 in"):
         VideoConfig(size_px=(3, 40))
+
+
+@pytest.mark.parametrize(("command", "flag"), [("loader", "--size-px"), ("clips", "--size"), ("server", "--size-px")])
+def test_bench_flags_take_width_x_height(command, flag, capsys):
+    from gpufeed.cli import build_parser
+
+    parser = build_parser()
+    assert getattr(parser.parse_args(["bench", command, flag, "352x224"]), flag.lstrip("-").replace("-", "_")) == (
+        352,
+        224,
+    )
+    assert getattr(parser.parse_args(["bench", command, flag, "96"]), flag.lstrip("-").replace("-", "_")) == 96
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", command, flag, "352x2"])
+    assert "height 2 in [352, 2] is out of range" in capsys.readouterr().err
