@@ -73,7 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", help="model to step (default resnet18)")
     p.add_argument("--batch-size", type=int, help="batch size (default: 256 on a GPU, 16 on the CPU)")
-    p.add_argument("--image-size", type=int, help="image side in pixels (default: 224 on a GPU, 64 on the CPU)")
+    p.add_argument(
+        "--image-size",
+        type=_size_px,
+        help="image size: N (square; default 224 on a GPU, 64 on the CPU) or WIDTHxHEIGHT such as 352x224",
+    )
     p.add_argument("--amp", choices=("auto", "bf16", "fp16", "off"), default="auto", help="the step's precision")
     p.add_argument("--rounds", type=int, default=20, help="timed calls per variant (default 20)")
     p.add_argument("--workers", type=int, default=0, help="DALI threads; 0 = one per core")
