@@ -104,7 +104,16 @@ def test_python_callers_are_checked_too():
         VideoConfig(size_px=(3, 40))
 
 
-@pytest.mark.parametrize(("command", "flag"), [("loader", "--size-px"), ("clips", "--size"), ("server", "--size-px"), ("train", "--size-px"), ("augment", "--image-size")])
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [
+        ("loader", "--size-px"),
+        ("clips", "--size"),
+        ("server", "--size-px"),
+        ("train", "--size-px"),
+        ("augment", "--image-size"),
+    ],
+)
 def test_bench_flags_take_width_x_height(command, flag, capsys):
     from gpufeed.cli import build_parser
 
