@@ -37,12 +37,13 @@ from gpufeed.pipelines._clip_pipeline import (
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._epochs import EpochLoader, Session, worker_start_method
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, ClipSource, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
-from gpufeed.pipelines._videos import DALI_CPU_CODECS, VideoDataset
+from gpufeed.pipelines._videos import VideoDataset
 
-__all__ = ["ClipBatch", "ClipLoader", "choose_decoder"]
+__all__ = ["ClipBatch", "ClipLoader"]
 
 log = logging.getLogger("gpufeed")
 
@@ -71,30 +72,6 @@ class ClipBatch:
 
     def __len__(self) -> int:
         return int(self.clips.shape[0])
-
-
-def choose_decoder(requested: str, on_gpu: bool, codecs: set[str]) -> tuple[str, str]:
-    """Pick ``"dali"`` or ``"pyav"`` for ``video.decoder`` and say why.
-
-    Raises:
-        DatasetError: ``dali`` was asked for on the CPU with a codec DALI's CPU decoder lacks.
-    """
-    if requested not in ("auto", "dali", "pyav"):
-        raise ValueError(f"decoder {requested!r} is not allowed; allowed: auto, dali, pyav")
-    cpu_unsupported = sorted(codecs - set(DALI_CPU_CODECS))
-    if requested == "pyav":
-        return "pyav", "video.decoder: pyav"
-    if on_gpu:
-        return "dali", "video.decoder: " + requested + "; NVDEC decodes " + ", ".join(sorted(codecs))
-    if not cpu_unsupported:
-        return "dali", f"video.decoder: {requested}; DALI's CPU decoder handles {', '.join(sorted(codecs))}"
-    if requested == "dali":
-        raise DatasetError(
-            f"video.decoder: dali cannot decode {', '.join(cpu_unsupported)} without a GPU (DALI's CPU decoder "
-            f"handles {', '.join(DALI_CPU_CODECS)}); use decoder auto or pyav, or re-encode with "
-            "'gpufeed prepare --codec vp9'"
-        )
-    return "pyav", f"video.decoder: auto; no GPU and {', '.join(cpu_unsupported)} needs PyAV keyframe seeks"
 
 
 def _worker_pids(pipe) -> list[int]:
@@ -156,10 +133,15 @@ class ClipLoader(EpochLoader):
         self.skipped.update(self.quarantined)
         usable = [v for v in dataset.usable_ids if int(v) not in bad and int(v) not in self.quarantined]
         self.table = ClipTable.build(dataset.num_frames, np.asarray(usable, dtype=np.int64), self.geometry)
-        self.source, self.decoder_reason = choose_decoder(
-            video_cfg.decoder, device.is_gpu, {dataset.infos[v].codec for v in usable}
+        self.decoders = choose_decoder(
+            video_cfg.decoder, device.is_gpu, [dataset.infos[v] for v in usable], gpu_capability(device)
         )
-        log.info("clip decoder: %s (%s)", self.source, self.decoder_reason)
+        self.source, self.decoder_reason = self.decoders
+        # Falling back to PyAV on a GPU costs throughput: say so louder than a routine choice.
+        fell_back = device.is_gpu and self.source == "pyav" and video_cfg.decoder == "auto"
+        log.log(
+            logging.WARNING if fell_back else logging.INFO, "clip decoder: %s (%s)", self.source, self.decoder_reason
+        )
         vfr = [dataset.paths[v] for v in usable if not dataset.infos[v].cfr]
         if vfr:
             log.warning(
