@@ -262,8 +262,7 @@ class ClipLoader(EpochLoader):
 
         n = len(batch)
         videos, starts = self.table.clips(batch.sample_ids, train=self.train, seed=self.seed, epoch=batch.epoch)
-        tags = out["tags"].view(-1)[:n].cpu().numpy().astype(np.int64)
-        self._check_rows(tags, iteration * self.batch_size + np.arange(n))
+        self._check_tags(out["tags"].view(-1)[:n], iteration * self.batch_size + np.arange(n))
         torch_device = self.device.torch_device
         clips = out["clips"][:n]
         if tuple(clips.shape[1:]) != self.clip_shape:
@@ -287,6 +286,30 @@ class ClipLoader(EpochLoader):
             valid=to_device(batch.valid, torch.bool),
             behaviours=self.behaviours,
         )
+
+    def _check_tags(self, tags, expected: np.ndarray) -> None:
+        """Check the rows' tags against the plan; NVDEC's tags (on the GPU) a batch or two later.
+
+        Reading GPU tags at once would wait for the GPU every batch; instead they are copied to
+        pinned memory without waiting and checked when that copy is done (at the latest two
+        batches on), which still stops a run whose rows went out of step with the plan.
+        """
+        if not tags.is_cuda:
+            self._check_rows(tags.numpy().astype(np.int64), expected)
+            return
+        import torch
+
+        host = torch.empty(tags.shape, dtype=tags.dtype, pin_memory=True)
+        host.copy_(tags, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        pending = getattr(self, "_tag_checks", [])
+        pending.append((host, copied, expected))
+        while pending and (len(pending) > 2 or pending[0][1].query()):
+            host, copied, expected = pending.pop(0)
+            copied.synchronize()  # an event wait for an earlier batch, never the device
+            self._check_rows(host.numpy().astype(np.int64), expected)
+        self._tag_checks = pending
 
     def _suspects(self, batches: list[StreamBatch]) -> list[tuple[int, str, int]]:
         suspects = []
