@@ -1,4 +1,4 @@
-"""The GPU path's costs (issue 25): steps without host syncs, and the parts testable on the CPU.
+"""The GPU path's costs (issue 25): steps without host syncs, threads and nvJPEG memory per rank.
 
 A queued step is read after the next one is queued (the loop's way); its loss and timings must be
 its own, the same as when each step is waited for. On a GPU (``gpu`` mark) a few training steps
@@ -8,6 +8,9 @@ host synchronisation torch makes, and the step's CUDA events are reused rather t
 
 from __future__ import annotations
 
+import os
+
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -15,6 +18,8 @@ from torch import nn
 from gpufeed.config import AugmentConfig, LoaderConfig, TrainConfig, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ClipLoader, VideoDataset
+from gpufeed.pipelines._epochs import loader_num_threads
+from gpufeed.pipelines._image_pipeline import gpu_decoder_options
 from gpufeed.train._augment import build_augmenter
 from gpufeed.train._optim import build_optimizer, build_scheduler
 from gpufeed.train._step import Stepper
@@ -121,3 +126,66 @@ def test_nvdec_clip_batches_make_no_host_sync(synth_dir):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert all(b.clips.is_cuda and b.clips.shape[1:] == (3, 5, 32, 32) for b in batches)
+
+
+def test_loader_threads_are_divided_by_local_ranks_and_split_train_val(monkeypatch):
+    assert (loader_num_threads(True, 64, 8), loader_num_threads(False, 64, 8)) == (6, 2), "8 ranks, 8 cores each"
+    assert (loader_num_threads(True, 16, 1), loader_num_threads(False, 16, 1)) == (12, 4)
+    assert loader_num_threads(True, 2, 1) == loader_num_threads(False, 2, 1) == 2, "too few cores to split"
+    assert loader_num_threads(True, 4, 8) == loader_num_threads(False, 4, 8) == 1, "never below one"
+    # A real loader under torchrun's LOCAL_WORLD_SIZE (this process may use every core of the machine).
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)))
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert loader_num_threads(True) == 6 and loader_num_threads(False) == 2
+    # A launcher that bound this process to 8 of 32 cores already divided them.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert loader_num_threads(True) == 6 and loader_num_threads(False) == 2
+
+
+def test_nvjpeg_buffers_follow_a_high_percentile_not_the_outlier():
+    sizes = np.array([(640, 480)] * 199 + [(7296, 5472)])  # one 40 MP outlier among VGA images
+    options, reserved = gpu_decoder_options(sizes, 0.9, train=True, num_threads=16)
+    assert options["affine"] is False and options["hw_decoder_load"] == 0.9
+    assert (options["preallocate_width_hint"], options["preallocate_height_hint"]) == (640, 480)
+    assert options["device_memory_padding"] == 16 << 20 and options["host_memory_padding"] == 8 << 20
+    assert "256 MiB device (16 thread(s) x 16 MiB) and 256 MiB pinned (2 x 16 x 8 MiB)" in reserved
+    assert "640x480 (largest: 39.9 MP)" in reserved
+    # Mostly large images: the percentile image sets the size, capped at 4096 x 4096.
+    big = np.array([(6000, 4000)] * 50 + [(1000, 1000)] * 50)
+    options, reserved = gpu_decoder_options(big, 0.9, train=True, num_threads=4)
+    assert options["preallocate_width_hint"] * options["preallocate_height_hint"] <= 4096 * 4096
+    assert options["device_memory_padding"] == 48 << 20 and "192 MiB device" in reserved
+    # Evaluation keeps DALI's defaults and makes no hardware-decoder preallocation.
+    options, reserved = gpu_decoder_options(sizes, 0.9, train=False, num_threads=16)
+    assert set(options) == {"hw_decoder_load", "affine"} and "DALI's defaults (evaluation)" in reserved
+
+
+@pytest.mark.gpu
+def test_nvjpeg_memory_with_an_outlier_image(tmp_path):
+    """One 40 MP JPEG among small ones: buffers sized for the small ones, the outlier still decodes."""
+    from PIL import Image
+
+    from gpufeed.config import ImagePipelineConfig
+    from gpufeed.pipelines import ImageDataset, ImageLoader
+
+    for k in range(40):
+        folder = tmp_path / ("a" if k % 2 else "b")
+        folder.mkdir(exist_ok=True)
+        Image.new("RGB", (320, 240), (k * 5, 80, 160)).save(folder / f"{k:02d}.jpg", quality=90)
+    Image.new("RGB", (7296, 5472), (200, 30, 30)).save(tmp_path / "a" / "outlier.jpg", quality=80)
+    dataset = ImageDataset.from_folder(tmp_path)
+    free_before, _ = torch.cuda.mem_get_info()
+    loader = ImageLoader(
+        dataset,
+        train=True,
+        image_cfg=ImagePipelineConfig(size_px=64),
+        loader_cfg=LoaderConfig(batch_size=8, num_threads=16, last_batch="partial"),
+        device=DeviceChoice("gpu", 0, "test"),
+    )
+    seen = sum(len(batch) for batch in loader)
+    used_mib = (free_before - torch.cuda.mem_get_info()[0]) / (1 << 20)
+    assert seen == 41 and loader.skipped == {}
+    assert "sized for the 99th-percentile image, 320x240" in loader.decoder_memory
+    # Sized for the outlier, 16 threads would hold ~1.9 GiB of device buffers before any growth.
+    assert used_mib < 1024, f"{used_mib:.0f} MiB of device memory for a 41-image pipeline"
