@@ -50,8 +50,9 @@ def served_batch_sizes(card: ModelCard, wanted: tuple[int, ...] = ()) -> tuple[i
     return tuple(n for n in card.batch_sizes if n in set(wanted) or n == card.batch_size)
 
 
-def _providers(requested: str, device, precision: str, trt_cache: Path | None) -> list:
-    cuda = ("CUDAExecutionProvider", {"device_id": device.device_id or 0})
+def _providers(requested: str, device, precision: str, trt_cache: Path | None, tf32: bool = False) -> list:
+    # TF32 off unless asked: export's parity check runs without it, so served logits match its figure.
+    cuda = ("CUDAExecutionProvider", {"device_id": device.device_id or 0, "use_tf32": int(tf32)})
     if requested == "cpu" or (requested == "auto" and not device.is_gpu):
         return ["CPUExecutionProvider"]
     if not device.is_gpu:
@@ -111,6 +112,7 @@ class OnnxRunner:
         threads: int = 0,
         tensorrt_cache_dir: Path | None = None,
         batch_sizes: tuple[int, ...] | None = None,
+        tf32: bool = False,
     ) -> None:
         self.card = card
         self.device = device
@@ -122,7 +124,7 @@ class OnnxRunner:
                 f"its largest, {card.batch_size}"
             )
         self.batch_sizes = sizes
-        wanted = _providers(provider, device, card.precision, tensorrt_cache_dir)
+        wanted = _providers(provider, device, card.precision, tensorrt_cache_dir, tf32)
         self.sessions = {n: self._session(n, wanted, threads) for n in sizes}
         self.providers = self.sessions[sizes[-1]].get_providers()
         self.on_gpu = self.providers[0] in ("CUDAExecutionProvider", "TensorrtExecutionProvider")

@@ -189,3 +189,16 @@ def test_nvjpeg_memory_with_an_outlier_image(tmp_path):
     assert "sized for the 99th-percentile image, 320x240" in loader.decoder_memory
     # Sized for the outlier, 16 threads would hold ~1.9 GiB of device buffers before any growth.
     assert used_mib < 1024, f"{used_mib:.0f} MiB of device memory for a 41-image pipeline"
+
+
+def test_the_cuda_provider_runs_without_tf32_unless_asked():
+    from gpufeed.config import parse_config
+    from gpufeed.server._runtime import _providers
+
+    gpu = DeviceChoice("gpu", 0, "test")
+    (name, options), _ = _providers("auto", gpu, "fp32", None)
+    assert name == "CUDAExecutionProvider" and options["use_tf32"] == 0
+    assert _providers("cuda", gpu, "fp32", None, tf32=True)[0][1]["use_tf32"] == 1
+    trt = _providers("tensorrt", gpu, "fp32", None)
+    assert trt[1] == ("CUDAExecutionProvider", {"device_id": 0, "use_tf32": 0}), "the fallback behind TensorRT too"
+    assert parse_config({}).serve.cuda_tf32 is False and parse_config({"serve": {"cuda_tf32": True}}).serve.cuda_tf32
