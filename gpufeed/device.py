@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["DeviceChoice", "DeviceUnavailableError", "cuda_status", "resolve_device"]
+__all__ = ["DeviceChoice", "DeviceUnavailableError", "cuda_builds", "cuda_builds_line", "cuda_status", "resolve_device"]
 
 log = logging.getLogger("gpufeed")
 
@@ -86,6 +86,57 @@ def cuda_status(device_id: int = 0) -> tuple[bool, str]:
     return True, f"{name}, CUDA and DALI GPU operators usable"
 
 
+def _dali_cuda() -> str | None:
+    try:
+        import nvidia.dali as dali
+    except ImportError:
+        return None
+    code = str(getattr(dali, "__cuda_version__", "") or "")  # CUDA 12.9.86 reads 12986: major, minor, patch
+    return f"{code[:2]}.{code[2]}" if len(code) >= 3 and code.isdigit() else None
+
+
+def _onnxruntime_cuda() -> str | None:
+    try:
+        from onnxruntime.capi import build_and_package_info as info
+    except ImportError:
+        return None
+    return getattr(info, "cuda_version", None) or None
+
+
+@functools.cache
+def cuda_builds() -> dict[str, str | None]:
+    """The CUDA version each GPU library was built for: ``{"torch": "12.8", "DALI": "12.9", ...}``.
+
+    ``None`` for a CPU build (or a library that is not installed). Read from the packages, not the
+    driver, so it works without a GPU; cached per process.
+    """
+    try:
+        import torch
+
+        torch_cuda = torch.version.cuda
+    except ImportError:  # pragma: no cover - torch is a dependency
+        torch_cuda = None
+    return {"torch": torch_cuda, "DALI": _dali_cuda(), "onnxruntime": _onnxruntime_cuda()}
+
+
+def cuda_builds_line(builds: dict[str, str | None] | None = None) -> tuple[str, bool]:
+    """(one line naming each library's CUDA build, whether their CUDA majors disagree).
+
+    Mixed majors (DALI for CUDA 12 beside an onnxruntime-gpu built for CUDA 13, say) load two
+    CUDA runtimes; onnxruntime's CUDA provider then fails to load and the server falls back or refuses.
+    """
+    builds = cuda_builds() if builds is None else builds
+    shown = ", ".join(f"{name} {version or 'CPU build'}" for name, version in builds.items())
+    majors = {version.split(".")[0] for version in builds.values() if version}
+    if len(majors) <= 1:
+        return f"CUDA builds: {shown}", False
+    return (
+        f"CUDA builds: {shown}: CUDA majors {', '.join(sorted(majors))} are mixed; install the builds of one "
+        "major (nvidia-dali-cuda120 with onnxruntime-gpu<1.27 and a cu12 torch, or the cuda130/CUDA 13 builds)",
+        True,
+    )
+
+
 def resolve_device(requested: str = "auto", local_rank: int | None = None) -> DeviceChoice:
     """Turn the config's ``device`` into a concrete choice and log it.
 
@@ -112,4 +163,6 @@ def resolve_device(requested: str = "auto", local_rank: int | None = None) -> De
         else:
             choice = DeviceChoice("cpu", None, f"device: auto fell back to the CPU: {why}")
     log.info("using %s", choice.describe())
+    line, mixed = cuda_builds_line()
+    log.log(logging.WARNING if mixed and choice.is_gpu else logging.INFO, "%s", line)
     return choice

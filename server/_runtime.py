@@ -20,6 +20,7 @@ before torch reads them. On the CPU, plain numpy arrays go through ``session.run
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import threading
 from pathlib import Path
@@ -66,6 +67,20 @@ def _providers(requested: str, device, precision: str, trt_cache: Path | None, t
             options.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(trt_cache))
         return [("TensorrtExecutionProvider", options), cuda, "CPUExecutionProvider"]
     return [cuda, "CPUExecutionProvider"]
+
+
+@functools.cache
+def _preload_cuda_libraries() -> None:
+    """onnxruntime's ``preload_dlls()`` (1.21+): load the CUDA and cuDNN libraries of the nvidia-*
+    wheels before the first CUDA session, so the provider finds them without LD_LIBRARY_PATH."""
+    import onnxruntime as ort
+
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception as err:  # a missing wheel is reported by the session itself, with more to say
+            log.warning("onnxruntime.preload_dlls() failed: %s", err)
 
 
 def _with_cache_folder(providers: list, size: int) -> list:
@@ -152,6 +167,8 @@ class OnnxRunner:
         if len(card.batch_sizes) > 1:  # a symbolic batch dimension: this session fixes it
             options.add_free_dimension_override_by_name(BATCH_DIM, size)
             wanted = _with_cache_folder(wanted, size)
+        if wanted[0] != "CPUExecutionProvider":  # a CUDA or TensorRT (name, options) pair
+            _preload_cuda_libraries()
         session = ort.InferenceSession(str(self.path), options, providers=wanted)
         first = wanted[0] if isinstance(wanted[0], str) else wanted[0][0]
         if first != "CPUExecutionProvider" and session.get_providers()[0] != first:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufeed.device import DeviceUnavailableError, cuda_status, resolve_device
+from gpufeed.device import DeviceUnavailableError, cuda_builds, cuda_builds_line, cuda_status, resolve_device
 
 
 def test_cpu_is_always_available():
@@ -39,3 +39,27 @@ def test_unknown_device_names_the_allowed_ones():
 def test_gpu_resolves_on_a_gpu_machine():
     choice = resolve_device("gpu")
     assert choice.is_gpu and choice.torch_device.type == "cuda"
+
+
+def test_start_up_names_the_cuda_build_of_torch_dali_and_onnxruntime(caplog):
+    from importlib import metadata
+
+    import torch
+    from onnxruntime.capi import build_and_package_info
+
+    builds = cuda_builds()
+    assert set(builds) == {"torch", "DALI", "onnxruntime"}
+    assert builds["torch"] == torch.version.cuda
+    dali = next(d.metadata["Name"] for d in metadata.distributions() if d.metadata["Name"].startswith("nvidia-dali"))
+    assert builds["DALI"].split(".")[0] == dali.rsplit("cuda", 1)[1][:2], (dali, builds)
+    assert builds["onnxruntime"] == (getattr(build_and_package_info, "cuda_version", None) or None)
+    caplog.set_level("INFO", logger="gpufeed")
+    resolve_device("cpu")
+    assert cuda_builds_line()[0] in caplog.text
+
+
+def test_mixed_cuda_majors_are_called_out():
+    line, mixed = cuda_builds_line({"torch": "12.8", "DALI": "12.9", "onnxruntime": "12.6"})
+    assert not mixed and line == "CUDA builds: torch 12.8, DALI 12.9, onnxruntime 12.6"
+    line, mixed = cuda_builds_line({"torch": None, "DALI": "12.9", "onnxruntime": "13.0"})
+    assert mixed and line.startswith("CUDA builds: torch CPU build, DALI 12.9, onnxruntime 13.0: CUDA majors 12, 13")
