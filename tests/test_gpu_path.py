@@ -202,3 +202,19 @@ def test_the_cuda_provider_runs_without_tf32_unless_asked():
     trt = _providers("tensorrt", gpu, "fp32", None)
     assert trt[1] == ("CUDAExecutionProvider", {"device_id": 0, "use_tf32": 0}), "the fallback behind TensorRT too"
     assert parse_config({}).serve.cuda_tf32 is False and parse_config({"serve": {"cuda_tf32": True}}).serve.cuda_tf32
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_every_augment_op_runs_in_the_amp_dtypes(device, dtype):
+    """Every op (Kornia's blur, rotation and erasing included) in bf16/fp16 (bf16 needs Kornia >= 0.9)."""
+    from gpufeed.config import AUGMENT_OPS
+
+    torch.manual_seed(0)
+    for clips in (False, True):
+        shape = (4, 3, 5, 32, 32) if clips else (4, 3, 32, 32)
+        augment = build_augmenter(AugmentConfig(ops=AUGMENT_OPS), clips=clips, dtype=dtype).to(device)
+        pixels = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
+        out = augment(pixels)
+        assert out.dtype == torch.uint8 and out.shape == pixels.shape and out.device.type == device
+        assert not torch.equal(out, pixels), "the ops changed the pixels"
