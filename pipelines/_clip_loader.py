@@ -30,8 +30,10 @@ from gpufeed.pipelines._clip_pipeline import (
     RoiFeed,
     build_clip_pipeline,
     check_reader_size,
+    fill_rows,
     new_work_dir,
-    stream_rows,
+    reader_order,
+    reader_rows,
     write_stream_list,
 )
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
@@ -206,11 +208,24 @@ class ClipLoader(EpochLoader):
             "num_threads": self.num_threads,
             "prefetch_queue_depth": self.cfg.prefetch_queue_depth,
             "seed": self.seed,
-            # Augmentation: one parameter row per clip, from the same stream of plan batches.
-            "augment": None
-            if self.augment is None
-            else StreamAugmentFeed(stream, self.augment, self.seed, fill_to=self.batch_size),
         }
+        table, train, seed, size = self.table, self.train, self.seed, self.batch_size
+
+        def rows(k: int):  # DALI's reader gets each batch's rows in reader_order (see _clip_pipeline)
+            return reader_rows(stream, table, train=train, seed=seed, batch_size=size, iteration=k)
+
+        # Augmentation: one parameter row per clip, from the same stream of plan batches.
+        common["augment"] = (
+            None
+            if self.augment is None
+            else StreamAugmentFeed(
+                stream,
+                self.augment,
+                self.seed,
+                fill_to=self.batch_size,
+                row_order=(lambda k: rows(k)[2]) if self.source == "dali" else None,
+            )
+        )
         resources, limit = [], None
         if self.source == "pyav":
             method, why = worker_start_method(getattr(self.cfg, "worker_start_method", "auto"))
@@ -244,11 +259,7 @@ class ClipLoader(EpochLoader):
                 roi = None
                 if self.video_cfg.fit == "centre_crop":
                     sizes = np.array([(info.width, info.height) for info in self.dataset.infos])
-                    table, train, seed, size = self.table, self.train, self.seed, self.batch_size
-                    roi = RoiFeed(
-                        lambda k: stream_rows(stream, table, train=train, seed=seed, batch_size=size, iteration=k)[0],
-                        sizes,
-                    )
+                    roi = RoiFeed(lambda k: rows(k)[0], sizes)
                 pipe = build_clip_pipeline(source="dali", clip_input=list_file, roi_feed=roi, **common)
                 check_reader_size(pipe, limit * self.batch_size)
             except Exception:
@@ -262,9 +273,17 @@ class ClipLoader(EpochLoader):
 
         n = len(batch)
         videos, starts = self.table.clips(batch.sample_ids, train=self.train, seed=self.seed, epoch=batch.epoch)
-        self._check_tags(out["tags"].view(-1)[:n], iteration * self.batch_size + np.arange(n))
         torch_device = self.device.torch_device
-        clips = out["clips"][:n]
+        if self.source == "dali":  # rows came in reader_order: check them as such, then put them in plan order
+            order = reader_order(*fill_rows(videos, starts, self.batch_size))
+            self._check_tags(out["tags"].view(-1), iteration * self.batch_size + order)
+            back = torch.as_tensor(np.argsort(order)[:n])
+            if out["clips"].is_cuda:  # pinned, so the small copy does not wait for the device
+                back = back.pin_memory().to(out["clips"].device, non_blocking=True)
+            clips = out["clips"].index_select(0, back)
+        else:
+            self._check_tags(out["tags"].view(-1)[:n], iteration * self.batch_size + np.arange(n))
+            clips = out["clips"][:n]
         if tuple(clips.shape[1:]) != self.clip_shape:
             raise RuntimeError(f"clip pipeline produced {tuple(clips.shape)}; expected (N, *{self.clip_shape})")
         frames = starts[:, None] + np.arange(self.geometry.clip_length_frames) * self.geometry.stride_frames
