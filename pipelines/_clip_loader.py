@@ -55,7 +55,8 @@ class ClipBatch:
     """One batch from :class:`ClipLoader`. Tensors live on the loader's device.
 
     Attributes:
-        clips: (N, 3, T, S, S) torch.uint8 RGB, contiguous ("NCTHW", the layout clip models take).
+        clips: (N, 3, T, S, S) torch.uint8 RGB ("NCTHW"), in channels_last_3d memory: a permuted
+            view of DALI's (N, T, S, S, 3), the layout 3-D convolutions run in.
         frame_labels: (N, T, K) torch.float32 multi-hot label of every frame of each clip.
         centre_labels: (N, K) torch.float32 label of each clip's centre frame (index ``T // 2``).
         video_ids: (N,) torch.int64 video ids (positions in the dataset).
@@ -284,6 +285,7 @@ class ClipLoader(EpochLoader):
         else:
             self._check_tags(out["tags"].view(-1)[:n], iteration * self.batch_size + np.arange(n))
             clips = out["clips"][:n]
+        clips = clips.permute(0, 4, 1, 2, 3)  # (N, T, S, S, 3) -> (N, 3, T, S, S), channels_last_3d, no copy
         if tuple(clips.shape[1:]) != self.clip_shape:
             raise RuntimeError(f"clip pipeline produced {tuple(clips.shape)}; expected (N, *{self.clip_shape})")
         frames = starts[:, None] + np.arange(self.geometry.clip_length_frames) * self.geometry.stride_frames

@@ -1,4 +1,4 @@
-"""The DALI clip graph: decode exactly the planned clips, then one fused resize and a layout change.
+"""The DALI clip graph: decode exactly the planned clips, then one fused resize (no layout change).
 
 Stages and what each outputs (dtype and rank checked when the pipeline is built):
 
@@ -9,7 +9,7 @@ decode          uint8 (T, H, W, 3) "FHWC" per clip + its tag (int)             s
 crop window     roi_start/roi_end (y, x) of the central square (centre_crop)  CPU (external_source)
 resize          uint8 (T, S, S, 3): crop and resize fused, bilinear+antialias  GPU, or CPU
 augment         uint8 (T, S, S, 3): one colour matrix and flip per clip        GPU, or CPU (optional)
-transpose       uint8 (3, T, S, S) "CFHW" (frame chunks: (T, 3, S, S) "FCHW")  GPU, or CPU
+(layout)        uint8 (T, S, S, 3) "FHWC" as is (frame chunks: (T, 3, S, S) "FCHW")  GPU, or CPU
 ==============  ===========================================================  =====================
 
 (PyAV sources fit the frames while converting them from YUV, one swscale pass per frame, and
@@ -222,12 +222,13 @@ def build_clip_pipeline(
             source then needs ``roi_feed``, PyAV sources fit frames themselves).
         device_id: CUDA device (NVDEC decoding, GPU resize); ``None`` runs on the CPU.
         start_method: ``"fork"`` or ``"spawn"`` for the PyAV workers.
-        frames_first: Output (T, 3, S, S) "FCHW" (a chunk of frames) instead of (3, T, S, S).
+        frames_first: Output (T, 3, S, S) "FCHW" (a chunk of frames) instead of (T, S, S, 3) "FHWC".
         augment: Loader augmentation fed iteration by iteration, one parameter row per clip (the
             same on every frame of it); ``None``: none.
 
     Returns:
-        A built pipeline with outputs ``(clips uint8 (3, T, S, S), tag (1,))`` per sample.
+        A built pipeline with outputs ``(clips uint8 (T, S, S, 3), tag (1,))`` per sample (the
+        loader permutes the batch to (N, 3, T, S, S), a channels_last_3d view).
     """
     from nvidia.dali import fn, pipeline_def, types
 
@@ -286,10 +287,10 @@ def build_clip_pipeline(
         if augment is not None:
             frames = augment.apply(frames)
         if frames_first:
-            clips = fn.transpose(frames, perm=[0, 3, 1, 2], output_layout="FCHW")
-        else:
-            clips = fn.transpose(frames, perm=[3, 0, 1, 2], output_layout="CFHW")
-        return clips, tag
+            return fn.transpose(frames, perm=[0, 3, 1, 2], output_layout="FCHW"), tag
+        # No transpose: torch takes (T, S, S, 3) as a permuted view, (3, T, S, S) in channels_last_3d,
+        # the layout 3-D convolutions run in (a CFHW transpose here cost a copy, and another back).
+        return frames, tag
 
     workers = {}
     if source == "pyav":
@@ -320,7 +321,7 @@ def _check_outputs(pipe) -> None:
 
     dtypes, ndims = pipe.output_dtype(), pipe.output_ndim()
     if dtypes[0] not in (types.UINT8, None) or ndims[0] not in (4, None):
-        raise RuntimeError(f"clip pipeline outputs {dtypes[0]} with {ndims[0]} dims; expected uint8 (3, T, S, S)")
+        raise RuntimeError(f"clip pipeline outputs {dtypes[0]} with {ndims[0]} dims; expected uint8 (T, S, S, 3)")
 
 
 def check_reader_size(pipe, lines: int) -> None:

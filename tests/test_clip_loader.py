@@ -61,7 +61,7 @@ def _loader(dataset, decoder, device, train, *, batch=4, stride=1, size=48, fit=
 def _check_batch(batch, dataset, stride, size, device):
     n = len(batch)
     assert batch.clips.shape == (n, 3, 11, size, size) and batch.clips.dtype == torch.uint8
-    assert batch.clips.is_contiguous()
+    assert batch.clips.is_contiguous(memory_format=torch.channels_last_3d), "DALI's FHWC as a permuted view"
     assert batch.clips.device.type == ("cuda" if device.is_gpu else "cpu")
     assert batch.frame_labels.shape == (n, 11, 4) and batch.frame_labels.dtype == torch.float32
     assert batch.behaviours == dataset.behaviours

@@ -218,3 +218,54 @@ def test_every_augment_op_runs_in_the_amp_dtypes(device, dtype):
         out = augment(pixels)
         assert out.dtype == torch.uint8 and out.shape == pixels.shape and out.device.type == device
         assert not torch.equal(out, pixels), "the ops changed the pixels"
+
+
+def test_colour_on_channels_last_3d_clips_matches_and_keeps_the_layout():
+    from gpufeed.train._augment import apply_colour
+
+    gen = torch.Generator().manual_seed(0)
+    fhwc = torch.randint(0, 256, (3, 5, 8, 8, 3), dtype=torch.uint8, generator=gen)
+    clips = fhwc.permute(0, 4, 1, 2, 3)  # what the clip loader hands over
+    matrices = torch.rand((3, 3, 4), generator=gen) * torch.tensor([1.2, 1.2, 1.2, 20.0])
+    out = apply_colour(clips, matrices)
+    assert out.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(out, apply_colour(clips.contiguous(), matrices))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_a_3d_clip_model_takes_loader_clips_without_a_copy(synth_dir, device):
+    """ClipLoader's clips are already channels_last_3d: the 3-D model's input needs no transpose."""
+    from gpufeed.models import create_model
+    from gpufeed.train._tasks import ClipTask, to_channels_last
+
+    choice = DeviceChoice("gpu", 0, "test") if device == "gpu" else DeviceChoice("cpu", None, "test")
+    dataset = VideoDataset.from_folder(synth_dir / "videos")
+    loader = ClipLoader(
+        dataset,
+        train=True,
+        video_cfg=VideoConfig(clip_length_frames=11, stride_frames=1, size_px=32),
+        loader_cfg=LoaderConfig(batch_size=2, num_threads=2, last_batch="drop"),
+        device=choice,
+    )
+    batch = next(iter(loader))
+    torch_device = choice.torch_device
+    model = to_channels_last(create_model("r3d_small", num_classes=len(dataset.behaviours), size_px=32))
+    model = model.to(torch_device)
+    task = ClipTask(len(dataset.behaviours))
+    assert task.input_format(model) == torch.channels_last_3d
+    cfg = TrainConfig(lr=1e-3, warmup_steps=0, schedule="constant")
+    optimizer = build_optimizer(model, cfg)
+    stepper = Stepper(
+        model,
+        task,
+        optimizer,
+        build_scheduler(optimizer, 10, cfg),
+        nn.Identity(),
+        torch.amp.GradScaler(torch_device.type, enabled=False),
+        amp_dtype=torch.bfloat16 if device == "gpu" else None,
+        memory_format=task.input_format(model),
+        on_gpu=device == "gpu",
+    )
+    assert stepper.prepare(batch.clips).data_ptr() == batch.clips.data_ptr(), "no copy into channels_last_3d"
+    outcome = stepper(batch)
+    assert outcome.samples == 2 and outcome.loss > 0
