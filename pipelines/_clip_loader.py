@@ -278,10 +278,13 @@ class ClipLoader(EpochLoader):
         if self.source == "dali":  # rows came in reader_order: check them as such, then put them in plan order
             order = reader_order(*fill_rows(videos, starts, self.batch_size))
             self._check_tags(out["tags"].view(-1), iteration * self.batch_size + order)
-            back = torch.as_tensor(np.argsort(order)[:n])
-            if out["clips"].is_cuda:  # pinned, so the small copy does not wait for the device
-                back = back.pin_memory().to(out["clips"].device, non_blocking=True)
-            clips = out["clips"].index_select(0, back)
+            if np.array_equal(order[:n], np.arange(n)):  # already in plan order (evaluation): no gather
+                clips = out["clips"][:n]
+            else:
+                back = torch.as_tensor(np.argsort(order)[:n])
+                if out["clips"].is_cuda:  # pinned, so the small copy does not wait for the device
+                    back = back.pin_memory().to(out["clips"].device, non_blocking=True)
+                clips = out["clips"].index_select(0, back)
         else:
             self._check_tags(out["tags"].view(-1)[:n], iteration * self.batch_size + np.arange(n))
             clips = out["clips"][:n]
