@@ -219,14 +219,16 @@ def decode_window(
         size_px: Output height and width.
         on_gpu: Decode with nvJPEG (``device="mixed"``) and resize on the GPU.
         gpu_options: Extra arguments of the ``mixed`` decoder (:func:`gpu_decoder_options`);
-            ignored on the CPU, where DALI rejects them.
+            ignored on the CPU, where DALI rejects them. ``affine`` is off unless they say otherwise.
 
     Returns:
         uint8 (size_px, size_px, 3) HWC images, on the GPU when ``on_gpu``.
     """
     from nvidia.dali import fn, types
 
-    extra = dict(gpu_options or {}) if on_gpu else {}
+    # Threads unpinned everywhere (the server's lanes too): DALI's default pins thread i to core i,
+    # so every pipeline of a process, and every process, piles onto the same first cores.
+    extra = {"affine": False, **(gpu_options or {})} if on_gpu else {}
     images = fn.decoders.image_slice(
         encoded, anchor, shape, axis_names="WH", device="mixed" if on_gpu else "cpu", output_type=types.RGB, **extra
     )
