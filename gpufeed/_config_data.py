@@ -97,7 +97,11 @@ class LoaderConfig:
     """
 
     batch_size: int = option(64, ge=1, doc="samples per batch (per rank)")
-    num_threads: int = option(0, ge=0, doc="DALI CPU threads (and PyAV worker processes); 0 means one per core")
+    num_threads: int = option(
+        0,
+        ge=0,
+        doc="DALI CPU threads (and PyAV worker processes); 0: this rank's cores (cores / LOCAL_WORLD_SIZE), 3/4 to train, 1/4 to eval",
+    )
     prefetch_queue_depth: int = option(
         2, ge=1, le=16, doc="batches DALI prepares ahead, across epoch boundaries too (each holds a batch in memory)"
     )

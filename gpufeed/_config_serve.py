@@ -82,6 +82,11 @@ class ServeConfig:
         "auto", doc="onnxruntime provider: auto (CUDA on a GPU, else CPU), cpu, cuda, tensorrt"
     )
     tensorrt_cache_dir: Path | None = option(None, doc="where the TensorRT provider caches engines; none: no cache")
+    cuda_tf32: bool = option(
+        False,
+        doc="let the CUDA provider use TF32 math (faster on Ampere and later, logits drift from export's "
+        "parity figure, which is measured without it); default off",
+    )
     decode_threads: int = option(0, ge=0, doc="DALI CPU threads per model; 0 means one per core")
     inference_threads: int = option(
         0,

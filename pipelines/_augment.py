@@ -290,18 +290,23 @@ class StreamAugmentFeed:
         seed: The loader's seed.
         fill_to: Rows per iteration when the pipeline's batches are always full (a short plan
             batch is filled by repeating its last row, as the clip sources fill theirs).
+        row_order: ``row_order(k)`` -> the plan row of each output row of iteration ``k``, when the
+            pipeline's rows are not in plan order; ``None``: plan order.
     """
 
-    def __init__(self, stream, augment: LoaderAugment, seed: int, fill_to: int | None = None) -> None:
+    def __init__(self, stream, augment: LoaderAugment, seed: int, fill_to: int | None = None, row_order=None) -> None:
         self.stream, self.augment, self.seed, self.fill_to = stream, augment, int(seed), fill_to
+        self.row_order = row_order
         self.iteration = 0
 
     def __call__(self):
         batch = self.stream[self.iteration]
-        self.iteration += 1
         ids = np.asarray(batch.sample_ids, dtype=np.int64)
         if self.fill_to is not None and len(ids) < self.fill_to:
             ids = np.concatenate([ids, np.full(self.fill_to - len(ids), ids[-1])])
+        if self.row_order is not None:  # the rows as the reader outputs them (see _clip_pipeline.reader_order)
+            ids = ids[self.row_order(self.iteration)]
+        self.iteration += 1
         rows = self.augment.rows(self.seed, batch.epoch, ids)
         columns = []
         if rows.colour is not None:

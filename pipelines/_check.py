@@ -7,7 +7,8 @@ a strict decode (:func:`~gpufeed.pipelines.decode_problem`: a JPEG cut short wit
 is found here), unknown labels, and non-image files sitting in the dataset's folders (which the
 loader ignores). Each finding names the path and the reason, and has a kind: ``image``, ``label``,
 ``video`` (the file is bad: it is listed for quarantine and makes the check fail), ``warning``
-(usable, but worth knowing, e.g. a variable frame rate) or ``ignored`` (not read at all).
+(usable, but worth knowing, e.g. a variable frame rate), ``decoder`` (which decoder a video gets
+on a GPU, and why) or ``ignored`` (not read at all).
 ``check_path`` works out what a path is (list file, class folders, a folder of splits such as
 ``gpufeed synth``'s output) and checks all of it.
 """
@@ -29,7 +30,7 @@ from gpufeed.pipelines._image_verify import decode_problem
 __all__ = ["CHECKERS", "NOT_BAD", "CheckReport", "Finding", "check_images", "check_path"]
 
 # Finding kinds that do not make a file bad: noted in the report, never quarantined.
-NOT_BAD = ("ignored", "warning")
+NOT_BAD = ("ignored", "warning", "decoder")
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,11 @@ class CheckReport:
             lines.append(f"  [{f.kind}] {f.path}: {f.reason}")
         problems = sum(f.kind not in NOT_BAD for f in self.findings)
         warnings = sum(f.kind == "warning" for f in self.findings)
-        ignored = len(self.findings) - problems - warnings
+        notes = sum(f.kind == "decoder" for f in self.findings)  # which decoder, not a problem
+        ignored = len(self.findings) - problems - warnings - notes
         lines.append(
             f"{problems} problem(s), {warnings} warning(s), {ignored} ignored file(s)"
-            if self.findings
+            if problems or warnings or ignored
             else "no problems found"
         )
         return "\n".join(lines)

@@ -30,19 +30,22 @@ from gpufeed.pipelines._clip_pipeline import (
     RoiFeed,
     build_clip_pipeline,
     check_reader_size,
+    fill_rows,
     new_work_dir,
-    stream_rows,
+    reader_order,
+    reader_rows,
     write_stream_list,
 )
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._epochs import EpochLoader, Session, worker_start_method
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, ClipSource, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
-from gpufeed.pipelines._videos import DALI_CPU_CODECS, VideoDataset
+from gpufeed.pipelines._videos import VideoDataset
 
-__all__ = ["ClipBatch", "ClipLoader", "choose_decoder"]
+__all__ = ["ClipBatch", "ClipLoader"]
 
 log = logging.getLogger("gpufeed")
 
@@ -52,7 +55,8 @@ class ClipBatch:
     """One batch from :class:`ClipLoader`. Tensors live on the loader's device.
 
     Attributes:
-        clips: (N, 3, T, H, W) torch.uint8 RGB, contiguous ("NCTHW", the layout clip models take).
+        clips: (N, 3, T, H, W) torch.uint8 RGB ("NCTHW"), in channels_last_3d memory: a permuted
+            view of DALI's (N, T, H, W, 3), the layout 3-D convolutions run in.
         frame_labels: (N, T, K) torch.float32 multi-hot label of every frame of each clip.
         centre_labels: (N, K) torch.float32 label of each clip's centre frame (index ``T // 2``).
         video_ids: (N,) torch.int64 video ids (positions in the dataset).
@@ -71,30 +75,6 @@ class ClipBatch:
 
     def __len__(self) -> int:
         return int(self.clips.shape[0])
-
-
-def choose_decoder(requested: str, on_gpu: bool, codecs: set[str]) -> tuple[str, str]:
-    """Pick ``"dali"`` or ``"pyav"`` for ``video.decoder`` and say why.
-
-    Raises:
-        DatasetError: ``dali`` was asked for on the CPU with a codec DALI's CPU decoder lacks.
-    """
-    if requested not in ("auto", "dali", "pyav"):
-        raise ValueError(f"decoder {requested!r} is not allowed; allowed: auto, dali, pyav")
-    cpu_unsupported = sorted(codecs - set(DALI_CPU_CODECS))
-    if requested == "pyav":
-        return "pyav", "video.decoder: pyav"
-    if on_gpu:
-        return "dali", "video.decoder: " + requested + "; NVDEC decodes " + ", ".join(sorted(codecs))
-    if not cpu_unsupported:
-        return "dali", f"video.decoder: {requested}; DALI's CPU decoder handles {', '.join(sorted(codecs))}"
-    if requested == "dali":
-        raise DatasetError(
-            f"video.decoder: dali cannot decode {', '.join(cpu_unsupported)} without a GPU (DALI's CPU decoder "
-            f"handles {', '.join(DALI_CPU_CODECS)}); use decoder auto or pyav, or re-encode with "
-            "'gpufeed prepare --codec vp9'"
-        )
-    return "pyav", f"video.decoder: auto; no GPU and {', '.join(cpu_unsupported)} needs PyAV keyframe seeks"
 
 
 def _worker_pids(pipe) -> list[int]:
@@ -156,10 +136,15 @@ class ClipLoader(EpochLoader):
         self.skipped.update(self.quarantined)
         usable = [v for v in dataset.usable_ids if int(v) not in bad and int(v) not in self.quarantined]
         self.table = ClipTable.build(dataset.num_frames, np.asarray(usable, dtype=np.int64), self.geometry)
-        self.source, self.decoder_reason = choose_decoder(
-            video_cfg.decoder, device.is_gpu, {dataset.infos[v].codec for v in usable}
+        self.decoders = choose_decoder(
+            video_cfg.decoder, device.is_gpu, [dataset.infos[v] for v in usable], gpu_capability(device)
         )
-        log.info("clip decoder: %s (%s)", self.source, self.decoder_reason)
+        self.source, self.decoder_reason = self.decoders
+        # Falling back to PyAV on a GPU costs throughput: say so louder than a routine choice.
+        fell_back = device.is_gpu and self.source == "pyav" and video_cfg.decoder == "auto"
+        log.log(
+            logging.WARNING if fell_back else logging.INFO, "clip decoder: %s (%s)", self.source, self.decoder_reason
+        )
         vfr = [dataset.paths[v] for v in usable if not dataset.infos[v].cfr]
         if vfr:
             log.warning(
@@ -223,11 +208,24 @@ class ClipLoader(EpochLoader):
             "num_threads": self.num_threads,
             "prefetch_queue_depth": self.cfg.prefetch_queue_depth,
             "seed": self.seed,
-            # Augmentation: one parameter row per clip, from the same stream of plan batches.
-            "augment": None
-            if self.augment is None
-            else StreamAugmentFeed(stream, self.augment, self.seed, fill_to=self.batch_size),
         }
+        table, train, seed, size = self.table, self.train, self.seed, self.batch_size
+
+        def rows(k: int):  # DALI's reader gets each batch's rows in reader_order (see _clip_pipeline)
+            return reader_rows(stream, table, train=train, seed=seed, batch_size=size, iteration=k)
+
+        # Augmentation: one parameter row per clip, from the same stream of plan batches.
+        common["augment"] = (
+            None
+            if self.augment is None
+            else StreamAugmentFeed(
+                stream,
+                self.augment,
+                self.seed,
+                fill_to=self.batch_size,
+                row_order=(lambda k: rows(k)[2]) if self.source == "dali" else None,
+            )
+        )
         resources, limit = [], None
         if self.source == "pyav":
             method, why = worker_start_method(getattr(self.cfg, "worker_start_method", "auto"))
@@ -261,12 +259,8 @@ class ClipLoader(EpochLoader):
                 roi = None
                 if self.video_cfg.fit == "centre_crop":
                     sizes = np.array([(info.width, info.height) for info in self.dataset.infos])
-                    table, train, seed, size = self.table, self.train, self.seed, self.batch_size
-                    roi = RoiFeed(
-                        lambda k: stream_rows(stream, table, train=train, seed=seed, batch_size=size, iteration=k)[0],
-                        sizes,
-                        self.video_cfg.output_size.width_px / self.video_cfg.output_size.height_px,
-                    )
+                    out = self.video_cfg.output_size
+                    roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px)
                 pipe = build_clip_pipeline(source="dali", clip_input=list_file, roi_feed=roi, **common)
                 check_reader_size(pipe, limit * self.batch_size)
             except Exception:
@@ -280,10 +274,21 @@ class ClipLoader(EpochLoader):
 
         n = len(batch)
         videos, starts = self.table.clips(batch.sample_ids, train=self.train, seed=self.seed, epoch=batch.epoch)
-        tags = out["tags"].view(-1)[:n].cpu().numpy().astype(np.int64)
-        self._check_rows(tags, iteration * self.batch_size + np.arange(n))
         torch_device = self.device.torch_device
-        clips = out["clips"][:n]
+        if self.source == "dali":  # rows came in reader_order: check them as such, then put them in plan order
+            order = reader_order(*fill_rows(videos, starts, self.batch_size))
+            self._check_tags(out["tags"].view(-1), iteration * self.batch_size + order)
+            if np.array_equal(order[:n], np.arange(n)):  # already in plan order (evaluation): no gather
+                clips = out["clips"][:n]
+            else:
+                back = torch.as_tensor(np.argsort(order)[:n])
+                if out["clips"].is_cuda:  # pinned, so the small copy does not wait for the device
+                    back = back.pin_memory().to(out["clips"].device, non_blocking=True)
+                clips = out["clips"].index_select(0, back)
+        else:
+            self._check_tags(out["tags"].view(-1)[:n], iteration * self.batch_size + np.arange(n))
+            clips = out["clips"][:n]
+        clips = clips.permute(0, 4, 1, 2, 3)  # (N, T, H, W, 3) -> (N, 3, T, H, W), channels_last_3d, no copy
         if tuple(clips.shape[1:]) != self.clip_shape:
             raise RuntimeError(f"clip pipeline produced {tuple(clips.shape)}; expected (N, *{self.clip_shape})")
         frames = starts[:, None] + np.arange(self.geometry.clip_length_frames) * self.geometry.stride_frames
@@ -305,6 +310,30 @@ class ClipLoader(EpochLoader):
             valid=to_device(batch.valid, torch.bool),
             behaviours=self.behaviours,
         )
+
+    def _check_tags(self, tags, expected: np.ndarray) -> None:
+        """Check the rows' tags against the plan; NVDEC's tags (on the GPU) a batch or two later.
+
+        Reading GPU tags at once would wait for the GPU every batch; instead they are copied to
+        pinned memory without waiting and checked when that copy is done (at the latest two
+        batches on), which still stops a run whose rows went out of step with the plan.
+        """
+        if not tags.is_cuda:
+            self._check_rows(tags.numpy().astype(np.int64), expected)
+            return
+        import torch
+
+        host = torch.empty(tags.shape, dtype=tags.dtype, pin_memory=True)
+        host.copy_(tags, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        pending = getattr(self, "_tag_checks", [])
+        pending.append((host, copied, expected))
+        while pending and (len(pending) > 2 or pending[0][1].query()):
+            host, copied, expected = pending.pop(0)
+            copied.synchronize()  # an event wait for an earlier batch, never the device
+            self._check_rows(host.numpy().astype(np.int64), expected)
+        self._tag_checks = pending
 
     def _suspects(self, batches: list[StreamBatch]) -> list[tuple[int, str, int]]:
         suspects = []

@@ -1,4 +1,4 @@
-"""The DALI clip graph: decode exactly the planned clips, then one fused resize and a layout change.
+"""The DALI clip graph: decode exactly the planned clips, then one fused resize (no layout change).
 
 Stages and what each outputs (dtype and rank checked when the pipeline is built):
 
@@ -9,7 +9,7 @@ decode          uint8 (T, H, W, 3) "FHWC" per clip + its tag (int)             s
 crop window     roi_start/roi_end (y, x) of the central region (centre_crop)  CPU (external_source)
 resize          uint8 (T, H, W, 3): crop and resize fused, bilinear+antialias  GPU, or CPU
 augment         uint8 (T, H, W, 3): one colour matrix and flip per clip        GPU, or CPU (optional)
-transpose       uint8 (3, T, H, W) "CFHW" (frame chunks: (T, 3, H, W) "FCHW")  GPU, or CPU
+(layout)        uint8 (T, H, W, 3) "FHWC" as is (frame chunks: (T, 3, H, W) "FCHW")  GPU, or CPU
 ==============  ===========================================================  =====================
 
 (PyAV sources fit the frames while converting them from YUV, one swscale pass per frame, and
@@ -18,13 +18,15 @@ separate resize. Crop window and resize then apply to the DALI reader only.)
 
 Decode, by ``source``; every pipeline iteration is one plan batch of a
 :class:`~gpufeed.pipelines._sampler.PlanStream`, always ``batch_size`` rows (a short plan batch is
-filled with rows the loader drops), and the tag of row ``j`` of iteration ``k`` is
+filled with rows the loader drops), and the tag of plan row ``j`` of iteration ``k`` is
 ``k * batch_size + j``:
 
 * ``"dali"``: ``fn.experimental.readers.video`` over a file list in ``frames`` format (``path tag
   start end``, one line per row, ``end = start + L * stride`` exclusive), written for the
   stream's first iterations (:func:`write_stream_list`), so the reader seeks exactly where
-  gpufeed's sampler says, in plan order, never shuffling. DALI's reader takes its list when it is
+  gpufeed's sampler says, never shuffling; within each batch the rows are ordered by (video,
+  start) (:func:`reader_order`), each file opened once per batch, and the loader restores plan
+  order from the tags. DALI's reader takes its list when it is
   built, so a list covers whole epochs, as many as :data:`LIST_LINES` lines hold (a new pipeline
   continues after them). ``device="gpu"`` decodes on NVDEC (h264, hevc, vp8, vp9, av1, mpeg4,
   mjpeg); ``device="cpu"`` uses FFmpeg inside DALI (vp8, vp9, mjpeg only).
@@ -57,7 +59,10 @@ __all__ = [
     "RoiFeed",
     "build_clip_pipeline",
     "centre_rois",
+    "fill_rows",
     "new_work_dir",
+    "reader_order",
+    "reader_rows",
     "write_stream_list",
 ]
 
@@ -134,15 +139,39 @@ def write_file_list(folder: Path, paths: list[str], video_ids, starts, span_fram
     return list_path
 
 
-def stream_rows(stream, table, *, train: bool, seed: int, batch_size: int, iteration: int):
-    """(video ids, starts) of iteration ``iteration``'s rows, filled to ``batch_size`` by repeating the last."""
-    batch = stream[iteration]
-    videos, starts = table.clips(batch.sample_ids, train=train, seed=seed, epoch=batch.epoch)
+def fill_rows(videos: np.ndarray, starts: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A plan batch's (video ids, starts) filled to ``batch_size`` rows by repeating the last."""
     fill = batch_size - len(videos)
     if fill:
         videos = np.concatenate([videos, np.full(fill, videos[-1])])
         starts = np.concatenate([starts, np.full(fill, starts[-1])])
     return videos, starts
+
+
+def stream_rows(stream, table, *, train: bool, seed: int, batch_size: int, iteration: int):
+    """(video ids, starts) of iteration ``iteration``'s rows in plan order, filled to ``batch_size``."""
+    batch = stream[iteration]
+    videos, starts = table.clips(batch.sample_ids, train=train, seed=seed, epoch=batch.epoch)
+    return fill_rows(videos, starts, batch_size)
+
+
+def reader_order(videos: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The order DALI's reader gets one batch's rows in: by (video, start), plan rows as positions.
+
+    DALI's video reader decodes a batch's rows one after another and builds a new decoder (on a
+    GPU, an NVDEC session) whenever the file changes from the previous row; in shuffled plan
+    order nearly every row changes file. Sorted, each file is opened once per batch and its clips
+    are read forward. Row ``r`` the reader outputs is plan row ``order[r]``; its tag says so, and
+    the loader puts the rows back in plan order.
+    """
+    return np.lexsort((np.asarray(starts), np.asarray(videos)))
+
+
+def reader_rows(stream, table, *, train: bool, seed: int, batch_size: int, iteration: int):
+    """(video ids, starts, plan row of each) of iteration ``iteration`` in :func:`reader_order`."""
+    videos, starts = stream_rows(stream, table, train=train, seed=seed, batch_size=batch_size, iteration=iteration)
+    order = reader_order(videos, starts)
+    return videos[order], starts[order], order
 
 
 def list_iterations(stream, batch_size: int) -> int:
@@ -160,13 +189,15 @@ def list_iterations(stream, batch_size: int) -> int:
 def write_stream_list(folder: Path, paths: list[str], stream, table, *, train, seed, batch_size) -> tuple[Path, int]:
     """The reader's file list for the stream's first iterations: (list path, iterations it covers)."""
     iterations = list_iterations(stream, batch_size)
-    videos, starts = [], []
+    videos, starts, tags = [], [], []
     for k in range(iterations):
-        v, s = stream_rows(stream, table, train=train, seed=seed, batch_size=batch_size, iteration=k)
+        v, s, order = reader_rows(stream, table, train=train, seed=seed, batch_size=batch_size, iteration=k)
         videos.append(v)
         starts.append(s)
+        tags.append(k * batch_size + order)  # the plan row each line is
     span = table.geometry.clip_length_frames * table.geometry.stride_frames
-    return write_file_list(folder, paths, np.concatenate(videos), np.concatenate(starts), span), iterations
+    rows = (np.concatenate(videos), np.concatenate(starts))
+    return write_file_list(folder, paths, *rows, span, np.concatenate(tags)), iterations
 
 
 def build_clip_pipeline(
@@ -200,12 +231,13 @@ def build_clip_pipeline(
             source then needs ``roi_feed``, PyAV sources fit frames themselves).
         device_id: CUDA device (NVDEC decoding, GPU resize); ``None`` runs on the CPU.
         start_method: ``"fork"`` or ``"spawn"`` for the PyAV workers.
-        frames_first: Output (T, 3, H, W) "FCHW" (a chunk of frames) instead of (3, T, H, W).
+        frames_first: Output (T, 3, H, W) "FCHW" (a chunk of frames) instead of (T, H, W, 3) "FHWC".
         augment: Loader augmentation fed iteration by iteration, one parameter row per clip (the
             same on every frame of it); ``None``: none.
 
     Returns:
-        A built pipeline with outputs ``(clips uint8 (3, T, H, W), tag (1,))`` per sample.
+        A built pipeline with outputs ``(clips uint8 (T, H, W, 3), tag (1,))`` per sample (the
+            loader permutes the batch to (N, 3, T, H, W), a channels_last_3d view).
     """
     from nvidia.dali import fn, pipeline_def, types
 
@@ -267,10 +299,10 @@ def build_clip_pipeline(
         if augment is not None:
             frames = augment.apply(frames)
         if frames_first:
-            clips = fn.transpose(frames, perm=[0, 3, 1, 2], output_layout="FCHW")
-        else:
-            clips = fn.transpose(frames, perm=[3, 0, 1, 2], output_layout="CFHW")
-        return clips, tag
+            return fn.transpose(frames, perm=[0, 3, 1, 2], output_layout="FCHW"), tag
+        # No transpose: torch takes (T, H, W, 3) as a permuted view, (3, T, H, W) in channels_last_3d,
+        # the layout 3-D convolutions run in (a CFHW transpose here cost a copy, and another back).
+        return frames, tag
 
     workers = {}
     if source == "pyav":
@@ -301,7 +333,7 @@ def _check_outputs(pipe) -> None:
 
     dtypes, ndims = pipe.output_dtype(), pipe.output_ndim()
     if dtypes[0] not in (types.UINT8, None) or ndims[0] not in (4, None):
-        raise RuntimeError(f"clip pipeline outputs {dtypes[0]} with {ndims[0]} dims; expected uint8 (3, T, H, W)")
+        raise RuntimeError(f"clip pipeline outputs {dtypes[0]} with {ndims[0]} dims; expected uint8 (T, H, W, 3)")
 
 
 def check_reader_size(pipe, lines: int) -> None:

@@ -32,7 +32,15 @@ import numpy as np
 from gpufeed.pipelines._errors import BAD_FILE_HINT, BadSampleError, DatasetError, PipelineError, dali_reason
 from gpufeed.pipelines._sampler import EpochPlan, PlanSpec, PlanStream, StreamBatch, plan_epoch
 
-__all__ = ["EpochLoader", "Session", "cuda_initialised", "default_num_threads", "error_reason", "worker_start_method"]
+__all__ = [
+    "EpochLoader",
+    "Session",
+    "cuda_initialised",
+    "default_num_threads",
+    "error_reason",
+    "loader_num_threads",
+    "worker_start_method",
+]
 
 log = logging.getLogger("gpufeed")
 
@@ -43,6 +51,32 @@ def default_num_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def loader_num_threads(train: bool, cores: int | None = None, local_world_size: int | None = None) -> int:
+    """DALI threads for one loader when ``loader.num_threads`` is 0: this rank's cores, split train/val.
+
+    Under torchrun every rank on a machine sees every core, so the cores are divided by the local
+    world size (``LOCAL_WORLD_SIZE``), unless a launcher already gave this process fewer cores
+    than the machine has (SLURM's per-task binding). The training loader gets three quarters of
+    the rank's share, evaluation the rest (with fewer than 4 cores each gets them all).
+
+    Args:
+        train: The training loader (True) or evaluation's.
+        cores: Cores this process may use (default: its affinity mask).
+        local_world_size: Processes on this machine (default: ``LOCAL_WORLD_SIZE``, else 1).
+    """
+    if cores is None:
+        cores = default_num_threads()
+        if cores < (os.cpu_count() or cores):
+            local_world_size = 1  # already bound to its own cores by the launcher
+    if local_world_size is None:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    share = max(1, cores // max(1, local_world_size))
+    if share < 4:  # too few to split; the two pipelines rarely run at once (evaluation pauses training)
+        return share
+    val = share // 4
+    return share - val if train else val
 
 
 def cuda_initialised() -> bool:
@@ -173,7 +207,7 @@ class EpochLoader:
         self.batch_size = loader_cfg.batch_size
         # Evaluation keeps every sample: "drop" is read as "partial" there.
         self.last_batch = loader_cfg.last_batch if train or loader_cfg.last_batch == "pad" else "partial"
-        self.num_threads = loader_cfg.num_threads or default_num_threads()
+        self.num_threads = loader_cfg.num_threads or loader_num_threads(train)
         self.epoch = 0
         self._start_batch = 0
         self.skipped: dict[int, str] = {}

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._size import parse_size_px
-from gpufeed.pipelines._clip_loader import choose_decoder
 from gpufeed.pipelines._clip_pipeline import RoiFeed, build_clip_pipeline, new_work_dir, write_file_list
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
 from gpufeed.pipelines._pyav import SequentialFeed, VideoRef
 from gpufeed.pipelines._videos import VideoInfo, probe_video
 
@@ -81,7 +81,7 @@ class VideoFrameReader:
         self.info = info
         self.size, self.fit, self.device, self.num_threads = parse_size_px(size_px, "size_px"), fit, device, num_threads
         self.chunk_frames = min(chunk_frames, info.num_frames)
-        self.source, self.decoder_reason = choose_decoder(decoder, device.is_gpu, {info.codec})
+        self.source, self.decoder_reason = choose_decoder(decoder, device.is_gpu, [info], gpu_capability(device))
         n, c = info.num_frames, self.chunk_frames
         starts = np.arange(0, n, c, dtype=np.int64)
         if self.source == "dali":

@@ -48,28 +48,63 @@ _DEVICE_PADDING_BYTES = 16 << 20
 _HOST_PADDING_BYTES = 8 << 20
 
 
-def gpu_decoder_options(max_width: int, max_height: int, hw_decoder_load: float) -> dict:
-    """Arguments for the ``mixed`` (nvJPEG) decoder, sized for the largest image of the data.
+# nvJPEG's buffers are sized for the image at this percentile of pixel count, at most _CAP_PIXELS:
+# one outlier (a 40 MP photo) would otherwise set every thread's buffers, ~2 GiB of device and
+# ~4 GiB of pinned memory per pipeline at 16 threads. A larger image still decodes: DALI grows the
+# buffer of the thread that meets it.
+BUFFER_PERCENTILE = 99.0
+_CAP_PIXELS = 4096 * 4096
+
+
+def gpu_decoder_options(sizes, hw_decoder_load: float, *, train: bool = True, num_threads: int = 1) -> tuple[dict, str]:
+    """Arguments for the ``mixed`` (nvJPEG) decoder, sized for the data, and what they reserve, in words.
 
     * ``hw_decoder_load``: share of JPEGs sent to the hardware JPEG decoder (A100, H100); the rest
       go through nvJPEG's CUDA/hybrid path, which also uses CPU threads.
-    * ``preallocate_width_hint`` / ``preallocate_height_hint``: the hardware decoder's buffers are
-      allocated once for the largest image instead of growing mid-run.
-    * ``device_memory_padding`` / ``host_memory_padding``: nvJPEG's per-thread device and pinned
-      host buffers, at least one decoded RGB copy of the largest image, so they are never
-      reallocated mid-run (DALI's defaults, 16 and 8 MiB, when those suffice).
+    * ``affine``: off. DALI pins thread i to core i by default, so every rank of a torchrun job,
+      and its train and val pipelines, would pin the same first cores.
+    * Training only (evaluation keeps DALI's defaults, 16 MiB device and 8 MiB pinned per thread):
+      ``preallocate_width_hint`` / ``preallocate_height_hint`` for the hardware decoder, and
+      ``device_memory_padding`` / ``host_memory_padding``, nvJPEG's per-thread device buffer and
+      its two pinned host buffers, each one decoded RGB copy of the image at the
+      :data:`BUFFER_PERCENTILE` th percentile of pixel count (at most 4096 x 4096), never less
+      than DALI's defaults.
+
+    Args:
+        sizes: (N, 2) (width, height) of the images the pipeline reads.
+        train: Size for the data (True) or keep DALI's defaults (evaluation).
+        num_threads: The pipeline's threads (each has its own buffers), for the description.
 
     Only the ``mixed`` backend accepts these: CPU pipelines never get them.
     """
-    largest = 3 * int(max_width) * int(max_height)
-    padding = -(-largest // (1 << 20)) << 20  # whole MiB
-    return {
-        "hw_decoder_load": float(hw_decoder_load),
-        "preallocate_width_hint": int(max_width),
-        "preallocate_height_hint": int(max_height),
-        "device_memory_padding": max(_DEVICE_PADDING_BYTES, padding),
-        "host_memory_padding": max(_HOST_PADDING_BYTES, padding),
-    }
+    options = {"hw_decoder_load": float(hw_decoder_load), "affine": False}
+    device_pad, host_pad = _DEVICE_PADDING_BYTES, _HOST_PADDING_BYTES
+    basis = "DALI's defaults (evaluation)"
+    if train:
+        sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        pixels = sizes[:, 0] * sizes[:, 1]
+        pick = int(np.argsort(pixels, kind="stable")[int(np.ceil(BUFFER_PERCENTILE / 100 * len(pixels))) - 1])
+        width, height = (int(v) for v in sizes[pick])
+        if width * height > _CAP_PIXELS:
+            scale = (_CAP_PIXELS / (width * height)) ** 0.5
+            width, height = int(width * scale), int(height * scale)
+        padding = -(-3 * width * height // (1 << 20)) << 20  # whole MiB
+        device_pad, host_pad = max(device_pad, padding), max(host_pad, padding)
+        options.update(
+            preallocate_width_hint=width,
+            preallocate_height_hint=height,
+            device_memory_padding=device_pad,
+            host_memory_padding=host_pad,
+        )
+        largest = int(pixels.max())
+        basis = f"the {BUFFER_PERCENTILE:g}th-percentile image, {width}x{height} (largest: {largest / 1e6:.1f} MP)"
+    mib = 1 << 20
+    reserved = (
+        f"nvJPEG buffers: {num_threads * device_pad // mib} MiB device ({num_threads} thread(s) x "
+        f"{device_pad // mib} MiB) and {2 * num_threads * host_pad // mib} MiB pinned (2 x {num_threads} x "
+        f"{host_pad // mib} MiB), sized for {basis}"
+    )
+    return options, reserved
 
 
 class PathTable:
@@ -185,7 +220,7 @@ def decode_window(
         size_px: Output size, (width_px, height_px) or one number for a square.
         on_gpu: Decode with nvJPEG (``device="mixed"``) and resize on the GPU.
         gpu_options: Extra arguments of the ``mixed`` decoder (:func:`gpu_decoder_options`);
-            ignored on the CPU, where DALI rejects them.
+            ignored on the CPU, where DALI rejects them. ``affine`` is off unless they say otherwise.
 
     Returns:
         uint8 (height_px, width_px, 3) HWC images, on the GPU when ``on_gpu``.
@@ -193,7 +228,9 @@ def decode_window(
     from nvidia.dali import fn, types
 
     out = parse_size_px(size_px)
-    extra = dict(gpu_options or {}) if on_gpu else {}
+    # Threads unpinned everywhere (the server's lanes too): DALI's default pins thread i to core i,
+    # so every pipeline of a process, and every process, piles onto the same first cores.
+    extra = {"affine": False, **(gpu_options or {})} if on_gpu else {}
     images = fn.decoders.image_slice(
         encoded, anchor, shape, axis_names="WH", device="mixed" if on_gpu else "cpu", output_type=types.RGB, **extra
     )

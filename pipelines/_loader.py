@@ -16,6 +16,7 @@ The loader builds its DALI pipeline once and feeds it epoch after epoch (see
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,8 @@ from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
 
 __all__ = ["ImageBatch", "ImageLoader", "find_bad_files"]
+
+log = logging.getLogger("gpufeed")
 
 
 @dataclass(frozen=True)
@@ -157,9 +160,12 @@ class ImageLoader(EpochLoader):
     def _decoder_options(self) -> dict:
         usable = self._usable
         sizes = np.asarray(self.dataset.sizes)[usable] if len(usable) else np.ones((1, 2), dtype=np.int64)
-        return gpu_decoder_options(
-            int(sizes[:, 0].max()), int(sizes[:, 1].max()), getattr(self.cfg, "hw_decoder_load", 0.9)
+        options, self.decoder_memory = gpu_decoder_options(
+            sizes, getattr(self.cfg, "hw_decoder_load", 0.9), train=self.train, num_threads=self.num_threads
         )
+        if self.device.is_gpu:
+            log.info("%s loader: %s", "train" if self.train else "eval", self.decoder_memory)
+        return options
 
     def _open_session(self, stream: PlanStream) -> Session:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator

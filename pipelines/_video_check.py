@@ -5,8 +5,9 @@ and audio-only files, truncated ones (by the mp4 box structure, a missing ``moov
 container's declared frame count, and a full decode), unsupported codecs, and label files that are
 missing, malformed, or whose row count does not match the frame count. As warnings (usable: the
 loaders read them, exactly): a variable frame rate (frames are numbered in presentation order,
-which may not be how the labels were made) and pixel formats NVIDIA's decoder (NVDEC) does not
-take, which on a GPU need ``video.decoder: pyav`` or ``gpufeed prepare``. Label CSVs without a
+which may not be how the labels were made). As ``decoder`` notes: which decoder each video gets
+on a GPU and why (NVDEC, or PyAV for a codec, profile, pixel format or size NVDEC does not take;
+see :mod:`gpufeed.pipelines._nvdec`). Label CSVs without a
 video and other files are listed as ignored. Registered in :data:`gpufeed.pipelines._check.CHECKERS`,
 so ``gpufeed check DIR`` on a ``gpufeed synth`` folder checks ``videos/`` too.
 """
@@ -18,9 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
 from gpufeed.pipelines._pyav import decode_all_frames
 from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, list_videos
 
@@ -30,16 +33,6 @@ __all__ = ["check_videos", "holds_videos"]
 def holds_videos(path: Path) -> bool:
     """True for a folder with at least one video file directly inside it."""
     return path.is_dir() and any(p.suffix.lower() in VIDEO_EXTENSIONS for p in path.iterdir() if p.is_file())
-
-
-# Pixel formats NVDEC decodes per codec (NVIDIA's Video Codec SDK support matrix): h264 only 4:2:0
-# 8-bit; the others also 10/12-bit, hevc 4:4:4 too. A video outside it decodes with PyAV only.
-_NVDEC_FORMATS = {
-    "h264": ("yuv420p", "yuvj420p", "nv12", "gray"),
-    "hevc": ("yuv420p", "yuvj420p", "yuv420p10le", "yuv420p12le", "yuv444p", "yuv444p10le", "yuv444p12le", "gray"),
-    "vp9": ("yuv420p", "yuv420p10le", "yuv420p12le"),
-    "av1": ("yuv420p", "yuv420p10le", "gray"),
-}
 
 
 def _frame_rate_warning(info: VideoInfo) -> str | None:
@@ -52,14 +45,42 @@ def _frame_rate_warning(info: VideoInfo) -> str | None:
     )
 
 
-def _decoder_warning(info: VideoInfo) -> str | None:
-    allowed = _NVDEC_FORMATS.get(info.codec)
-    if not allowed or not info.pix_fmt or info.pix_fmt in allowed:
-        return None
-    return (
-        f"{info.codec} {info.pix_fmt}: NVIDIA's video decoder does not take this pixel format, so on a GPU set "
-        "video.decoder: pyav (CPU decoding) or re-encode with 'gpufeed prepare' (yuv420p); the CPU path reads it"
-    )
+def _decoder_findings(folder: Path, infos: list[VideoInfo]) -> list[Finding]:
+    """Which decoder each video gets on a GPU and why: one line per video NVDEC cannot take, one in all for the rest.
+
+    The GPU is taken to be an A100/H100 (no AV1 in NVDEC) unless this machine has another one.
+    """
+    if not infos:
+        return []
+    capability = gpu_capability(DeviceChoice("gpu", 0, "check")) if _cuda_visible() else None
+    choice = choose_decoder("auto", True, infos, capability)
+    findings, nvdec = [], []
+    for info in infos:
+        decoder, why = choice.per_video[info.path]
+        if decoder == "pyav":
+            findings.append(
+                Finding(
+                    info.path,
+                    f"on a GPU decodes with PyAV, not NVDEC: {why}; 'gpufeed prepare' re-encodes it",
+                    "decoder",
+                )
+            )
+        else:
+            nvdec.append(info)
+    kinds = sorted({f"{info.codec} {info.profile or '?'} {info.pix_fmt or '?'}".strip() for info in nvdec})
+    summary = f"on a GPU {len(nvdec)} of {len(infos)} video(s) decode on NVDEC"
+    summary += f" ({'; '.join(kinds)})" if kinds else ""
+    summary += f"; {choice.reason}" if choice.source == "pyav" else ""
+    findings.append(Finding(str(folder), summary, "decoder"))
+    return findings
+
+
+def _cuda_visible() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return torch.cuda.is_available()
 
 
 def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
@@ -78,13 +99,14 @@ def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
         if info.problem:
             report.findings.append(Finding(info.path, info.problem, "video"))
             continue
-        for warning in (_frame_rate_warning(info), _decoder_warning(info)):
-            if warning:
-                report.findings.append(Finding(info.path, warning, "warning"))
+        warning = _frame_rate_warning(info)
+        if warning:
+            report.findings.append(Finding(info.path, warning, "warning"))
         why = dataset.problems.get(vid)
         if why:
             report.findings.append(Finding(info.path, why, "label"))
     readable = [info for info in infos if not info.problem]
+    report.findings += _decoder_findings(folder, readable)
     with ThreadPoolExecutor(max_workers=default_num_threads()) as pool:
         decoded = pool.map(lambda info: decode_all_frames(info.path), readable)
         bar = tqdm(

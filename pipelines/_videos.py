@@ -35,11 +35,12 @@ __all__ = [
 ]
 
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v")
-# What NVDEC (DALI "mixed"/"gpu") decodes; PyAV decodes all of these on the CPU as well.
+# What gpufeed reads (PyAV decodes all of these on the CPU); which of them NVDEC takes depends on
+# profile, pixel format and GPU (see gpufeed.pipelines._nvdec).
 SUPPORTED_CODECS = ("h264", "hevc", "vp8", "vp9", "av1", "mpeg4", "mjpeg")
 # What DALI's CPU video decoder handles (measured: not h264/hevc/mpeg4).
 DALI_CPU_CODECS = ("vp8", "vp9", "mjpeg")
-_INDEX_VERSION = 3
+_INDEX_VERSION = 4  # 4: profile
 _MP4_LIKE = (".mp4", ".mov", ".m4v")
 _MP4_FIRST_BOXES = ("ftyp", "moov", "mdat", "free", "skip", "wide", "pnot", "uuid")
 
@@ -62,6 +63,7 @@ class VideoInfo:
         declared_seconds: Duration the container declares when it holds only this stream (else 0).
         problem: Why the file cannot be used, or ``None``.
         pix_fmt: FFmpeg pixel format of the decoded frames (``yuv420p``, ``yuv444p`` ...).
+        profile: FFmpeg's name of the codec profile (``High``, ``High 10``, ``Main 10`` ...; may be empty).
     """
 
     path: str
@@ -78,6 +80,7 @@ class VideoInfo:
     declared_seconds: float = 0.0
     problem: str | None = None
     pix_fmt: str = ""
+    profile: str = ""
 
     @property
     def gop_frames(self) -> float:
@@ -154,9 +157,11 @@ def probe_video(path: str | Path) -> VideoInfo:
                 what = "audio only" if container.streams.audio else "no stream at all"
                 return VideoInfo(str(path), problem=f"no video stream in the file ({what})")
             stream = container.streams.video[0]
-            codec = stream.codec_context.name
+            # The codec, not the decoder PyAV picked for it (AV1 opens as "libdav1d").
+            codec = getattr(stream.codec_context.codec, "canonical_name", "") or stream.codec_context.name
             width, height = stream.codec_context.width, stream.codec_context.height
             pix_fmt = stream.codec_context.pix_fmt or ""
+            profile = stream.codec_context.profile or ""
             declared = int(stream.frames or 0)
             seconds = container.duration / 1e6 if container.duration and len(container.streams) == 1 else 0.0
             tb = stream.time_base
@@ -182,6 +187,7 @@ def probe_video(path: str | Path) -> VideoInfo:
         declared_frames=declared,
         declared_seconds=seconds,
         pix_fmt=pix_fmt,
+        profile=str(profile),
     )
     return _finish_info(info)
 

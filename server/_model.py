@@ -43,12 +43,23 @@ __all__ = ["Item", "ServedModel", "scores_from_logits"]
 log = logging.getLogger("gpufeed.server")
 
 
+def _lane_stream(device):
+    """A new CUDA stream for one lane; the device's pending work (its buffer's zeroing) done first."""
+    import torch
+
+    torch.cuda.synchronize(device.torch_device)
+    return torch.cuda.Stream(device.torch_device)
+
+
 @dataclass(frozen=True)
 class _Lane:
     """What one batch in flight needs to itself: a DALI decoder (image models) and an input buffer."""
 
     decoder: ImageDecoder | None
     buffer: object  # numpy array on the CPU, CUDA torch tensor on a GPU
+    # A CUDA stream of its own on a GPU: on torch's legacy default stream, which every thread
+    # shares and which waits for all other work, one lane's synchronisation waited for the other's.
+    stream: object = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,7 @@ class ServedModel:
             threads,
             cfg.tensorrt_cache_dir,
             served_batch_sizes(card, cfg.batch_sizes),
+            tf32=cfg.cuda_tf32,
         )
         self.batch_sizes = self.runner.batch_sizes
         self.on_gpu = self.runner.on_gpu
@@ -132,7 +144,7 @@ class ServedModel:
                     device.device_id if self.on_gpu else None,
                     cfg.decode_threads or default_num_threads(),
                 )
-            self._lanes.put(_Lane(decoder, self.runner.new_batch()))
+            self._lanes.put(_Lane(decoder, self.runner.new_batch(), _lane_stream(device) if self.on_gpu else None))
         self.accepts_encoded = card.spec.task == "image"
         self.batcher = Batcher(
             self.run_batch,
@@ -211,6 +223,14 @@ class ServedModel:
         return list(range(len(items)))
 
     def _run_in_lane(self, lane: _Lane, items: list[Item]) -> list[np.ndarray | BaseException]:
+        if lane.stream is None:
+            return self._run_lane_items(lane, items)
+        import torch
+
+        with torch.cuda.stream(lane.stream):
+            return self._run_lane_items(lane, items)
+
+    def _run_lane_items(self, lane: _Lane, items: list[Item]) -> list[np.ndarray | BaseException]:
         results: list[np.ndarray | BaseException] = [CancelledError("its caller gave up")] * len(items)
         live = self._wanted(items)
         if not live:

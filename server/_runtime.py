@@ -20,6 +20,7 @@ before torch reads them. On the CPU, plain numpy arrays go through ``session.run
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import threading
 from pathlib import Path
@@ -50,8 +51,9 @@ def served_batch_sizes(card: ModelCard, wanted: tuple[int, ...] = ()) -> tuple[i
     return tuple(n for n in card.batch_sizes if n in set(wanted) or n == card.batch_size)
 
 
-def _providers(requested: str, device, precision: str, trt_cache: Path | None) -> list:
-    cuda = ("CUDAExecutionProvider", {"device_id": device.device_id or 0})
+def _providers(requested: str, device, precision: str, trt_cache: Path | None, tf32: bool = False) -> list:
+    # TF32 off unless asked: export's parity check runs without it, so served logits match its figure.
+    cuda = ("CUDAExecutionProvider", {"device_id": device.device_id or 0, "use_tf32": int(tf32)})
     if requested == "cpu" or (requested == "auto" and not device.is_gpu):
         return ["CPUExecutionProvider"]
     if not device.is_gpu:
@@ -65,6 +67,20 @@ def _providers(requested: str, device, precision: str, trt_cache: Path | None) -
             options.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(trt_cache))
         return [("TensorrtExecutionProvider", options), cuda, "CPUExecutionProvider"]
     return [cuda, "CPUExecutionProvider"]
+
+
+@functools.cache
+def _preload_cuda_libraries() -> None:
+    """onnxruntime's ``preload_dlls()`` (1.21+): load the CUDA and cuDNN libraries of the nvidia-*
+    wheels before the first CUDA session, so the provider finds them without LD_LIBRARY_PATH."""
+    import onnxruntime as ort
+
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception as err:  # a missing wheel is reported by the session itself, with more to say
+            log.warning("onnxruntime.preload_dlls() failed: %s", err)
 
 
 def _with_cache_folder(providers: list, size: int) -> list:
@@ -111,6 +127,7 @@ class OnnxRunner:
         threads: int = 0,
         tensorrt_cache_dir: Path | None = None,
         batch_sizes: tuple[int, ...] | None = None,
+        tf32: bool = False,
     ) -> None:
         self.card = card
         self.device = device
@@ -122,7 +139,7 @@ class OnnxRunner:
                 f"its largest, {card.batch_size}"
             )
         self.batch_sizes = sizes
-        wanted = _providers(provider, device, card.precision, tensorrt_cache_dir)
+        wanted = _providers(provider, device, card.precision, tensorrt_cache_dir, tf32)
         self.sessions = {n: self._session(n, wanted, threads) for n in sizes}
         self.providers = self.sessions[sizes[-1]].get_providers()
         self.on_gpu = self.providers[0] in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
@@ -150,6 +167,8 @@ class OnnxRunner:
         if len(card.batch_sizes) > 1:  # a symbolic batch dimension: this session fixes it
             options.add_free_dimension_override_by_name(BATCH_DIM, size)
             wanted = _with_cache_folder(wanted, size)
+        if wanted[0] != "CPUExecutionProvider":  # a CUDA or TensorRT (name, options) pair
+            _preload_cuda_libraries()
         session = ort.InferenceSession(str(self.path), options, providers=wanted)
         first = wanted[0] if isinstance(wanted[0], str) else wanted[0][0]
         if first != "CPUExecutionProvider" and session.get_providers()[0] != first:

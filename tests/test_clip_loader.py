@@ -61,7 +61,7 @@ def _loader(dataset, decoder, device, train, *, batch=4, stride=1, size=48, fit=
 def _check_batch(batch, dataset, stride, size, device):
     n = len(batch)
     assert batch.clips.shape == (n, 3, 11, size, size) and batch.clips.dtype == torch.uint8
-    assert batch.clips.is_contiguous()
+    assert batch.clips.is_contiguous(memory_format=torch.channels_last_3d), "DALI's FHWC as a permuted view"
     assert batch.clips.device.type == ("cuda" if device.is_gpu else "cpu")
     assert batch.frame_labels.shape == (n, 11, 4) and batch.frame_labels.dtype == torch.float32
     assert batch.behaviours == dataset.behaviours
@@ -264,3 +264,30 @@ def test_truncated_and_too_short_videos_are_refused_before_reading(synth_dir, tm
     assert f"{victim}: truncated" in message and "clip_003.mp4: too short: 8 frames" in message
     loader = _loader(dataset, "pyav", cpu, train=False, on_bad_sample="skip")
     assert {int(v) for batch in loader for v in batch.video_ids} == {0, 1}
+
+
+def test_the_reader_list_opens_each_file_once_per_batch_and_tags_the_plan_row(vp9_dir, tmp_path):
+    """DALI's reader reopens a file whenever a row changes file: rows are sorted per batch, tags keep plan rows."""
+    from gpufeed.pipelines._clip_pipeline import stream_rows, write_stream_list
+    from gpufeed.pipelines._sampler import PlanStream
+
+    dataset = VideoDataset.from_folder(vp9_dir)
+    loader = _loader(dataset, "dali", DeviceChoice("cpu", None, "test"), train=True, seed=5, batch=8)
+    stream = PlanStream(loader._spec(), 0, 0, plan_ahead=True)
+    kw = {"train": True, "seed": 5, "batch_size": 8}
+    list_file, iterations = write_stream_list(tmp_path, list(dataset.paths), stream, loader.table, **kw)
+    lines = [line.split() for line in list_file.read_text().splitlines()]
+    assert len(lines) == iterations * 8
+    switches = {"list": 0, "plan": 0}
+    for k in range(iterations):
+        videos, starts = stream_rows(stream, loader.table, iteration=k, **kw)
+        rows = lines[k * 8 : (k + 1) * 8]
+        keys = [(dataset.paths.index(path), int(start)) for path, _, start, _ in rows]
+        assert keys == sorted(keys), "by (video, start) within the batch"
+        for path, tag, start, _ in rows:  # the tag names the plan row the line is
+            j = int(tag) - k * 8
+            assert (dataset.paths[videos[j]], int(starts[j])) == (path, int(start))
+        assert sorted(int(tag) for _, tag, _, _ in rows) == list(range(k * 8, k * 8 + 8))
+        switches["list"] += len({v for v, _ in keys})
+        switches["plan"] += 1 + int(np.sum(videos[1:] != videos[:-1]))
+    assert switches["list"] < switches["plan"], switches

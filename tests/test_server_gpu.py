@@ -96,3 +96,29 @@ def test_cuda_runner_binds_every_batch_size_and_agrees_with_the_cpu_runner():
     np.testing.assert_allclose(gpu.run(batch[:1]), cpu.run(rows[:1].copy()), atol=1e-3)  # its binding, reused
     with pytest.raises(ValueError, match=r"a batch of 3 rows: this model runs batches of \[1, 2, 4\]"):
         gpu.run(batch[:3])
+
+
+def test_parallel_requests_run_on_separate_lane_streams_with_tf32_off(synth_dir):
+    """Each lane has its own CUDA stream (not torch's legacy default one); parallel requests agree with serial ones."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    server = _serve(GPU, workers=2)
+    try:
+        model = server.state.models[IMAGE_MODEL]
+        lanes = [model._lanes.get() for _ in range(model.workers)]
+        for lane in lanes:
+            model._lanes.put(lane)
+        streams = {lane.stream.cuda_stream for lane in lanes}
+        assert len(streams) == 2 and torch.cuda.default_stream().cuda_stream not in streams
+        options = model.runner.sessions[model.batch_sizes[-1]].get_provider_options()["CUDAExecutionProvider"]
+        assert options["use_tf32"] == "0", "TF32 off, as export's parity check runs"
+        images = _images(synth_dir)
+        serial = _logits(server, IMAGE_MODEL, images)
+        with ThreadPoolExecutor(8) as pool:
+            parallel = list(pool.map(lambda _: _logits(server, IMAGE_MODEL, images), range(16)))
+        for got in parallel:
+            np.testing.assert_allclose(got, serial, atol=1e-5)
+    finally:
+        server.stop()

@@ -144,8 +144,9 @@ def test_clip_loss_uses_the_centre_frame_and_ignores_padding(videos):
         task.loss(torch.randn(3, 5), task.targets(batch))
 
 
-def test_clip_model_trains_end_to_end_through_the_clip_loader(synth_dir, tmp_path):
-    """`train()` with a clip model: the real ClipLoader on the synthetic h264 videos, a checkpoint, eval F1."""
+@pytest.mark.parametrize("device", DEVICES)
+def test_clip_model_trains_end_to_end_through_the_clip_loader(synth_dir, tmp_path, device):
+    """`train()` with a clip model: the real ClipLoader on the synthetic h264 videos (NVDEC on a GPU), eval F1."""
     from train_support import train_config
 
     from gpufeed.models import load_model
@@ -164,8 +165,10 @@ def test_clip_model_trains_end_to_end_through_the_clip_loader(synth_dir, tmp_pat
             "train.epochs=2",
             "augment.ops=[]",
         ],
+        device=device,
     )
     result = train(cfg, tmp_path / "run")
+    assert ("cuda" in result.device) == (device == "gpu")
     assert result.step > 0 and result.checkpoint is not None
     model = load_model(result.checkpoint)
     assert model.spec.task == "clip" and model.spec.labels == BEHAVIOURS

@@ -9,9 +9,9 @@ import pytest
 from videohelp import write_odd_video
 
 from gpufeed.pipelines import DatasetError, VideoDataset
-from gpufeed.pipelines._clip_loader import choose_decoder
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
-from gpufeed.pipelines._videos import probe_video, read_label_csv
+from gpufeed.pipelines._nvdec import choose_decoder
+from gpufeed.pipelines._videos import VideoInfo, probe_video, read_label_csv
 from gpufeed.synth import SynthSpec
 
 
@@ -112,10 +112,14 @@ def test_training_clips_are_a_function_of_seed_epoch_and_slot():
     assert np.array_equal(evals[1], table.slot_start) and np.array_equal(evals[0], table.slot_video)
 
 
+def _infos(*codecs):
+    return [VideoInfo(f"v{i}.mp4", codec=c, width=96, height=64, pix_fmt="yuv420p") for i, c in enumerate(codecs)]
+
+
 def test_decoder_choice():
-    assert choose_decoder("auto", True, {"h264"})[0] == "dali"
-    assert choose_decoder("auto", False, {"h264"})[0] == "pyav"
-    assert choose_decoder("auto", False, {"vp9", "mjpeg"})[0] == "dali"
-    assert choose_decoder("pyav", True, {"h264"})[0] == "pyav"
+    assert choose_decoder("auto", True, _infos("h264")).source == "dali"
+    assert choose_decoder("auto", False, _infos("h264")).source == "pyav"
+    assert choose_decoder("auto", False, _infos("vp9", "mjpeg")).source == "dali"
+    assert choose_decoder("pyav", True, _infos("h264")).source == "pyav"
     with pytest.raises(DatasetError, match="dali cannot decode h264 without a GPU"):
-        choose_decoder("dali", False, {"h264", "vp9"})
+        choose_decoder("dali", False, _infos("h264", "vp9"))

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from gpufeed._report import Checklist
 from gpufeed._text import format_table
+from gpufeed.pipelines._check import NOT_BAD
 from gpufeed.reliability._common import (
     LogCapture,
     ensure_synth,
@@ -283,7 +284,7 @@ def run_bad_data(out: str | Path, *, data: str | Path | None = None, progress: b
     quarantine, partial = out / "quarantine.txt", out / "quarantine-index-visible.txt"
     check = run_cli("check", str(bad.root), "--quarantine", str(quarantine), "--json", str(out / "check.json"))
     findings = json.loads((out / "check.json").read_text(encoding="utf-8"))["findings"]
-    listed = {f["path"]: f["reason"] for f in findings if f["kind"] != "ignored"}
+    listed = {f["path"]: f["reason"] for f in findings if f["kind"] not in NOT_BAD}  # not warnings or notes
     lines = quarantine.read_text(encoding="utf-8").splitlines() if quarantine.is_file() else []
     # Everything but the decode-only damage: training then starts and meets the corrupt PNG mid-epoch.
     partial.write_text("".join(p + "\n" for p in lines if p not in bad.decode_only), encoding="utf-8")

@@ -80,19 +80,22 @@ def apply_colour(pixels: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor:
     """``out = M @ rgb + T`` per sample on uint8 pixels, rounded half to even and saturated.
 
     Args:
-        pixels: uint8 ``(N, 3, ...)``: images (channels_last or contiguous) or clips.
+        pixels: uint8 ``(N, 3, ...)``: images (channels_last or contiguous) or clips
+            (channels_last_3d or contiguous).
         matrices: float ``(N, 3, 4)`` ``[M | T]`` per sample, on the pixels' device.
 
     Returns:
-        uint8 pixels of the same shape; channels_last images stay channels_last.
+        uint8 pixels of the same shape; channels_last images and channels_last_3d clips stay so.
     """
     n, shape = pixels.shape[0], pixels.shape
     m, t = matrices[:, :, :3].float(), matrices[:, :, 3].float()
-    if pixels.dim() == 4 and not pixels.is_contiguous() and pixels.is_contiguous(memory_format=torch.channels_last):
-        # (N, H, W, 3) is a free view of channels_last: one batched (HW, 3) @ (3, 3) per sample.
-        x = pixels.permute(0, 2, 3, 1).reshape(n, -1, 3).float()
+    last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(pixels.dim())
+    if last is not None and not pixels.is_contiguous() and pixels.is_contiguous(memory_format=last):
+        # (N, [T,] H, W, 3) is a free view of channels_last(_3d): one batched (THW, 3) @ (3, 3) per sample.
+        inner = list(range(2, pixels.dim()))
+        x = pixels.permute(0, *inner, 1).reshape(n, -1, 3).float()
         out = torch.baddbmm(t.unsqueeze(1), x, m.transpose(1, 2)).round_().clamp_(0, 255).to(torch.uint8)
-        return out.view(n, shape[2], shape[3], 3).permute(0, 3, 1, 2)
+        return out.view(n, *shape[2:], 3).permute(0, pixels.dim() - 1, *range(1, pixels.dim() - 1))
     x = pixels.contiguous().view(n, 3, -1).float()
     out = torch.baddbmm(t.unsqueeze(2), m, x).round_().clamp_(0, 255).to(torch.uint8)
     return out.view(shape)

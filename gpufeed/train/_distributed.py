@@ -67,16 +67,23 @@ def env_dist_info() -> DistInfo:
     return info
 
 
-def init_distributed(info: DistInfo, on_gpu: bool, timeout_s: float = 600.0) -> None:
-    """Join the process group when there is more than one rank (NCCL on GPUs, gloo on CPUs)."""
+def init_distributed(info: DistInfo, on_gpu: bool, timeout_s: float = 600.0, device_index: int | None = None) -> None:
+    """Join the process group when there is more than one rank (NCCL on GPUs, gloo on CPUs).
+
+    Args:
+        device_index: This rank's CUDA device among the visible ones (from
+            :func:`gpufeed.device.resolve_device`: ``LOCAL_RANK`` under torchrun, 0 when a launcher
+            shows each task one GPU); default ``info.local_rank``.
+    """
     if not info.enabled or dist.is_initialized():
         return
+    index = info.local_rank if device_index is None else device_index
     if on_gpu:
-        torch.cuda.set_device(info.local_rank)
+        torch.cuda.set_device(index)
     dist.init_process_group(
         backend="nccl" if on_gpu else "gloo",
         timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=torch.device("cuda", info.local_rank) if on_gpu else None,
+        device_id=torch.device("cuda", index) if on_gpu else None,
     )
 
 

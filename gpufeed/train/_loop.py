@@ -63,6 +63,19 @@ class TrainResult:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class _Launched:
+    """A queued step and what its record needs besides the device's figures."""
+
+    pending: object
+    step: int
+    epoch: int
+    batch: int
+    wait_s: float
+    started: float
+    ids: list[int] | None
+
+
 class Loop:
     """The per-step and per-epoch mechanics, on top of a prepared :class:`~gpufeed.train._session.Session`."""
 
@@ -92,29 +105,38 @@ class Loop:
         self._last_eval_step = -1
 
     def step(self, batch, wait_s: float, started: float, epoch: int, batch_index: int) -> StepRecord:
-        """One training step on ``batch``, as a :class:`StepRecord` with its timings."""
+        """One training step on ``batch``, waited for, as a :class:`StepRecord` with its timings."""
+        return self._record(self.launch(batch, wait_s, started, epoch, batch_index), time.perf_counter())
+
+    def launch(self, batch, wait_s: float, started: float, epoch: int, batch_index: int) -> _Launched:
+        """Queue one training step on ``batch``; :meth:`_record` turns it into its record later."""
         s = self.s
-        outcome = self.stepper(batch)
+        pending = self.stepper.launch(batch)
         ids = None
-        if self.cfg.telemetry.record_sample_ids:
+        if self.cfg.telemetry.record_sample_ids:  # a device-to-host copy: opt-in, for tests and audits
             for name in ("sample_ids", "video_ids"):
                 if getattr(batch, name, None) is not None:
                     ids = getattr(batch, name).tolist()
                     break
+        return _Launched(pending, s.step + 1, epoch, batch_index, wait_s, started, ids)
+
+    def _record(self, launched: _Launched, until: float) -> StepRecord:
+        """The record of a queued step; reads its events and loss (waits for that step only)."""
+        outcome = launched.pending.result()
         return StepRecord(
-            step=s.step + 1,
-            epoch=epoch,
-            batch=batch_index,
-            rank=s.dist.rank,
+            step=launched.step,
+            epoch=launched.epoch,
+            batch=launched.batch,
+            rank=self.s.dist.rank,
             time_unix=time.time(),
-            loader_wait_s=wait_s,
+            loader_wait_s=launched.wait_s,
             augment_s=outcome.augment_s,
             compute_s=outcome.compute_s,
-            step_s=time.perf_counter() - started,
+            step_s=until - launched.started,
             samples=outcome.samples,
             loss=outcome.loss,
             lr=outcome.lr,
-            sample_ids=ids,
+            sample_ids=launched.ids,
         )
 
     # -- one epoch ----------------------------------------------------------------------------
@@ -138,9 +160,29 @@ class Loop:
         waited = stepped = 0.0
         samples = 0
         iterator = iter(loader)
+        # The step queued last, recorded once the next one is queued (or the epoch ends), so the
+        # host never waits for the GPU with nothing queued behind it (see _telemetry).
+        queued = None
+
+        def finish_queued() -> StepRecord | None:
+            nonlocal queued, waited, stepped, samples
+            if queued is None:
+                return None
+            record, queued = self._record(queued, time.perf_counter()), None
+            self._after_step(record)
+            waited, stepped, samples = waited + record.loader_wait_s, stepped + record.step_s, samples + record.samples
+            bar.update(1)
+            bar.set_postfix_str(
+                f"{samples * s.dist.world_size / max(stepped, 1e-9):,.0f} samples/s, "
+                f"wait {waited / max(stepped, 1e-9):.0%}, loss {record.loss:.3f}",
+                refresh=False,
+            )
+            return record
+
         try:
             while True:
                 if s.max_steps_reached() and batch_index < total:
+                    finish_queued()
                     return False
                 self.profile.before_step(s.step + 1)
                 started = time.perf_counter()
@@ -148,21 +190,22 @@ class Loop:
                     try:
                         batch = next(iterator)
                     except StopIteration:
+                        finish_queued()
                         return True
                 wait_s = time.perf_counter() - started
-                record = self.step(batch, wait_s, started, epoch, batch_index)
+                launched = self.launch(batch, wait_s, started, epoch, batch_index)
+                finish_queued()
+                queued = launched
                 s.step += 1
                 batch_index += 1
-                self._after_step(record)
-                waited, stepped, samples = waited + wait_s, stepped + record.step_s, samples + record.samples
-                bar.update(1)
-                bar.set_postfix_str(
-                    f"{samples * s.dist.world_size / max(stepped, 1e-9):,.0f} samples/s, "
-                    f"wait {waited / max(stepped, 1e-9):.0%}, loss {record.loss:.3f}",
-                    refresh=False,
-                )
+                if self._checkpoint_due(s.step) or self.profile.stops_at(s.step) or s.max_steps_reached():
+                    finish_queued()  # a checkpoint, a trace or the last step needs this step finished
         finally:
             bar.close()
+
+    def _checkpoint_due(self, step: int) -> bool:
+        every = self.cfg.train.checkpoint_every_steps
+        return bool(every) and step % every == 0
 
     def _after_step(self, record: StepRecord) -> None:
         s = self.s
@@ -170,9 +213,8 @@ class Loop:
         s.step_log.write(record)
         self.stats.add(record)
         self._count_skipped()
-        self.profile.after_step(s.step)
-        every = self.cfg.train.checkpoint_every_steps
-        if every and s.step % every == 0:
+        self.profile.after_step(record.step)
+        if self._checkpoint_due(record.step):
             self.checkpoint()
 
     def _count_skipped(self) -> None:

@@ -86,6 +86,10 @@ class ProfileWindow:
             self._profiler.__enter__()
             log.info("profiling steps %d to %d", *self.steps)
 
+    def stops_at(self, step: int) -> bool:
+        """True when the trace ends after ``step`` (the loop then finishes that step before going on)."""
+        return self._profiler is not None and step >= self.steps[1]
+
     def after_step(self, step: int) -> None:
         """Call with the number of the step that just finished."""
         if self._profiler is not None and step >= self.steps[1]:

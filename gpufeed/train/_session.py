@@ -83,12 +83,12 @@ class Session:
                 "loader.last_batch",
                 "'partial' gives ranks different step counts, which DDP cannot run; use drop or pad",
             )
-        self.device = resolve_device(cfg.device, self.dist.local_rank)
+        self.device = resolve_device(cfg.device, self.dist.local_rank, self.dist.world_size)
         if self.device.is_gpu:
             torch.cuda.set_device(self.device.device_id)  # events, RNG state and DDP use the current device
         self.amp_dtype = resolve_amp(cfg.train.amp, self.device)
         self._owns_group = self.dist.enabled and not torch.distributed.is_initialized()
-        init_distributed(self.dist, self.device.is_gpu)
+        init_distributed(self.dist, self.device.is_gpu, device_index=self.device.device_id)
         self.run_dir = self._choose_run_dir(run_dir)
         self.step = 0
         self.epoch = 0

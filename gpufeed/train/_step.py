@@ -15,7 +15,18 @@ from gpufeed.train._profiling import StageRanges
 from gpufeed.train._tasks import Task
 from gpufeed.train._telemetry import StageClock
 
-__all__ = ["StepOutcome", "Stepper"]
+__all__ = ["PendingStep", "StepOutcome", "Stepper"]
+
+
+class PendingStep:
+    """A step queued on the device: :meth:`result` reads its timings and loss (waiting for it alone)."""
+
+    def __init__(self, marks, lr: float, samples: int) -> None:
+        self._marks, self.lr, self.samples = marks, lr, samples
+
+    def result(self) -> StepOutcome:
+        augment_s, compute_s, loss = self._marks.read()
+        return StepOutcome(loss, self.lr, augment_s, compute_s, self.samples)
 
 
 @dataclass(frozen=True)
@@ -42,7 +53,7 @@ class Stepper:
         memory_format: The inputs' memory format (see :meth:`Task.input_format`), or
             ``None`` to leave inputs as they come.
         grad_clip_norm: Clip the gradient norm to this (``None``: no clipping).
-        on_gpu: Time with CUDA events (one sync per step) rather than ``perf_counter``.
+        on_gpu: Time with CUDA events (read after the step is done) rather than ``perf_counter``.
     """
 
     def __init__(
@@ -74,11 +85,19 @@ class Stepper:
         return pixels.contiguous(memory_format=self.memory_format) if self.memory_format is not None else pixels
 
     def __call__(self, batch) -> StepOutcome:
+        """One step, waited for: its outcome (benchmarks and tests; the loop uses :meth:`launch`)."""
+        return self.launch(batch).result()
+
+    def launch(self, batch) -> PendingStep:
+        """Queue one step without waiting for the device (no host synchronisation on a GPU).
+
+        Except under fp16, where ``GradScaler.step`` reads its inf check on the host.
+        """
         task = self.task
-        self.clock.start()
+        marks = self.clock.start()
         with self.ranges("augment"):
             pixels = self.prepare(self.augment(task.inputs(batch)))
-        self.clock.mark()
+        marks.mark(1)
         with self.autocast(), self.ranges("forward"):
             logits = self.model(pixels)
             loss = task.loss(logits, task.targets(batch), task.valid(batch))
@@ -93,9 +112,9 @@ class Stepper:
             self.optimizer.zero_grad(set_to_none=True)
             lr = self.scheduler.get_last_lr()[0]
             self.scheduler.step()
-        self.clock.mark()
-        augment_s, compute_s = self.clock.finish()  # on a GPU, the step's one synchronisation
-        return StepOutcome(float(loss.detach()), lr, augment_s, compute_s, int(pixels.shape[0]))
+        marks.mark(2)
+        marks.keep_loss(loss)
+        return PendingStep(marks, lr, int(pixels.shape[0]))
 
     @torch.no_grad()
     def predict(self, model: nn.Module, batch) -> torch.Tensor:

@@ -2,17 +2,20 @@
 
 Every step is split into three timed stages plus the whole:
 
-* **loader wait**: host time blocked inside ``next(iterator)``. On a GPU the previous step has
-  been synchronised (below), so this is exactly the time the GPU sits idle waiting for data;
+* **loader wait**: host time blocked inside ``next(iterator)``. On a GPU the previous step may
+  still be running meanwhile (below), so a wait shorter than that step costs the GPU nothing;
   DALI's output is already on the device when ``next`` returns.
 * **augment**: Kornia augmentation on the device.
 * **compute**: forward + backward + optimizer step (scaler and scheduler included).
-* **step**: host time from the start of the wait to the end of the step (the three above plus a
-  little bookkeeping).
+* **step**: host time from the start of this step's wait to the start of the next step's wait
+  (on the CPU, where work is synchronous, to the end of the step), the period training runs at.
 
 On a GPU, augment and compute are measured with **CUDA events** recorded on the current stream
-around each stage, with **one synchronisation per step** (on the step's last event, which the loss
-read-out needs anyway); on the CPU, where work is synchronous, with ``time.perf_counter``.
+around each stage (created once and reused), and the loss is copied to pinned memory without
+waiting. Nothing in a step waits for the GPU: the loop reads a step's events and loss after it has
+queued the next step, so the wait is for work already done while the GPU runs the next one, and
+each step's record is written one step late. On the CPU, where work is synchronous, stages are
+timed with ``time.perf_counter``.
 
 Prometheus metrics (all labelled ``rank``, served on ``telemetry.metrics_host:metrics_port``)::
 
@@ -42,6 +45,7 @@ __all__ = [
     "STEP_FIELDS",
     "MetricsServer",
     "StageClock",
+    "StageMarks",
     "StepLog",
     "StepRecord",
     "TrainMetrics",
@@ -93,39 +97,89 @@ class StepRecord:
 STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
 
 
+class StageMarks:
+    """One step's three marks (start, after augment, after compute) and its loss, read when done.
+
+    Returned by :meth:`StageClock.start`; :meth:`read` gives ``(augment_s, compute_s, loss)`` and
+    hands the marks' CUDA events back to the clock for a later step.
+    """
+
+    __slots__ = ("_clock", "_loss", "_marks")
+
+    def __init__(self, clock: StageClock, marks: list) -> None:
+        self._clock, self._marks, self._loss = clock, marks, None
+
+    def mark(self, index: int) -> None:
+        """Record mark ``index`` (1: after augment, 2: after compute) on the current stream."""
+        self._clock.record(self._marks[index])
+
+    def keep_loss(self, loss) -> None:
+        """Keep the step's loss without waiting for it: an asynchronous copy into pinned memory on a GPU."""
+        if self._clock.on_gpu:
+            self._marks[4].copy_(loss.detach().float(), non_blocking=True)
+            self._clock.record(self._marks[3])  # the copy is done when this event is
+        else:
+            self._loss = loss
+
+    def read(self) -> tuple[float, float, float]:
+        """(augment_s, compute_s, loss); on a GPU waits for this step's own end only (not the queued ones)."""
+        start, after_augment, after_compute, copied, stored = self._marks
+        if not self._clock.on_gpu:  # perf_counter readings
+            return after_augment - start, after_compute - after_augment, float(self._loss.detach())
+        copied.synchronize()  # an event wait: the work queued after this step keeps the GPU busy
+        timings = start.elapsed_time(after_augment) / 1e3, after_augment.elapsed_time(after_compute) / 1e3
+        loss = float(stored)  # pinned host memory, already written: no device access
+        self._clock.give_back(self._marks)
+        return (*timings, loss)
+
+
 class StageClock:
     """Times augment and compute per step: CUDA events on a GPU, ``perf_counter`` on the CPU.
 
-    Usage per step: ``start()``, ``mark()`` after augmentation, ``mark()`` after the optimizer
-    step, then ``finish()`` returns ``(augment_s, compute_s)``; on a GPU ``finish`` is the step's
-    one synchronisation.
+    Usage per step: ``marks = clock.start()``, ``marks.mark(1)`` after augmentation,
+    ``marks.mark(2)`` after the optimizer step, ``marks.keep_loss(loss)``; ``marks.read()`` later.
+    Nothing here waits for the GPU until ``read``, which the training loop calls for the previous
+    step after queueing the next one, so the GPU always has a step queued. Events are created once
+    and reused (a step's four, and its pinned loss, go back to the pool when it is read).
     """
 
     def __init__(self, on_gpu: bool) -> None:
         self.on_gpu = on_gpu
-        self._marks: list = []
+        self._pool: list[list] = []
+        self.events_created = 0
 
-    def _now(self):
+    def record(self, mark) -> None:
         if self.on_gpu:
-            import torch
+            mark.record()
 
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+    def _take(self) -> list:
+        import torch
 
-    def start(self) -> None:
-        self._marks = [self._now()]
+        if not self._pool:
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            self._pool.append([*events, torch.empty((), dtype=torch.float32, pin_memory=True)])
+            self.events_created += 4
+        return self._pool.pop()
 
-    def mark(self) -> None:
-        self._marks.append(self._now())
+    def give_back(self, marks: list) -> None:
+        self._pool.append(marks)
 
-    def finish(self) -> tuple[float, float]:
-        start, after_augment, after_compute = self._marks
+    def start(self) -> StageMarks:
         if self.on_gpu:
-            after_compute.synchronize()
-            return start.elapsed_time(after_augment) / 1e3, after_augment.elapsed_time(after_compute) / 1e3
-        return after_augment - start, after_compute - after_augment
+            marks = self._take()
+            marks[0].record()
+            return StageMarks(self, marks)
+        return _CpuMarks(self)
+
+
+class _CpuMarks(StageMarks):
+    """The CPU's marks: ``perf_counter`` readings (work there is synchronous)."""
+
+    def __init__(self, clock: StageClock) -> None:
+        super().__init__(clock, [time.perf_counter(), 0.0, 0.0, 0.0, None])
+
+    def mark(self, index: int) -> None:
+        self._marks[index] = time.perf_counter()
 
 
 class TrainMetrics:

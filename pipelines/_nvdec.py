@@ -1,0 +1,176 @@
+"""Which videos NVIDIA's hardware decoder (NVDEC) takes, and which decoder each video gets.
+
+DALI's GPU video reader hands every file to NVDEC; a file NVDEC cannot decode fails its first
+batch (a ``PipelineError`` mid-run), although PyAV decodes it fine. So the choice is made per
+video, up front, from what the index knows: codec, profile, pixel format (chroma subsampling and
+bit depth) and size, checked against NVIDIA's NVDEC support matrix (Video Codec SDK). The GPU's
+own abilities matter for AV1 only: the data-centre parts (A100, H100, compute capability 8.0 and
+9.0) have no AV1 decoder, the GA10x/AD10x ones (8.6, 8.9) and Blackwell (10.x, 12.x) do.
+
+A video NVDEC cannot take is decoded with PyAV. The clip loader reads all of a dataset through
+one pipeline, so one such video moves the whole dataset to PyAV under ``video.decoder: auto``
+(logged, with the videos and why), and is refused up front under ``video.decoder: dali``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._videos import DALI_CPU_CODECS
+
+__all__ = ["DecoderChoice", "choose_decoder", "gpu_capability", "nvdec_problem", "pix_fmt_facts"]
+
+# Per codec: (chroma formats, bit depths, largest width/height) NVDEC decodes, from NVIDIA's NVDEC
+# support matrix for Turing to Hopper. 4:2:2 only arrives with Blackwell, so it is left out.
+_NVDEC = {
+    "h264": (("420", "400"), (8,), 4096),
+    "hevc": (("420", "444", "400"), (8, 10, 12), 8192),
+    "vp8": (("420",), (8,), 4096),
+    "vp9": (("420",), (8, 10, 12), 8192),
+    "av1": (("420", "400"), (8, 10), 8192),
+    "mpeg4": (("420",), (8,), 2032),
+    "mjpeg": (("420", "422", "444", "400"), (8,), 32768),
+}
+# h264 profiles NVDEC decodes (FFmpeg's names); High 10/4:2:2/4:4:4 and the intra profiles it does not.
+_H264_PROFILES = ("Baseline", "Constrained Baseline", "Main", "Extended", "High", "")
+# Compute capabilities whose NVDEC has AV1 (GA10x, AD10x, Blackwell); A100 (8.0) and H100 (9.0) do not.
+_AV1_CAPABILITIES = ((8, 6), (8, 7), (8, 9), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1))
+
+
+def gpu_capability(device) -> tuple[int, int] | None:
+    """CUDA compute capability of a :class:`gpufeed.device.DeviceChoice`'s GPU (``None`` on the CPU)."""
+    if not device.is_gpu:
+        return None
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(device.device_id))
+
+
+def pix_fmt_facts(pix_fmt: str) -> tuple[str, int]:
+    """(chroma format ``"420"``/``"422"``/``"444"``/``"400"``, bits per component) of an FFmpeg pixel format.
+
+    Unknown formats read as ``("", 8)``.
+    """
+    name = pix_fmt.lower()
+    if name.startswith("gray"):
+        chroma = "400"
+    elif name.startswith(("nv12", "nv21", "p010", "p012", "p016")):
+        chroma = "420"
+    else:
+        found = re.search(r"(420|422|444|440|411|410)", name)
+        chroma = found.group(1) if found else ""
+    bits = re.search(r"(?:p|gray)(9|10|12|14|16)(le|be)$", name) or re.match(r"p0(10|12|16)", name)
+    return chroma, int(bits.group(1)) if bits else 8
+
+
+def nvdec_problem(info, capability: tuple[int, int] | None = None) -> str | None:
+    """Why NVDEC cannot decode this video, or ``None`` when it can.
+
+    Args:
+        info: A :class:`gpufeed.pipelines._videos.VideoInfo` (codec, profile, pix_fmt, size).
+        capability: The GPU's CUDA compute capability (decides AV1); ``None``: AV1 counts as not
+            decodable, as on the A100/H100 this project trains on.
+    """
+    codec = info.codec
+    if codec not in _NVDEC:
+        return f"NVDEC has no {codec} decoder"
+    chromas, depths, largest = _NVDEC[codec]
+    chroma, bits = pix_fmt_facts(info.pix_fmt) if info.pix_fmt else ("420", 8)
+    profile = getattr(info, "profile", "") or ""
+    if codec == "av1" and (capability is None or tuple(capability) not in _AV1_CAPABILITIES):
+        where = "this GPU" if capability is None else f"this GPU (compute capability {capability[0]}.{capability[1]})"
+        return f"av1: {where} has no AV1 decoder in NVDEC (A100 and H100 have none; GA10x, AD10x and Blackwell do)"
+    if codec == "h264" and profile not in _H264_PROFILES:
+        return f"h264 profile {profile!r}: NVDEC decodes h264 Baseline, Main and High (8-bit 4:2:0) only"
+    if chroma and chroma not in chromas:
+        return f"{codec} {info.pix_fmt}: NVDEC decodes {codec} as 4:{'/'.join(c[1:] for c in chromas)} chroma only"
+    if bits not in depths:
+        return f"{codec} {info.pix_fmt}: {bits}-bit; NVDEC decodes {codec} at {'/'.join(map(str, depths))} bits"
+    if max(info.width, info.height) > largest:
+        return f"{codec} {info.width}x{info.height}: larger than NVDEC's {largest}x{largest} for {codec}"
+    return None
+
+
+@dataclass(frozen=True)
+class DecoderChoice:
+    """The decoder a dataset gets, why, and each video's own verdict.
+
+    Attributes:
+        source: ``"dali"`` (NVDEC on a GPU, DALI's CPU reader otherwise) or ``"pyav"``.
+        reason: Why, in words, for logs and run summaries.
+        per_video: Video path -> (decoder it would get on its own, why), for ``gpufeed check``.
+    """
+
+    source: str
+    reason: str
+    per_video: dict
+
+    def __iter__(self):  # ``source, reason = choose_decoder(...)`` unpacks as before
+        return iter((self.source, self.reason))
+
+
+def _per_video(infos, on_gpu: bool, capability) -> dict:
+    verdicts = {}
+    for info in infos:
+        if on_gpu:
+            why = nvdec_problem(info, capability)
+            verdicts[info.path] = ("pyav", why) if why else ("dali", f"NVDEC decodes {_describe(info)}")
+        elif info.codec in DALI_CPU_CODECS:
+            verdicts[info.path] = ("dali", f"DALI's CPU decoder handles {info.codec}")
+        else:
+            verdicts[info.path] = ("pyav", f"no GPU and DALI's CPU decoder lacks {info.codec}")
+    return verdicts
+
+
+def _describe(info) -> str:
+    profile = getattr(info, "profile", "")
+    return " ".join(p for p in (info.codec, profile, info.pix_fmt) if p)
+
+
+def choose_decoder(requested: str, on_gpu: bool, infos, capability: tuple[int, int] | None = None) -> DecoderChoice:
+    """Pick ``"dali"`` or ``"pyav"`` for ``video.decoder`` over the videos ``infos`` and say why.
+
+    Args:
+        requested: ``auto``, ``dali`` or ``pyav``.
+        on_gpu: Whether the loader runs on a GPU (NVDEC) or the CPU.
+        infos: The :class:`VideoInfo` of every video the loader reads.
+        capability: The GPU's compute capability (see :func:`nvdec_problem`).
+
+    Raises:
+        ValueError: ``requested`` is not one of the three.
+        DatasetError: ``dali`` was asked for and some video cannot be decoded by it (named, with why).
+    """
+    if requested not in ("auto", "dali", "pyav"):
+        raise ValueError(f"decoder {requested!r} is not allowed; allowed: auto, dali, pyav")
+    infos = list(infos)
+    per_video = _per_video(infos, on_gpu, capability)
+    if requested == "pyav":
+        return DecoderChoice("pyav", "video.decoder: pyav", per_video)
+    refused = [(path, why) for path, (decoder, why) in per_video.items() if decoder == "pyav"]
+    codecs = ", ".join(sorted({info.codec for info in infos}))
+    if not refused:
+        what = "NVDEC decodes" if on_gpu else "DALI's CPU decoder handles"
+        return DecoderChoice("dali", f"video.decoder: {requested}; {what} every video ({codecs})", per_video)
+    first_path, first_why = refused[0]
+    lacking = ", ".join(sorted({info.codec for info in infos} - set(DALI_CPU_CODECS)))
+    if requested == "dali":
+        if not on_gpu:
+            raise DatasetError(
+                f"video.decoder: dali cannot decode {lacking} without a GPU (DALI's CPU decoder "
+                f"handles {', '.join(DALI_CPU_CODECS)}); use decoder auto or pyav, or re-encode with "
+                "'gpufeed prepare --codec vp9'"
+            )
+        raise DatasetError(
+            f"video.decoder: dali, but NVDEC cannot decode {len(refused)} video(s), e.g. {first_path}: {first_why}; "
+            "use decoder auto or pyav, or re-encode them with 'gpufeed prepare' (h264 yuv420p)"
+        )
+    if on_gpu:
+        reason = (
+            f"video.decoder: auto; NVDEC cannot decode {len(refused)} of {len(infos)} video(s) (e.g. {first_path}: "
+            f"{first_why}), so every clip decodes with PyAV; 'gpufeed prepare' re-encodes them for NVDEC"
+        )
+    else:
+        reason = f"video.decoder: auto; no GPU and {lacking} needs PyAV keyframe seeks"
+    return DecoderChoice("pyav", reason, per_video)

@@ -1,0 +1,167 @@
+"""Which decoder each video gets: NVDEC only for what it decodes, PyAV for the rest (issue 25, item 1).
+
+Real files are encoded here in the formats NVDEC refuses on an A100/H100 (h264 High 10, High 4:2:2,
+High 4:4:4, AV1) beside ones it takes (h264 High 4:2:0, hevc Main 10, VP9 profile 0); the index
+reads codec, profile and pixel format from each, and the choice is checked video by video. The
+``gpu`` test trains through the fallback on a GPU and checks every clip's frames by their tags.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from videohelp import encode_tagged_video, frame_tags
+
+from gpufeed.config import LoaderConfig, VideoConfig
+from gpufeed.device import DeviceChoice
+from gpufeed.pipelines import ClipLoader, DatasetError, VideoDataset, check_path
+from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability, nvdec_problem, pix_fmt_facts
+from gpufeed.pipelines._videos import probe_video
+
+pytestmark = pytest.mark.timeout(300)
+
+_X264 = {"g": "10", "keyint_min": "10", "sc_threshold": "0"}
+# name: (encoder kwargs, FFmpeg profile the index should read, NVDEC on an H100?)
+FORMATS = {
+    "a_h264_high.mp4": ({"options": _X264}, "High", True),
+    "b_h264_high10.mp4": ({"pix_fmt": "yuv420p10le", "options": _X264}, "High 10", False),
+    "c_h264_422.mp4": ({"pix_fmt": "yuv422p", "options": _X264}, "High 4:2:2", False),
+    "d_h264_444.mp4": ({"pix_fmt": "yuv444p", "options": _X264}, "High 4:4:4 Predictive", False),
+    "e_hevc_main10.mp4": (
+        {"codec": "libx265", "pix_fmt": "yuv420p10le", "options": {"x265-params": "log-level=error:keyint=10"}},
+        "Main 10",
+        True,
+    ),
+    "f_vp9.webm": ({"codec": "libvpx-vp9", "options": {"g": "10"}}, "Profile 0", True),
+    "g_av1.mkv": ({"codec": "libsvtav1", "options": {"g": "10", "crf": "4"}}, "Main", False),
+}
+
+
+@pytest.fixture(scope="module")
+def odd_formats(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("nvdec") / "videos"
+    for video_id, (name, (kwargs, _, _)) in enumerate(FORMATS.items()):
+        encode_tagged_video(folder / name, video_id, 30, **kwargs)
+    return folder
+
+
+def test_pixel_format_facts():
+    assert pix_fmt_facts("yuv420p") == ("420", 8) and pix_fmt_facts("yuvj420p") == ("420", 8)
+    assert pix_fmt_facts("yuv420p10le") == ("420", 10) and pix_fmt_facts("yuv444p12le") == ("444", 12)
+    assert pix_fmt_facts("yuv422p") == ("422", 8) and pix_fmt_facts("gray10le") == ("400", 10)
+    assert pix_fmt_facts("nv12") == ("420", 8) and pix_fmt_facts("p010le") == ("420", 10)
+
+
+def test_the_index_reads_profile_and_nvdec_takes_only_what_it_decodes(odd_formats):
+    for name, (_, profile, on_h100) in FORMATS.items():
+        info = probe_video(odd_formats / name)
+        assert info.problem is None, (name, info.problem)
+        assert info.profile == profile, name
+        why = nvdec_problem(info, capability=(9, 0))
+        assert (why is None) == on_h100, (name, why)
+        if why:
+            assert info.codec in why, why
+    av1 = probe_video(odd_formats / "g_av1.mkv")
+    assert "no AV1 decoder" in nvdec_problem(av1, (9, 0)) and "compute capability 9.0" in nvdec_problem(av1, (9, 0))
+    assert nvdec_problem(av1, (8, 9)) is None, "an Ada GPU's NVDEC decodes AV1"
+    assert "High 10" in nvdec_problem(probe_video(odd_formats / "b_h264_high10.mp4"), (8, 9))
+
+
+def test_choice_on_a_gpu_falls_back_to_pyav_or_refuses_dali(odd_formats):
+    dataset = VideoDataset.from_folder(odd_formats)
+    good = [info for info in dataset.infos if FORMATS[info.path.rsplit("/", 1)[-1]][2]]
+    assert tuple(choose_decoder("auto", True, good, (9, 0))) == (
+        "dali",
+        "video.decoder: auto; NVDEC decodes every video (h264, hevc, vp9)",
+    )
+    choice = choose_decoder("auto", True, dataset.infos, (9, 0))
+    assert choice.source == "pyav" and "NVDEC cannot decode 4 of 7 video(s)" in choice.reason
+    assert {p.rsplit("/", 1)[-1] for p, (d, _) in choice.per_video.items() if d == "pyav"} == {
+        n for n, (_, _, ok) in FORMATS.items() if not ok
+    }
+    with pytest.raises(DatasetError, match=r"dali, but NVDEC cannot decode 4 video\(s\), e\.g\. .*b_h264_high10\.mp4"):
+        choose_decoder("dali", True, dataset.infos, (9, 0))
+    assert choose_decoder("pyav", True, dataset.infos, (9, 0)).source == "pyav"
+    # On the CPU the rule is DALI's CPU decoder, as before: VP9 only here.
+    vp9 = [info for info in dataset.infos if info.codec == "vp9"]
+    assert choose_decoder("auto", False, vp9).source == "dali"
+    assert choose_decoder("auto", False, dataset.infos).source == "pyav"
+    with pytest.raises(DatasetError, match="dali cannot decode av1, h264, hevc without a GPU"):
+        choose_decoder("dali", False, dataset.infos)
+    with pytest.raises(ValueError, match="allowed: auto, dali, pyav"):
+        choose_decoder("nvdec", True, dataset.infos)
+
+
+def test_check_says_which_decoder_each_video_gets_and_why(odd_formats):
+    report = check_path(odd_formats, progress=False)
+    assert report.ok, report.table()
+    notes = {f.path.rsplit("/", 1)[-1]: f.reason for f in report.findings if f.kind == "decoder"}
+    refused = {n for n, (_, _, ok) in FORMATS.items() if not ok}
+    capability = gpu_capability(DeviceChoice("gpu", 0, "test")) if torch.cuda.is_available() else None
+    if nvdec_problem(probe_video(odd_formats / "g_av1.mkv"), capability) is None:
+        refused.discard("g_av1.mkv")  # check asks this machine's GPU, and its NVDEC has AV1
+    assert set(notes) == refused | {"videos"}
+    assert "High 10" in notes["b_h264_high10.mp4"]
+    assert "g_av1.mkv" not in refused or "no AV1 decoder" in notes["g_av1.mkv"]
+    assert all(notes[n].startswith("on a GPU decodes with PyAV, not NVDEC") for n in refused)
+    nvdec = len(FORMATS) - len(refused)
+    assert notes["videos"].startswith(f"on a GPU {nvdec} of 7 video(s) decode on NVDEC (")
+    table = report.table()
+    assert "[decoder]" in table and table.endswith("no problems found")
+
+
+def _read_all(loader):
+    seen = []
+    for batch in loader:
+        for k in range(len(batch)):
+            video, start = int(batch.video_ids[k]), int(batch.start_frames[k])
+            frames = start + np.arange(5)
+            assert frame_tags(batch.clips[k], "CTHW") == [(int(f), video) for f in frames], "exactly the named frames"
+            seen.append((video, start))
+    return seen
+
+
+def _loader(dataset, device):
+    return ClipLoader(
+        dataset,
+        train=False,
+        video_cfg=VideoConfig(clip_length_frames=5, stride_frames=1, size_px=48, decoder="auto"),
+        loader_cfg=LoaderConfig(batch_size=4, num_threads=2, last_batch="partial"),
+        device=device,
+    )
+
+
+def test_the_pyav_fallback_reads_every_format_exactly(odd_formats):
+    """What a GPU falls back to, run here: every clip of every format, frames checked by their tags."""
+    loader = _loader(VideoDataset.from_folder(odd_formats), DeviceChoice("cpu", None, "test"))
+    assert loader.source == "pyav"
+    seen = _read_all(loader)
+    assert sorted({v for v, _ in seen}) == list(range(len(FORMATS))) and loader.skipped == {}
+
+
+@pytest.mark.gpu
+def test_nvdec_fallback_reads_av1_and_high10_exactly_on_a_gpu(odd_formats):
+    """On a GPU, a folder with AV1 and h264 High 10/4:4:4 trains through PyAV instead of failing in DALI."""
+    loader = _loader(VideoDataset.from_folder(odd_formats), DeviceChoice("gpu", 0, "test"))
+    # 4 of 7 on an A100/H100, 3 on GPUs whose NVDEC has AV1: h264 High 10/4:2:2/4:4:4 go to PyAV everywhere.
+    assert loader.source == "pyav" and "NVDEC cannot decode" in loader.decoder_reason
+    seen = _read_all(loader)
+    assert sorted({v for v, _ in seen}) == list(range(len(FORMATS))), "every video, none skipped"
+    assert loader.skipped == {} and torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+def test_nvdec_reads_what_it_takes_exactly_on_a_gpu(odd_formats, tmp_path):
+    """The formats NVDEC takes (h264 High, hevc Main 10, VP9) go to DALI on a GPU and read exactly."""
+    import shutil
+
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    for name, (_, _, ok) in FORMATS.items():
+        if ok:
+            for path in odd_formats.glob(name.rsplit(".", 1)[0] + ".*"):
+                shutil.copy(path, folder / path.name)
+    loader = _loader(VideoDataset.from_folder(folder), DeviceChoice("gpu", 0, "test"))
+    assert loader.source == "dali", loader.decoder_reason
+    assert len({v for v, _ in _read_all(loader)}) == 3
