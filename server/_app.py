@@ -125,7 +125,7 @@ def build_app(
         tensors = {"logits": logits, "scores": scores_from_logits(logits, model.card.spec.multilabel)}
         payload, response_headers = encode_response(model.name, parsed, tensors, model.card.labels)
         response = await answer(request, payload, response_headers)
-        metrics.observe_stage(model.name, "postprocess", time.perf_counter() - t0)
+        metrics.observe_answer(model.name, items, time.perf_counter() - t0)
         return response
 
     async def rest_predict(request: Request, model, started: float) -> Response:
@@ -148,7 +148,7 @@ def build_app(
             )
         document = {"model": model.name, "multilabel": model.card.spec.multilabel, "predictions": predictions}
         response = await answer(request, json_bytes(document), {"content-type": "application/json"})
-        metrics.observe_stage(model.name, "postprocess", time.perf_counter() - t0)
+        metrics.observe_answer(model.name, items, time.perf_counter() - t0)
         return response
 
     async def infer(request: Request) -> Response:

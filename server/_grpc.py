@@ -295,7 +295,7 @@ class _Service(_service_base()):  # type: ignore[misc]
         t0 = time.perf_counter()
         tensors = {"logits": logits, "scores": scores_from_logits(logits, model.card.spec.multilabel)}
         response = infer_response(self.pb2, model.name, parsed, tensors, model.card.labels)
-        state.metrics.observe_stage(model.name, "postprocess", time.perf_counter() - t0)
+        state.metrics.observe_answer(model.name, items, time.perf_counter() - t0)
         return response
 
 

@@ -117,6 +117,12 @@ class ServerMetrics:
         self.stage_seconds.labels(self.model_label(model), stage).observe(seconds)
         self.stats.stage(model, stage, seconds)
 
+    def observe_answer(self, model: str, items, postprocess_s: float) -> None:
+        """A request's answer is written: its ``postprocess`` stage, and its rows' compute times for Triton's statistics."""
+        self.observe_stage(model, "postprocess", postprocess_s)
+        rows = [(item.times.get("input_s", 0.0), item.times.get("inference_s", 0.0)) for item in items]
+        self.stats.answered(model, rows, postprocess_s)
+
     def observe_request(self, model: str, protocol: str, code: int, seconds: float) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol {protocol!r} is not allowed; allowed: {', '.join(PROTOCOLS)}")

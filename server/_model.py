@@ -25,7 +25,7 @@ import logging
 import queue
 import time
 from concurrent.futures import CancelledError
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -71,12 +71,15 @@ class Item:
         size: (width, height) of the encoded image, as validation read it.
         pixels: A decoded uint8 row of the model's sample shape, or ``None``.
         where: How to name this row in an error message (``"image 1 of input 'image'"``).
+        times: Filled by the lane that runs the row: ``input_s`` and ``inference_s`` of its batch
+            (Triton's statistics give every inference its batch's times), read when the request is answered.
     """
 
     encoded: bytes | None = None
     size: tuple[int, int] | None = None
     pixels: np.ndarray | None = None
     where: str = "the image"
+    times: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def scores_from_logits(logits: np.ndarray, multilabel: bool) -> np.ndarray:
@@ -241,8 +244,9 @@ class ServedModel:
         decoded = [i for i in live if items[i].encoded is None]
         order = encoded + decoded  # row r of the buffer holds items[order[r]]
         decode_s = None
+        input_start = time.perf_counter()
         if encoded:
-            start = time.perf_counter()
+            start = input_start
             sizes = np.array([items[i].size for i in encoded], dtype=np.int64)
             outcome = lane.decoder.decode_into([items[i].encoded for i in encoded], sizes, buffer[: len(encoded)])
             for i, err in zip(encoded, outcome, strict=True):
@@ -254,6 +258,7 @@ class ServedModel:
             self._observe("decode", decode_s)
         if decoded:
             self._copy_rows(buffer, len(encoded), [items[i].pixels for i in decoded])
+        input_s = time.perf_counter() - input_start
         if len(order) < size:
             buffer[len(order) :] = 0  # padding rows, discarded below
         if not self._wanted(items):  # every caller gave up while the batch decoded
@@ -265,6 +270,7 @@ class ServedModel:
         if self.ready:  # warm-up batches are not traffic
             self.metrics.observe_batch(self.name, len(order), size, decode_s=decode_s, inference_s=inference_s)
         for row, i in enumerate(order):
+            items[i].times.update(input_s=input_s, inference_s=inference_s)
             if not isinstance(results[i], RequestError):
                 results[i] = logits[row].copy()
         return results

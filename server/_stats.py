@@ -10,9 +10,10 @@ Triton field           gpufeed observation
 success / fail         ``gpufeed_server_request_seconds`` of inference requests answered 200 / anything else
                        (every refusal and error of a request naming this model)
 queue                  ``gpufeed_server_stage_seconds{stage="queue_wait"}``: one per image or tensor row
-compute_input          ``stage="decode"``: one per executed batch (DALI decode into the input buffer)
-compute_infer          ``stage="inference"``: one per executed batch (onnxruntime)
-compute_output         ``stage="postprocess"``: one per answered request (scores to the response)
+compute_input          one per row of an answered request, with its batch's input time (DALI decode of
+                       the encoded rows plus the copy of pixel rows into the input buffer)
+compute_infer          one per row of an answered request, with its batch's ``stage="inference"`` time
+compute_output         one per row of an answered request, with the request's ``stage="postprocess"`` time
 inference_count        real rows executed (``gpufeed_server_batch_size`` sum)
 execution_count        batches executed (``gpufeed_server_batch_size`` count)
 batch_stats            per real-rows count: compute_input and compute_infer of the batches of that size
@@ -20,7 +21,11 @@ batch_stats            per real-rows count: compute_input and compute_infer of t
 last_inference         wall clock (ms since the epoch) of the last answered inference request
 =====================  ================================================================================
 
-Durations are integer nanoseconds.
+Durations are integer nanoseconds. The three ``compute_*`` fields count one unit, the inference
+(row), and are recorded together when a request is answered, as Triton records a request's
+statistics when it releases it: a reader never sees one counted ahead of the others. perf_analyzer
+refuses statistics whose three compute counts differ ("Server side statistics compute counts must
+be the same") and divides each duration by its count for the per-inference figures it prints.
 """
 
 from __future__ import annotations
@@ -42,7 +47,6 @@ _INFER_FIELDS = (
     "cache_miss",
 )
 _BATCH_FIELDS = ("compute_input", "compute_infer", "compute_output")
-_STAGE_FIELD = {"queue_wait": "queue", "decode": "compute_input", "inference": "compute_infer"}
 
 
 class _Duration:
@@ -51,9 +55,9 @@ class _Duration:
     def __init__(self) -> None:
         self.count, self.ns = 0, 0
 
-    def add(self, seconds: float) -> None:
-        self.count += 1
-        self.ns += max(0, round(seconds * 1e9))
+    def add(self, seconds: float, times: int = 1) -> None:
+        self.count += times
+        self.ns += times * max(0, round(seconds * 1e9))
 
     def to_json(self) -> dict:
         return {"count": self.count, "ns": self.ns}
@@ -90,13 +94,27 @@ class InferenceStats:
                 stats.last_inference_ms = int(time.time() * 1000)
 
     def stage(self, model: str, stage: str, seconds: float) -> None:
-        """One observation of a serving stage (the same call that feeds ``gpufeed_server_stage_seconds``)."""
+        """One observation of a serving stage (the same call that feeds ``gpufeed_server_stage_seconds``).
+
+        Only ``queue_wait`` (one per row) is kept here; the compute stages arrive per answered
+        request, in :meth:`answered`.
+        """
         stats = self._models.get(model)
-        field = "compute_output" if stage == "postprocess" else _STAGE_FIELD.get(stage)
-        if stats is None or field is None:
+        if stats is None or stage != "queue_wait":
             return
         with self._lock:
-            stats.infer[field].add(seconds)
+            stats.infer["queue"].add(seconds)
+
+    def answered(self, model: str, rows: list[tuple[float, float]], output_s: float) -> None:
+        """A request was answered: each row's ``(input_s, inference_s)`` (its batch's) and the request's output time."""
+        stats = self._models.get(model)
+        if stats is None:
+            return
+        with self._lock:
+            for input_s, inference_s in rows:
+                stats.infer["compute_input"].add(input_s)
+                stats.infer["compute_infer"].add(inference_s)
+            stats.infer["compute_output"].add(output_s, len(rows))
 
     def batch(self, model: str, rows: int, decode_s: float | None, inference_s: float | None) -> None:
         """A batch of ``rows`` real rows ran: its decode (``None``: nothing to decode) and inference times."""

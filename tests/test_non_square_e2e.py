@@ -81,7 +81,7 @@ def test_image_model_trains_exports_and_serves_at_48x32(synth_dir, tmp_path):
     try:
         meta = httpx.get(f"{server.url}/v2/models/wide").json()
         shapes = {i["name"]: i["shape"] for i in meta["inputs"]}
-        assert shapes == {"image": [-1], "pixels": [-1, 3, HEIGHT, WIDTH]}
+        assert shapes == {"image": [-1, 1], "pixels": [-1, 3, HEIGHT, WIDTH]}
         assert (meta["parameters"]["width_px"], meta["parameters"]["height_px"]) == (WIDTH, HEIGHT)
         for row, sample_id in enumerate(batch.sample_ids.tolist()):
             data = base64.b64encode(Path(val_set.paths[sample_id]).read_bytes()).decode()

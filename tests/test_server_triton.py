@@ -218,19 +218,22 @@ def test_statistics_count_what_happened_and_agree_with_prometheus(server):
     assert after["inference_count"] - before["inference_count"] == 6
     executions = after["execution_count"] - before["execution_count"]
     assert executions == prom("gpufeed_server_batch_size_count") >= 1
-    assert delta("compute_output")["count"] == 3, "postprocess: one per answered request"
-    for field, stage in (("queue", "queue_wait"), ("compute_input", "decode"), ("compute_infer", "inference")):
-        count = prom("gpufeed_server_stage_seconds_count", stage=stage)
-        assert delta(field)["count"] == count, field
-        # The same observations: nanosecond totals equal the histogram sums (to rounding, 1 ns each).
-        assert abs(delta(field)["ns"] - prom("gpufeed_server_stage_seconds_sum", stage=stage) * 1e9) <= count + 1e3
+    # Triton's unit for the compute fields: one per inference (row) of an answered request, each
+    # with its batch's time, all three recorded together (perf_analyzer refuses unequal counts).
+    for field in ("compute_input", "compute_infer", "compute_output"):
+        assert delta(field)["count"] == 6, field
+    count = prom("gpufeed_server_stage_seconds_count", stage="queue_wait")
+    assert delta("queue")["count"] == count
+    assert abs(delta("queue")["ns"] - prom("gpufeed_server_stage_seconds_sum", stage="queue_wait") * 1e9) <= count + 1e3
+    # A batch's time counts once per row it held, a request's postprocess once per row it answered:
+    # between 1x and (rows per batch or request)x the histogram sums of the same observations.
+    for field, stage, most in (("compute_infer", "inference", IMAGE_BATCH), ("compute_output", "postprocess", 3)):
+        total_ns = prom("gpufeed_server_stage_seconds_sum", stage=stage) * 1e9
+        assert total_ns - 1e3 <= delta(field)["ns"] <= most * total_ns + 1e3, field
+    assert delta("compute_input")["ns"] >= prom("gpufeed_server_stage_seconds_sum", stage="decode") * 1e9 - 1e3
     assert delta("success")["ns"] > 0 and after["last_inference"] >= before["last_inference"] > 0
     sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in after["batch_stats"]}
     assert sum(sizes.values()) == after["execution_count"] and set(sizes) <= set(range(1, IMAGE_BATCH + 1))
-    for field in ("compute_input", "compute_infer"):  # per batch size, the same observations again
-        per_size = [b[field] for b in after["batch_stats"]]
-        assert sum(d["count"] for d in per_size) == after["inference_stats"][field]["count"], field
-        assert sum(d["ns"] for d in per_size) == after["inference_stats"][field]["ns"], field
     everything = client.get_inference_statistics()["model_stats"]
     assert [m["name"] for m in everything] == [CLIP_MODEL, IMAGE_MODEL]
     assert (

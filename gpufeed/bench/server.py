@@ -38,6 +38,7 @@ from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts, median
 from gpufeed.bench._loadgen import run_load
 from gpufeed.bench._loadgen_grpc import run_grpc_load
+from gpufeed.bench._perf_analyzer import perf_analyzer_points, print_perf_analyzer_points
 from gpufeed.bench._serve_proc import quiet_http_logs
 from gpufeed.bench._server_report import batch_usage, print_batch_usage, print_verdicts, scrape_batch_rows, verdicts
 from gpufeed.bench.loader import make_bench_images
@@ -47,9 +48,10 @@ from gpufeed.models._card import default_batch_sizes
 from gpufeed.models._io import untrained_checkpoint
 from gpufeed.pipelines._epochs import default_num_threads
 
-__all__ = ["CONTENDERS", "run_server_bench"]
+__all__ = ["CONTENDERS", "LOADGENS", "run_server_bench"]
 
 CONTENDERS = ("gpufeed", "plain", "litserve")
+LOADGENS = ("gpufeed", "perf_analyzer")
 _MODEL_NAME = "bench"
 
 
@@ -184,14 +186,20 @@ def run_server_bench(
     device: str = "auto",
     checkpoint: Path | None = None,
     protocol: str = "rest",
+    loadgen: str = "gpufeed",
 ) -> dict:
     """Measure every contender at every concurrency; return the figures (see module docs).
 
     ``protocol``: how the ``gpufeed`` contender is driven, ``"rest"`` (multipart uploads to the
     REST endpoint) or ``"grpc"`` (KServe v2 ``ModelInfer`` with raw bytes, on its ``--grpc-port``).
+    ``loadgen``: ``"perf_analyzer"`` also drives the ``gpufeed`` contender with Triton's
+    perf_analyzer (KServe v2 over HTTP, or gRPC with ``protocol="grpc"``) at every concurrency,
+    with the same JPEGs, after the sweep: figures comparable with anyone's Triton numbers.
     """
     if protocol not in ("rest", "grpc"):
         raise ValueError(f"protocol {protocol!r} is not known; known: rest, grpc")
+    if loadgen not in LOADGENS:
+        raise ValueError(f"loadgen {loadgen!r} is not known; known: {', '.join(LOADGENS)}")
     from tqdm import tqdm
 
     choice = resolve_device(device)
@@ -231,6 +239,13 @@ def run_server_bench(
                             usage = batch_usage(rows_before, scrape_batch_rows(port, _MODEL_NAME), sizes)
                         points[name][c].append((result, cpu_ms, usage))
                         bar.update(1)
+        analyzer = None
+        if loadgen == "perf_analyzer" and "gpufeed" in running:
+            port = running["gpufeed"][1]
+            url = f"127.0.0.1:{grpc_port}" if grpc_port is not None else f"127.0.0.1:{port}"
+            analyzer = perf_analyzer_points(
+                cache, url, "grpc" if grpc_port is not None else "http", _MODEL_NAME, images, concurrency
+            )
     finally:
         for proc, _, _ in running.values():
             _stop(proc)
@@ -270,6 +285,8 @@ def run_server_bench(
         "concurrency": list(concurrency),
         "contenders": list(contenders),
         "protocol": protocol,
+        "loadgen": loadgen,
+        "perf_analyzer": analyzer,
         "results": {n: {str(c): v for c, v in t.items()} for n, t in table.items()},
         "machine": machine_facts(choice),
     }
@@ -364,8 +381,10 @@ def main_server(args) -> int:
             device=args.device,
             checkpoint=args.checkpoint,
             protocol=args.protocol,
+            loadgen=args.loadgen,
         )
         print_server_result(result)
+        print_perf_analyzer_points(result.get("perf_analyzer"))
         results.append(result)
     document = {"benchmark": "server", "runs": results}
     if args.json:

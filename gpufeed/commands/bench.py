@@ -144,6 +144,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=8,
         help="largest batch size N; gpufeed and LitServe serve the export at 1, 2, 4, .. N (default 8)",
     )
+    p.add_argument(
+        "--loadgen",
+        choices=("gpufeed", "perf_analyzer"),
+        default="gpufeed",
+        help="perf_analyzer: after the sweep, also drive gpufeed with Triton's perf_analyzer (fetched into "
+        "--cache on first use) and print its figures beside",
+    )
     p.add_argument("--max-delay-ms", type=float, default=5.0, help="batching delay for gpufeed and LitServe")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64], help="clients (default 1 8 32 64)")
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per point (default 8)")
