@@ -37,12 +37,14 @@ from gpufeed.pipelines._clip_pipeline import (
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._epochs import EpochLoader, Session, worker_start_method
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._frame_stores import decode_store_frames
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, ClipSource, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
+from gpufeed.pipelines._store_feed import StoreClipFeed, StoreRef, channel_mode
 from gpufeed.pipelines._videos import DALI_CPU_CODECS, VideoDataset
 
-__all__ = ["ClipBatch", "ClipLoader", "choose_decoder"]
+__all__ = ["ClipBatch", "ClipLoader", "choose_decoder", "choose_source"]
 
 log = logging.getLogger("gpufeed")
 
@@ -95,6 +97,30 @@ def choose_decoder(requested: str, on_gpu: bool, codecs: set[str]) -> tuple[str,
             "'gpufeed prepare --codec vp9'"
         )
     return "pyav", f"video.decoder: auto; no GPU and {', '.join(cpu_unsupported)} needs PyAV keyframe seeks"
+
+
+def choose_source(requested: str, on_gpu: bool, infos, where: str) -> tuple[str, str]:
+    """The clip pipeline's source for these videos and why: ``"frames"`` for frame stores, else :func:`choose_decoder`.
+
+    Frame folders and HDF5 files hold images, which DALI's image decoder reads on any device
+    (``video.decoder`` chooses between video decoders and does not apply to them).
+
+    Raises:
+        DatasetError: Frame stores and encoded video files are mixed in one set.
+    """
+    kinds = {info.store for info in infos}
+    if kinds and "" not in kinds:
+        decoder = "nvJPEG / the hardware JPEG decoder" if on_gpu else "DALI's CPU image decoder"
+        named = " and ".join(sorted({"frame folders" if k == "folder" else "HDF5 files" for k in kinds}))
+        return "frames", f"{named}: one image decode per frame with {decoder}"
+    if len(kinds) > 1:
+        store = next(info.path for info in infos if info.store)
+        video = next(info.path for info in infos if not info.store)
+        raise DatasetError(
+            f"{where} mixes encoded videos (e.g. {video}) and frame stores (e.g. {store}); one loader reads one "
+            "kind: keep them in separate folders, or convert with 'gpufeed prepare --store'"
+        )
+    return choose_decoder(requested, on_gpu, {info.codec for info in infos})
 
 
 def _worker_pids(pipe) -> list[int]:
@@ -156,8 +182,8 @@ class ClipLoader(EpochLoader):
         self.skipped.update(self.quarantined)
         usable = [v for v in dataset.usable_ids if int(v) not in bad and int(v) not in self.quarantined]
         self.table = ClipTable.build(dataset.num_frames, np.asarray(usable, dtype=np.int64), self.geometry)
-        self.source, self.decoder_reason = choose_decoder(
-            video_cfg.decoder, device.is_gpu, {dataset.infos[v].codec for v in usable}
+        self.source, self.decoder_reason = choose_source(
+            video_cfg.decoder, device.is_gpu, [dataset.infos[v] for v in usable], dataset.source
         )
         log.info("clip decoder: %s (%s)", self.source, self.decoder_reason)
         vfr = [dataset.paths[v] for v in usable if not dataset.infos[v].cfr]
@@ -229,6 +255,10 @@ class ClipLoader(EpochLoader):
             else StreamAugmentFeed(stream, self.augment, self.seed, fill_to=self.batch_size),
         }
         resources, limit = [], None
+        if self.source == "frames":
+            pipe = self._frames_pipeline(stream, common)
+            iterator = DALIGenericIterator(pipe, ["clips", "tags"], auto_reset=False, prepare_first_batch=False)
+            return Session(iterator, stream)
         if self.source == "pyav":
             method, why = worker_start_method(getattr(self.cfg, "worker_start_method", "auto"))
             log.info("starting %d PyAV worker process(es) with %s (%s)", self.num_threads, method, why)
@@ -275,6 +305,29 @@ class ClipLoader(EpochLoader):
         iterator = DALIGenericIterator(pipe, ["clips", "tags"], auto_reset=False, prepare_first_batch=False)
         return Session(iterator, stream, limit=limit, resources=resources, worker_pids=pids)
 
+    def _frames_pipeline(self, stream: PlanStream, common: dict):
+        """The clip pipeline over frame stores: the stream's clips, one image decode per frame."""
+        table, train, seed, size = self.table, self.train, self.seed, self.batch_size
+
+        def rows(k):
+            return stream_rows(stream, table, train=train, seed=seed, batch_size=size, iteration=k)
+
+        infos = self.dataset.infos
+        feed = StoreClipFeed(
+            rows,
+            [StoreRef.from_info(info) if info.store else None for info in infos],
+            clip_length_frames=self.geometry.clip_length_frames,
+            stride_frames=self.geometry.stride_frames,
+            batch_size=size,
+            mode=channel_mode({infos[v].store for v in np.unique(self.table.slot_video)}),
+        )
+        roi = None
+        if self.video_cfg.fit == "centre_crop":
+            out = self.video_cfg.output_size
+            sizes = np.array([(info.width, info.height) for info in infos])
+            roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px)
+        return build_clip_pipeline(source="frames", clip_input=feed, roi_feed=roi, **common)
+
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ClipBatch:
         import torch
 
@@ -314,12 +367,19 @@ class ClipLoader(EpochLoader):
         return suspects
 
     def _recheck(self, suspects) -> dict[int, str]:
-        """Decode each suspect clip with PyAV, outside DALI."""
+        """Decode each suspect clip outside DALI (PyAV; frame stores: their images)."""
         problems: dict[int, str] = {}
         decoder = ClipDecoder()
         try:
             for video_id, _, start in suspects:
                 if video_id in problems:
+                    continue
+                info = self.dataset.infos[video_id]
+                if info.store:
+                    frames = self.geometry.frames(start)
+                    _, why, _ = decode_store_frames(info.path, info.store, info.frame_name, frames)
+                    if why:
+                        problems[video_id] = why
                     continue
                 try:
                     decoder.read(self._refs[video_id], self.geometry.frames(start))

@@ -3,7 +3,9 @@
 Per video it reports, with the path and the reason, as bad files: unreadable, zero-byte, non-video
 and audio-only files, truncated ones (by the mp4 box structure, a missing ``moov`` index, the
 container's declared frame count, and a full decode), unsupported codecs, and label files that are
-missing, malformed, or whose row count does not match the frame count. As warnings (usable: the
+missing, malformed, or whose row count does not match the frame count. Frame folders and HDF5
+frame files (:mod:`gpufeed.pipelines._frame_stores`) are videos too: a missing frame number, a
+zero-byte frame and a frame that is not an image are named with the frame. As warnings (usable: the
 loaders read them, exactly): a variable frame rate (frames are numbered in presentation order,
 which may not be how the labels were made) and pixel formats NVIDIA's decoder (NVDEC) does not
 take, which on a GPU need ``video.decoder: pyav`` or ``gpufeed prepare``. Label CSVs without a
@@ -21,6 +23,7 @@ import numpy as np
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, decode_store_frames, is_frame_folder, label_path
 from gpufeed.pipelines._pyav import decode_all_frames
 from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, list_videos
 
@@ -28,8 +31,19 @@ __all__ = ["check_videos", "holds_videos"]
 
 
 def holds_videos(path: Path) -> bool:
-    """True for a folder with at least one video file directly inside it."""
-    return path.is_dir() and any(p.suffix.lower() in VIDEO_EXTENSIONS for p in path.iterdir() if p.is_file())
+    """True for a folder with a video file, an HDF5 frame file or a frame folder directly inside it.
+
+    A frame folder counts here only with its label CSV beside it: a class folder of an image
+    dataset (``amber/000000.jpg`` ...) looks just like one.
+    """
+    if not path.is_dir() or is_frame_folder(path):
+        return False
+    for p in path.iterdir():
+        if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS + HDF5_EXTENSIONS:
+            return True
+        if p.is_dir() and not p.name.startswith(".") and label_path(p).is_file() and is_frame_folder(p):
+            return True
+    return False
 
 
 # Pixel formats NVDEC decodes per codec (NVIDIA's Video Codec SDK support matrix): h264 only 4:2:0
@@ -86,7 +100,7 @@ def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
             report.findings.append(Finding(info.path, why, "label"))
     readable = [info for info in infos if not info.problem]
     with ThreadPoolExecutor(max_workers=default_num_threads()) as pool:
-        decoded = pool.map(lambda info: decode_all_frames(info.path), readable)
+        decoded = pool.map(_decode_all, readable)
         bar = tqdm(
             decoded, total=len(readable), desc="decoding videos", unit="video", disable=not progress, leave=False
         )
@@ -98,13 +112,21 @@ def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
                     Finding(info.path, f"damaged: {count} frames decode, the file holds {info.num_frames}", "video")
                 )
     _, others = list_videos(folder)
-    stems = {str(Path(p).with_suffix("")) for p in dataset.paths}
+    labels = {str(label_path(p)) for p in dataset.paths}
     for other in others:
-        if other.endswith(".csv") and str(Path(other).with_suffix("")) in stems:
+        if other in labels:
             continue
         what = "a label file without a video" if other.endswith(".csv") else "not a video; the loader ignores it"
         report.findings.append(Finding(other, what, "ignored"))
     return report
+
+
+def _decode_all(info: VideoInfo) -> tuple[int, str | None]:
+    """Decode every frame of a video file, or every image of a frame store (naming the bad frame)."""
+    if not info.store:
+        return decode_all_frames(info.path)
+    count, problem, _ = decode_store_frames(info.path, info.store, info.frame_name)
+    return count, problem
 
 
 def _check_folder(path: Path, progress: bool) -> CheckReport:
