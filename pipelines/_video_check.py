@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
+from gpufeed.pipelines._deepethogram import is_project, project_dataset
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, decode_store_frames, is_frame_folder, label_path
@@ -82,11 +83,24 @@ def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
     Raises:
         DatasetError: The folder does not exist or holds no videos.
     """
-    from tqdm import tqdm
-
     folder = Path(folder)
     dataset = VideoDataset.from_folder(folder, progress=progress)
-    report = CheckReport(sources=[f"videos in {folder}"], checked=len(dataset))
+    report = check_dataset(dataset, f"videos in {folder}", progress)
+    _, others = list_videos(folder)
+    labels = {str(label_path(p)) for p in dataset.paths}
+    for other in others:
+        if other in labels:
+            continue
+        what = "a label file without a video" if other.endswith(".csv") else "not a video; the loader ignores it"
+        report.findings.append(Finding(other, what, "ignored"))
+    return report
+
+
+def check_dataset(dataset: VideoDataset, source: str, progress: bool = True) -> CheckReport:
+    """Check every video of an indexed dataset: index problems, label problems, a full decode."""
+    from tqdm import tqdm
+
+    report = CheckReport(sources=[source], checked=len(dataset))
     infos = dataset.infos
     for vid, info in enumerate(infos):
         if info.problem:
@@ -111,13 +125,6 @@ def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
                 report.findings.append(
                     Finding(info.path, f"damaged: {count} frames decode, the file holds {info.num_frames}", "video")
                 )
-    _, others = list_videos(folder)
-    labels = {str(label_path(p)) for p in dataset.paths}
-    for other in others:
-        if other in labels:
-            continue
-        what = "a label file without a video" if other.endswith(".csv") else "not a video; the loader ignores it"
-        report.findings.append(Finding(other, what, "ignored"))
     return report
 
 
@@ -129,6 +136,14 @@ def _decode_all(info: VideoInfo) -> tuple[int, str | None]:
     return count, problem
 
 
+def _check_project(path: Path, progress: bool) -> CheckReport:
+    try:
+        dataset = project_dataset(path, split="all", val_fraction=0.0, seed=0, progress=progress)
+    except DatasetError as err:
+        return CheckReport(sources=[str(path)], findings=[Finding(str(path), str(err), "video")])
+    return check_dataset(dataset, f"DeepEthogram project {path}", progress)
+
+
 def _check_folder(path: Path, progress: bool) -> CheckReport:
     try:
         return check_videos(path, progress)
@@ -136,4 +151,5 @@ def _check_folder(path: Path, progress: bool) -> CheckReport:
         return CheckReport(sources=[str(path)], findings=[Finding(str(path), str(err), "video")])
 
 
+CHECKERS.append((is_project, _check_project))
 CHECKERS.append((holds_videos, _check_folder))

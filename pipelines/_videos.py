@@ -30,6 +30,8 @@ __all__ = [
     "VIDEO_EXTENSIONS",
     "VideoDataset",
     "VideoInfo",
+    "index_videos",
+    "labels_for",
     "list_videos",
     "probe_video",
     "read_label_csv",
@@ -367,7 +369,7 @@ class VideoDataset:
         behaviours: tuple[str, ...] = ()
         if require_labels:
             for i, path in enumerate(paths):
-                labels[i], why, names = _labels_for(Path(path), infos[i])
+                labels[i], why, names = labels_for(Path(path), infos[i])
                 if why:
                     problems.setdefault(i, why)
                     continue
@@ -381,8 +383,11 @@ class VideoDataset:
         return cls(tuple(paths), tuple(infos), tuple(labels), behaviours, dict(sorted(problems.items())), str(root))
 
 
-def _labels_for(path: Path, info: VideoInfo) -> tuple[np.ndarray | None, str | None, tuple[str, ...]]:
-    csv_path = label_path(path)
+def labels_for(
+    path: Path, info: VideoInfo, csv_path: Path | None = None
+) -> tuple[np.ndarray | None, str | None, tuple[str, ...]]:
+    """(labels, why they cannot be used, column names) of a video; ``csv_path`` defaults to ``<name>.csv`` beside it."""
+    csv_path = csv_path or label_path(path)
     if not csv_path.is_file():
         return None, f"no label file: expected {csv_path.name} beside the video", ()
     try:

@@ -195,3 +195,40 @@ def write_deepethogram_csv(path: Path, rows: np.ndarray) -> None:
 
     lines = ["," + ",".join(BEHAVIOURS)] + [f"{i}," + ",".join(str(int(v)) for v in row) for i, row in enumerate(rows)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def make_deepethogram_project(root: Path, form: str, frames: tuple[int, ...], *, by: str = "vidio") -> Path:
+    """A DeepEthogram project as its GUI leaves it, each video stored as ``form``: mp4, folder or hdf5.
+
+    ``project_config.yaml`` lists ``project.class_names``; ``DATA/<key>/`` holds the video (``<key>.mp4``,
+    the frame folder ``<key>/`` or ``<key>.h5``), ``<key>_labels.csv`` and a ``record.yaml`` whose
+    ``rgb``/``label`` entries have ``all`` and ``default`` as DeepEthogram's ``parse_subdir`` writes
+    them. Video ``i`` is tagged with id ``i``; labels as :func:`encode_tagged_video`'s.
+    """
+    import yaml
+
+    from gpufeed.synth import BEHAVIOURS
+
+    data = root / "DATA"
+    data.mkdir(parents=True)
+    config = {"project": {"name": root.name, "class_names": list(BEHAVIOURS), "data_path": "DATA", "path": str(root)}}
+    (root / "project_config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    for video_id, count in enumerate(frames):
+        key = f"mouse{video_id:02d}"
+        folder = data / key
+        folder.mkdir()
+        name = {"mp4": f"{key}.mp4", "folder": key, "hdf5": f"{key}.h5"}[form]
+        if form == "mp4":
+            rows = encode_tagged_video(folder / name, video_id, count, options={"crf": "12", "g": "15"}, labels=False)
+        else:
+            rows = write_tagged_store(folder / name, video_id, count, by=by, labels=False)
+        write_deepethogram_csv(folder / f"{key}_labels.csv", rows)
+        record = {
+            "key": key,
+            "rgb": {"all": [name], "default": name},
+            "label": {"all": [f"{key}_labels.csv"], "default": f"{key}_labels.csv"},
+            "flow": {"all": [], "default": []},
+            "output": {"all": [], "default": []},
+        }
+        (folder / "record.yaml").write_text(yaml.safe_dump(record), encoding="utf-8")
+    return root
