@@ -217,3 +217,24 @@ def test_nvjpeg_reads_the_same_clips_as_the_cpu_decoder(stores):
         dataset = VideoDataset.from_folder(stores / form)
         gpu = _loader(dataset, True, seed=3, device=DeviceChoice("gpu", 0, "test"))
         assert _read(gpu, stride=1) == _read(_loader(dataset, True, seed=3), stride=1), form
+
+
+@pytest.mark.parametrize(("store", "image_format"), [("folder", "jpeg"), ("hdf5", "png"), ("hdf5", "jpeg")])
+def test_prepare_writes_frame_stores_that_read_exactly(stores, tmp_path, store, image_format):
+    from vidio.read import VideoReader
+
+    from gpufeed.pipelines import PrepareOptions, prepare_videos
+
+    options = PrepareOptions(store=store, image_format=image_format, probe_clips=3)
+    report = prepare_videos(stores / "mp4", tmp_path / "out", options, progress=False)
+    assert report.ok, report.table()
+    assert [v.gop_after for v in report.videos] == [1.0] * 3, "every frame stands alone"
+    assert all(v.ms_per_clip_before > 0 and v.ms_per_clip_after > 0 for v in report.videos)
+    assert "ms/clip after" in report.table()
+    dataset = VideoDataset.from_folder(tmp_path / "out")
+    assert not dataset.problems and [i.store for i in dataset.infos] == [store] * 3
+    assert {i.codec for i in dataset.infos} == {image_format}
+    clips = _read(_loader(dataset, True, seed=7, stride=2), stride=2)
+    assert clips == _read(_loader(VideoDataset.from_folder(stores / "mp4"), True, seed=7, stride=2), stride=2)
+    with VideoReader(dataset.paths[0]) as reader:  # DeepEthogram reads what prepare wrote
+        assert frame_tags(torch.as_tensor(reader.read(12)).permute(2, 0, 1)[None], "TCHW") == [(12, 0)]
