@@ -236,6 +236,13 @@ class FrameBytesReader:
                 self._open.popitem(last=False)[1][0].close()
         self._open[path] = hit
         dataset = hit[1]
+        frames = np.asarray(frames, dtype=np.int64)
+        if len(frames) > 1 and np.all(np.diff(frames) > 0):
+            # One read of the clip's span: h5py costs far more per call than per element.
+            span = dataset[int(frames[0]) : int(frames[-1]) + 1]
+            if len(span) != frames[-1] - frames[0] + 1:
+                raise IndexError(f"frames {frames[0]}..{frames[-1]} are outside the {len(dataset)} frames")
+            return [np.asarray(span[int(i - frames[0])], dtype=np.uint8) for i in frames]
         return [np.asarray(dataset[int(i)], dtype=np.uint8) for i in frames]
 
     def close(self) -> None:

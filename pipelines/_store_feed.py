@@ -114,8 +114,11 @@ def decode_store_clips(feed: StoreClipFeed, on_gpu: bool):
     dtypes = [types.UINT8] * t + [types.INT64] + ([types.FLOAT] if feed.mode == "per_clip" else [])
     outputs = fn.external_source(source=feed, num_outputs=feed.num_outputs, batch=False, dtype=dtypes)
     output_type = types.BGR if feed.mode == "bgr" else types.RGB
+    # libjpeg-turbo's fast integer IDCT: measured 1.5x the CPU decoder's JPEG throughput (256x256,
+    # quality 95, shared 2-core machine) for pixels within a level or two of the exact IDCT.
+    fast = {} if on_gpu else {"use_fast_idct": True}
     decoded = [
-        fn.decoders.image(encoded, device="mixed" if on_gpu else "cpu", output_type=output_type)
+        fn.decoders.image(encoded, device="mixed" if on_gpu else "cpu", output_type=output_type, **fast)
         for encoded in outputs[:t]
     ]
     frames = fn.stack(*decoded, axis=0, axis_name="F")

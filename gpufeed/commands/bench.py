@@ -86,6 +86,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--clips", type=int, default=256, help="clips per timed round (default 256)")
     p.add_argument("--naive-clips", type=int, default=12, help="clips per round for decode-from-start (default 12)")
     p.add_argument("--verify-clips", type=int, default=24, help="clips checked for exact frames (default 24)")
+    p.add_argument(
+        "--stores",
+        nargs="*",
+        choices=("folder", "hdf5"),
+        default=["folder", "hdf5"],
+        help="also read the videos as frame folders / HDF5 files of JPEG frames (default both; none: --stores)",
+    )
     p.add_argument("--rounds", type=int, default=5, help="timed rounds per reader, interleaved (default 5)")
     p.add_argument("--workers", type=int, default=0, help="processes/threads per reader; 0 = one per core")
     p.add_argument(
