@@ -105,8 +105,10 @@ def choose_source(requested: str, on_gpu: bool, infos, where: str) -> tuple[str,
     Frame folders and HDF5 files hold images, which DALI's image decoder reads on any device
     (``video.decoder`` chooses between video decoders and does not apply to them).
 
+    A set mixing both goes to the PyAV workers, which decode the stores' frames with Pillow.
+
     Raises:
-        DatasetError: Frame stores and encoded video files are mixed in one set.
+        DatasetError: ``dali`` was asked for a mixed set, or as :func:`choose_decoder` says.
     """
     kinds = {info.store for info in infos}
     if kinds and "" not in kinds:
@@ -114,11 +116,15 @@ def choose_source(requested: str, on_gpu: bool, infos, where: str) -> tuple[str,
         named = " and ".join(sorted({"frame folders" if k == "folder" else "HDF5 files" for k in kinds}))
         return "frames", f"{named}: one image decode per frame with {decoder}"
     if len(kinds) > 1:
-        store = next(info.path for info in infos if info.store)
-        video = next(info.path for info in infos if not info.store)
-        raise DatasetError(
-            f"{where} mixes encoded videos (e.g. {video}) and frame stores (e.g. {store}); one loader reads one "
-            "kind: keep them in separate folders, or convert with 'gpufeed prepare --store'"
+        # One graph reads one kind: PyAV's workers take both (Pillow decodes the stores' frames).
+        if requested == "dali":
+            raise DatasetError(
+                f"video.decoder: dali cannot read {where}: it mixes encoded videos and frame stores; use decoder "
+                "auto or pyav, or keep them in separate folders"
+            )
+        return "pyav", (
+            f"video.decoder: {requested}; {where} mixes encoded videos and frame stores: PyAV worker processes "
+            "decode the videos and Pillow the stores' frames"
         )
     return choose_decoder(requested, on_gpu, {info.codec for info in infos})
 

@@ -39,6 +39,7 @@ __all__ = [
     "HDF5_EXTENSIONS",
     "FrameBytesReader",
     "StoreFacts",
+    "decode_frame",
     "decode_store_frames",
     "is_frame_folder",
     "label_path",
@@ -250,14 +251,15 @@ class FrameBytesReader:
             self._open.popitem()[1][0].close()
 
 
-def _decode_one(data: bytes, reverse: bool) -> np.ndarray:
+def decode_frame(data: bytes, kind: str) -> np.ndarray:
+    """One encoded frame of a ``kind`` store as (H, W, 3) uint8 RGB, with Pillow (HDF5 channels put back)."""
     import io
 
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as image:
         rgb = np.asarray(image.convert("RGB"))
-    return np.ascontiguousarray(rgb[..., ::-1]) if reverse else rgb
+    return np.ascontiguousarray(rgb[..., ::-1]) if kind == "hdf5" and HDF5_CHANNELS_REVERSED else rgb
 
 
 def decode_store_frames(
@@ -289,7 +291,7 @@ def decode_store_frames(
                 what = "is not an image" if read_image_facts(data.tobytes()).format == "" else "is damaged"
                 return count, f"{where} {what}: {problem}", out
             if pixels:
-                out.append(_decode_one(data.tobytes(), kind == "hdf5" and HDF5_CHANNELS_REVERSED))
+                out.append(decode_frame(data.tobytes(), kind))
             count += 1
         return count, None, out
     finally:

@@ -151,14 +151,27 @@ def test_mixed_folders_and_hdf5_read_with_the_right_channels(stores, tmp_path):
     assert {video for video, _ in clips} == {0, 1}
 
 
-def test_encoded_videos_and_frame_stores_in_one_folder_are_refused_by_name(stores, tmp_path):
+def test_encoded_videos_beside_frame_stores_read_exactly_through_pyav(stores, tmp_path):
     shutil.copytree(stores / "folder" / "mouse_0", tmp_path / "mouse_0")
-    for name in ("mouse_0.csv",):
-        shutil.copy(stores / "folder" / name, tmp_path)
+    shutil.copy(stores / "folder" / "mouse_0.csv", tmp_path)
     for name in ("mouse_1.mp4", "mouse_1.csv"):
         shutil.copy(stores / "mp4" / name, tmp_path)
-    with pytest.raises(DatasetError, match=r"mixes encoded videos .*mouse_1\.mp4.* frame stores .*mouse_0"):
-        _loader(VideoDataset.from_folder(tmp_path), True)
+    for name in ("mouse_2.h5", "mouse_2.csv"):
+        shutil.copy(stores / "hdf5" / name, tmp_path)
+    dataset = VideoDataset.from_folder(tmp_path)
+    loader = _loader(dataset, True, seed=7, stride=2)
+    assert loader.source == "pyav" and "mixes encoded videos and frame stores" in loader.decoder_reason
+    assert _read(loader, stride=2) == _read(
+        _loader(VideoDataset.from_folder(stores / "mp4"), True, seed=7, stride=2), 2
+    )
+    with pytest.raises(DatasetError, match=r"decoder: dali cannot read .* mixes encoded videos and frame stores"):
+        ClipLoader(
+            dataset,
+            train=True,
+            video_cfg=VideoConfig(decoder="dali"),
+            loader_cfg=LoaderConfig(batch_size=4),
+            device=CPU,
+        )
 
 
 def _bad_copy(stores, tmp_path):
