@@ -26,7 +26,7 @@ from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, decode_store_frames, is_frame_folder, label_path
 from gpufeed.pipelines._pyav import decode_all_frames
-from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, list_videos
+from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, labels_for, list_videos, probe_video
 
 __all__ = ["check_videos", "holds_videos"]
 
@@ -144,6 +144,18 @@ def _check_project(path: Path, progress: bool) -> CheckReport:
     return check_dataset(dataset, f"DeepEthogram project {path}", progress)
 
 
+def is_single_store(path: Path) -> bool:
+    """True for one frame store named directly: an HDF5 file, or a folder of numbered images."""
+    return (path.is_file() and path.suffix.lower() in HDF5_EXTENSIONS) or (path.is_dir() and is_frame_folder(path))
+
+
+def _check_store(path: Path, progress: bool) -> CheckReport:
+    info = probe_video(path)
+    labels, why, names = labels_for(path, info)
+    dataset = VideoDataset((str(path),), (info,), (labels,), names, {0: why} if why else {}, str(path))
+    return check_dataset(dataset, f"frame store {path}", progress)
+
+
 def _check_folder(path: Path, progress: bool) -> CheckReport:
     try:
         return check_videos(path, progress)
@@ -152,4 +164,5 @@ def _check_folder(path: Path, progress: bool) -> CheckReport:
 
 
 CHECKERS.append((is_project, _check_project))
+CHECKERS.append((is_single_store, _check_store))
 CHECKERS.append((holds_videos, _check_folder))

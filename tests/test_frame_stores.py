@@ -200,6 +200,10 @@ def test_check_names_each_bad_store_and_frame(stores, tmp_path):
     assert "has 32 rows but the video has 33 frames" in found["h5mouse_2.h5"]
     assert "mouse_2" not in found, "the good store is not reported"
     assert report.checked == 5
+    for one, words in (("mouse_0", "missing frame number 17"), ("h5mouse_1.h5", "frame 20 is not an image")):
+        alone = check_path(folder / one, progress=False)  # one store named directly
+        assert alone.checked == 1 and [f.reason for f in alone.findings if words in f.reason], alone.findings
+    assert check_path(folder / "mouse_2", progress=False).ok
 
 
 def test_a_bad_frame_met_while_loading_is_named_or_skipped(stores, tmp_path):
