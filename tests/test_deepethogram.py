@@ -116,6 +116,18 @@ def test_a_folder_that_is_not_a_project_is_refused_by_name(tmp_path):
         project_dataset(tmp_path, split="train", val_fraction=0.2, seed=0)
 
 
+def test_a_project_and_a_video_folder_together_are_refused_by_key(projects, tmp_path):
+    from train_support import train_config
+
+    from gpufeed.config import ConfigError
+    from gpufeed.train import train
+
+    overrides = ["model.name=clip_resnet18", f"video.deepethogram={projects['mp4']}", f"video.train={tmp_path}"]
+    with pytest.raises(ConfigError) as info:
+        train(train_config(tmp_path, overrides), tmp_path / "run")
+    assert info.value.key_path == "video.deepethogram" and "not both" in str(info.value)
+
+
 @pytest.mark.parametrize("form", FORMS)
 def test_gpufeed_train_trains_a_clip_model_on_a_project(projects, form, tmp_path):
     run = tmp_path / "run"

@@ -128,10 +128,12 @@ def test_two_shards_split_the_clips(stores):
     assert len(shards[0]) + len(shards[1]) == len(_loader(dataset, False).table)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("form", ["folder", "hdf5", "folder_jpg_hand"])
-def test_the_sequential_reader_reads_every_frame_in_order(stores, form):
+def test_the_sequential_reader_reads_every_frame_in_order(stores, form, device):
     dataset = VideoDataset.from_folder(stores / form)
-    reader = VideoFrameReader(dataset.infos[2], size_px=[64, 48], chunk_frames=16, device=CPU)
+    choice = DeviceChoice("gpu", 0, "test") if device == "gpu" else CPU
+    reader = VideoFrameReader(dataset.infos[2], size_px=[64, 48], chunk_frames=16, device=choice)
     assert reader.source == "frames"
     tags, indices = [], []
     for chunk in reader:
