@@ -23,6 +23,7 @@ import numpy as np
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, is_frame_folder, label_path, probe_store, store_kind
+from gpufeed.pipelines._mp4 import mp4_box_problem
 
 __all__ = [
     "DALI_CPU_CODECS",
@@ -44,7 +45,6 @@ SUPPORTED_CODECS = ("h264", "hevc", "vp8", "vp9", "av1", "mpeg4", "mjpeg")
 DALI_CPU_CODECS = ("vp8", "vp9", "mjpeg")
 _INDEX_VERSION = 4
 _MP4_LIKE = (".mp4", ".mov", ".m4v")
-_MP4_FIRST_BOXES = ("ftyp", "moov", "mdat", "free", "skip", "wide", "pnot", "uuid")
 
 
 @dataclass(frozen=True)
@@ -111,37 +111,6 @@ class VideoInfo:
         return cls(**data)
 
 
-def _mp4_box_problem(path: Path, size: int) -> str | None:
-    """Walk the top-level boxes of an MP4/MOV: a box running past the end means truncation."""
-    offset, boxes = 0, []
-    with open(path, "rb") as fh:
-        while offset < size:
-            fh.seek(offset)
-            head = fh.read(16)
-            if not boxes and (len(head) < 8 or head[4:8].decode("latin-1") not in _MP4_FIRST_BOXES):
-                return "not an mp4: the file does not start with an mp4 'ftyp' header"
-            if len(head) < 8:
-                return f"truncated: {size - offset} stray byte(s) at the end, after the last complete mp4 box"
-            length = int.from_bytes(head[:4], "big")
-            kind = head[4:8].decode("latin-1")
-            if length == 1 and len(head) == 16:
-                length = int.from_bytes(head[8:16], "big")
-            elif length == 0:
-                length = size - offset  # "to the end of the file"
-            if length < 8 or not kind.isprintable():
-                return None  # not a box structure we understand; FFmpeg has the last word
-            if offset + length > size:
-                return (
-                    f"truncated: mp4 box '{kind}' at byte {offset} declares {length} bytes but the file ends "
-                    f"after {size - offset}"
-                )
-            boxes.append(kind)
-            offset += length
-    if "moov" not in boxes:
-        return "incomplete mp4: no 'moov' box (the index is missing, e.g. an interrupted recording)"
-    return None
-
-
 def probe_video(path: str | Path) -> VideoInfo:
     """Demux a video (no decoding) and return its :class:`VideoInfo`; problems are described, not raised."""
     import av
@@ -156,7 +125,7 @@ def probe_video(path: str | Path) -> VideoInfo:
     if size == 0:
         return VideoInfo(str(path), problem="zero-byte file")
     if path.suffix.lower() in _MP4_LIKE:
-        boxed = _mp4_box_problem(path, size)
+        boxed = mp4_box_problem(path, size)
         if boxed:
             return VideoInfo(str(path), problem=boxed)
     try:
