@@ -30,7 +30,10 @@ FORMS = ("mp4", "folder", "hdf5")
 @pytest.fixture(scope="module")
 def projects(tmp_path_factory):
     root = tmp_path_factory.mktemp("deg")
-    return {form: make_deepethogram_project(root / f"{form}_deepethogram", form, FRAMES) for form in FORMS}
+    made = {form: make_deepethogram_project(root / f"{form}_deepethogram", form, FRAMES) for form in FORMS}
+    for form in ("folder", "hdf5"):  # the same layouts written by hand (Pillow, h5py) instead of vidio
+        made[f"{form}_hand"] = make_deepethogram_project(root / f"{form}_hand_deepethogram", form, FRAMES, by="hand")
+    return made
 
 
 def test_the_split_is_seeded_disjoint_and_complete():
@@ -43,7 +46,7 @@ def test_the_split_is_seeded_disjoint_and_complete():
     assert len(split_records(1, 0.5, seed=0)[0]) == 1, "at least one record trains"
 
 
-@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("form", [*FORMS, "folder_hand", "hdf5_hand"])
 def test_each_form_gives_the_same_records_split_and_exact_clips(projects, form):
     datasets = {s: project_dataset(projects[form], split=s, val_fraction=0.4, seed=2) for s in ("train", "val")}
     keys = {s: [p.split("/DATA/")[1].split("/")[0] for p in d.paths] for s, d in datasets.items()}
