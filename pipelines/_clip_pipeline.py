@@ -240,7 +240,7 @@ def build_clip_pipeline(
                 name=READER_NAME,
             )
         elif source == "frames":
-            frames, tag = decode_store_clips(clip_input, on_gpu)
+            frames, tag, restore_channels = decode_store_clips(clip_input, on_gpu)
         else:
             parallel = source == "pyav"
             extra = {"parallel": True, "prefetch_queue_depth": max(2, prefetch_queue_depth)} if parallel else {}
@@ -270,6 +270,8 @@ def build_clip_pipeline(
                 dtype=types.UINT8,
                 **resize_args,
             )
+            if source == "frames":
+                frames = restore_channels(frames)
         # Augmentation seam: per-clip colour matrix and flip, on every frame of the clip.
         if augment is not None:
             frames = augment.apply(frames)
