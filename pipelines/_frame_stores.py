@@ -12,7 +12,7 @@ package writes:
   variable-length uint8 arrays, element ``i`` the encoded PNG/JPEG bytes of frame ``i``. vidio
   hands its RGB arrays to OpenCV's ``imencode``, which takes them for BGR, and reads them back with
   ``imdecode`` unconverted: the stored images hold the channels in reverse order, so gpufeed
-  decodes HDF5 frames as BGR (:data:`HDF5_CHANNELS_REVERSED`) and gets the frames vidio wrote.
+  reverses the channels of HDF5 frames (:data:`HDF5_CHANNELS_REVERSED`) and gets the frames vidio wrote.
 
 The label CSV of a store is ``<name>.csv`` beside it (``mouse1/`` -> ``mouse1.csv``, ``mouse1.h5``
 -> ``mouse1.csv``). This module stays light (numpy, h5py, the image-facts walker): it reads bytes;
