@@ -135,14 +135,25 @@ class VideoConfig:
 
     ``size_px`` is one number for square frames or ``[width, height]`` (``[352, 224]``).
 
-    A video folder holds ``<name>.mp4`` (or .mkv/.mov/.avi/.webm) files, each with a ``<name>.csv``
-    of per-frame multi-hot labels (header ``frame,<behaviour>...``). A clip starting at frame ``s``
+    A video folder holds ``<name>.mp4`` (or .mkv/.mov/.avi/.webm) files, frame folders
+    (``<name>/000000000.png`` ...) or HDF5 files of encoded frames (``<name>.h5``), each with a
+    ``<name>.csv`` of per-frame multi-hot labels (header ``frame,<behaviour>...``, or DeepEthogram's
+    unnamed index column). ``deepethogram`` reads a DeepEthogram project instead of ``train``/``val``
+    and splits its records by ``val_fraction``. A clip starting at frame ``s``
     holds frames ``s, s + stride, ..., s + (clip_length_frames - 1) * stride``, never past the end.
     Training draws a random start per clip slot and epoch; evaluation reads every clip in order.
     """
 
     train: Path | None = option(None, doc="folder of training videos with their label CSVs")
     val: Path | None = option(None, doc="folder of evaluation videos with their label CSVs")
+    deepethogram: Path | None = option(
+        None,
+        doc="a DeepEthogram project folder (project_config.yaml, DATA/<video>/record.yaml) to train on, "
+        "instead of train/val",
+    )
+    val_fraction: float = option(
+        0.2, ge=0.0, lt=1.0, doc="share of a DeepEthogram project's records held out for evaluation (seeded split)"
+    )
     clip_length_frames: int = option(11, ge=1, le=1024, doc="frames per clip")
     stride_frames: int = option(1, ge=1, le=256, doc="gap between consecutive frames of a clip")
     size_px: int | tuple[int, int] = option(

@@ -2,7 +2,8 @@
 
 Images: :class:`ImageDataset` indexes a split, :class:`ImageLoader` yields :class:`ImageBatch`
 (uint8 NCHW channels_last images, labels, sample ids) decoded on the GPU with nvJPEG, or on the
-CPU. Videos: :class:`VideoDataset` indexes a folder of videos and label CSVs, :class:`ClipLoader`
+CPU. Videos: :class:`VideoDataset` indexes a folder of videos (video files, frame folders, HDF5
+frame files) and label CSVs, :class:`ClipLoader`
 yields :class:`ClipBatch` (uint8 (N, 3, T, H, W) clips, per-frame and centre labels) decoded on
 NVDEC, or on the CPU; :class:`VideoFrameReader` reads whole videos in order, as :class:`FrameChunk`.
 Both loaders can apply colour jitter, grayscale and flips inside their DALI graph

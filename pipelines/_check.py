@@ -148,6 +148,9 @@ def check_path(path: str | Path, progress: bool = True, max_pixels: int = DEFAUL
         # One image (a user checking a file they suspect), not a list file to parse as text.
         why = decode_problem(path, max_pixels=max_pixels)
         return CheckReport(sources=[str(path)], checked=1, findings=[Finding(str(path), why, "image")] if why else [])
+    for recognise, check in CHECKERS:
+        if path.is_file() and recognise(path):  # a file a checker reads whole (an HDF5 video), not a list file
+            return check(path, progress)
     if path.is_file():
         return _check_image_source(path, progress, max_pixels)
     parts = [path / name for name in ("images", "videos") if (path / name).is_dir()]

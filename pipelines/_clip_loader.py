@@ -34,18 +34,21 @@ from gpufeed.pipelines._clip_pipeline import (
     new_work_dir,
     reader_order,
     reader_rows,
+    stream_rows,
     write_stream_list,
 )
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._epochs import EpochLoader, Session, worker_start_method
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._frame_stores import decode_store_frames
 from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, ClipSource, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
+from gpufeed.pipelines._store_feed import StoreClipFeed, StoreRef, channel_mode
 from gpufeed.pipelines._videos import VideoDataset
 
-__all__ = ["ClipBatch", "ClipLoader"]
+__all__ = ["ClipBatch", "ClipLoader", "choose_source"]
 
 log = logging.getLogger("gpufeed")
 
@@ -75,6 +78,42 @@ class ClipBatch:
 
     def __len__(self) -> int:
         return int(self.clips.shape[0])
+
+
+def choose_source(
+    requested: str, on_gpu: bool, infos, where: str, capability: tuple[int, int] | None = None
+) -> tuple[str, str]:
+    """The clip pipeline's source for these videos and why: ``"frames"`` for frame stores, else :func:`choose_decoder`.
+
+    Frame folders and HDF5 files hold images, which DALI's image decoder reads on any device
+    (``video.decoder`` chooses between video decoders and does not apply to them).
+
+    A set mixing both goes to the PyAV workers, which decode the stores' frames with Pillow.
+
+    Args:
+        capability: The GPU's compute capability, for :func:`gpufeed.pipelines._nvdec.choose_decoder`.
+
+    Raises:
+        DatasetError: ``dali`` was asked for a mixed set, or as :func:`choose_decoder` says.
+    """
+    kinds = {info.store for info in infos}
+    if kinds and "" not in kinds:
+        decoder = "nvJPEG / the hardware JPEG decoder" if on_gpu else "DALI's CPU image decoder"
+        named = " and ".join(sorted({"frame folders" if k == "folder" else "HDF5 files" for k in kinds}))
+        return "frames", f"{named}: one image decode per frame with {decoder}"
+    if len(kinds) > 1:
+        # One graph reads one kind: PyAV's workers take both (Pillow decodes the stores' frames).
+        if requested == "dali":
+            raise DatasetError(
+                f"video.decoder: dali cannot read {where}: it mixes encoded videos and frame stores; use decoder "
+                "auto or pyav, or keep them in separate folders"
+            )
+        return "pyav", (
+            f"video.decoder: {requested}; {where} mixes encoded videos and frame stores: PyAV worker processes "
+            "decode the videos and Pillow the stores' frames"
+        )
+    source, reason = choose_decoder(requested, on_gpu, infos, capability)
+    return source, reason
 
 
 def _worker_pids(pipe) -> list[int]:
@@ -136,10 +175,13 @@ class ClipLoader(EpochLoader):
         self.skipped.update(self.quarantined)
         usable = [v for v in dataset.usable_ids if int(v) not in bad and int(v) not in self.quarantined]
         self.table = ClipTable.build(dataset.num_frames, np.asarray(usable, dtype=np.int64), self.geometry)
-        self.decoders = choose_decoder(
-            video_cfg.decoder, device.is_gpu, [dataset.infos[v] for v in usable], gpu_capability(device)
+        self.source, self.decoder_reason = choose_source(
+            video_cfg.decoder,
+            device.is_gpu,
+            [dataset.infos[v] for v in usable],
+            dataset.source,
+            gpu_capability(device),
         )
-        self.source, self.decoder_reason = self.decoders
         # Falling back to PyAV on a GPU costs throughput: say so louder than a routine choice.
         fell_back = device.is_gpu and self.source == "pyav" and video_cfg.decoder == "auto"
         log.log(
@@ -227,6 +269,10 @@ class ClipLoader(EpochLoader):
             )
         )
         resources, limit = [], None
+        if self.source == "frames":
+            pipe = self._frames_pipeline(stream, common)
+            iterator = DALIGenericIterator(pipe, ["clips", "tags"], auto_reset=False, prepare_first_batch=False)
+            return Session(iterator, stream)
         if self.source == "pyav":
             method, why = worker_start_method(getattr(self.cfg, "worker_start_method", "auto"))
             log.info("starting %d PyAV worker process(es) with %s (%s)", self.num_threads, method, why)
@@ -268,6 +314,29 @@ class ClipLoader(EpochLoader):
                 raise
         iterator = DALIGenericIterator(pipe, ["clips", "tags"], auto_reset=False, prepare_first_batch=False)
         return Session(iterator, stream, limit=limit, resources=resources, worker_pids=pids)
+
+    def _frames_pipeline(self, stream: PlanStream, common: dict):
+        """The clip pipeline over frame stores: the stream's clips, one image decode per frame."""
+        table, train, seed, size = self.table, self.train, self.seed, self.batch_size
+
+        def rows(k):
+            return stream_rows(stream, table, train=train, seed=seed, batch_size=size, iteration=k)
+
+        infos = self.dataset.infos
+        feed = StoreClipFeed(
+            rows,
+            [StoreRef.from_info(info) if info.store else None for info in infos],
+            clip_length_frames=self.geometry.clip_length_frames,
+            stride_frames=self.geometry.stride_frames,
+            batch_size=size,
+            mode=channel_mode({infos[v].store for v in np.unique(self.table.slot_video)}),
+        )
+        roi = None
+        if self.video_cfg.fit == "centre_crop":
+            out = self.video_cfg.output_size
+            sizes = np.array([(info.width, info.height) for info in infos])
+            roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px)
+        return build_clip_pipeline(source="frames", clip_input=feed, roi_feed=roi, **common)
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ClipBatch:
         import torch
@@ -343,12 +412,19 @@ class ClipLoader(EpochLoader):
         return suspects
 
     def _recheck(self, suspects) -> dict[int, str]:
-        """Decode each suspect clip with PyAV, outside DALI."""
+        """Decode each suspect clip outside DALI (PyAV; frame stores: their images)."""
         problems: dict[int, str] = {}
         decoder = ClipDecoder()
         try:
             for video_id, _, start in suspects:
                 if video_id in problems:
+                    continue
+                info = self.dataset.infos[video_id]
+                if info.store:
+                    frames = self.geometry.frames(start)
+                    _, why, _ = decode_store_frames(info.path, info.store, info.frame_name, frames)
+                    if why:
+                        problems[video_id] = why
                     continue
                 try:
                     decoder.read(self._refs[video_id], self.geometry.frames(start))

@@ -34,6 +34,8 @@ filled with rows the loader drops), and the tag of plan row ``j`` of iteration `
   (one worker process per thread, started once), seeking with PyAV to the keyframe at or before
   each clip.
 * ``"pyav_sequential"``: :class:`gpufeed.pipelines._pyav.SequentialFeed`, one video front to back.
+* ``"frames"``: frame folders and HDF5 files, one image decode per frame
+  (:mod:`gpufeed.pipelines._store_feed`); crop window and resize as for the DALI reader.
 
 Why a file list and not ``fn.decoders.video`` on in-memory files: that decoder needs each clip's
 whole file as its input and indexes it per sample; measured on a CPU (VP9, 256x256, 1,800
@@ -52,6 +54,7 @@ import numpy as np
 
 from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines._augment import StreamAugmentFeed
+from gpufeed.pipelines._store_feed import decode_store_clips
 
 __all__ = [
     "LIST_LINES",
@@ -223,12 +226,14 @@ def build_clip_pipeline(
     Args:
         source: ``"dali"`` (DALI's video reader over the file list ``clip_input``), ``"pyav"``
             (``clip_input`` is a :class:`~gpufeed.pipelines._pyav.ClipSource`, run by one worker
-            process per thread) or ``"pyav_sequential"`` (a
-            :class:`~gpufeed.pipelines._pyav.SequentialFeed`, in this process).
+            process per thread), ``"pyav_sequential"`` (a
+            :class:`~gpufeed.pipelines._pyav.SequentialFeed`, in this process) or ``"frames"``
+            (a :class:`~gpufeed.pipelines._store_feed.StoreClipFeed` of frame-store clips,
+            decoded by DALI's image decoder).
         size_px: Output frame size, (width_px, height_px) or one number for a square.
         fit: ``"stretch"`` (whole frame) or ``"centre_crop"`` (central region of the output's
-            aspect ratio; the ``"dali"``
-            source then needs ``roi_feed``, PyAV sources fit frames themselves).
+            aspect ratio; the ``"dali"`` and ``"frames"``
+            sources then need ``roi_feed``, PyAV sources fit frames themselves).
         device_id: CUDA device (NVDEC decoding, GPU resize); ``None`` runs on the CPU.
         start_method: ``"fork"`` or ``"spawn"`` for the PyAV workers.
         frames_first: Output (T, 3, H, W) "FCHW" (a chunk of frames) instead of (T, H, W, 3) "FHWC".
@@ -243,12 +248,12 @@ def build_clip_pipeline(
 
     out = parse_size_px(size_px)
 
-    if source not in ("dali", "pyav", "pyav_sequential"):
-        raise ValueError(f"source {source!r} is not allowed; allowed: dali, pyav, pyav_sequential")
+    if source not in ("dali", "pyav", "pyav_sequential", "frames"):
+        raise ValueError(f"source {source!r} is not allowed; allowed: dali, pyav, pyav_sequential, frames")
     if fit not in ("stretch", "centre_crop"):
         raise ValueError(f"fit {fit!r} is not allowed; allowed: stretch, centre_crop")
-    if source == "dali" and fit == "centre_crop" and roi_feed is None:
-        raise ValueError("the dali source with fit centre_crop needs a roi_feed")
+    if source in ("dali", "frames") and fit == "centre_crop" and roi_feed is None:
+        raise ValueError(f"the {source} source with fit centre_crop needs a roi_feed")
     on_gpu = device_id is not None
 
     @pipeline_def(enable_conditionals=False)
@@ -266,6 +271,8 @@ def build_clip_pipeline(
                 image_type=types.RGB,
                 name=READER_NAME,
             )
+        elif source == "frames":
+            frames, tag, restore_channels = decode_store_clips(clip_input, on_gpu)
         else:
             parallel = source == "pyav"
             extra = {"parallel": True, "prefetch_queue_depth": max(2, prefetch_queue_depth)} if parallel else {}
@@ -277,9 +284,9 @@ def build_clip_pipeline(
                 dtype=[types.UINT8, types.INT64 if parallel else types.INT32],
                 **extra,
             )
-        if on_gpu and source != "dali":
+        if on_gpu and source not in ("dali", "frames"):
             frames = frames.gpu()
-        if source == "dali":
+        if source in ("dali", "frames"):
             resize_args = {}
             if fit == "centre_crop":
                 roi_start, roi_end = fn.external_source(
@@ -295,6 +302,8 @@ def build_clip_pipeline(
                 dtype=types.UINT8,
                 **resize_args,
             )
+            if source == "frames":
+                frames = restore_channels(frames)
         # Augmentation seam: per-clip colour matrix and flip, on every frame of the clip.
         if augment is not None:
             frames = augment.apply(frames)

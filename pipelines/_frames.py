@@ -9,7 +9,8 @@ Like DeepEthogram's ``VideoIterable``, but decoded on NVDEC where there is a GPU
 
 Paths: ``dali`` reads consecutive ``chunk_frames`` ranges with DALI's video reader (the last
 range aligned to the video's end; frames already returned are dropped); ``pyav`` decodes the file
-once from start to end (no seeks at all). Both go through the clip graph, so frames match the
+once from start to end (no seeks at all); ``frames`` (frame folders, HDF5 files) decodes each range's
+images as the ``dali`` path reads ranges. All go through the clip graph, so frames match the
 clip loader's frames for the same ``size_px``, ``fit`` and decoder.
 """
 
@@ -21,10 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._size import parse_size_px
+from gpufeed.pipelines._clip_loader import choose_source
 from gpufeed.pipelines._clip_pipeline import RoiFeed, build_clip_pipeline, new_work_dir, write_file_list
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
+from gpufeed.pipelines._nvdec import gpu_capability
 from gpufeed.pipelines._pyav import SequentialFeed, VideoRef
+from gpufeed.pipelines._store_feed import StoreClipFeed, StoreRef, channel_mode
 from gpufeed.pipelines._videos import VideoInfo, probe_video
 
 __all__ = ["FrameChunk", "VideoFrameReader"]
@@ -81,10 +84,12 @@ class VideoFrameReader:
         self.info = info
         self.size, self.fit, self.device, self.num_threads = parse_size_px(size_px, "size_px"), fit, device, num_threads
         self.chunk_frames = min(chunk_frames, info.num_frames)
-        self.source, self.decoder_reason = choose_decoder(decoder, device.is_gpu, [info], gpu_capability(device))
+        self.source, self.decoder_reason = choose_source(
+            decoder, device.is_gpu, [info], info.path, gpu_capability(device)
+        )
         n, c = info.num_frames, self.chunk_frames
         starts = np.arange(0, n, c, dtype=np.int64)
-        if self.source == "dali":
+        if self.source in ("dali", "frames"):
             starts[-1] = min(starts[-1], n - c)  # every range holds c frames; the last one ends at the end
         self._starts = starts
 
@@ -103,12 +108,22 @@ class VideoFrameReader:
                 clip_input = write_file_list(
                     Path(work.name), [self.info.path], np.zeros(rows, dtype=np.int64), self._starts, self.chunk_frames
                 )
+            elif self.source == "frames":
+                last = rows - 1  # DALI may prefetch past the end: repeat the last range
+                clip_input = StoreClipFeed(
+                    lambda k: (np.zeros(1, dtype=np.int64), self._starts[min(k, last) : min(k, last) + 1]),
+                    [StoreRef.from_info(self.info)],
+                    clip_length_frames=self.chunk_frames,
+                    stride_frames=1,
+                    batch_size=1,
+                    mode=channel_mode({self.info.store}),
+                )
             else:
                 clip_input = SequentialFeed(
                     VideoRef.from_info(self.info), self.chunk_frames, size_px=self.size, fit=self.fit
                 )
             pipe = build_clip_pipeline(
-                source="dali" if self.source == "dali" else "pyav_sequential",
+                source=self.source if self.source in ("dali", "frames") else "pyav_sequential",
                 clip_input=clip_input,
                 clip_length_frames=self.chunk_frames,
                 stride_frames=1,
@@ -144,7 +159,7 @@ class VideoFrameReader:
             work.cleanup()
 
     def _roi_feed(self):
-        if self.source != "dali" or self.fit != "centre_crop":
+        if self.source not in ("dali", "frames") or self.fit != "centre_crop":
             return None
         sizes = np.array([[self.info.width, self.info.height]])
         return RoiFeed(lambda _k: np.zeros(1, dtype=np.int64), sizes, self.size.width_px / self.size.height_px)

@@ -17,6 +17,9 @@ Every video under the source folder is decoded once and re-encoded to:
   crf mostly spends bits on its artifacts) and ``tune fastdecode`` (no CABAC, no deblocking: files
   somewhat larger, CPU decoding markedly cheaper; ``tune none`` turns it off).
 
+With ``store: folder`` or ``hdf5`` every frame is written as one JPEG/PNG image instead, in the
+layouts DeepEthogram's ``vidio`` writes (a random clip then costs only its own decodes).
+
 Label CSVs are copied beside their videos after checking that they have one row per frame. At
 the end, each video's random-seek cost (milliseconds per random clip with the keyframe-seek
 reader) is measured before and after and printed as a table.
@@ -36,6 +39,14 @@ from gpufeed._files import atomic_path
 from gpufeed._text import format_table
 from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._frame_stores import label_path
+from gpufeed.pipelines._prepare_stores import (
+    IMAGE_FORMATS,
+    STORES,
+    measure_store_seek_cost,
+    store_output,
+    write_store,
+)
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, FrameFitter, VideoRef
 from gpufeed.pipelines._videos import list_videos, probe_video, read_label_csv
 
@@ -58,6 +69,10 @@ class PrepareOptions:
         clip_length_frames, stride_frames: The clips that will be read (default GOP, seek probe).
         probe_clips: Random clips timed per video before and after (0 skips the measurement).
         seed: Seeds the probe's clip starts.
+        store: ``video`` (re-encode, as above), or ``folder`` / ``hdf5``: every frame as one image
+            in DeepEthogram's vidio layouts (:mod:`gpufeed.pipelines._prepare_stores`).
+        image_format: ``jpeg`` or ``png``, the frames' encoding in a store.
+        jpeg_quality: JPEG quality of a store's frames (1-100).
     """
 
     codec: str = "h264"
@@ -70,12 +85,21 @@ class PrepareOptions:
     stride_frames: int = 1
     probe_clips: int = 20
     seed: int = 0
+    store: str = "video"
+    image_format: str = "jpeg"
+    jpeg_quality: int = 95
 
     def __post_init__(self) -> None:
         if self.codec not in _CODECS:
             raise ValueError(f"codec {self.codec!r} is not allowed; allowed: {', '.join(_CODECS)}")
         if self.tune not in ("fastdecode", "none"):
             raise ValueError(f"tune {self.tune!r} is not allowed; allowed: fastdecode, none")
+        if self.store not in STORES:
+            raise ValueError(f"store {self.store!r} is not allowed; allowed: {', '.join(STORES)}")
+        if self.image_format not in IMAGE_FORMATS:
+            raise ValueError(f"image format {self.image_format!r} is not allowed; allowed: {', '.join(IMAGE_FORMATS)}")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ValueError(f"jpeg_quality {self.jpeg_quality} is not allowed; allowed: 1..100")
         if self.gop_frames < 0 or self.crf < 0 or self.fps < 0 or self.probe_clips < 0:
             raise ValueError("gop_frames, crf, fps and probe_clips must not be negative")
 
@@ -243,10 +267,13 @@ def prepare_videos(src: str | Path, dst: str | Path, options: PrepareOptions = P
         for path, info in zip(paths, infos, strict=True):
             item = PreparedVideo(source=path, gop_before=round(info.gop_frames, 1))
             report.videos.append(item)
-            if info.problem:
-                item.problem = info.problem
+            if info.problem or info.store:
+                item.problem = info.problem or "already a frame store; prepare reads encoded video files"
                 continue
-            out = dst / Path(path).relative_to(src).with_suffix(ext)
+            relative = Path(path).relative_to(src)
+            out = dst / (
+                relative.with_suffix(ext) if options.store == "video" else store_output(relative, options.store)
+            )
             csv_in = Path(path).with_suffix(".csv")
             labels = None
             if csv_in.is_file():
@@ -262,7 +289,10 @@ def prepare_videos(src: str | Path, dst: str | Path, options: PrepareOptions = P
                     continue
             out.parent.mkdir(parents=True, exist_ok=True)
             try:
-                count = _encode(path, out, options, info, bar)
+                if options.store == "video":
+                    count = _encode(path, out, options, info, bar)
+                else:
+                    count = write_store(path, out, options.store, options.image_format, options.jpeg_quality, bar)
             except Exception as err:  # FFmpeg and PyAV raise several types; the partial file is gone
                 item.problem = f"re-encoding failed: {err}"
                 continue
@@ -275,14 +305,15 @@ def prepare_videos(src: str | Path, dst: str | Path, options: PrepareOptions = P
                 )
                 continue
             if labels is not None:
-                shutil.copyfile(csv_in, out.with_suffix(".csv"))
+                shutil.copyfile(csv_in, label_path(out))
                 item.labels = "copied, one row per frame"
     if options.probe_clips:
         done = [v for v in report.videos if not v.problem]
         for v in tqdm(done, desc="seek cost", unit="video", disable=not progress, leave=False):
             try:
                 v.ms_per_clip_before = measure_seek_cost(v.source, options.probe_clips, options.geometry, options.seed)
-                v.ms_per_clip_after = measure_seek_cost(v.output, options.probe_clips, options.geometry, options.seed)
+                measure = measure_seek_cost if options.store == "video" else measure_store_seek_cost
+                v.ms_per_clip_after = measure(v.output, options.probe_clips, options.geometry, options.seed)
             except ClipDecodeError as err:
                 v.problem = f"seek probe failed: {err}"
     return report

@@ -18,6 +18,7 @@ from collections import OrderedDict
 import numpy as np
 
 from gpufeed._size import SizePx, parse_size_px
+from gpufeed.pipelines._frame_stores import FrameBytesReader, decode_frame
 
 __all__ = [
     "ClipDecodeError",
@@ -38,18 +39,31 @@ class ClipDecodeError(RuntimeError):
 class VideoRef:
     """The few index facts a decoder needs for one video (cheap to pickle)."""
 
-    __slots__ = ("height", "keyframes", "num_frames", "path", "pts", "width")
+    __slots__ = ("frame_name", "height", "keyframes", "num_frames", "path", "pts", "store", "width")
 
-    def __init__(self, path: str, pts, keyframes, num_frames: int, width: int = 0, height: int = 0) -> None:
+    def __init__(
+        self,
+        path: str,
+        pts,
+        keyframes,
+        num_frames: int,
+        width: int = 0,
+        height: int = 0,
+        store: str = "",
+        frame_name: str = "",
+    ) -> None:
         self.path = path
         self.pts = np.asarray(pts, dtype=np.int64)
         self.keyframes = np.asarray(keyframes, dtype=np.int64)
         self.num_frames = int(num_frames)
         self.width, self.height = int(width), int(height)
+        self.store, self.frame_name = store, frame_name  # a frame store's kind and file names ("" for a video)
 
     @classmethod
     def from_info(cls, info) -> VideoRef:
-        return cls(info.path, info.pts, info.keyframes, info.num_frames, info.width, info.height)
+        return cls(
+            info.path, info.pts, info.keyframes, info.num_frames, info.width, info.height, info.store, info.frame_name
+        )
 
     def index_of(self, pts: int) -> int:
         """Frame index of a presentation timestamp (-1 when the index does not know it)."""
@@ -121,6 +135,7 @@ class ClipDecoder:
         self.max_open = max_open
         self.threads = threads
         self.fitter = fitter or FrameFitter()
+        self._stores: FrameBytesReader | None = None  # frame stores' open HDF5 files
         self._open: OrderedDict[str, tuple] = OrderedDict()
         self.frames_decoded = 0  # frames the decoder produced, wanted or not (seek cost)
 
@@ -141,6 +156,8 @@ class ClipDecoder:
     def close(self) -> None:
         while self._open:
             self._open.popitem()[1][0].close()
+        if self._stores is not None:
+            self._stores.close()
 
     def read(self, video: VideoRef, frames: np.ndarray) -> np.ndarray:
         """RGB frames ``frames`` (ascending indices) of ``video`` as (T, H, W, 3) uint8 (after the fitter).
@@ -153,6 +170,8 @@ class ClipDecoder:
         frames = np.asarray(frames, dtype=np.int64)
         if len(frames) == 0 or frames[0] < 0 or frames[-1] >= video.num_frames:
             raise ClipDecodeError(f"{video.path}: frames {frames.tolist()} are outside [0, {video.num_frames})")
+        if video.store:
+            return self._read_store(video, frames)
         key = video.keyframe_before(int(frames[0]))
         try:
             got = self._decode_from(video, key, frames)
@@ -169,6 +188,26 @@ class ClipDecoder:
                 "(the file is damaged or truncated)"
             )
         return np.stack(got)
+
+    def _read_store(self, video: VideoRef, frames: np.ndarray) -> np.ndarray:
+        """A frame store's frames decoded with Pillow, fitted like video frames (a folder mixing stores and videos)."""
+        import av
+
+        if self._stores is None:
+            self._stores = FrameBytesReader()
+        try:
+            encoded = self._stores.read(video.path, video.store, video.frame_name, frames)
+        except Exception as err:  # OSError, h5py's errors
+            raise ClipDecodeError(f"{video.path}: cannot read frames {frames[0]}..{frames[-1]}: {err}") from None
+        out = []
+        for index, data in zip(frames, encoded, strict=True):
+            try:
+                rgb = decode_frame(data.tobytes(), video.store)
+            except Exception as err:  # Pillow raises several types for damaged data
+                raise ClipDecodeError(f"{video.path}: frame {index} cannot be decoded: {err}") from None
+            self.frames_decoded += 1
+            out.append(self.fitter(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
+        return np.stack(out)
 
     def _drop(self, path: str) -> None:
         hit = self._open.pop(path, None)

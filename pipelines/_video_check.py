@@ -3,7 +3,9 @@
 Per video it reports, with the path and the reason, as bad files: unreadable, zero-byte, non-video
 and audio-only files, truncated ones (by the mp4 box structure, a missing ``moov`` index, the
 container's declared frame count, and a full decode), unsupported codecs, and label files that are
-missing, malformed, or whose row count does not match the frame count. As warnings (usable: the
+missing, malformed, or whose row count does not match the frame count. Frame folders and HDF5
+frame files (:mod:`gpufeed.pipelines._frame_stores`) are videos too: a missing frame number, a
+zero-byte frame and a frame that is not an image are named with the frame. As warnings (usable: the
 loaders read them, exactly): a variable frame rate (frames are numbered in presentation order,
 which may not be how the labels were made). As ``decoder`` notes: which decoder each video gets
 on a GPU and why (NVDEC, or PyAV for a codec, profile, pixel format or size NVDEC does not take;
@@ -21,18 +23,31 @@ import numpy as np
 
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
+from gpufeed.pipelines._deepethogram import is_project, project_dataset
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, decode_store_frames, is_frame_folder, label_path
 from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
 from gpufeed.pipelines._pyav import decode_all_frames
-from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, list_videos
+from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, labels_for, list_videos, probe_video
 
 __all__ = ["check_videos", "holds_videos"]
 
 
 def holds_videos(path: Path) -> bool:
-    """True for a folder with at least one video file directly inside it."""
-    return path.is_dir() and any(p.suffix.lower() in VIDEO_EXTENSIONS for p in path.iterdir() if p.is_file())
+    """True for a folder with a video file, an HDF5 frame file or a frame folder directly inside it.
+
+    A frame folder counts here only with its label CSV beside it: a class folder of an image
+    dataset (``amber/000000.jpg`` ...) looks just like one.
+    """
+    if not path.is_dir() or is_frame_folder(path):
+        return False
+    for p in path.iterdir():
+        if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS + HDF5_EXTENSIONS:
+            return True
+        if p.is_dir() and not p.name.startswith(".") and label_path(p).is_file() and is_frame_folder(p):
+            return True
+    return False
 
 
 def _frame_rate_warning(info: VideoInfo) -> str | None:
@@ -89,11 +104,24 @@ def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
     Raises:
         DatasetError: The folder does not exist or holds no videos.
     """
-    from tqdm import tqdm
-
     folder = Path(folder)
     dataset = VideoDataset.from_folder(folder, progress=progress)
-    report = CheckReport(sources=[f"videos in {folder}"], checked=len(dataset))
+    report = check_dataset(dataset, f"videos in {folder}", progress)
+    _, others = list_videos(folder)
+    labels = {str(label_path(p)) for p in dataset.paths}
+    for other in others:
+        if other in labels:
+            continue
+        what = "a label file without a video" if other.endswith(".csv") else "not a video; the loader ignores it"
+        report.findings.append(Finding(other, what, "ignored"))
+    return report
+
+
+def check_dataset(dataset: VideoDataset, source: str, progress: bool = True) -> CheckReport:
+    """Check every video of an indexed dataset: index problems, label problems, a full decode."""
+    from tqdm import tqdm
+
+    report = CheckReport(sources=[source], checked=len(dataset))
     infos = dataset.infos
     for vid, info in enumerate(infos):
         if info.problem:
@@ -106,9 +134,10 @@ def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
         if why:
             report.findings.append(Finding(info.path, why, "label"))
     readable = [info for info in infos if not info.problem]
-    report.findings += _decoder_findings(folder, readable)
+    # Frame stores decode as images (nvJPEG or DALI's CPU decoder): no video decoder to choose.
+    report.findings += _decoder_findings(Path(dataset.source), [info for info in readable if not info.store])
     with ThreadPoolExecutor(max_workers=default_num_threads()) as pool:
-        decoded = pool.map(lambda info: decode_all_frames(info.path), readable)
+        decoded = pool.map(_decode_all, readable)
         bar = tqdm(
             decoded, total=len(readable), desc="decoding videos", unit="video", disable=not progress, leave=False
         )
@@ -119,14 +148,35 @@ def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
                 report.findings.append(
                     Finding(info.path, f"damaged: {count} frames decode, the file holds {info.num_frames}", "video")
                 )
-    _, others = list_videos(folder)
-    stems = {str(Path(p).with_suffix("")) for p in dataset.paths}
-    for other in others:
-        if other.endswith(".csv") and str(Path(other).with_suffix("")) in stems:
-            continue
-        what = "a label file without a video" if other.endswith(".csv") else "not a video; the loader ignores it"
-        report.findings.append(Finding(other, what, "ignored"))
     return report
+
+
+def _decode_all(info: VideoInfo) -> tuple[int, str | None]:
+    """Decode every frame of a video file, or every image of a frame store (naming the bad frame)."""
+    if not info.store:
+        return decode_all_frames(info.path)
+    count, problem, _ = decode_store_frames(info.path, info.store, info.frame_name)
+    return count, problem
+
+
+def _check_project(path: Path, progress: bool) -> CheckReport:
+    try:
+        dataset = project_dataset(path, split="all", val_fraction=0.0, seed=0, progress=progress)
+    except DatasetError as err:
+        return CheckReport(sources=[str(path)], findings=[Finding(str(path), str(err), "video")])
+    return check_dataset(dataset, f"DeepEthogram project {path}", progress)
+
+
+def is_single_store(path: Path) -> bool:
+    """True for one frame store named directly: an HDF5 file, or a folder of numbered images."""
+    return (path.is_file() and path.suffix.lower() in HDF5_EXTENSIONS) or (path.is_dir() and is_frame_folder(path))
+
+
+def _check_store(path: Path, progress: bool) -> CheckReport:
+    info = probe_video(path)
+    labels, why, names = labels_for(path, info)
+    dataset = VideoDataset((str(path),), (info,), (labels,), names, {0: why} if why else {}, str(path))
+    return check_dataset(dataset, f"frame store {path}", progress)
 
 
 def _check_folder(path: Path, progress: bool) -> CheckReport:
@@ -136,4 +186,6 @@ def _check_folder(path: Path, progress: bool) -> CheckReport:
         return CheckReport(sources=[str(path)], findings=[Finding(str(path), str(err), "video")])
 
 
+CHECKERS.append((is_project, _check_project))
+CHECKERS.append((is_single_store, _check_store))
 CHECKERS.append((holds_videos, _check_folder))

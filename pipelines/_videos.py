@@ -22,6 +22,8 @@ import numpy as np
 
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, is_frame_folder, label_path, probe_store, store_kind
+from gpufeed.pipelines._mp4 import mp4_box_problem
 
 __all__ = [
     "DALI_CPU_CODECS",
@@ -29,6 +31,8 @@ __all__ = [
     "VIDEO_EXTENSIONS",
     "VideoDataset",
     "VideoInfo",
+    "index_videos",
+    "labels_for",
     "list_videos",
     "probe_video",
     "read_label_csv",
@@ -40,9 +44,8 @@ VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v")
 SUPPORTED_CODECS = ("h264", "hevc", "vp8", "vp9", "av1", "mpeg4", "mjpeg")
 # What DALI's CPU video decoder handles (measured: not h264/hevc/mpeg4).
 DALI_CPU_CODECS = ("vp8", "vp9", "mjpeg")
-_INDEX_VERSION = 4  # 4: profile
+_INDEX_VERSION = 5  # 4: profile, frame stores; 5: both together
 _MP4_LIKE = (".mp4", ".mov", ".m4v")
-_MP4_FIRST_BOXES = ("ftyp", "moov", "mdat", "free", "skip", "wide", "pnot", "uuid")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,10 @@ class VideoInfo:
         problem: Why the file cannot be used, or ``None``.
         pix_fmt: FFmpeg pixel format of the decoded frames (``yuv420p``, ``yuv444p`` ...).
         profile: FFmpeg's name of the codec profile (``High``, ``High 10``, ``Main 10`` ...; may be empty).
+        store: ``""`` for an encoded video file; ``"folder"`` or ``"hdf5"`` for a frame store
+            (:mod:`gpufeed.pipelines._frame_stores`), whose ``codec`` is ``png`` or ``jpeg`` and
+            whose every frame is a keyframe.
+        frame_name: A frame folder's file name pattern (``"{:09d}.png"``).
     """
 
     path: str
@@ -81,6 +88,8 @@ class VideoInfo:
     problem: str | None = None
     pix_fmt: str = ""
     profile: str = ""
+    store: str = ""
+    frame_name: str = ""
 
     @property
     def gop_frames(self) -> float:
@@ -105,42 +114,13 @@ class VideoInfo:
         return cls(**data)
 
 
-def _mp4_box_problem(path: Path, size: int) -> str | None:
-    """Walk the top-level boxes of an MP4/MOV: a box running past the end means truncation."""
-    offset, boxes = 0, []
-    with open(path, "rb") as fh:
-        while offset < size:
-            fh.seek(offset)
-            head = fh.read(16)
-            if not boxes and (len(head) < 8 or head[4:8].decode("latin-1") not in _MP4_FIRST_BOXES):
-                return "not an mp4: the file does not start with an mp4 'ftyp' header"
-            if len(head) < 8:
-                return f"truncated: {size - offset} stray byte(s) at the end, after the last complete mp4 box"
-            length = int.from_bytes(head[:4], "big")
-            kind = head[4:8].decode("latin-1")
-            if length == 1 and len(head) == 16:
-                length = int.from_bytes(head[8:16], "big")
-            elif length == 0:
-                length = size - offset  # "to the end of the file"
-            if length < 8 or not kind.isprintable():
-                return None  # not a box structure we understand; FFmpeg has the last word
-            if offset + length > size:
-                return (
-                    f"truncated: mp4 box '{kind}' at byte {offset} declares {length} bytes but the file ends "
-                    f"after {size - offset}"
-                )
-            boxes.append(kind)
-            offset += length
-    if "moov" not in boxes:
-        return "incomplete mp4: no 'moov' box (the index is missing, e.g. an interrupted recording)"
-    return None
-
-
 def probe_video(path: str | Path) -> VideoInfo:
     """Demux a video (no decoding) and return its :class:`VideoInfo`; problems are described, not raised."""
     import av
 
     path = Path(path)
+    if store_kind(path):
+        return _store_info(path)
     try:
         size = path.stat().st_size
     except OSError as err:
@@ -148,7 +128,7 @@ def probe_video(path: str | Path) -> VideoInfo:
     if size == 0:
         return VideoInfo(str(path), problem="zero-byte file")
     if path.suffix.lower() in _MP4_LIKE:
-        boxed = _mp4_box_problem(path, size)
+        boxed = mp4_box_problem(path, size)
         if boxed:
             return VideoInfo(str(path), problem=boxed)
     try:
@@ -190,6 +170,25 @@ def probe_video(path: str | Path) -> VideoInfo:
         profile=str(profile),
     )
     return _finish_info(info)
+
+
+def _store_info(path: Path) -> VideoInfo:
+    """A frame store's :class:`VideoInfo`: frame ``i`` has timestamp ``i`` and is a keyframe."""
+    facts = probe_store(path)
+    frames = tuple(range(facts.num_frames))
+    return VideoInfo(
+        str(path),
+        codec=facts.codec,
+        width=facts.width,
+        height=facts.height,
+        num_frames=facts.num_frames,
+        pts=frames,
+        keyframes=frames,
+        declared_frames=facts.num_frames,
+        problem=facts.problem,
+        store=facts.kind,
+        frame_name=facts.frame_name,
+    )
 
 
 def _finish_info(info: VideoInfo) -> VideoInfo:
@@ -249,8 +248,12 @@ def read_label_csv(path: str | Path) -> tuple[tuple[str, ...], np.ndarray]:
             rows = list(csv.reader(fh))
     except OSError as err:
         raise ValueError(f"label file {path} cannot be read: {err.strerror or err}") from None
-    if not rows or len(rows[0]) < 2 or rows[0][0].strip() != "frame":
-        raise ValueError(f"label file {path}: the header must be 'frame,<behaviour>,...', got {rows[:1]}")
+    # DeepEthogram writes its CSVs with pandas, whose index column has an empty header.
+    if not rows or len(rows[0]) < 2 or rows[0][0].strip() not in ("frame", ""):
+        raise ValueError(
+            f"label file {path}: the header must be 'frame,<behaviour>,...' (or DeepEthogram's ',<behaviour>,...'), "
+            f"got {rows[:1]}"
+        )
     names = tuple(c.strip() for c in rows[0][1:])
     body = [r for r in rows[1:] if r]
     labels = np.zeros((len(body), len(names)), dtype=np.uint8)
@@ -271,15 +274,20 @@ def read_label_csv(path: str | Path) -> tuple[tuple[str, ...], np.ndarray]:
 
 
 def list_videos(root: Path) -> tuple[list[str], list[str]]:
-    """(video files, other files) under ``root``, sorted, hidden files and folders skipped."""
+    """(videos, other files) under ``root``, sorted, hidden files and folders skipped.
+
+    Videos are video files, HDF5 frame files and frame folders (a folder of numbered images is one
+    video; nothing inside it is listed).
+    """
     videos, others = [], []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            if name.startswith("."):
-                continue
+        stores = [d for d in dirnames if is_frame_folder(os.path.join(dirpath, d))]
+        dirnames[:] = [d for d in dirnames if d not in stores]
+        here = [(n, True) for n in stores] + [(n, False) for n in filenames if not n.startswith(".")]
+        for name, is_store in sorted(here):
             full = os.path.join(dirpath, name)
-            (videos if name.lower().endswith(VIDEO_EXTENSIONS) else others).append(full)
+            (videos if is_store or name.lower().endswith(VIDEO_EXTENSIONS + HDF5_EXTENSIONS) else others).append(full)
     return videos, others
 
 
@@ -327,14 +335,16 @@ class VideoDataset:
             raise DatasetError(f"video folder {root} does not exist or is not a folder")
         paths, _ = list_videos(root)
         if not paths:
-            raise DatasetError(f"no videos ({', '.join(VIDEO_EXTENSIONS)}) in {root}")
+            raise DatasetError(
+                f"no videos ({', '.join(VIDEO_EXTENSIONS + HDF5_EXTENSIONS)} files or folders of numbered frames) in {root}"
+            )
         infos = index_videos(root, paths, progress)
         problems = {i: info.problem for i, info in enumerate(infos) if info.problem}
         labels: list[np.ndarray | None] = [None] * len(paths)
         behaviours: tuple[str, ...] = ()
         if require_labels:
             for i, path in enumerate(paths):
-                labels[i], why, names = _labels_for(Path(path), infos[i])
+                labels[i], why, names = labels_for(Path(path), infos[i])
                 if why:
                     problems.setdefault(i, why)
                     continue
@@ -348,8 +358,11 @@ class VideoDataset:
         return cls(tuple(paths), tuple(infos), tuple(labels), behaviours, dict(sorted(problems.items())), str(root))
 
 
-def _labels_for(path: Path, info: VideoInfo) -> tuple[np.ndarray | None, str | None, tuple[str, ...]]:
-    csv_path = path.with_suffix(".csv")
+def labels_for(
+    path: Path, info: VideoInfo, csv_path: Path | None = None
+) -> tuple[np.ndarray | None, str | None, tuple[str, ...]]:
+    """(labels, why they cannot be used, column names) of a video; ``csv_path`` defaults to ``<name>.csv`` beside it."""
+    csv_path = csv_path or label_path(path)
     if not csv_path.is_file():
         return None, f"no label file: expected {csv_path.name} beside the video", ()
     try:
@@ -373,7 +386,9 @@ def index_videos(root: Path, paths: list[str], progress: bool = False) -> list[V
             stats.append([st.st_size, st.st_mtime_ns])
         except OSError:
             stats.append(None)
-        hit = entries.get(path)
+        # A frame store is probed every time: a folder's own timestamp misses a frame rewritten in
+        # place, and probing reads one header.
+        hit = None if store_kind(path) else entries.get(path)
         if stats[-1] is not None and hit is not None and hit[:2] == stats[-1]:
             infos[i] = VideoInfo.from_json(hit[2])
         else:
@@ -386,6 +401,10 @@ def index_videos(root: Path, paths: list[str], progress: bool = False) -> list[V
             bar = tqdm(probed, total=len(todo), desc="indexing videos", unit="video", disable=not progress, leave=False)
             for i, info in zip(todo, bar, strict=True):
                 infos[i] = info
-        fresh = {p: [*s, infos[i].to_json()] for i, (p, s) in enumerate(zip(paths, stats, strict=True)) if s}
+        fresh = {
+            p: [*s, infos[i].to_json()]
+            for i, (p, s) in enumerate(zip(paths, stats, strict=True))
+            if s and not infos[i].store
+        }
         write_json_atomic(cache_path, {"version": _INDEX_VERSION, "entries": fresh})
     return [infos[i] for i in range(len(paths))]

@@ -213,6 +213,31 @@ def test_synth_then_check(installed):
     assert "no problems found" in proc.stdout, proc.stdout
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("form", ["mp4", "folder", "hdf5"])
+def test_train_on_a_deepethogram_project_from_the_wheel(installed, form):
+    """A project made by DeepEthogram's vidio (test extra) trains with the installed wheel's `gpufeed train`."""
+    import yaml
+    from videohelp import make_deepethogram_project
+
+    project = make_deepethogram_project(installed["cwd"] / f"{form}_deepethogram", form, (30, 28, 26))
+    config = {
+        "device": "cpu",
+        "model": {"name": "clip_resnet18"},
+        "video": {"deepethogram": str(project), "val_fraction": 0.34, "size_px": [48, 32]},
+        "loader": {"batch_size": 4, "num_threads": 2},
+        "train": {"epochs": 2, "max_steps": 2, "progress": False},
+        "augment": {"ops": []},
+        "telemetry": {"metrics_port": 0},
+    }
+    path = installed["cwd"] / f"{form}.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    run = installed["cwd"] / f"run-{form}"
+    cmd = [installed["gpufeed"], "train", "--config", path, "--out", run]
+    _ok(_run(cmd, installed["cwd"], installed["env"], timeout=500))
+    assert len((run / "steps.jsonl").read_text().splitlines()) == 2
+
+
 @pytest.mark.timeout(180)
 def test_obs_reads_the_rules_and_dashboards_installed_with_the_package(installed):
     try:

@@ -126,3 +126,109 @@ def decode_all(path) -> list[np.ndarray]:
     to_rgb = FrameFitter()
     with av.open(str(path)) as container:
         return [to_rgb(f) for f in container.decode(container.streams.video[0])]
+
+
+def write_tagged_store(
+    path: Path,
+    video_id: int,
+    num_frames: int,
+    *,
+    ext: str = ".png",
+    by: str = "vidio",
+    width: int = 96,
+    height: int = 64,
+    labels: bool = True,
+    label_seed: int | None = None,
+) -> np.ndarray:
+    """Store a tagged video as a frame folder (``path`` without suffix) or an HDF5 file (``.h5``).
+
+    Args:
+        ext: ``.png`` or ``.jpg``: how each frame is encoded.
+        by: ``"vidio"``: DeepEthogram's own writers (``DirectoryWriter``, ``HDF5Writer``);
+            ``"hand"``: Pillow and h5py, in the same layouts (HDF5 frames with their channels
+            reversed, as OpenCV encodes vidio's RGB arrays).
+        labels: Write ``<name>.csv`` beside it, as DeepEthogram does (pandas index column).
+
+    Returns:
+        The per-frame label rows (the same as :func:`encode_tagged_video` for the same ids).
+    """
+    rows = behaviour_labels(num_frames, seed=video_id if label_seed is None else label_seed)
+    frames = [render_frame(i, video_id, rows[i], width, height) for i in range(num_frames)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    hdf5 = path.suffix in (".h5", ".hdf5")
+    if by == "vidio":
+        from vidio.write import DirectoryWriter, HDF5Writer  # DeepEthogram's writers (test extra)
+
+        writer_type = HDF5Writer if hdf5 else DirectoryWriter
+        with writer_type(str(path), codec=ext, asynchronous=False) as writer:
+            for frame in frames:
+                writer.write(frame)
+    elif hdf5:
+        import h5py
+
+        with h5py.File(path, "w") as fh:
+            data = fh.create_dataset("frame", (num_frames,), dtype=h5py.vlen_dtype(np.uint8))
+            for i, frame in enumerate(frames):
+                data[i] = np.frombuffer(_encode(frame[..., ::-1], ext), dtype=np.uint8)
+    else:
+        path.mkdir()
+        for i, frame in enumerate(frames):
+            (path / f"{i:09d}{ext}").write_bytes(_encode(frame, ext))
+    if labels:
+        write_deepethogram_csv(Path(str(path.with_suffix("")) + ".csv"), rows)
+    return rows
+
+
+def _encode(rgb: np.ndarray, ext: str) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(rgb)).save(out, format="PNG" if ext == ".png" else "JPEG", quality=95)
+    return out.getvalue()
+
+
+def write_deepethogram_csv(path: Path, rows: np.ndarray) -> None:
+    """A label CSV as DeepEthogram writes it (pandas ``to_csv``): an unnamed index column, then one per class."""
+    from gpufeed.synth import BEHAVIOURS
+
+    lines = ["," + ",".join(BEHAVIOURS)] + [f"{i}," + ",".join(str(int(v)) for v in row) for i, row in enumerate(rows)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def make_deepethogram_project(root: Path, form: str, frames: tuple[int, ...], *, by: str = "vidio") -> Path:
+    """A DeepEthogram project as its GUI leaves it, each video stored as ``form``: mp4, folder or hdf5.
+
+    ``project_config.yaml`` lists ``project.class_names``; ``DATA/<key>/`` holds the video (``<key>.mp4``,
+    the frame folder ``<key>/`` or ``<key>.h5``), ``<key>_labels.csv`` and a ``record.yaml`` whose
+    ``rgb``/``label`` entries have ``all`` and ``default`` as DeepEthogram's ``parse_subdir`` writes
+    them. Video ``i`` is tagged with id ``i``; labels as :func:`encode_tagged_video`'s.
+    """
+    import yaml
+
+    from gpufeed.synth import BEHAVIOURS
+
+    data = root / "DATA"
+    data.mkdir(parents=True)
+    config = {"project": {"name": root.name, "class_names": list(BEHAVIOURS), "data_path": "DATA", "path": str(root)}}
+    (root / "project_config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    for video_id, count in enumerate(frames):
+        key = f"mouse{video_id:02d}"
+        folder = data / key
+        folder.mkdir()
+        name = {"mp4": f"{key}.mp4", "folder": key, "hdf5": f"{key}.h5"}[form]
+        if form == "mp4":
+            rows = encode_tagged_video(folder / name, video_id, count, options={"crf": "12", "g": "15"}, labels=False)
+        else:
+            rows = write_tagged_store(folder / name, video_id, count, by=by, labels=False)
+        write_deepethogram_csv(folder / f"{key}_labels.csv", rows)
+        record = {
+            "key": key,
+            "rgb": {"all": [name], "default": name},
+            "label": {"all": [f"{key}_labels.csv"], "default": f"{key}_labels.csv"},
+            "flow": {"all": [], "default": []},
+            "output": {"all": [], "default": []},
+        }
+        (folder / "record.yaml").write_text(yaml.safe_dump(record), encoding="utf-8")
+    return root

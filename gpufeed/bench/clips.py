@@ -16,7 +16,9 @@ loader's own epoch plan) and producing the same thing (uint8 clips resized to ``
 
 Data: synthetic 2-minute, 30 fps, 256x256 h264 videos with a long GOP (250; textured, noisy, with
 a moving blob, so decoding costs what camera video costs), generated once into a cache folder, and
-the same videos after ``gpufeed prepare``. Every frame carries its index in its pixels, so each
+the same videos after ``gpufeed prepare``, and (``--stores``) as frame folders and HDF5 files of
+JPEG frames (``gpufeed prepare --store``), which only gpufeed reads: one image decode per frame.
+Every frame carries its index in its pixels, so each
 contender is also checked for returning exactly the frames asked for (an untimed pass).
 Rounds are interleaved across contenders; medians and ratios are reported.
 """
@@ -31,85 +33,18 @@ import numpy as np
 from gpufeed._files import write_json
 from gpufeed._size import SizePx, parse_size_px
 from gpufeed._text import format_table
+from gpufeed.bench._clip_videos import make_bench_videos, prepared_bench_videos, stored_bench_videos
 from gpufeed.bench._common import machine_facts, median
 from gpufeed.config import LoaderConfig, VideoConfig
 from gpufeed.device import resolve_device
-from gpufeed.pipelines import ClipLoader, PrepareOptions, VideoDataset, prepare_videos
+from gpufeed.pipelines import ClipLoader, VideoDataset
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.synth import TagError, read_tag
-from gpufeed.synth._tags import tag_blocks
-from gpufeed.synth._videos import behaviour_labels, write_label_csv
 
 __all__ = ["make_bench_videos", "prepared_bench_videos", "run_clip_bench"]
 
 _DEEPETHOGRAM_FRAMES_PER_SECOND = 1200  # the loading rate DeepEthogram's authors say training needs
-
-
-def _render(index: int, video_id: int, size: int, texture: np.ndarray, rng) -> np.ndarray:
-    frame = texture.copy()
-    t = index / 30.0
-    cy, cx = size / 2 + size / 3 * np.sin(t * 0.7 + video_id), size / 2 + size / 3 * np.cos(t * 0.5)
-    yy, xx = np.ogrid[:size, :size]
-    blob = ((yy - cy) / (size / 10)) ** 2 + ((xx - cx) / (size / 7)) ** 2 < 1
-    frame[blob] = (70, 50, 40)
-    frame = np.clip(frame.astype(np.int16) + rng.integers(-6, 7, frame.shape), 0, 255).astype(np.uint8)
-    blocks = tag_blocks(index, video_id)
-    half = size // 2
-    side = max(8, size * 3 // 16)  # flat squares around each quadrant centre, where read_tag samples
-    for r in range(2):
-        for c in range(2):
-            y0, x0 = r * half + half // 2 - side // 2, c * half + half // 2 - side // 2
-            frame[y0 : y0 + side, x0 : x0 + side] = blocks[r, c]
-    return frame
-
-
-def make_bench_videos(folder: Path, count=4, seconds=120, fps=30, size=256, gop=250, seed=0) -> Path:
-    """Long-GOP tagged h264 videos (and label CSVs) in ``folder/<params>/videos``; reused when present."""
-    from fractions import Fraction
-
-    import av
-    from tqdm import tqdm
-
-    target = Path(folder) / f"clips-{count}x{seconds}s-{fps}fps-{size}px-gop{gop}-{seed}" / "videos"
-    if (target / ".complete").exists():
-        return target
-    target.mkdir(parents=True, exist_ok=True)
-    frames = seconds * fps
-    with tqdm(total=count * frames, desc="bench videos", unit="frame", leave=False) as bar:
-        for video_id in range(count):
-            rng = np.random.default_rng([seed, video_id])
-            texture = np.clip(rng.normal(128, 40, (size, size, 3)), 0, 255).astype(np.uint8)
-            path = target / f"clip_{video_id:03d}.mp4"
-            with av.open(str(path), "w") as container:
-                stream = container.add_stream("libx264", rate=Fraction(fps, 1))
-                stream.width = stream.height = size
-                stream.pix_fmt = "yuv420p"
-                stream.options = {"crf": "23", "g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"}
-                for index in range(frames):
-                    frame = av.VideoFrame.from_ndarray(_render(index, video_id, size, texture, rng), format="rgb24")
-                    frame.pts = index
-                    for packet in stream.encode(frame):
-                        container.mux(packet)
-                    bar.update(1)
-                for packet in stream.encode():
-                    container.mux(packet)
-            write_label_csv(path.with_suffix(".csv"), behaviour_labels(frames, seed=video_id))
-    (target / ".complete").touch()
-    return target
-
-
-def prepared_bench_videos(videos: Path, clip_length_frames: int, stride_frames: int) -> Path:
-    """``gpufeed prepare`` of the bench videos (default options for the clip), cached beside them."""
-    options = PrepareOptions(clip_length_frames=clip_length_frames, stride_frames=stride_frames, probe_clips=0)
-    o = options
-    target = videos.parent / f"prepared-{o.codec}-gop{o.resolved_gop_frames}-crf{o.crf}-{o.tune}"
-    if (target / ".complete").exists():
-        return target
-    report = prepare_videos(videos, target, options)
-    if not report.ok:
-        raise RuntimeError(f"preparing the benchmark videos failed:\n{report.table()}")
-    (target / ".complete").touch()
-    return target
+_STORE_SETS = {"folder": "frame_folder", "hdf5": "hdf5"}
 
 
 class DecodeFromStartClips:
@@ -327,12 +262,17 @@ def run_clip_bench(args) -> dict:
     source = make_bench_videos(args.cache, args.videos, args.seconds, 30, args.video_size, args.gop, args.seed)
     prepared = prepared_bench_videos(source, args.clip_length, args.stride)
     sets = {"long_gop": _BenchSet(source, args, choice), "prepared": _BenchSet(prepared, args, choice)}
+    # The same videos as frame folders and HDF5 files of JPEG frames: only gpufeed reads those.
+    readers = {name: contenders for name in sets}
+    for store in getattr(args, "stores", ()):
+        sets[_STORE_SETS[store]] = _BenchSet(stored_bench_videos(source, store), args, choice)
+        readers[_STORE_SETS[store]] = [c for c in contenders if c == "gpufeed"]
     counts = {c: args.naive_clips if c == "decode_from_start" else args.clips for c in contenders}
     exact = {
-        name: {c: s.exactness(c, min(counts[c], args.verify_clips)) for c in contenders} for name, s in sets.items()
+        name: {c: s.exactness(c, min(counts[c], args.verify_clips)) for c in readers[name]} for name, s in sets.items()
     }
-    rates = {name: {c: [] for c in contenders} for name in sets}
-    jobs = [(name, c) for name in sets for c in contenders]
+    rates = {name: {c: [] for c in readers[name]} for name in sets}
+    jobs = [(name, c) for name in sets for c in readers[name]]
     for r in range(args.rounds):
         for name, contender in jobs if r % 2 == 0 else reversed(jobs):
             seconds, got, _ = sets[name].run(contender, r, counts[contender])
@@ -370,9 +310,15 @@ def run_clip_bench(args) -> dict:
             if other in rates[name]:
                 ratios[f"gpufeed / {other} ({name})"] = _paired_ratio(rates[name]["gpufeed"], rates[name][other])
     ratios["gpufeed prepared / long GOP"] = _paired_ratio(rates["prepared"]["gpufeed"], rates["long_gop"]["gpufeed"])
+    for name in sets:
+        if name in _STORE_SETS.values() and "gpufeed" in rates[name]:
+            ratios[f"gpufeed {name} / prepared"] = _paired_ratio(rates[name]["gpufeed"], rates["prepared"]["gpufeed"])
     result["ratios"] = ratios
-    fps = result["sets"]["prepared"]["frames_per_second"]["gpufeed"]
-    result["prepared_frames_per_second_vs_deepethogram_need"] = fps / _DEEPETHOGRAM_FRAMES_PER_SECOND
+    result["frames_per_second_vs_deepethogram_need"] = {
+        name: figures["frames_per_second"]["gpufeed"] / _DEEPETHOGRAM_FRAMES_PER_SECOND
+        for name, figures in result["sets"].items()
+        if "gpufeed" in figures["frames_per_second"]
+    }
     return result
 
 
@@ -394,10 +340,12 @@ def print_clip_result(result: dict) -> None:
     print("ratios (median of per-round ratios; rounds interleave every reader and video set):")
     for name, value in result["ratios"].items():
         print(f"  {name}: {value:.2f}x")
-    print(
-        f"gpufeed on prepared videos: {result['prepared_frames_per_second_vs_deepethogram_need']:.1f}x "
-        f"DeepEthogram's stated need of {_DEEPETHOGRAM_FRAMES_PER_SECOND} frames/s"
-    )
+    for name, share in result["frames_per_second_vs_deepethogram_need"].items():
+        fps = result["sets"][name]["frames_per_second"]["gpufeed"]
+        print(
+            f"gpufeed on {name}: {fps:,.0f} frames/s, {share:.2f}x DeepEthogram's stated need of "
+            f"{_DEEPETHOGRAM_FRAMES_PER_SECOND:,} frames/s"
+        )
 
 
 def main_clips(args) -> int:

@@ -89,8 +89,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "clips",
         help="random h264 clips: gpufeed vs decode-from-start, OpenCV seeking (and torchcodec on a GPU)",
         description="Random clips from generated 2-minute 30 fps h264 videos with a long GOP, then the same videos "
-        "after 'gpufeed prepare'. Same clips, same process count, same output for every reader; prints clips/s, "
-        "frames/s, whether each returned exactly the frames asked for, and ratios.",
+        "after 'gpufeed prepare', and (--stores) as frame folders and HDF5 files of JPEG frames read by gpufeed. "
+        "Same clips, same process count, same output for every reader; prints clips/s, frames/s (against "
+        "DeepEthogram's 1,200), whether each returned exactly the frames asked for, and ratios.",
     )
     p.add_argument("--videos", type=int, default=4, help="generated videos (default 4)")
     p.add_argument("--seconds", type=int, default=120, help="length of each video in seconds (default 120)")
@@ -108,6 +109,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--clips", type=int, default=256, help="clips per timed round (default 256)")
     p.add_argument("--naive-clips", type=int, default=12, help="clips per round for decode-from-start (default 12)")
     p.add_argument("--verify-clips", type=int, default=24, help="clips checked for exact frames (default 24)")
+    p.add_argument(
+        "--stores",
+        nargs="*",
+        choices=("folder", "hdf5"),
+        default=["folder", "hdf5"],
+        help="also read the videos as frame folders / HDF5 files of JPEG frames (default both; none: --stores)",
+    )
     p.add_argument("--rounds", type=int, default=5, help="timed rounds per reader, interleaved (default 5)")
     p.add_argument("--workers", type=int, default=0, help="processes/threads per reader; 0 = one per core")
     p.add_argument(

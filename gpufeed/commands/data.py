@@ -77,6 +77,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--clip-length-frames", type=int, default=11, help="frames per clip to optimise for (default 11)")
     p.add_argument("--stride-frames", type=int, default=1, help="stride of those clips (default 1)")
     p.add_argument("--probe-clips", type=int, default=20, help="random clips timed per video (0: skip; default 20)")
+    p.add_argument(
+        "--store",
+        choices=("video", "folder", "hdf5"),
+        default="video",
+        help="video: re-encode (default); folder / hdf5: every frame as one image, in DeepEthogram's vidio "
+        "layouts (<name>/000000000.jpg ... or <name>.h5)",
+    )
+    p.add_argument(
+        "--image-format", choices=("jpeg", "png"), default="jpeg", help="frame encoding of --store (default jpeg)"
+    )
+    p.add_argument("--jpeg-quality", type=int, default=95, help="JPEG quality of --store frames (default 95)")
     p.add_argument("--json", type=Path, help="also write the report as JSON here")
     p.set_defaults(func=_prepare)
 
@@ -132,14 +143,21 @@ def _prepare(args: argparse.Namespace) -> int:
             clip_length_frames=args.clip_length_frames,
             stride_frames=args.stride_frames,
             probe_clips=args.probe_clips,
+            store=args.store,
+            image_format=args.image_format,
+            jpeg_quality=args.jpeg_quality,
         )
     except ValueError as err:
         print(f"gpufeed prepare: error: {err}", file=sys.stderr)
         return 2
     report = prepare_videos(args.src, args.out, options)
     print(f"prepared {sum(v.problem is None for v in report.videos)} of {len(report.videos)} video(s) into {args.out}")
-    tune = f", tune {options.tune}" if options.codec == "h264" else ""
-    print(f"codec {options.codec}, GOP {options.resolved_gop_frames} frames, crf {options.crf}{tune}")
+    if options.store == "video":
+        tune = f", tune {options.tune}" if options.codec == "h264" else ""
+        print(f"codec {options.codec}, GOP {options.resolved_gop_frames} frames, crf {options.crf}{tune}")
+    else:
+        quality = f" quality {options.jpeg_quality}" if options.image_format == "jpeg" else ""
+        print(f"{options.store} of {options.image_format}{quality} frames, one image per frame")
     print(report.table())
     if args.json:
         write_json(args.json, report.to_dict())

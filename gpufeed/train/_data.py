@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from gpufeed.config import Config, ConfigError
 from gpufeed.pipelines import ClipLoader, ImageDataset, ImageLoader, VideoDataset
+from gpufeed.pipelines._deepethogram import project_dataset
 from gpufeed.train._distributed import DistInfo
 from gpufeed.train._tasks import ClipTask, ImageTask, Task
 
@@ -104,13 +105,21 @@ def _clip_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
         DatasetError: ``video.train`` is not set or its videos cannot be used.
         ConfigError: ``model.num_classes`` disagrees with the number of behaviours.
     """
-    if cfg.video.train is None:
+    project = cfg.video.deepethogram
+    if project is not None and (cfg.video.train is not None or cfg.video.val is not None):
+        raise ConfigError("video.deepethogram", "set either a DeepEthogram project or video.train/video.val, not both")
+    if cfg.video.train is None and project is None:
         raise ConfigError(
-            "video.train", f"model {cfg.model.name!r} is a clip model and needs a folder of training videos"
+            "video.train",
+            f"model {cfg.model.name!r} is a clip model and needs a folder of training videos (or video.deepethogram)",
         )
 
     def loader(folder, train: bool) -> ClipLoader:
-        dataset = VideoDataset.from_folder(folder)
+        if project is not None:
+            split = "train" if train else "val"
+            dataset = project_dataset(project, split=split, val_fraction=cfg.video.val_fraction, seed=cfg.seed)
+        else:
+            dataset = VideoDataset.from_folder(folder)
         return ClipLoader(dataset, video_cfg=cfg.video, **_loader_args(cfg, device, dist, augment, train))
 
     train_loader = loader(cfg.video.train, True)
@@ -121,12 +130,12 @@ def _clip_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
         raise ConfigError(
             "model.num_classes",
             f"value {cfg.model.num_classes} does not match the {num_classes} behaviours {list(labels)} "
-            f"of the videos in {cfg.video.train}; set null to use them",
+            f"of the videos in {cfg.video.train or project}; set null to use them",
         )
     return TrainData(
         task=ClipTask(num_classes, labels),
         train=train_loader,
-        val=None if cfg.video.val is None else loader(cfg.video.val, False),
+        val=loader(cfg.video.val, False) if cfg.video.val is not None or _has_val(cfg) else None,
         spec_overrides={
             "num_classes": num_classes,
             "labels": labels,
@@ -147,3 +156,8 @@ def build_data(cfg: Config, task_kind: str, device, dist: DistInfo, augment=None
     if task_kind == "clip":
         return _clip_data(cfg, device, dist, augment)
     raise ValueError(f"task {task_kind!r} is not known; known tasks: image, clip")
+
+
+def _has_val(cfg: Config) -> bool:
+    """Whether a DeepEthogram project's split holds records for evaluation."""
+    return cfg.video.deepethogram is not None and cfg.video.val_fraction > 0

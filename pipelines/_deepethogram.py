@@ -1,0 +1,209 @@
+"""DeepEthogram project folders as clip datasets (``video.deepethogram: PROJECT``).
+
+A project as DeepEthogram leaves it::
+
+    PROJECT/project_config.yaml        project.class_names: [background, groom, rear, ...]
+    PROJECT/DATA/<record>/record.yaml  rgb: {default: <video>, all: [...]}, label: {default: <csv>, ...}
+    PROJECT/DATA/<record>/<video>      an mp4/avi/mov, a frame folder or an .h5 file of encoded frames
+    PROJECT/DATA/<record>/<csv>        the labels: an unnamed index column (the frame), then one 0/1
+                                       column per class in ``class_names`` order, background included
+
+Each record with a label file is one video; records are split into training and validation by a
+seeded shuffle (``video.val_fraction``), the same split for the same seed. A record that cannot be
+used is a problem of its video naming the record and the key (``rgb``, ``label``): a missing video,
+a label file whose rows are not the video's frames, a class the project does not list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._videos import VideoDataset, VideoInfo, index_videos, labels_for
+
+__all__ = ["DeepEthogramProject", "ProjectRecord", "is_project", "project_dataset", "read_project", "split_records"]
+
+
+@dataclass(frozen=True)
+class ProjectRecord:
+    """One ``DATA/<key>/record.yaml``.
+
+    Attributes:
+        key: The record's name (its folder under ``DATA``).
+        video: The ``rgb`` entry's ``default`` file (``None`` when missing).
+        labels: The ``label`` entry's ``default`` file (``None`` when missing).
+        problem: Why the record cannot be used, naming the key; ``None`` when fine so far.
+    """
+
+    key: str
+    video: Path | None
+    labels: Path | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class DeepEthogramProject:
+    """A read project: its class names and records (sorted by key)."""
+
+    root: Path
+    class_names: tuple[str, ...]
+    records: tuple[ProjectRecord, ...]
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "DATA"
+
+
+def _load_yaml(path: Path, what: str) -> dict:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise DatasetError(f"{what} {path} cannot be read: {err.strerror or err}") from None
+    except yaml.YAMLError as err:
+        raise DatasetError(f"{what} {path} is not valid YAML: {' '.join(str(err).split())}") from None
+    if not isinstance(data, dict):
+        raise DatasetError(f"{what} {path} must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def _default_file(record: dict, folder: Path, entry: str, where: str) -> tuple[Path | None, str | None]:
+    """The ``default`` file of ``entry`` (``rgb``/``label``), or why there is none."""
+    value = record.get(entry)
+    default = value.get("default") if isinstance(value, dict) else None
+    if not default:
+        return None, f"{where}: key '{entry}.default' names no file (DeepEthogram writes [] until one is added)"
+    if not isinstance(default, str):
+        return None, f"{where}: key '{entry}.default' must be a file name, got {default!r}"
+    path = folder / default
+    if not path.exists():
+        return None, f"{where}: key '{entry}.default' names {default}, which is not in {folder}"
+    return path, None
+
+
+def is_project(path: Path) -> bool:
+    """True for a folder holding ``project_config.yaml`` and ``DATA/`` (a DeepEthogram project)."""
+    return (path / "project_config.yaml").is_file() and (path / "DATA").is_dir()
+
+
+def read_project(root: str | Path) -> DeepEthogramProject:
+    """Read ``project_config.yaml`` and every ``DATA/<record>/record.yaml`` (see the module docs).
+
+    Raises:
+        DatasetError: The folder is not a DeepEthogram project (no config, no ``class_names``, no ``DATA``).
+    """
+    root = Path(root)
+    config_path = root / "project_config.yaml"
+    if not config_path.is_file():
+        raise DatasetError(f"{root} is not a DeepEthogram project: it has no project_config.yaml")
+    config = _load_yaml(config_path, "DeepEthogram project config")
+    project = config.get("project")
+    names = project.get("class_names") if isinstance(project, dict) else None
+    if not isinstance(names, list) or len(names) < 2 or not all(isinstance(n, str) and n for n in names):
+        raise DatasetError(
+            f"{config_path}: key 'project.class_names' must list at least two class names (background first), "
+            f"got {names!r}"
+        )
+    data = root / "DATA"
+    if not data.is_dir():
+        raise DatasetError(f"{root} is not a DeepEthogram project: it has no DATA folder")
+    records = []
+    for folder in sorted(p for p in data.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        record_path = folder / "record.yaml"
+        where = f"record {folder.name} ({record_path.relative_to(root)})"
+        if not record_path.is_file():
+            records.append(ProjectRecord(folder.name, None, None, f"{where}: no record.yaml in the record's folder"))
+            continue
+        try:
+            record = _load_yaml(record_path, "record")
+        except DatasetError as err:
+            records.append(ProjectRecord(folder.name, None, None, f"{where}: {err}"))
+            continue
+        video, why_video = _default_file(record, folder, "rgb", where)
+        labels, why_labels = _default_file(record, folder, "label", where)
+        records.append(ProjectRecord(folder.name, video, labels, why_video or why_labels))
+    if not records:
+        raise DatasetError(f"{data} holds no records (one folder per video, each with a record.yaml)")
+    return DeepEthogramProject(root, tuple(names), tuple(records))
+
+
+def split_records(count: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training, validation) record positions: a seeded shuffle, ``round(count * val_fraction)`` for validation.
+
+    At least one record trains; a non-zero fraction of two or more records validates at least one.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction {val_fraction} is not allowed; allowed: 0 <= val_fraction < 1")
+    order = np.random.default_rng(np.random.SeedSequence([seed, 20])).permutation(count)
+    n_val = round(count * val_fraction)
+    if val_fraction > 0 and count >= 2:
+        n_val = max(1, n_val)
+    n_val = min(n_val, count - 1)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+def project_dataset(
+    root: str | Path, *, split: str, val_fraction: float, seed: int, progress: bool = False
+) -> VideoDataset:
+    """The training or validation videos of a DeepEthogram project, as a :class:`VideoDataset`.
+
+    Args:
+        split: ``"train"``, ``"val"`` or ``"all"`` (every record: ``gpufeed check``).
+        val_fraction, seed: The record split (:func:`split_records`).
+
+    Raises:
+        DatasetError: Not a project, or the split holds no record.
+    """
+    if split not in ("train", "val", "all"):
+        raise ValueError(f"split {split!r} is not allowed; allowed: train, val, all")
+    project = read_project(root)
+    train_ids, val_ids = split_records(len(project.records), val_fraction, seed)
+    chosen = {"train": train_ids, "val": val_ids, "all": np.arange(len(project.records))}[split]
+    records = [project.records[i] for i in chosen]
+    if not records:
+        raise DatasetError(
+            f"DeepEthogram project {project.root}: no record for {split} ({len(project.records)} records, "
+            f"video.val_fraction {val_fraction})"
+        )
+    # A record without a usable video still takes a place (its folder), so its problem is reported.
+    paths = [str(r.video) if r.video else str(project.data_dir / r.key) for r in records]
+    infos = _probe(project, records, paths, progress)
+    problems: dict[int, str] = {}
+    labels: list[np.ndarray | None] = [None] * len(records)
+    for i, (record, info) in enumerate(zip(records, infos, strict=True)):
+        where = f"record {record.key}"
+        if record.problem:
+            problems[i] = record.problem
+            continue
+        if info.problem:
+            problems[i] = f"{where}: key 'rgb.default' ({record.video.name}): {info.problem}"
+            continue
+        rows, why, names = labels_for(record.video, info, record.labels)
+        if why:
+            problems[i] = f"{where}: key 'label.default': {why}"
+        elif names != project.class_names:
+            unknown = [n for n in names if n not in project.class_names]
+            detail = f"unknown class(es) {unknown}" if unknown else f"columns {list(names)}"
+            problems[i] = (
+                f"{where}: key 'label.default' ({record.labels.name}): {detail}; project.class_names is "
+                f"{list(project.class_names)} (in that order)"
+            )
+        else:
+            labels[i] = rows
+    return VideoDataset(
+        tuple(paths), tuple(infos), tuple(labels), project.class_names, problems, f"{project.root} ({split})"
+    )
+
+
+def _probe(project: DeepEthogramProject, records, paths, progress: bool) -> list[VideoInfo]:
+    usable = [i for i, r in enumerate(records) if r.video]
+    probed = index_videos(project.data_dir, [paths[i] for i in usable], progress)
+    # A record without a video: its problem is the video's, so check and the loaders name it.
+    infos = [VideoInfo(p, problem=r.problem) for p, r in zip(paths, records, strict=True)]
+    for i, info in zip(usable, probed, strict=True):
+        infos[i] = info
+    return infos

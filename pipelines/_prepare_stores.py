@@ -1,0 +1,117 @@
+"""``gpufeed prepare --store folder|hdf5``: a video's frames as separate images, in vidio's layouts.
+
+Every frame is decoded once (PyAV) and encoded as one JPEG (``quality``, libjpeg-turbo through
+Pillow) or PNG (lossless, larger, slower to decode), then written as DeepEthogram's ``vidio``
+writes it (see :mod:`gpufeed.pipelines._frame_stores`): a folder ``<name>/000000000.jpg`` ... or an
+HDF5 file ``<name>.h5`` whose ``frame`` dataset holds one encoded image per element, channels
+reversed as OpenCV writes vidio's frames, so vidio's readers and gpufeed return the same pixels.
+The output appears whole or not at all (written beside it under a temporary name, then renamed).
+
+The seek cost of a store is what a random clip costs its reader: reading and decoding its frames
+(Pillow on the CPU here; DALI decodes them in the loader), resized as the video probe's frames are.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.pipelines._clips import ClipGeometry
+from gpufeed.pipelines._frame_stores import HDF5_CHANNELS_REVERSED, HDF5_DATASET, FrameBytesReader, probe_store
+
+__all__ = ["IMAGE_FORMATS", "STORES", "measure_store_seek_cost", "store_output", "write_store"]
+
+STORES = ("video", "folder", "hdf5")
+IMAGE_FORMATS = ("jpeg", "png")
+
+
+def store_output(relative: Path, store: str) -> Path:
+    """Where a video's store goes, relative to the output folder: ``<name>/`` or ``<name>.h5``."""
+    return relative.with_suffix("") if store == "folder" else relative.with_suffix(".h5")
+
+
+def _encoder(image_format: str, quality: int):
+    from PIL import Image
+
+    def encode(rgb: np.ndarray) -> bytes:
+        out = io.BytesIO()
+        if image_format == "jpeg":
+            Image.fromarray(rgb).save(out, format="JPEG", quality=quality)
+        else:
+            Image.fromarray(rgb).save(out, format="PNG", compress_level=1)  # decode speed matters, not size
+        return out.getvalue()
+
+    return encode
+
+
+def write_store(src: str, dst: Path, store: str, image_format: str, quality: int, bar) -> int:
+    """Decode ``src`` and write it as a frame folder or an HDF5 file at ``dst``; return the frame count.
+
+    Raises:
+        av.FFmpegError, OSError: Decoding or writing failed (no partial output is left).
+    """
+    import av
+
+    if store not in ("folder", "hdf5"):
+        raise ValueError(f"store {store!r} is not allowed; allowed: folder, hdf5")
+    if image_format not in IMAGE_FORMATS:
+        raise ValueError(f"image format {image_format!r} is not allowed; allowed: {', '.join(IMAGE_FORMATS)}")
+    encode = _encoder(image_format, quality)
+    ext = ".jpg" if image_format == "jpeg" else ".png"
+    tmp = dst.with_name(f".{dst.name}.partial-{os.getpid()}")
+    count = 0
+    try:
+        with av.open(src) as source:
+            stream = source.streams.video[0]
+            stream.thread_type = "AUTO"
+            frames = (frame.to_ndarray(format="rgb24") for frame in source.decode(stream))
+            if store == "folder":
+                tmp.mkdir(parents=True)
+                for rgb in frames:
+                    (tmp / f"{count:09d}{ext}").write_bytes(encode(rgb))
+                    count += 1
+                    bar.update(1)
+            else:
+                import h5py
+
+                with h5py.File(tmp, "w") as fh:
+                    data = fh.create_dataset(HDF5_DATASET, (0,), maxshape=(None,), dtype=h5py.vlen_dtype(np.uint8))
+                    for rgb in frames:
+                        data.resize(count + 1, axis=0)
+                        stored = np.ascontiguousarray(rgb[..., ::-1]) if HDF5_CHANNELS_REVERSED else rgb
+                        data[count] = np.frombuffer(encode(stored), dtype=np.uint8)
+                        count += 1
+                        bar.update(1)
+        if dst.is_dir():
+            shutil.rmtree(dst)
+        os.replace(tmp, dst)
+    finally:
+        if tmp.is_dir():
+            shutil.rmtree(tmp)
+        elif tmp.exists():
+            tmp.unlink()
+    return count
+
+
+def measure_store_seek_cost(path: str, clips: int, geometry: ClipGeometry, seed: int = 0, size_px: int = 112) -> float:
+    """Milliseconds per random clip from a frame store: read and decode its frames, resize to ``size_px``."""
+    from PIL import Image
+
+    facts = probe_store(path)
+    if facts.problem or geometry.max_start(facts.num_frames) < 0 or clips == 0:
+        return float("nan")
+    starts = np.random.default_rng(seed).integers(0, geometry.max_start(facts.num_frames) + 1, clips)
+    reader = FrameBytesReader()
+    reader.read(path, facts.kind, facts.frame_name, [0])  # open the file outside the timing
+    begin = time.perf_counter()
+    for start in starts:
+        for data in reader.read(path, facts.kind, facts.frame_name, geometry.frames(int(start))):
+            with Image.open(io.BytesIO(data.tobytes())) as image:
+                image.convert("RGB").resize((size_px, size_px), Image.BILINEAR)
+    reader.close()
+    return (time.perf_counter() - begin) * 1000.0 / clips
