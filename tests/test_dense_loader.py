@@ -1,0 +1,152 @@
+"""The dense loader: RGB and target maps cropped, flipped and resized together, checked pixel by pixel.
+
+The synthetic maps carry their coordinates (depth ``1 + y * W + x``, one value per pixel; masks
+are rectangles of ids), so every output map pixel is compared with the source value at the place
+the sample's window and flip say it came from: DALI's nearest neighbour takes source pixel
+``floor(roi_start + (i + 0.5) * (roi_end - roi_start) / out)``. The RGB's red and green ramps
+(x and y) show it took the same geometry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import DEVICES
+from PIL import Image
+
+from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.device import DeviceChoice
+from gpufeed.pipelines._dense_loader import DenseLoader
+from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._pairs import PairedDataset
+from gpufeed.pipelines._windows import Windows
+from gpufeed.synth._pairs import render_pair, write_paired_split
+
+WIDTH, HEIGHT = 96, 72
+OUT = (40, 30)  # (width, height): non-square on purpose
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> Path:
+    return write_paired_split(tmp_path_factory.mktemp("pairs") / "train", 10, WIDTH, HEIGHT, seed=3)
+
+
+def _expected(source: np.ndarray, windows: Windows, row: int, scale: tuple[float, float] = (1.0, 1.0)) -> np.ndarray:
+    """The source values nearest-neighbour resampling of window ``row`` (flip included) picks, written out here."""
+    (x0, y0), (w, h), flip = windows.anchor[row], windows.shape[row], windows.flip[row]
+    out_w, out_h = OUT
+    # Output pixel i's centre is at i + 0.5 output pixels, a step of window / out source pixels, from
+    # the window's left edge (its right edge when flipped); float32 as DALI computes it, then floor.
+    step_x, step_y = np.float32(w) / np.float32(out_w), np.float32(h) / np.float32(out_h)
+    centres_x = np.arange(out_w, dtype=np.float32) + np.float32(0.5)
+    centres_y = np.arange(out_h, dtype=np.float32) + np.float32(0.5)
+    xs = (np.float32(x0 + w) - centres_x * step_x if flip else np.float32(x0) + centres_x * step_x) * np.float32(
+        scale[0]
+    )
+    ys = (np.float32(y0) + centres_y * step_y) * np.float32(scale[1])
+    xs = np.clip(np.floor(xs).astype(np.int64), 0, source.shape[1] - 1)
+    ys = np.clip(np.floor(ys).astype(np.int64), 0, source.shape[0] - 1)
+    return source[ys][:, xs]
+
+
+def _loader(dataset, device, train: bool, **kwargs) -> DenseLoader:
+    return DenseLoader(
+        dataset,
+        train=train,
+        image_cfg=ImagePipelineConfig(size_px=32, eval_crop_fraction=0.75),
+        loader_cfg=LoaderConfig(batch_size=4, last_batch="partial"),
+        device=device,
+        size=OUT,
+        seed=11,
+        **kwargs,
+    )
+
+
+def _check_batch(
+    loader, batch, windows: Windows | None = None, epoch: int = 0, map_scale: float = 1.0, jittered: bool = False
+) -> int:
+    """Assert every map pixel of ``batch`` exactly, and the RGB's geometry; return how many rows were flipped."""
+    ids = batch.sample_ids.cpu().numpy()
+    windows = windows or loader.crops(ids, epoch)
+    for row, sample_id in enumerate(ids):
+        rgb, depth, mask = render_pair(int(sample_id), WIDTH, HEIGHT, seed=3)
+        if map_scale != 1.0:  # the maps on disk are the nearest-downscaled ones
+            depth, mask = _downscaled(depth, map_scale), _downscaled(mask, map_scale)
+        scale = (depth.shape[1] / WIDTH, depth.shape[0] / HEIGHT)
+        got_depth = batch.maps["depth"][row].cpu().numpy()
+        got_mask = batch.maps["mask"][row].cpu().numpy()
+        assert got_depth.shape == got_mask.shape == (OUT[1], OUT[0])
+        np.testing.assert_array_equal(got_depth, _expected(depth, windows, row, scale), err_msg=f"depth {sample_id}")
+        np.testing.assert_array_equal(got_mask, _expected(mask, windows, row, scale), err_msg=f"mask {sample_id}")
+        # The RGB took the same window and flip: its red ramp (x) follows the same x positions.
+        want_red = _expected(rgb[..., 0].astype(np.int64), windows, row)
+        got_red = batch.images[row, 0].cpu().numpy().astype(np.int64)
+        if jittered:  # brightness and contrast keep the ramp's direction (a wrong flip anticorrelates)
+            assert np.corrcoef(got_red.ravel(), want_red.ravel())[0, 1] > 0.5, f"RGB of {sample_id} is off its window"
+        else:
+            assert np.median(np.abs(got_red - want_red)) <= 6, f"RGB of {sample_id} does not follow its window"
+    return int(windows.flip.sum())
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_train_maps_follow_the_window_and_flip_exactly(pairs, device):
+    loader = _loader(PairedDataset.from_root(pairs), device, train=True)
+    flips, seen = 0, []
+    for epoch in range(2):
+        for batch in loader:
+            assert batch.images.shape == (len(batch), 3, OUT[1], OUT[0])
+            assert str(batch.maps["depth"].dtype) == "torch.int32"  # 16-bit values, widened exactly
+            flips += _check_batch(loader, batch, epoch=epoch)
+            seen += batch.sample_ids.tolist()
+    assert sorted(seen) == sorted(list(range(10)) * 2)
+    assert 0 < flips < 20  # both flipped and unflipped samples were checked
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_eval_maps_are_centre_crops_exactly(pairs, device):
+    loader = _loader(PairedDataset.from_root(pairs), device, train=False)
+    batches = list(loader)
+    assert [i for b in batches for i in b.sample_ids.tolist()] == list(range(10))
+    for batch in batches:
+        assert _check_batch(loader, batch) == 0
+
+
+def _downscaled(values: np.ndarray, scale: float) -> np.ndarray:
+    h, w = values.shape
+    return np.asarray(Image.fromarray(values).resize((int(w * scale), int(h * scale)), Image.NEAREST))
+
+
+def test_maps_of_another_size_are_refused_naming_both_files_or_scaled_when_asked(tmp_path):
+    root = write_paired_split(tmp_path / "half", 4, WIDTH, HEIGHT, seed=3)
+    for path in sorted((root / "depth").iterdir()) + sorted((root / "mask").iterdir()):
+        Image.fromarray(_downscaled(np.asarray(Image.open(path)), 0.5)).save(path)
+    strict = PairedDataset.from_root(root)
+    assert sorted(strict.problems) == [0, 1, 2, 3]
+    why = strict.problems[0]
+    assert "size mismatch" in why and str(root / "depth" / "000000.png") in why and "48x36" in why
+    assert str(root / "rgb" / "000000.jpg") in why and "96x72" in why and "data.scale_maps" in why
+    with pytest.raises(DatasetError, match=r"000000\.jpg"):
+        _loader(strict, _cpu(), train=False)
+    loader = _loader(PairedDataset.from_root(root, scale_maps=True), _cpu(), train=True)
+    for batch in loader:
+        _check_batch(loader, batch, map_scale=0.5)
+
+
+def test_colour_augmentation_never_touches_maps_and_its_flips_move_them(pairs):
+    from gpufeed.pipelines import ColourJitter, LoaderAugment
+
+    augment = LoaderAugment(jitter=ColourJitter(p=1.0, brightness=0.5, contrast=0.5), flip_p=0.5)
+    loader = _loader(PairedDataset.from_root(pairs), _cpu(), train=True, augment=augment)
+    for batch in loader:
+        ids = batch.sample_ids.numpy()
+        windows = loader.crops(ids, 0)
+        toggles = augment.rows(11, 0, ids).flip.astype(windows.flip.dtype)  # as the feed toggles them
+        windows = replace(windows, flip=windows.flip ^ toggles)
+        _check_batch(loader, batch, windows, jittered=True)  # jitter on the RGB only: maps exact
+
+
+def _cpu():
+    return DeviceChoice("cpu", None, "test")
