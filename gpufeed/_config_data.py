@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from gpufeed._schema import ConfigError, check_ranges, option
+from gpufeed._size import SizePx, parse_size_px, size_px_value
 
 __all__ = ["DataConfig", "DatasetConfig", "ImagePipelineConfig", "LoaderConfig", "VideoConfig"]
 
@@ -55,15 +56,21 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ImagePipelineConfig:
-    """What the image pipeline outputs: uint8 (N, 3, size, size) images.
+    """What the image pipeline outputs: uint8 (N, 3, height, width) images.
 
-    Training uses a random-resized crop (area fraction and aspect ratio drawn per sample, as in
-    torchvision) decoded straight from the file's region of interest, resized, randomly flipped.
-    Evaluation resizes the shorter side to ``size / eval_crop_fraction`` and takes the centre
-    ``size`` square (done as one region-of-interest decode plus one resize).
+    ``size_px`` is one number for square images or ``[width, height]`` (``[352, 224]``: 352 wide,
+    224 high). Training uses a random-resized crop (area fraction and aspect ratio drawn per sample,
+    as in torchvision, the aspect ratio relative to the output's own) decoded straight from the
+    file's region of interest, resized, randomly flipped. Evaluation scales the image so the output
+    rectangle, enlarged by ``1 / eval_crop_fraction``, just fits inside it, and takes the centre
+    ``width x height`` (done as one region-of-interest decode plus one resize).
     """
 
-    size_px: int = option(224, ge=8, le=4096, doc="output height and width in pixels")
+    size_px: int | tuple[int, int] = option(
+        224,
+        convert=size_px_value,
+        doc="output size in pixels: one number (square) or [width, height], each side 8..4096",
+    )
     crop_area: tuple[float, float] = option(
         (0.08, 1.0), gt=0.0, le=1.0, doc="range of the crop's share of the image area"
     )
@@ -72,7 +79,13 @@ class ImagePipelineConfig:
     eval_crop_fraction: float = option(0.875, gt=0.0, le=1.0, doc="centre crop / resized side")
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "size_px", size_px_value(self.size_px))  # also checks Python callers
         check_ranges(self, "crop_area", "crop_aspect_ratio")
+
+    @property
+    def output_size(self) -> SizePx:
+        """``size_px`` as (width_px, height_px)."""
+        return parse_size_px(self.size_px)
 
 
 @dataclass(frozen=True)
@@ -114,7 +127,9 @@ class LoaderConfig:
 
 @dataclass(frozen=True)
 class VideoConfig:
-    """Behaviour-video clips: uint8 (N, 3, clip_length_frames, size_px, size_px) plus per-frame labels.
+    """Behaviour-video clips: uint8 (N, 3, clip_length_frames, height, width) plus per-frame labels.
+
+    ``size_px`` is one number for square frames or ``[width, height]`` (``[352, 224]``).
 
     A video folder holds ``<name>.mp4`` (or .mkv/.mov/.avi/.webm) files, each with a ``<name>.csv``
     of per-frame multi-hot labels (header ``frame,<behaviour>...``). A clip starting at frame ``s``
@@ -126,11 +141,25 @@ class VideoConfig:
     val: Path | None = option(None, doc="folder of evaluation videos with their label CSVs")
     clip_length_frames: int = option(11, ge=1, le=1024, doc="frames per clip")
     stride_frames: int = option(1, ge=1, le=256, doc="gap between consecutive frames of a clip")
-    size_px: int = option(112, ge=8, le=4096, doc="output height and width of every frame in pixels")
+    size_px: int | tuple[int, int] = option(
+        112,
+        convert=size_px_value,
+        doc="output size of every frame in pixels: one number (square) or [width, height], each side 8..4096",
+    )
     fit: VideoFit = option(
-        "stretch", doc="stretch: resize the whole frame; centre_crop: resize the central square only"
+        "stretch",
+        doc="stretch: resize the whole frame; centre_crop: resize the largest central region of the output's "
+        "aspect ratio",
     )
     decoder: VideoDecoder = option(
         "auto",
         doc="auto: DALI (NVDEC) on a GPU, on a CPU DALI for VP8/VP9/MJPEG and PyAV keyframe seeks otherwise",
     )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size_px", size_px_value(self.size_px))  # also checks Python callers
+
+    @property
+    def output_size(self) -> SizePx:
+        """``size_px`` as (width_px, height_px)."""
+        return parse_size_px(self.size_px)

@@ -35,6 +35,7 @@ def option(
     le: float | None = None,
     lt: float | None = None,
     doc: str = "",
+    convert: typing.Callable[[Any, str], Any] | None = None,
 ) -> Any:
     """A dataclass field with numeric bounds that :func:`from_mapping` enforces.
 
@@ -42,8 +43,11 @@ def option(
         default: Default value; mutable defaults are not allowed (configs are frozen).
         ge, gt, le, lt: Inclusive/exclusive bounds for numbers (and for each item of a tuple).
         doc: One-line description, shown by ``gpufeed config --describe``.
+        convert: ``convert(value, key_path)`` reads the raw value instead of the field's type, for
+            a value with more than one spelling (``size_px``: ``224`` or ``[352, 224]``); it
+            raises :class:`ConfigError` itself, and the bounds are checked on what it returns.
     """
-    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "doc": doc}
+    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "doc": doc, "convert": convert}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -192,7 +196,8 @@ def from_mapping(cls: type, data: Any, key_path: str = "") -> Any:
             if no_default and fld.default_factory is dataclasses.MISSING:
                 raise ConfigError(sub, f"required key is missing ({_describe_type(hints[name])})")
             continue
-        value = _convert(data[name], hints[name], sub)
+        convert = fld.metadata.get("convert")
+        value = convert(data[name], sub) if convert else _convert(data[name], hints[name], sub)
         _check_bounds(value, fld.metadata, sub)
         kwargs[name] = value
     try:

@@ -30,6 +30,7 @@ from gpufeed._config_train import (
     TrainConfig,
 )
 from gpufeed._schema import ConfigError, describe, from_mapping, option, to_mapping
+from gpufeed._size import SizePx, parse_size_px
 
 __all__ = [
     "AUGMENT_OPS",
@@ -43,12 +44,14 @@ __all__ = [
     "LoaderConfig",
     "ModelConfig",
     "ServeConfig",
+    "SizePx",
     "TelemetryConfig",
     "TrainConfig",
     "VideoConfig",
     "describe_config",
     "load_config",
     "parse_config",
+    "parse_size_px",
     "save_config",
 ]
 

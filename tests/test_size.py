@@ -1,0 +1,104 @@
+"""size_px: one number for a square, [width, height] otherwise, in the config and on the command line."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufeed.config import (
+    ConfigError,
+    ImagePipelineConfig,
+    SizePx,
+    VideoConfig,
+    load_config,
+    parse_config,
+    parse_size_px,
+    save_config,
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (224, SizePx(224, 224)),
+        ([352, 224], SizePx(352, 224)),
+        ((48, 32), SizePx(48, 32)),
+        ("352x224", SizePx(352, 224)),
+        ("352, 224", SizePx(352, 224)),
+        ("64", SizePx(64, 64)),
+        (SizePx(8, 4096), SizePx(8, 4096)),
+    ],
+)
+def test_parse_size_px_reads_width_then_height(value, expected):
+    size = parse_size_px(value, "image.size_px")
+    assert size == expected
+    assert size.hw == (expected.height_px, expected.width_px)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ([352], "[352] has 1 items; give [width, height]"),
+        ([352, 224, 3], "has 3 items"),
+        ([352, 4097], "height 4097 in [352, 4097] is out of range: each side must be 8..4096 px"),
+        ([7, 224], "width 7 in [7, 224] is out of range"),
+        (5000, "size 5000 in 5000 is out of range"),
+        ([352, "tall"], "height 'tall' in [352, 'tall'] is not an integer"),
+        ([True, 224], "width True"),
+        (22.5, "value 22.5 is not a size"),
+        (None, "value None is not a size"),
+        ("352 by 224", "value '352 by 224' is not a size: give WIDTH (a square) or WIDTHxHEIGHT"),
+        ({"w": 3}, "is not a size"),
+    ],
+)
+def test_parse_size_px_names_the_key_and_the_bad_value(value, words):
+    with pytest.raises(ConfigError) as info:
+        parse_size_px(value, "video.size_px")
+    assert info.value.key_path == "video.size_px"
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize("section", ["image", "video"])
+def test_sections_take_a_pair_and_keep_a_number_square(section):
+    cfg = parse_config({section: {"size_px": [352, 224]}})
+    part = getattr(cfg, section)
+    assert part.size_px == (352, 224)
+    assert part.output_size == SizePx(width_px=352, height_px=224)
+    square = getattr(parse_config({section: {"size_px": 96}}), section)
+    assert square.size_px == 96 and square.output_size == SizePx(96, 96)
+    # A square written as a pair is stored as the one number it always was.
+    assert getattr(parse_config({section: {"size_px": [64, 64]}}), section).size_px == 64
+
+
+def test_defaults_stay_square():
+    cfg = parse_config(None)
+    assert cfg.image.output_size == SizePx(224, 224) and cfg.video.output_size == SizePx(112, 112)
+
+
+@pytest.mark.parametrize("section", ["image", "video"])
+def test_bad_sizes_name_the_section_key(section):
+    with pytest.raises(ConfigError) as info:
+        parse_config({section: {"size_px": [352, 2]}})
+    assert info.value.key_path == f"{section}.size_px"
+    assert "height 2 in [352, 2] is out of range" in str(info.value)
+    with pytest.raises(ConfigError, match=rf"'{section}\.size_px'.*has 3 items"):
+        parse_config(None, [f"{section}.size_px=[1, 2, 3]"])
+
+
+def test_override_with_a_yaml_list():
+    cfg = parse_config(None, ["image.size_px=[352,224]", "video.size_px=[48, 32]"])
+    assert cfg.image.output_size == SizePx(352, 224) and cfg.video.output_size == SizePx(48, 32)
+
+
+def test_non_square_round_trips_through_a_saved_config(tmp_path):
+    cfg = parse_config({"image": {"size_px": [352, 224]}, "video": {"size_px": 64}})
+    saved = save_config(cfg, tmp_path / "config.yaml")
+    assert "- 352\n  - 224\n" in saved.read_text()
+    again = load_config(saved)
+    assert again == cfg and again.image.output_size == SizePx(352, 224) and again.video.size_px == 64
+
+
+def test_python_callers_are_checked_too():
+    assert ImagePipelineConfig(size_px=[48, 32]).size_px == (48, 32)
+    assert VideoConfig(size_px=SizePx(40, 40)).size_px == 40
+    with pytest.raises(ConfigError, match="width 3 in"):
+        VideoConfig(size_px=(3, 40))
