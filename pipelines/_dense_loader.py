@@ -239,7 +239,7 @@ class DenseLoader(EpochLoader):
         image_cfg: :class:`gpufeed.config.ImagePipelineConfig` (crop area, ratio, flip, eval crop).
         loader_cfg: :class:`gpufeed.config.LoaderConfig`.
         device: :class:`gpufeed.device.DeviceChoice`.
-        size: Output (width, height); default ``image_cfg.size_px`` square.
+        size: Output (width, height); default ``image_cfg.output_size`` (``image.size_px``).
         depth_interp: ``nearest`` (default: exact values, no blending with no-data pixels) or
             ``linear`` resampling of depth maps.
         shard_id, num_shards, seed, augment: As for :class:`~gpufeed.pipelines.ImageLoader`;
@@ -265,7 +265,7 @@ class DenseLoader(EpochLoader):
             raise ValueError(f"depth_interp {depth_interp!r}: expected one of {list(DEPTH_INTERPS)}")
         self.dataset = dataset
         self.image_cfg = image_cfg
-        self.size = tuple(size) if size is not None else (image_cfg.size_px, image_cfg.size_px)
+        self.size = tuple(size) if size is not None else tuple(image_cfg.output_size)
         self.depth_interp = depth_interp
         self.augment = augment if train and augment else None
         self._setup_epochs(

@@ -56,10 +56,9 @@ def _loader(dataset, device, train: bool, **kwargs) -> DenseLoader:
     return DenseLoader(
         dataset,
         train=train,
-        image_cfg=ImagePipelineConfig(size_px=32, eval_crop_fraction=0.75),
+        image_cfg=ImagePipelineConfig(size_px=OUT, eval_crop_fraction=0.75),  # [width, height]
         loader_cfg=LoaderConfig(batch_size=4, last_batch="partial"),
         device=device,
-        size=OUT,
         seed=11,
         **kwargs,
     )
