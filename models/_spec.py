@@ -23,7 +23,8 @@ class ModelSpec:
 
     Attributes:
         name: Registry name, e.g. ``resnet18``.
-        task: ``image`` (input ``N,3,H,W``) or ``clip`` (input ``N,3,T,H,W``).
+        task: ``image`` (input ``N,3,H,W``), ``clip`` (input ``N,3,T,H,W``), or a dense task,
+            ``depth`` or ``segmentation`` (input ``N,3,H,W``, output maps ``N,C,H,W``).
         num_classes: Output logits per sample.
         multilabel: Sigmoid per class (behaviour clips) rather than softmax over classes.
         mean, std: Per-channel normalisation on [0, 1] pixels, applied inside the model.
@@ -34,7 +35,7 @@ class ModelSpec:
     """
 
     name: str
-    task: Literal["image", "clip"]
+    task: Literal["image", "clip", "depth", "segmentation"]
     num_classes: int
     multilabel: bool = False
     mean: tuple[float, float, float] = IMAGENET_MEAN
@@ -55,11 +56,11 @@ class ModelSpec:
     @property
     def input_layout(self) -> str:
         """``NCHW`` for images, ``NCTHW`` for clips."""
-        return "NCHW" if self.task == "image" else "NCTHW"
+        return "NCTHW" if self.task == "clip" else "NCHW"
 
     def input_shape(self, batch_size: int) -> tuple[int, ...]:
         """The uint8 input shape for ``batch_size`` samples."""
-        if self.task == "image":
+        if self.task != "clip":
             return (batch_size, 3, self.size_px, self.size_px)
         return (batch_size, 3, self.clip_length_frames, self.size_px, self.size_px)
 
