@@ -145,7 +145,7 @@ class ModelCard:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        """The input shape at the largest batch size N: ``(N, 3, S, S)`` or ``(N, 3, T, S, S)``."""
+        """The input shape at the largest batch size N: ``(N, 3, H, W)`` or ``(N, 3, T, H, W)``."""
         return self.spec.input_shape(self.batch_size)
 
     @property
@@ -179,7 +179,9 @@ class ModelCard:
                 "color": "RGB",
             },
             "output": {"name": self.output_name, "dtype": "float32", "shape": [self.batch_size, spec.num_classes]},
-            "size_px": spec.size_px,
+            "size_px": spec.to_dict()["size_px"],
+            "width_px": spec.size.width_px,
+            "height_px": spec.size.height_px,
             "eval_crop_fraction": spec.eval_crop_fraction,
             "clip_length_frames": spec.clip_length_frames,
             "num_classes": spec.num_classes,
@@ -191,8 +193,8 @@ class ModelCard:
                 "std": list(spec.std),
             },
             "preprocessing": (
-                f"decode RGB, resize the shorter side to size_px / eval_crop_fraction, centre-crop size_px x size_px, "
-                f"uint8 {spec.input_layout}"
+                f"decode RGB, scale so that {spec.size.width_px}x{spec.size.height_px} (width x height) / "
+                f"eval_crop_fraction just fits inside the image, centre-crop width_px x height_px, uint8 {spec.input_layout}"
             ),
             "scores": "sigmoid per class" if spec.multilabel else "softmax over classes",
             "parity": dict(self.parity),

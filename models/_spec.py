@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
+from gpufeed._size import SizePx, parse_size_px, size_px_value
+
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ModelSpec"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -28,8 +30,10 @@ class ModelSpec:
         num_classes: Output logits per sample.
         multilabel: Sigmoid per class (behaviour clips) rather than softmax over classes.
         mean, std: Per-channel normalisation on [0, 1] pixels, applied inside the model.
-        size_px: Input height and width the model was built and trained for.
-        eval_crop_fraction: Evaluation/serving crop: resize shorter side to size / fraction.
+        size_px: Input size the model was built and trained for: one number (square) or
+            ``(width, height)``, as ``image.size_px`` / ``video.size_px`` (see :attr:`size`).
+        eval_crop_fraction: Evaluation/serving crop: scale the image so the input size enlarged
+            by ``1 / fraction`` just fits, then take the centre.
         clip_length_frames: Frames per clip (clip models only).
         labels: Class names in output order (empty: unnamed).
     """
@@ -40,12 +44,14 @@ class ModelSpec:
     multilabel: bool = False
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
-    size_px: int = 224
+    size_px: int | tuple[int, int] = 224
     eval_crop_fraction: float = 0.875
     clip_length_frames: int | None = None
     labels: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        # A JSON card gives a list, a checkpoint a tuple: stored one way, as the config stores it.
+        object.__setattr__(self, "size_px", size_px_value(self.size_px, f"model {self.name!r}: size_px"))
         if self.task == "clip" and not self.clip_length_frames:
             raise ValueError(f"model {self.name!r}: a clip model needs clip_length_frames")
         if self.labels and len(self.labels) != self.num_classes:
@@ -54,21 +60,29 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: std {self.std} must be positive")
 
     @property
+    def size(self) -> SizePx:
+        """The input size as (width_px, height_px)."""
+        return parse_size_px(self.size_px)
+
+    @property
     def input_layout(self) -> str:
         """``NCHW`` for images, ``NCTHW`` for clips."""
         return "NCTHW" if self.task == "clip" else "NCHW"
 
     def input_shape(self, batch_size: int) -> tuple[int, ...]:
         """The uint8 input shape for ``batch_size`` samples."""
-        if self.task != "clip":
-            return (batch_size, 3, self.size_px, self.size_px)
-        return (batch_size, 3, self.clip_length_frames, self.size_px, self.size_px)
+        height, width = self.size.hw
+        if self.task != "clip":  # image and dense models take (N, 3, H, W)
+            return (batch_size, 3, height, width)
+        return (batch_size, 3, self.clip_length_frames, height, width)
 
     def with_updates(self, **changes) -> ModelSpec:
         return replace(self, **changes)
 
     def to_dict(self) -> dict:
         data = asdict(self)
+        data["size_px"] = list(self.size_px) if isinstance(self.size_px, tuple) else self.size_px
+        data["width_px"], data["height_px"] = self.size
         data["input_layout"] = self.input_layout
         return data
 

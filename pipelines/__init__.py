@@ -3,7 +3,7 @@
 Images: :class:`ImageDataset` indexes a split, :class:`ImageLoader` yields :class:`ImageBatch`
 (uint8 NCHW channels_last images, labels, sample ids) decoded on the GPU with nvJPEG, or on the
 CPU. Videos: :class:`VideoDataset` indexes a folder of videos and label CSVs, :class:`ClipLoader`
-yields :class:`ClipBatch` (uint8 (N, 3, T, S, S) clips, per-frame and centre labels) decoded on
+yields :class:`ClipBatch` (uint8 (N, 3, T, H, W) clips, per-frame and centre labels) decoded on
 NVDEC, or on the CPU; :class:`VideoFrameReader` reads whole videos in order, as :class:`FrameChunk`.
 Both loaders can apply colour jitter, grayscale and flips inside their DALI graph
 (:class:`LoaderAugment`, :class:`ColourJitter`), deterministic per (seed, epoch, sample).

@@ -7,7 +7,7 @@ Usage::
                         device=resolve_device("auto"), shard_id=rank, num_shards=world, seed=cfg.seed)
     for epoch in range(epochs):
         for batch in loader:            # one epoch per iteration over the loader
-            batch.clips                 # (N, 3, T, S, S) uint8 on the device
+            batch.clips                 # (N, 3, T, H, W) uint8 on the device
             batch.frame_labels          # (N, T, K) float32; batch.centre_labels (N, K)
     state = loader.state_dict()         # resume exactly here with load_state_dict
 
@@ -52,7 +52,7 @@ class ClipBatch:
     """One batch from :class:`ClipLoader`. Tensors live on the loader's device.
 
     Attributes:
-        clips: (N, 3, T, S, S) torch.uint8 RGB, contiguous ("NCTHW", the layout clip models take).
+        clips: (N, 3, T, H, W) torch.uint8 RGB, contiguous ("NCTHW", the layout clip models take).
         frame_labels: (N, T, K) torch.float32 multi-hot label of every frame of each clip.
         centre_labels: (N, K) torch.float32 label of each clip's centre frame (index ``T // 2``).
         video_ids: (N,) torch.int64 video ids (positions in the dataset).
@@ -184,9 +184,8 @@ class ClipLoader(EpochLoader):
     # -- the public surface -----------------------------------------------------------------
     @property
     def clip_shape(self) -> tuple[int, int, int, int]:
-        """(3, T, S, S) of one clip."""
-        s = self.video_cfg.size_px
-        return (3, self.geometry.clip_length_frames, s, s)
+        """(3, T, H, W) of one clip."""
+        return (3, self.geometry.clip_length_frames, *self.video_cfg.output_size.hw)
 
     def epoch_clips(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(video ids, start frames) this shard reads in ``epoch`` (default: the current one), in order.
@@ -217,7 +216,7 @@ class ClipLoader(EpochLoader):
         common = {
             "clip_length_frames": self.geometry.clip_length_frames,
             "stride_frames": self.geometry.stride_frames,
-            "size_px": self.video_cfg.size_px,
+            "size_px": self.video_cfg.output_size,
             "fit": self.video_cfg.fit,
             "batch_size": self.batch_size,
             "device_id": self.device.device_id,
@@ -240,7 +239,7 @@ class ClipLoader(EpochLoader):
                 train=self.train,
                 seed=self.seed,
                 batch_size=self.batch_size,
-                size_px=self.video_cfg.size_px,
+                size_px=self.video_cfg.output_size,
                 fit=self.video_cfg.fit,
             )
             pipe = build_clip_pipeline(source="pyav", clip_input=clips, start_method=method, **common)
@@ -266,6 +265,7 @@ class ClipLoader(EpochLoader):
                     roi = RoiFeed(
                         lambda k: stream_rows(stream, table, train=train, seed=seed, batch_size=size, iteration=k)[0],
                         sizes,
+                        self.video_cfg.output_size.width_px / self.video_cfg.output_size.height_px,
                     )
                 pipe = build_clip_pipeline(source="dali", clip_input=list_file, roi_feed=roi, **common)
                 check_reader_size(pipe, limit * self.batch_size)

@@ -6,14 +6,14 @@ Stages and what each outputs (dtype and rank checked when the pipeline is built)
 stage           output                                                       where
 ==============  ===========================================================  =====================
 decode          uint8 (T, H, W, 3) "FHWC" per clip + its tag (int)             see below
-crop window     roi_start/roi_end (y, x) of the central square (centre_crop)  CPU (external_source)
-resize          uint8 (T, S, S, 3): crop and resize fused, bilinear+antialias  GPU, or CPU
-augment         uint8 (T, S, S, 3): one colour matrix and flip per clip        GPU, or CPU (optional)
-transpose       uint8 (3, T, S, S) "CFHW" (frame chunks: (T, 3, S, S) "FCHW")  GPU, or CPU
+crop window     roi_start/roi_end (y, x) of the central region (centre_crop)  CPU (external_source)
+resize          uint8 (T, H, W, 3): crop and resize fused, bilinear+antialias  GPU, or CPU
+augment         uint8 (T, H, W, 3): one colour matrix and flip per clip        GPU, or CPU (optional)
+transpose       uint8 (3, T, H, W) "CFHW" (frame chunks: (T, 3, H, W) "FCHW")  GPU, or CPU
 ==============  ===========================================================  =====================
 
 (PyAV sources fit the frames while converting them from YUV, one swscale pass per frame, and
-hand over (T, S, S, 3): on a CPU that pass costs a fraction of a full-size conversion plus a
+hand over (T, H, W, 3): on a CPU that pass costs a fraction of a full-size conversion plus a
 separate resize. Crop window and resize then apply to the DALI reader only.)
 
 Decode, by ``source``; every pipeline iteration is one plan batch of a
@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines._augment import StreamAugmentFeed
 
 __all__ = [
@@ -55,7 +56,7 @@ __all__ = [
     "READER_NAME",
     "RoiFeed",
     "build_clip_pipeline",
-    "centre_square_rois",
+    "centre_rois",
     "new_work_dir",
     "write_stream_list",
 ]
@@ -69,13 +70,18 @@ LIST_LINES = 8192
 LIST_EPOCHS = 32
 
 
-def centre_square_rois(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(roi_start, roi_end) in (y, x) order for the central square of frames of (width, height)."""
+def centre_rois(sizes: np.ndarray, output_aspect: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(roi_start, roi_end) in (y, x) order of the largest central region of ``output_aspect``.
+
+    ``sizes`` are the frames' (width, height); ``output_aspect`` is the output's width / height
+    (1: the central square), so the region resizes to the output without distortion.
+    """
     width = sizes[:, 0].astype(np.float32)
     height = sizes[:, 1].astype(np.float32)
-    side = np.minimum(width, height)
-    y0, x0 = np.floor((height - side) / 2), np.floor((width - side) / 2)
-    return np.stack([y0, x0], axis=1), np.stack([y0 + side, x0 + side], axis=1)
+    region_w = np.minimum(width, height * np.float32(output_aspect))
+    region_h = np.minimum(height, region_w / np.float32(output_aspect))
+    y0, x0 = np.floor((height - region_h) / 2), np.floor((width - region_w) / 2)
+    return np.stack([y0, x0], axis=1), np.stack([y0 + region_h, x0 + region_w], axis=1)
 
 
 class RoiFeed:
@@ -85,11 +91,12 @@ class RoiFeed:
         rows: ``rows(k) -> video ids`` of iteration ``k``'s ``batch_size`` rows (filled, as the
             reader's list is).
         frame_sizes: (videos, 2) (width, height) per video id.
+        output_aspect: The output's width / height (see :func:`centre_rois`).
     """
 
-    def __init__(self, rows: Callable[[int], np.ndarray], frame_sizes: np.ndarray) -> None:
+    def __init__(self, rows: Callable[[int], np.ndarray], frame_sizes: np.ndarray, output_aspect: float = 1.0) -> None:
         self.rows = rows
-        self.starts, self.ends = centre_square_rois(np.asarray(frame_sizes))
+        self.starts, self.ends = centre_rois(np.asarray(frame_sizes), output_aspect)
         self.iteration = 0
 
     def __call__(self):
@@ -168,7 +175,7 @@ def build_clip_pipeline(
     clip_input,
     clip_length_frames: int,
     stride_frames: int,
-    size_px: int,
+    size_px: SizePx | int,
     fit: str,
     batch_size: int,
     device_id: int | None,
@@ -187,18 +194,22 @@ def build_clip_pipeline(
             (``clip_input`` is a :class:`~gpufeed.pipelines._pyav.ClipSource`, run by one worker
             process per thread) or ``"pyav_sequential"`` (a
             :class:`~gpufeed.pipelines._pyav.SequentialFeed`, in this process).
-        fit: ``"stretch"`` (whole frame) or ``"centre_crop"`` (central square; the ``"dali"``
+        size_px: Output frame size, (width_px, height_px) or one number for a square.
+        fit: ``"stretch"`` (whole frame) or ``"centre_crop"`` (central region of the output's
+            aspect ratio; the ``"dali"``
             source then needs ``roi_feed``, PyAV sources fit frames themselves).
         device_id: CUDA device (NVDEC decoding, GPU resize); ``None`` runs on the CPU.
         start_method: ``"fork"`` or ``"spawn"`` for the PyAV workers.
-        frames_first: Output (T, 3, S, S) "FCHW" (a chunk of frames) instead of (3, T, S, S).
+        frames_first: Output (T, 3, H, W) "FCHW" (a chunk of frames) instead of (3, T, H, W).
         augment: Loader augmentation fed iteration by iteration, one parameter row per clip (the
             same on every frame of it); ``None``: none.
 
     Returns:
-        A built pipeline with outputs ``(clips uint8 (3, T, S, S), tag (1,))`` per sample.
+        A built pipeline with outputs ``(clips uint8 (3, T, H, W), tag (1,))`` per sample.
     """
     from nvidia.dali import fn, pipeline_def, types
+
+    out = parse_size_px(size_px)
 
     if source not in ("dali", "pyav", "pyav_sequential"):
         raise ValueError(f"source {source!r} is not allowed; allowed: dali, pyav, pyav_sequential")
@@ -245,7 +256,8 @@ def build_clip_pipeline(
                 resize_args = {"roi_start": roi_start, "roi_end": roi_end, "roi_relative": False}
             frames = fn.resize(
                 frames,
-                size=(size_px, size_px),
+                resize_x=out.width_px,  # DALI names the sides: x is the width, y the height
+                resize_y=out.height_px,
                 interp_type=types.INTERP_LINEAR,
                 antialias=True,
                 dtype=types.UINT8,
@@ -289,7 +301,7 @@ def _check_outputs(pipe) -> None:
 
     dtypes, ndims = pipe.output_dtype(), pipe.output_ndim()
     if dtypes[0] not in (types.UINT8, None) or ndims[0] not in (4, None):
-        raise RuntimeError(f"clip pipeline outputs {dtypes[0]} with {ndims[0]} dims; expected uint8 (3, T, S, S)")
+        raise RuntimeError(f"clip pipeline outputs {dtypes[0]} with {ndims[0]} dims; expected uint8 (3, T, H, W)")
 
 
 def check_reader_size(pipe, lines: int) -> None:

@@ -4,7 +4,7 @@ Like DeepEthogram's ``VideoIterable``, but decoded on NVDEC where there is a GPU
 
     reader = VideoFrameReader("mouse.mp4", size_px=224, chunk_frames=64, device=resolve_device("auto"))
     for chunk in reader:
-        chunk.frames          # (C, 3, S, S) uint8 on the device; C = chunk_frames except at the end
+        chunk.frames          # (C, 3, H, W) uint8 on the device; C = chunk_frames except at the end
         chunk.frame_indices   # (C,) int64, consecutive, starting at 0 for the first chunk
 
 Paths: ``dali`` reads consecutive ``chunk_frames`` ranges with DALI's video reader (the last
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._size import parse_size_px
 from gpufeed.pipelines._clip_loader import choose_decoder
 from gpufeed.pipelines._clip_pipeline import RoiFeed, build_clip_pipeline, new_work_dir, write_file_list
 from gpufeed.pipelines._errors import DatasetError
@@ -34,7 +35,7 @@ class FrameChunk:
     """Consecutive frames of one video.
 
     Attributes:
-        frames: (C, 3, S, S) torch.uint8 RGB, contiguous NCHW, on the reader's device.
+        frames: (C, 3, H, W) torch.uint8 RGB, contiguous NCHW, on the reader's device.
         frame_indices: (C,) torch.int64 frame numbers (presentation order), same device.
     """
 
@@ -50,7 +51,8 @@ class VideoFrameReader:
 
     Args:
         video: A path, or its :class:`VideoInfo` from the index.
-        size_px, fit: Output size and ``stretch`` / ``centre_crop``, as ``video.size_px`` / ``video.fit``.
+        size_px, fit: Output size (one number, or (width, height)) and ``stretch`` / ``centre_crop``, as
+            ``video.size_px`` / ``video.fit``.
         chunk_frames: Frames per chunk.
         device: :class:`gpufeed.device.DeviceChoice`.
         decoder: ``auto`` / ``dali`` / ``pyav``, chosen as for the clip loader.
@@ -64,7 +66,7 @@ class VideoFrameReader:
         self,
         video,
         *,
-        size_px: int = 112,
+        size_px: int | tuple[int, int] = 112,
         fit: str = "stretch",
         chunk_frames: int = 64,
         device,
@@ -77,7 +79,7 @@ class VideoFrameReader:
         if chunk_frames < 1:
             raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
         self.info = info
-        self.size_px, self.fit, self.device, self.num_threads = size_px, fit, device, num_threads
+        self.size, self.fit, self.device, self.num_threads = parse_size_px(size_px, "size_px"), fit, device, num_threads
         self.chunk_frames = min(chunk_frames, info.num_frames)
         self.source, self.decoder_reason = choose_decoder(decoder, device.is_gpu, {info.codec})
         n, c = info.num_frames, self.chunk_frames
@@ -103,14 +105,14 @@ class VideoFrameReader:
                 )
             else:
                 clip_input = SequentialFeed(
-                    VideoRef.from_info(self.info), self.chunk_frames, size_px=self.size_px, fit=self.fit
+                    VideoRef.from_info(self.info), self.chunk_frames, size_px=self.size, fit=self.fit
                 )
             pipe = build_clip_pipeline(
                 source="dali" if self.source == "dali" else "pyav_sequential",
                 clip_input=clip_input,
                 clip_length_frames=self.chunk_frames,
                 stride_frames=1,
-                size_px=self.size_px,
+                size_px=self.size,
                 fit=self.fit,
                 batch_size=1,
                 device_id=self.device.device_id,
@@ -145,4 +147,4 @@ class VideoFrameReader:
         if self.source != "dali" or self.fit != "centre_crop":
             return None
         sizes = np.array([[self.info.width, self.info.height]])
-        return RoiFeed(lambda _k: np.zeros(1, dtype=np.int64), sizes)
+        return RoiFeed(lambda _k: np.zeros(1, dtype=np.int64), sizes, self.size.width_px / self.size.height_px)

@@ -11,8 +11,8 @@ feed            per row: file path (uint8), crop window, resize     CPU (externa
                 ROI, meta (iteration, row, sample id, label, valid)
 file read       encoded bytes (``fn.io.file.read``)                 CPU, DALI's threads
 decode          uint8 HWC, the window only (nvJPEG ROI decode)      GPU ("mixed") or CPU
-resize          uint8 (size, size, 3), mirrored where flip=1        GPU or CPU
-colour          uint8 (size, size, 3), one 3x4 colour matrix each   GPU or CPU (optional)
+resize          uint8 (H, W, 3), mirrored where flip=1              GPU or CPU
+colour          uint8 (H, W, 3), one 3x4 colour matrix each         GPU or CPU (optional)
 ==============  ==================================================  ===========================
 
 A pipeline iteration is exactly one plan batch: a ``partial`` last batch is a shorter DALI batch
@@ -20,7 +20,7 @@ A pipeline iteration is exactly one plan batch: a ``partial`` last batch is a sh
 only, when the loader is given augmentation) is one more feed output, per-row matrices from the
 crop windows' hash on a stream of their own, applied by
 :func:`gpufeed.pipelines._augment.apply_augment_nodes`; augmentation flips toggle the windows'.
-The loader exposes the HWC batch to torch as (N, 3, size, size) in channels_last memory format,
+The loader exposes the HWC batch to torch as (N, 3, H, W) in channels_last memory format,
 which is both the NCHW shape models expect and the layout convolution kernels run fastest on, so
 no transpose is spent.
 """
@@ -33,6 +33,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
 from gpufeed.pipelines._sampler import PlanStream
 from gpufeed.pipelines._windows import Windows
@@ -167,7 +168,7 @@ def decode_window(
     roi_start,
     roi_end,
     *,
-    size_px: int,
+    size_px: SizePx | int,
     on_gpu: bool,
     gpu_options: dict | None = None,
 ):
@@ -181,37 +182,39 @@ def decode_window(
         anchor, shape: int32 (x, y) and (w, h) of the window in source pixels (CPU).
         roi_start, roi_end: float (y, x) resize ROI over the window; a reversed x range mirrors
             (see :meth:`gpufeed.pipelines._windows.Windows.roi`).
-        size_px: Output height and width.
+        size_px: Output size, (width_px, height_px) or one number for a square.
         on_gpu: Decode with nvJPEG (``device="mixed"``) and resize on the GPU.
         gpu_options: Extra arguments of the ``mixed`` decoder (:func:`gpu_decoder_options`);
             ignored on the CPU, where DALI rejects them.
 
     Returns:
-        uint8 (size_px, size_px, 3) HWC images, on the GPU when ``on_gpu``.
+        uint8 (height_px, width_px, 3) HWC images, on the GPU when ``on_gpu``.
     """
     from nvidia.dali import fn, types
 
+    out = parse_size_px(size_px)
     extra = dict(gpu_options or {}) if on_gpu else {}
     images = fn.decoders.image_slice(
         encoded, anchor, shape, axis_names="WH", device="mixed" if on_gpu else "cpu", output_type=types.RGB, **extra
     )
     return fn.resize(
         images,
-        size=(size_px, size_px),
+        resize_x=out.width_px,  # DALI names the sides: x is the width, y the height
+        resize_y=out.height_px,
         roi_start=roi_start,
         roi_end=roi_end,
         roi_relative=False,
         interp_type=types.INTERP_LINEAR,
         antialias=True,
         dtype=types.UINT8,
-        bytes_per_sample_hint=size_px * size_px * 3,
+        bytes_per_sample_hint=out.width_px * out.height_px * 3,
     )
 
 
 def build_image_pipeline(
     feed: ImageFeed,
     *,
-    size_px: int,
+    size_px: SizePx | int,
     batch_size: int,
     device_id: int | None,
     num_threads: int,
@@ -223,7 +226,7 @@ def build_image_pipeline(
 
     Args:
         feed: The batch-mode source (one plan batch per iteration, at most ``batch_size`` rows).
-        size_px: Output height and width.
+        size_px: Output size, (width_px, height_px) or one number for a square.
         device_id: CUDA device for nvJPEG decoding and GPU resize; ``None`` runs on the CPU.
         gpu_options: Extra ``mixed`` decoder arguments (see :func:`gpu_decoder_options`).
 

@@ -58,7 +58,8 @@ class CropPolicy:
     """The crop windows of a split: ``policy(sample_ids, epoch) -> Windows``, a pure function.
 
     Training: random-resized crops and flips from (seed, epoch, sample id); evaluation: centre
-    squares. Held by the pipeline's feed, so it carries only what it needs.
+    windows of the output's shape (``output_aspect``: width / height). Held by the pipeline's
+    feed, so it carries only what it needs.
     """
 
     sizes: np.ndarray
@@ -68,12 +69,15 @@ class CropPolicy:
     crop_aspect_ratio: tuple[float, float]
     flip: bool
     eval_crop_fraction: float
+    output_aspect: float = 1.0
 
     def __call__(self, ids: np.ndarray, epoch: int) -> Windows:
         sizes = self.sizes[ids]
         if self.train:
-            return train_windows(sizes, ids, self.seed, epoch, self.crop_area, self.crop_aspect_ratio, self.flip)
-        return eval_windows(sizes, self.eval_crop_fraction)
+            return train_windows(
+                sizes, ids, self.seed, epoch, self.crop_area, self.crop_aspect_ratio, self.flip, self.output_aspect
+            )
+        return eval_windows(sizes, self.eval_crop_fraction, self.output_aspect)
 
 
 class ImageLoader(EpochLoader):
@@ -129,8 +133,16 @@ class ImageLoader(EpochLoader):
                 "Use a smaller batch_size or last_batch: partial."
             )
         c = image_cfg
+        out = c.output_size
         self.crops = CropPolicy(
-            np.asarray(dataset.sizes), train, seed, c.crop_area, c.crop_aspect_ratio, c.flip, c.eval_crop_fraction
+            np.asarray(dataset.sizes),
+            train,
+            seed,
+            c.crop_area,
+            c.crop_aspect_ratio,
+            c.flip,
+            c.eval_crop_fraction,
+            out.width_px / out.height_px,
         )
         # Encoded once: the feed hands DALI each batch's paths as bytes for fn.io.file.read.
         self._path_table = PathTable(list(dataset.paths))
@@ -155,7 +167,7 @@ class ImageLoader(EpochLoader):
         feed = ImageFeed(stream, self._path_table, self._labels, self.crops, augment=self.augment, seed=self.seed)
         pipe = build_image_pipeline(
             feed,
-            size_px=self.image_cfg.size_px,
+            size_px=self.image_cfg.output_size,
             batch_size=self.batch_size,
             device_id=self.device.device_id,
             num_threads=self.num_threads,

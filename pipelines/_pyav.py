@@ -8,7 +8,7 @@ stay open between clips of the same video (per process), because reopening costs
 short seek.
 
 This module is imported by DALI's parallel ``external_source`` worker processes, so it stays light:
-numpy and PyAV only, and the sources are plain picklable objects.
+numpy, PyAV and ``gpufeed._size`` (standard library only), and the sources are plain picklable objects.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
+
+from gpufeed._size import SizePx, parse_size_px
 
 __all__ = [
     "ClipDecodeError",
@@ -62,16 +64,20 @@ class VideoRef:
 class FrameFitter:
     """YUV to RGB and, optionally, the output fit (``stretch`` or ``centre_crop`` to ``size_px``).
 
+    ``size_px`` is one number (square) or (width, height); ``centre_crop`` scales the frame until
+    the output just fits inside it and keeps the centre, so nothing is distorted.
+
     One swscale pass converts and scales (area filter when shrinking, bilinear when growing): on a
     CPU that costs a fraction of converting at full size and resizing afterwards (measured: DALI's
     CPU resize made the clip path 2.5x slower). ``size_px=None`` keeps the decoded size. One reformatter serves every frame: ``frame.to_ndarray()`` builds a new one per
     call, which costs more than the conversion itself.
     """
 
-    def __init__(self, size_px: int | None = None, fit: str = "stretch") -> None:
+    def __init__(self, size_px: SizePx | int | None = None, fit: str = "stretch") -> None:
         if fit not in ("stretch", "centre_crop"):
             raise ValueError(f"fit {fit!r} is not allowed; allowed: stretch, centre_crop")
-        self.size_px, self.fit = size_px, fit
+        self.size = None if size_px is None else parse_size_px(size_px)
+        self.fit = fit
         self._reformatter = None
 
     def __call__(self, frame) -> np.ndarray:
@@ -84,20 +90,21 @@ class FrameFitter:
             exact = Interpolation.ACCURATE_RND | Interpolation.FULL_CHR_H_INT | Interpolation.FULL_CHR_H_INP
             self._shrink, self._grow = Interpolation.AREA | exact, Interpolation.BILINEAR | exact
         width, height = frame.width, frame.height
-        if self.size_px is None:
+        size = self.size
+        if size is None:
             out_w, out_h = width, height
         elif self.fit == "stretch":
-            out_w = out_h = self.size_px
-        else:  # scale the shorter side to size, then keep the central square
-            scale = self.size_px / min(width, height)
-            out_w, out_h = max(self.size_px, round(width * scale)), max(self.size_px, round(height * scale))
+            out_w, out_h = size
+        else:  # scale until the output just fits inside the frame, then keep the centre
+            scale = max(size.width_px / width, size.height_px / height)
+            out_w, out_h = max(size.width_px, round(width * scale)), max(size.height_px, round(height * scale))
         interpolation = self._shrink if out_w * out_h < width * height else self._grow
         rgb = self._reformatter.reformat(
             frame, width=out_w, height=out_h, format="rgb24", interpolation=interpolation, threads=1
         ).to_ndarray()
-        if self.size_px is not None and (out_w, out_h) != (self.size_px, self.size_px):
-            top, left = (out_h - self.size_px) // 2, (out_w - self.size_px) // 2
-            rgb = np.ascontiguousarray(rgb[top : top + self.size_px, left : left + self.size_px])
+        if size is not None and (out_w, out_h) != size:
+            top, left = (out_h - size.height_px) // 2, (out_w - size.width_px) // 2
+            rgb = np.ascontiguousarray(rgb[top : top + size.height_px, left : left + size.width_px])
         return rgb
 
 
@@ -208,7 +215,7 @@ class ClipSource:
     ``iteration`` is row ``idx_in_batch`` of plan batch ``stream[iteration]``, so the workers start
     once and read epoch after epoch with no message from the loader: everything is a pure
     function of the (picklable) stream, clip table and video facts. Returns
-    ``(frames (T, S, S, 3) uint8, tag (1,) int64)``, frames fitted to ``size_px`` (see
+    ``(frames (T, H, W, 3) uint8, tag (1,) int64)``, frames fitted to ``size_px`` (see
     :class:`FrameFitter`), tag ``iteration * batch_size + idx_in_batch``. Rows past a short plan
     batch (DALI's batches here are always full) are black frames the loader drops.
 
@@ -223,7 +230,7 @@ class ClipSource:
     def __init__(self, stream, table, videos: list[VideoRef], *, train: bool, seed: int, batch_size: int, size_px, fit):
         self.stream, self.table, self.videos = stream, table, videos
         self.train, self.seed, self.batch_size = train, seed, batch_size
-        self.size_px, self.fit = size_px, fit
+        self.size, self.fit = parse_size_px(size_px), fit
         self._decoder: ClipDecoder | None = None
         self._batch = (None, None)  # (iteration, its rows): a worker reads many rows of one batch
 
@@ -248,9 +255,9 @@ class ClipSource:
         videos, starts = self._rows(k)
         geometry = self.table.geometry
         if j >= len(videos):
-            return np.zeros((geometry.clip_length_frames, self.size_px, self.size_px, 3), dtype=np.uint8), tag
+            return np.zeros((geometry.clip_length_frames, *self.size.hw, 3), dtype=np.uint8), tag
         if self._decoder is None:
-            self._decoder = ClipDecoder(fitter=FrameFitter(self.size_px, self.fit))
+            self._decoder = ClipDecoder(fitter=FrameFitter(self.size, self.fit))
         clip = self._decoder.read(self.videos[int(videos[j])], geometry.frames(int(starts[j])))
         return clip, tag
 
@@ -262,7 +269,9 @@ class SequentialFeed:
     (DALI may prefetch past the end; the reader's iterator stops at the chunk count).
     """
 
-    def __init__(self, video: VideoRef, chunk_frames: int, size_px: int | None = None, fit: str = "stretch") -> None:
+    def __init__(
+        self, video: VideoRef, chunk_frames: int, size_px: SizePx | int | None = None, fit: str = "stretch"
+    ) -> None:
         self.video, self.chunk_frames = video, chunk_frames
         self.fitter = FrameFitter(size_px, fit)
 

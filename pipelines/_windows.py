@@ -4,8 +4,12 @@ Windows are a pure function of (seed, epoch, sample id): a counter-based hash su
 sample's random numbers, so a crop never depends on batch composition, worker count, device or
 where a run was resumed. The training window follows torchvision's ``RandomResizedCrop``
 (10 tries at a random area and log-uniform aspect ratio, then a centre-crop fallback); the
-evaluation window is the centre square that "resize the shorter side to size / fraction, then
-centre-crop size" would keep. The PIL baseline of ``gpufeed bench loader`` uses these same
+evaluation window is the centre region that "scale the image until the output size / fraction
+just fits, then centre-crop the output size" would keep (for a square output: resize the shorter
+side to size / fraction, centre-crop size). For a non-square output (``size_px: [width, height]``)
+both keep the output's shape: the training aspect-ratio range is relative to ``width / height``
+(so ``3/4..4/3`` still means "up to a third squashed or stretched"), and the evaluation window
+has the output's aspect ratio, so evaluation never distorts. The PIL baseline of ``gpufeed bench loader`` uses these same
 windows, so both sides do identical work.
 """
 
@@ -83,8 +87,14 @@ def train_windows(
     area: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     flip: bool = True,
+    output_aspect: float = 1.0,
 ) -> Windows:
-    """Random-resized-crop windows for the samples ``ids`` whose decoded (width, height) are ``sizes``."""
+    """Random-resized-crop windows for the samples ``ids`` whose decoded (width, height) are ``sizes``.
+
+    ``output_aspect`` is the output's width / height: the window's aspect-ratio range is ``ratio``
+    times it, so a window of aspect ``output_aspect`` is resized without distortion.
+    """
+    ratio = (ratio[0] * output_aspect, ratio[1] * output_aspect)
     width = sizes[:, 0].astype(np.float64)
     height = sizes[:, 1].astype(np.float64)
     u = hash_uniforms(seed, epoch, ids, 4 * _TRIES + 1)
@@ -115,13 +125,23 @@ def train_windows(
     )
 
 
-def eval_windows(sizes: np.ndarray, crop_fraction: float) -> Windows:
-    """Centre squares equal to resize-shorter-side to ``size / crop_fraction`` + centre crop."""
-    width, height = sizes[:, 0], sizes[:, 1]
-    side = np.maximum(1, np.rint(np.minimum(width, height) * crop_fraction)).astype(np.int64)
-    x, y = (width - side) // 2, (height - side) // 2
+def eval_windows(sizes: np.ndarray, crop_fraction: float, output_aspect: float = 1.0) -> Windows:
+    """Centre windows of aspect ``output_aspect`` (width / height) covering ``crop_fraction`` of the fit.
+
+    The window is what "scale until the output enlarged by ``1 / crop_fraction`` just fits inside
+    the image, then centre-crop the output" keeps; for a square output the centre square of side
+    ``crop_fraction * shorter side``.
+    """
+    width, height = sizes[:, 0].astype(np.int64), sizes[:, 1].astype(np.int64)
+    # The output is wider than the image (relative to height): the width binds, else the height.
+    width_binds = width < height * output_aspect
+    full_w = np.where(width_binds, width, height * output_aspect)
+    full_h = np.where(width_binds, width / output_aspect, height)
+    win_w = np.clip(np.rint(full_w * crop_fraction), 1, width).astype(np.int64)
+    win_h = np.clip(np.rint(full_h * crop_fraction), 1, height).astype(np.int64)
+    x, y = (width - win_w) // 2, (height - win_h) // 2
     return Windows(
         anchor=np.stack([x, y], axis=1).astype(np.int32),
-        shape=np.stack([side, side], axis=1).astype(np.int32),
+        shape=np.stack([win_w, win_h], axis=1).astype(np.int32),
         flip=np.zeros(len(sizes), dtype=np.uint8),
     )
