@@ -36,6 +36,11 @@ class ModelSpec:
             by ``1 / fraction`` just fits, then take the centre.
         clip_length_frames: Frames per clip (clip models only).
         labels: Class names in output order (empty: unnamed).
+        depth_scale: Depth models: map value x this = the output's unit (``data.depth_scale``);
+            served 16-bit PNGs divide by it, so they hold the training maps' values.
+        map_fill: Dense models: the map value for "nothing here" (``data.depth_no_data``, or
+            ``data.mask_ignore_id`` for segmentation), written outside the crop window when a
+            served map is placed back at the input's size.
     """
 
     name: str
@@ -48,6 +53,8 @@ class ModelSpec:
     eval_crop_fraction: float = 0.875
     clip_length_frames: int | None = None
     labels: tuple[str, ...] = field(default_factory=tuple)
+    depth_scale: float = 1.0
+    map_fill: int = 0
 
     def __post_init__(self) -> None:
         # A JSON card gives a list, a checkpoint a tuple: stored one way, as the config stores it.
@@ -75,6 +82,17 @@ class ModelSpec:
         if self.task != "clip":  # image and dense models take (N, 3, H, W)
             return (batch_size, 3, height, width)
         return (batch_size, 3, self.clip_length_frames, height, width)
+
+    @property
+    def is_dense(self) -> bool:
+        """A dense model (``depth``, ``segmentation``): image in, one map per output channel out."""
+        return self.task in ("depth", "segmentation")
+
+    def output_shape(self, batch_size: int) -> tuple[int, ...]:
+        """The float32 output shape for ``batch_size`` samples: ``(N, C)``, or ``(N, C, H, W)`` when dense."""
+        if self.is_dense:
+            return (batch_size, self.num_classes, *self.size.hw)
+        return (batch_size, self.num_classes)
 
     def with_updates(self, **changes) -> ModelSpec:
         return replace(self, **changes)

@@ -280,8 +280,16 @@ class DenseLoader(EpochLoader):
                 "Use a smaller batch_size or last_batch: partial."
             )
         c = image_cfg
+        width, height = self.size
         self.crops = CropPolicy(
-            np.asarray(dataset.sizes), train, seed, c.crop_area, c.crop_aspect_ratio, c.flip, c.eval_crop_fraction
+            np.asarray(dataset.sizes),
+            train,
+            seed,
+            c.crop_area,
+            c.crop_aspect_ratio,
+            c.flip,
+            c.eval_crop_fraction,
+            output_aspect=width / height,
         )
 
     def _plan_ids(self) -> np.ndarray:

@@ -46,6 +46,7 @@ from starlette.routing import Route
 from gpufeed import __version__
 from gpufeed.server._access import AccessGuard, route_of
 from gpufeed.server._accounting import Accounting
+from gpufeed.server._dense import dense_document, dense_png, dense_tensors, map_size_of, wants_png
 from gpufeed.server._errors import REASONS, RequestError, json_bytes, shown
 from gpufeed.server._http import JSONAnswer, compress_response, read_body, response_coding
 from gpufeed.server._inputs import items_from_kserve, kserve_inputs
@@ -122,13 +123,24 @@ def build_app(
         metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
         logits = np.stack(await submit_and_wait(cfg, model, items, started))
         t0 = time.perf_counter()
-        tensors = {"logits": logits, "scores": scores_from_logits(logits, model.card.spec.multilabel)}
+        spec = model.card.spec
+        if spec.is_dense:
+            if any(out.classification for out in parsed.outputs or ()):
+                raise RequestError(
+                    "malformed_request",
+                    f"model {model.name!r} answers {spec.task} maps: it has no classification output",
+                )
+            tensors = dense_tensors(logits, spec)
+        else:
+            tensors = {"logits": logits, "scores": scores_from_logits(logits, spec.multilabel)}
         payload, response_headers = encode_response(model.name, parsed, tensors, model.card.labels)
         response = await answer(request, payload, response_headers)
         metrics.observe_stage(model.name, "postprocess", time.perf_counter() - t0)
         return response
 
     async def rest_predict(request: Request, model, started: float) -> Response:
+        if model.card.spec.is_dense:
+            return await rest_predict_maps(request, model, started)
         body = await read_body(request, cfg.max_body_bytes, seconds_left(cfg, started))
         t0 = time.perf_counter()
         top_k = top_k_of(request.query_params.get("top_k"), cfg.top_k, model.card.spec.num_classes)
@@ -148,6 +160,34 @@ def build_app(
             )
         document = {"model": model.name, "multilabel": model.card.spec.multilabel, "predictions": predictions}
         response = await answer(request, json_bytes(document), {"content-type": "application/json"})
+        metrics.observe_stage(model.name, "postprocess", time.perf_counter() - t0)
+        return response
+
+    async def rest_predict_maps(request: Request, model, started: float) -> Response:
+        """A dense model's REST answer: one PNG map (``Accept: image/png``) or JSON maps (server/_dense.py)."""
+        where = map_size_of(request.query_params.get("size"))
+        png = wants_png(request.headers.get("accept"))
+        body = await read_body(request, cfg.max_body_bytes, seconds_left(cfg, started))
+        t0 = time.perf_counter()
+        items = await pool.run(
+            rest_items, model, cfg, body, request.headers.get("content-encoding"), request.headers.get("content-type")
+        )
+        if png and len(items) != 1:
+            raise RequestError(
+                "malformed_request",
+                f"an image/png answer holds one map: send one image, not {len(items)}, or accept application/json",
+            )
+        metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
+        logits = np.stack(await submit_and_wait(cfg, model, items, started))
+        t0 = time.perf_counter()
+        spec, sizes = model.card.spec, [item.size for item in items]
+        if png:
+            payload = await pool.run(dense_png, logits[0], spec, sizes[0], where)
+            headers = {"content-type": "image/png"}
+        else:
+            payload = json_bytes(await pool.run(dense_document, model.name, logits, spec, sizes, where))
+            headers = {"content-type": "application/json"}
+        response = await answer(request, payload, headers)
         metrics.observe_stage(model.name, "postprocess", time.perf_counter() - t0)
         return response
 
@@ -183,7 +223,13 @@ def build_app(
         name = lookup(request)
         card = state.entries[name].card
         inputs = kserve_inputs(card)
-        outputs = [{"name": n, "datatype": "FP32", "shape": [-1, card.spec.num_classes]} for n in ("logits", "scores")]
+        if card.spec.is_dense:  # the maps dense_tensors makes: depth [-1, H, W], or scores/logits [-1, C, H, W]
+            shape = list(card.spec.output_shape(-1))
+            names = ("depth",) if card.spec.task == "depth" else ("scores", "logits")
+            shape = [shape[0], *shape[2:]] if card.spec.task == "depth" else shape
+        else:
+            names, shape = ("logits", "scores"), [-1, card.spec.num_classes]
+        outputs = [{"name": n, "datatype": "FP32", "shape": shape} for n in names]
         facts = {
             "task": card.spec.task,
             "architecture": card.spec.name,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gpufeed.config import ConfigError, parse_config
-from gpufeed.models import load_model
+from gpufeed.models import export_model, load_model
 from gpufeed.synth import write_paired_split
 from gpufeed.train import train
 from gpufeed.train._dense import DepthTask, SegmentationTask
@@ -57,6 +57,10 @@ def test_depth_trains_evaluates_and_reports_loader_vs_compute(dense_dir, tmp_pat
     assert 0 < result.summary["loader_wait_share"] < 1
     model = load_model(tmp_path / "run")
     assert model.spec.task == "depth" and model.spec.num_classes == 1
+    # Export: normalisation inside, the maps' shape in the card, onnxruntime agreeing with PyTorch.
+    card = export_model(tmp_path / "run", tmp_path / "model", batch_sizes=[1, 2])
+    assert card.to_dict()["output"]["shape"] == [2, 1, 48, 64] and "depth per pixel" in card.to_dict()["scores"]
+    assert card.parity["max_abs_diff"] <= card.parity["tolerance"]
 
 
 def test_segmentation_trains_and_needs_its_classes(dense_dir, tmp_path):

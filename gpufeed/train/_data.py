@@ -167,6 +167,7 @@ def _dense_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
         if cfg.model.num_classes not in (None, 1):
             raise ConfigError("model.num_classes", f"value {cfg.model.num_classes}: a depth model has 1 output")
         task, labels = DepthTask(cfg.data.depth_scale, cfg.data.depth_no_data), ()
+        map_facts = {"depth_scale": cfg.data.depth_scale, "map_fill": cfg.data.depth_no_data}
     else:
         labels = tuple(cfg.data.classes or ())
         num_classes = cfg.model.num_classes or len(labels)
@@ -177,6 +178,7 @@ def _dense_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
             )
         labels = labels if len(labels) == num_classes else ()
         task = SegmentationTask(num_classes, labels, cfg.data.mask_ignore_id)
+        map_facts = {"map_fill": cfg.data.mask_ignore_id}
 
     def loader(dataset, train: bool) -> DenseLoader:
         return DenseLoader(
@@ -192,6 +194,7 @@ def _dense_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
         val=loader(val_set, False) if val_set is not None else None,
         spec_overrides={
             "task": task_name,
+            **map_facts,
             "num_classes": task.num_classes,
             "labels": labels,
             "size_px": cfg.image.size_px,
