@@ -54,15 +54,26 @@ def render_pair(ident: int, width: int, height: int, seed: int) -> tuple[np.ndar
     return rgb, synth_depth(width, height), mask
 
 
-def write_paired_split(root: Path, count: int, width: int, height: int, seed: int, progress=None) -> Path:
-    """Write ``count`` samples into ``root/{rgb,depth,mask}/<id>.{jpg,png}`` and return ``root``."""
-    for kind in ("rgb", "depth", "mask"):
+def write_paired_split(
+    root: Path,
+    count: int,
+    width: int,
+    height: int,
+    seed: int,
+    progress=None,
+    kinds: tuple[str, ...] = ("depth", "mask"),
+) -> Path:
+    """Write ``count`` samples into ``root/rgb/<id>.jpg`` and ``root/<kind>/<id>.png`` per map kind; return ``root``."""
+    root = Path(root)
+    for kind in ("rgb", *kinds):
         (root / kind).mkdir(parents=True, exist_ok=True)
     for ident in range(count):
         rgb, depth, mask = render_pair(ident, width, height, seed)
         Image.fromarray(rgb).save(root / "rgb" / f"{ident:06d}.jpg", quality=92)
-        Image.fromarray(depth).save(root / "depth" / f"{ident:06d}.png")  # mode I;16: a 16-bit grayscale PNG
-        Image.fromarray(mask).save(root / "mask" / f"{ident:06d}.png")
+        if "depth" in kinds:
+            Image.fromarray(depth).save(root / "depth" / f"{ident:06d}.png")  # mode I;16: a 16-bit grayscale PNG
+        if "mask" in kinds:
+            Image.fromarray(mask).save(root / "mask" / f"{ident:06d}.png")
         if progress is not None:
             progress.update(1)
     return root
