@@ -23,7 +23,7 @@ from gpufeed.pipelines._dense_loader import DenseLoader
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._pairs import PairedDataset
 from gpufeed.pipelines._windows import Windows
-from gpufeed.synth._pairs import render_pair, write_paired_split
+from gpufeed.synth._pairs import NO_DATA_BLOCK_PX, render_pair, synth_depth, write_paired_split
 
 WIDTH, HEIGHT = 96, 72
 OUT = (40, 30)  # (width, height): non-square on purpose
@@ -184,3 +184,23 @@ def test_colour_augmentation_never_touches_maps_and_its_flips_move_them(pairs):
 
 def _cpu():
     return DeviceChoice("cpu", None, "test")
+
+
+def test_linear_depth_is_the_bilinear_value_of_the_coordinates(pairs):
+    # depth = 1 + y * W + x is linear in (x, y): bilinear resampling returns it at each output
+    # pixel's centre, x = start + (i + 0.5) * window / out - 0.5 (pixel centres at k + 0.5), to rounding.
+    loader = _loader(PairedDataset.from_root(pairs), _cpu(), train=False, depth_interp="linear")
+    batch = next(iter(loader))
+    windows = loader.crops(batch.sample_ids.numpy(), 0)
+    for row in range(len(batch)):
+        (x0, y0), (w, h) = windows.anchor[row], windows.shape[row]
+        xs = x0 + (np.arange(OUT[0]) + 0.5) * w / OUT[0] - 0.5
+        ys = y0 + (np.arange(OUT[1]) + 0.5) * h / OUT[1] - 0.5
+        want = 1 + ys[:, None] * WIDTH + xs[None, :]
+        # Away from the borders (clamped) and the no-data corner block, which blends with 0.
+        inside = (ys[:, None] > NO_DATA_BLOCK_PX) & (xs[None, :] > 0.5) & (xs[None, :] < WIDTH - 1.5)
+        inside &= ys[:, None] < HEIGHT - 1.5
+        got = batch.maps["depth"][row].numpy()
+        assert inside.sum() > 0.5 * inside.size
+        np.testing.assert_allclose(got[inside], want[inside], atol=1.0)
+        assert not np.array_equal(got, _expected(synth_depth(WIDTH, HEIGHT), windows, row))  # not nearest
