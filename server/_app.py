@@ -46,7 +46,7 @@ from starlette.routing import Route
 from gpufeed import __version__
 from gpufeed.server._access import AccessGuard, route_of
 from gpufeed.server._accounting import Accounting
-from gpufeed.server._dense import dense_document, dense_png, dense_tensors, map_size_of, wants_png
+from gpufeed.server._dense import dense_document, dense_png, map_size_of, output_metadata, output_tensors, wants_png
 from gpufeed.server._errors import REASONS, RequestError, json_bytes, shown
 from gpufeed.server._http import JSONAnswer, compress_response, read_body, response_coding
 from gpufeed.server._inputs import items_from_kserve, kserve_inputs
@@ -123,16 +123,7 @@ def build_app(
         metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
         logits = np.stack(await submit_and_wait(cfg, model, items, started))
         t0 = time.perf_counter()
-        spec = model.card.spec
-        if spec.is_dense:
-            if any(out.classification for out in parsed.outputs or ()):
-                raise RequestError(
-                    "malformed_request",
-                    f"model {model.name!r} answers {spec.task} maps: it has no classification output",
-                )
-            tensors = dense_tensors(logits, spec)
-        else:
-            tensors = {"logits": logits, "scores": scores_from_logits(logits, spec.multilabel)}
+        tensors = output_tensors(logits, model.card.spec, parsed.outputs)
         payload, response_headers = encode_response(model.name, parsed, tensors, model.card.labels)
         response = await answer(request, payload, response_headers)
         metrics.observe_stage(model.name, "postprocess", time.perf_counter() - t0)
@@ -223,13 +214,7 @@ def build_app(
         name = lookup(request)
         card = state.entries[name].card
         inputs = kserve_inputs(card)
-        if card.spec.is_dense:  # the maps dense_tensors makes: depth [-1, H, W], or scores/logits [-1, C, H, W]
-            shape = list(card.spec.output_shape(-1))
-            names = ("depth",) if card.spec.task == "depth" else ("scores", "logits")
-            shape = [shape[0], *shape[2:]] if card.spec.task == "depth" else shape
-        else:
-            names, shape = ("logits", "scores"), [-1, card.spec.num_classes]
-        outputs = [{"name": n, "datatype": "FP32", "shape": shape} for n in names]
+        outputs = [{"name": n, "datatype": "FP32", "shape": shape} for n, shape in output_metadata(card.spec)]
         facts = {
             "task": card.spec.task,
             "architecture": card.spec.name,

@@ -26,8 +26,19 @@ import numpy as np
 
 from gpufeed.pipelines._windows import eval_windows
 from gpufeed.server._errors import RequestError, shown
+from gpufeed.server._model import scores_from_logits
 
-__all__ = ["MAP_SIZES", "dense_document", "dense_map", "dense_png", "dense_tensors", "map_size_of", "wants_png"]
+__all__ = [
+    "MAP_SIZES",
+    "dense_document",
+    "dense_map",
+    "dense_png",
+    "dense_tensors",
+    "map_size_of",
+    "output_metadata",
+    "output_tensors",
+    "wants_png",
+]
 
 MAP_SIZES = ("input", "model")
 
@@ -39,6 +50,30 @@ def dense_tensors(logits: np.ndarray, spec) -> dict[str, np.ndarray]:
         return {"depth": logits[:, 0]}
     shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
     return {"scores": (shifted / shifted.sum(axis=1, keepdims=True)).astype(np.float32), "logits": logits}
+
+
+def output_tensors(logits: np.ndarray, spec, requested=()) -> dict[str, np.ndarray]:
+    """Every model's KServe output tensors: a classifier's ``logits`` and ``scores``, or a dense model's maps.
+
+    Args:
+        requested: The request's outputs (KServe ``outputs``); a dense model refuses the
+            ``classification`` extension on any of them.
+    """
+    if not spec.is_dense:
+        return {"logits": logits, "scores": scores_from_logits(logits, spec.multilabel)}
+    if any(getattr(out, "classification", None) for out in requested or ()):
+        raise RequestError("malformed_request", f"a {spec.task} model answers maps: it has no classification output")
+    return dense_tensors(logits, spec)
+
+
+def output_metadata(spec) -> list[tuple[str, list[int]]]:
+    """``(name, shape)`` of each KServe output (``-1``: any number of rows), for the metadata routes."""
+    if not spec.is_dense:
+        return [(name, [-1, spec.num_classes]) for name in ("logits", "scores")]
+    shape = list(spec.output_shape(-1))
+    if spec.task == "depth":
+        return [("depth", [shape[0], *shape[2:]])]
+    return [("scores", shape), ("logits", shape)]
 
 
 def wants_png(accept: str | None) -> bool:

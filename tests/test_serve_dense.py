@@ -37,7 +37,7 @@ def server():
     export_model(depth, root / "repo" / "depth", batch_sizes=[1, 2])
     export_model(seg, root / "repo" / "seg", batch_sizes=[1, 2])
     cfg = parse_config({"device": "cpu", "serve": {"max_delay_ms": 5, "decode_threads": 2, "warmup_batches": 1}})
-    running = start_server(repo=root / "repo", cfg=cfg, port=0, device=DeviceChoice("cpu", None, "test"))
+    running = start_server(repo=root / "repo", cfg=cfg, port=0, device=DeviceChoice("cpu", None, "test"), grpc_port=0)
     yield running
     running.stop()
 
@@ -133,3 +133,20 @@ def test_bad_map_requests_are_named(server, image):
     assert answer.status_code == 200 and doc["task"] == "segmentation"
     assert [(p["image"], p["width"], p["height"]) for p in doc["predictions"]] == [(0, SIZE, SIZE), (1, SIZE, SIZE)]
     assert np.array(doc["predictions"][0]["mask"]).max() < 4
+
+
+def test_grpc_answers_the_same_maps_as_http(server, image):
+    import tritonclient.grpc as tgrpc
+
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    tensor = tgrpc.InferInput("image", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([image], dtype=object))
+    result = client.infer("depth", [tensor])
+    np.testing.assert_array_equal(result.as_numpy("depth"), _kserve(server, "depth", image)["depth"])
+    outputs = client.get_model_metadata("seg").outputs
+    assert [(o.name, list(o.shape)) for o in outputs] == [
+        ("scores", [-1, 4, SIZE, SIZE]),
+        ("logits", [-1, 4, SIZE, SIZE]),
+    ]
+    with pytest.raises(Exception, match="no classification output"):
+        client.infer("seg", [tensor], outputs=[tgrpc.InferRequestedOutput("scores", class_count=2)])
