@@ -43,6 +43,11 @@ class SizePx(NamedTuple):
         """How ``size_px`` writes this size: one number when square, else ``(width, height)``."""
         return self.width_px if self.is_square else (self.width_px, self.height_px)
 
+    @property
+    def label(self) -> str:
+        """``224`` for a square, ``352x224`` otherwise: for reports and cache folder names."""
+        return str(self.width_px) if self.is_square else f"{self.width_px}x{self.height_px}"
+
     def __str__(self) -> str:
         return f"{self.width_px}x{self.height_px}"
 

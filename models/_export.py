@@ -116,13 +116,13 @@ def _image_inputs(spec: ModelSpec, batch_size: int, batches: int, data: Path | N
 def _clip_inputs(spec: ModelSpec, batch_size: int, batches: int) -> tuple[np.ndarray, str]:
     # The clip loader is built elsewhere; rendered synthetic behaviour frames (tags, bands, a
     # moving bar) are the same pixels the synthetic videos hold, before h264.
-    t, s = spec.clip_length_frames, spec.size_px
-    width = s * 3 // 2
+    t, (w, h) = spec.clip_length_frames, spec.size
+    width = w * 3 // 2
     labels = behaviour_labels(batch_size * batches + t, seed=0)
-    clips = np.empty((batch_size * batches, 3, t, s, s), dtype=np.uint8)
+    clips = np.empty((batch_size * batches, 3, t, h, w), dtype=np.uint8)
     for k in range(len(clips)):
-        left = (width - s) // 2
-        frames = [render_frame(k + j, k % 7, labels[k + j], width, s)[:, left : left + s] for j in range(t)]
+        left = (width - w) // 2
+        frames = [render_frame(k + j, k % 7, labels[k + j], width, h)[:, left : left + w] for j in range(t)]
         clips[k] = np.stack(frames).transpose(3, 0, 1, 2)
     return clips, "rendered synthetic behaviour-video frames (uint8 NCTHW)"
 

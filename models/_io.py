@@ -83,7 +83,7 @@ def load_model(source: str | Path | dict, map_location: str | torch.device = "cp
 
 
 def untrained_checkpoint(
-    out: str | Path, classes: tuple[str, ...], size_px: int, architecture: str = "resnet18"
+    out: str | Path, classes: tuple[str, ...], size_px: int | tuple[int, int], architecture: str = "resnet18"
 ) -> Path:
     """A checkpoint of a freshly initialised model, written as training writes one.
 
@@ -93,7 +93,7 @@ def untrained_checkpoint(
     Args:
         out: The folder that receives the run folder ``untrained/``.
         classes: The class labels, one output per class.
-        size_px: The model's input size.
+        size_px: The model's input size: one number (square) or (width, height).
         architecture: A registered model name.
 
     Returns:

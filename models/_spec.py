@@ -58,7 +58,10 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         # A JSON card gives a list, a checkpoint a tuple: stored one way, as the config stores it.
-        object.__setattr__(self, "size_px", size_px_value(self.size_px, f"model {self.name!r}: size_px"))
+        try:
+            object.__setattr__(self, "size_px", size_px_value(self.size_px))
+        except ValueError as err:  # ConfigError: its message names the value and the allowed sizes
+            raise ValueError(f"model {self.name!r}: size_px: {getattr(err, 'message', err)}") from None
         if self.task == "clip" and not self.clip_length_frames:
             raise ValueError(f"model {self.name!r}: a clip model needs clip_length_frames")
         if self.labels and len(self.labels) != self.num_classes:

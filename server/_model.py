@@ -78,10 +78,10 @@ def scores_from_logits(logits: np.ndarray, multilabel: bool) -> np.ndarray:
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
-def _warmup_image(size_px: int) -> bytes:
+def _warmup_image(width_px: int, height_px: int) -> bytes:
     from PIL import Image
 
-    yy, xx = np.mgrid[0 : size_px * 2, 0 : size_px * 2]
+    yy, xx = np.mgrid[0 : height_px * 2, 0 : width_px * 2]
     pixels = np.stack([xx % 256, yy % 256, (xx + yy) % 256], -1).astype(np.uint8)
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
@@ -126,7 +126,7 @@ class ServedModel:
             decoder = None
             if card.spec.task != "clip":  # image and dense models decode JPEG/PNG themselves
                 decoder = ImageDecoder(
-                    card.spec.size_px,
+                    card.spec.size,
                     card.spec.eval_crop_fraction,
                     card.batch_size,
                     device.device_id if self.on_gpu else None,
@@ -252,8 +252,9 @@ class ServedModel:
     def warm_up(self) -> None:
         """Run ``serve.warmup_batches`` full batches of every batch size end to end, then mark the model ready."""
         if self.accepts_encoded:
-            image = _warmup_image(self.card.spec.size_px)
-            size = (self.card.spec.size_px * 2, self.card.spec.size_px * 2)
+            width, height = self.card.spec.size
+            image = _warmup_image(width, height)
+            size = (width * 2, height * 2)
             item = Item(encoded=image, size=size, where="warm-up image")
         else:
             item = Item(pixels=np.zeros(self.card.sample_shape, dtype=np.uint8), where="warm-up row")

@@ -25,12 +25,13 @@ stage               output                                                      
 ==================  ==========================================================  ================
 external_source     encoded bytes (uint8, 1-D) + crop window per image          CPU
 decoders.image_slice uint8 HWC RGB, the crop window only (ROI decode)           GPU ("mixed") or CPU
-resize              uint8 (S, S, 3)                                             GPU or CPU
-transpose           uint8 (3, S, S) "CHW"; the batch is (k, 3, S, S) NCHW       GPU or CPU
+resize              uint8 (H, W, 3)                                             GPU or CPU
+transpose           uint8 (3, H, W) "CHW"; the batch is (k, 3, H, W) NCHW       GPU or CPU
 ==================  ==========================================================  ================
 
-The crop window is :func:`gpufeed.pipelines._windows.eval_windows` (resize the shorter side to
-``S / eval_crop_fraction``, centre-crop ``S``) over the oriented size, with the very operators and
+The crop window is :func:`gpufeed.pipelines._windows.eval_windows` (scale until the model's
+``W x H / eval_crop_fraction`` just fits, centre-crop ``W x H``; for a square model: resize the
+shorter side to ``S / eval_crop_fraction``, centre-crop ``S``) over the oriented size, with the very operators and
 arguments of the evaluation loader, so the server feeds the model exactly what evaluation did. If
 DALI fails on a batch (an image that passed validation but whose data is damaged), each image is
 decoded alone so only the bad ones fail.
@@ -43,6 +44,7 @@ import re
 
 import numpy as np
 
+from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines import read_image_facts
 from gpufeed.pipelines._image_pipeline import decode_window
 from gpufeed.pipelines._windows import eval_windows
@@ -94,22 +96,24 @@ class ImageDecoder:
     """DALI decode + centre crop + resize of encoded images into a uint8 NCHW batch.
 
     Args:
-        size_px: Output height and width (the model card's ``size_px``).
+        size_px: Output size, (width_px, height_px) or one number (the model card's ``size_px``).
         crop_fraction: The card's ``eval_crop_fraction``.
         max_batch: Largest batch (the model's N); smaller batches are fine.
         device_id: CUDA device for nvJPEG and GPU resize; ``None`` decodes on the CPU.
         num_threads: DALI CPU threads.
     """
 
-    def __init__(self, size_px: int, crop_fraction: float, max_batch: int, device_id: int | None, num_threads: int):
-        self.size_px, self.crop_fraction, self.max_batch = size_px, crop_fraction, max_batch
+    def __init__(
+        self, size_px: SizePx | int, crop_fraction: float, max_batch: int, device_id: int | None, num_threads: int
+    ):
+        self.size, self.crop_fraction, self.max_batch = parse_size_px(size_px), crop_fraction, max_batch
         self.device_id, self.num_threads = device_id, num_threads
         self._pipe = self._build()
 
     def _build(self):
         from nvidia.dali import fn, pipeline_def, types
 
-        size, on_gpu = self.size_px, self.device_id is not None
+        size, on_gpu = self.size, self.device_id is not None
 
         @pipeline_def(enable_conditionals=False)
         def serve_graph():
@@ -133,7 +137,7 @@ class ImageDecoder:
         return pipe
 
     def _run(self, images: list[bytes], sizes: np.ndarray):
-        windows = eval_windows(sizes, self.crop_fraction)
+        windows = eval_windows(sizes, self.crop_fraction, self.size.width_px / self.size.height_px)
         roi_start, roi_end = windows.roi()
         pipe = self._pipe
         pipe.feed_input("encoded", [np.frombuffer(b, dtype=np.uint8) for b in images])
@@ -143,10 +147,9 @@ class ImageDecoder:
         pipe.feed_input("roi_end", list(roi_end))
         (out,) = pipe.run()
         tensor = out.as_tensor()
-        if tuple(tensor.shape()) != (len(images), 3, self.size_px, self.size_px):
-            raise RuntimeError(
-                f"decoder produced {tensor.shape()}, expected {(len(images), 3, self.size_px, self.size_px)}"
-            )
+        expected = (len(images), 3, *self.size.hw)
+        if tuple(tensor.shape()) != expected:
+            raise RuntimeError(f"decoder produced {tensor.shape()}, expected {expected}")
         return tensor
 
     def _copy(self, tensor, out) -> None:

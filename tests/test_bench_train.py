@@ -101,11 +101,12 @@ def test_clips_run_feeds_both_loaders_the_same_clips(tmp_path, capsys, device):
     assert "DataLoader+PyAV" in out
 
 
-def test_pil_baseline_crops_what_gpufeed_decodes(tmp_path):
+@pytest.mark.parametrize("size", [48, [48, 32]], ids=["square", "48x32"])
+def test_pil_baseline_crops_what_gpufeed_decodes(tmp_path, size):
     """The DataLoader's images show the same window and flip as gpufeed's (resamplers differ slightly)."""
     folder = make_bench_images(tmp_path, 16, 160, 120)
     dataset = ImageDataset.from_folder(folder)
-    image_cfg = ImagePipelineConfig(size_px=48)
+    image_cfg = ImagePipelineConfig(size_px=size)
     loader_cfg = LoaderConfig(batch_size=8, num_threads=1, shuffle=True, last_batch="drop")
     cpu = DeviceChoice("cpu", None, "test")
     loader = ImageLoader(dataset, train=True, image_cfg=image_cfg, loader_cfg=loader_cfg, device=cpu, seed=3)
@@ -114,6 +115,7 @@ def test_pil_baseline_crops_what_gpufeed_decodes(tmp_path):
     batch = next(iter(loader))
     ours = batch.images.permute(0, 2, 3, 1).numpy().astype(np.float32)
     theirs = np.stack([baseline[(int(i), 1)][0].numpy() for i in batch.sample_ids]).astype(np.float32)
+    assert ours.shape[1:3] == theirs.shape[1:3] == image_cfg.output_size.hw
     per_image = np.abs(ours - theirs).mean(axis=(1, 2, 3))
     assert per_image.max() < 1.0, per_image  # measured 0.13-0.18 levels: DALI's and PIL's bilinear differ
     # A window from another epoch is a different crop: the comparison can tell.
@@ -121,15 +123,17 @@ def test_pil_baseline_crops_what_gpufeed_decodes(tmp_path):
     assert np.abs(ours - other).mean() > 5.0
 
 
-def test_pyav_baseline_returns_exactly_the_frames_asked_for(tmp_path):
+@pytest.mark.parametrize("size", [112, (144, 112)], ids=["square", "144x112"])
+def test_pyav_baseline_returns_exactly_the_frames_asked_for(tmp_path, size):
     # As `gpufeed bench clips` makes them: on smaller frames h264 blurs the tag squares past reading.
     videos = make_bench_videos(tmp_path, count=2, seconds=4, fps=30, size=256, gop=250, seed=0)
     prepared = prepared_bench_videos(videos, 11, 1)
     dataset = VideoDataset.from_folder(prepared)
-    reader = PyAvSeekClips(dataset, clip_length_frames=11, stride_frames=2, size_px=112)
+    reader = PyAvSeekClips(dataset, clip_length_frames=11, stride_frames=2, size_px=size)
+    width = size if isinstance(size, int) else size[0]
     for video, start in ((0, 0), (1, 37), (0, 98), (1, 5), (0, 60)):
         frames, labels, got_video, got_start = reader[(video, start)]
-        assert (got_video, got_start) == (video, start) and tuple(frames.shape) == (11, 112, 112, 3)
+        assert (got_video, got_start) == (video, start) and tuple(frames.shape) == (11, 112, width, 3)
         tags = [read_tag(frames[t].numpy()) for t in range(11)]
         assert [(tag.ident, tag.aux) for tag in tags] == [(start + 2 * t, video) for t in range(11)]
         assert np.array_equal(labels.numpy(), dataset.labels[video][start : start + 21 : 2].astype(np.float32))

@@ -102,3 +102,45 @@ def test_python_callers_are_checked_too():
     assert VideoConfig(size_px=SizePx(40, 40)).size_px == 40
     with pytest.raises(ConfigError, match="width 3 in"):
         VideoConfig(size_px=(3, 40))
+
+
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [
+        ("loader", "--size-px"),
+        ("clips", "--size"),
+        ("server", "--size-px"),
+        ("train", "--size-px"),
+        ("augment", "--image-size"),
+    ],
+)
+def test_bench_flags_take_width_x_height(command, flag, capsys):
+    from gpufeed.cli import build_parser
+
+    parser = build_parser()
+    assert getattr(parser.parse_args(["bench", command, flag, "352x224"]), flag.lstrip("-").replace("-", "_")) == (
+        352,
+        224,
+    )
+    assert getattr(parser.parse_args(["bench", command, flag, "96"]), flag.lstrip("-").replace("-", "_")) == 96
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", command, flag, "352x2"])
+    assert "height 2 in [352, 2] is out of range" in capsys.readouterr().err
+
+
+def test_model_spec_records_width_and_height():
+    import json
+
+    from gpufeed.models import ModelSpec
+
+    spec = ModelSpec(name="smallcnn", task="image", num_classes=2, size_px=[352, 224])
+    assert spec.size_px == (352, 224) and spec.size == SizePx(352, 224)
+    assert spec.input_shape(4) == (4, 3, 224, 352)
+    data = json.loads(json.dumps(spec.to_dict()))  # as a model card stores it
+    assert (data["size_px"], data["width_px"], data["height_px"]) == ([352, 224], 352, 224)
+    assert ModelSpec.from_dict(data) == spec
+    clip = ModelSpec(name="r3d_small", task="clip", num_classes=2, clip_length_frames=5, size_px=(48, 32))
+    assert clip.input_shape(1) == (1, 3, 5, 32, 48)
+    assert ModelSpec(name="smallcnn", task="image", num_classes=2, size_px=[64, 64]).size_px == 64
+    with pytest.raises(ValueError, match=r"model 'smallcnn': size_px: value \[352\] has 1 items"):
+        ModelSpec.from_dict({**data, "size_px": [352]})

@@ -135,10 +135,11 @@ def test_device_ops_never_synchronise_with_the_host(op, place):
     torch.cuda.synchronize()
 
 
-def test_bench_augment_prints_every_op_beside_the_model_step(capsys):
+@pytest.mark.parametrize("size", [32, (48, 32)], ids=["square", "48x32"])
+def test_bench_augment_prints_every_op_beside_the_model_step(capsys, size):
     from gpufeed.bench.augment import print_augment_result, run_augment_bench
 
-    result = run_augment_bench(device="cpu", model="smallcnn", batch_size=4, size_px=32, rounds=2, graph_iterations=2)
+    result = run_augment_bench(device="cpu", model="smallcnn", batch_size=4, size_px=size, rounds=2, graph_iterations=2)
     assert result["model_step_ms"] > 0
     places = {(r["op"], r["place"].split(":")[0]) for r in result["ops"]}
     assert {(op, "kornia") for op in AUGMENT_OPS} <= places
@@ -151,3 +152,4 @@ def test_bench_augment_prints_every_op_beside_the_model_step(capsys):
     print_augment_result(result)
     out = capsys.readouterr().out
     assert "model step" in out and "default augmentation" in out and "target <= 20%" in out
+    assert f"smallcnn, {size if size == 32 else '48x32'} px" in out

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines import LoaderAugment
 from gpufeed.pipelines._augment import RowsFeed, augment_graph
 
@@ -106,7 +107,7 @@ class GraphTimer:
         variants: dict,
         *,
         batch_size: int,
-        size_px: int,
+        size_px: SizePx | int,
         device_id: int | None,
         num_threads: int,
         iterations: int,
@@ -114,7 +115,9 @@ class GraphTimer:
     ) -> None:
         import torch
 
-        batch = np.random.default_rng(seed).integers(0, 256, (batch_size, size_px, size_px, 3), dtype=np.uint8)
+        batch = np.random.default_rng(seed).integers(
+            0, 256, (batch_size, *parse_size_px(size_px).hw, 3), dtype=np.uint8
+        )
         if device_id is not None:
             batch = torch.from_numpy(batch).cuda(device_id)  # DALI reads it through __cuda_array_interface__
         self.device_id, self.iterations = device_id, iterations

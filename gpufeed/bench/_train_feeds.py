@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines import ClipBatch, ImageBatch
 from gpufeed.pipelines._windows import train_windows
 
@@ -56,7 +57,7 @@ class EpochKeys(torch.utils.data.Sampler):
 
 
 class PilTrainImages(torch.utils.data.Dataset):
-    """PIL decode, the epoch's crop window, bilinear resize, flip; ``(uint8 (S, S, 3), label, id)``.
+    """PIL decode, the epoch's crop window, bilinear resize, flip; ``(uint8 (H, W, 3), label, id)``.
 
     Keys are ``(sample id, epoch)``: the window of a sample depends on the epoch, and workers
     cannot see an epoch counter set in the main process.
@@ -64,7 +65,7 @@ class PilTrainImages(torch.utils.data.Dataset):
 
     def __init__(self, dataset, image_cfg, seed: int) -> None:
         self.paths, self.sizes, self.labels = dataset.paths, dataset.sizes, dataset.labels
-        self.size_px, self.seed = image_cfg.size_px, seed
+        self.size, self.seed = image_cfg.output_size, seed
         self.area, self.ratio, self.flip = image_cfg.crop_area, image_cfg.crop_aspect_ratio, image_cfg.flip
 
     def __len__(self) -> int:
@@ -75,27 +76,28 @@ class PilTrainImages(torch.utils.data.Dataset):
 
         sample_id, epoch = key
         ids = np.array([sample_id], dtype=np.int64)
-        window = train_windows(self.sizes[ids], ids, self.seed, epoch, self.area, self.ratio, self.flip)
+        aspect = self.size.width_px / self.size.height_px
+        window = train_windows(self.sizes[ids], ids, self.seed, epoch, self.area, self.ratio, self.flip, aspect)
         (x, y), (w, h) = window.anchor[0].tolist(), window.shape[0].tolist()
         with Image.open(self.paths[sample_id]) as img:
-            out = img.convert("RGB").crop((x, y, x + w, y + h)).resize((self.size_px, self.size_px), Image.BILINEAR)
+            out = img.convert("RGB").crop((x, y, x + w, y + h)).resize(self.size, Image.BILINEAR)
         if window.flip[0]:
             out = out.transpose(Image.FLIP_LEFT_RIGHT)
         return torch.from_numpy(np.asarray(out).copy()), int(self.labels[sample_id]), sample_id
 
 
 class PyAvSeekClips(torch.utils.data.Dataset):
-    """Clips by keyframe seek with PyAV; ``(uint8 (T, S, S, 3), frame labels (T, K), video, start)``.
+    """Clips by keyframe seek with PyAV; ``(uint8 (T, H, W, 3), frame labels (T, K), video, start)``.
 
     Keys are ``(video id, start frame)``. Frame numbers come from timestamps and the stream's
     constant frame rate, as a user without gpufeed's index would compute them; a seek that lands
     after the clip's first frame is an error rather than a silently wrong clip.
     """
 
-    def __init__(self, dataset, clip_length_frames: int, stride_frames: int, size_px: int) -> None:
+    def __init__(self, dataset, clip_length_frames: int, stride_frames: int, size_px: SizePx | int) -> None:
         self.paths, self.labels = dataset.paths, dataset.labels
         self.offsets = np.arange(clip_length_frames) * stride_frames
-        self.size_px = size_px
+        self.size = parse_size_px(size_px)
         self._open: dict = {}
         self._reformatter = None
 
@@ -126,9 +128,9 @@ class PyAvSeekClips(torch.utils.data.Dataset):
                 | Interpolation.FULL_CHR_H_INT
                 | Interpolation.FULL_CHR_H_INP
             )
-        size = self.size_px
+        width, height = self.size
         rgb = self._reformatter.reformat(
-            frame, width=size, height=size, format="rgb24", interpolation=self._flags, threads=1
+            frame, width=width, height=height, format="rgb24", interpolation=self._flags, threads=1
         )
         return rgb.to_ndarray()
 

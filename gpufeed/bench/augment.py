@@ -25,6 +25,7 @@ import warnings
 from dataclasses import dataclass
 
 from gpufeed._files import write_json
+from gpufeed._size import parse_size_px
 from gpufeed._text import format_table
 from gpufeed.bench._augment_graph import GraphTimer, graph_variants
 from gpufeed.bench._common import machine_facts, median
@@ -93,7 +94,7 @@ class _Clock:
         return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def _stepper(model_name: str, size_px: int, torch_device, amp_dtype, on_gpu: bool):
+def _stepper(model_name: str, size_px: int | tuple[int, int], torch_device, amp_dtype, on_gpu: bool):
     import torch
 
     model = to_channels_last(create_model(model_name, num_classes=1000, size_px=size_px).to(torch_device))
@@ -157,7 +158,7 @@ def run_augment_bench(
     device: str = "auto",
     model: str | None = None,
     batch_size: int | None = None,
-    size_px: int | None = None,
+    size_px: int | tuple[int, int] | None = None,
     amp: str = "auto",
     rounds: int = 20,
     graph_iterations: int = 10,
@@ -182,7 +183,8 @@ def run_augment_bench(
     amp_dtype = resolve_amp(amp, choice)
     torch_device, clock = choice.torch_device, _Clock(choice.is_gpu)
     torch.manual_seed(seed)
-    pixels = torch.randint(0, 256, (batch_size, 3, size_px, size_px), dtype=torch.uint8, device=torch_device)
+    height, width = parse_size_px(size_px).hw
+    pixels = torch.randint(0, 256, (batch_size, 3, height, width), dtype=torch.uint8, device=torch_device)
     pixels = pixels.contiguous(memory_format=torch.channels_last)
     batch = _Batch(pixels, torch.randint(0, 1000, (batch_size,), device=torch_device))
     stepper = _stepper(model, size_px, torch_device, amp_dtype, choice.is_gpu)
@@ -273,7 +275,7 @@ def clock_host(fn, calls: int) -> list[float]:
 
 def print_augment_result(result: dict) -> None:
     print(
-        f"augmentation benchmark: {result['model']}, {result['size_px']} px, batch {result['batch_size']}, "
+        f"augmentation benchmark: {result['model']}, {parse_size_px(result['size_px']).label} px, batch {result['batch_size']}, "
         f"amp {result['amp']}, {result['machine']['device']}"
     )
     print(f"model step (forward + backward + AdamW): {result['model_step_ms']:.2f} ms")

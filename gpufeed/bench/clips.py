@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._files import write_json
+from gpufeed._size import SizePx, parse_size_px
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts, median
 from gpufeed.config import LoaderConfig, VideoConfig
@@ -114,8 +115,8 @@ def prepared_bench_videos(videos: Path, clip_length_frames: int, stride_frames: 
 class DecodeFromStartClips:
     """Map-style dataset: every clip opens its file and decodes from frame 0 (the naive reader)."""
 
-    def __init__(self, clips: list[tuple[str, int]], length: int, stride: int, size: int) -> None:
-        self.clips, self.length, self.stride, self.size = clips, length, stride, size
+    def __init__(self, clips: list[tuple[str, int]], length: int, stride: int, size: SizePx | int) -> None:
+        self.clips, self.length, self.stride, self.size = clips, length, stride, parse_size_px(size)
 
     def __len__(self) -> int:
         return len(self.clips)
@@ -133,7 +134,11 @@ class DecodeFromStartClips:
             stream.thread_count = 1
             for index, frame in enumerate(container.decode(stream)):
                 if index in wanted:
-                    out.append(scale.reformat(frame, width=self.size, height=self.size, format="rgb24").to_ndarray())
+                    out.append(
+                        scale.reformat(
+                            frame, width=self.size.width_px, height=self.size.height_px, format="rgb24"
+                        ).to_ndarray()
+                    )
                     if len(out) == self.length:
                         break
         return np.stack(out)
@@ -142,8 +147,8 @@ class DecodeFromStartClips:
 class OpenCvSeekClips:
     """Map-style dataset: ``cv2.VideoCapture`` kept open per worker, ``CAP_PROP_POS_FRAMES`` seeks."""
 
-    def __init__(self, clips: list[tuple[str, int]], length: int, stride: int, size: int) -> None:
-        self.clips, self.length, self.stride, self.size = clips, length, stride, size
+    def __init__(self, clips: list[tuple[str, int]], length: int, stride: int, size: SizePx | int) -> None:
+        self.clips, self.length, self.stride, self.size = clips, length, stride, parse_size_px(size)
         self._captures: dict = {}
 
     def __len__(self) -> int:
@@ -165,7 +170,7 @@ class OpenCvSeekClips:
             if not ok:
                 raise RuntimeError(f"{path}: OpenCV could not read frame {start + k}")
             if k % self.stride == 0:
-                small = cv2.resize(frame, (self.size, self.size), interpolation=cv2.INTER_AREA)
+                small = cv2.resize(frame, tuple(self.size), interpolation=cv2.INTER_AREA)
                 out.append(cv2.cvtColor(small, cv2.COLOR_BGR2RGB))
         return np.stack(out)
 
@@ -205,7 +210,7 @@ def _gpufeed_epoch(loader, epoch: int, clips: int) -> tuple[float, int, list]:
     return time.perf_counter() - start, count, batches
 
 
-def _torchcodec_epoch(clips: list[tuple[str, int]], length: int, stride: int, size: int, device):
+def _torchcodec_epoch(clips: list[tuple[str, int]], length: int, stride: int, size: SizePx | int, device):
     import torch
     from torchcodec.decoders import VideoDecoder
 
@@ -217,10 +222,22 @@ def _torchcodec_epoch(clips: list[tuple[str, int]], length: int, stride: int, si
         if decoder is None:
             decoder = decoders[path] = VideoDecoder(path, device=str(device.torch_device), seek_mode="exact")
         frames = decoder.get_frames_at(indices=list(range(first, first + length * stride, stride))).data
-        frames = torch.nn.functional.interpolate(frames.float(), size=(size, size), mode="bilinear", antialias=True)
+        frames = torch.nn.functional.interpolate(
+            frames.float(), size=parse_size_px(size).hw, mode="bilinear", antialias=True
+        )
         out.append(frames.round().clamp(0, 255).to(torch.uint8).permute(1, 0, 2, 3))
     torch.cuda.synchronize(device.torch_device)
     return time.perf_counter() - start, len(clips), [torch.stack(out)]
+
+
+def _as_square(frame):
+    """A (3, H, W) frame resampled (nearest) to (3, H, H): the bench videos are square, and their
+    tag's flat squares sit where :func:`read_tag` looks only when the frame has their proportions."""
+    arr = frame.detach().cpu().numpy() if hasattr(frame, "detach") else np.asarray(frame)
+    height, width = arr.shape[1:]
+    if height == width:
+        return arr
+    return arr[:, :, (np.arange(height) * width + width // 2) // height]
 
 
 def _exactness(batches: list, clips: list[tuple[int, int]], length: int, stride: int) -> float:
@@ -229,7 +246,7 @@ def _exactness(batches: list, clips: list[tuple[int, int]], length: int, stride:
     good = 0
     for clip, (video, start) in zip(stacked, clips, strict=False):
         try:
-            tags = [read_tag(clip[:, t], "CHW") for t in range(length)]
+            tags = [read_tag(_as_square(clip[:, t]), "CHW") for t in range(length)]
         except TagError:
             continue
         good += all((tag.ident, tag.aux) == (start + t * stride, video) for t, tag in enumerate(tags))
@@ -325,6 +342,8 @@ def run_clip_bench(args) -> dict:
         "clip_length_frames": args.clip_length,
         "stride_frames": args.stride,
         "size_px": args.size,
+        "width_px": parse_size_px(args.size).width_px,
+        "height_px": parse_size_px(args.size).height_px,
         "batch_size": args.batch_size,
         "workers": args.workers,
         "rounds": args.rounds,
@@ -360,7 +379,7 @@ def run_clip_bench(args) -> dict:
 def print_clip_result(result: dict) -> None:
     print(
         f"clip benchmark: {result['clip_length_frames']}-frame clips (stride {result['stride_frames']}) resized to "
-        f"{result['size_px']}px, batch {result['batch_size']}, {result['workers']} processes/threads each, "
+        f"{result['width_px']}x{result['height_px']}px, batch {result['batch_size']}, {result['workers']} processes/threads each, "
         f"{result['rounds']} rounds of {result['clips_per_round']} clips, {result['machine']['device']}"
     )
     rows = []

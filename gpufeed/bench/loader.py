@@ -1,7 +1,7 @@
 """``gpufeed bench loader``: the gpufeed image loader against a plain PIL DataLoader.
 
 Both sides do the same work on the same files with the same batch size: random-resized crop to
-224 (the very same windows: both read :func:`gpufeed.pipelines._windows.train_windows`), random flip, uint8
+224 by default, or any ``--size-px`` such as ``352x224`` (the very same windows: both read :func:`gpufeed.pipelines._windows.train_windows`), random flip, uint8
 CHW. The DataLoader uses one worker per core; DALI one thread per core. On a GPU machine the
 baseline's batches are also copied to the GPU (pinned memory), since feeding the GPU is the job.
 Epochs alternate between the two, after one warm-up epoch each, and the medians are reported.
@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._files import write_json
+from gpufeed._size import SizePx, parse_size_px
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts, median
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
@@ -57,8 +58,11 @@ def make_bench_images(folder: Path, count: int, width: int, height: int, seed: i
 class PilCropDataset:
     """A map-style dataset for torch's DataLoader: PIL decode, crop+resize, flip, uint8 CHW."""
 
-    def __init__(self, paths: list[str], anchor: np.ndarray, shape: np.ndarray, flip: np.ndarray, size_px: int):
-        self.paths, self.anchor, self.shape, self.flip, self.size_px = paths, anchor, shape, flip, size_px
+    def __init__(
+        self, paths: list[str], anchor: np.ndarray, shape: np.ndarray, flip: np.ndarray, size_px: SizePx | int
+    ):
+        self.paths, self.anchor, self.shape, self.flip = paths, anchor, shape, flip
+        self.size = parse_size_px(size_px)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -71,7 +75,7 @@ class PilCropDataset:
         w, h = self.shape[i]
         # What torchvision's RandomResizedCrop does to a PIL image: crop, then bilinear resize.
         with Image.open(self.paths[i]) as img:
-            img = img.convert("RGB").crop((x, y, x + w, y + h)).resize((self.size_px, self.size_px), Image.BILINEAR)
+            img = img.convert("RGB").crop((x, y, x + w, y + h)).resize(self.size, Image.BILINEAR)
         if self.flip[i]:
             img = img.transpose(Image.FLIP_LEFT_RIGHT)
         return torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1)
@@ -97,7 +101,7 @@ def run_loader_bench(
     *,
     batch_size: int = 64,
     rounds: int = 3,
-    size_px: int = 224,
+    size_px: SizePx | int | tuple[int, int] = 224,
     device: str = "auto",
     workers: int = 0,
     seed: int = 0,
@@ -106,6 +110,7 @@ def run_loader_bench(
 
     Args:
         rounds: Timed epochs per loader (after one warm-up each), interleaved.
+        size_px: Output size: one number (square) or (width, height).
         workers: DataLoader workers and DALI threads; 0 means one per core.
     """
     import torch
@@ -118,8 +123,17 @@ def run_loader_bench(
     ours = ImageLoader(dataset, train=True, image_cfg=image_cfg, loader_cfg=loader_cfg, device=choice, seed=seed)
 
     ids = dataset.usable_ids
-    windows = train_windows(dataset.sizes[ids], ids, seed, 0, image_cfg.crop_area, image_cfg.crop_aspect_ratio)
-    baseline = PilCropDataset([dataset.paths[i] for i in ids], windows.anchor, windows.shape, windows.flip, size_px)
+    out = image_cfg.output_size
+    windows = train_windows(
+        dataset.sizes[ids],
+        ids,
+        seed,
+        0,
+        image_cfg.crop_area,
+        image_cfg.crop_aspect_ratio,
+        output_aspect=out.width_px / out.height_px,
+    )
+    baseline = PilCropDataset([dataset.paths[i] for i in ids], windows.anchor, windows.shape, windows.flip, out)
     dl = torch.utils.data.DataLoader(
         baseline, batch_size=batch_size, num_workers=workers, persistent_workers=True, pin_memory=choice.is_gpu
     )
@@ -141,7 +155,9 @@ def run_loader_bench(
         "benchmark": "loader",
         "images": len(ids),
         "batch_size": batch_size,
-        "size_px": size_px,
+        "size_px": image_cfg.size_px,
+        "width_px": out.width_px,
+        "height_px": out.height_px,
         "workers": workers,
         "rounds": rounds,
         "images_per_second": {k: median(v) for k, v in times.items()},
@@ -156,7 +172,8 @@ def print_loader_result(result: dict) -> None:
     ips = result["images_per_second"]
     rows = [[name, value] for name, value in ips.items()]
     print(
-        f"loader benchmark: {result['images']} images, batch {result['batch_size']}, {result['workers']} workers/threads, "
+        f"loader benchmark: {result['images']} images to {result['width_px']}x{result['height_px']}, batch "
+        f"{result['batch_size']}, {result['workers']} workers/threads, "
         f"{result['machine']['device']}"
     )
     print(format_table(["loader", "images/s (median)"], rows))
@@ -166,7 +183,12 @@ def print_loader_result(result: dict) -> None:
 def main_loader(args) -> int:
     data = args.data or make_bench_images(args.cache, args.images, *args.image_size)
     result = run_loader_bench(
-        Path(data), batch_size=args.batch_size, rounds=args.rounds, device=args.device, workers=args.workers
+        Path(data),
+        batch_size=args.batch_size,
+        rounds=args.rounds,
+        size_px=args.size_px,
+        device=args.device,
+        workers=args.workers,
     )
     print_loader_result(result)
     if args.json:

@@ -133,7 +133,7 @@ def run_overload(
         "model": {
             "name": card.name,
             "architecture": card.spec.name,
-            "size_px": card.spec.size_px,
+            "size_px": card.spec.size.label,
             "batch_size": card.batch_size,
         },
         "clients": clients,

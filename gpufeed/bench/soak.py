@@ -99,7 +99,7 @@ def run_soak(
         "model": {
             "name": card.name,
             "architecture": card.spec.name,
-            "size_px": card.spec.size_px,
+            "size_px": card.spec.size.label,
             "batch_size": card.batch_size,
         },
         "image_bytes_median": int(np.median([len(b) for b in images])),

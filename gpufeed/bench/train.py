@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from gpufeed._files import write_atomic, write_json
+from gpufeed._size import parse_size_px
 from gpufeed.bench._dense_feeds import PilDensePairs, dense_dataloader_feed
 from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, dataloader_feed, gpufeed_feed
 from gpufeed.bench._train_report import SIDES, draw_train_plot, figures, print_train_result
@@ -56,7 +57,7 @@ from gpufeed.train._tasks import ClipTask, ImageTask, to_channels_last
 __all__ = ["DEFAULTS", "augment_plans", "main_train", "run_train_bench"]
 
 
-def _defaults(model: str, batch_size: int, size_px: int, epochs: int, rounds: int, **data) -> dict:
+def _defaults(model: str, batch_size: int, size_px: int | tuple[int, int], epochs: int, rounds: int, **data) -> dict:
     return {"model": model, "batch_size": batch_size, "size_px": size_px, "epochs": epochs, "rounds": rounds, **data}
 
 
@@ -282,19 +283,19 @@ class _Run:
 
     def synthetic_batch(self):
         """A batch of the feeds' type and layout with random pixels: warms kernels up, untimed."""
-        n, s, dev = self.cfg.loader.batch_size, self.spec["size_px"], self.device.torch_device
+        n, dev = self.cfg.loader.batch_size, self.device.torch_device
+        h, w = parse_size_px(self.spec["size_px"]).hw
         valid = torch.ones(n, dtype=torch.bool, device=dev)
         if self.task_name == "depth":
-            width, height = self.cfg.image.output_size
-            images = torch.randint(0, 256, (n, height, width, 3), dtype=torch.uint8, device=dev).permute(0, 3, 1, 2)
-            depth = torch.randint(1, 5000, (n, height, width), dtype=torch.int32, device=dev)
+            images = torch.randint(0, 256, (n, h, w, 3), dtype=torch.uint8, device=dev).permute(0, 3, 1, 2)
+            depth = torch.randint(1, 5000, (n, h, w), dtype=torch.int32, device=dev)
             return DenseBatch(images, {"depth": depth}, torch.arange(n, device=dev), valid)
         if not self.clips:
-            images = torch.randint(0, 256, (n, s, s, 3), dtype=torch.uint8, device=dev).permute(0, 3, 1, 2)
+            images = torch.randint(0, 256, (n, h, w, 3), dtype=torch.uint8, device=dev).permute(0, 3, 1, 2)
             labels = torch.randint(0, self.spec["num_classes"], (n,), device=dev)
             return ImageBatch(images, labels, torch.arange(n, device=dev), valid)
         t, k = self.spec["clip_length_frames"], self.spec["num_classes"]
-        clips = torch.randint(0, 256, (n, t, s, s, 3), dtype=torch.uint8, device=dev).permute(0, 4, 1, 2, 3)
+        clips = torch.randint(0, 256, (n, t, h, w, 3), dtype=torch.uint8, device=dev).permute(0, 4, 1, 2, 3)
         labels = torch.zeros(n, t, k, device=dev)
         ids = torch.zeros(n, dtype=torch.int64, device=dev)
         return ClipBatch(clips, labels, labels[:, t // 2], ids, ids, valid, tuple(self.dataset.behaviours))

@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpufeed._schema import ConfigError
+from gpufeed._size import parse_size_px, size_px_value
 from gpufeed.commands import lazy
+
+
+def _size_px(text: str) -> int | tuple[int, int]:
+    """An output size flag: ``224`` (a square) or ``352x224`` (width x height)."""
+    try:
+        return size_px_value(parse_size_px(text, "--size-px"))
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(err.message) from None
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -23,13 +33,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = kinds.add_parser(
         "loader",
         help="gpufeed image loader vs torch DataLoader + PIL doing the same work",
-        description="Random-resized crop to 224, flip, uint8 CHW on the same files with the same batch size and "
-        "one worker/thread per core. Prints images/s of each and the ratio.",
+        description="Random-resized crop to 224 (or --size-px), flip, uint8 CHW on the same files with the same "
+        "batch size and one worker/thread per core. Prints images/s of each and the ratio.",
     )
     p.add_argument("--data", type=Path, help="class-folder dataset to use (default: generated photo-like JPEGs)")
     p.add_argument("--images", type=int, default=512, help="generated images (default 512)")
     p.add_argument("--image-size", type=_size, default=(640, 480), help="generated image size WxH (default 640x480)")
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated images are kept")
+    p.add_argument(
+        "--size-px", type=_size_px, default=224, help="output size: N (square) or WIDTHxHEIGHT such as 352x224"
+    )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3, help="timed epochs per loader, interleaved (default 3)")
     p.add_argument("--workers", type=int, default=0, help="workers/threads; 0 = one per core")
@@ -60,7 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", help="model to step (default resnet18)")
     p.add_argument("--batch-size", type=int, help="batch size (default: 256 on a GPU, 16 on the CPU)")
-    p.add_argument("--image-size", type=int, help="image side in pixels (default: 224 on a GPU, 64 on the CPU)")
+    p.add_argument(
+        "--image-size",
+        type=_size_px,
+        help="image size: N (square; default 224 on a GPU, 64 on the CPU) or WIDTHxHEIGHT such as 352x224",
+    )
     p.add_argument("--amp", choices=("auto", "bf16", "fp16", "off"), default="auto", help="the step's precision")
     p.add_argument("--rounds", type=int, default=20, help="timed calls per variant (default 20)")
     p.add_argument("--workers", type=int, default=0, help="DALI threads; 0 = one per core")
@@ -81,7 +98,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gop", type=int, default=250, help="keyframe interval of the generated videos (default 250)")
     p.add_argument("--clip-length", type=int, default=11, help="frames per clip (default 11)")
     p.add_argument("--stride", type=int, default=1, help="frame stride within a clip (default 1)")
-    p.add_argument("--size", type=int, default=112, help="output frame size in pixels (default 112)")
+    p.add_argument(
+        "--size",
+        type=_size_px,
+        default=112,
+        help="output frame size: N (square, default 112) or WIDTHxHEIGHT such as 352x224",
+    )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--clips", type=int, default=256, help="clips per timed round (default 256)")
     p.add_argument("--naive-clips", type=int, default=12, help="clips per round for decode-from-start (default 12)")
@@ -113,7 +135,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--models", nargs="+", default=["resnet18", "smallcnn"], help="architectures (default: resnet18 smallcnn)"
     )
     p.add_argument("--checkpoint", type=Path, help="serve this checkpoint instead of fresh weights (one model)")
-    p.add_argument("--size-px", type=int, default=224, help="model input size (default 224)")
+    p.add_argument(
+        "--size-px", type=_size_px, default=224, help="model input size: N (square, default 224) or WIDTHxHEIGHT"
+    )
     p.add_argument(
         "--batch-size",
         type=int,
@@ -251,7 +275,12 @@ def register_train(kinds) -> None:
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--model", help="registry name (default: by task and device, see above)")
     p.add_argument("--batch-size", type=int, help="samples per step (default: by task and device)")
-    p.add_argument("--size-px", dest="size_px", type=int, help="model input height and width (default: by device)")
+    p.add_argument(
+        "--size-px",
+        dest="size_px",
+        type=_size_px,
+        help="model input size: N (square) or WIDTHxHEIGHT such as 352x224 (default: by device)",
+    )
     p.add_argument("--epochs", type=int, help="epochs per loader and round (default 3 on a CPU, 4 on a GPU)")
     p.add_argument("--rounds", type=int, help="rounds, each running both loaders, order alternating (default 2)")
     p.add_argument("--workers", type=int, default=0, help="DALI threads and DataLoader workers; 0 = one per core")

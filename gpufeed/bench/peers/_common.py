@@ -6,24 +6,29 @@ import io
 
 import numpy as np
 
+from gpufeed._size import SizePx, parse_size_px
+
 __all__ = ["onnx_providers", "pil_preprocess", "top_k_reply"]
 
 
-def pil_preprocess(data: bytes, size_px: int, crop_fraction: float) -> np.ndarray:
-    """Decode with PIL, resize the shorter side to ``size / crop_fraction``, centre-crop ``size``.
+def pil_preprocess(data: bytes, size_px: SizePx | int, crop_fraction: float) -> np.ndarray:
+    """Decode with PIL, scale until ``W x H / crop_fraction`` just fits, centre-crop ``W x H``.
+
+    For a square size that is: resize the shorter side to ``size / crop_fraction``, centre-crop.
 
     Returns:
-        uint8 ``(3, size, size)`` RGB, the model's input row.
+        uint8 ``(3, H, W)`` RGB, the model's input row.
     """
     from PIL import Image
 
+    out_w, out_h = parse_size_px(size_px)
     with Image.open(io.BytesIO(data)) as img:
         img = img.convert("RGB")
         width, height = img.size
-        scale = size_px / crop_fraction / min(width, height)
-        img = img.resize((max(size_px, round(width * scale)), max(size_px, round(height * scale))), Image.BILINEAR)
-        left, top = (img.width - size_px) // 2, (img.height - size_px) // 2
-        img = img.crop((left, top, left + size_px, top + size_px))
+        scale = max(out_w / width, out_h / height) / crop_fraction
+        img = img.resize((max(out_w, round(width * scale)), max(out_h, round(height * scale))), Image.BILINEAR)
+        left, top = (img.width - out_w) // 2, (img.height - out_h) // 2
+        img = img.crop((left, top, left + out_w, top + out_h))
         return np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
 
 
