@@ -11,14 +11,33 @@ on the training device, so the same :class:`~gpufeed.train._step.Stepper` consum
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
 from gpufeed.bench._train_feeds import EpochKeys
-from gpufeed.pipelines import DenseBatch
+from gpufeed.pipelines import DenseBatch, PairedDataset
 from gpufeed.pipelines._windows import train_windows
+from gpufeed.synth import write_paired_split
 
-__all__ = ["PilDensePairs", "dense_dataloader_feed"]
+__all__ = ["DEPTH_SCALE", "PilDensePairs", "dense_dataloader_feed", "depth_bench_pairs"]
+
+# The generated pairs' depth: millimetres in the PNGs, metres as the target, 0 = no measurement.
+DEPTH_SCALE = 0.001
+
+
+def depth_bench_pairs(data, cache, count: int, image_size: tuple[int, int]):
+    """``(PairedDataset, what it is)``: ``data`` (a paired split root), or ``count`` generated pairs cached under ``cache``."""
+    if data:
+        dataset = PairedDataset.from_root(data)
+        return dataset, f"{len(dataset)} RGB + depth pairs in {data}"
+    width, height = image_size
+    root = Path(cache) / f"depth-pairs-{width}x{height}-{count}"
+    if not (root / "depth").is_dir():
+        write_paired_split(root, count, width, height, seed=0, kinds=("depth",))
+    dataset = PairedDataset.from_root(root)
+    return dataset, f"{len(dataset)} generated {width}x{height} JPEG + 16-bit depth PNG pairs"
 
 
 class PilDensePairs(torch.utils.data.Dataset):

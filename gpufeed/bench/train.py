@@ -26,7 +26,7 @@ import torch
 
 from gpufeed._files import write_atomic, write_json
 from gpufeed._size import parse_size_px
-from gpufeed.bench._dense_feeds import PilDensePairs, dense_dataloader_feed
+from gpufeed.bench._dense_feeds import DEPTH_SCALE, PilDensePairs, dense_dataloader_feed, depth_bench_pairs
 from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, dataloader_feed, gpufeed_feed
 from gpufeed.bench._train_report import SIDES, draw_train_plot, figures, print_train_result
 from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
@@ -42,12 +42,10 @@ from gpufeed.pipelines import (
     ImageBatch,
     ImageDataset,
     ImageLoader,
-    PairedDataset,
     VideoDataset,
 )
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._sampler import plan_epoch
-from gpufeed.synth import write_paired_split
 from gpufeed.train._augment import AugmentPlan, plan_augmentation
 from gpufeed.train._dense import DepthTask, refuse_device_geometry
 from gpufeed.train._optim import build_optimizer, build_scheduler, resolve_amp
@@ -71,8 +69,6 @@ DEFAULTS = {
     ("depth", "cpu"): _defaults("unet_resnet18", 8, (128, 96), epochs=2, rounds=1, images=64),
     ("depth", "gpu"): _defaults("unet_resnet18", 64, (256, 192), epochs=3, rounds=2, images=2048),
 }
-# The depth bench's maps: millimetres to metres, 0 = no measurement (as the generated pairs hold).
-_DEPTH_SCALE = 0.001
 # Config keys the command's own flags decide, and those flags.
 _FLAG_KEYS = {
     "model.name": "--model",
@@ -142,18 +138,9 @@ class _Run:
         self.keys = [[(i, e) for i in self._plan_ids(e)] for e in range(self.epochs)]
 
     def _depth(self, args) -> None:
-        if args.data:
-            self.dataset = PairedDataset.from_root(args.data)
-            self.data_text = f"{len(self.dataset)} RGB + depth pairs in {args.data}"
-        else:
-            width, height = args.image_size
-            root = Path(args.cache) / f"depth-pairs-{width}x{height}-{self.pick['images']}"
-            if not (root / "depth").is_dir():
-                write_paired_split(root, self.pick["images"], width, height, seed=0, kinds=("depth",))
-            self.dataset = PairedDataset.from_root(root)
-            self.data_text = f"{len(self.dataset)} generated {width}x{height} JPEG + 16-bit depth PNG pairs"
-        self.task = DepthTask(_DEPTH_SCALE, no_data=0)
-        self.spec = {"task": "depth", "num_classes": 1, "size_px": self.cfg.image.size_px, "depth_scale": _DEPTH_SCALE}
+        self.dataset, self.data_text = depth_bench_pairs(args.data, args.cache, self.pick["images"], args.image_size)
+        self.task = DepthTask(DEPTH_SCALE, no_data=0)
+        self.spec = {"task": "depth", "num_classes": 1, "size_px": self.cfg.image.size_px, "depth_scale": DEPTH_SCALE}
         self.keys = [[(i, e) for i in self._plan_ids(e)] for e in range(self.epochs)]
 
     def _plan_ids(self, epoch: int) -> list[int]:
@@ -228,31 +215,18 @@ class _Run:
         """A fresh stream of ``(epoch, batch index, batch)`` for every epoch, fed by ``side``."""
         if side == "gpufeed":
             return gpufeed_feed(self._gpufeed_loader, self.epochs)
+        common = {"batch_size": self.cfg.loader.batch_size, "workers": self.workers, "device": self.device}
+        common["prefetch_factor"] = self.prefetch_factor
         if self.task_name == "depth":
             pairs = PilDensePairs(self.dataset, self.cfg.image, self.cfg.seed)
-            return dense_dataloader_feed(
-                pairs,
-                self.keys,
-                batch_size=self.cfg.loader.batch_size,
-                workers=self.workers,
-                prefetch_factor=self.prefetch_factor,
-                device=self.device,
-            )
+            return dense_dataloader_feed(pairs, self.keys, **common)
         v = self.cfg.video
         if self.clips:
             dataset = PyAvSeekClips(self.dataset, v.clip_length_frames, v.stride_frames, v.size_px)
             clips = (tuple(self.dataset.behaviours), self.centre)
         else:
             dataset, clips = PilTrainImages(self.dataset, self.cfg.image, self.cfg.seed), None
-        return dataloader_feed(
-            dataset,
-            self.keys,
-            batch_size=self.cfg.loader.batch_size,
-            workers=self.workers,
-            prefetch_factor=self.prefetch_factor,
-            device=self.device,
-            clips=clips,
-        )
+        return dataloader_feed(dataset, self.keys, clips=clips, **common)
 
     # -- the step -------------------------------------------------------------------------------
     def stepper(self, augment: torch.nn.Module):
