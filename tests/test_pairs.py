@@ -145,3 +145,13 @@ def test_synth_writes_paired_splits_that_check_clean(tmp_path):
     assert depth.dtype == np.uint16 and depth[10, 20] == 1 + 10 * 96 + 20 and depth[0, 0] == 0  # no-data block
     report = check_path(out, progress=False)
     assert report.ok and any("paired folders" in s for s in report.sources)
+
+
+def test_gpufeed_check_names_a_bad_pair_and_fails(tmp_path, capsys):
+    from gpufeed.cli import main
+
+    root = _split(tmp_path, 2)
+    (root / "mask" / "000001.png").unlink()
+    assert main(["check", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "missing partner: no mask map for" in out and str(root / "rgb" / "000001.jpg") in out

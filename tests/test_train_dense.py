@@ -118,3 +118,21 @@ def test_segmentation_metrics_ignore_the_ignore_id():
     assert out["pixels"] == 3 and out["pixel_accuracy"] == pytest.approx(2 / 3)
     assert out["iou"] == {"bg": pytest.approx(1 / 2), "fg": pytest.approx(1 / 2)}
     assert out["miou"] == pytest.approx(1 / 2)
+
+
+def test_segmentation_from_a_list_file_is_inferred_from_its_maps(dense_dir, tmp_path):
+    lines = [f"rgb/{i:06d}.jpg mask/{i:06d}.png" for i in range(8)]
+    (dense_dir / "train" / "masks.txt").write_text("\n".join(lines) + "\n")
+    mapping = {
+        "device": "cpu",
+        "data": {"train": {"list_file": str(dense_dir / "train" / "masks.txt")}},
+        "image": {"size_px": 32},
+        "loader": {"batch_size": 4, "num_threads": 2},
+        "model": {"name": "unet_resnet18", "num_classes": 4},
+        "train": {"epochs": 1, "progress": False},
+        "telemetry": {"metrics_port": 0},
+    }
+    result = train(parse_config(mapping), tmp_path / "run")
+    assert result.step == 2
+    spec = load_model(tmp_path / "run").spec
+    assert spec.task == "segmentation" and spec.num_classes == 4 and spec.map_fill == 255
