@@ -9,9 +9,11 @@ stage           RGB                                                        maps
 ==============  =========================================================  ====================
 feed            path, window anchor/shape, resize ROI over the window      path, resize ROI in
                                                                            the map's pixels
-decode          the window only (``image_slice``), EXIF orientation        whole map, as stored
-                applied                                                    (no re-orientation),
-                                                                           dtype kept (uint16)
+decode          the window only (``image_slice``, nvJPEG on a GPU), EXIF   whole map, as stored
+                orientation applied                                        (no re-orientation),
+                                                                           dtype kept (uint16),
+                                                                           on the CPU, then one
+                                                                           copy to the GPU
 resize          linear + antialias, the flip folded into the ROI           nearest (masks;
                                                                            depth by default) or
                                                                            linear (depth)
@@ -192,13 +194,17 @@ def build_dense_pipeline(
             m_paths, m_lengths, m_start, m_end = outs[7 + 4 * j : 11 + 4 * j]
             dtype = types.UINT16 if map_bits[kind] == 16 else types.UINT8
             # adjust_orientation=False: a PNG map is in stored pixels, whatever metadata it carries.
+            # Decoded on the CPU (nvJPEG has no PNG path, and a CPU decode keeps a 16-bit map's dtype on
+            # any DALI build) and copied to the GPU once, whole, where the resize then runs.
             decoded = fn.decoders.image(
                 read(m_paths, m_lengths),
-                device="mixed" if on_gpu else "cpu",
+                device="cpu",
                 output_type=types.ANY_DATA,
                 dtype=dtype,
                 adjust_orientation=False,
             )
+            if on_gpu:
+                decoded = decoded.gpu()
             nearest = kind == "mask" or depth_interp == "nearest"
             resized = fn.resize(
                 decoded,
