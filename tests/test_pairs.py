@@ -82,15 +82,7 @@ def test_every_problem_names_both_files(tmp_path):
 def test_check_finds_a_map_whose_data_fails_to_decode(tmp_path):
     root = _split(tmp_path, 2)
     path = root / "depth" / "000001.png"
-    data = bytearray(path.read_bytes())
-    idat = data.index(b"IDAT")
-    data[idat + 8 : idat + 40] = bytes(32)  # damaged compressed data, CRC made to match below
-    import struct
-    import zlib
-
-    length = struct.unpack(">I", data[idat - 4 : idat])[0]
-    data[idat + 4 + length : idat + 8 + length] = struct.pack(">I", zlib.crc32(bytes(data[idat : idat + 4 + length])))
-    path.write_bytes(bytes(data))
+    _damage_png_data(path)
     assert not PairedDataset.from_root(root).problems  # the structure is whole: only a decode finds it
     report = check_path(root, progress=False)
     assert [f.path for f in report.findings] == [str(root / "rgb" / "000001.jpg")]
@@ -155,3 +147,29 @@ def test_gpufeed_check_names_a_bad_pair_and_fails(tmp_path, capsys):
     assert main(["check", str(root)]) == 1
     out = capsys.readouterr().out
     assert "missing partner: no mask map for" in out and str(root / "rgb" / "000001.jpg") in out
+
+
+def _damage_png_data(path: Path) -> None:
+    """Garble a PNG's compressed data and fix its CRC: whole by structure, fails only a real decode."""
+    import struct
+    import zlib
+
+    data = bytearray(path.read_bytes())
+    idat = data.index(b"IDAT")
+    data[idat + 8 : idat + 40] = bytes(32)
+    length = struct.unpack(">I", data[idat - 4 : idat])[0]
+    data[idat + 4 + length : idat + 8 + length] = struct.pack(">I", zlib.crc32(bytes(data[idat : idat + 4 + length])))
+    path.write_bytes(bytes(data))
+
+
+def test_a_map_that_fails_in_the_pipeline_costs_only_its_own_pair(tmp_path):
+    root = _split(tmp_path, 6)
+    _damage_png_data(root / "depth" / "000003.png")
+    dataset = PairedDataset.from_root(root)
+    assert not dataset.problems  # only decoding finds it
+    loader = _loader(dataset, on_bad_sample="skip")
+    seen = [i for b in loader for i in b.sample_ids.tolist()]
+    assert sorted(seen) == [0, 1, 2, 4, 5]
+    assert list(loader.skipped) == [3] and "depth/000003.png" in loader.skipped[3]
+    with pytest.raises(Exception, match=r"000003"):
+        list(_loader(dataset))
