@@ -16,6 +16,7 @@ OnBadSample = Literal["error", "skip"]
 VideoDecoder = Literal["auto", "dali", "pyav"]
 VideoFit = Literal["stretch", "centre_crop"]
 WorkerStart = Literal["auto", "fork", "spawn"]
+DepthInterp = Literal["nearest", "linear"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,26 @@ class DataConfig:
         doc="an image whose header declares more pixels (width x height) is a bad file, refused before any "
         "decoding (decompression bombs); the same default as serve.max_image_pixels",
     )
+    # Dense targets (a split root with rgb/ and depth/ or mask/, or a list file of 'rgb map ...' lines).
+    depth_scale: float = option(1.0, gt=0.0, doc="depth map value x this = the training target (e.g. 0.001: mm to m)")
+    depth_no_data: int = option(
+        0, ge=0, le=65535, doc="depth map value that means 'no measurement': excluded from losses and metrics"
+    )
+    mask_ignore_id: int = option(255, ge=0, le=255, doc="mask class id excluded from losses and metrics")
+    scale_maps: bool = option(
+        False, doc="scale a map whose size differs from its RGB's to the RGB's size; false: such a pair is a bad sample"
+    )
+    depth_interp: DepthInterp = option(
+        "nearest", doc="resampling of depth maps: nearest (exact values, no blending across no-data) or linear"
+    )
+    map_kinds: tuple[str, ...] | None = option(
+        None, doc="kinds of a paired list file's map columns (depth, mask); null: the folder named in each path"
+    )
+
+    def __post_init__(self) -> None:
+        for kind in self.map_kinds or ():
+            if kind not in ("depth", "mask"):
+                raise ConfigError("map_kinds", f"value {kind!r} is not a map kind; allowed: depth, mask")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ AUGMENT_OPS: tuple[str, ...] = get_args(AugmentOp)
 # device, or Kornia on the training device; auto picks (see AugmentConfig).
 ColourPlace = Literal["auto", "loader", "torch", "kornia"]
 KorniaPlace = Literal["auto", "kornia"]
+DenseTaskName = Literal["depth", "segmentation"]
 LOADER_AUGMENT_OPS: tuple[str, ...] = ("color_jitter", "grayscale", "horizontal_flip")
 _COLOUR_WHERE_DOC = (
     "where it runs: loader (inside the DALI graph), torch (fused op on the training device), kornia; "
@@ -34,7 +35,14 @@ class ModelConfig:
     the model's spec, the pipelines, the export and the server cannot disagree.
     """
 
-    name: str = option("resnet18", doc="registry name: resnet18, smallcnn (images), clip_resnet18, r3d_small (clips)")
+    name: str = option(
+        "resnet18",
+        doc="registry name: resnet18, smallcnn (images), clip_resnet18, r3d_small (clips), unet_resnet18 (dense maps)",
+    )
+    task: DenseTaskName | None = option(
+        None,
+        doc="a dense model's task: depth or segmentation; null: depth when the data has depth maps, else segmentation",
+    )
     num_classes: int | None = option(None, ge=1, doc="output classes; null: the number of classes in the data")
     mean: tuple[float, float, float] | None = option(
         None, ge=0.0, le=1.0, doc="per-channel mean of [0, 1] pixels, applied inside the model; null: the model's"

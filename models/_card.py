@@ -46,6 +46,11 @@ ONNX_FILE = "model.onnx"
 CARD_FORMAT = "gpufeed-model-card"
 CARD_VERSION = 1
 PRECISIONS = ("fp32", "fp16")
+# What a dense model's output maps mean, per task (classifiers: softmax or sigmoid per class).
+_SCORES = {
+    "depth": "depth per pixel, in the training target's unit (map value x data.depth_scale)",
+    "segmentation": "class scores per pixel: softmax over classes, argmax is the mask id",
+}
 # The symbolic batch dimension of a graph exported for several batch sizes: each onnxruntime
 # session fixes it to one of them (SessionOptions.add_free_dimension_override_by_name).
 BATCH_DIM = "batch"
@@ -103,7 +108,8 @@ class ModelCard:
             the output float32).
         opset: ONNX opset of the graph.
         input_name, output_name: Graph input (uint8, ``spec.input_shape(n)``) and output
-            (float32 logits ``(n, num_classes)``) for a batch of n, one of ``batch_sizes``.
+            (float32 logits ``(n, num_classes)``; a dense model's ``(n, num_classes, H, W)`` maps) for a
+            batch of n, one of ``batch_sizes``.
         parity: How the ONNX output compared with PyTorch's at export: ``max_abs_diff`` (the
             worst over every batch size), ``per_batch_size`` (``{"n": {"max_abs_diff",
             "top1_agreement"}}``), ``tolerance``, ``samples``, ``inputs`` (what was fed).
@@ -178,7 +184,7 @@ class ModelCard:
                 "layout": spec.input_layout,
                 "color": "RGB",
             },
-            "output": {"name": self.output_name, "dtype": "float32", "shape": [self.batch_size, spec.num_classes]},
+            "output": {"name": self.output_name, "dtype": "float32", "shape": list(spec.output_shape(self.batch_size))},
             "size_px": spec.to_dict()["size_px"],
             "width_px": spec.size.width_px,
             "height_px": spec.size.height_px,
@@ -196,7 +202,7 @@ class ModelCard:
                 f"decode RGB, scale so that {spec.size.width_px}x{spec.size.height_px} (width x height) / "
                 f"eval_crop_fraction just fits inside the image, centre-crop width_px x height_px, uint8 {spec.input_layout}"
             ),
-            "scores": "sigmoid per class" if spec.multilabel else "softmax over classes",
+            "scores": _SCORES.get(spec.task, "sigmoid per class" if spec.multilabel else "softmax over classes"),
             "parity": dict(self.parity),
             "source_checkpoint": self.source_checkpoint,
             "onnx_file": ONNX_FILE,

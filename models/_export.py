@@ -131,7 +131,7 @@ def parity_inputs(
     spec: ModelSpec, batch_size: int, batches: int = 2, data: str | Path | None = None, device=None
 ) -> tuple[np.ndarray, str]:
     """Real uint8 inputs for the parity check, ``batches * batch_size`` rows, and what they are."""
-    if spec.task == "image":
+    if spec.task != "clip":  # image and dense models take the evaluation pipeline's images
         return _image_inputs(spec, batch_size, batches, Path(data) if data else None, device)
     return _clip_inputs(spec, batch_size, batches)
 

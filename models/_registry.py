@@ -9,6 +9,7 @@ from torch import nn
 
 from gpufeed.models._nets import GpufeedModel, R3DSmall, ResNet18, SmallCNN, StackedFrameResNet18
 from gpufeed.models._spec import ModelSpec
+from gpufeed.models._unet import UNetResNet18
 
 __all__ = ["create_model", "default_spec", "list_models", "model_from_spec", "register_model"]
 
@@ -71,3 +72,5 @@ register_model(
 register_model(
     "r3d_small", lambda s: R3DSmall(s.num_classes), task="clip", multilabel=True, clip_length_frames=11, size_px=112
 )
+# Dense maps: the task (depth or segmentation) and the output channels come from the data and model.task.
+register_model("unet_resnet18", lambda s: UNetResNet18(s.num_classes), task="depth", num_classes=1)

@@ -25,7 +25,8 @@ class ModelSpec:
 
     Attributes:
         name: Registry name, e.g. ``resnet18``.
-        task: ``image`` (input ``N,3,H,W``) or ``clip`` (input ``N,3,T,H,W``).
+        task: ``image`` (input ``N,3,H,W``), ``clip`` (input ``N,3,T,H,W``), or a dense task,
+            ``depth`` or ``segmentation`` (input ``N,3,H,W``, output maps ``N,C,H,W``).
         num_classes: Output logits per sample.
         multilabel: Sigmoid per class (behaviour clips) rather than softmax over classes.
         mean, std: Per-channel normalisation on [0, 1] pixels, applied inside the model.
@@ -35,10 +36,15 @@ class ModelSpec:
             by ``1 / fraction`` just fits, then take the centre.
         clip_length_frames: Frames per clip (clip models only).
         labels: Class names in output order (empty: unnamed).
+        depth_scale: Depth models: map value x this = the output's unit (``data.depth_scale``);
+            served 16-bit PNGs divide by it, so they hold the training maps' values.
+        map_fill: Dense models: the map value for "nothing here" (``data.depth_no_data``, or
+            ``data.mask_ignore_id`` for segmentation), written outside the crop window when a
+            served map is placed back at the input's size.
     """
 
     name: str
-    task: Literal["image", "clip"]
+    task: Literal["image", "clip", "depth", "segmentation"]
     num_classes: int
     multilabel: bool = False
     mean: tuple[float, float, float] = IMAGENET_MEAN
@@ -47,6 +53,8 @@ class ModelSpec:
     eval_crop_fraction: float = 0.875
     clip_length_frames: int | None = None
     labels: tuple[str, ...] = field(default_factory=tuple)
+    depth_scale: float = 1.0
+    map_fill: int = 0
 
     def __post_init__(self) -> None:
         # A JSON card gives a list, a checkpoint a tuple: stored one way, as the config stores it.
@@ -69,14 +77,25 @@ class ModelSpec:
     @property
     def input_layout(self) -> str:
         """``NCHW`` for images, ``NCTHW`` for clips."""
-        return "NCHW" if self.task == "image" else "NCTHW"
+        return "NCTHW" if self.task == "clip" else "NCHW"
 
     def input_shape(self, batch_size: int) -> tuple[int, ...]:
         """The uint8 input shape for ``batch_size`` samples."""
         height, width = self.size.hw
-        if self.task == "image":
+        if self.task != "clip":  # image and dense models take (N, 3, H, W)
             return (batch_size, 3, height, width)
         return (batch_size, 3, self.clip_length_frames, height, width)
+
+    @property
+    def is_dense(self) -> bool:
+        """A dense model (``depth``, ``segmentation``): image in, one map per output channel out."""
+        return self.task in ("depth", "segmentation")
+
+    def output_shape(self, batch_size: int) -> tuple[int, ...]:
+        """The float32 output shape for ``batch_size`` samples: ``(N, C)``, or ``(N, C, H, W)`` when dense."""
+        if self.is_dense:
+            return (batch_size, self.num_classes, *self.size.hw)
+        return (batch_size, self.num_classes)
 
     def with_updates(self, **changes) -> ModelSpec:
         return replace(self, **changes)

@@ -8,6 +8,8 @@ yields :class:`ClipBatch` (uint8 (N, 3, T, H, W) clips, per-frame and centre lab
 NVDEC, or on the CPU; :class:`VideoFrameReader` reads whole videos in order, as :class:`FrameChunk`.
 Both loaders can apply colour jitter, grayscale and flips inside their DALI graph
 (:class:`LoaderAugment`, :class:`ColourJitter`), deterministic per (seed, epoch, sample).
+Dense targets: :class:`PairedDataset` indexes RGB images with depth maps and/or masks,
+:class:`DenseLoader` yields :class:`DenseBatch` (images and maps cropped, flipped and resized together).
 :func:`check_path` finds bad files before training; :func:`read_image_facts` and
 :func:`decode_problem` judge one image; :func:`prepare_videos` re-encodes videos for fast seeks.
 
@@ -27,11 +29,13 @@ from gpufeed.pipelines._augment import ColourJitter, LoaderAugment, reference_au
 from gpufeed.pipelines._check import check_path
 from gpufeed.pipelines._clip_loader import ClipBatch, ClipLoader
 from gpufeed.pipelines._dataset import ImageDataset
+from gpufeed.pipelines._dense_loader import DenseBatch, DenseLoader
 from gpufeed.pipelines._errors import BadSampleError, DatasetError, PipelineError
 from gpufeed.pipelines._frames import FrameChunk, VideoFrameReader
 from gpufeed.pipelines._image_facts import read_image_facts
 from gpufeed.pipelines._image_verify import decode_problem
 from gpufeed.pipelines._loader import ImageBatch, ImageLoader
+from gpufeed.pipelines._pairs import PairedDataset
 from gpufeed.pipelines._prepare import PrepareOptions, prepare_videos
 from gpufeed.pipelines._videos import VideoDataset
 from gpufeed.pipelines._waits import measure_epoch_waits
@@ -40,17 +44,23 @@ from gpufeed.pipelines._waits import measure_epoch_waits
 # gpufeed.pipelines (any of its modules imports this package first) checks videos too.
 from gpufeed.pipelines import _video_check  # noqa: F401  # isort: skip
 
+# Likewise the paired (dense-target) checker: split roots with rgb/ and depth/ or mask/.
+from gpufeed.pipelines import _pair_check  # noqa: F401  # isort: skip
+
 __all__ = [
     "BadSampleError",
     "ClipBatch",
     "ClipLoader",
     "ColourJitter",
     "DatasetError",
+    "DenseBatch",
+    "DenseLoader",
     "FrameChunk",
     "ImageBatch",
     "ImageDataset",
     "ImageLoader",
     "LoaderAugment",
+    "PairedDataset",
     "PipelineError",
     "PrepareOptions",
     "VideoDataset",

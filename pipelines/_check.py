@@ -131,7 +131,7 @@ def check_path(path: str | Path, progress: bool = True, max_pixels: int = DEFAUL
     * any other file: an image list file;
     * a folder with ``*.txt`` list files beside split folders (``images/`` of ``gpufeed synth``):
       each list file;
-    * a folder with ``images/`` or ``videos/`` inside: each of those;
+    * a folder with ``images/``, ``videos/`` or ``dense/`` inside: each of those;
     * a folder a registered checker recognises (e.g. videos);
     * otherwise: class folders.
 
@@ -153,7 +153,7 @@ def check_path(path: str | Path, progress: bool = True, max_pixels: int = DEFAUL
             return check(path, progress)
     if path.is_file():
         return _check_image_source(path, progress, max_pixels)
-    parts = [path / name for name in ("images", "videos") if (path / name).is_dir()]
+    parts = [path / name for name in ("images", "videos", "dense") if (path / name).is_dir()]
     if parts:
         report = CheckReport()
         for part in parts:

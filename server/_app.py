@@ -46,6 +46,7 @@ from starlette.routing import Route
 from gpufeed import __version__
 from gpufeed.server._access import AccessGuard, route_of
 from gpufeed.server._accounting import Accounting
+from gpufeed.server._dense import dense_document, dense_png, map_size_of, output_metadata, output_tensors, wants_png
 from gpufeed.server._errors import REASONS, RequestError, json_bytes, shown
 from gpufeed.server._http import JSONAnswer, compress_response, read_body, response_coding
 from gpufeed.server._inputs import items_from_kserve, kserve_inputs
@@ -122,13 +123,15 @@ def build_app(
         metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
         logits = np.stack(await submit_and_wait(cfg, model, items, started))
         t0 = time.perf_counter()
-        tensors = {"logits": logits, "scores": scores_from_logits(logits, model.card.spec.multilabel)}
+        tensors = output_tensors(logits, model.card.spec, parsed.outputs)
         payload, response_headers = encode_response(model.name, parsed, tensors, model.card.labels)
         response = await answer(request, payload, response_headers)
         metrics.observe_answer(model.name, items, time.perf_counter() - t0)
         return response
 
     async def rest_predict(request: Request, model, started: float) -> Response:
+        if model.card.spec.is_dense:
+            return await rest_predict_maps(request, model, started)
         body = await read_body(request, cfg.max_body_bytes, seconds_left(cfg, started))
         t0 = time.perf_counter()
         top_k = top_k_of(request.query_params.get("top_k"), cfg.top_k, model.card.spec.num_classes)
@@ -148,6 +151,34 @@ def build_app(
             )
         document = {"model": model.name, "multilabel": model.card.spec.multilabel, "predictions": predictions}
         response = await answer(request, json_bytes(document), {"content-type": "application/json"})
+        metrics.observe_answer(model.name, items, time.perf_counter() - t0)
+        return response
+
+    async def rest_predict_maps(request: Request, model, started: float) -> Response:
+        """A dense model's REST answer: one PNG map (``Accept: image/png``) or JSON maps (server/_dense.py)."""
+        where = map_size_of(request.query_params.get("size"))
+        png = wants_png(request.headers.get("accept"))
+        body = await read_body(request, cfg.max_body_bytes, seconds_left(cfg, started))
+        t0 = time.perf_counter()
+        items = await pool.run(
+            rest_items, model, cfg, body, request.headers.get("content-encoding"), request.headers.get("content-type")
+        )
+        if png and len(items) != 1:
+            raise RequestError(
+                "malformed_request",
+                f"an image/png answer holds one map: send one image, not {len(items)}, or accept application/json",
+            )
+        metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
+        logits = np.stack(await submit_and_wait(cfg, model, items, started))
+        t0 = time.perf_counter()
+        spec, sizes = model.card.spec, [item.size for item in items]
+        if png:
+            payload = await pool.run(dense_png, logits[0], spec, sizes[0], where)
+            headers = {"content-type": "image/png"}
+        else:
+            payload = json_bytes(await pool.run(dense_document, model.name, logits, spec, sizes, where))
+            headers = {"content-type": "application/json"}
+        response = await answer(request, payload, headers)
         metrics.observe_answer(model.name, items, time.perf_counter() - t0)
         return response
 
@@ -183,7 +214,7 @@ def build_app(
         name = lookup(request)
         card = state.entries[name].card
         inputs = kserve_inputs(card)
-        outputs = [{"name": n, "datatype": "FP32", "shape": [-1, card.spec.num_classes]} for n in ("logits", "scores")]
+        outputs = [{"name": n, "datatype": "FP32", "shape": shape} for n, shape in output_metadata(card.spec)]
         facts = {
             "task": card.spec.task,
             "architecture": card.spec.name,

@@ -38,10 +38,10 @@ import numpy as np
 
 from gpufeed import __version__
 from gpufeed.server._access import AccessGuard
+from gpufeed.server._dense import output_metadata, output_tensors
 from gpufeed.server._errors import REASONS, RequestError, shown
 from gpufeed.server._grpc_tensors import infer_request, infer_response
 from gpufeed.server._inputs import items_from_kserve, kserve_inputs
-from gpufeed.server._model import scores_from_logits
 from gpufeed.server._requests import max_elements
 from gpufeed.server._submit import model_config_of, submit_and_wait
 from gpufeed.server._triton import EXTENSIONS, repository_index
@@ -232,7 +232,7 @@ class _Service(_service_base()):  # type: ignore[misc]
             card = self.state.entries[name].card
             tensor = self.pb2.ModelMetadataResponse.TensorMetadata
             inputs = [tensor(**i) for i in kserve_inputs(card)]
-            outputs = [tensor(name=n, datatype="FP32", shape=[-1, card.spec.num_classes]) for n in ("logits", "scores")]
+            outputs = [tensor(name=n, datatype="FP32", shape=shape) for n, shape in output_metadata(card.spec)]
             return self.pb2.ModelMetadataResponse(
                 name=name, versions=["1"], platform="onnxruntime_onnx", inputs=inputs, outputs=outputs
             )
@@ -293,7 +293,7 @@ class _Service(_service_base()):  # type: ignore[misc]
         state.metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
         logits = np.stack(await submit_and_wait(cfg, model, items, started))
         t0 = time.perf_counter()
-        tensors = {"logits": logits, "scores": scores_from_logits(logits, model.card.spec.multilabel)}
+        tensors = output_tensors(logits, model.card.spec, parsed.outputs)
         response = infer_response(self.pb2, model.name, parsed, tensors, model.card.labels)
         state.metrics.observe_answer(model.name, items, time.perf_counter() - t0)
         return response

@@ -30,7 +30,7 @@ ENCODED_INPUT = "image"
 def kserve_inputs(card: ModelCard) -> list[dict]:
     """A model's inputs in KServe model-metadata form (``-1``: any number of rows)."""
     inputs = [{"name": card.input_name, "datatype": "UINT8", "shape": [-1, *card.sample_shape]}]
-    if card.spec.task == "image":  # image models also decode JPEG/PNG themselves
+    if card.spec.task != "clip":  # image and dense models also decode JPEG/PNG themselves
         inputs.insert(0, {"name": ENCODED_INPUT, "datatype": "BYTES", "shape": [-1, 1]})
     return inputs
 

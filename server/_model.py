@@ -139,7 +139,7 @@ class ServedModel:
         self._lanes: queue.SimpleQueue[_Lane] = queue.SimpleQueue()
         for _ in range(self.workers):
             decoder = None
-            if card.spec.task == "image":
+            if card.spec.task != "clip":  # image and dense models decode JPEG/PNG themselves
                 decoder = ImageDecoder(
                     card.spec.size,
                     card.spec.eval_crop_fraction,
@@ -148,7 +148,7 @@ class ServedModel:
                     cfg.decode_threads or default_num_threads(),
                 )
             self._lanes.put(_Lane(decoder, self.runner.new_batch(), _lane_stream(device) if self.on_gpu else None))
-        self.accepts_encoded = card.spec.task == "image"
+        self.accepts_encoded = card.spec.task != "clip"
         self.batcher = Batcher(
             self.run_batch,
             batch_size=card.batch_size,

@@ -172,7 +172,8 @@ def _schemas(datatypes: list[str]) -> dict:
             "type": "object",
             "required": ["name"],
             "properties": {
-                "name": {"type": "string", "enum": ["logits", "scores"]},
+                # Classifiers and segmentation models: logits, scores; depth models: depth.
+                "name": {"type": "string", "enum": ["logits", "scores", "depth"]},
                 "parameters": {
                     "type": "object",
                     "properties": {"binary_data": boolean, "classification": {"type": "integer", "minimum": 0}},

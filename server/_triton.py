@@ -75,7 +75,7 @@ def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, w
     """
     spec = card.spec
     sizes = tuple(sorted(batch_sizes)) if batch_sizes else batch_sizes_of(card)
-    encoded = spec.task == "image"
+    encoded = spec.task != "clip"
     sample = [int(d) for d in card.sample_shape]
     inputs = [
         _input(card.input_name, "TYPE_UINT8", sample, "FORMAT_NCHW" if len(sample) == 3 else "FORMAT_NONE", encoded)

@@ -26,6 +26,7 @@ import torch
 
 from gpufeed._files import write_atomic, write_json
 from gpufeed._size import parse_size_px
+from gpufeed.bench._dense_feeds import DEPTH_SCALE, PilDensePairs, dense_dataloader_feed, depth_bench_pairs
 from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, dataloader_feed, gpufeed_feed
 from gpufeed.bench._train_report import SIDES, draw_train_plot, figures, print_train_result
 from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
@@ -33,10 +34,20 @@ from gpufeed.bench.loader import make_bench_images
 from gpufeed.config import Config, ConfigError, parse_config
 from gpufeed.device import resolve_device
 from gpufeed.models import create_model
-from gpufeed.pipelines import ClipBatch, ClipLoader, ImageBatch, ImageDataset, ImageLoader, VideoDataset
+from gpufeed.pipelines import (
+    ClipBatch,
+    ClipLoader,
+    DenseBatch,
+    DenseLoader,
+    ImageBatch,
+    ImageDataset,
+    ImageLoader,
+    VideoDataset,
+)
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._sampler import plan_epoch
 from gpufeed.train._augment import AugmentPlan, plan_augmentation
+from gpufeed.train._dense import DepthTask, refuse_device_geometry
 from gpufeed.train._optim import build_optimizer, build_scheduler, resolve_amp
 from gpufeed.train._step import Stepper
 from gpufeed.train._tasks import ClipTask, ImageTask, to_channels_last
@@ -54,6 +65,9 @@ DEFAULTS = {
     ("images", "gpu"): _defaults("resnet18", 256, 224, epochs=4, rounds=2, images=4096),
     ("clips", "cpu"): _defaults("r3d_small", 4, 64, epochs=3, rounds=1, videos=2, seconds=8),
     ("clips", "gpu"): _defaults("r3d_small", 64, 112, epochs=4, rounds=2, videos=4, seconds=120),
+    # Dense depth: 640x480 JPEG + 16-bit PNG pairs (generated), unet_resnet18 at width x height.
+    ("depth", "cpu"): _defaults("unet_resnet18", 8, (128, 96), epochs=2, rounds=1, images=64),
+    ("depth", "gpu"): _defaults("unet_resnet18", 64, (256, 192), epochs=3, rounds=2, images=2048),
 }
 # Config keys the command's own flags decide, and those flags.
 _FLAG_KEYS = {
@@ -100,6 +114,10 @@ class _Run:
         self.plans = augment_plans(self.cfg, args.task == "clips", self.amp_dtype)
         if args.task == "images":
             self._images(args)
+        elif args.task == "depth":
+            for plan in self.plans.values():  # a flip on the device would move the RGB without its map
+                refuse_device_geometry(plan.placement)
+            self._depth(args)
         else:
             self._clips(args)
 
@@ -115,23 +133,28 @@ class _Run:
             self.dataset = ImageDataset.from_list(listing, progress=True)
             self.data_text = f"{len(self.dataset)} generated photo-like {args.image_size[0]}x{args.image_size[1]} JPEGs"
         self.data_text += f", {classes} classes"
-        cfg = self.cfg
         self.task = ImageTask(classes)
-        self.spec = {"num_classes": classes, "size_px": cfg.image.size_px}
-        plans = [
-            plan_epoch(
-                self.dataset.usable_ids,
-                epoch=e,
-                seed=cfg.seed,
-                shuffle=cfg.loader.shuffle,
-                shard_id=0,
-                num_shards=1,
-                batch_size=cfg.loader.batch_size,
-                last_batch="drop",
-            ).sample_ids.tolist()
-            for e in range(self.epochs)
-        ]
-        self.keys = [[(i, e) for i in ids] for e, ids in enumerate(plans)]
+        self.spec = {"num_classes": classes, "size_px": self.cfg.image.size_px}
+        self.keys = [[(i, e) for i in self._plan_ids(e)] for e in range(self.epochs)]
+
+    def _depth(self, args) -> None:
+        self.dataset, self.data_text = depth_bench_pairs(args.data, args.cache, self.pick["images"], args.image_size)
+        self.task = DepthTask(DEPTH_SCALE, no_data=0)
+        self.spec = {"task": "depth", "num_classes": 1, "size_px": self.cfg.image.size_px, "depth_scale": DEPTH_SCALE}
+        self.keys = [[(i, e) for i in self._plan_ids(e)] for e in range(self.epochs)]
+
+    def _plan_ids(self, epoch: int) -> list[int]:
+        cfg = self.cfg
+        return plan_epoch(
+            self.dataset.usable_ids,
+            epoch=epoch,
+            seed=cfg.seed,
+            shuffle=cfg.loader.shuffle,
+            shard_id=0,
+            num_shards=1,
+            batch_size=cfg.loader.batch_size,
+            last_batch="drop",
+        ).sample_ids.tolist()
 
     def _clips(self, args) -> None:
         v = self.cfg.video
@@ -184,27 +207,26 @@ class _Run:
         }
         if self.clips:
             return ClipLoader(self.dataset, video_cfg=cfg.video, **common)
+        if self.task_name == "depth":
+            return DenseLoader(self.dataset, image_cfg=cfg.image, **common)
         return ImageLoader(self.dataset, image_cfg=cfg.image, **common)
 
     def feed(self, side: str):
         """A fresh stream of ``(epoch, batch index, batch)`` for every epoch, fed by ``side``."""
         if side == "gpufeed":
             return gpufeed_feed(self._gpufeed_loader, self.epochs)
+        common = {"batch_size": self.cfg.loader.batch_size, "workers": self.workers, "device": self.device}
+        common["prefetch_factor"] = self.prefetch_factor
+        if self.task_name == "depth":
+            pairs = PilDensePairs(self.dataset, self.cfg.image, self.cfg.seed)
+            return dense_dataloader_feed(pairs, self.keys, **common)
         v = self.cfg.video
         if self.clips:
             dataset = PyAvSeekClips(self.dataset, v.clip_length_frames, v.stride_frames, v.size_px)
             clips = (tuple(self.dataset.behaviours), self.centre)
         else:
             dataset, clips = PilTrainImages(self.dataset, self.cfg.image, self.cfg.seed), None
-        return dataloader_feed(
-            dataset,
-            self.keys,
-            batch_size=self.cfg.loader.batch_size,
-            workers=self.workers,
-            prefetch_factor=self.prefetch_factor,
-            device=self.device,
-            clips=clips,
-        )
+        return dataloader_feed(dataset, self.keys, clips=clips, **common)
 
     # -- the step -------------------------------------------------------------------------------
     def stepper(self, augment: torch.nn.Module):
@@ -238,6 +260,10 @@ class _Run:
         n, dev = self.cfg.loader.batch_size, self.device.torch_device
         h, w = parse_size_px(self.spec["size_px"]).hw
         valid = torch.ones(n, dtype=torch.bool, device=dev)
+        if self.task_name == "depth":
+            images = torch.randint(0, 256, (n, h, w, 3), dtype=torch.uint8, device=dev).permute(0, 3, 1, 2)
+            depth = torch.randint(1, 5000, (n, h, w), dtype=torch.int32, device=dev)
+            return DenseBatch(images, {"depth": depth}, torch.arange(n, device=dev), valid)
         if not self.clips:
             images = torch.randint(0, 256, (n, h, w, 3), dtype=torch.uint8, device=dev).permute(0, 3, 1, 2)
             labels = torch.randint(0, self.spec["num_classes"], (n,), device=dev)

@@ -281,7 +281,12 @@ def register_train(kinds) -> None:
         "device: CPU smallcnn 64 px batch 32 (images) / r3d_small 64 px batch 4 (clips); GPU resnet18 224 px batch "
         "256 on 4,096 JPEGs / r3d_small 112 px batch 64.",
     )
-    p.add_argument("--task", choices=("images", "clips"), default="images", help="what to train on (default images)")
+    p.add_argument(
+        "--task",
+        choices=("images", "clips", "depth"),
+        default="images",
+        help="what to train on (default images; depth: RGB + 16-bit depth pairs, unet_resnet18)",
+    )
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--model", help="registry name (default: by task and device, see above)")
     p.add_argument("--batch-size", type=int, help="samples per step (default: by task and device)")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from gpufeed._files import write_json
+from gpufeed.commands.bench import _size  # WIDTHxHEIGHT, as the bench commands read it
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
 # imports the libraries it runs (numpy, PIL, DALI, PyAV) itself: `gpufeed --help` stays light.
@@ -16,7 +17,7 @@ from gpufeed._files import write_json
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "synth",
-        help="write the small deterministic synthetic dataset (images and h264 videos)",
+        help="write the small deterministic synthetic dataset (images, h264 videos, RGB + depth + mask pairs)",
         description="Write JPEG/PNG images in class folders with list files, and h264 videos with per-frame "
         "behaviour labels. Pixels carry the sample id and label (frames: frame index and video id).",
     )
@@ -29,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--video-frames", type=int, nargs="+", default=[150, 120, 96], help="frame counts, cycled over the videos"
     )
     p.add_argument("--gop", type=int, default=30, help="keyframe interval of the videos in frames (default 30)")
+    p.add_argument("--paired-train", type=int, default=16, help="RGB + depth + mask pairs in dense/train (default 16)")
+    p.add_argument("--paired-val", type=int, default=8, help="pairs in dense/val (default 8)")
+    p.add_argument("--paired-size", type=_size, default=(96, 72), help="pair size WxH (default 96x72; e.g. 640x480)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_synth)
 
@@ -102,6 +106,10 @@ def _synth(args: argparse.Namespace) -> int:
         num_videos=args.videos,
         video_frames=tuple(args.video_frames),
         video_gop_frames=args.gop,
+        paired_train=args.paired_train,
+        paired_val=args.paired_val,
+        paired_width=args.paired_size[0],
+        paired_height=args.paired_size[1],
         seed=args.seed,
     )
     out = write_synthetic_dataset(args.out, spec)

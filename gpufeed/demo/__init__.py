@@ -11,6 +11,7 @@ module per stage:
 * ``_video``: :func:`run_clip_demo`, clips read and verified frame by frame.
 * ``_train``: :func:`run_train_demo`, a short training run of the image and clip models.
 * ``_serve``: :func:`run_serve_demo`, export, serve, classify through tritonclient and REST.
+* ``_dense``: :func:`run_dense_demo`, RGB + depth pairs checked, trained, exported, served as a PNG.
 * ``_obs``: :func:`run_obs_demo`, the monitoring stack checked with promtool and a real Prometheus.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from gpufeed.config import Config, save_config
 from gpufeed.demo._base import DEMO_CONFIG, banner, demo_config
+from gpufeed.demo._dense import run_dense_demo
 from gpufeed.demo._images import run_image_demo
 from gpufeed.demo._obs import run_obs_demo
 from gpufeed.demo._serve import DEMO_MODEL_NAME, run_serve_demo
@@ -34,6 +36,7 @@ __all__ = [
     "demo_train_config",
     "run_clip_demo",
     "run_demo",
+    "run_dense_demo",
     "run_obs_demo",
     "run_serve_demo",
     "run_train_demo",
@@ -62,6 +65,7 @@ def run_demo(out: str | Path, device: str = "auto") -> Config:
 
     banner("serving")
     run_serve_demo(cfg, out, choice, find_checkpoint(image_run))
+    run_dense_demo(out, cfg, choice)
 
     banner("monitoring")
     run_obs_demo(out)

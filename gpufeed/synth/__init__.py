@@ -8,6 +8,9 @@
     DIR/images/train.txt, val.txt       list files: "relative/path label"
     DIR/videos/clip_<k>.mp4             h264, yuv420p, constant frame rate
     DIR/videos/clip_<k>.csv             one multi-hot behaviour row per frame
+    DIR/dense/train|val/rgb/<id>.jpg    RGB of the paired (dense-target) splits
+    DIR/dense/train|val/depth/<id>.png  16-bit depth, a function of the pixel coordinates
+    DIR/dense/train|val/mask/<id>.png   8-bit class ids in drawn rectangles (255: ignore band)
     DIR/synth.json                      what was written, with the parameters
 
 Image pixels carry (sample id, label) and video frames carry (frame index, video id); see
@@ -21,6 +24,7 @@ from pathlib import Path
 
 from gpufeed._files import write_json
 from gpufeed.synth._images import CLASS_NAMES, IMAGE_SIZES, render_image, write_image_split
+from gpufeed.synth._pairs import render_pair, synth_depth, write_paired_split
 from gpufeed.synth._tags import CLASS_WORDS, Tag, TagError, draw_tag, read_tag
 from gpufeed.synth._videos import BEHAVIOURS, behaviour_labels, render_frame, write_video
 
@@ -37,6 +41,9 @@ __all__ = [
     "read_tag",
     "render_frame",
     "render_image",
+    "render_pair",
+    "synth_depth",
+    "write_paired_split",
     "write_synthetic_dataset",
     "write_video",
 ]
@@ -55,6 +62,10 @@ class SynthSpec:
     video_height: int = 64
     video_fps: int = 30
     video_gop_frames: int = 30
+    paired_train: int = 16
+    paired_val: int = 8
+    paired_width: int = 96
+    paired_height: int = 72
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -77,6 +88,7 @@ def write_synthetic_dataset(out: str | Path, spec: SynthSpec = SynthSpec(), prog
     classes = CLASS_NAMES[: spec.num_classes]
     frames = [spec.video_frames[k % len(spec.video_frames)] for k in range(spec.num_videos)]
     total = spec.num_classes * (spec.train_per_class + spec.val_per_class) + sum(frames)
+    total += spec.paired_train + spec.paired_val
     with tqdm(total=total, desc="synth", unit="file", disable=not progress, leave=False) as bar:
         (images / "classes.txt").write_text("\n".join(classes) + "\n", encoding="utf-8")
         for split, per_class in (("train", spec.train_per_class), ("val", spec.val_per_class)):
@@ -94,6 +106,10 @@ def write_synthetic_dataset(out: str | Path, spec: SynthSpec = SynthSpec(), prog
                 seed=spec.seed,
                 progress=bar,
             )
+        for split, count in (("train", spec.paired_train), ("val", spec.paired_val)):
+            if count:
+                size = (spec.paired_width, spec.paired_height)
+                write_paired_split(out / "dense" / split, count, *size, spec.seed, progress=bar)
     manifest = {"spec": asdict(spec), "classes": list(classes), "behaviours": list(BEHAVIOURS)}
     write_json(out / "synth.json", manifest)
     return out

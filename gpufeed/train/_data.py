@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufeed.config import Config, ConfigError
-from gpufeed.pipelines import ClipLoader, ImageDataset, ImageLoader, VideoDataset
+from gpufeed.pipelines import ClipLoader, DenseLoader, ImageDataset, ImageLoader, PairedDataset, VideoDataset
 from gpufeed.pipelines._deepethogram import project_dataset
+from gpufeed.pipelines._pairs import is_paired_root
+from gpufeed.train._dense import DENSE_TASKS, DepthTask, SegmentationTask
 from gpufeed.train._distributed import DistInfo
 from gpufeed.train._tasks import ClipTask, ImageTask, Task
 
@@ -145,8 +147,76 @@ def _clip_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
     )
 
 
+def _paired_set(cfg: Config, split_cfg, key: str) -> PairedDataset:
+    data = cfg.data
+    common = {"scale_maps": data.scale_maps, "max_pixels": data.max_image_pixels}
+    if split_cfg.root is not None:
+        if not is_paired_root(split_cfg.root):
+            raise ConfigError(
+                f"{key}.root", f"{split_cfg.root} is not a paired split: a dense model needs rgb/ with depth/ or mask/"
+            )
+        return PairedDataset.from_root(split_cfg.root, **common)
+    return PairedDataset.from_list(split_cfg.list_file, map_kinds=data.map_kinds, **common)
+
+
+def _dense_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
+    """A dense task (depth or segmentation) and this rank's :class:`DenseLoader` s over paired splits."""
+    if cfg.data.train is None:
+        raise ConfigError("data.train", "a dense model needs a paired training split: set data.train.root")
+    train_set = _paired_set(cfg, cfg.data.train, "data.train")
+    val_set = _paired_set(cfg, cfg.data.val, "data.val") if cfg.data.val is not None else None
+    task_name = cfg.model.task or train_set.task
+    needed = "depth" if task_name == "depth" else "mask"
+    for split in (train_set, val_set):
+        if split is not None and needed not in split.kinds:
+            raise ConfigError(
+                "model.task", f"value {task_name!r} needs {needed} maps, and {split.source} has {list(split.kinds)}"
+            )
+    if task_name == "depth":
+        if cfg.model.num_classes not in (None, 1):
+            raise ConfigError("model.num_classes", f"value {cfg.model.num_classes}: a depth model has 1 output")
+        task, labels = DepthTask(cfg.data.depth_scale, cfg.data.depth_no_data), ()
+        map_facts = {"depth_scale": cfg.data.depth_scale, "map_fill": cfg.data.depth_no_data}
+    else:
+        labels = tuple(cfg.data.classes or ())
+        num_classes = cfg.model.num_classes or len(labels)
+        if not num_classes:
+            raise ConfigError(
+                "model.num_classes",
+                "a segmentation model needs its number of classes: set it, or name them in data.classes",
+            )
+        labels = labels if len(labels) == num_classes else ()
+        task = SegmentationTask(num_classes, labels, cfg.data.mask_ignore_id)
+        map_facts = {"map_fill": cfg.data.mask_ignore_id}
+
+    def loader(dataset, train: bool) -> DenseLoader:
+        return DenseLoader(
+            dataset,
+            image_cfg=cfg.image,
+            depth_interp=cfg.data.depth_interp,
+            **_loader_args(cfg, device, dist, augment, train),
+        )
+
+    return TrainData(
+        task=task,
+        train=loader(train_set, True),
+        val=loader(val_set, False) if val_set is not None else None,
+        spec_overrides={
+            "task": task_name,
+            **map_facts,
+            "num_classes": task.num_classes,
+            "labels": labels,
+            "size_px": cfg.image.size_px,
+            "eval_crop_fraction": cfg.image.eval_crop_fraction,
+        },
+    )
+
+
 def build_data(cfg: Config, task_kind: str, device, dist: DistInfo, augment=None) -> TrainData:
-    """The task and this rank's loaders for a model whose spec says ``task_kind`` (image | clip).
+    """The task and this rank's loaders for a model whose spec says ``task_kind`` (image | clip | depth | segmentation).
+
+    A dense model (``depth`` or ``segmentation`` by default) gets the task ``model.task`` names,
+    or the one its training split's maps imply.
 
     ``augment``: the training loader's share of the augmentation
     (:attr:`gpufeed.train._augment.AugmentPlan.loader`); the evaluation loader never augments.
@@ -155,7 +225,9 @@ def build_data(cfg: Config, task_kind: str, device, dist: DistInfo, augment=None
         return _image_data(cfg, device, dist, augment)
     if task_kind == "clip":
         return _clip_data(cfg, device, dist, augment)
-    raise ValueError(f"task {task_kind!r} is not known; known tasks: image, clip")
+    if task_kind in DENSE_TASKS:
+        return _dense_data(cfg, device, dist, augment)
+    raise ValueError(f"task {task_kind!r} is not known; known tasks: image, clip, {', '.join(DENSE_TASKS)}")
 
 
 def _has_val(cfg: Config) -> bool:

@@ -33,6 +33,7 @@ from gpufeed.train._checkpoint import (
     save_checkpoint,
 )
 from gpufeed.train._data import build_data
+from gpufeed.train._dense import DENSE_TASKS, refuse_device_geometry
 from gpufeed.train._distributed import (
     all_gather_objects,
     broadcast_object,
@@ -136,6 +137,8 @@ class Session:
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         # One plan decides where each op runs, so none runs both in the loader and on the device.
         augment = plan_augmentation(cfg.augment, clips=task_kind == "clip", dtype=self.amp_dtype)
+        if task_kind in DENSE_TASKS:
+            refuse_device_geometry(augment.placement)
         self.data = build_data(cfg, task_kind, self.device, self.dist, augment=augment.loader)
         spec = dict(self.data.spec_overrides, mean=cfg.model.mean, std=cfg.model.std)
         model = create_model(cfg.model.name, **spec).to(self.device.torch_device)

@@ -1,0 +1,341 @@
+"""The dense loader: an RGB image and its target maps through one DALI graph, one geometry.
+
+Every sample's RGB and maps get the same crop window, flip and resize, computed once per sample
+by the image loader's :class:`~gpufeed.pipelines._loader.CropPolicy` (random-resized crops and
+flips from (seed, epoch, sample id) when training, centre crops for evaluation):
+
+==============  =========================================================  ====================
+stage           RGB                                                        maps
+==============  =========================================================  ====================
+feed            path, window anchor/shape, resize ROI over the window      path, resize ROI in
+                                                                           the map's pixels
+decode          the window only (``image_slice``, nvJPEG on a GPU), EXIF   whole map, as stored
+                orientation applied                                        (no re-orientation),
+                                                                           dtype kept (uint16),
+                                                                           on the CPU, then one
+                                                                           copy to the GPU
+resize          linear + antialias, the flip folded into the ROI           nearest (masks;
+                                                                           depth by default) or
+                                                                           linear (depth)
+colour          the loader's colour augmentation, when given               never
+==============  =========================================================  ====================
+
+A map's ROI is the RGB window in the map's own pixels: the window itself when the sizes match
+(the index refuses a mismatch unless ``data.scale_maps``), scaled by map size / RGB size when
+``scale_maps`` is set, so the map is scaled to the RGB's size and cropped in the same resample.
+DALI's nearest-neighbour resize takes source pixel ``floor(roi_start + (i + 0.5) * (roi_end -
+roi_start) / out)``, so a nearest map is exact: every output pixel is a source value
+(``tests/test_dense_loader.py`` checks every pixel against that location).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
+from gpufeed.pipelines._epochs import EpochLoader, Session
+from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._image_pipeline import PathTable
+from gpufeed.pipelines._image_verify import find_bad_files
+from gpufeed.pipelines._loader import CropPolicy
+from gpufeed.pipelines._pairs import PairedDataset
+from gpufeed.pipelines._sampler import PlanStream, StreamBatch
+from gpufeed.pipelines._windows import Windows
+
+__all__ = ["DEPTH_INTERPS", "DenseBatch", "DenseLoader", "map_rois"]
+
+DEPTH_INTERPS = ("nearest", "linear")
+
+
+@dataclass(frozen=True)
+class DenseBatch:
+    """One batch from :class:`DenseLoader`.
+
+    Attributes:
+        images: (N, 3, H, W) torch.uint8 RGB, channels_last memory format, on the loader's device.
+        maps: Map kind -> (N, H, W) tensor on the same device: ``depth`` uint8 (8-bit maps) or int32 (16-bit
+            maps, values kept exactly: DALI's torch bridge has no uint16), ``mask`` uint8 class ids.
+        sample_ids: (N,) torch.int64 positions in the dataset index.
+        valid: (N,) torch.bool, False for padding rows (``last_batch: pad`` only).
+    """
+
+    images: object
+    maps: dict
+    sample_ids: object
+    valid: object
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+
+def map_rois(windows: Windows, rgb_sizes: np.ndarray, map_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(roi_start, roi_end), (y, x) float32, of each window (flip folded in) in its map's pixels.
+
+    A map of another size than its RGB (``data.scale_maps``) gets the window scaled by map size
+    over RGB size on each axis.
+    """
+    scale = map_sizes.astype(np.float64) / np.maximum(rgb_sizes, 1)
+    x0 = windows.anchor[:, 0].astype(np.float64)
+    y0 = windows.anchor[:, 1].astype(np.float64)
+    w, h = windows.shape[:, 0].astype(np.float64), windows.shape[:, 1].astype(np.float64)
+    flip = windows.flip.astype(bool)
+    x_start = np.where(flip, x0 + w, x0) * scale[:, 0]
+    x_end = np.where(flip, x0, x0 + w) * scale[:, 0]
+    start = np.stack([y0 * scale[:, 1], x_start], axis=1)
+    end = np.stack([(y0 + h) * scale[:, 1], x_end], axis=1)
+    return start.astype(np.float32), end.astype(np.float32)
+
+
+class DenseFeed:
+    """Batch-mode ``external_source`` callback: RGB and map inputs of the stream's next plan batch."""
+
+    def __init__(self, stream: PlanStream, dataset: PairedDataset, windows, augment=None, seed: int = 0) -> None:
+        self.stream, self.dataset, self.windows, self.augment, self.seed = stream, dataset, windows, augment, seed
+        self.kinds = dataset.kinds
+        self.rgb = PathTable(list(dataset.paths))
+        self.maps = {kind: PathTable(list(dataset.maps[kind])) for kind in self.kinds}
+        self.iteration = 0
+
+    @property
+    def has_colour(self) -> bool:
+        return self.augment is not None and self.augment.has_colour
+
+    @property
+    def num_outputs(self) -> int:
+        return 7 + 4 * len(self.kinds) + int(self.has_colour)
+
+    def __call__(self):
+        k = self.iteration
+        batch = self.stream[k]
+        self.iteration = k + 1
+        ids = batch.sample_ids
+        windows = self.windows(ids, batch.epoch)
+        colour = ()
+        if self.augment is not None:
+            rows = self.augment.rows(self.seed, batch.epoch, ids)
+            if rows.flip is not None:  # flips are geometry: the maps' ROIs below take the toggled flip too
+                windows = replace(windows, flip=windows.flip ^ rows.flip.astype(windows.flip.dtype))
+            if rows.colour is not None:
+                colour = (rows.colour.astype(np.float32),)
+        roi_start, roi_end = windows.roi()
+        meta = np.stack([np.full(len(ids), k), np.arange(len(ids)), ids, batch.valid.astype(np.int64)], axis=1)
+        out = [*self.rgb.gather(ids), windows.anchor.astype(np.int32), windows.shape.astype(np.int32)]
+        out += [roi_start.astype(np.float32), roi_end.astype(np.float32), meta.astype(np.int64)]
+        for kind in self.kinds:
+            start, end = map_rois(windows, self.dataset.sizes[ids], self.dataset.map_sizes[kind][ids])
+            out += [*self.maps[kind].gather(ids), start, end]
+        return (*out, *colour)
+
+
+def build_dense_pipeline(
+    feed: DenseFeed,
+    *,
+    size: tuple[int, int],
+    map_bits: dict[str, int],
+    depth_interp: str,
+    batch_size: int,
+    device_id: int | None,
+    num_threads: int,
+    prefetch_queue_depth: int,
+    seed: int,
+):
+    """Build the dense DALI pipeline: outputs ``(images, meta, *maps)`` (maps in ``feed.kinds`` order).
+
+    Args:
+        size: Output (width, height) of the RGB and every map.
+        map_bits: Bit depth per map kind: the decoded dtype (uint8 or uint16, values unscaled).
+        depth_interp: ``nearest`` or ``linear`` resampling of depth maps (masks are always nearest).
+    """
+    from nvidia.dali import fn, pipeline_def, types
+
+    on_gpu = device_id is not None
+    width, height = size
+
+    def read(paths, lengths):
+        return fn.io.file.read(fn.slice(paths, np.zeros(1, dtype=np.int32), lengths, axes=[0]))
+
+    @pipeline_def(enable_conditionals=False)
+    def dense_graph():
+        dtypes = [types.UINT8, types.INT32, types.INT32, types.INT32, types.FLOAT, types.FLOAT, types.INT64]
+        dtypes += [types.UINT8, types.INT32, types.FLOAT, types.FLOAT] * len(feed.kinds)
+        dtypes += [types.FLOAT] * int(feed.has_colour)
+        outs = fn.external_source(
+            source=feed,
+            num_outputs=feed.num_outputs,
+            batch=True,
+            dtype=dtypes,
+            ndim=[1] * (feed.num_outputs - int(feed.has_colour)) + [2] * int(feed.has_colour),
+        )
+        paths, lengths, anchor, shape, roi_start, roi_end, meta = outs[:7]
+        images = fn.decoders.image_slice(
+            read(paths, lengths),
+            anchor,
+            shape,
+            axis_names="WH",
+            device="mixed" if on_gpu else "cpu",
+            output_type=types.RGB,
+        )
+        images = fn.resize(
+            images,
+            size=(height, width),
+            roi_start=roi_start,
+            roi_end=roi_end,
+            roi_relative=False,
+            interp_type=types.INTERP_LINEAR,
+            antialias=True,
+            dtype=types.UINT8,
+        )
+        if feed.has_colour:  # colour on the RGB only: a map's values are targets, never augmented
+            images = apply_augment_nodes(images, colour=outs[-1])
+        maps = []
+        for j, kind in enumerate(feed.kinds):
+            m_paths, m_lengths, m_start, m_end = outs[7 + 4 * j : 11 + 4 * j]
+            dtype = types.UINT16 if map_bits[kind] == 16 else types.UINT8
+            # adjust_orientation=False: a PNG map is in stored pixels, whatever metadata it carries.
+            # Decoded on the CPU (nvJPEG has no PNG path, and a CPU decode keeps a 16-bit map's dtype on
+            # any DALI build) and copied to the GPU once, whole, where the resize then runs.
+            decoded = fn.decoders.image(
+                read(m_paths, m_lengths),
+                device="cpu",
+                output_type=types.ANY_DATA,
+                dtype=dtype,
+                adjust_orientation=False,
+            )
+            if on_gpu:
+                decoded = decoded.gpu()
+            nearest = kind == "mask" or depth_interp == "nearest"
+            resized = fn.resize(
+                decoded,
+                size=(height, width),
+                roi_start=m_start,
+                roi_end=m_end,
+                roi_relative=False,
+                interp_type=types.INTERP_NN if nearest else types.INTERP_LINEAR,
+                antialias=False,
+                dtype=dtype,
+            )
+            # DALI's torch bridge has no uint16: widen a 16-bit map to int32 (exact) before it leaves.
+            maps.append(fn.cast(resized, dtype=types.INT32) if map_bits[kind] == 16 else resized)
+        return (images, meta, meta.gpu(), *maps) if on_gpu else (images, meta, *maps)
+
+    pipe = dense_graph(
+        batch_size=batch_size,
+        num_threads=num_threads,
+        device_id=device_id,
+        prefetch_queue_depth=prefetch_queue_depth,
+        seed=seed,
+        exec_dynamic=True,
+    )
+    pipe.build()
+    return pipe
+
+
+class DenseLoader(EpochLoader):
+    """Batches of RGB images and their target maps, cropped together, from a :class:`PairedDataset`.
+
+    Epochs, resume (``state_dict``) and bad-file handling are the image loader's
+    (:class:`~gpufeed.pipelines._epochs.EpochLoader`); a pair with a problem is left out or stops
+    the loader per ``loader.on_bad_sample``, its message naming both files.
+
+    Args:
+        dataset: The indexed paired split.
+        train: Random-resized crops and flips (and shuffling) when True; centre crops otherwise.
+        image_cfg: :class:`gpufeed.config.ImagePipelineConfig` (crop area, ratio, flip, eval crop).
+        loader_cfg: :class:`gpufeed.config.LoaderConfig`.
+        device: :class:`gpufeed.device.DeviceChoice`.
+        size: Output (width, height); default ``image_cfg.output_size`` (``image.size_px``).
+        depth_interp: ``nearest`` (default: exact values, no blending with no-data pixels) or
+            ``linear`` resampling of depth maps.
+        shard_id, num_shards, seed, augment: As for :class:`~gpufeed.pipelines.ImageLoader`;
+            augmentation flips move the maps too, its colour ops touch the RGB only.
+    """
+
+    def __init__(
+        self,
+        dataset: PairedDataset,
+        *,
+        train: bool,
+        image_cfg,
+        loader_cfg,
+        device,
+        size: tuple[int, int] | None = None,
+        depth_interp: str = "nearest",
+        shard_id: int = 0,
+        num_shards: int = 1,
+        seed: int = 0,
+        augment: LoaderAugment | None = None,
+    ) -> None:
+        if depth_interp not in DEPTH_INTERPS:
+            raise ValueError(f"depth_interp {depth_interp!r}: expected one of {list(DEPTH_INTERPS)}")
+        self.dataset = dataset
+        self.image_cfg = image_cfg
+        self.size = tuple(size) if size is not None else tuple(image_cfg.output_size)
+        self.depth_interp = depth_interp
+        self.augment = augment if train and augment else None
+        self._setup_epochs(
+            train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
+        )
+        self._leave_out(dict(dataset.problems), "pair")
+        self._usable = dataset.usable_ids
+        if self._plan(0).num_batches == 0:
+            raise DatasetError(
+                f"shard {self.shard_id} of {self.num_shards} gets no batches: {len(self._usable)} usable pairs in "
+                f"{dataset.source}, batch_size {self.batch_size}, last_batch '{self.last_batch}'. "
+                "Use a smaller batch_size or last_batch: partial."
+            )
+        c = image_cfg
+        width, height = self.size
+        self.crops = CropPolicy(
+            np.asarray(dataset.sizes),
+            train,
+            seed,
+            c.crop_area,
+            c.crop_aspect_ratio,
+            c.flip,
+            c.eval_crop_fraction,
+            output_aspect=width / height,
+        )
+
+    def _plan_ids(self) -> np.ndarray:
+        return self._usable
+
+    def _excluded_plan_ids(self) -> list[int]:
+        return sorted(self.read_failures)
+
+    def _open_session(self, stream: PlanStream) -> Session:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+        feed = DenseFeed(stream, self.dataset, self.crops, augment=self.augment, seed=self.seed)
+        pipe = build_dense_pipeline(
+            feed,
+            size=self.size,
+            map_bits=self.dataset.map_bits,
+            depth_interp=self.depth_interp,
+            batch_size=self.batch_size,
+            device_id=self.device.device_id,
+            num_threads=self.num_threads,
+            prefetch_queue_depth=self.cfg.prefetch_queue_depth,
+            seed=self.seed,
+        )
+        names = ["images", "meta", "meta_gpu"] if self.device.is_gpu else ["images", "meta"]
+        iterator = DALIGenericIterator(pipe, names + list(feed.kinds), auto_reset=False, prepare_first_batch=False)
+        return Session(iterator, stream, feed=feed)
+
+    def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> DenseBatch:
+        meta = out["meta"]
+        n = len(batch)
+        self._check_rows(meta[:, :2].numpy(), np.stack([np.full(n, iteration), np.arange(n)], axis=1))
+        on_device = out.get("meta_gpu", meta)
+        maps = {kind: out[kind][..., 0] for kind in self.dataset.kinds}
+        return DenseBatch(out["images"].permute(0, 3, 1, 2), maps, on_device[:, 2].contiguous(), on_device[:, 3].bool())
+
+    def _suspects(self, batches: list[StreamBatch]) -> list[tuple[int, str, None]]:
+        ids = dict.fromkeys(int(i) for batch in batches for i in batch.sample_ids)
+        files = [(i, self.dataset.paths[i], None) for i in ids]
+        return files + [(i, self.dataset.maps[kind][i], None) for i in ids for kind in self.dataset.kinds]
+
+    def _recheck(self, suspects) -> dict[int, str]:
+        bad = dict(find_bad_files([path for _, path, _ in suspects], self.dataset.max_pixels))
+        return {i: f"{path}: {bad[path]}" for i, path, _ in suspects if path in bad}
