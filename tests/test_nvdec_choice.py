@@ -136,7 +136,10 @@ def test_the_pyav_fallback_reads_every_format_exactly(odd_formats):
     """What a GPU falls back to, run here: every clip of every format, frames checked by their tags."""
     loader = _loader(VideoDataset.from_folder(odd_formats), DeviceChoice("cpu", None, "test"))
     assert loader.source == "pyav"
-    seen = _read_all(loader)
+    try:
+        seen = _read_all(loader)
+    finally:
+        loader.close()  # its PyAV worker processes go now, not whenever the loader is collected
     assert sorted({v for v, _ in seen}) == list(range(len(FORMATS))) and loader.skipped == {}
 
 
