@@ -392,9 +392,10 @@ def run_train_bench(
     cache: Path = Path(".cache/bench"),
 ) -> dict:
     """Run the benchmark (arguments: :class:`~gpufeed.bench._train_options.TrainBenchOptions`); return the figures."""
+    options = TrainBenchOptions(**locals())  # the arguments, exactly: nothing else is defined yet
     from tqdm import tqdm
 
-    run = _Run(TrainBenchOptions(**locals()))  # the arguments, exactly: nothing else is defined yet
+    run = _Run(options)
     augmenters = {side: plan.augmenter for side, plan in run.plans.items()}
     _warm_up(run, augmenters)
     blocks: dict[str, list[dict]] = {side: [] for side in SIDES}
