@@ -54,7 +54,6 @@ class ServeProcess:
         self.stdout_path = Path(self._dir.name) / "stdout.txt"
         self.stderr_path = Path(self._dir.name) / "stderr.txt"
         self.proc: subprocess.Popen | None = None
-        self.final_log = ""  # the server's whole log, kept when the process is stopped
         self.url = ""
         self.host, self.port = "127.0.0.1", 0
 
@@ -145,5 +144,4 @@ class ServeProcess:
             self.stop()
         finally:
             self.kill()
-            self.final_log = self.log()
             self._dir.cleanup()
