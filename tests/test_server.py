@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufeed.config import ImagePipelineConfig, LoaderConfig, parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ImageDataset, ImageLoader
+from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.server import start_server
 
 pytestmark = pytest.mark.timeout(300)
@@ -210,7 +211,13 @@ def test_two_workers_per_model_give_the_same_answers(server, val_set):
     cfg = parse_config({"serve": {"max_delay_ms": 1, "warmup_batches": 1, "workers_per_model": 2, "decode_threads": 1}})
     overlapped = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU)
     try:
-        assert overlapped.state.models[IMAGE_MODEL].describe()["workers"] == 2
+        where = overlapped.state.models[IMAGE_MODEL].describe()
+        cores = default_num_threads()
+        assert where["workers"] == 2 and where["threads"] == {
+            "decode_per_worker": 1,  # serve.decode_threads
+            "inference_alone": cores,  # a lone batch: every core
+            "inference_shared": max(1, cores // 2),
+        }, where
         blobs = [Path(p).read_bytes() for p in val_set.paths[:16]]
         alone = [_client(server).infer(IMAGE_MODEL, [_bytes_input([b])]).as_numpy("logits")[0] for b in blobs]
         many = _client(overlapped, concurrency=16)
@@ -370,6 +377,34 @@ def test_runner_has_a_session_per_batch_size_and_refuses_other_sizes():
         runner.bucket_for(5)
     with pytest.raises(RuntimeSetupError, match=r"batch sizes \[2\] are not a subset"):
         OnnxRunner(model_dir, card, CPU, batch_sizes=(2,))
+
+
+def test_a_lone_batch_gets_every_core_and_batches_side_by_side_their_share():
+    """Thread budgets that follow load: the all-cores session only while no other batch is in inference."""
+    from gpufeed.models import read_model_card
+    from gpufeed.server._runtime import OnnxRunner
+
+    model_dir = exported_repo() / IMAGE_MODEL
+    card = read_model_card(model_dir)
+    runner = OnnxRunner(model_dir, card, CPU, threads=1, threads_alone=2)
+    assert runner.threads == {"alone": 2, "shared": 1}
+    for n in runner.batch_sizes:
+        assert runner.sessions_alone[n].get_session_options().intra_op_num_threads == 2
+        assert runner.sessions[n].get_session_options().intra_op_num_threads == 1
+    with runner._host_session(2) as first:
+        assert first is runner.sessions_alone[2], "no other batch in inference: every core"
+        with runner._host_session(2) as second:
+            assert second is runner.sessions[2], "beside another batch: the lane's share"
+    with runner._host_session(2) as again:
+        assert again is runner.sessions_alone[2], "the count went back down"
+    batch = runner.new_batch()[:2]
+    batch[:] = np.arange(batch.size, dtype=np.uint64).reshape(batch.shape) % 251
+    name, feed = runner.output_name, {card.input_name: batch}
+    alone, shared = (s[2].run([name], feed)[0] for s in (runner.sessions_alone, runner.sessions))
+    np.testing.assert_array_equal(runner.run(batch), alone)
+    np.testing.assert_allclose(alone, shared, rtol=1e-5, atol=1e-6)
+    # Not above the shared budget (or on a GPU): one set of sessions.
+    assert OnnxRunner(model_dir, card, CPU, threads=2, threads_alone=2).sessions_alone == {}
 
 
 def test_items_given_up_inside_a_taken_batch_are_not_decoded_or_run(val_set):
