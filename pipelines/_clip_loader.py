@@ -159,34 +159,35 @@ class ClipLoader(EpochLoader):
             shard_id=shard_id,
             num_shards=num_shards,
         )
-        dataset, video_cfg, loader_cfg, device = args.dataset, args.media_cfg, args.loader_cfg, args.device
+        data: VideoDataset = args.dataset
+        video_cfg, loader_cfg, device = args.media_cfg, args.loader_cfg, args.device
         shard_id, num_shards = args.shard_id, args.num_shards
-        self.dataset = dataset
+        self.dataset = data
         self.video_cfg = video_cfg
         self.augment = augment if train and augment else None
         self._setup_epochs(
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
         self.geometry = ClipGeometry(video_cfg.clip_length_frames, video_cfg.stride_frames)
-        self.behaviours = dataset.behaviours
-        self.quarantined = quarantined_ids(dataset.paths, getattr(loader_cfg, "quarantine_file", None), dataset.source)
-        bad = {v: why for v, why in dataset.problems.items() if v not in self.quarantined}
-        for vid in dataset.usable_ids:
+        self.behaviours = data.behaviours
+        self.quarantined = quarantined_ids(data.paths, getattr(loader_cfg, "quarantine_file", None), data.source)
+        bad = {v: why for v, why in data.problems.items() if v not in self.quarantined}
+        for vid in data.usable_ids:
             if int(vid) in self.quarantined:
                 continue
-            if self.geometry.max_start(dataset.infos[vid].num_frames) < 0:
+            if self.geometry.max_start(data.infos[vid].num_frames) < 0:
                 bad[int(vid)] = (
-                    f"too short: {dataset.infos[vid].num_frames} frames, a clip spans {self.geometry.span_frames}"
+                    f"too short: {data.infos[vid].num_frames} frames, a clip spans {self.geometry.span_frames}"
                 )
         self._leave_out(bad, "video")
         self.skipped.update(self.quarantined)
-        usable = [v for v in dataset.usable_ids if int(v) not in bad and int(v) not in self.quarantined]
-        self.table = ClipTable.build(dataset.num_frames, np.asarray(usable, dtype=np.int64), self.geometry)
+        usable = [v for v in data.usable_ids if int(v) not in bad and int(v) not in self.quarantined]
+        self.table = ClipTable.build(data.num_frames, np.asarray(usable, dtype=np.int64), self.geometry)
         self.source, self.decoder_reason = choose_source(
             video_cfg.decoder,
             device.is_gpu,
-            [dataset.infos[v] for v in usable],
-            dataset.source,
+            [data.infos[v] for v in usable],
+            data.source,
             gpu_capability(device),
         )
         # Falling back to PyAV on a GPU costs throughput: say so louder than a routine choice.
@@ -194,7 +195,7 @@ class ClipLoader(EpochLoader):
         log.log(
             logging.WARNING if fell_back else logging.INFO, "clip decoder: %s (%s)", self.source, self.decoder_reason
         )
-        vfr = [dataset.paths[v] for v in usable if not dataset.infos[v].cfr]
+        vfr = [data.paths[v] for v in usable if not data.infos[v].cfr]
         if vfr:
             log.warning(
                 "%d video(s) have a variable frame rate (e.g. %s): frames are numbered in presentation order, "
@@ -202,7 +203,7 @@ class ClipLoader(EpochLoader):
                 len(vfr),
                 vfr[0],
             )
-        self._refs = [VideoRef.from_info(info) for info in dataset.infos]
+        self._refs = [VideoRef.from_info(info) for info in data.infos]
         self._check_plan(self._plan(0))
 
     # -- planning ---------------------------------------------------------------------------

@@ -294,11 +294,12 @@ class DenseLoader(EpochLoader):
             shard_id=shard_id,
             num_shards=num_shards,
         )
-        dataset, image_cfg, loader_cfg, device = args.dataset, args.media_cfg, args.loader_cfg, args.device
+        data: PairedDataset = args.dataset
+        image_cfg, loader_cfg, device = args.media_cfg, args.loader_cfg, args.device
         shard_id, num_shards = args.shard_id, args.num_shards
         if depth_interp not in DEPTH_INTERPS:
             raise ValueError(f"depth_interp {depth_interp!r}: expected one of {list(DEPTH_INTERPS)}")
-        self.dataset = dataset
+        self.dataset = data
         self.image_cfg = image_cfg
         self.size = tuple(size) if size is not None else tuple(image_cfg.output_size)
         self.depth_interp = depth_interp
@@ -306,18 +307,18 @@ class DenseLoader(EpochLoader):
         self._setup_epochs(
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
-        self._leave_out(dict(dataset.problems), "pair")
-        self._usable = dataset.usable_ids
+        self._leave_out(dict(data.problems), "pair")
+        self._usable = data.usable_ids
         if self._plan(0).num_batches == 0:
             raise DatasetError(
                 f"shard {self.shard_id} of {self.num_shards} gets no batches: {len(self._usable)} usable pairs in "
-                f"{dataset.source}, batch_size {self.batch_size}, last_batch '{self.last_batch}'. "
+                f"{data.source}, batch_size {self.batch_size}, last_batch '{self.last_batch}'. "
                 "Use a smaller batch_size or last_batch: partial."
             )
         c = image_cfg
         width, height = self.size
         self.crops = CropPolicy(
-            np.asarray(dataset.sizes),
+            np.asarray(data.sizes),
             train,
             seed,
             c.crop_area,

@@ -152,20 +152,21 @@ class ImageLoader(EpochLoader):
             shard_id=shard_id,
             num_shards=num_shards,
         )
-        dataset, image_cfg, loader_cfg, device = args.dataset, args.media_cfg, args.loader_cfg, args.device
+        data: ImageDataset = args.dataset
+        image_cfg, loader_cfg, device = args.media_cfg, args.loader_cfg, args.device
         shard_id, num_shards = args.shard_id, args.num_shards
-        self.dataset = dataset
+        self.dataset = data
         self.image_cfg = image_cfg
         self.augment = augment if train and augment else None
         self._setup_epochs(
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
-        self.quarantined = quarantined_ids(dataset.paths, getattr(loader_cfg, "quarantine_file", None), dataset.source)
-        self._leave_out({i: why for i, why in dataset.problems.items() if i not in self.quarantined}, "file")
+        self.quarantined = quarantined_ids(data.paths, getattr(loader_cfg, "quarantine_file", None), data.source)
+        self._leave_out({i: why for i, why in data.problems.items() if i not in self.quarantined}, "file")
         self.skipped.update(self.quarantined)
-        self._labels = dataset.labels
+        self._labels = data.labels
         # Identical on every rank: the index and the quarantine list are deterministic.
-        usable = dataset.usable_ids
+        usable = data.usable_ids
         self._usable = usable[~np.isin(usable, list(self.quarantined))] if self.quarantined else usable
         if self._plan(0).num_batches == 0:
             usable_count = len(self._usable) - len(self.read_failures)
@@ -177,7 +178,7 @@ class ImageLoader(EpochLoader):
         c = image_cfg
         out = c.output_size
         self.crops = CropPolicy(
-            np.asarray(dataset.sizes),
+            np.asarray(data.sizes),
             train,
             seed,
             c.crop_area,
@@ -187,7 +188,7 @@ class ImageLoader(EpochLoader):
             out.width_px / out.height_px,
         )
         # Encoded once: the feed hands DALI each batch's paths as bytes for fn.io.file.read.
-        self._path_table = PathTable(list(dataset.paths))
+        self._path_table = PathTable(list(data.paths))
 
     # -- EpochLoader hooks --------------------------------------------------------------------
     def _plan_ids(self) -> np.ndarray:

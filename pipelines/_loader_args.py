@@ -100,15 +100,15 @@ def resolve_shard(owner: str, shard_id: int | None, num_shards: int | None) -> t
 
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
-        if shard_id is None and num_shards is None:
-            return rank, world
-        if num_shards is None:
+        if shard_id is not None:  # and num_shards is None
             if not 0 <= shard_id < world:
                 raise ValueError(
                     f"{owner}: argument shard_id={shard_id} is out of range for torch.distributed's world size "
                     f"{world}: allowed 0..{world - 1}"
                 )
             return shard_id, world
+        if num_shards is None:
+            return rank, world
         if rank >= num_shards:
             raise ValueError(
                 f"{owner}: argument num_shards={num_shards} leaves torch.distributed's rank {rank} without a "
