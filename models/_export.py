@@ -104,6 +104,8 @@ def _image_inputs(spec: ModelSpec, batch_size: int, batches: int, data: Path | N
             image_cfg=ImagePipelineConfig(size_px=spec.size_px, eval_crop_fraction=spec.eval_crop_fraction),
             loader_cfg=LoaderConfig(batch_size=batch_size, last_batch="pad", num_threads=2, on_bad_sample="skip"),
             device=device or DeviceChoice("cpu", None, "export parity inputs"),
+            shard_id=0,  # every parity input, whatever rank or process group this runs in
+            num_shards=1,
         )
         out = []
         for batch in loader:

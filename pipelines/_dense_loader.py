@@ -31,15 +31,19 @@ roi_start) / out)``, so a nearest map is exact: every output pixel is a source v
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
+from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
 from gpufeed.pipelines._epochs import EpochLoader, Session
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_pipeline import PathTable
 from gpufeed.pipelines._image_verify import find_bad_files
 from gpufeed.pipelines._loader import CropPolicy
+from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._pairs import PairedDataset
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows
@@ -239,12 +243,17 @@ class DenseLoader(EpochLoader):
     (:class:`~gpufeed.pipelines._epochs.EpochLoader`); a pair with a problem is left out or stops
     the loader per ``loader.on_bad_sample``, its message naming both files.
 
+    Every argument but ``dataset`` has a default; shortcuts and config objects as for
+    :class:`~gpufeed.pipelines.ImageLoader` (:mod:`gpufeed.pipelines._loader_args`).
+
     Args:
-        dataset: The indexed paired split.
-        train: Random-resized crops and flips (and shuffling) when True; centre crops otherwise.
+        dataset: The indexed paired split, or a split root (``rgb/`` with ``depth/`` and/or
+            ``mask/``) or a paired list file, indexed with :class:`PairedDataset`'s constructors.
+        batch_size, shuffle, num_threads: ``loader_cfg``'s fields; ``size_px``: ``image_cfg``'s.
+        train: Random-resized crops and flips (and shuffling) when True (default); centre crops otherwise.
         image_cfg: :class:`gpufeed.config.ImagePipelineConfig` (crop area, ratio, flip, eval crop).
         loader_cfg: :class:`gpufeed.config.LoaderConfig`.
-        device: :class:`gpufeed.device.DeviceChoice`.
+        device: ``"auto"`` (default), ``"gpu"``, ``"cpu"`` or a :class:`gpufeed.device.DeviceChoice`.
         size: Output (width, height); default ``image_cfg.output_size`` (``image.size_px``).
         depth_interp: ``nearest`` (default: exact values, no blending with no-data pixels) or
             ``linear`` resampling of depth maps.
@@ -254,22 +263,43 @@ class DenseLoader(EpochLoader):
 
     def __init__(
         self,
-        dataset: PairedDataset,
+        dataset: PairedDataset | str | Path,
+        batch_size: int | None = None,
         *,
-        train: bool,
-        image_cfg,
-        loader_cfg,
-        device,
+        size_px: int | tuple[int, int] | None = None,
+        train: bool = True,
+        shuffle: bool | None = None,
+        num_threads: int | None = None,
+        seed: int = 0,
+        device: DeviceChoice | str = "auto",
+        image_cfg: ImagePipelineConfig | None = None,
+        loader_cfg: LoaderConfig | None = None,
         size: tuple[int, int] | None = None,
         depth_interp: str = "nearest",
-        shard_id: int = 0,
-        num_shards: int = 1,
-        seed: int = 0,
+        shard_id: int | None = None,
+        num_shards: int | None = None,
         augment: LoaderAugment | None = None,
     ) -> None:
+        args = loader_args(
+            "DenseLoader",
+            dataset,
+            dataset_type=PairedDataset,
+            index=lambda path: PairedDataset.from_list(path) if path.is_file() else PairedDataset.from_root(path),
+            train=train,
+            device=device,
+            loader_cfg=loader_cfg,
+            loader_shortcuts={"batch_size": batch_size, "shuffle": shuffle, "num_threads": num_threads},
+            media=(ImagePipelineConfig, image_cfg, "image_cfg"),
+            media_shortcuts={"size_px": size_px},
+            shard_id=shard_id,
+            num_shards=num_shards,
+        )
+        data: PairedDataset = args.dataset
+        image_cfg, loader_cfg, device = args.media_cfg, args.loader_cfg, args.device
+        shard_id, num_shards = args.shard_id, args.num_shards
         if depth_interp not in DEPTH_INTERPS:
             raise ValueError(f"depth_interp {depth_interp!r}: expected one of {list(DEPTH_INTERPS)}")
-        self.dataset = dataset
+        self.dataset = data
         self.image_cfg = image_cfg
         self.size = tuple(size) if size is not None else tuple(image_cfg.output_size)
         self.depth_interp = depth_interp
@@ -277,18 +307,18 @@ class DenseLoader(EpochLoader):
         self._setup_epochs(
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
-        self._leave_out(dict(dataset.problems), "pair")
-        self._usable = dataset.usable_ids
+        self._leave_out(dict(data.problems), "pair")
+        self._usable = data.usable_ids
         if self._plan(0).num_batches == 0:
             raise DatasetError(
                 f"shard {self.shard_id} of {self.num_shards} gets no batches: {len(self._usable)} usable pairs in "
-                f"{dataset.source}, batch_size {self.batch_size}, last_batch '{self.last_batch}'. "
+                f"{data.source}, batch_size {self.batch_size}, last_batch '{self.last_batch}'. "
                 "Use a smaller batch_size or last_batch: partial."
             )
         c = image_cfg
         width, height = self.size
         self.crops = CropPolicy(
-            np.asarray(dataset.sizes),
+            np.asarray(data.sizes),
             train,
             seed,
             c.crop_area,

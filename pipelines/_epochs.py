@@ -337,6 +337,10 @@ class EpochLoader:
 
     def __iter__(self):
         """Yield the rest of the current epoch, then advance to the next epoch."""
+        if self._start_batch and self._start_batch >= self._epoch_plan(self._spec(), self.epoch).num_batches:
+            # Every batch of the epoch was taken but its iterator was left before its end (a trainer
+            # that stops after len(loader) batches, as Lightning's does): this iteration is the next epoch.
+            self.epoch, self._start_batch = self.epoch + 1, 0
         while True:
             spec = self._spec()
             total = self._epoch_plan(spec, self.epoch).num_batches

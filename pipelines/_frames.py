@@ -22,10 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._size import parse_size_px
-from gpufeed.pipelines._clip_loader import choose_source
 from gpufeed.pipelines._clip_pipeline import RoiFeed, build_clip_pipeline, new_work_dir, write_file_list
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._nvdec import gpu_capability
+from gpufeed.pipelines._nvdec import choose_source, gpu_capability
 from gpufeed.pipelines._pyav import SequentialFeed, VideoRef
 from gpufeed.pipelines._store_feed import StoreClipFeed, StoreRef, channel_mode
 from gpufeed.pipelines._videos import VideoInfo, probe_video

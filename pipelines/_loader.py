@@ -2,8 +2,9 @@
 
 Usage::
 
-    loader = ImageLoader(dataset, train=True, image_cfg=cfg.image, loader_cfg=cfg.loader,
-                         device=resolve_device("auto"), shard_id=rank, num_shards=world)
+    loader = ImageLoader("photos/train", batch_size=64, size_px=224, train=True)
+    # or, for full control: ImageLoader(dataset, image_cfg=cfg.image, loader_cfg=cfg.loader,
+    #                                   device=resolve_device("auto"), shard_id=rank, num_shards=world)
     for epoch in range(epochs):
         for batch in loader:          # one epoch per iteration over the loader
             batch.images              # (N, 3, S, S) uint8, channels_last, on the device
@@ -18,15 +19,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment
 from gpufeed.pipelines._dataset import ImageDataset
 from gpufeed.pipelines._epochs import EpochLoader, Session
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_pipeline import ImageFeed, PathTable, build_image_pipeline, gpu_decoder_options
 from gpufeed.pipelines._image_verify import find_bad_files
+from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
@@ -88,45 +93,80 @@ class ImageLoader(EpochLoader):
 
     Epochs, resume and bad-file handling come from :class:`~gpufeed.pipelines._epochs.EpochLoader`.
 
+    Every argument but ``dataset`` has a default; the shortcuts and how they meet the config
+    objects are described in :mod:`gpufeed.pipelines._loader_args`.
+
     Args:
-        dataset: The indexed split.
-        train: Random-resized crops and flips (and ``loader_cfg.shuffle``) when True; centre crops
+        dataset: The indexed split, or the path of a class-folder tree or a list file, indexed
+            with :meth:`ImageDataset.from_folder` / :meth:`ImageDataset.from_list`.
+        batch_size: Samples per batch (per rank): ``loader_cfg.batch_size`` (default 64).
+        size_px: Output side, or (width, height): ``image_cfg.size_px`` (default 224).
+        train: Random-resized crops and flips (and shuffling) when True (default); centre crops
             in sample-id order when False.
-        image_cfg: :class:`gpufeed.config.ImagePipelineConfig`.
-        loader_cfg: :class:`gpufeed.config.LoaderConfig`. Evaluation always keeps every sample,
-            so ``drop`` is read as ``partial`` there.
-        device: :class:`gpufeed.device.DeviceChoice`.
-        shard_id, num_shards: This rank's shard (see :mod:`gpufeed.pipelines._sampler`).
+        shuffle: Reshuffle every training epoch: ``loader_cfg.shuffle`` (default True).
+        num_threads: DALI CPU threads: ``loader_cfg.num_threads`` (default 0: from the cores).
         seed: Seeds order, crop windows and augmentation.
+        device: ``"auto"`` (default: the GPU when usable), ``"gpu"``, ``"cpu"``, or a
+            :class:`gpufeed.device.DeviceChoice`.
+        image_cfg: :class:`gpufeed.config.ImagePipelineConfig` for full control.
+        loader_cfg: :class:`gpufeed.config.LoaderConfig` for full control. Evaluation always keeps
+            every sample, so ``drop`` is read as ``partial`` there.
+        shard_id, num_shards: This rank's shard (see :mod:`gpufeed.pipelines._sampler`); default:
+            ``torch.distributed``'s rank and world size when it is initialised, else the whole split.
         augment: Colour jitter, grayscale and flips to apply inside the DALI graph when training
             (:class:`~gpufeed.pipelines._augment.LoaderAugment`); ``None`` or empty: none.
+
+    Raises:
+        ValueError: An argument is out of range or not allowed, or a shortcut disagrees with its
+            config field (the message names the argument and what is allowed).
     """
 
     def __init__(
         self,
-        dataset: ImageDataset,
+        dataset: ImageDataset | str | Path,
+        batch_size: int | None = None,
         *,
-        train: bool,
-        image_cfg,
-        loader_cfg,
-        device,
-        shard_id: int = 0,
-        num_shards: int = 1,
+        size_px: int | tuple[int, int] | None = None,
+        train: bool = True,
+        shuffle: bool | None = None,
+        num_threads: int | None = None,
         seed: int = 0,
+        device: DeviceChoice | str = "auto",
+        image_cfg: ImagePipelineConfig | None = None,
+        loader_cfg: LoaderConfig | None = None,
+        shard_id: int | None = None,
+        num_shards: int | None = None,
         augment: LoaderAugment | None = None,
     ) -> None:
-        self.dataset = dataset
+        args = loader_args(
+            "ImageLoader",
+            dataset,
+            dataset_type=ImageDataset,
+            index=lambda path: ImageDataset.from_list(path) if path.is_file() else ImageDataset.from_folder(path),
+            train=train,
+            device=device,
+            loader_cfg=loader_cfg,
+            loader_shortcuts={"batch_size": batch_size, "shuffle": shuffle, "num_threads": num_threads},
+            media=(ImagePipelineConfig, image_cfg, "image_cfg"),
+            media_shortcuts={"size_px": size_px},
+            shard_id=shard_id,
+            num_shards=num_shards,
+        )
+        data: ImageDataset = args.dataset
+        image_cfg, loader_cfg, device = args.media_cfg, args.loader_cfg, args.device
+        shard_id, num_shards = args.shard_id, args.num_shards
+        self.dataset = data
         self.image_cfg = image_cfg
         self.augment = augment if train and augment else None
         self._setup_epochs(
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
-        self.quarantined = quarantined_ids(dataset.paths, getattr(loader_cfg, "quarantine_file", None), dataset.source)
-        self._leave_out({i: why for i, why in dataset.problems.items() if i not in self.quarantined}, "file")
+        self.quarantined = quarantined_ids(data.paths, getattr(loader_cfg, "quarantine_file", None), data.source)
+        self._leave_out({i: why for i, why in data.problems.items() if i not in self.quarantined}, "file")
         self.skipped.update(self.quarantined)
-        self._labels = dataset.labels
+        self._labels = data.labels
         # Identical on every rank: the index and the quarantine list are deterministic.
-        usable = dataset.usable_ids
+        usable = data.usable_ids
         self._usable = usable[~np.isin(usable, list(self.quarantined))] if self.quarantined else usable
         if self._plan(0).num_batches == 0:
             usable_count = len(self._usable) - len(self.read_failures)
@@ -138,7 +178,7 @@ class ImageLoader(EpochLoader):
         c = image_cfg
         out = c.output_size
         self.crops = CropPolicy(
-            np.asarray(dataset.sizes),
+            np.asarray(data.sizes),
             train,
             seed,
             c.crop_area,
@@ -148,7 +188,7 @@ class ImageLoader(EpochLoader):
             out.width_px / out.height_px,
         )
         # Encoded once: the feed hands DALI each batch's paths as bytes for fn.io.file.read.
-        self._path_table = PathTable(list(dataset.paths))
+        self._path_table = PathTable(list(data.paths))
 
     # -- EpochLoader hooks --------------------------------------------------------------------
     def _plan_ids(self) -> np.ndarray:
