@@ -42,6 +42,7 @@ from gpufeed.pipelines._epochs import EpochLoader, Session, worker_start_method
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import decode_store_frames
 from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
+from gpufeed.pipelines._nvdec_reader import log_reader_budget
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, ClipSource, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
@@ -293,7 +294,7 @@ class ClipLoader(EpochLoader):
             work = new_work_dir()
             resources.append(work)
             try:
-                list_file, limit = write_stream_list(
+                listed = write_stream_list(
                     Path(work.name),
                     list(self.dataset.paths),
                     stream,
@@ -302,12 +303,18 @@ class ClipLoader(EpochLoader):
                     seed=self.seed,
                     batch_size=self.batch_size,
                 )
+                limit = listed.iterations
+                fused = log_reader_budget(
+                    self.dataset.infos, listed, self.batch_size, self.geometry, self.device.is_gpu
+                )
                 roi = None
                 if self.video_cfg.fit == "centre_crop":
                     sizes = np.array([(info.width, info.height) for info in self.dataset.infos])
                     out = self.video_cfg.output_size
                     roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px)
-                pipe = build_clip_pipeline(source="dali", clip_input=list_file, roi_feed=roi, **common)
+                pipe = build_clip_pipeline(
+                    source="dali", clip_input=listed.path, roi_feed=roi, fused_resize=fused, **common
+                )
                 check_reader_size(pipe, limit * self.batch_size)
             except Exception:
                 work.cleanup()

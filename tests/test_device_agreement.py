@@ -16,6 +16,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 # Each rank: resolve the device as training does, join the job, then prove the group works.
 RANK_SCRIPT = textwrap.dedent(
     """
@@ -29,7 +31,7 @@ RANK_SCRIPT = textwrap.dedent(
     if os.environ.get("CLAIM_GPU") == "1":  # this rank sees a working GPU (the test's stand-in for one)
         device_module._visible_cuda_devices = lambda: 1
         device_module.cuda_status = lambda index=0: (True, "a GPU claimed by the test")
-    choice = device_module.resolve_device("auto", info.local_rank, info.world_size)
+    choice = device_module.resolve_device(os.environ["REQUEST"], info.local_rank, info.world_size)
     init_distributed(info, choice.is_gpu, timeout_s=60, device_index=choice.device_id,
                      device=choice.describe(), agree_timeout_s=20)
     total = torch.tensor([info.rank + 1.0])
@@ -46,8 +48,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _run_ranks(tmp_path, claims: list[bool], timeout_s: float = 90.0) -> list[tuple[int, str]]:
-    """Start one process per rank; (exit code, output) of each, killing any still running at the timeout."""
+def _run_ranks(tmp_path, claims: list[bool], timeout_s: float = 90.0, requests=None) -> list[tuple[int, str]]:
+    """Start one process per rank; (exit code, output) of each, killing any still running at the timeout.
+
+    Args:
+        claims: Per rank, whether it is made to see a working GPU (with no GPU visible otherwise).
+        requests: Per rank, its ``device`` setting, with the machine's own GPUs visible (real GPUs).
+    """
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT, encoding="utf-8")
     port = _free_port()
@@ -63,8 +70,10 @@ def _run_ranks(tmp_path, claims: list[bool], timeout_s: float = 90.0) -> list[tu
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "CLAIM_GPU": "1" if claim else "0",
-            "CUDA_VISIBLE_DEVICES": "",
+            "REQUEST": requests[rank] if requests else "auto",
         }
+        if not requests:
+            env["CUDA_VISIBLE_DEVICES"] = ""
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -122,3 +131,14 @@ def test_a_rank_that_never_reports_is_named_within_the_timeout(tmp_path):
     else:
         raise AssertionError("no error although ranks 1 and 2 never reported")
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.gpu
+def test_a_cpu_rank_beside_a_real_gpu_rank_fails_both(tmp_path):
+    """On a GPU machine, without any stand-in: rank 0 resolves auto to its GPU, rank 1 is set to the CPU."""
+    results = _run_ranks(tmp_path, [False, False], requests=["auto", "cpu"])
+    for code, out in results:
+        assert code != 0, out
+        assert "the ranks disagree on the device" in out, out
+        assert "rank 0 on " in out and ": cuda:0 (device: auto;" in out, out
+        assert "rank 1 on " in out and "cpu (device: cpu was requested)" in out, out
