@@ -46,6 +46,7 @@ from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import decode_store_frames
 from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._nvdec import choose_source, gpu_capability
+from gpufeed.pipelines._nvdec_reader import log_reader_budget
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, ClipSource, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
@@ -301,7 +302,7 @@ class ClipLoader(EpochLoader):
             work = new_work_dir()
             resources.append(work)
             try:
-                list_file, limit = write_stream_list(
+                listed = write_stream_list(
                     Path(work.name),
                     list(self.dataset.paths),
                     stream,
@@ -310,12 +311,18 @@ class ClipLoader(EpochLoader):
                     seed=self.seed,
                     batch_size=self.batch_size,
                 )
+                limit = listed.iterations
+                fused = log_reader_budget(
+                    self.dataset.infos, listed, self.batch_size, self.geometry, self.device.is_gpu
+                )
                 roi = None
                 if self.video_cfg.fit == "centre_crop":
                     sizes = np.array([(info.width, info.height) for info in self.dataset.infos])
                     out = self.video_cfg.output_size
                     roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px)
-                pipe = build_clip_pipeline(source="dali", clip_input=list_file, roi_feed=roi, **common)
+                pipe = build_clip_pipeline(
+                    source="dali", clip_input=listed.path, roi_feed=roi, fused_resize=fused, **common
+                )
                 check_reader_size(pipe, limit * self.batch_size)
             except Exception:
                 work.cleanup()

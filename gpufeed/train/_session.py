@@ -89,7 +89,9 @@ class Session:
             torch.cuda.set_device(self.device.device_id)  # events, RNG state and DDP use the current device
         self.amp_dtype = resolve_amp(cfg.train.amp, self.device)
         self._owns_group = self.dist.enabled and not torch.distributed.is_initialized()
-        init_distributed(self.dist, self.device.is_gpu, device_index=self.device.device_id)
+        init_distributed(
+            self.dist, self.device.is_gpu, device_index=self.device.device_id, device=self.device.describe()
+        )
         self.run_dir = self._choose_run_dir(run_dir)
         self.step = 0
         self.epoch = 0
