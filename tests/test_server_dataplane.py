@@ -105,6 +105,35 @@ def test_http_handlers_are_module_level_functions():
     app.state.parse_pool.close()
 
 
+def test_a_handler_answers_without_the_app():
+    """A handler needs only a request whose app state holds a data plane (no routing, no lifespan)."""
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    from starlette.requests import Request
+
+    from gpufeed.server._app import model_metadata, model_ready
+    from gpufeed.server._dataplane import DataPlane
+    from gpufeed.server._offload import ParsePool
+    from gpufeed.server._repo import load_repository
+    from gpufeed.server._state import ServingState
+
+    state = ServingState(load_repository(exported_repo()), parse_config(None).serve, DeviceChoice("cpu", None, "t"))
+    pool = ParsePool(threads=1)
+    app = SimpleNamespace(state=SimpleNamespace(plane=DataPlane(state, pool)))
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "app": app}
+
+    def call(handler, **params):
+        return asyncio.run(handler(Request({**scope, "path_params": params})))
+
+    metadata = json.loads(call(model_metadata, name=IMAGE_MODEL).body)
+    assert metadata["name"] == IMAGE_MODEL and [i["name"] for i in metadata["inputs"]] == ["image", "pixels"]
+    not_loaded = call(model_ready, name=IMAGE_MODEL)
+    assert not_loaded.status_code == 400 and json.loads(not_loaded.body) == {"name": IMAGE_MODEL, "ready": False}
+    pool.close()
+
+
 @pytest.fixture(scope="module")
 def server():
     cfg = parse_config({"device": "cpu", "serve": {"max_delay_ms": 2, "warmup_batches": 1, "decode_threads": 2}})
