@@ -99,7 +99,9 @@ async def infer(request: Request) -> Response:
         body = await _body(request, call)
         headers = request.headers
         coding, header_length = headers.get("content-encoding"), headers.get("inference-header-content-length")
-        parsed, items = await call.validate(kserve_items, call.plane.pool, body, coding, header_length)
+        parsed, items = await call.prepare(
+            kserve_items(call.plane.pool, call.model, call.plane.cfg, body, coding, header_length)
+        )
         logits = await call.infer(items)
         tensors = output_tensors(logits, call.model.card.spec, parsed.outputs)
         payload, response_headers = encode_response(call.model.name, parsed, tensors, call.model.card.labels)

@@ -6,8 +6,9 @@ metrics and refusals, word for word:
 
 * **inference**: ``async with plane.inference(name, version) as call`` counts the request as in
   flight (the drain waits for it) and resolves the ready model (404 unknown, 503 loading or
-  draining); :meth:`Inference.validate` runs the front's parser (:mod:`._requests`) on one
-  :class:`~gpufeed.server._offload.ParsePool` thread, timed as the ``preprocess`` stage;
+  draining); :meth:`Inference.validate` runs the front's parser (:mod:`._requests`) on a
+  :class:`~gpufeed.server._offload.ParsePool` thread (:meth:`Inference.prepare`: a parser that
+  moves its own steps, KServe HTTP's), timed as the ``preprocess`` stage;
   :meth:`Inference.infer` queues the items on the model's batcher and waits for their logits (the
   only place in the server that submits to a batcher: queue-full, timeout and cancellation behave
   the same for every protocol); leaving the block records the answer (``postprocess`` stage and
@@ -25,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -69,8 +70,12 @@ class Inference:
 
     async def validate(self, parse: Callable[..., T], *args: Any) -> T:
         """``parse(model, cfg, *args)`` on a parser thread (a function of :mod:`._requests`), timed as preprocess."""
+        return await self.prepare(self.plane.pool.run(parse, self.model, self.plane.cfg, *args))
+
+    async def prepare(self, work: Awaitable[T]) -> T:
+        """Await ``work``, a parser of :mod:`._requests` that says itself where its steps run, timed as preprocess."""
         t0 = time.perf_counter()
-        result = await self.plane.pool.run(parse, self.model, self.plane.cfg, *args)
+        result = await work
         self.plane.metrics.observe_stage(self.model.name, "preprocess", time.perf_counter() - t0)
         return result
 

@@ -9,10 +9,9 @@ how many bodies are parsed at once, so a burst of large bodies cannot take every
 Threads are not enough for one thing: Python's JSON parser, and numpy's conversion of the lists
 it builds, hold the interpreter lock for the whole call, half a second for 16 MB of numbers,
 during which no other thread, the event loop included, runs a line. JSON documents larger than
-:data:`INLINE_JSON_BYTES` are therefore parsed in a worker process (:meth:`ParsePool.call_isolated`,
-started on first use; the parser thread validating the request waits for it) that sends back the
-parsed request with its tensors as numpy arrays; the server process spends only the time to copy
-the body over and the arrays back. If the worker
+:data:`INLINE_JSON_BYTES` are therefore parsed in a worker process (:meth:`ParsePool.run_isolated`,
+started on first use) that sends back the parsed request with its tensors as numpy arrays; the
+server process spends only the time to copy the body over and the arrays back. If the worker
 dies (out of memory, killed), the pool is replaced and that request is parsed on a thread. The
 worker runs at a lower scheduling priority (nice 10), so on a busy machine a flood of large
 bodies slows their own parsing, not the answers to everyone else.
@@ -58,21 +57,16 @@ class ParsePool:
         """``fn(*args)`` on a parser thread; its result, or its exception, for the awaiting handler."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    def call_isolated(self, fn, *args):
-        """``fn(*args)`` in a worker process, waited for on the calling (parser) thread.
-
-        The request's whole validation then stays on one parser thread, which also bounds how many
-        large documents are parsed at once to the pool's threads.
-        """
+    async def run_isolated(self, fn, *args):
+        """``fn(*args)`` in a worker process (``fn`` and its arguments and result must be picklable)."""
         workers = self._worker_pool()
         try:
-            result = workers.submit(fn, *args).result()
+            result = await asyncio.wrap_future(workers.submit(fn, *args))
         except BrokenProcessPool:
             log.error("the JSON parsing worker process died; starting a new one, parsing this request on a thread")
             self._replace(workers)
-            return fn(*args)
-        with self._lock:
-            self.isolated_runs += 1
+            return await self.run(fn, *args)
+        self.isolated_runs += 1
         return result
 
     def _worker_pool(self) -> ProcessPoolExecutor:

@@ -4,11 +4,12 @@ Both front ends come here. HTTP KServe bodies (:func:`kserve_items`) and REST bo
 (:func:`rest_items`) are inflated (:func:`~gpufeed.server._http.decode_body`), parsed, checked
 against the limits by their declared shapes before any data is converted, and every image is
 validated from its header; gRPC messages (:func:`grpc_items`) are converted by
-:mod:`._grpc_tensors` and validated by the same :func:`items_from_kserve`. Each of these runs whole
-on one :class:`~gpufeed.server._offload.ParsePool` thread (the data plane's
-:meth:`~gpufeed.server._dataplane.Inference.validate`); a KServe JSON document over
-:data:`~gpufeed.server._offload.INLINE_JSON_BYTES` is parsed in the pool's worker process, waited
-for on that same thread. Nothing here knows about HTTP beyond header values passed in as strings.
+:mod:`._grpc_tensors` and validated by the same :func:`items_from_kserve`. Each runs whole on one
+:class:`~gpufeed.server._offload.ParsePool` thread (the data plane's
+:meth:`~gpufeed.server._dataplane.Inference.validate`), but for a KServe JSON document over
+:data:`~gpufeed.server._offload.INLINE_JSON_BYTES`, which is parsed in the pool's worker process
+(:func:`kserve_items` says where each of its steps runs). Nothing here knows about HTTP beyond
+header values passed in as strings.
 
 Everything that can be checked without decoding pixels is checked here, per request, so a bad
 image or tensor fails its own request with a 4xx and never reaches a batch.
@@ -47,6 +48,7 @@ __all__ = [
     "kserve_inputs",
     "kserve_items",
     "max_elements",
+    "parse_kserve",
     "rest_items",
     "top_k_of",
 ]
@@ -153,23 +155,32 @@ def max_elements(model: ServedModel, cfg) -> int:
     return cfg.max_images_per_request * max(1, math.prod(model.card.sample_shape))
 
 
-def kserve_items(
-    model: ServedModel, cfg, pool: ParsePool, body: bytes, encoding: str | None, header_length: str | None
+async def kserve_items(
+    pool: ParsePool, model: ServedModel, cfg, body: bytes, encoding: str | None, header_length: str | None
 ) -> tuple[InferRequest, list[Item]]:
-    """Inflate, parse and validate a KServe HTTP body (on a parser thread).
+    """Inflate, parse and validate a KServe HTTP body, each step where it belongs (awaited on the event loop).
 
-    Megabytes of JSON are parsed in the pool's worker process (:meth:`ParsePool.call_isolated`),
-    this thread waiting for it, so the interpreter lock of the server process stays free.
+    A document of up to :data:`~gpufeed.server._offload.INLINE_JSON_BYTES` of JSON is parsed and
+    validated on one parser thread (:func:`parse_kserve`); a larger one is parsed in the pool's
+    worker process, holding no parser thread while it waits (so a flood of large bodies slows
+    their own parsing, not everyone else's), then validated on a thread. A compressed body is
+    inflated on a thread first: its JSON size is known only then.
 
     Returns:
         The parsed request (its requested outputs, id, parameters) and its validated items.
     """
-    body = decode_body(body, encoding, cfg.max_body_bytes)
-    limit = max_elements(model, cfg)
-    if json_bytes_of(body, header_length) > INLINE_JSON_BYTES:
-        parsed = pool.call_isolated(parse_request, body, header_length, limit)
-    else:
-        parsed = parse_request(body, header_length, limit)
+    if (encoding or "identity").strip().lower() != "identity":
+        body = await pool.run(decode_body, body, encoding, cfg.max_body_bytes)
+    if json_bytes_of(body, header_length) <= INLINE_JSON_BYTES:
+        return await pool.run(parse_kserve, model, cfg, body, header_length)
+    parsed = await pool.run_isolated(parse_request, body, header_length, max_elements(model, cfg))
+    items = await pool.run(items_from_kserve, model, parsed, cfg.max_image_pixels, cfg.max_images_per_request)
+    return parsed, items
+
+
+def parse_kserve(model: ServedModel, cfg, body: bytes, header_length: str | None) -> tuple[InferRequest, list[Item]]:
+    """Parse and validate an inflated KServe body (on a parser thread)."""
+    parsed = parse_request(body, header_length, max_elements(model, cfg))
     return parsed, items_from_kserve(model, parsed, cfg.max_image_pixels, cfg.max_images_per_request)
 
 

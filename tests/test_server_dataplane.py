@@ -75,7 +75,7 @@ def test_one_function_submits_to_the_batcher():
     assert _callers("submit", receiver="batcher") == {("_dataplane.py", "Inference.infer")}
     # Nothing else in the server reaches a Batcher's submit by another name either.
     submits = {c for c in _callers("submit") if c[0] != "_batcher.py"}
-    assert submits <= {("_dataplane.py", "Inference.infer"), ("_offload.py", "ParsePool.call_isolated")}, submits
+    assert submits <= {("_dataplane.py", "Inference.infer"), ("_offload.py", "ParsePool.run_isolated")}, submits
 
 
 def test_both_fronts_take_requests_through_the_data_plane():
