@@ -27,6 +27,7 @@ import time
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,10 +57,10 @@ class _Lane:
     """What one batch in flight needs to itself: a DALI decoder (image models) and an input buffer."""
 
     decoder: ImageDecoder | None
-    buffer: object  # numpy array on the CPU, CUDA torch tensor on a GPU
+    buffer: Any  # numpy array on the CPU, CUDA torch tensor on a GPU (torch is imported only on a GPU)
     # A CUDA stream of its own on a GPU: on torch's legacy default stream, which every thread
     # shares and which waits for all other work, one lane's synchronisation waited for the other's.
-    stream: object = None
+    stream: Any = None  # torch.cuda.Stream
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,22 @@ class Item:
     pixels: np.ndarray | None = None
     where: str = "the image"
     times: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+def _split_rows(items: list[Item], live: list[int]) -> tuple[list[int], list[bytes], list[int], list[np.ndarray]]:
+    """Positions and data of the encoded items, then of the decoded ones, among ``live``."""
+    encoded, blobs, decoded, pixels = [], [], [], []
+    for i in live:
+        blob, row = items[i].encoded, items[i].pixels
+        if blob is not None:
+            encoded.append(i)
+            blobs.append(blob)
+        elif row is not None:
+            decoded.append(i)
+            pixels.append(row)
+        else:
+            raise ValueError(f"{items[i].where} holds neither encoded bytes nor pixels")
+    return encoded, blobs, decoded, pixels
 
 
 def scores_from_logits(logits: np.ndarray, multilabel: bool) -> np.ndarray:
@@ -254,15 +271,16 @@ class ServedModel:
             return results
         size = self.runner.bucket_for(len(live))
         buffer = lane.buffer[:size]  # the first rows of the largest buffer: contiguous, no copy
-        encoded = [i for i in live if items[i].encoded is not None]
-        decoded = [i for i in live if items[i].encoded is None]
+        encoded, blobs, decoded, pixels = _split_rows(items, live)
         order = encoded + decoded  # row r of the buffer holds items[order[r]]
         decode_s = None
         input_start = time.perf_counter()
         if encoded:
             start = input_start
             sizes = np.array([items[i].size for i in encoded], dtype=np.int64)
-            outcome = lane.decoder.decode_into([items[i].encoded for i in encoded], sizes, buffer[: len(encoded)])
+            if lane.decoder is None:  # only image models accept encoded items, and they have decoders
+                raise RuntimeError(f"model {self.name!r} has no image decoder for {len(encoded)} encoded image(s)")
+            outcome = lane.decoder.decode_into(blobs, sizes, buffer[: len(encoded)])
             for i, err in zip(encoded, outcome, strict=True):
                 if err is not None:
                     results[i] = RequestError(
@@ -271,7 +289,7 @@ class ServedModel:
             decode_s = time.perf_counter() - start
             self._observe("decode", decode_s)
         if decoded:
-            self._copy_rows(buffer, len(encoded), [items[i].pixels for i in decoded])
+            self._copy_rows(buffer, len(encoded), pixels)
         input_s = time.perf_counter() - input_start
         if len(order) < size:
             buffer[len(order) :] = 0  # padding rows, discarded below
