@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from gpufeed.pipelines._image_verify import find_bad_files
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ImageBatch", "ImageLoader", "find_bad_files"]
 
@@ -47,10 +51,10 @@ class ImageBatch:
         valid: (N,) torch.bool, False for padding rows (``last_batch: pad`` only).
     """
 
-    images: object
-    labels: object
-    sample_ids: object
-    valid: object
+    images: torch.Tensor
+    labels: torch.Tensor
+    sample_ids: torch.Tensor
+    valid: torch.Tensor
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
