@@ -107,6 +107,7 @@ def pytest_runtest_call(item: pytest.Item):
         return (yield)
 
 
+@pytest.hookimpl(tryfirst=True)  # before the -m filter reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks every test outside the ``process`` and ``live`` tiers ``unit``; leaves ``slow`` tests out.
 
