@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -53,6 +54,9 @@ from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
 from gpufeed.pipelines._store_feed import StoreClipFeed, StoreRef, channel_mode
 from gpufeed.pipelines._videos import VideoDataset
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["ClipBatch", "ClipLoader"]
 
 log = logging.getLogger("gpufeed")
@@ -73,12 +77,12 @@ class ClipBatch:
         behaviours: The K label names, in column order.
     """
 
-    clips: object
-    frame_labels: object
-    centre_labels: object
-    video_ids: object
-    start_frames: object
-    valid: object
+    clips: torch.Tensor
+    frame_labels: torch.Tensor
+    centre_labels: torch.Tensor
+    video_ids: torch.Tensor
+    start_frames: torch.Tensor
+    valid: torch.Tensor
     behaviours: tuple[str, ...] = ()
 
     def __len__(self) -> int:
@@ -243,7 +247,7 @@ class ClipLoader(EpochLoader):
     def _plan_ids(self) -> np.ndarray:
         return np.arange(len(self.table))  # clip slots
 
-    def _excluded_plan_ids(self) -> list[int]:
+    def _excluded_plan_ids(self) -> np.ndarray:
         return self.table.slots_of(self.read_failures)
 
     def _open_session(self, stream: PlanStream) -> Session:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -47,6 +48,9 @@ from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._pairs import PairedDataset
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DEPTH_INTERPS", "DenseBatch", "DenseLoader", "map_rois"]
 
@@ -65,10 +69,10 @@ class DenseBatch:
         valid: (N,) torch.bool, False for padding rows (``last_batch: pad`` only).
     """
 
-    images: object
+    images: torch.Tensor
     maps: dict
-    sample_ids: object
-    valid: object
+    sample_ids: torch.Tensor
+    valid: torch.Tensor
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -301,7 +305,8 @@ class DenseLoader(EpochLoader):
             raise ValueError(f"depth_interp {depth_interp!r}: expected one of {list(DEPTH_INTERPS)}")
         self.dataset = data
         self.image_cfg = image_cfg
-        self.size = tuple(size) if size is not None else tuple(image_cfg.output_size)
+        width, height = size if size is not None else image_cfg.output_size
+        self.size = (width, height)
         self.depth_interp = depth_interp
         self.augment = augment if train and augment else None
         self._setup_epochs(

@@ -89,7 +89,7 @@ def cuda_initialised() -> bool:
 
     from nvidia.dali import backend
 
-    if backend.IsDriverInitialized():
+    if backend.IsDriverInitialized():  # type: ignore[attr-defined]  # made by DALI's C extension, not in its stubs
         return True
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_initialized())
@@ -234,7 +234,7 @@ class EpochLoader:
         """The units ``plan_epoch`` orders and shards (identical on every rank)."""
         raise NotImplementedError
 
-    def _excluded_plan_ids(self) -> list[int]:
+    def _excluded_plan_ids(self) -> np.ndarray | list[int]:
         """Plan units to leave out because of ``read_failures``."""
         raise NotImplementedError
 

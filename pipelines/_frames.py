@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from gpufeed.pipelines._nvdec_reader import fused_reader_resize
 from gpufeed.pipelines._pyav import SequentialFeed, VideoRef
 from gpufeed.pipelines._store_feed import StoreClipFeed, StoreRef, channel_mode
 from gpufeed.pipelines._videos import VideoInfo, probe_video
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["FrameChunk", "VideoFrameReader"]
 
@@ -42,8 +46,8 @@ class FrameChunk:
         frame_indices: (C,) torch.int64 frame numbers (presentation order), same device.
     """
 
-    frames: object
-    frame_indices: object
+    frames: torch.Tensor
+    frame_indices: torch.Tensor
 
     def __len__(self) -> int:
         return int(self.frames.shape[0])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,6 +36,9 @@ from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ImageBatch", "ImageLoader", "find_bad_files"]
 
@@ -52,10 +56,10 @@ class ImageBatch:
         valid: (N,) torch.bool, False for padding rows (``last_batch: pad`` only).
     """
 
-    images: object
-    labels: object
-    sample_ids: object
-    valid: object
+    images: torch.Tensor
+    labels: torch.Tensor
+    sample_ids: torch.Tensor
+    valid: torch.Tensor
 
     def __len__(self) -> int:
         return int(self.images.shape[0])

@@ -45,7 +45,8 @@ def gpu_capability(device) -> tuple[int, int] | None:
         return None
     import torch
 
-    return tuple(torch.cuda.get_device_capability(device.device_id))
+    major, minor = torch.cuda.get_device_capability(device.device_id)
+    return major, minor
 
 
 def pix_fmt_facts(pix_fmt: str) -> tuple[str, int]:

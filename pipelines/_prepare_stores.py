@@ -112,6 +112,6 @@ def measure_store_seek_cost(path: str, clips: int, geometry: ClipGeometry, seed:
     for start in starts:
         for data in reader.read(path, facts.kind, facts.frame_name, geometry.frames(int(start))):
             with Image.open(io.BytesIO(data.tobytes())) as image:
-                image.convert("RGB").resize((size_px, size_px), Image.BILINEAR)
+                image.convert("RGB").resize((size_px, size_px), Image.Resampling.BILINEAR)
     reader.close()
     return (time.perf_counter() - begin) * 1000.0 / clips

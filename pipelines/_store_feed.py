@@ -17,6 +17,7 @@ far less than decoding them, which DALI's threads do.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -121,7 +122,7 @@ def decode_store_clips(feed: StoreClipFeed, on_gpu: bool):
     outputs = fn.external_source(source=feed, num_outputs=feed.num_outputs, batch=False, dtype=dtypes)
     # libjpeg-turbo's fast integer IDCT: measured 1.5x the CPU decoder's JPEG throughput (256x256,
     # quality 95, shared 2-core machine) for pixels within a level or two of the exact IDCT.
-    fast = {} if on_gpu else {"use_fast_idct": True}
+    fast: dict[str, Any] = {} if on_gpu else {"use_fast_idct": True}
     decoded = [
         fn.decoders.image(encoded, device="mixed" if on_gpu else "cpu", output_type=types.RGB, **fast)
         for encoded in outputs[:t]

@@ -17,7 +17,7 @@ from gpufeed.config import parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.server import start_server
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 
 IMAGES = [encode(np.random.default_rng(k).integers(0, 256, (72, 96, 3), dtype=np.uint8)) for k in range(4)]
 

@@ -74,6 +74,7 @@ def _check_figures(result: dict, samples_per_epoch: int, steps_per_epoch: int) -
     assert all(isinstance(t["holds"], bool) and isinstance(t["applies"], bool) for t in targets.values())
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_images_run_feeds_both_loaders_the_same_samples(tmp_path, capsys, device):
     result, out = _run(
@@ -89,6 +90,7 @@ def test_images_run_feeds_both_loaders_the_same_samples(tmp_path, capsys, device
         assert line in out, line
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_clips_run_feeds_both_loaders_the_same_clips(tmp_path, capsys, device):
     result, out = _run(

@@ -18,6 +18,7 @@ from gpufeed.synth import write_paired_split
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.process
 def test_bench_train_depth_runs_both_feeds_on_the_same_samples(tmp_path, capsys):
     out_json = tmp_path / "result.json"
     rc = main(["bench", "train", "--task", "depth", "--device", "cpu", "--images", "8", "--batch-size", "2",

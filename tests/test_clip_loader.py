@@ -20,7 +20,7 @@ from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import BadSampleError, ClipLoader, DatasetError, PrepareOptions, VideoDataset, prepare_videos
 from gpufeed.pipelines._pyav import ClipDecoder, VideoRef
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 CASES = [
     pytest.param(("h264", "pyav", "cpu"), id="h264-pyav-cpu"),

@@ -31,6 +31,8 @@ import pytest
 
 from gpufeed.obs import PrometheusAPI, PrometheusNotFoundError, find_prometheus_binary, load_queries
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[1]
 STACK = ROOT / "gpufeed" / "obs" / "stack"
 # Not source: local environments, outputs and caches of a working checkout.

@@ -19,7 +19,7 @@ from gpufeed.models import export_model
 from gpufeed.server import start_server
 from gpufeed.synth import render_pair
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 SIZE = 64  # model input, square; the test image is 96 x 72, so the window is the centre 72 x 72 (x 12..83)
 W, H, X0 = 96, 72, 12
 

@@ -28,11 +28,9 @@ CPU = DeviceChoice("cpu", None, "test")
 
 
 @pytest.fixture(scope="module")
-def server():
-    cfg = parse_config({"device": "cpu", "serve": {"max_delay_ms": 50, "decode_threads": 2, "warmup_batches": 1}})
-    running = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU)
-    yield running
-    running.stop()
+def server(kserve_server):
+    """The session's shared CPU server (tests/conftest.py)."""
+    return kserve_server
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +136,7 @@ def test_server_scores_equal_direct_onnxruntime_on_evaluation_pipeline_inputs(se
     np.testing.assert_allclose([t["score"] for t in prediction["top_k"]], np.sort(probs)[::-1], rtol=1e-5)
 
 
+@pytest.mark.live
 @pytest.mark.parametrize("batch_sizes", [[], [IMAGE_BATCH]], ids=["sizes-1-2-4", "size-4-only"])
 def test_concurrent_requests_get_the_answers_they_get_alone(server, val_set, batch_sizes):
     """With every batch size (a request runs at once when the model is free) and with the largest alone
@@ -176,6 +175,7 @@ def test_concurrent_requests_get_the_answers_they_get_alone(server, val_set, bat
         assert batches > delta("gpufeed_server_batch_size_bucket", le="1.0"), "some batches held several requests"
 
 
+@pytest.mark.live
 def test_a_request_that_times_out_while_queued_never_runs(val_set):
     """504 with the request's images still queued: they leave the queue and no batch ever runs them."""
     cfg = parse_config(
@@ -207,6 +207,7 @@ def test_a_request_that_times_out_while_queued_never_runs(val_set):
         running.stop()
 
 
+@pytest.mark.live
 def test_two_workers_per_model_give_the_same_answers(server, val_set):
     cfg = parse_config({"serve": {"max_delay_ms": 1, "warmup_batches": 1, "workers_per_model": 2, "decode_threads": 1}})
     overlapped = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU)
@@ -466,6 +467,7 @@ def test_items_given_up_inside_a_taken_batch_are_not_decoded_or_run(val_set):
         model.close()
 
 
+@pytest.mark.live
 def test_serve_demo_stage_exports_serves_and_reports(synth_dir, tmp_path, capsys):
     from gpufeed.demo import demo_config, run_serve_demo
     from gpufeed.models._io import untrained_checkpoint

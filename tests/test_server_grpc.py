@@ -28,7 +28,7 @@ from gpufeed.config import parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.server import ServerStartError, start_server
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 
 CPU = DeviceChoice("cpu", None, "test")
 TOKEN = "grpc-test-token-0123456789abcdef"

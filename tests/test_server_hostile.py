@@ -31,7 +31,7 @@ from gpufeed.server import start_server
 from gpufeed.server._offload import INLINE_JSON_BYTES, PARSE_THREAD_PREFIX
 from gpufeed.server._protocol import HTTPTOOLS_MEMBERS
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 
 CPU = DeviceChoice("cpu", None, "test")
 JPEG = encode(np.random.default_rng(4).integers(0, 256, (50, 60, 3), dtype=np.uint8))

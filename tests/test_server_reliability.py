@@ -15,7 +15,7 @@ from gpufeed.bench.soak import run_soak
 # Checks that hold a time target: benches print and judge them; tests leave them to the bench.
 TIMED_CHECKS = {"live while large bodies are refused"}
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

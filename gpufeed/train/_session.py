@@ -97,7 +97,10 @@ class Session:
         self.epoch = 0
         self.mid_epoch = False
         self.resumed = False
-        self.server = self.step_log = self.eval_log = None
+        self.server: MetricsServer | None = None
+        self.step_log: StepLog | None = None
+        self.eval_log: StepLog | None = None
+        self.last_checkpoint: Path | None = None
 
     # -- setup ----------------------------------------------------------------------------------
     def _choose_run_dir(self, run_dir) -> Path:
@@ -154,7 +157,7 @@ class Session:
         self.total_steps = cfg.train.epochs * len(self.data.train)
         self.scheduler = build_scheduler(self.optimizer, self.total_steps, cfg.train)
         self.scaler = torch.amp.GradScaler(self.device.torch_device.type, enabled=self.amp_dtype == torch.float16)
-        self.model = model
+        self.model: torch.nn.Module = model  # DistributedDataParallel wraps it on several ranks
 
         found = None
         if self.resume_requested:
