@@ -209,7 +209,7 @@ class ClipLoader(EpochLoader):
         )
         if self._scaled_jpeg:
             self.decoder_reason = self.decoder_reason.replace(
-                "with DALI's CPU image decoder", "DCT-scaled by libjpeg-turbo in worker processes"
+                " with DALI's CPU image decoder", ", DCT-scaled by libjpeg-turbo in DALI's worker processes"
             )
         self._refs = [VideoRef.from_info(info) for info in dataset.infos]
         self._check_plan(self._plan(0))
