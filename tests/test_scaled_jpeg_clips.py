@@ -228,3 +228,12 @@ def test_the_clips_are_uint8_of_the_output_shape(stores):
     loader = _loader(VideoDataset.from_folder(stores / "hdf5"), "stretch")
     batch = next(iter(loader))
     assert batch.clips.dtype == torch.uint8 and tuple(batch.clips.shape[1:]) == (3, LENGTH, OUT[1], OUT[0])
+
+
+def test_spawned_workers_read_the_same_clips(stores):
+    """The feed travels to spawned workers by pickling (CUDA initialised in the parent forbids fork)."""
+    dataset = VideoDataset.from_folder(stores / "hdf5")
+    forked = _clips(_loader(dataset, "centre_crop", worker_start_method="fork"))
+    spawned = _clips(_loader(dataset, "centre_crop", worker_start_method="spawn"))
+    assert forked.keys() == spawned.keys()
+    assert all(np.array_equal(forked[k], spawned[k]) for k in forked)
