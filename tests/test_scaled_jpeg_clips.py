@@ -237,3 +237,21 @@ def test_spawned_workers_read_the_same_clips(stores):
     spawned = _clips(_loader(dataset, "centre_crop", worker_start_method="spawn"))
     assert forked.keys() == spawned.keys()
     assert all(np.array_equal(forked[k], spawned[k]) for k in forked)
+
+
+def test_folders_and_hdf5_files_together_each_get_their_channels(stores, tmp_path):
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    shutil.copytree(stores / "folder" / "grid0", mixed / "grid0")
+    shutil.copy(stores / "folder" / "grid0.csv", mixed)
+    for name in ("grid1.h5", "grid1.csv"):
+        shutil.copy(stores / "hdf5" / name, mixed)
+    dataset = VideoDataset.from_folder(mixed)
+    loader = _loader(dataset, "stretch")
+    assert loader._scaled_jpeg and sorted(i.store for i in dataset.infos) == ["folder", "hdf5"]
+    clips = _clips(loader)
+    assert {v for v, _ in clips} == {0, 1}
+    for (video, start), clip in clips.items():
+        shift = 3 * (1 if dataset.paths[video].endswith(".h5") else 0)  # grid1's frames start at index 3
+        for t in range(LENGTH):
+            _check_frame(clip[t], "stretch", start + t * STRIDE + shift, f"{dataset.paths[video]} t={t}")
