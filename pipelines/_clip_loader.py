@@ -31,13 +31,14 @@ from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment, StreamAugmentFeed
 from gpufeed.pipelines._clip_pipeline import (
     RoiFeed,
+    StreamRows,
     build_clip_pipeline,
+    centre_rois,
     check_reader_size,
     fill_rows,
     new_work_dir,
     reader_order,
     reader_rows,
-    stream_rows,
     write_stream_list,
 )
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
@@ -51,7 +52,14 @@ from gpufeed.pipelines._nvdec_reader import log_reader_budget
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, ClipSource, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
-from gpufeed.pipelines._store_feed import StoreClipFeed, StoreRef, channel_mode
+from gpufeed.pipelines._store_feed import (
+    ScaledJpegClips,
+    StoreClipFeed,
+    StoreRef,
+    channel_mode,
+    jpeg_decode_sizes,
+    scaled_jpeg_decode,
+)
 from gpufeed.pipelines._videos import VideoDataset
 
 if TYPE_CHECKING:
@@ -208,6 +216,14 @@ class ClipLoader(EpochLoader):
                 len(vfr),
                 vfr[0],
             )
+        # CPU, JPEG stores only: DCT-scaled decodes in worker processes (see _store_feed).
+        self._scaled_jpeg = self.source == "frames" and scaled_jpeg_decode(
+            device.is_gpu, [data.infos[v] for v in usable]
+        )
+        if self._scaled_jpeg:
+            self.decoder_reason = self.decoder_reason.replace(
+                " with DALI's CPU image decoder", ", DCT-scaled by libjpeg-turbo in DALI's worker processes"
+            )
         self._refs = [VideoRef.from_info(info) for info in data.infos]
         self._check_plan(self._plan(0))
 
@@ -285,7 +301,7 @@ class ClipLoader(EpochLoader):
         if self.source == "frames":
             pipe = self._frames_pipeline(stream, common)
             iterator = DALIGenericIterator(pipe, ["clips", "tags"], auto_reset=False, prepare_first_batch=False)
-            return Session(iterator, stream)
+            return Session(iterator, stream, worker_pids=_worker_pids(pipe))
         if self.source == "pyav":
             method, why = worker_start_method(getattr(self.cfg, "worker_start_method", "auto"))
             log.info("starting %d PyAV worker process(es) with %s (%s)", self.num_threads, method, why)
@@ -336,25 +352,25 @@ class ClipLoader(EpochLoader):
 
     def _frames_pipeline(self, stream: PlanStream, common: dict):
         """The clip pipeline over frame stores: the stream's clips, one image decode per frame."""
-        table, train, seed, size = self.table, self.train, self.seed, self.batch_size
-
-        def rows(k):
-            return stream_rows(stream, table, train=train, seed=seed, batch_size=size, iteration=k)
-
+        rows = StreamRows(stream, self.table, train=self.train, seed=self.seed, batch_size=self.batch_size)
         infos = self.dataset.infos
-        feed = StoreClipFeed(
-            rows,
-            [StoreRef.from_info(info) if info.store else None for info in infos],
-            clip_length_frames=self.geometry.clip_length_frames,
-            stride_frames=self.geometry.stride_frames,
-            batch_size=size,
-            mode=channel_mode({infos[v].store for v in np.unique(self.table.slot_video)}),
-        )
-        roi = None
-        if self.video_cfg.fit == "centre_crop":
-            out = self.video_cfg.output_size
-            sizes = np.array([(info.width, info.height) for info in infos])
-            roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px)
+        stores = [StoreRef.from_info(info) if info.store else None for info in infos]
+        shape = {"clip_length_frames": self.geometry.clip_length_frames, "stride_frames": self.geometry.stride_frames}
+        out, fit = self.video_cfg.output_size, self.video_cfg.fit
+        sizes = np.array([(info.width, info.height) for info in infos])
+        roi, regions = None, sizes  # regions: (width, height) of the part of each frame the resize reads
+        if fit == "centre_crop":
+            roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px, relative=self._scaled_jpeg)
+            starts, ends = centre_rois(sizes, out.width_px / out.height_px)
+            regions = (ends - starts)[:, ::-1]
+        if self._scaled_jpeg:
+            decoded = jpeg_decode_sizes(sizes, regions, out)
+            feed = ScaledJpegClips(rows, stores, decoded, batch_size=self.batch_size, **shape)
+            method, why = worker_start_method(getattr(self.cfg, "worker_start_method", "auto"))
+            log.info("starting %d JPEG decoding worker process(es) with %s (%s)", self.num_threads, method, why)
+            return build_clip_pipeline(source="frames", clip_input=feed, roi_feed=roi, start_method=method, **common)
+        used = {infos[v].store for v in np.unique(self.table.slot_video)}
+        feed = StoreClipFeed(rows, stores, batch_size=self.batch_size, mode=channel_mode(used), **shape)
         return build_clip_pipeline(source="frames", clip_input=feed, roi_feed=roi, **common)
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ClipBatch:

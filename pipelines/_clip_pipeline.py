@@ -36,7 +36,10 @@ filled with rows the loader drops), and the tag of plan row ``j`` of iteration `
   each clip.
 * ``"pyav_sequential"``: :class:`gpufeed.pipelines._pyav.SequentialFeed`, one video front to back.
 * ``"frames"``: frame folders and HDF5 files, one image decode per frame
-  (:mod:`gpufeed.pipelines._store_feed`); crop window and resize as for the DALI reader.
+  (:mod:`gpufeed.pipelines._store_feed`); crop window and resize as for the DALI reader. On a CPU,
+  stores of JPEG frames are decoded DCT-scaled by a
+  :class:`~gpufeed.pipelines._store_feed.ScaledJpegClips` in a parallel ``external_source``
+  (worker processes, as for PyAV), and the crop window is a region relative to the frame.
 
 Why a file list and not ``fn.decoders.video`` on in-memory files: that decoder needs each clip's
 whole file as its input and indexes it per sample; measured on a CPU (VP9, 256x256, 1,800
@@ -63,6 +66,7 @@ __all__ = [
     "READER_NAME",
     "ReaderList",
     "RoiFeed",
+    "StreamRows",
     "build_clip_pipeline",
     "centre_rois",
     "fill_rows",
@@ -103,11 +107,23 @@ class RoiFeed:
             reader's list is).
         frame_sizes: (videos, 2) (width, height) per video id.
         output_aspect: The output's width / height (see :func:`centre_rois`).
+        relative: Give the regions as fractions of the frame's height and width (for frames
+            decoded at another size than the stored one, see ``ScaledJpegClips``).
     """
 
-    def __init__(self, rows: Callable[[int], np.ndarray], frame_sizes: np.ndarray, output_aspect: float = 1.0) -> None:
-        self.rows = rows
+    def __init__(
+        self,
+        rows: Callable[[int], np.ndarray],
+        frame_sizes: np.ndarray,
+        output_aspect: float = 1.0,
+        *,
+        relative: bool = False,
+    ) -> None:
+        self.rows, self.relative = rows, relative
         self.starts, self.ends = centre_rois(np.asarray(frame_sizes), output_aspect)
+        if relative:
+            hw = np.asarray(frame_sizes, dtype=np.float32)[:, ::-1]
+            self.starts, self.ends = self.starts / hw, self.ends / hw
         self.iteration = 0
 
     def __call__(self):
@@ -159,6 +175,18 @@ def stream_rows(stream, table, *, train: bool, seed: int, batch_size: int, itera
     batch = stream[iteration]
     videos, starts = table.clips(batch.sample_ids, train=train, seed=seed, epoch=batch.epoch)
     return fill_rows(videos, starts, batch_size)
+
+
+class StreamRows:
+    """:func:`stream_rows` as a picklable ``rows(k)`` callable, for feeds run by worker processes."""
+
+    def __init__(self, stream, table, *, train: bool, seed: int, batch_size: int) -> None:
+        self.stream, self.table, self.train, self.seed, self.batch_size = stream, table, train, seed, batch_size
+
+    def __call__(self, iteration: int) -> tuple[np.ndarray, np.ndarray]:
+        return stream_rows(
+            self.stream, self.table, train=self.train, seed=self.seed, batch_size=self.batch_size, iteration=iteration
+        )
 
 
 def reader_order(videos: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -294,8 +322,12 @@ def build_clip_pipeline(
     if fused_resize and not (source == "dali" and on_gpu):
         raise ValueError("fused_resize is for the dali source on a GPU (NVDEC's reader) only")
 
+    # Frame stores whose feed decodes in DALI's worker processes (ScaledJpegClips, CPU only).
+    parallel_frames = source == "frames" and getattr(clip_input, "parallel", False)
+
     @pipeline_def(enable_conditionals=False)
     def clip_graph():
+        restore_channels = None  # HDF5 frames decoded by DALI get their channels put back after the resize
         resize_args = {
             "resize_x": out.width_px,  # DALI names the sides: x is the width, y the height
             "resize_y": out.height_px,
@@ -307,7 +339,7 @@ def build_clip_pipeline(
             roi_start, roi_end = fn.external_source(
                 source=roi_feed, num_outputs=2, batch=True, dtype=[types.FLOAT, types.FLOAT]
             )
-            resize_args.update(roi_start=roi_start, roi_end=roi_end, roi_relative=False)
+            resize_args.update(roi_start=roi_start, roi_end=roi_end, roi_relative=roi_feed.relative)
         if source == "dali":
             reader_args = {
                 "file_list": str(clip_input),
@@ -326,10 +358,10 @@ def build_clip_pipeline(
                 frames, tag = fn.experimental.readers.video_resize(device="gpu", **reader_args, **resize_args)
             else:
                 frames, tag = fn.experimental.readers.video(device="gpu" if on_gpu else "cpu", **reader_args)
-        elif source == "frames":
+        elif source == "frames" and not parallel_frames:
             frames, tag, restore_channels = decode_store_clips(clip_input, on_gpu)
         else:
-            parallel = source == "pyav"
+            parallel = source == "pyav" or parallel_frames
             extra = {"parallel": True, "prefetch_queue_depth": max(2, prefetch_queue_depth)} if parallel else {}
             frames, tag = fn.external_source(
                 source=clip_input,
@@ -344,7 +376,7 @@ def build_clip_pipeline(
         if source in ("dali", "frames"):
             if not (source == "dali" and fused_resize):
                 frames = fn.resize(frames, **resize_args)
-            if source == "frames":
+            if restore_channels is not None:
                 frames = restore_channels(frames)
         # Augmentation seam: per-clip colour matrix and flip, on every frame of the clip.
         if augment is not None:
@@ -356,7 +388,7 @@ def build_clip_pipeline(
         return frames, tag
 
     workers = {}
-    if source == "pyav":
+    if source == "pyav" or parallel_frames:
         # Started once per pipeline, so once per loader. A forked worker inherits the parent's
         # unreachable DALI pipelines and crashes if its garbage collector finalises one: collect
         # them in the parent first.
