@@ -66,7 +66,7 @@ DEFAULTS = {
     ("clips", "cpu"): _defaults("r3d_small", 4, 64, epochs=3, rounds=1, videos=2, seconds=8),
     ("clips", "gpu"): _defaults("r3d_small", 64, 112, epochs=4, rounds=2, videos=4, seconds=120),
     # Dense depth: 640x480 JPEG + 16-bit PNG pairs (generated), unet_resnet18 at width x height.
-    ("depth", "cpu"): _defaults("unet_resnet18", 8, (128, 96), epochs=2, rounds=1, images=64),
+    ("depth", "cpu"): _defaults("unet_resnet18", 8, (128, 96), epochs=2, rounds=2, images=64),
     ("depth", "gpu"): _defaults("unet_resnet18", 64, (256, 192), epochs=3, rounds=2, images=2048),
 }
 # Config keys the command's own flags decide, and those flags.
