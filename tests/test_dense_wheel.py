@@ -10,7 +10,6 @@ folder outside the checkout. One request per model checks the answer's shape, dt
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import re
@@ -22,6 +21,7 @@ import httpx
 import numpy as np
 import pytest
 import yaml
+from _serving import kserve_image_outputs
 from PIL import Image
 from test_package_install import _ok, _run, installed  # noqa: F401 (the session's wheel venv)
 
@@ -101,26 +101,6 @@ def served(installed):  # noqa: F811
         proc.wait(timeout=60)
 
 
-def _kserve(url: str, model: str, image: bytes) -> dict:
-    body = {
-        "inputs": [
-            {
-                "name": "image",
-                "datatype": "BYTES",
-                "shape": [1],
-                "parameters": {"content_type": "base64"},
-                "data": [base64.b64encode(image).decode()],
-            }
-        ]
-    }
-    answer = httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=120)
-    assert answer.status_code == 200, answer.text
-    return {
-        o["name"]: (o["datatype"], np.array(o["data"], np.float32).reshape(o["shape"]))
-        for o in answer.json()["outputs"]
-    }
-
-
 def _png(url: str, model: str, image: bytes) -> np.ndarray:
     answer = httpx.post(
         f"{url}/v1/models/{model}/predict?size=input",
@@ -151,7 +131,7 @@ def test_depth_pairs_train_evaluate_export_and_serve_from_the_wheel(served):
     assert 0 <= last["delta1"] <= 1 and np.isfinite([last["abs_rel"], last["rmse"]]).all()
     assert "abs_rel" in depth["stdout"] and "parity max |diff|" in depth["export"]
 
-    datatype, values = _kserve(served["url"], "depth", served["image"])["depth"]
+    datatype, values = kserve_image_outputs(served["url"], "depth", served["image"])["depth"]
     assert datatype == "FP32" and values.shape == (1, SIZE[1], SIZE[0])
     assert np.isfinite(values).all() and values.std() > 0, "a map, not a constant"
     png = _png(served["url"], "depth", served["image"])
@@ -169,7 +149,7 @@ def test_segmentation_pairs_train_evaluate_export_and_serve_from_the_wheel(serve
     last = seg["eval"][-1]
     assert {"miou", "pixel_accuracy"} <= set(last) and 0 <= last["pixel_accuracy"] <= 1 and 0 <= last["miou"] <= 1
 
-    out = _kserve(served["url"], "seg", served["image"])
+    out = kserve_image_outputs(served["url"], "seg", served["image"])
     datatype, scores = out["scores"]
     assert datatype == "FP32" and scores.shape == (1, CLASSES, SIZE[1], SIZE[0])
     np.testing.assert_allclose(scores.sum(axis=1), 1.0, atol=1e-5)
