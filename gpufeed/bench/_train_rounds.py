@@ -1,17 +1,22 @@
-"""How ``gpufeed bench train`` runs its rounds: both sides interleaved in short chunks of steps.
+"""How ``gpufeed bench train`` runs its rounds: both sides interleaved in chunks of steps, or one after the other.
 
 On a shared machine the speed of a training step drifts by several times within a minute
 (another job starts, the CPU's share halves). Timing one side's whole run, then the other's,
-compares two different machines. So each round starts both sides (fresh model and loader each)
-and alternates between them every :data:`CHUNK_STEPS` steps, in the order A B B A A B ... so
-that a drift in time favours neither. A chunk pair (the same steps of both sides, run back to
-back) saw nearly the same machine: its samples/s ratio is one measurement, and the median over
-all pairs of all rounds is the figure that a noisy machine moves least.
+compares two different machines. With ``chunk_steps`` set, each round starts both sides (fresh
+model and loader each) and alternates between them every ``chunk_steps`` steps, in the order
+A B B A A B ... so that a drift in time favours neither. A chunk pair (the same steps of both
+sides, run back to back) saw nearly the same machine: its samples/s ratio is one measurement, and
+the median over all pairs of all rounds is the figure that a noisy machine moves least.
 
-Only one side steps at a time. The other side's loader is idle with its prefetch queue full:
-the batch it starts decoding when the last batch of its chunk is taken (DALI's next iteration,
-or the DataLoader worker's next index) is the one piece of its work that overlaps the other
-side's first step, the same for both sides.
+Only one side steps at a time; the other side's loader is idle. What it still does meanwhile is
+finish the batches it had already started (DALI's queued iterations, the DataLoader workers'
+outstanding indices): for a loader that keeps up with the step that is the one batch it starts
+when the last batch of its chunk is taken, the same for both sides. A loader that does *not*
+keep up would catch up while idle and start its next chunk with a full queue, hiding up to its
+queue depth of waits per chunk; so interleaving is the default only where the step is
+compute-bound by far (``--task depth`` on a CPU, see ``DEFAULTS`` in
+:mod:`gpufeed.bench.train`), and ``chunk_steps`` of 0 runs each side's whole round in one piece
+(each round then gives one pair).
 """
 
 from __future__ import annotations
@@ -23,9 +28,8 @@ import torch
 
 from gpufeed.bench._train_report import SIDES
 
-__all__ = ["CHUNK_STEPS", "WARMUP_STEPS", "run_rounds", "warm_up"]
+__all__ = ["WARMUP_STEPS", "run_rounds", "warm_up"]
 
-CHUNK_STEPS = 4
 WARMUP_STEPS = 2
 
 
@@ -91,8 +95,10 @@ class _Side:
         }
 
 
-def run_rounds(run, augmenters: dict, bar) -> tuple[dict[str, list[dict]], list[dict], list[list[str]]]:
-    """Every round, both sides interleaved by chunks.
+def run_rounds(
+    run, augmenters: dict, bar, chunk_steps: int
+) -> tuple[dict[str, list[dict]], list[dict], list[list[str]]]:
+    """Every round, both sides interleaved by chunks of ``chunk_steps`` steps (0: each side's whole round).
 
     Returns:
         ``(blocks, pairs, orders)``: per side, one block per round (steps, wall time, samples per
@@ -102,6 +108,7 @@ def run_rounds(run, augmenters: dict, bar) -> tuple[dict[str, list[dict]], list[
     blocks: dict[str, list[dict]] = {side: [] for side in SIDES}
     pairs: list[dict] = []
     orders: list[list[str]] = []
+    chunk = chunk_steps if chunk_steps > 0 else run.epochs * run.steps_per_epoch + 1
     for r in range(run.rounds):
         sides = {side: _Side(run, side, augmenters[side], r) for side in SIDES}
         k = 0
@@ -112,7 +119,7 @@ def run_rounds(run, augmenters: dict, bar) -> tuple[dict[str, list[dict]], list[
             rates = {}
             for side in order:
                 bar.set_description(f"round {r + 1}/{run.rounds} {side}")
-                samples, seconds = sides[side].chunk(CHUNK_STEPS, bar)
+                samples, seconds = sides[side].chunk(chunk, bar)
                 rates[side] = samples / seconds if samples and seconds > 0 else None
             if all(rates.values()):
                 ratio = rates["gpufeed"] / rates["dataloader"]

@@ -10,9 +10,10 @@ DataLoader with PIL (images) or PyAV keyframe seeks (clips) doing the same work 
 Each step is timed as the trainer times it: loader wait (host time blocked waiting for the next
 batch; the DataLoader's includes its copy to the GPU), augment and compute (CUDA events with one
 synchronisation per step on a GPU, ``perf_counter`` on the CPU) and the whole step. A *round*
-runs every epoch with both sides, each with a fresh loader and model, alternating between them
-every few steps (see :mod:`gpufeed.bench._train_rounds`): each chunk pair is one samples/s ratio
-measured on nearly the same machine, and their median is the headline figure.
+runs every epoch with both sides, each with a fresh loader and model: interleaved every few steps
+where the step is compute-bound by far (``--task depth`` on a CPU), else one side's whole round,
+then the other's, the order alternating by round (see :mod:`gpufeed.bench._train_rounds`). Each
+chunk pair (or round) is one samples/s ratio, and their median is the headline figure.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from gpufeed._size import parse_size_px
 from gpufeed.bench._dense_feeds import DEPTH_SCALE, PilDensePairs, dense_batch, depth_bench_pairs
 from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, clip_batch, dataloader_feed, gpufeed_feed
 from gpufeed.bench._train_report import SIDES, draw_train_plot, figures, print_train_result
-from gpufeed.bench._train_rounds import CHUNK_STEPS, run_rounds, warm_up
+from gpufeed.bench._train_rounds import run_rounds, warm_up
 from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
 from gpufeed.bench.loader import make_bench_images
 from gpufeed.config import Config, ConfigError, parse_config
@@ -55,18 +56,23 @@ from gpufeed.train._tasks import ClipTask, ImageTask, to_channels_last
 __all__ = ["DEFAULTS", "augment_plans", "main_train", "run_train_bench"]
 
 
-def _defaults(model: str, batch_size: int, size_px: int | tuple[int, int], epochs: int, rounds: int, **data) -> dict:
-    return {"model": model, "batch_size": batch_size, "size_px": size_px, "epochs": epochs, "rounds": rounds, **data}
+def _defaults(
+    model: str, batch_size: int, size_px: int | tuple[int, int], epochs: int, rounds: int, chunk_steps: int = 0, **data
+) -> dict:
+    return {"model": model, "batch_size": batch_size, "size_px": size_px, "epochs": epochs, "rounds": rounds,
+            "chunk_steps": chunk_steps, **data}  # fmt: skip
 
 
 # Per (task, device kind): what a sensible run on that machine looks like (flags override each).
+# chunk_steps: sides interleaved every that many steps (0: one side's whole round, then the
+# other's); only where the step is compute-bound by far, see gpufeed.bench._train_rounds.
 DEFAULTS = {
     ("images", "cpu"): _defaults("smallcnn", 32, 64, epochs=3, rounds=2, images=512),
     ("images", "gpu"): _defaults("resnet18", 256, 224, epochs=4, rounds=2, images=4096),
     ("clips", "cpu"): _defaults("r3d_small", 4, 64, epochs=3, rounds=1, videos=2, seconds=8),
     ("clips", "gpu"): _defaults("r3d_small", 64, 112, epochs=4, rounds=2, videos=4, seconds=120),
     # Dense depth: 640x480 JPEG + 16-bit PNG pairs (generated), unet_resnet18 at width x height.
-    ("depth", "cpu"): _defaults("unet_resnet18", 8, (128, 96), epochs=2, rounds=2, images=64),
+    ("depth", "cpu"): _defaults("unet_resnet18", 8, (128, 96), epochs=2, rounds=2, chunk_steps=4, images=64),
     ("depth", "gpu"): _defaults("unet_resnet18", 64, (256, 192), epochs=3, rounds=2, images=2048),
 }
 # Config keys the command's own flags decide, and those flags.
@@ -311,7 +317,7 @@ def run_train_bench(args) -> dict:
     warm_up(run, augmenters)
     total = run.rounds * len(SIDES) * run.epochs * run.steps_per_epoch
     with tqdm(total=total, desc="bench train", unit="step", dynamic_ncols=True) as bar:
-        blocks, pairs, orders = run_rounds(run, augmenters, bar)
+        blocks, pairs, orders = run_rounds(run, augmenters, bar, int(run.pick["chunk_steps"]))
     # Every round, every epoch: the same samples on both sides (and the same clip starts).
     same = all(
         sorted(g) == sorted(d)
@@ -336,7 +342,7 @@ def _settings(run: _Run, augmenters: dict, orders: list) -> dict:
         "epochs": run.epochs,
         "rounds": run.rounds,
         "steps_per_epoch": run.steps_per_epoch,
-        "chunk_steps": CHUNK_STEPS,
+        "chunk_steps": int(run.pick["chunk_steps"]),
         "order": orders,
         "data": run.data_text,
         "workers": run.workers,
