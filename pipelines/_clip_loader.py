@@ -365,10 +365,10 @@ class ClipLoader(EpochLoader):
             regions = (ends - starts)[:, ::-1]
         if self._scaled_jpeg:
             decoded = jpeg_decode_sizes(sizes, regions, out)
-            feed = ScaledJpegClips(rows, stores, decoded, batch_size=self.batch_size, **shape)
+            scaled = ScaledJpegClips(rows, stores, decoded, batch_size=self.batch_size, **shape)
             method, why = worker_start_method(getattr(self.cfg, "worker_start_method", "auto"))
             log.info("starting %d JPEG decoding worker process(es) with %s (%s)", self.num_threads, method, why)
-            return build_clip_pipeline(source="frames", clip_input=feed, roi_feed=roi, start_method=method, **common)
+            return build_clip_pipeline(source="frames", clip_input=scaled, roi_feed=roi, start_method=method, **common)
         used = {infos[v].store for v in np.unique(self.table.slot_video)}
         feed = StoreClipFeed(rows, stores, batch_size=self.batch_size, mode=channel_mode(used), **shape)
         return build_clip_pipeline(source="frames", clip_input=feed, roi_feed=roi, **common)

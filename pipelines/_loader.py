@@ -28,19 +28,18 @@ from gpufeed.config import ImagePipelineConfig, LoaderConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment
 from gpufeed.pipelines._dataset import ImageDataset
-from gpufeed.pipelines._epochs import EpochLoader, Session
-from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._epochs import Session
 from gpufeed.pipelines._image_pipeline import ImageFeed, PathTable, build_image_pipeline, gpu_decoder_options
 from gpufeed.pipelines._image_verify import find_bad_files
 from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._quarantine import quarantined_ids
+from gpufeed.pipelines._sample_loader import CropPolicy, SampleLoader
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
-from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ImageBatch", "ImageLoader", "find_bad_files"]
+__all__ = ["CropPolicy", "ImageBatch", "ImageLoader", "find_bad_files"]
 
 log = logging.getLogger("gpufeed")
 
@@ -65,34 +64,7 @@ class ImageBatch:
         return int(self.images.shape[0])
 
 
-@dataclass(frozen=True, eq=False)
-class CropPolicy:
-    """The crop windows of a split: ``policy(sample_ids, epoch) -> Windows``, a pure function.
-
-    Training: random-resized crops and flips from (seed, epoch, sample id); evaluation: centre
-    windows of the output's shape (``output_aspect``: width / height). Held by the pipeline's
-    feed, so it carries only what it needs.
-    """
-
-    sizes: np.ndarray
-    train: bool
-    seed: int
-    crop_area: tuple[float, float]
-    crop_aspect_ratio: tuple[float, float]
-    flip: bool
-    eval_crop_fraction: float
-    output_aspect: float = 1.0
-
-    def __call__(self, ids: np.ndarray, epoch: int) -> Windows:
-        sizes = self.sizes[ids]
-        if self.train:
-            return train_windows(
-                sizes, ids, self.seed, epoch, self.crop_area, self.crop_aspect_ratio, self.flip, self.output_aspect
-            )
-        return eval_windows(sizes, self.eval_crop_fraction, self.output_aspect)
-
-
-class ImageLoader(EpochLoader):
+class ImageLoader(SampleLoader):
     """Batches of decoded, cropped, resized images from an :class:`ImageDataset`.
 
     Epochs, resume and bad-file handling come from :class:`~gpufeed.pipelines._epochs.EpochLoader`.
@@ -172,35 +144,12 @@ class ImageLoader(EpochLoader):
         # Identical on every rank: the index and the quarantine list are deterministic.
         usable = data.usable_ids
         self._usable = usable[~np.isin(usable, list(self.quarantined))] if self.quarantined else usable
-        if self._plan(0).num_batches == 0:
-            usable_count = len(self._usable) - len(self.read_failures)
-            raise DatasetError(
-                f"shard {self.shard_id} of {self.num_shards} gets no batches: {usable_count} usable samples in "
-                f"{self.dataset.source}, batch_size {self.batch_size}, last_batch '{self.last_batch}'. "
-                "Use a smaller batch_size or last_batch: partial."
-            )
-        c = image_cfg
-        out = c.output_size
-        self.crops = CropPolicy(
-            np.asarray(data.sizes),
-            train,
-            seed,
-            c.crop_area,
-            c.crop_aspect_ratio,
-            c.flip,
-            c.eval_crop_fraction,
-            out.width_px / out.height_px,
-        )
+        self._require_batches(len(self._usable) - len(self.read_failures), "samples")
+        self.crops = CropPolicy.for_split(data.sizes, train, seed, image_cfg, image_cfg.output_size)
         # Encoded once: the feed hands DALI each batch's paths as bytes for fn.io.file.read.
         self._path_table = PathTable(list(data.paths))
 
     # -- EpochLoader hooks --------------------------------------------------------------------
-    def _plan_ids(self) -> np.ndarray:
-        return self._usable
-
-    def _excluded_plan_ids(self) -> list[int]:
-        return sorted(self.read_failures)
-
     def _decoder_options(self) -> dict:
         usable = self._usable
         sizes = np.asarray(self.dataset.sizes)[usable] if len(usable) else np.ones((1, 2), dtype=np.int64)
@@ -212,8 +161,6 @@ class ImageLoader(EpochLoader):
         return options
 
     def _open_session(self, stream: PlanStream) -> Session:
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator
-
         feed = ImageFeed(stream, self._path_table, self._labels, self.crops, augment=self.augment, seed=self.seed)
         pipe = build_image_pipeline(
             feed,
@@ -225,10 +172,7 @@ class ImageLoader(EpochLoader):
             seed=self.seed,
             gpu_options=self._decoder_options(),
         )
-        names = ["images", "meta", "meta_gpu"] if self.device.is_gpu else ["images", "meta"]
-        # No reader and no size: the iterator runs as long as the feed does, epoch after epoch.
-        iterator = DALIGenericIterator(pipe, names, auto_reset=False, prepare_first_batch=False)
-        return Session(iterator, stream, feed=feed)
+        return self._iterator_session(pipe, stream, feed)
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ImageBatch:
         meta = out["meta"]
@@ -244,8 +188,7 @@ class ImageLoader(EpochLoader):
         )
 
     def _suspects(self, batches: list[StreamBatch]) -> list[tuple[int, str, None]]:
-        ids = dict.fromkeys(int(i) for batch in batches for i in batch.sample_ids)
-        return [(i, self.dataset.paths[i], None) for i in ids]
+        return [(i, self.dataset.paths[i], None) for i in self._batch_ids(batches)]
 
     def _recheck(self, suspects) -> dict[int, str]:
         by_path = {path: sample_id for sample_id, path, _ in suspects}

@@ -217,7 +217,7 @@ def _fallback_decode(data: np.ndarray, colorspace: str, size: tuple[int, int]) -
     with Image.open(io.BytesIO(data.tobytes())) as image:
         rgb = image.convert("RGB")
         if rgb.size != size:
-            rgb = rgb.resize(size, Image.BILINEAR, reducing_gap=None)
+            rgb = rgb.resize(size, Image.Resampling.BILINEAR, reducing_gap=None)
         out = np.asarray(rgb)
     return np.ascontiguousarray(out[..., ::-1]) if colorspace == "BGR" else out
 

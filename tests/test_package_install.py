@@ -97,9 +97,12 @@ def _runtime_view(view: Path) -> set[str]:
     return left_out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def installed(tmp_path_factory) -> dict:
-    """Build sdist and wheel from a copy of the checkout; install the wheel into a fresh venv."""
+    """Build sdist and wheel from a copy of the checkout; install the wheel into a fresh venv.
+
+    Session-wide: ``test_dense_wheel.py`` imports it too, and one build serves both modules.
+    """
     work = tmp_path_factory.mktemp("package")
     src = _copy_source(work / "src")
     dist = work / "dist"
