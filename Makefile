@@ -15,7 +15,7 @@ TORCH_SPEC ?= $(shell if nvidia-smi -L >/dev/null 2>&1; then echo torch; else ec
 SETUPTOOLS_SPEC := setuptools>=77.0.1
 PYTEST_ARGS ?=
 
-.PHONY: setup deps install demo test lint format bench clean
+.PHONY: setup deps install demo test test-unit typecheck lint format bench clean
 
 # A venv with pip, setuptools and the torch build for this machine (tomli reads pyproject.toml
 # on Python 3.10, which has no tomllib).
@@ -58,7 +58,15 @@ test: setup
 	.ci/ensure-prometheus
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	.ci/typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The unit tier alone (in-process tests: no child process, no server; tests/conftest.py holds it).
+test-unit: setup
+	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)
+
+typecheck: setup
+	.ci/typecheck
 
 lint: setup
 	$(BIN)/ruff check --fix .

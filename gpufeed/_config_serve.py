@@ -87,12 +87,21 @@ class ServeConfig:
         doc="let the CUDA provider use TF32 math (faster on Ampere and later, logits drift from export's "
         "parity figure, which is measured without it); default off",
     )
-    decode_threads: int = option(0, ge=0, doc="DALI CPU threads per model; 0 means one per core")
+    decode_threads: int = option(
+        0, ge=0, doc="DALI CPU threads of each worker's decoder; 0: the cores shared out among the workers"
+    )
     inference_threads: int = option(
         0,
         ge=0,
-        doc="onnxruntime intra-op threads per batch; 0: on the CPU the cores shared out among the workers, "
-        "on a GPU onnxruntime's default",
+        doc="onnxruntime intra-op threads of a batch that runs beside another; 0: on the CPU the cores shared "
+        "out among the workers, on a GPU onnxruntime's default",
+    )
+    inference_threads_alone: int = option(
+        0,
+        ge=0,
+        doc="onnxruntime intra-op threads of a batch that starts while no other batch of the server is in "
+        "inference (a lone client); 0: every core on the CPU. Not above inference_threads: off (one session "
+        "per batch size instead of two); ignored on a GPU",
     )
     warmup_batches: int = option(2, ge=1, doc="full batches run through decode and inference before ready")
     workers_per_model: int = option(

@@ -41,7 +41,10 @@ def missing_from_extra(extra: str) -> list[str]:
         spec, _, marker = requirement.partition(";")
         if re.fullmatch(rf"\s*extra\s*==\s*[\"']{re.escape(extra)}[\"']\s*", marker) is None:
             continue
-        name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec).group(1)
+        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec)
+        if match is None:  # not a requirement line pip would have written; nothing to name
+            continue
+        name = match.group(1)
         if name.lower() == "gpufeed":
             continue
         try:

@@ -60,7 +60,9 @@ class Checklist:
 
     def to_dict(self) -> dict:
         """The figures, each expectation's outcome (``checks``) and the verdict (``ok``), for JSON."""
-        return {**asdict(self), "checks": {c.name: c.passed for c in self._checks()}, "ok": self.ok}
+        # A mixin of dataclasses: every subclass is one, which the type of ``self`` cannot say.
+        figures = asdict(self)  # type: ignore[call-overload]
+        return {**figures, "checks": {c.name: c.passed for c in self._checks()}, "ok": self.ok}
 
 
 def finish(report: Checklist, json_path: str | Path | None = None) -> int:

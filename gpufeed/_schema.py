@@ -139,7 +139,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if len(value) != len(args):
             raise ConfigError(key, f"expected {_describe_type(tp)}, got {len(value)} items")
         return tuple(_convert(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return from_mapping(tp, value, key)
     if value is None:
         raise ConfigError(key, f"null is not allowed; expected {_describe_type(tp)}")
@@ -226,7 +226,7 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
     for fld in dataclasses.fields(cls):
         key = f"{prefix}{fld.name}"
         tp = hints[fld.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             rows.extend(describe(tp, key + "."))
             continue
         default = fld.default if fld.default is not dataclasses.MISSING else "(required)"

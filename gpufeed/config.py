@@ -121,7 +121,7 @@ def _deep_copy(tree: Any) -> Any:
 
 
 def _resolve_paths(obj: Any, base: Path) -> Any:
-    if not dataclasses.is_dataclass(obj):
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         return obj
     changes = {}
     for fld in dataclasses.fields(obj):

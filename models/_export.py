@@ -31,6 +31,7 @@ import logging
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,6 +49,7 @@ from gpufeed.models._card import (
     default_batch_sizes,
 )
 from gpufeed.models._io import find_checkpoint, load_model
+from gpufeed.models._nets import GpufeedModel
 from gpufeed.models._spec import ModelSpec
 from gpufeed.pipelines import ImageDataset, ImageLoader
 from gpufeed.synth import SynthSpec, behaviour_labels, render_frame, write_synthetic_dataset
@@ -68,7 +70,7 @@ class ExportError(RuntimeError):
 class _Exportable(nn.Module):
     """The model as exported: uint8 in, float32 logits out, optionally fp16 inside."""
 
-    def __init__(self, model: nn.Module, precision: str) -> None:
+    def __init__(self, model: GpufeedModel, precision: str) -> None:
         super().__init__()
         self.normalize = model.normalize
         self.backbone = model.backbone.half() if precision == "fp16" else model.backbone
@@ -104,6 +106,8 @@ def _image_inputs(spec: ModelSpec, batch_size: int, batches: int, data: Path | N
             image_cfg=ImagePipelineConfig(size_px=spec.size_px, eval_crop_fraction=spec.eval_crop_fraction),
             loader_cfg=LoaderConfig(batch_size=batch_size, last_batch="pad", num_threads=2, on_bad_sample="skip"),
             device=device or DeviceChoice("cpu", None, "export parity inputs"),
+            shard_id=0,  # every parity input, whatever rank or process group this runs in
+            num_shards=1,
         )
         out = []
         for batch in loader:
@@ -117,6 +121,7 @@ def _clip_inputs(spec: ModelSpec, batch_size: int, batches: int) -> tuple[np.nda
     # The clip loader is built elsewhere; rendered synthetic behaviour frames (tags, bands, a
     # moving bar) are the same pixels the synthetic videos hold, before h264.
     t, (w, h) = spec.clip_length_frames, spec.size
+    assert t is not None, "ModelSpec refuses a clip model without clip_length_frames"
     width = w * 3 // 2
     labels = behaviour_labels(batch_size * batches + t, seed=0)
     clips = np.empty((batch_size * batches, 3, t, h, w), dtype=np.uint8)
@@ -140,7 +145,7 @@ def _onnx_session(path: Path, device, batch_size: int | None = None):
     """A session on the CPU (or CUDA) provider; ``batch_size`` fixes a symbolic batch dimension."""
     import onnxruntime as ort
 
-    providers = ["CPUExecutionProvider"]
+    providers: list[str | tuple[str, dict[str, Any]]] = ["CPUExecutionProvider"]
     if device is not None and device.is_gpu and "CUDAExecutionProvider" in ort.get_available_providers():
         # TF32 would blur the comparison: parity checks the graph, not the GPU's fast math.
         cuda = {"device_id": device.device_id, "use_tf32": 0}

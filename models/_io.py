@@ -8,6 +8,7 @@ state beside them. A run folder keeps them as ``<run>/checkpoints/ckpt-<step, 9 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -56,9 +57,9 @@ def find_checkpoint(path: str | Path) -> Path:
     raise FileNotFoundError(f"checkpoint {path} does not exist")
 
 
-def model_state(model: GpufeedModel) -> dict:
+def model_state(model: torch.nn.Module) -> dict:
     """The part of a checkpoint that rebuilds the model: its spec and its weights."""
-    module = getattr(model, "module", model)  # unwrap DDP
+    module: Any = getattr(model, "module", model)  # unwrap DDP
     module = getattr(module, "_orig_mod", module)  # unwrap torch.compile
     return {"model_spec": module.spec.to_dict(), "model": module.state_dict()}
 
@@ -69,6 +70,7 @@ def load_model(source: str | Path | dict, map_location: str | torch.device = "cp
     Raises:
         ValueError: The file is not a gpufeed checkpoint (it names the missing keys).
     """
+    where: str | Path
     if isinstance(source, dict):
         state, where = source, "checkpoint dict"
     else:

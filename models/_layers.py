@@ -15,6 +15,9 @@ class Normalize(nn.Module):
     (in ONNX it is a Cast, a Mul and an Add).
     """
 
+    scale: torch.Tensor  # buffers, registered in __init__
+    shift: torch.Tensor
+
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], spatial_dims: int) -> None:
         super().__init__()
         shape = (1, len(mean)) + (1,) * spatial_dims

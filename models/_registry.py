@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from torch import nn
 
@@ -63,7 +64,8 @@ register_model("resnet18", lambda s: ResNet18(s.num_classes), task="image")
 register_model("smallcnn", lambda s: SmallCNN(s.num_classes), task="image")
 register_model(
     "clip_resnet18",
-    lambda s: StackedFrameResNet18(s.num_classes, s.clip_length_frames),
+    # ModelSpec refuses a clip model without clip_length_frames.
+    lambda s: StackedFrameResNet18(s.num_classes, cast(int, s.clip_length_frames)),
     task="clip",
     multilabel=True,
     clip_length_frames=11,

@@ -84,6 +84,7 @@ class ModelSpec:
         height, width = self.size.hw
         if self.task != "clip":  # image and dense models take (N, 3, H, W)
             return (batch_size, 3, height, width)
+        assert self.clip_length_frames is not None, "__post_init__ refuses a clip model without it"
         return (batch_size, 3, self.clip_length_frames, height, width)
 
     @property

@@ -2,9 +2,9 @@
 
 Usage::
 
-    train = VideoDataset.from_folder(cfg.video.train)
-    loader = ClipLoader(train, train=True, video_cfg=cfg.video, loader_cfg=cfg.loader,
-                        device=resolve_device("auto"), shard_id=rank, num_shards=world, seed=cfg.seed)
+    loader = ClipLoader("videos/train", batch_size=8, clip_length_frames=11, size_px=112)
+    # or, for full control: ClipLoader(VideoDataset.from_folder(...), video_cfg=cfg.video,
+    #     loader_cfg=cfg.loader, device=resolve_device("auto"), shard_id=rank, num_shards=world)
     for epoch in range(epochs):
         for batch in loader:            # one epoch per iteration over the loader
             batch.clips                 # (N, 3, T, H, W) uint8 on the device
@@ -22,33 +22,50 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpufeed.config import LoaderConfig, VideoConfig
+from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment, StreamAugmentFeed
 from gpufeed.pipelines._clip_pipeline import (
     RoiFeed,
+    StreamRows,
     build_clip_pipeline,
+    centre_rois,
     check_reader_size,
     fill_rows,
     new_work_dir,
     reader_order,
     reader_rows,
-    stream_rows,
     write_stream_list,
 )
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
+from gpufeed.pipelines._deepethogram import videos_at
 from gpufeed.pipelines._epochs import EpochLoader, Session, worker_start_method
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import decode_store_frames
-from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
+from gpufeed.pipelines._loader_args import loader_args
+from gpufeed.pipelines._nvdec import choose_source, gpu_capability
+from gpufeed.pipelines._nvdec_reader import log_reader_budget
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, ClipSource, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
-from gpufeed.pipelines._store_feed import StoreClipFeed, StoreRef, channel_mode
+from gpufeed.pipelines._store_feed import (
+    ScaledJpegClips,
+    StoreClipFeed,
+    StoreRef,
+    channel_mode,
+    jpeg_decode_sizes,
+    scaled_jpeg_decode,
+)
 from gpufeed.pipelines._videos import VideoDataset
 
-__all__ = ["ClipBatch", "ClipLoader", "choose_source"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ClipBatch", "ClipLoader"]
 
 log = logging.getLogger("gpufeed")
 
@@ -68,52 +85,16 @@ class ClipBatch:
         behaviours: The K label names, in column order.
     """
 
-    clips: object
-    frame_labels: object
-    centre_labels: object
-    video_ids: object
-    start_frames: object
-    valid: object
+    clips: torch.Tensor
+    frame_labels: torch.Tensor
+    centre_labels: torch.Tensor
+    video_ids: torch.Tensor
+    start_frames: torch.Tensor
+    valid: torch.Tensor
     behaviours: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return int(self.clips.shape[0])
-
-
-def choose_source(
-    requested: str, on_gpu: bool, infos, where: str, capability: tuple[int, int] | None = None
-) -> tuple[str, str]:
-    """The clip pipeline's source for these videos and why: ``"frames"`` for frame stores, else :func:`choose_decoder`.
-
-    Frame folders and HDF5 files hold images, which DALI's image decoder reads on any device
-    (``video.decoder`` chooses between video decoders and does not apply to them).
-
-    A set mixing both goes to the PyAV workers, which decode the stores' frames with Pillow.
-
-    Args:
-        capability: The GPU's compute capability, for :func:`gpufeed.pipelines._nvdec.choose_decoder`.
-
-    Raises:
-        DatasetError: ``dali`` was asked for a mixed set, or as :func:`choose_decoder` says.
-    """
-    kinds = {info.store for info in infos}
-    if kinds and "" not in kinds:
-        decoder = "nvJPEG / the hardware JPEG decoder" if on_gpu else "DALI's CPU image decoder"
-        named = " and ".join(sorted({"frame folders" if k == "folder" else "HDF5 files" for k in kinds}))
-        return "frames", f"{named}: one image decode per frame with {decoder}"
-    if len(kinds) > 1:
-        # One graph reads one kind: PyAV's workers take both (Pillow decodes the stores' frames).
-        if requested == "dali":
-            raise DatasetError(
-                f"video.decoder: dali cannot read {where}: it mixes encoded videos and frame stores; use decoder "
-                "auto or pyav, or keep them in separate folders"
-            )
-        return "pyav", (
-            f"video.decoder: {requested}; {where} mixes encoded videos and frame stores: PyAV worker processes "
-            "decode the videos and Pillow the stores' frames"
-        )
-    source, reason = choose_decoder(requested, on_gpu, infos, capability)
-    return source, reason
 
 
 def _worker_pids(pipe) -> list[int]:
@@ -128,58 +109,98 @@ def _worker_pids(pipe) -> list[int]:
 class ClipLoader(EpochLoader):
     """Batches of decoded, resized clips and their labels from a :class:`VideoDataset`.
 
+    Every argument but ``dataset`` has a default; shortcuts and config objects as for
+    :class:`~gpufeed.pipelines.ImageLoader` (:mod:`gpufeed.pipelines._loader_args`).
+
     Args:
-        dataset: The indexed videos (with labels).
-        train: Random starts (and ``loader_cfg.shuffle``) when True; every clip in order when False.
+        dataset: The indexed videos (with labels), or a folder of them (or a DeepEthogram project,
+            split by ``video_cfg.val_fraction``: its training records when ``train``, else the rest).
+        batch_size, shuffle, num_threads: ``loader_cfg``'s fields (defaults 64, True, 0: from the cores).
+        clip_length_frames, stride_frames, size_px: ``video_cfg``'s fields (defaults 11, 1, 112).
+        train: Random starts (and shuffling) when True (default); every clip in order when False.
+        seed: Seeds order, random starts and augmentation (and a DeepEthogram project's split).
+        device: ``"auto"`` (default), ``"gpu"``, ``"cpu"`` or a :class:`gpufeed.device.DeviceChoice`.
         video_cfg: :class:`gpufeed.config.VideoConfig` (clip length, stride, size, fit, decoder).
         loader_cfg: :class:`gpufeed.config.LoaderConfig`. Evaluation keeps every clip, so ``drop``
             is read as ``partial`` there.
-        device: :class:`gpufeed.device.DeviceChoice`.
-        shard_id, num_shards: This rank's shard of the clip slots.
-        seed: Seeds order, random starts and augmentation.
+        shard_id, num_shards: This rank's shard of the clip slots; default: ``torch.distributed``'s
+            rank and world size when it is initialised, else every clip.
         augment: Colour jitter, grayscale and flips applied inside the DALI graph when training, one
             draw per clip slot and epoch, the same on every frame; ``None`` or empty: none.
+
+    Raises:
+        ValueError: An argument is out of range or not allowed, or a shortcut disagrees with its
+            config field (the message names the argument and what is allowed).
     """
 
     def __init__(
         self,
-        dataset: VideoDataset,
+        dataset: VideoDataset | str | Path,
+        batch_size: int | None = None,
         *,
-        train: bool,
-        video_cfg,
-        loader_cfg,
-        device,
-        shard_id=0,
-        num_shards=1,
-        seed=0,
+        clip_length_frames: int | None = None,
+        stride_frames: int | None = None,
+        size_px: int | tuple[int, int] | None = None,
+        train: bool = True,
+        shuffle: bool | None = None,
+        num_threads: int | None = None,
+        seed: int = 0,
+        device: DeviceChoice | str = "auto",
+        video_cfg: VideoConfig | None = None,
+        loader_cfg: LoaderConfig | None = None,
+        shard_id: int | None = None,
+        num_shards: int | None = None,
         augment: LoaderAugment | None = None,
     ):
-        self.dataset = dataset
+        args = loader_args(
+            "ClipLoader",
+            dataset,
+            dataset_type=VideoDataset,
+            index=lambda path: videos_at(
+                path, train=train, val_fraction=(video_cfg or VideoConfig()).val_fraction, seed=seed
+            ),
+            train=train,
+            device=device,
+            loader_cfg=loader_cfg,
+            loader_shortcuts={"batch_size": batch_size, "shuffle": shuffle, "num_threads": num_threads},
+            media=(VideoConfig, video_cfg, "video_cfg"),
+            media_shortcuts={
+                "clip_length_frames": clip_length_frames,
+                "stride_frames": stride_frames,
+                "size_px": size_px,
+            },
+            shard_id=shard_id,
+            num_shards=num_shards,
+        )
+        data: VideoDataset = args.dataset
+        video_cfg, loader_cfg, device = args.media_cfg, args.loader_cfg, args.device
+        shard_id, num_shards = args.shard_id, args.num_shards
+        self.dataset = data
         self.video_cfg = video_cfg
         self.augment = augment if train and augment else None
         self._setup_epochs(
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
         self.geometry = ClipGeometry(video_cfg.clip_length_frames, video_cfg.stride_frames)
-        self.behaviours = dataset.behaviours
-        self.quarantined = quarantined_ids(dataset.paths, getattr(loader_cfg, "quarantine_file", None), dataset.source)
-        bad = {v: why for v, why in dataset.problems.items() if v not in self.quarantined}
-        for vid in dataset.usable_ids:
+        self.behaviours = data.behaviours
+        self.quarantined = quarantined_ids(data.paths, getattr(loader_cfg, "quarantine_file", None), data.source)
+        bad = {v: why for v, why in data.problems.items() if v not in self.quarantined}
+        for vid in data.usable_ids:
             if int(vid) in self.quarantined:
                 continue
-            if self.geometry.max_start(dataset.infos[vid].num_frames) < 0:
+            if self.geometry.max_start(data.infos[vid].num_frames) < 0:
                 bad[int(vid)] = (
-                    f"too short: {dataset.infos[vid].num_frames} frames, a clip spans {self.geometry.span_frames}"
+                    f"too short: {data.infos[vid].num_frames} frames, a clip spans {self.geometry.span_frames}"
                 )
         self._leave_out(bad, "video")
         self.skipped.update(self.quarantined)
-        usable = [v for v in dataset.usable_ids if int(v) not in bad and int(v) not in self.quarantined]
-        self.table = ClipTable.build(dataset.num_frames, np.asarray(usable, dtype=np.int64), self.geometry)
+        usable = [v for v in data.usable_ids if int(v) not in bad and int(v) not in self.quarantined]
+        self.table = ClipTable.build(data.num_frames, np.asarray(usable, dtype=np.int64), self.geometry)
         self.source, self.decoder_reason = choose_source(
             video_cfg.decoder,
             device.is_gpu,
-            [dataset.infos[v] for v in usable],
-            dataset.source,
+            [data.infos[v] for v in usable],
+            data.source,
             gpu_capability(device),
         )
         # Falling back to PyAV on a GPU costs throughput: say so louder than a routine choice.
@@ -187,7 +208,7 @@ class ClipLoader(EpochLoader):
         log.log(
             logging.WARNING if fell_back else logging.INFO, "clip decoder: %s (%s)", self.source, self.decoder_reason
         )
-        vfr = [dataset.paths[v] for v in usable if not dataset.infos[v].cfr]
+        vfr = [data.paths[v] for v in usable if not data.infos[v].cfr]
         if vfr:
             log.warning(
                 "%d video(s) have a variable frame rate (e.g. %s): frames are numbered in presentation order, "
@@ -195,7 +216,15 @@ class ClipLoader(EpochLoader):
                 len(vfr),
                 vfr[0],
             )
-        self._refs = [VideoRef.from_info(info) for info in dataset.infos]
+        # CPU, JPEG stores only: DCT-scaled decodes in worker processes (see _store_feed).
+        self._scaled_jpeg = self.source == "frames" and scaled_jpeg_decode(
+            device.is_gpu, [data.infos[v] for v in usable]
+        )
+        if self._scaled_jpeg:
+            self.decoder_reason = self.decoder_reason.replace(
+                " with DALI's CPU image decoder", ", DCT-scaled by libjpeg-turbo in DALI's worker processes"
+            )
+        self._refs = [VideoRef.from_info(info) for info in data.infos]
         self._check_plan(self._plan(0))
 
     # -- planning ---------------------------------------------------------------------------
@@ -234,7 +263,7 @@ class ClipLoader(EpochLoader):
     def _plan_ids(self) -> np.ndarray:
         return np.arange(len(self.table))  # clip slots
 
-    def _excluded_plan_ids(self) -> list[int]:
+    def _excluded_plan_ids(self) -> np.ndarray:
         return self.table.slots_of(self.read_failures)
 
     def _open_session(self, stream: PlanStream) -> Session:
@@ -272,7 +301,7 @@ class ClipLoader(EpochLoader):
         if self.source == "frames":
             pipe = self._frames_pipeline(stream, common)
             iterator = DALIGenericIterator(pipe, ["clips", "tags"], auto_reset=False, prepare_first_batch=False)
-            return Session(iterator, stream)
+            return Session(iterator, stream, worker_pids=_worker_pids(pipe))
         if self.source == "pyav":
             method, why = worker_start_method(getattr(self.cfg, "worker_start_method", "auto"))
             log.info("starting %d PyAV worker process(es) with %s (%s)", self.num_threads, method, why)
@@ -293,7 +322,7 @@ class ClipLoader(EpochLoader):
             work = new_work_dir()
             resources.append(work)
             try:
-                list_file, limit = write_stream_list(
+                listed = write_stream_list(
                     Path(work.name),
                     list(self.dataset.paths),
                     stream,
@@ -302,12 +331,18 @@ class ClipLoader(EpochLoader):
                     seed=self.seed,
                     batch_size=self.batch_size,
                 )
+                limit = listed.iterations
+                fused = log_reader_budget(
+                    self.dataset.infos, listed, self.batch_size, self.geometry, self.device.is_gpu
+                )
                 roi = None
                 if self.video_cfg.fit == "centre_crop":
                     sizes = np.array([(info.width, info.height) for info in self.dataset.infos])
                     out = self.video_cfg.output_size
                     roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px)
-                pipe = build_clip_pipeline(source="dali", clip_input=list_file, roi_feed=roi, **common)
+                pipe = build_clip_pipeline(
+                    source="dali", clip_input=listed.path, roi_feed=roi, fused_resize=fused, **common
+                )
                 check_reader_size(pipe, limit * self.batch_size)
             except Exception:
                 work.cleanup()
@@ -317,25 +352,25 @@ class ClipLoader(EpochLoader):
 
     def _frames_pipeline(self, stream: PlanStream, common: dict):
         """The clip pipeline over frame stores: the stream's clips, one image decode per frame."""
-        table, train, seed, size = self.table, self.train, self.seed, self.batch_size
-
-        def rows(k):
-            return stream_rows(stream, table, train=train, seed=seed, batch_size=size, iteration=k)
-
+        rows = StreamRows(stream, self.table, train=self.train, seed=self.seed, batch_size=self.batch_size)
         infos = self.dataset.infos
-        feed = StoreClipFeed(
-            rows,
-            [StoreRef.from_info(info) if info.store else None for info in infos],
-            clip_length_frames=self.geometry.clip_length_frames,
-            stride_frames=self.geometry.stride_frames,
-            batch_size=size,
-            mode=channel_mode({infos[v].store for v in np.unique(self.table.slot_video)}),
-        )
-        roi = None
-        if self.video_cfg.fit == "centre_crop":
-            out = self.video_cfg.output_size
-            sizes = np.array([(info.width, info.height) for info in infos])
-            roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px)
+        stores = [StoreRef.from_info(info) if info.store else None for info in infos]
+        shape = {"clip_length_frames": self.geometry.clip_length_frames, "stride_frames": self.geometry.stride_frames}
+        out, fit = self.video_cfg.output_size, self.video_cfg.fit
+        sizes = np.array([(info.width, info.height) for info in infos])
+        roi, regions = None, sizes  # regions: (width, height) of the part of each frame the resize reads
+        if fit == "centre_crop":
+            roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px, relative=self._scaled_jpeg)
+            starts, ends = centre_rois(sizes, out.width_px / out.height_px)
+            regions = (ends - starts)[:, ::-1]
+        if self._scaled_jpeg:
+            decoded = jpeg_decode_sizes(sizes, regions, out)
+            scaled = ScaledJpegClips(rows, stores, decoded, batch_size=self.batch_size, **shape)
+            method, why = worker_start_method(getattr(self.cfg, "worker_start_method", "auto"))
+            log.info("starting %d JPEG decoding worker process(es) with %s (%s)", self.num_threads, method, why)
+            return build_clip_pipeline(source="frames", clip_input=scaled, roi_feed=roi, start_method=method, **common)
+        used = {infos[v].store for v in np.unique(self.table.slot_video)}
+        feed = StoreClipFeed(rows, stores, batch_size=self.batch_size, mode=channel_mode(used), **shape)
         return build_clip_pipeline(source="frames", clip_input=feed, roi_feed=roi, **common)
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ClipBatch:

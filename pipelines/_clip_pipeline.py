@@ -27,15 +27,19 @@ filled with rows the loader drops), and the tag of plan row ``j`` of iteration `
   gpufeed's sampler says, never shuffling; within each batch the rows are ordered by (video,
   start) (:func:`reader_order`), each file opened once per batch, and the loader restores plan
   order from the tags. DALI's reader takes its list when it is
-  built, so a list covers whole epochs, as many as :data:`LIST_LINES` lines hold (a new pipeline
-  continues after them). ``device="gpu"`` decodes on NVDEC (h264, hevc, vp8, vp9, av1, mpeg4,
-  mjpeg); ``device="cpu"`` uses FFmpeg inside DALI (vp8, vp9, mjpeg only).
+  built, so a list covers whole epochs within :data:`LIST_LINES` lines, or that many lines of an
+  epoch too long for them (a new pipeline continues after them; :mod:`._nvdec_reader` says what a
+  build costs). ``device="gpu"`` decodes on NVDEC (h264, hevc, vp8, vp9, av1, mpeg4, mjpeg),
+  resizing inside the reader where DALI can; ``device="cpu"`` uses FFmpeg (vp8, vp9, mjpeg only).
 * ``"pyav"``: :class:`gpufeed.pipelines._pyav.ClipSource` in a parallel ``external_source``
   (one worker process per thread, started once), seeking with PyAV to the keyframe at or before
   each clip.
 * ``"pyav_sequential"``: :class:`gpufeed.pipelines._pyav.SequentialFeed`, one video front to back.
 * ``"frames"``: frame folders and HDF5 files, one image decode per frame
-  (:mod:`gpufeed.pipelines._store_feed`); crop window and resize as for the DALI reader.
+  (:mod:`gpufeed.pipelines._store_feed`); crop window and resize as for the DALI reader. On a CPU,
+  stores of JPEG frames are decoded DCT-scaled by a
+  :class:`~gpufeed.pipelines._store_feed.ScaledJpegClips` in a parallel ``external_source``
+  (worker processes, as for PyAV), and the crop window is a region relative to the frame.
 
 Why a file list and not ``fn.decoders.video`` on in-memory files: that decoder needs each clip's
 whole file as its input and indexes it per sample; measured on a CPU (VP9, 256x256, 1,800
@@ -49,6 +53,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -59,7 +64,9 @@ from gpufeed.pipelines._store_feed import decode_store_clips
 __all__ = [
     "LIST_LINES",
     "READER_NAME",
+    "ReaderList",
     "RoiFeed",
+    "StreamRows",
     "build_clip_pipeline",
     "centre_rois",
     "fill_rows",
@@ -71,8 +78,8 @@ __all__ = [
 
 READER_NAME = "clip_reader"
 
-# Most lines a reader's file list gets: DALI opens each line's file while building (about 66 us a
-# line on a shared 2-core CPU), so this bounds a build to well under a second there.
+# Most lines a reader's file list gets: DALI constructs a decoder per line while building (about
+# 66 us a line on a shared 2-core CPU; on a GPU also an NVDEC parser and 8 full-size frame buffers).
 LIST_LINES = 8192
 # Most epochs one list covers, however small an epoch is.
 LIST_EPOCHS = 32
@@ -100,11 +107,23 @@ class RoiFeed:
             reader's list is).
         frame_sizes: (videos, 2) (width, height) per video id.
         output_aspect: The output's width / height (see :func:`centre_rois`).
+        relative: Give the regions as fractions of the frame's height and width (for frames
+            decoded at another size than the stored one, see ``ScaledJpegClips``).
     """
 
-    def __init__(self, rows: Callable[[int], np.ndarray], frame_sizes: np.ndarray, output_aspect: float = 1.0) -> None:
-        self.rows = rows
+    def __init__(
+        self,
+        rows: Callable[[int], np.ndarray],
+        frame_sizes: np.ndarray,
+        output_aspect: float = 1.0,
+        *,
+        relative: bool = False,
+    ) -> None:
+        self.rows, self.relative = rows, relative
         self.starts, self.ends = centre_rois(np.asarray(frame_sizes), output_aspect)
+        if relative:
+            hw = np.asarray(frame_sizes, dtype=np.float32)[:, ::-1]
+            self.starts, self.ends = self.starts / hw, self.ends / hw
         self.iteration = 0
 
     def __call__(self):
@@ -158,6 +177,18 @@ def stream_rows(stream, table, *, train: bool, seed: int, batch_size: int, itera
     return fill_rows(videos, starts, batch_size)
 
 
+class StreamRows:
+    """:func:`stream_rows` as a picklable ``rows(k)`` callable, for feeds run by worker processes."""
+
+    def __init__(self, stream, table, *, train: bool, seed: int, batch_size: int) -> None:
+        self.stream, self.table, self.train, self.seed, self.batch_size = stream, table, train, seed, batch_size
+
+    def __call__(self, iteration: int) -> tuple[np.ndarray, np.ndarray]:
+        return stream_rows(
+            self.stream, self.table, train=self.train, seed=self.seed, batch_size=self.batch_size, iteration=iteration
+        )
+
+
 def reader_order(videos: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """The order DALI's reader gets one batch's rows in: by (video, start), plan rows as positions.
 
@@ -177,30 +208,59 @@ def reader_rows(stream, table, *, train: bool, seed: int, batch_size: int, itera
     return videos[order], starts[order], order
 
 
-def list_iterations(stream, batch_size: int) -> int:
-    """Iterations a reader list for ``stream`` covers: whole epochs within :data:`LIST_LINES` lines."""
+def list_iterations(stream, batch_size: int, max_lines: int | None = None) -> tuple[int, bool]:
+    """(iterations a reader list for ``stream`` covers, whether it stops inside the starting epoch).
+
+    Whole epochs within ``max_lines`` lines (default :data:`LIST_LINES`); when the rest of the
+    starting epoch alone is longer, as many of its batches as fit (at least one): DALI constructs
+    a decoder per line while building, so a list as long as a large epoch would stall every build.
+    """
+    max_lines = LIST_LINES if max_lines is None else max_lines
+    most = max(1, max_lines // batch_size)
     first = stream.iterations_until(stream.epoch + 1)  # the rest of the starting epoch
+    if first > most:
+        return most, True
     iterations = first
     for epochs in range(1, LIST_EPOCHS):
         more = stream.iterations_until(stream.epoch + epochs + 1)
-        if more * batch_size > LIST_LINES:
+        if more > most:
             break
         iterations = more
-    return iterations
+    return iterations, False
 
 
-def write_stream_list(folder: Path, paths: list[str], stream, table, *, train, seed, batch_size) -> tuple[Path, int]:
-    """The reader's file list for the stream's first iterations: (list path, iterations it covers)."""
-    iterations = list_iterations(stream, batch_size)
-    videos, starts, tags = [], [], []
+class ReaderList(NamedTuple):
+    """A reader's file list: where it is, what it covers, and its rows' videos (for the log's figures).
+
+    Attributes:
+        path: The list file.
+        iterations: Pipeline iterations (batches) it covers.
+        capped: Whether it stops inside the starting epoch (:func:`list_iterations`).
+        videos: Video id of every line, in list (reader) order.
+        plan_videos: The same rows' video ids in plan order.
+    """
+
+    path: Path
+    iterations: int
+    capped: bool
+    videos: np.ndarray
+    plan_videos: np.ndarray
+
+
+def write_stream_list(folder: Path, paths: list[str], stream, table, *, train, seed, batch_size) -> ReaderList:
+    """The reader's file list for the stream's first iterations (:func:`list_iterations`)."""
+    iterations, capped = list_iterations(stream, batch_size)
+    videos, starts, tags, plan_videos = [], [], [], []
     for k in range(iterations):
         v, s, order = reader_rows(stream, table, train=train, seed=seed, batch_size=batch_size, iteration=k)
         videos.append(v)
         starts.append(s)
         tags.append(k * batch_size + order)  # the plan row each line is
+        plan_videos.append(v[np.argsort(order)])
     span = table.geometry.clip_length_frames * table.geometry.stride_frames
     rows = (np.concatenate(videos), np.concatenate(starts))
-    return write_file_list(folder, paths, *rows, span, np.concatenate(tags)), iterations
+    path = write_file_list(folder, paths, *rows, span, np.concatenate(tags))
+    return ReaderList(path, iterations, capped, rows[0], np.concatenate(plan_videos))
 
 
 def build_clip_pipeline(
@@ -220,6 +280,7 @@ def build_clip_pipeline(
     start_method: str = "fork",
     frames_first: bool = False,
     augment: StreamAugmentFeed | None = None,
+    fused_resize: bool = False,
 ):
     """Build (not yet run) a clip pipeline.
 
@@ -239,6 +300,9 @@ def build_clip_pipeline(
         frames_first: Output (T, 3, H, W) "FCHW" (a chunk of frames) instead of (T, H, W, 3) "FHWC".
         augment: Loader augmentation fed iteration by iteration, one parameter row per clip (the
             same on every frame of it); ``None``: none.
+        fused_resize: The ``"dali"`` source on a GPU resizes inside the reader
+            (``fn.experimental.readers.video_resize``, where this DALI has it: see
+            :func:`gpufeed.pipelines._nvdec_reader.fused_reader_resize`) instead of in ``fn.resize``.
 
     Returns:
         A built pipeline with outputs ``(clips uint8 (T, H, W, 3), tag (1,))`` per sample (the
@@ -255,26 +319,49 @@ def build_clip_pipeline(
     if source in ("dali", "frames") and fit == "centre_crop" and roi_feed is None:
         raise ValueError(f"the {source} source with fit centre_crop needs a roi_feed")
     on_gpu = device_id is not None
+    if fused_resize and not (source == "dali" and on_gpu):
+        raise ValueError("fused_resize is for the dali source on a GPU (NVDEC's reader) only")
+
+    # Frame stores whose feed decodes in DALI's worker processes (ScaledJpegClips, CPU only).
+    parallel_frames = source == "frames" and getattr(clip_input, "parallel", False)
 
     @pipeline_def(enable_conditionals=False)
     def clip_graph():
-        if source == "dali":
-            frames, tag = fn.experimental.readers.video(
-                device="gpu" if on_gpu else "cpu",
-                file_list=str(clip_input),
-                file_list_format="frames",
-                file_list_include_end=False,
-                sequence_length=clip_length_frames,
-                stride=stride_frames,
-                random_shuffle=False,
-                pad_last_batch=True,
-                image_type=types.RGB,
-                name=READER_NAME,
+        restore_channels = None  # HDF5 frames decoded by DALI get their channels put back after the resize
+        resize_args = {
+            "resize_x": out.width_px,  # DALI names the sides: x is the width, y the height
+            "resize_y": out.height_px,
+            "interp_type": types.INTERP_LINEAR,
+            "antialias": True,
+            "dtype": types.UINT8,
+        }
+        if source in ("dali", "frames") and fit == "centre_crop":
+            roi_start, roi_end = fn.external_source(
+                source=roi_feed, num_outputs=2, batch=True, dtype=[types.FLOAT, types.FLOAT]
             )
-        elif source == "frames":
+            resize_args.update(roi_start=roi_start, roi_end=roi_end, roi_relative=roi_feed.relative)
+        if source == "dali":
+            reader_args = {
+                "file_list": str(clip_input),
+                "file_list_format": "frames",
+                "file_list_include_end": False,
+                "sequence_length": clip_length_frames,
+                "stride": stride_frames,
+                "random_shuffle": False,
+                "pad_last_batch": True,
+                "image_type": types.RGB,
+                # One batch of full-size clips waits in the reader, whatever the pipeline's depth.
+                "prefetch_queue_depth": 1,
+                "name": READER_NAME,
+            }
+            if fused_resize:  # NVDEC's clips resized inside the reader, never handed on at full size
+                frames, tag = fn.experimental.readers.video_resize(device="gpu", **reader_args, **resize_args)
+            else:
+                frames, tag = fn.experimental.readers.video(device="gpu" if on_gpu else "cpu", **reader_args)
+        elif source == "frames" and not parallel_frames:
             frames, tag, restore_channels = decode_store_clips(clip_input, on_gpu)
         else:
-            parallel = source == "pyav"
+            parallel = source == "pyav" or parallel_frames
             extra = {"parallel": True, "prefetch_queue_depth": max(2, prefetch_queue_depth)} if parallel else {}
             frames, tag = fn.external_source(
                 source=clip_input,
@@ -287,22 +374,9 @@ def build_clip_pipeline(
         if on_gpu and source not in ("dali", "frames"):
             frames = frames.gpu()
         if source in ("dali", "frames"):
-            resize_args = {}
-            if fit == "centre_crop":
-                roi_start, roi_end = fn.external_source(
-                    source=roi_feed, num_outputs=2, batch=True, dtype=[types.FLOAT, types.FLOAT]
-                )
-                resize_args = {"roi_start": roi_start, "roi_end": roi_end, "roi_relative": False}
-            frames = fn.resize(
-                frames,
-                resize_x=out.width_px,  # DALI names the sides: x is the width, y the height
-                resize_y=out.height_px,
-                interp_type=types.INTERP_LINEAR,
-                antialias=True,
-                dtype=types.UINT8,
-                **resize_args,
-            )
-            if source == "frames":
+            if not (source == "dali" and fused_resize):
+                frames = fn.resize(frames, **resize_args)
+            if restore_channels is not None:
                 frames = restore_channels(frames)
         # Augmentation seam: per-clip colour matrix and flip, on every frame of the clip.
         if augment is not None:
@@ -314,7 +388,7 @@ def build_clip_pipeline(
         return frames, tag
 
     workers = {}
-    if source == "pyav":
+    if source == "pyav" or parallel_frames:
         # Started once per pipeline, so once per loader. A forked worker inherits the parent's
         # unreachable DALI pipelines and crashes if its garbage collector finalises one: collect
         # them in the parent first.

@@ -101,6 +101,9 @@ class ImageDataset:
         folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
         stray = sorted(str(p) for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
         names = tuple(classes) if classes else tuple(folders)
+        paths: list[str]
+        labels: list[int]
+        problems: dict[int, str]
         paths, labels, problems, ignored = [], [], {}, list(stray)
         for folder in folders:
             label = names.index(folder) if folder in names else -1
@@ -143,6 +146,9 @@ class ImageDataset:
             classes = tuple(
                 c.strip() for c in (base / "classes.txt").read_text(encoding="utf-8").splitlines() if c.strip()
             )
+        paths: list[str]
+        labels: list[int]
+        problems: dict[int, str]
         paths, labels, problems = [], [], {}
         for number, line in enumerate(lines, start=1):
             try:

@@ -24,7 +24,15 @@ import numpy as np
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._videos import VideoDataset, VideoInfo, index_videos, labels_for
 
-__all__ = ["DeepEthogramProject", "ProjectRecord", "is_project", "project_dataset", "read_project", "split_records"]
+__all__ = [
+    "DeepEthogramProject",
+    "ProjectRecord",
+    "is_project",
+    "project_dataset",
+    "read_project",
+    "split_records",
+    "videos_at",
+]
 
 
 @dataclass(frozen=True)
@@ -207,3 +215,10 @@ def _probe(project: DeepEthogramProject, records, paths, progress: bool) -> list
     for i, info in zip(usable, probed, strict=True):
         infos[i] = info
     return infos
+
+
+def videos_at(path: str | Path, *, train: bool, val_fraction: float, seed: int) -> VideoDataset:
+    """A folder of videos, or a DeepEthogram project's training (``train``) or validation records."""
+    if is_project(Path(path)):
+        return project_dataset(path, split="train" if train else "val", val_fraction=val_fraction, seed=seed)
+    return VideoDataset.from_folder(path)

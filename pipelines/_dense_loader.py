@@ -1,7 +1,7 @@
 """The dense loader: an RGB image and its target maps through one DALI graph, one geometry.
 
 Every sample's RGB and maps get the same crop window, flip and resize, computed once per sample
-by the image loader's :class:`~gpufeed.pipelines._loader.CropPolicy` (random-resized crops and
+by the image loader's :class:`~gpufeed.pipelines._sample_loader.CropPolicy` (random-resized crops and
 flips from (seed, epoch, sample id) when training, centre crops for evaluation):
 
 ==============  =========================================================  ====================
@@ -30,19 +30,27 @@ roi_start) / out)``, so a nearest map is exact: every output pixel is a source v
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpufeed._size import SizePx
+from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
-from gpufeed.pipelines._epochs import EpochLoader, Session
-from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._image_pipeline import PathTable
+from gpufeed.pipelines._epochs import Session
+from gpufeed.pipelines._image_pipeline import PathTable, decode_window, feed_windows, read_encoded
 from gpufeed.pipelines._image_verify import find_bad_files
-from gpufeed.pipelines._loader import CropPolicy
+from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._pairs import PairedDataset
+from gpufeed.pipelines._sample_loader import CropPolicy, SampleLoader
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DEPTH_INTERPS", "DenseBatch", "DenseLoader", "map_rois"]
 
@@ -61,10 +69,10 @@ class DenseBatch:
         valid: (N,) torch.bool, False for padding rows (``last_batch: pad`` only).
     """
 
-    images: object
+    images: torch.Tensor
     maps: dict
-    sample_ids: object
-    valid: object
+    sample_ids: torch.Tensor
+    valid: torch.Tensor
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -111,14 +119,8 @@ class DenseFeed:
         batch = self.stream[k]
         self.iteration = k + 1
         ids = batch.sample_ids
-        windows = self.windows(ids, batch.epoch)
-        colour = ()
-        if self.augment is not None:
-            rows = self.augment.rows(self.seed, batch.epoch, ids)
-            if rows.flip is not None:  # flips are geometry: the maps' ROIs below take the toggled flip too
-                windows = replace(windows, flip=windows.flip ^ rows.flip.astype(windows.flip.dtype))
-            if rows.colour is not None:
-                colour = (rows.colour.astype(np.float32),)
+        # Flips are geometry: the maps' ROIs below take the augmentation's toggled flips too.
+        windows, colour = feed_windows(self.windows, self.augment, self.seed, ids, batch.epoch)
         roi_start, roi_end = windows.roi()
         meta = np.stack([np.full(len(ids), k), np.arange(len(ids)), ids, batch.valid.astype(np.int64)], axis=1)
         out = [*self.rgb.gather(ids), windows.anchor.astype(np.int32), windows.shape.astype(np.int32)]
@@ -153,9 +155,6 @@ def build_dense_pipeline(
     on_gpu = device_id is not None
     width, height = size
 
-    def read(paths, lengths):
-        return fn.io.file.read(fn.slice(paths, np.zeros(1, dtype=np.int32), lengths, axes=[0]))
-
     @pipeline_def(enable_conditionals=False)
     def dense_graph():
         dtypes = [types.UINT8, types.INT32, types.INT32, types.INT32, types.FLOAT, types.FLOAT, types.INT64]
@@ -169,24 +168,9 @@ def build_dense_pipeline(
             ndim=[1] * (feed.num_outputs - int(feed.has_colour)) + [2] * int(feed.has_colour),
         )
         paths, lengths, anchor, shape, roi_start, roi_end, meta = outs[:7]
-        images = fn.decoders.image_slice(
-            read(paths, lengths),
-            anchor,
-            shape,
-            axis_names="WH",
-            device="mixed" if on_gpu else "cpu",
-            output_type=types.RGB,
-        )
-        images = fn.resize(
-            images,
-            size=(height, width),
-            roi_start=roi_start,
-            roi_end=roi_end,
-            roi_relative=False,
-            interp_type=types.INTERP_LINEAR,
-            antialias=True,
-            dtype=types.UINT8,
-        )
+        # The RGB goes through the image loader's own fragment: the same decode and resample.
+        encoded = read_encoded(paths, lengths)
+        images = decode_window(encoded, anchor, shape, roi_start, roi_end, size_px=SizePx(width, height), on_gpu=on_gpu)
         if feed.has_colour:  # colour on the RGB only: a map's values are targets, never augmented
             images = apply_augment_nodes(images, colour=outs[-1])
         maps = []
@@ -197,7 +181,7 @@ def build_dense_pipeline(
             # Decoded on the CPU (nvJPEG has no PNG path, and a CPU decode keeps a 16-bit map's dtype on
             # any DALI build) and copied to the GPU once, whole, where the resize then runs.
             decoded = fn.decoders.image(
-                read(m_paths, m_lengths),
+                read_encoded(m_paths, m_lengths),
                 device="cpu",
                 output_type=types.ANY_DATA,
                 dtype=dtype,
@@ -232,19 +216,24 @@ def build_dense_pipeline(
     return pipe
 
 
-class DenseLoader(EpochLoader):
+class DenseLoader(SampleLoader):
     """Batches of RGB images and their target maps, cropped together, from a :class:`PairedDataset`.
 
     Epochs, resume (``state_dict``) and bad-file handling are the image loader's
     (:class:`~gpufeed.pipelines._epochs.EpochLoader`); a pair with a problem is left out or stops
     the loader per ``loader.on_bad_sample``, its message naming both files.
 
+    Every argument but ``dataset`` has a default; shortcuts and config objects as for
+    :class:`~gpufeed.pipelines.ImageLoader` (:mod:`gpufeed.pipelines._loader_args`).
+
     Args:
-        dataset: The indexed paired split.
-        train: Random-resized crops and flips (and shuffling) when True; centre crops otherwise.
+        dataset: The indexed paired split, or a split root (``rgb/`` with ``depth/`` and/or
+            ``mask/``) or a paired list file, indexed with :class:`PairedDataset`'s constructors.
+        batch_size, shuffle, num_threads: ``loader_cfg``'s fields; ``size_px``: ``image_cfg``'s.
+        train: Random-resized crops and flips (and shuffling) when True (default); centre crops otherwise.
         image_cfg: :class:`gpufeed.config.ImagePipelineConfig` (crop area, ratio, flip, eval crop).
         loader_cfg: :class:`gpufeed.config.LoaderConfig`.
-        device: :class:`gpufeed.device.DeviceChoice`.
+        device: ``"auto"`` (default), ``"gpu"``, ``"cpu"`` or a :class:`gpufeed.device.DeviceChoice`.
         size: Output (width, height); default ``image_cfg.output_size`` (``image.size_px``).
         depth_interp: ``nearest`` (default: exact values, no blending with no-data pixels) or
             ``linear`` resampling of depth maps.
@@ -254,59 +243,57 @@ class DenseLoader(EpochLoader):
 
     def __init__(
         self,
-        dataset: PairedDataset,
+        dataset: PairedDataset | str | Path,
+        batch_size: int | None = None,
         *,
-        train: bool,
-        image_cfg,
-        loader_cfg,
-        device,
+        size_px: int | tuple[int, int] | None = None,
+        train: bool = True,
+        shuffle: bool | None = None,
+        num_threads: int | None = None,
+        seed: int = 0,
+        device: DeviceChoice | str = "auto",
+        image_cfg: ImagePipelineConfig | None = None,
+        loader_cfg: LoaderConfig | None = None,
         size: tuple[int, int] | None = None,
         depth_interp: str = "nearest",
-        shard_id: int = 0,
-        num_shards: int = 1,
-        seed: int = 0,
+        shard_id: int | None = None,
+        num_shards: int | None = None,
         augment: LoaderAugment | None = None,
     ) -> None:
+        args = loader_args(
+            "DenseLoader",
+            dataset,
+            dataset_type=PairedDataset,
+            index=lambda path: PairedDataset.from_list(path) if path.is_file() else PairedDataset.from_root(path),
+            train=train,
+            device=device,
+            loader_cfg=loader_cfg,
+            loader_shortcuts={"batch_size": batch_size, "shuffle": shuffle, "num_threads": num_threads},
+            media=(ImagePipelineConfig, image_cfg, "image_cfg"),
+            media_shortcuts={"size_px": size_px},
+            shard_id=shard_id,
+            num_shards=num_shards,
+        )
+        data: PairedDataset = args.dataset
+        image_cfg, loader_cfg, device = args.media_cfg, args.loader_cfg, args.device
+        shard_id, num_shards = args.shard_id, args.num_shards
         if depth_interp not in DEPTH_INTERPS:
             raise ValueError(f"depth_interp {depth_interp!r}: expected one of {list(DEPTH_INTERPS)}")
-        self.dataset = dataset
+        self.dataset = data
         self.image_cfg = image_cfg
-        self.size = tuple(size) if size is not None else tuple(image_cfg.output_size)
+        width, height = size if size is not None else image_cfg.output_size
+        self.size = (width, height)
         self.depth_interp = depth_interp
         self.augment = augment if train and augment else None
         self._setup_epochs(
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
-        self._leave_out(dict(dataset.problems), "pair")
-        self._usable = dataset.usable_ids
-        if self._plan(0).num_batches == 0:
-            raise DatasetError(
-                f"shard {self.shard_id} of {self.num_shards} gets no batches: {len(self._usable)} usable pairs in "
-                f"{dataset.source}, batch_size {self.batch_size}, last_batch '{self.last_batch}'. "
-                "Use a smaller batch_size or last_batch: partial."
-            )
-        c = image_cfg
-        width, height = self.size
-        self.crops = CropPolicy(
-            np.asarray(dataset.sizes),
-            train,
-            seed,
-            c.crop_area,
-            c.crop_aspect_ratio,
-            c.flip,
-            c.eval_crop_fraction,
-            output_aspect=width / height,
-        )
-
-    def _plan_ids(self) -> np.ndarray:
-        return self._usable
-
-    def _excluded_plan_ids(self) -> list[int]:
-        return sorted(self.read_failures)
+        self._leave_out(dict(data.problems), "pair")
+        self._usable = data.usable_ids
+        self._require_batches(len(self._usable), "pairs")
+        self.crops = CropPolicy.for_split(data.sizes, train, seed, image_cfg, self.size)
 
     def _open_session(self, stream: PlanStream) -> Session:
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator
-
         feed = DenseFeed(stream, self.dataset, self.crops, augment=self.augment, seed=self.seed)
         pipe = build_dense_pipeline(
             feed,
@@ -319,9 +306,7 @@ class DenseLoader(EpochLoader):
             prefetch_queue_depth=self.cfg.prefetch_queue_depth,
             seed=self.seed,
         )
-        names = ["images", "meta", "meta_gpu"] if self.device.is_gpu else ["images", "meta"]
-        iterator = DALIGenericIterator(pipe, names + list(feed.kinds), auto_reset=False, prepare_first_batch=False)
-        return Session(iterator, stream, feed=feed)
+        return self._iterator_session(pipe, stream, feed, feed.kinds)
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> DenseBatch:
         meta = out["meta"]
@@ -332,7 +317,7 @@ class DenseLoader(EpochLoader):
         return DenseBatch(out["images"].permute(0, 3, 1, 2), maps, on_device[:, 2].contiguous(), on_device[:, 3].bool())
 
     def _suspects(self, batches: list[StreamBatch]) -> list[tuple[int, str, None]]:
-        ids = dict.fromkeys(int(i) for batch in batches for i in batch.sample_ids)
+        ids = self._batch_ids(batches)
         files = [(i, self.dataset.paths[i], None) for i in ids]
         return files + [(i, self.dataset.maps[kind][i], None) for i in ids for kind in self.dataset.kinds]
 

@@ -89,7 +89,7 @@ def cuda_initialised() -> bool:
 
     from nvidia.dali import backend
 
-    if backend.IsDriverInitialized():
+    if backend.IsDriverInitialized():  # type: ignore[attr-defined]  # made by DALI's C extension, not in its stubs
         return True
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_initialized())
@@ -234,7 +234,7 @@ class EpochLoader:
         """The units ``plan_epoch`` orders and shards (identical on every rank)."""
         raise NotImplementedError
 
-    def _excluded_plan_ids(self) -> list[int]:
+    def _excluded_plan_ids(self) -> np.ndarray | list[int]:
         """Plan units to leave out because of ``read_failures``."""
         raise NotImplementedError
 
@@ -337,6 +337,10 @@ class EpochLoader:
 
     def __iter__(self):
         """Yield the rest of the current epoch, then advance to the next epoch."""
+        if self._start_batch and self._start_batch >= self._epoch_plan(self._spec(), self.epoch).num_batches:
+            # Every batch of the epoch was taken but its iterator was left before its end (a trainer
+            # that stops after len(loader) batches, as Lightning's does): this iteration is the next epoch.
+            self.epoch, self._start_batch = self.epoch + 1, 0
         while True:
             spec = self._spec()
             total = self._epoch_plan(spec, self.epoch).num_batches

@@ -10,6 +10,7 @@ the first kind.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 __all__ = ["BAD_FILE_HINT", "BadSampleError", "DatasetError", "PipelineError", "dali_reason", "likely_cause"]
 
@@ -114,7 +115,7 @@ class PipelineError(RuntimeError):
         checked: The files that were decoded outside DALI and found good.
     """
 
-    def __init__(self, dali_message: str, *, checked: list[str] = (), where: str = "") -> None:
+    def __init__(self, dali_message: str, *, checked: Sequence[str] = (), where: str = "") -> None:
         self.dali_message = dali_message
         self.reason = dali_reason(dali_message)
         self.cause = likely_cause(dali_message)

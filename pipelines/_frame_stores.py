@@ -41,6 +41,7 @@ __all__ = [
     "StoreFacts",
     "decode_frame",
     "decode_store_frames",
+    "describe_bad_frame",
     "is_frame_folder",
     "label_path",
     "probe_store",
@@ -262,6 +263,12 @@ def decode_frame(data: bytes, kind: str) -> np.ndarray:
     return np.ascontiguousarray(rgb[..., ::-1]) if kind == "hdf5" and HDF5_CHANNELS_REVERSED else rgb
 
 
+def describe_bad_frame(data: bytes, where: str, problem: str) -> str:
+    """``"<where> is not an image: <problem>"`` (or ``is damaged``, for a PNG/JPEG that fails to decode)."""
+    what = "is not an image" if read_image_facts(data).format == "" else "is damaged"
+    return f"{where} {what}: {problem}"
+
+
 def decode_store_frames(
     path: str, kind: str, frame_name: str, frames=None, *, pixels: bool = False
 ) -> tuple[int, str | None, list[np.ndarray]]:
@@ -288,8 +295,7 @@ def decode_store_frames(
                 return count, f"{where} cannot be read: {err}", out
             problem = decode_problem(data.tobytes())
             if problem:
-                what = "is not an image" if read_image_facts(data.tobytes()).format == "" else "is damaged"
-                return count, f"{where} {what}: {problem}", out
+                return count, describe_bad_frame(data.tobytes(), where, problem), out
             if pixels:
                 out.append(decode_frame(data.tobytes(), kind))
             count += 1

@@ -18,17 +18,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpufeed._size import parse_size_px
-from gpufeed.pipelines._clip_loader import choose_source
 from gpufeed.pipelines._clip_pipeline import RoiFeed, build_clip_pipeline, new_work_dir, write_file_list
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._nvdec import gpu_capability
+from gpufeed.pipelines._nvdec import choose_source, gpu_capability
+from gpufeed.pipelines._nvdec_reader import fused_reader_resize
 from gpufeed.pipelines._pyav import SequentialFeed, VideoRef
 from gpufeed.pipelines._store_feed import StoreClipFeed, StoreRef, channel_mode
 from gpufeed.pipelines._videos import VideoInfo, probe_video
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["FrameChunk", "VideoFrameReader"]
 
@@ -42,8 +46,8 @@ class FrameChunk:
         frame_indices: (C,) torch.int64 frame numbers (presentation order), same device.
     """
 
-    frames: object
-    frame_indices: object
+    frames: torch.Tensor
+    frame_indices: torch.Tensor
 
     def __len__(self) -> int:
         return int(self.frames.shape[0])
@@ -136,6 +140,7 @@ class VideoFrameReader:
                 seed=0,
                 roi_feed=self._roi_feed(),
                 frames_first=True,
+                fused_resize=self.source == "dali" and fused_reader_resize(self.device.is_gpu)[0],
             )
             # Exactly one output per range: the reader's list and the feed both wrap or repeat after it.
             iterator = DALIGenericIterator(pipe, ["frames", "rows"], auto_reset=False)

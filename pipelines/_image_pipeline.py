@@ -38,7 +38,16 @@ from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
 from gpufeed.pipelines._sampler import PlanStream
 from gpufeed.pipelines._windows import Windows
 
-__all__ = ["META_COLUMNS", "ImageFeed", "PathTable", "build_image_pipeline", "decode_window", "gpu_decoder_options"]
+__all__ = [
+    "META_COLUMNS",
+    "ImageFeed",
+    "PathTable",
+    "build_image_pipeline",
+    "decode_window",
+    "feed_windows",
+    "gpu_decoder_options",
+    "read_encoded",
+]
 
 # Columns of the per-row ``meta`` output (int64).
 META_COLUMNS = ("iteration", "row", "sample_id", "label", "valid")
@@ -132,6 +141,33 @@ class PathTable:
         return np.where(inside, self.buffer[index], 0).astype(np.uint8), lengths[:, None].astype(np.int32)
 
 
+def feed_windows(
+    windows: Callable[[np.ndarray, int], Windows], augment: LoaderAugment | None, seed: int, ids: np.ndarray, epoch: int
+) -> tuple[Windows, tuple]:
+    """The crop windows of a plan batch with the augmentation's flips folded in, and its colour output.
+
+    Returns:
+        ``(windows, colour)``: ``colour`` is ``()`` or a one-element tuple, each row's (3, 4)
+        float32 colour matrix, when ``augment`` has colour ops.
+    """
+    out = windows(ids, epoch)
+    colour: tuple[np.ndarray, ...] = ()
+    if augment is not None:
+        rows = augment.rows(seed, epoch, ids)
+        if rows.flip is not None:  # an independent coin on top of the window's own flip
+            out = replace(out, flip=out.flip ^ rows.flip.astype(out.flip.dtype))
+        if rows.colour is not None:
+            colour = (rows.colour.astype(np.float32),)
+    return out, colour
+
+
+def read_encoded(paths, lengths):
+    """Graph fragment: the encoded files of a batch of zero-padded paths (:meth:`PathTable.gather`)."""
+    from nvidia.dali import fn
+
+    return fn.io.file.read(fn.slice(paths, np.zeros(1, dtype=np.int32), lengths, axes=[0]))  # drop the padding
+
+
 class ImageFeed:
     """Batch-mode ``external_source`` callback: the inputs of the stream's next plan batch.
 
@@ -171,14 +207,7 @@ class ImageFeed:
         batch = self.stream[k]
         self.iteration = k + 1
         ids = batch.sample_ids
-        windows = self.windows(ids, batch.epoch)
-        colour = ()
-        if self.augment is not None:
-            rows = self.augment.rows(self.seed, batch.epoch, ids)
-            if rows.flip is not None:  # an independent coin on top of the window's own flip
-                windows = replace(windows, flip=windows.flip ^ rows.flip.astype(windows.flip.dtype))
-            if rows.colour is not None:
-                colour = (rows.colour.astype(np.float32),)
+        windows, colour = feed_windows(self.windows, self.augment, self.seed, ids, batch.epoch)
         roi_start, roi_end = windows.roi()
         meta = np.stack(
             [np.full(len(ids), k), np.arange(len(ids)), ids, self.labels[ids], batch.valid.astype(np.int64)], axis=1
@@ -285,8 +314,7 @@ def build_image_pipeline(
             dtype=[types.UINT8, types.INT32, types.INT32, types.INT32, types.FLOAT, types.FLOAT, types.INT64, *colour],
             ndim=[1, 1, 1, 1, 1, 1, 1] + [2] * len(colour),
         )
-        path = fn.slice(paths, np.zeros(1, dtype=np.int32), lengths, axes=[0])  # drop the padding
-        encoded = fn.io.file.read(path)
+        encoded = read_encoded(paths, lengths)
         images = decode_window(
             encoded, anchor, shape, roi_start, roi_end, size_px=size_px, on_gpu=on_gpu, gpu_options=gpu_options
         )

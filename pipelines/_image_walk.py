@@ -171,6 +171,7 @@ class JpegWalk:
 
     def _units(self, components: list[int]) -> int:
         """MCUs (interleaved scan) or blocks (single component) a scan over ``components`` codes."""
+        assert self.frame is not None, "a scan header is refused before the frame header"
         _sof, _bits, height, width, comps = self.frame
         hmax, vmax = max(c[1] for c in comps), max(c[2] for c in comps)
         if len(components) > 1:
@@ -185,6 +186,7 @@ class JpegWalk:
             return pos, "the scan data runs to the end of the file with no end-of-image marker (FFD9)", True
         self.scans += 1
         self.scanned_components.update(self._scan_components)
+        assert self.frame is not None, "a scan header is refused before the frame header"
         _sof, _bits, height, width, _comps = self.frame
         if self.restart_interval and height and width:
             expected = -(-self._units(self._scan_components) // self.restart_interval) - 1

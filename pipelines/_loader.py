@@ -2,8 +2,9 @@
 
 Usage::
 
-    loader = ImageLoader(dataset, train=True, image_cfg=cfg.image, loader_cfg=cfg.loader,
-                         device=resolve_device("auto"), shard_id=rank, num_shards=world)
+    loader = ImageLoader("photos/train", batch_size=64, size_px=224, train=True)
+    # or, for full control: ImageLoader(dataset, image_cfg=cfg.image, loader_cfg=cfg.loader,
+    #                                   device=resolve_device("auto"), shard_id=rank, num_shards=world)
     for epoch in range(epochs):
         for batch in loader:          # one epoch per iteration over the loader
             batch.images              # (N, 3, S, S) uint8, channels_last, on the device
@@ -18,20 +19,27 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment
 from gpufeed.pipelines._dataset import ImageDataset
-from gpufeed.pipelines._epochs import EpochLoader, Session
-from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._epochs import Session
 from gpufeed.pipelines._image_pipeline import ImageFeed, PathTable, build_image_pipeline, gpu_decoder_options
 from gpufeed.pipelines._image_verify import find_bad_files
+from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._quarantine import quarantined_ids
+from gpufeed.pipelines._sample_loader import CropPolicy, SampleLoader
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
-from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
 
-__all__ = ["ImageBatch", "ImageLoader", "find_bad_files"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CropPolicy", "ImageBatch", "ImageLoader", "find_bad_files"]
 
 log = logging.getLogger("gpufeed")
 
@@ -47,116 +55,101 @@ class ImageBatch:
         valid: (N,) torch.bool, False for padding rows (``last_batch: pad`` only).
     """
 
-    images: object
-    labels: object
-    sample_ids: object
-    valid: object
+    images: torch.Tensor
+    labels: torch.Tensor
+    sample_ids: torch.Tensor
+    valid: torch.Tensor
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
 
 
-@dataclass(frozen=True, eq=False)
-class CropPolicy:
-    """The crop windows of a split: ``policy(sample_ids, epoch) -> Windows``, a pure function.
-
-    Training: random-resized crops and flips from (seed, epoch, sample id); evaluation: centre
-    windows of the output's shape (``output_aspect``: width / height). Held by the pipeline's
-    feed, so it carries only what it needs.
-    """
-
-    sizes: np.ndarray
-    train: bool
-    seed: int
-    crop_area: tuple[float, float]
-    crop_aspect_ratio: tuple[float, float]
-    flip: bool
-    eval_crop_fraction: float
-    output_aspect: float = 1.0
-
-    def __call__(self, ids: np.ndarray, epoch: int) -> Windows:
-        sizes = self.sizes[ids]
-        if self.train:
-            return train_windows(
-                sizes, ids, self.seed, epoch, self.crop_area, self.crop_aspect_ratio, self.flip, self.output_aspect
-            )
-        return eval_windows(sizes, self.eval_crop_fraction, self.output_aspect)
-
-
-class ImageLoader(EpochLoader):
+class ImageLoader(SampleLoader):
     """Batches of decoded, cropped, resized images from an :class:`ImageDataset`.
 
     Epochs, resume and bad-file handling come from :class:`~gpufeed.pipelines._epochs.EpochLoader`.
 
+    Every argument but ``dataset`` has a default; the shortcuts and how they meet the config
+    objects are described in :mod:`gpufeed.pipelines._loader_args`.
+
     Args:
-        dataset: The indexed split.
-        train: Random-resized crops and flips (and ``loader_cfg.shuffle``) when True; centre crops
+        dataset: The indexed split, or the path of a class-folder tree or a list file, indexed
+            with :meth:`ImageDataset.from_folder` / :meth:`ImageDataset.from_list`.
+        batch_size: Samples per batch (per rank): ``loader_cfg.batch_size`` (default 64).
+        size_px: Output side, or (width, height): ``image_cfg.size_px`` (default 224).
+        train: Random-resized crops and flips (and shuffling) when True (default); centre crops
             in sample-id order when False.
-        image_cfg: :class:`gpufeed.config.ImagePipelineConfig`.
-        loader_cfg: :class:`gpufeed.config.LoaderConfig`. Evaluation always keeps every sample,
-            so ``drop`` is read as ``partial`` there.
-        device: :class:`gpufeed.device.DeviceChoice`.
-        shard_id, num_shards: This rank's shard (see :mod:`gpufeed.pipelines._sampler`).
+        shuffle: Reshuffle every training epoch: ``loader_cfg.shuffle`` (default True).
+        num_threads: DALI CPU threads: ``loader_cfg.num_threads`` (default 0: from the cores).
         seed: Seeds order, crop windows and augmentation.
+        device: ``"auto"`` (default: the GPU when usable), ``"gpu"``, ``"cpu"``, or a
+            :class:`gpufeed.device.DeviceChoice`.
+        image_cfg: :class:`gpufeed.config.ImagePipelineConfig` for full control.
+        loader_cfg: :class:`gpufeed.config.LoaderConfig` for full control. Evaluation always keeps
+            every sample, so ``drop`` is read as ``partial`` there.
+        shard_id, num_shards: This rank's shard (see :mod:`gpufeed.pipelines._sampler`); default:
+            ``torch.distributed``'s rank and world size when it is initialised, else the whole split.
         augment: Colour jitter, grayscale and flips to apply inside the DALI graph when training
             (:class:`~gpufeed.pipelines._augment.LoaderAugment`); ``None`` or empty: none.
+
+    Raises:
+        ValueError: An argument is out of range or not allowed, or a shortcut disagrees with its
+            config field (the message names the argument and what is allowed).
     """
 
     def __init__(
         self,
-        dataset: ImageDataset,
+        dataset: ImageDataset | str | Path,
+        batch_size: int | None = None,
         *,
-        train: bool,
-        image_cfg,
-        loader_cfg,
-        device,
-        shard_id: int = 0,
-        num_shards: int = 1,
+        size_px: int | tuple[int, int] | None = None,
+        train: bool = True,
+        shuffle: bool | None = None,
+        num_threads: int | None = None,
         seed: int = 0,
+        device: DeviceChoice | str = "auto",
+        image_cfg: ImagePipelineConfig | None = None,
+        loader_cfg: LoaderConfig | None = None,
+        shard_id: int | None = None,
+        num_shards: int | None = None,
         augment: LoaderAugment | None = None,
     ) -> None:
-        self.dataset = dataset
+        args = loader_args(
+            "ImageLoader",
+            dataset,
+            dataset_type=ImageDataset,
+            index=lambda path: ImageDataset.from_list(path) if path.is_file() else ImageDataset.from_folder(path),
+            train=train,
+            device=device,
+            loader_cfg=loader_cfg,
+            loader_shortcuts={"batch_size": batch_size, "shuffle": shuffle, "num_threads": num_threads},
+            media=(ImagePipelineConfig, image_cfg, "image_cfg"),
+            media_shortcuts={"size_px": size_px},
+            shard_id=shard_id,
+            num_shards=num_shards,
+        )
+        data: ImageDataset = args.dataset
+        image_cfg, loader_cfg, device = args.media_cfg, args.loader_cfg, args.device
+        shard_id, num_shards = args.shard_id, args.num_shards
+        self.dataset = data
         self.image_cfg = image_cfg
         self.augment = augment if train and augment else None
         self._setup_epochs(
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
-        self.quarantined = quarantined_ids(dataset.paths, getattr(loader_cfg, "quarantine_file", None), dataset.source)
-        self._leave_out({i: why for i, why in dataset.problems.items() if i not in self.quarantined}, "file")
+        self.quarantined = quarantined_ids(data.paths, getattr(loader_cfg, "quarantine_file", None), data.source)
+        self._leave_out({i: why for i, why in data.problems.items() if i not in self.quarantined}, "file")
         self.skipped.update(self.quarantined)
-        self._labels = dataset.labels
+        self._labels = data.labels
         # Identical on every rank: the index and the quarantine list are deterministic.
-        usable = dataset.usable_ids
+        usable = data.usable_ids
         self._usable = usable[~np.isin(usable, list(self.quarantined))] if self.quarantined else usable
-        if self._plan(0).num_batches == 0:
-            usable_count = len(self._usable) - len(self.read_failures)
-            raise DatasetError(
-                f"shard {self.shard_id} of {self.num_shards} gets no batches: {usable_count} usable samples in "
-                f"{self.dataset.source}, batch_size {self.batch_size}, last_batch '{self.last_batch}'. "
-                "Use a smaller batch_size or last_batch: partial."
-            )
-        c = image_cfg
-        out = c.output_size
-        self.crops = CropPolicy(
-            np.asarray(dataset.sizes),
-            train,
-            seed,
-            c.crop_area,
-            c.crop_aspect_ratio,
-            c.flip,
-            c.eval_crop_fraction,
-            out.width_px / out.height_px,
-        )
+        self._require_batches(len(self._usable) - len(self.read_failures), "samples")
+        self.crops = CropPolicy.for_split(data.sizes, train, seed, image_cfg, image_cfg.output_size)
         # Encoded once: the feed hands DALI each batch's paths as bytes for fn.io.file.read.
-        self._path_table = PathTable(list(dataset.paths))
+        self._path_table = PathTable(list(data.paths))
 
     # -- EpochLoader hooks --------------------------------------------------------------------
-    def _plan_ids(self) -> np.ndarray:
-        return self._usable
-
-    def _excluded_plan_ids(self) -> list[int]:
-        return sorted(self.read_failures)
-
     def _decoder_options(self) -> dict:
         usable = self._usable
         sizes = np.asarray(self.dataset.sizes)[usable] if len(usable) else np.ones((1, 2), dtype=np.int64)
@@ -168,8 +161,6 @@ class ImageLoader(EpochLoader):
         return options
 
     def _open_session(self, stream: PlanStream) -> Session:
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator
-
         feed = ImageFeed(stream, self._path_table, self._labels, self.crops, augment=self.augment, seed=self.seed)
         pipe = build_image_pipeline(
             feed,
@@ -181,10 +172,7 @@ class ImageLoader(EpochLoader):
             seed=self.seed,
             gpu_options=self._decoder_options(),
         )
-        names = ["images", "meta", "meta_gpu"] if self.device.is_gpu else ["images", "meta"]
-        # No reader and no size: the iterator runs as long as the feed does, epoch after epoch.
-        iterator = DALIGenericIterator(pipe, names, auto_reset=False, prepare_first_batch=False)
-        return Session(iterator, stream, feed=feed)
+        return self._iterator_session(pipe, stream, feed)
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ImageBatch:
         meta = out["meta"]
@@ -200,8 +188,7 @@ class ImageLoader(EpochLoader):
         )
 
     def _suspects(self, batches: list[StreamBatch]) -> list[tuple[int, str, None]]:
-        ids = dict.fromkeys(int(i) for batch in batches for i in batch.sample_ids)
-        return [(i, self.dataset.paths[i], None) for i in ids]
+        return [(i, self.dataset.paths[i], None) for i in self._batch_ids(batches)]
 
     def _recheck(self, suspects) -> dict[int, str]:
         by_path = {path: sample_id for sample_id, path, _ in suspects}

@@ -15,7 +15,8 @@ _MP4_FIRST_BOXES = ("ftyp", "moov", "mdat", "free", "skip", "wide", "pnot", "uui
 
 def mp4_box_problem(path: Path, size: int) -> str | None:
     """Walk the top-level boxes of an MP4/MOV: a box running past the end means truncation."""
-    offset, boxes = 0, []
+    offset = 0
+    boxes: list[str] = []
     with open(path, "rb") as fh:
         while offset < size:
             fh.seek(offset)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._videos import DALI_CPU_CODECS
 
-__all__ = ["DecoderChoice", "choose_decoder", "gpu_capability", "nvdec_problem", "pix_fmt_facts"]
+__all__ = ["DecoderChoice", "choose_decoder", "choose_source", "gpu_capability", "nvdec_problem", "pix_fmt_facts"]
 
 # Per codec: (chroma formats, bit depths, largest width/height) NVDEC decodes, from NVIDIA's NVDEC
 # support matrix for Turing to Hopper. 4:2:2 only arrives with Blackwell, so it is left out.
@@ -45,7 +45,8 @@ def gpu_capability(device) -> tuple[int, int] | None:
         return None
     import torch
 
-    return tuple(torch.cuda.get_device_capability(device.device_id))
+    major, minor = torch.cuda.get_device_capability(device.device_id)
+    return major, minor
 
 
 def pix_fmt_facts(pix_fmt: str) -> tuple[str, int]:
@@ -174,3 +175,39 @@ def choose_decoder(requested: str, on_gpu: bool, infos, capability: tuple[int, i
     else:
         reason = f"video.decoder: auto; no GPU and {lacking} needs PyAV keyframe seeks"
     return DecoderChoice("pyav", reason, per_video)
+
+
+def choose_source(
+    requested: str, on_gpu: bool, infos, where: str, capability: tuple[int, int] | None = None
+) -> tuple[str, str]:
+    """The clip pipeline's source for these videos and why: ``"frames"`` for frame stores, else :func:`choose_decoder`.
+
+    Frame folders and HDF5 files hold images, which DALI's image decoder reads on any device
+    (``video.decoder`` chooses between video decoders and does not apply to them).
+
+    A set mixing both goes to the PyAV workers, which decode the stores' frames with Pillow.
+
+    Args:
+        capability: The GPU's compute capability, for :func:`gpufeed.pipelines._nvdec.choose_decoder`.
+
+    Raises:
+        DatasetError: ``dali`` was asked for a mixed set, or as :func:`choose_decoder` says.
+    """
+    kinds = {info.store for info in infos}
+    if kinds and "" not in kinds:
+        decoder = "nvJPEG / the hardware JPEG decoder" if on_gpu else "DALI's CPU image decoder"
+        named = " and ".join(sorted({"frame folders" if k == "folder" else "HDF5 files" for k in kinds}))
+        return "frames", f"{named}: one image decode per frame with {decoder}"
+    if len(kinds) > 1:
+        # One graph reads one kind: PyAV's workers take both (Pillow decodes the stores' frames).
+        if requested == "dali":
+            raise DatasetError(
+                f"video.decoder: dali cannot read {where}: it mixes encoded videos and frame stores; use decoder "
+                "auto or pyav, or keep them in separate folders"
+            )
+        return "pyav", (
+            f"video.decoder: {requested}; {where} mixes encoded videos and frame stores: PyAV worker processes "
+            "decode the videos and Pillow the stores' frames"
+        )
+    source, reason = choose_decoder(requested, on_gpu, infos, capability)
+    return source, reason

@@ -154,6 +154,9 @@ class PairedDataset:
         if not rgb:
             raise DatasetError(f"dataset is empty: no .jpg, .jpeg or .png files in {root / 'rgb'}")
         paths = [str(root / "rgb" / rel) for rel in rgb.values()]
+        maps: dict[str, list[str]]
+        problems: dict[int, str]
+        orphans: list[str]
         maps, problems, orphans = {}, {}, []
         for kind in MAP_KINDS:
             if not (root / kind).is_dir():
@@ -213,6 +216,7 @@ class PairedDataset:
             rows.append(full)
         if not rows:
             raise DatasetError(f"dataset is empty: no entries in list file {list_file}")
+        assert kinds is not None, "the first row sets the kinds"
         bad = sorted(set(kinds) - set(MAP_KINDS))
         if bad or len(set(kinds)) != len(kinds):
             raise DatasetError(f"{list_file}: map kinds {list(kinds)}: each must be one of {list(MAP_KINDS)}, once")

@@ -188,6 +188,7 @@ def _encode(src: str, dst: Path, opts: PrepareOptions, info, bar) -> int:
     import av
     from av.video.frame import PictureType
     from av.video.reformatter import VideoReformatter
+    from av.video.stream import VideoStream
 
     encoder, _ = _CODECS[opts.codec]
     gop = opts.resolved_gop_frames
@@ -203,6 +204,8 @@ def _encode(src: str, dst: Path, opts: PrepareOptions, info, bar) -> int:
         stream_in = source.streams.video[0]
         stream_in.thread_type = "AUTO"
         stream = out.add_stream(encoder, rate=rate)
+        if not isinstance(stream, VideoStream):
+            raise ValueError(f"encoder {encoder!r} is not a video encoder")
         stream.width, stream.height, stream.pix_fmt = info.width // 2 * 2, info.height // 2 * 2, "yuv420p"
         if opts.codec == "h264":
             stream.options = {

@@ -14,11 +14,15 @@ numpy, PyAV and ``gpufeed._size`` (standard library only), and the sources are p
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines._frame_stores import FrameBytesReader, decode_frame
+
+if TYPE_CHECKING:
+    from av.video.reformatter import VideoReformatter
 
 __all__ = [
     "ClipDecodeError",
@@ -92,7 +96,7 @@ class FrameFitter:
             raise ValueError(f"fit {fit!r} is not allowed; allowed: stretch, centre_crop")
         self.size = None if size_px is None else parse_size_px(size_px)
         self.fit = fit
-        self._reformatter = None
+        self._reformatter: VideoReformatter | None = None
 
     def __call__(self, frame) -> np.ndarray:
         if self._reformatter is None:
@@ -113,7 +117,7 @@ class FrameFitter:
             scale = max(size.width_px / width, size.height_px / height)
             out_w, out_h = max(size.width_px, round(width * scale)), max(size.height_px, round(height * scale))
         interpolation = self._shrink if out_w * out_h < width * height else self._grow
-        rgb = self._reformatter.reformat(
+        rgb: np.ndarray = self._reformatter.reformat(
             frame, width=out_w, height=out_h, format="rgb24", interpolation=interpolation, threads=1
         ).to_ndarray()
         if size is not None and (out_w, out_h) != size:
@@ -271,7 +275,10 @@ class ClipSource:
         self.train, self.seed, self.batch_size = train, seed, batch_size
         self.size, self.fit = parse_size_px(size_px), fit
         self._decoder: ClipDecoder | None = None
-        self._batch = (None, None)  # (iteration, its rows): a worker reads many rows of one batch
+        self._batch: tuple[int | None, tuple | None] = (
+            None,
+            None,
+        )  # (iteration, its rows): a worker reads many rows of one batch
 
     def __getstate__(self):
         state = dict(self.__dict__)

@@ -28,6 +28,7 @@ workers and the loader reading the outputs agree on it without talking to each o
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -73,7 +74,7 @@ def plan_epoch(
     batch_size: int,
     last_batch: str,
     start_batch: int = 0,
-    excluded: np.ndarray | list[int] = (),
+    excluded: np.ndarray | Sequence[int] = (),
 ) -> EpochPlan:
     """The plan for shard ``shard_id`` of ``num_shards`` in ``epoch`` (see the module docs).
 
@@ -123,7 +124,7 @@ class PlanSpec:
     num_shards: int
     batch_size: int
     last_batch: str
-    excluded: np.ndarray | tuple = ()
+    excluded: np.ndarray | Sequence[int] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "usable_ids", np.asarray(self.usable_ids, dtype=np.int64))
@@ -140,7 +141,7 @@ class PlanSpec:
             and np.array_equal(self.excluded, other.excluded)
         )
 
-    __hash__ = None  # mutable-looking arrays inside: compare, never hash
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking arrays inside: compare, never hash
 
     def plan(self, epoch: int, start_batch: int = 0) -> EpochPlan:
         return plan_epoch(
@@ -220,7 +221,7 @@ class PlanStream:
         return {"spec": self.spec, "epoch": self.epoch, "batch": self.batch}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["spec"], state["epoch"], state["batch"])
+        PlanStream.__init__(self, state["spec"], state["epoch"], state["batch"])
 
     def plan(self, epoch: int) -> EpochPlan:
         """The whole plan of ``epoch`` (kept: the two most recently planned epochs).

@@ -12,17 +12,50 @@ the feed adds a per-clip 3x3 channel matrix (identity or reversal) for ``fn.coor
 
 The feed reads bytes only, in the pipeline's own thread: reading a few small files per clip costs
 far less than decoding them, which DALI's threads do.
+
+**On a CPU, stores of JPEG frames** take another decode stage (:class:`ScaledJpegClips`): DALI's
+Python worker processes (a parallel ``external_source``, as for PyAV) read each clip's frames and
+decode them with libjpeg-turbo (``simplejpeg``) *DCT-scaled*: at 1/2, 1/4 or 1/8 of the stored
+size, the smallest of those still at least as large as the output needs (:func:`jpeg_scale_eighths`),
+so the inverse DCT, the chroma upsampling and the colour conversion run on a quarter of the pixels
+or fewer, and HDF5 frames come out of the decoder with their channels already put back (libjpeg
+writes BGR as cheaply as RGB). The (T, h, w, 3) clip enters the same graph at the resize (crop
+window as a relative region, resize, augment, layout). DALI's CPU decoder has no scaled decode; it
+decodes every frame at full size and the resize then throws most of those pixels away.
+
+What scaling changes: a 1/2-scaled decode computes each output pixel from the 4x4 lowest DCT
+frequencies of its 8x8 block, an ideal low-pass of the block rather than the full decode followed
+by the bilinear antialiased resize, so pixels differ from the GPU path's (nvJPEG, full size) by a
+few levels at edges and not at all in flat areas; the frames, their order and the crop window are
+the same (the tests check the frame tags and bound the pixel difference). PNG frames, and every
+store on a GPU, keep the image-decoder graph above.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from gpufeed.pipelines._frame_stores import HDF5_CHANNELS_REVERSED, FrameBytesReader
+from gpufeed.pipelines._frame_stores import HDF5_CHANNELS_REVERSED, FrameBytesReader, describe_bad_frame
+from gpufeed.pipelines._image_verify import decode_problem
 
-__all__ = ["StoreClipFeed", "StoreRef", "decode_store_clips"]
+__all__ = [
+    "JPEG_SCALE_EIGHTHS",
+    "ScaledJpegClips",
+    "StoreClipFeed",
+    "StoreRef",
+    "decode_store_clips",
+    "jpeg_decode_sizes",
+    "jpeg_scale_eighths",
+    "scaled_jpeg_decode",
+]
+
+# libjpeg-turbo scales by n/8, n = 1..16; only 1/8, 1/4, 1/2 and 1 are faster than a full decode
+# (measured with simplejpeg on 256x256 quality-95 frames: 7/8 took 1.8x the full decode's time).
+JPEG_SCALE_EIGHTHS = (1, 2, 4, 8)
 
 _IDENTITY = np.eye(3, dtype=np.float32)
 _REVERSE = np.ascontiguousarray(_IDENTITY[::-1])
@@ -121,7 +154,7 @@ def decode_store_clips(feed: StoreClipFeed, on_gpu: bool):
     outputs = fn.external_source(source=feed, num_outputs=feed.num_outputs, batch=False, dtype=dtypes)
     # libjpeg-turbo's fast integer IDCT: measured 1.5x the CPU decoder's JPEG throughput (256x256,
     # quality 95, shared 2-core machine) for pixels within a level or two of the exact IDCT.
-    fast = {} if on_gpu else {"use_fast_idct": True}
+    fast: dict[str, Any] = {} if on_gpu else {"use_fast_idct": True}
     decoded = [
         fn.decoders.image(encoded, device="mixed" if on_gpu else "cpu", output_type=types.RGB, **fast)
         for encoded in outputs[:t]
@@ -136,3 +169,146 @@ def decode_store_clips(feed: StoreClipFeed, on_gpu: bool):
         return fitted
 
     return frames, outputs[t], restore
+
+
+def scaled_jpeg_decode(on_gpu: bool, infos) -> bool:
+    """Whether a set of frame stores decodes with :class:`ScaledJpegClips`: CPU, every store JPEG."""
+    return not on_gpu and bool(infos) and all(info.store and info.codec == "jpeg" for info in infos)
+
+
+def jpeg_scale_eighths(width: int, height: int, min_width: int, min_height: int) -> int:
+    """The smallest of :data:`JPEG_SCALE_EIGHTHS` (n for a scale of n/8) whose decode is large enough.
+
+    libjpeg-turbo's decode at n/8 is ``ceil(width * n / 8)`` x ``ceil(height * n / 8)``; 8 (the full
+    size) when no smaller scale reaches ``min_width`` x ``min_height``.
+    """
+    for n in JPEG_SCALE_EIGHTHS:
+        if math.ceil(width * n / 8) >= min_width and math.ceil(height * n / 8) >= min_height:
+            return n
+    return 8
+
+
+def jpeg_decode_sizes(frame_sizes, region_sizes, output) -> np.ndarray:
+    """(width, height) each video's JPEG frames decode to, (videos, 2).
+
+    Args:
+        frame_sizes: (videos, 2) stored (width, height) of each video's frames.
+        region_sizes: (videos, 2) (width, height) of the part of a frame the resize reads (the whole
+            frame, or its centre crop), in stored pixels.
+        output: The output's :class:`~gpufeed._size.SizePx`: the region, decoded, covers it.
+    """
+    decoded = []
+    for (width, height), (region_w, region_h) in zip(np.asarray(frame_sizes), np.asarray(region_sizes), strict=True):
+        width, height = int(width), int(height)
+        # The whole frame is decoded, so it must be the region's share of the output larger.
+        need_w = math.ceil(output.width_px * width / max(float(region_w), 1.0) - 1e-6)
+        need_h = math.ceil(output.height_px * height / max(float(region_h), 1.0) - 1e-6)
+        n = jpeg_scale_eighths(width, height, need_w, need_h)
+        decoded.append((math.ceil(width * n / 8), math.ceil(height * n / 8)))
+    return np.array(decoded, dtype=np.int64).reshape(-1, 2)
+
+
+def _fallback_decode(data: np.ndarray, colorspace: str, size: tuple[int, int]) -> np.ndarray:
+    """A frame that is not a JPEG (a PNG in a JPEG store): Pillow, resized to the clip's ``size``."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data.tobytes())) as image:
+        rgb = image.convert("RGB")
+        if rgb.size != size:
+            rgb = rgb.resize(size, Image.Resampling.BILINEAR, reducing_gap=None)
+        out = np.asarray(rgb)
+    return np.ascontiguousarray(out[..., ::-1]) if colorspace == "BGR" else out
+
+
+class ScaledJpegClips:
+    """Per-sample callback for DALI's parallel ``external_source``: clips of JPEG stores, decoded scaled.
+
+    Sample ``j`` of iteration ``k`` is row ``j`` of ``rows(k)``; it returns the clip's ``T`` frames
+    as one (T, h, w, 3) uint8 RGB array, each decoded by libjpeg-turbo at its store's scale
+    (``decoded_sizes``), and the tag ``k * batch_size + j`` (int64). Picklable (``rows`` must be),
+    so its worker processes may be forked or spawned; stores are opened in each worker.
+
+    Args:
+        rows: ``rows(k) -> (video ids, starts)`` of iteration ``k``, ``batch_size`` rows.
+        stores: :class:`StoreRef` per video id (``None`` for videos the loader does not read).
+        decoded_sizes: (videos, 2) (width, height) each video's frames are decoded to.
+        clip_length_frames, stride_frames: Which frames a clip holds from its start.
+        batch_size: Rows per iteration.
+    """
+
+    parallel = True  # built as a parallel external_source (see build_clip_pipeline)
+
+    def __init__(
+        self,
+        rows: Callable[[int], tuple[np.ndarray, np.ndarray]],
+        stores: list[StoreRef | None],
+        decoded_sizes: np.ndarray,
+        *,
+        clip_length_frames: int,
+        stride_frames: int,
+        batch_size: int,
+    ) -> None:
+        self.rows, self.stores = rows, stores
+        self.decoded_sizes = np.asarray(decoded_sizes, dtype=np.int64)
+        self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
+        self.batch_size = batch_size
+        self._reader: FrameBytesReader | None = None
+        self._cached: tuple[int | None, tuple] = (None, ())
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_reader"] = None  # open HDF5 files do not travel to worker processes
+        state["_cached"] = (None, ())
+        return state
+
+    def __call__(self, sample_info):
+        import simplejpeg
+
+        k, j = int(sample_info.iteration), int(sample_info.idx_in_batch)
+        if self._cached[0] != k:
+            self._cached = (k, self.rows(k))
+        videos, starts = self._cached[1]
+        video = int(videos[j])
+        store = self.stores[video]
+        frames = int(starts[j]) + self.offsets
+        if self._reader is None:
+            self._reader = FrameBytesReader()
+        try:
+            data = self._reader.read(store.path, store.kind, store.frame_name, frames)
+        except Exception as err:  # OSError, h5py's errors ...: name the store, the loader skips or reports it
+            raise RuntimeError(f"{store.path}: cannot read frames {frames[0]}..{frames[-1]}: {err}") from None
+        width, height = (int(v) for v in self.decoded_sizes[video])
+        # HDF5 frames hold reversed channels: libjpeg writes them back as BGR at no extra cost.
+        colorspace = "BGR" if store.kind == "hdf5" and HDF5_CHANNELS_REVERSED else "RGB"
+        clip = np.empty((len(frames), height, width, 3), dtype=np.uint8)
+        for t, encoded in enumerate(data):
+            try:
+                if encoded[:2].tobytes() == b"\xff\xd8":
+                    # min_* pick the scale exactly (see jpeg_scale_eighths); the fast integer IDCT is
+                    # within a level or two of the exact one; buffer= decodes straight into the clip.
+                    got = simplejpeg.decode_jpeg(
+                        encoded,
+                        colorspace=colorspace,
+                        fastdct=True,
+                        min_width=width,
+                        min_height=height,
+                        strict=False,
+                        buffer=clip[t],
+                    )
+                    if got.shape != clip.shape[1:]:
+                        raise ValueError(
+                            f"decoded to {got.shape[1]}x{got.shape[0]}, the clip's frames are {width}x{height}"
+                        )
+                else:
+                    clip[t] = _fallback_decode(encoded, colorspace, (width, height))
+            except Exception as err:  # simplejpeg's ValueError, Pillow's errors, a frame of another size
+                where = store.frame_name.format(int(frames[t])) if store.kind == "folder" else f"frame {frames[t]}"
+                problem = decode_problem(encoded.tobytes()) or str(err)
+                raise RuntimeError(f"{store.path}: {describe_bad_frame(encoded.tobytes(), where, problem)}") from None
+        return clip, np.array([k * self.batch_size + j], dtype=np.int64)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()

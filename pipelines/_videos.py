@@ -201,7 +201,7 @@ def _finish_info(info: VideoInfo) -> VideoInfo:
     if len(deltas):
         step = float(deltas.mean())  # mean, not median: millisecond time bases alternate 33/34
         fps = 1.0 / (step * unit) if step > 0 else 0.0
-        cfr = bool(np.all(np.abs(deltas - step) <= max(1.0, 0.01 * step)))
+        cfr = bool(np.all(np.abs(np.subtract(deltas, step)) <= max(1.0, 0.01 * step)))
         typical = float(np.median(deltas)) * unit
         covered = float(info.pts[-1] - info.pts[0]) * unit + typical
         gap_at = int(np.argmax(deltas))
@@ -279,6 +279,8 @@ def list_videos(root: Path) -> tuple[list[str], list[str]]:
     Videos are video files, HDF5 frame files and frame folders (a folder of numbered images is one
     video; nothing inside it is listed).
     """
+    videos: list[str]
+    others: list[str]
     videos, others = [], []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
@@ -379,6 +381,7 @@ def index_videos(root: Path, paths: list[str], progress: bool = False) -> list[V
     cache_path = index_cache_path(root, "videos-index.json")
     cached = read_json_cache(cache_path) or {}
     entries = cached.get("entries", {}) if cached.get("version") == _INDEX_VERSION else {}
+    stats: list[list[int] | None]
     stats, todo, infos = [], [], {}
     for i, path in enumerate(paths):
         try:

@@ -70,7 +70,7 @@ def hash_uniforms(seed: int, epoch: int, ids: np.ndarray, draws: int, stream: in
     stream 0, the loader's colour augmentation its own, so neither's draws depend on the other's.
     """
     with np.errstate(over="ignore"):
-        key = _mix(np.uint64(seed) * _GOLDEN + np.uint64(epoch))
+        key = _mix(np.asarray(np.uint64(seed) * _GOLDEN + np.uint64(epoch)))  # a 0-d array: the same bits
         if stream:
             key = _mix(key ^ (np.uint64(stream) * _M2))
         base = _mix(key ^ (np.asarray(ids, dtype=np.uint64) * _GOLDEN))

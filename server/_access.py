@@ -33,6 +33,7 @@ import hmac
 import logging
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from gpufeed.server._http import JSONAnswer
@@ -66,7 +67,7 @@ def _check_token(token: str, source: str) -> str:
     return token
 
 
-def load_token(token_file: Path | None, environ: dict[str, str] | None = None) -> str | None:
+def load_token(token_file: Path | None, environ: Mapping[str, str] | None = None) -> str | None:
     """The bearer token the server requires, or ``None`` when access is open.
 
     Args:
@@ -78,8 +79,7 @@ def load_token(token_file: Path | None, environ: dict[str, str] | None = None) -
         TokenError: Both sources are set, the file is unreadable or empty, or the token is too
             short or has characters a bearer token may not have.
     """
-    environ = os.environ if environ is None else environ
-    from_env = environ.get(TOKEN_ENV, "").strip()
+    from_env = (os.environ if environ is None else environ).get(TOKEN_ENV, "").strip()
     if token_file is None:
         return _check_token(from_env, f"${TOKEN_ENV}") if from_env else None
     if from_env:
@@ -136,6 +136,8 @@ class AccessGuard:
         Args:
             headers: Lower-case names and values, as ASGI gives them (the gRPC front end passes its metadata).
         """
+        if self._digest is None:  # open access
+            return None
         values = [v for k, v in headers if k == b"authorization"]
         if not values:
             return "this endpoint needs 'Authorization: Bearer <token>' (serve.auth_token_file)", _REALM

@@ -20,8 +20,11 @@ GET  /openapi.json                             this API as OpenAPI 3.0 (for clie
 =============================================  ====================================================
 
 Health answers follow the KServe v2 protocol: 200 for true, a 4xx (400, as Triton) for false.
-Bodies are read with the limits of :mod:`._http` and turned into batch items by :mod:`._requests`
-on :class:`._offload.ParsePool` threads, never on the event loop. Every refusal is a JSON ``{"error", "reason"}`` counted by
+The handlers are module-level functions that only translate HTTP: they find the
+:class:`~gpufeed.server._dataplane.DataPlane` in ``request.app.state.plane`` and ask it for
+everything else (inference, readiness, metadata, configuration, statistics), as the gRPC front
+does. Bodies are read with the limits of :mod:`._http` and turned into batch items by
+:mod:`._requests` on :class:`._offload.ParsePool` threads, never on the event loop. Every refusal is a JSON ``{"error", "reason"}`` counted by
 reason (one handler for :class:`RequestError` on every route; 404/405 included); every answer to
 an inference path is counted and timed by :class:`._accounting.Accounting`, which also turns
 anything unexpected into a JSON 500. With a bearer token configured, every route but the two
@@ -34,7 +37,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
+from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 import numpy as np
 from starlette.applications import Starlette
@@ -46,18 +50,16 @@ from starlette.routing import Route
 from gpufeed import __version__
 from gpufeed.server._access import AccessGuard, route_of
 from gpufeed.server._accounting import Accounting
-from gpufeed.server._dense import dense_document, dense_png, map_size_of, output_metadata, output_tensors, wants_png
+from gpufeed.server._dataplane import DataPlane, Inference
+from gpufeed.server._dense import dense_document, dense_png, map_size_of, output_tensors, wants_png
 from gpufeed.server._errors import REASONS, RequestError, json_bytes, shown
 from gpufeed.server._http import JSONAnswer, compress_response, read_body, response_coding
-from gpufeed.server._inputs import items_from_kserve, kserve_inputs
-from gpufeed.server._kserve import encode_response, parse_request
+from gpufeed.server._kserve_response import encode_response
 from gpufeed.server._model import scores_from_logits
 from gpufeed.server._offload import ParsePool
 from gpufeed.server._openapi import openapi_document
-from gpufeed.server._requests import kserve_items, max_elements, rest_items, top_k_of
+from gpufeed.server._requests import kserve_items, rest_items, top_k_of
 from gpufeed.server._state import ServingState
-from gpufeed.server._submit import model_config_of, seconds_left, submit_and_wait
-from gpufeed.server._triton import EXTENSIONS, repository_index
 
 __all__ = ["build_app"]
 
@@ -65,14 +67,229 @@ __all__ = ["build_app"]
 _INLINE_COMPRESS_BYTES = 64 * 1024
 
 
+def plane_of(request: Request) -> DataPlane:
+    """The data plane of the app that received ``request`` (set by :func:`build_app`)."""
+    return request.app.state.plane
+
+
+def _version(request: Request) -> str:
+    return request.path_params.get("version", "1")
+
+
+async def _answer(request: Request, payload: bytes, headers: dict[str, str]) -> Response:
+    """A 200 answer, compressed when the client asked for it (Accept-Encoding)."""
+    coding = response_coding(request.headers.get("accept-encoding"))
+    if coding is not None and len(payload) > _INLINE_COMPRESS_BYTES:
+        payload, extra = await plane_of(request).pool.run(compress_response, payload, coding)
+    else:
+        payload, extra = compress_response(payload, coding)
+    return Response(payload, 200, headers={**headers, **extra})
+
+
+async def _body(request: Request, call: Inference) -> bytes:
+    return await read_body(request, call.plane.cfg.max_body_bytes, call.seconds_left())
+
+
+# -- inference ------------------------------------------------------------------------------------
+
+
+async def infer(request: Request) -> Response:
+    """``POST /v2/models/{name}[/versions/1]/infer``: KServe v2, JSON or binary tensors."""
+    async with plane_of(request).inference(request.path_params["name"], _version(request)) as call:
+        body = await _body(request, call)
+        headers = request.headers
+        coding, header_length = headers.get("content-encoding"), headers.get("inference-header-content-length")
+        parsed, items = await call.prepare(
+            kserve_items(call.plane.pool, call.model, call.plane.cfg, body, coding, header_length)
+        )
+        logits = await call.infer(items)
+        tensors = output_tensors(logits, call.model.card.spec, parsed.outputs)
+        payload, response_headers = encode_response(call.model.name, parsed, tensors, call.model.card.labels)
+        return await _answer(request, payload, response_headers)
+
+
+async def predict(request: Request) -> Response:
+    """``POST /v1/models/{name}/predict``: images -> top-k labels and scores (or a dense model's maps)."""
+    async with plane_of(request).inference(request.path_params["name"]) as call:
+        spec = call.model.card.spec
+        if spec.is_dense:
+            return await _predict_maps(request, call)
+        body = await _body(request, call)
+        top_k = top_k_of(request.query_params.get("top_k"), call.plane.cfg.top_k, spec.num_classes)
+        coding, kind = request.headers.get("content-encoding"), request.headers.get("content-type")
+        items = await call.validate(rest_items, body, coding, kind)
+        scores = scores_from_logits(await call.infer(items), spec.multilabel)
+        labels = call.model.card.labels
+        predictions = []
+        for i, row in enumerate(scores):
+            top = np.argsort(-row, kind="stable")[:top_k]
+            predictions.append(
+                {"image": i, "top_k": [{"label": labels[j], "index": int(j), "score": float(row[j])} for j in top]}
+            )
+        document = {"model": call.model.name, "multilabel": spec.multilabel, "predictions": predictions}
+        return await _answer(request, json_bytes(document), {"content-type": "application/json"})
+
+
+async def _predict_maps(request: Request, call: Inference) -> Response:
+    """A dense model's REST answer: one PNG map (``Accept: image/png``) or JSON maps (server/_dense.py)."""
+    where = map_size_of(request.query_params.get("size"))
+    png = wants_png(request.headers.get("accept"))
+    body = await _body(request, call)
+    coding, kind = request.headers.get("content-encoding"), request.headers.get("content-type")
+    items = await call.validate(rest_items, body, coding, kind, png)
+    logits = await call.infer(items)
+    spec, sizes, pool = call.model.card.spec, [item.size for item in items], call.plane.pool
+    if png:
+        payload = await pool.run(dense_png, logits[0], spec, sizes[0], where)
+        headers = {"content-type": "image/png"}
+    else:
+        payload = json_bytes(await pool.run(dense_document, call.model.name, logits, spec, sizes, where))
+        headers = {"content-type": "application/json"}
+    return await _answer(request, payload, headers)
+
+
+# -- health, metadata, Triton's extensions --------------------------------------------------------
+
+
+async def live(request: Request) -> Response:
+    return JSONAnswer({"live": True})
+
+
+async def ready(request: Request) -> Response:
+    plane = plane_of(request)
+    ok = plane.ready
+    body: dict[str, object] = {"ready": ok}
+    if plane.state.load_error is not None:
+        body["error"] = f"loading failed: {plane.state.load_error}"
+    return JSONAnswer(body, status_code=200 if ok else 400)
+
+
+async def server_metadata(request: Request) -> Response:
+    return JSONAnswer(plane_of(request).server_metadata())
+
+
+async def model_metadata(request: Request) -> Response:
+    return JSONAnswer(plane_of(request).model_metadata(request.path_params["name"], _version(request)))
+
+
+async def model_ready(request: Request) -> Response:
+    name = request.path_params["name"]
+    ok = plane_of(request).model_ready(name, _version(request))
+    return JSONAnswer({"name": name, "ready": ok}, status_code=200 if ok else 400)
+
+
+async def config(request: Request) -> Response:
+    return JSONAnswer(plane_of(request).model_config(request.path_params["name"], _version(request)))
+
+
+async def stats(request: Request) -> Response:
+    return JSONAnswer(plane_of(request).statistics(request.path_params.get("name"), _version(request)))
+
+
+async def repository(request: Request) -> Response:
+    plane = plane_of(request)
+    body = await read_body(request, 4096, plane.cfg.request_timeout_seconds)
+    try:
+        doc = json.loads(body) if body.strip() else {}
+    except (ValueError, RecursionError):
+        raise RequestError("malformed_request", "the repository index request must be a JSON object") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("ready", False), bool):
+        raise RequestError("malformed_request", 'the repository index request is {"ready": true|false} or {}')
+    return JSONAnswer(plane.repository_index(doc.get("ready", False)))
+
+
+async def repository_control(request: Request) -> Response:
+    raise RequestError(
+        "malformed_request",
+        "models are loaded when gpufeed serve starts (its --model-repo or --model); loading and unloading "
+        f"through the API is not supported. Served: {', '.join(plane_of(request).state.entries)}",
+    )
+
+
+async def list_models(request: Request) -> Response:
+    state = plane_of(request).state
+    return JSONAnswer({"models": [{"name": n, "ready": state.warmed_up(n)} for n in state.entries]})
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    payload, content_type = plane_of(request).metrics.exposition()
+    return Response(payload, headers={"content-type": content_type})
+
+
+async def openapi(request: Request) -> Response:
+    names = list(plane_of(request).state.entries)
+    return JSONAnswer(openapi_document(names, __version__, auth=request.app.state.token_required))
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+
+async def refused(request: Request, exc: Exception) -> Response:
+    """Every RequestError a route raises: counted by reason (a model still loading is not), then JSON."""
+    err = cast(RequestError, exc)  # registered for RequestError only (Starlette types handlers for Exception)
+    if err.reason in REASONS:
+        name = request.path_params.get("name") or route_of(request.url.path)[0]
+        plane_of(request).metrics.count_error(name, err.reason)
+    return JSONAnswer(err.to_json(), status_code=err.status, headers=err.headers)
+
+
+async def no_route(request: Request, exc: Exception) -> Response:
+    """404 (no such path) and 405 (wrong method): JSON naming the problem, counted like any refusal."""
+    plane = plane_of(request)
+    status = getattr(exc, "status_code", 404)
+    path = request.url.path
+    name, _ = route_of(path)
+    shown_request = f"{shown(request.method, 12)[1:-1]} {shown(path, 200)}"
+    headers = dict(getattr(exc, "headers", None) or {})
+    if status == 405:
+        reason = "malformed_request"
+        allowed = headers.get("Allow", headers.get("allow", "?"))
+        message = f"{shown_request}: method not allowed; allowed: {allowed}"
+    elif path.startswith(("/v1/models/", "/v2/models/")):
+        reason = "unknown_model"
+        message = f"{shown_request}: no such model or endpoint; models: {', '.join(plane.state.entries)}"
+    else:
+        reason, message = "malformed_request", f"{shown_request}: no such endpoint (see GET /openapi.json)"
+    plane.metrics.count_error(name, reason)
+    return JSONAnswer({"error": message, "reason": reason}, status, headers=headers)
+
+
+# -- the app --------------------------------------------------------------------------------------
+
+
+def _routes() -> list[Route]:
+    routes = [
+        Route("/v2/health/live", live),
+        Route("/v2/health/ready", ready),
+        Route("/v2", server_metadata),
+        Route("/v2/models/stats", stats),  # before /v2/models/{name}, as in Triton
+        Route("/v2/repository/index", repository, methods=["POST"]),
+        Route("/v2/repository/models/{name}/load", repository_control, methods=["POST"]),
+        Route("/v2/repository/models/{name}/unload", repository_control, methods=["POST"]),
+        Route("/v1/models", list_models),
+        Route("/v1/models/{name}/predict", predict, methods=["POST"]),
+        Route("/metrics", metrics_endpoint),
+        Route("/openapi.json", openapi),
+    ]
+    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        routes += [
+            Route(base, model_metadata),
+            Route(base + "/ready", model_ready),
+            Route(base + "/config", config),
+            Route(base + "/stats", stats),
+            Route(base + "/infer", infer, methods=["POST"]),
+        ]
+    return routes
+
+
 def build_app(
     state: ServingState,
-    on_shutdown=None,
+    on_shutdown: Callable[[], None] | None = None,
     token: str | None = None,
     *,
     grpc_port: int | None = None,
     grpc_host: str = "127.0.0.1",
-    announce=None,
+    announce: Callable[[str], None] | None = None,
 ) -> Starlette:
     """The ASGI app over ``state``; model loading starts when the app starts (lifespan).
 
@@ -86,238 +303,17 @@ def build_app(
         grpc_host: Address the gRPC server binds.
         announce: Called with a line naming the gRPC address once it is bound.
     """
-    cfg, metrics = state.cfg, state.metrics
     pool = ParsePool()
-
-    async def answer(request: Request, payload: bytes, headers: dict[str, str]) -> Response:
-        """A 200 answer, compressed when the client asked for it (Accept-Encoding)."""
-        coding = response_coding(request.headers.get("accept-encoding"))
-        if coding is not None and len(payload) > _INLINE_COMPRESS_BYTES:
-            payload, extra = await pool.run(compress_response, payload, coding)
-        else:
-            payload, extra = compress_response(payload, coding)
-        return Response(payload, 200, headers={**headers, **extra})
-
-    async def inference(request: Request, handler) -> Response:
-        """Track the request as in flight (the drain waits for these) while ``handler`` answers it."""
-        metrics.inflight.inc()
-        state.inflight += 1
-        try:
-            return await handler(request, state.model(request.path_params["name"]), time.perf_counter())
-        finally:
-            metrics.inflight.dec()
-            state.inflight -= 1
-
-    async def kserve_infer(request: Request, model, started: float) -> Response:
-        if request.path_params.get("version", "1") != "1":
-            raise RequestError("unknown_model", f"model {model.name!r} has only version 1")
-        body = await read_body(request, cfg.max_body_bytes, seconds_left(cfg, started))
-        t0 = time.perf_counter()
-        header_length = request.headers.get("inference-header-content-length")
-        encoding = request.headers.get("content-encoding")
-        parsed, items = await pool.run(kserve_items, model, cfg, body, encoding, header_length)
-        if parsed is None:  # megabytes of JSON: parsed in the worker process, the event loop stays free
-            inflated = items
-            parsed = await pool.run_isolated(parse_request, inflated, header_length, max_elements(model, cfg))
-            items = await pool.run(items_from_kserve, model, parsed, cfg.max_image_pixels, cfg.max_images_per_request)
-        metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
-        logits = np.stack(await submit_and_wait(cfg, model, items, started))
-        t0 = time.perf_counter()
-        tensors = output_tensors(logits, model.card.spec, parsed.outputs)
-        payload, response_headers = encode_response(model.name, parsed, tensors, model.card.labels)
-        response = await answer(request, payload, response_headers)
-        metrics.observe_answer(model.name, items, time.perf_counter() - t0)
-        return response
-
-    async def rest_predict(request: Request, model, started: float) -> Response:
-        if model.card.spec.is_dense:
-            return await rest_predict_maps(request, model, started)
-        body = await read_body(request, cfg.max_body_bytes, seconds_left(cfg, started))
-        t0 = time.perf_counter()
-        top_k = top_k_of(request.query_params.get("top_k"), cfg.top_k, model.card.spec.num_classes)
-        items = await pool.run(
-            rest_items, model, cfg, body, request.headers.get("content-encoding"), request.headers.get("content-type")
-        )
-        metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
-        logits = np.stack(await submit_and_wait(cfg, model, items, started))
-        t0 = time.perf_counter()
-        scores = scores_from_logits(logits, model.card.spec.multilabel)
-        labels = model.card.labels
-        predictions = []
-        for i, row in enumerate(scores):
-            top = np.argsort(-row, kind="stable")[:top_k]
-            predictions.append(
-                {"image": i, "top_k": [{"label": labels[j], "index": int(j), "score": float(row[j])} for j in top]}
-            )
-        document = {"model": model.name, "multilabel": model.card.spec.multilabel, "predictions": predictions}
-        response = await answer(request, json_bytes(document), {"content-type": "application/json"})
-        metrics.observe_answer(model.name, items, time.perf_counter() - t0)
-        return response
-
-    async def rest_predict_maps(request: Request, model, started: float) -> Response:
-        """A dense model's REST answer: one PNG map (``Accept: image/png``) or JSON maps (server/_dense.py)."""
-        where = map_size_of(request.query_params.get("size"))
-        png = wants_png(request.headers.get("accept"))
-        body = await read_body(request, cfg.max_body_bytes, seconds_left(cfg, started))
-        t0 = time.perf_counter()
-        items = await pool.run(
-            rest_items, model, cfg, body, request.headers.get("content-encoding"), request.headers.get("content-type")
-        )
-        if png and len(items) != 1:
-            raise RequestError(
-                "malformed_request",
-                f"an image/png answer holds one map: send one image, not {len(items)}, or accept application/json",
-            )
-        metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
-        logits = np.stack(await submit_and_wait(cfg, model, items, started))
-        t0 = time.perf_counter()
-        spec, sizes = model.card.spec, [item.size for item in items]
-        if png:
-            payload = await pool.run(dense_png, logits[0], spec, sizes[0], where)
-            headers = {"content-type": "image/png"}
-        else:
-            payload = json_bytes(await pool.run(dense_document, model.name, logits, spec, sizes, where))
-            headers = {"content-type": "application/json"}
-        response = await answer(request, payload, headers)
-        metrics.observe_answer(model.name, items, time.perf_counter() - t0)
-        return response
-
-    async def infer(request: Request) -> Response:
-        return await inference(request, kserve_infer)
-
-    async def predict(request: Request) -> Response:
-        return await inference(request, rest_predict)
-
-    def lookup(request: Request) -> str:
-        """The served model named in the path (version 1 only)."""
-        name = request.path_params["name"]
-        if name not in state.entries:
-            raise RequestError("unknown_model", f"model {shown(name, 100)} is not served here")
-        if request.path_params.get("version", "1") != "1":
-            raise RequestError("unknown_model", f"model {name!r} has only version 1")
-        return name
-
-    async def live(request: Request) -> Response:
-        return JSONAnswer({"live": True})
-
-    async def ready(request: Request) -> Response:
-        ok = state.ready
-        body = {"ready": ok}
-        if state.load_error is not None:
-            body["error"] = f"loading failed: {state.load_error}"
-        return JSONAnswer(body, status_code=200 if ok else 400)
-
-    async def server_metadata(request: Request) -> Response:
-        return JSONAnswer({"name": "gpufeed", "version": __version__, "extensions": list(EXTENSIONS)})
-
-    async def model_metadata(request: Request) -> Response:
-        name = lookup(request)
-        card = state.entries[name].card
-        inputs = kserve_inputs(card)
-        outputs = [{"name": n, "datatype": "FP32", "shape": shape} for n, shape in output_metadata(card.spec)]
-        facts = {
-            "task": card.spec.task,
-            "architecture": card.spec.name,
-            "batch_size": card.batch_size,
-            "precision": card.precision,
-            "size_px": card.spec.to_dict()["size_px"],
-            "width_px": card.spec.size.width_px,
-            "height_px": card.spec.size.height_px,
-            "eval_crop_fraction": card.spec.eval_crop_fraction,
-            "clip_length_frames": card.spec.clip_length_frames,
-            "layout": card.spec.input_layout,
-            "multilabel": card.spec.multilabel,
-            "labels": list(card.labels),
-            # A request sends exactly one of the inputs (the encoded image or the decoded pixels).
-            "inputs_per_request": 1,
-        }
-        return JSONAnswer(
-            {
-                "name": name,
-                "versions": ["1"],
-                "platform": "onnxruntime_onnx",
-                "inputs": inputs,
-                "outputs": outputs,
-                "parameters": facts,
-            }
-        )
-
-    async def model_ready(request: Request) -> Response:
-        name = lookup(request)
-        model = state.models.get(name)
-        ok = model is not None and model.ready and not state.closing
-        return JSONAnswer({"name": name, "ready": ok}, status_code=200 if ok else 400)
-
-    async def config(request: Request) -> Response:
-        return JSONAnswer(model_config_of(state, lookup(request)))
-
-    async def stats(request: Request) -> Response:
-        names = [lookup(request)] if "name" in request.path_params else list(state.entries)
-        return JSONAnswer(metrics.stats.response(names))
-
-    async def repository(request: Request) -> Response:
-        body = await read_body(request, 4096, cfg.request_timeout_seconds)
-        try:
-            doc = json.loads(body) if body.strip() else {}
-        except (ValueError, RecursionError):
-            raise RequestError("malformed_request", "the repository index request must be a JSON object") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("ready", False), bool):
-            raise RequestError("malformed_request", 'the repository index request is {"ready": true|false} or {}')
-        index = repository_index(state.entries, state.models, state.load_error, state.closing, doc.get("ready", False))
-        return JSONAnswer(index)
-
-    async def repository_control(request: Request) -> Response:
-        raise RequestError(
-            "malformed_request",
-            "models are loaded when gpufeed serve starts (its --model-repo or --model); loading and unloading "
-            f"through the API is not supported. Served: {', '.join(state.entries)}",
-        )
-
-    async def list_models(request: Request) -> Response:
-        listing = [{"name": n, "ready": bool(state.models.get(n) and state.models[n].ready)} for n in state.entries]
-        return JSONAnswer({"models": listing})
-
-    async def metrics_endpoint(request: Request) -> Response:
-        payload, content_type = metrics.exposition()
-        return Response(payload, headers={"content-type": content_type})
-
-    async def openapi(request: Request) -> Response:
-        return JSONAnswer(openapi_document(list(state.entries), __version__, auth=token is not None))
-
-    async def refused(request: Request, err: RequestError) -> Response:
-        """Every RequestError a route raises: counted by reason (a model still loading is not), then JSON."""
-        if err.reason in REASONS:
-            name = request.path_params.get("name") or route_of(request.url.path)[0]
-            metrics.count_error(name, err.reason)
-        return JSONAnswer(err.to_json(), status_code=err.status, headers=err.headers)
-
-    async def no_route(request: Request, exc) -> Response:
-        """404 (no such path) and 405 (wrong method): JSON naming the problem, counted like any refusal."""
-        status = getattr(exc, "status_code", 404)
-        path = request.url.path
-        name, _ = route_of(path)
-        shown_request = f"{shown(request.method, 12)[1:-1]} {shown(path, 200)}"
-        headers = dict(getattr(exc, "headers", None) or {})
-        if status == 405:
-            reason = "malformed_request"
-            allowed = headers.get("Allow", headers.get("allow", "?"))
-            message = f"{shown_request}: method not allowed; allowed: {allowed}"
-        elif path.startswith(("/v1/models/", "/v2/models/")):
-            reason = "unknown_model"
-            message = f"{shown_request}: no such model or endpoint; models: {', '.join(state.entries)}"
-        else:
-            reason, message = "malformed_request", f"{shown_request}: no such endpoint (see GET /openapi.json)"
-        metrics.count_error(name, reason)
-        return JSONAnswer({"error": message, "reason": reason}, status, headers=headers)
+    plane = DataPlane(state, pool)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app):
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         front = None
         if grpc_port is not None:
             # Deferred: gpufeed.server._grpc imports the optional grpc extra (grpcio, tritonclient[grpc]).
             from gpufeed.server._grpc import GrpcFront
 
-            front = GrpcFront(state, pool, token, grpc_host, grpc_port, announce)
+            front = GrpcFront(plane, token, grpc_host, grpc_port, announce)
             try:
                 await front.start()
             except Exception as err:  # kept for start_server's error; uvicorn then reports a failed startup
@@ -335,36 +331,14 @@ def build_app(
         if on_shutdown is not None:
             on_shutdown()
 
-    model_path, version_path = "/v2/models/{name}", "/v2/models/{name}/versions/{version}"
-    routes = [
-        Route("/v2/health/live", live),
-        Route("/v2/health/ready", ready),
-        Route("/v2", server_metadata),
-        Route("/v2/models/stats", stats),  # before /v2/models/{name}, as in Triton
-        Route("/v2/repository/index", repository, methods=["POST"]),
-        Route("/v2/repository/models/{name}/load", repository_control, methods=["POST"]),
-        Route("/v2/repository/models/{name}/unload", repository_control, methods=["POST"]),
-        Route("/v1/models", list_models),
-        Route("/v1/models/{name}/predict", predict, methods=["POST"]),
-        Route("/metrics", metrics_endpoint),
-        Route("/openapi.json", openapi),
-    ]
-    for base in (model_path, version_path):
-        routes += [
-            Route(base, model_metadata),
-            Route(base + "/ready", model_ready),
-            Route(base + "/config", config),
-            Route(base + "/stats", stats),
-            Route(base + "/infer", infer, methods=["POST"]),
-        ]
     app = Starlette(
-        routes=routes,
+        routes=_routes(),
         lifespan=lifespan,
         exception_handlers={RequestError: refused, 404: no_route, 405: no_route},
-        middleware=[Middleware(Accounting, metrics=metrics), Middleware(AccessGuard, state=state, token=token)],
+        middleware=[Middleware(Accounting, metrics=state.metrics), Middleware(AccessGuard, state=state, token=token)],
     )
     # No 307 from "/v2/models/x/" to "/v2/models/x": a path that does not exist is a 404 naming it.
     app.router.redirect_slashes = False
-    app.state.parse_pool = pool
+    app.state.plane, app.state.parse_pool, app.state.token_required = plane, pool, token is not None
     app.state.grpc, app.state.grpc_error = None, None
     return app

@@ -235,7 +235,7 @@ class Batcher:
                 self._cond.wait(remaining)
                 if not self._queue:  # everything waiting was cancelled
                     return []
-            batch = []
+            batch: list[_Slot] = []
             while self._queue and len(batch) < self.batch_size:
                 slot = self._queue.popleft()
                 if slot.future.set_running_or_notify_cancel():

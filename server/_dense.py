@@ -78,7 +78,7 @@ def output_metadata(spec) -> list[tuple[str, list[int]]]:
 
 def wants_png(accept: str | None) -> bool:
     """Whether the request's ``Accept`` header asks for ``image/png`` (over JSON)."""
-    return bool(accept) and "image/png" in accept.lower()
+    return accept is not None and "image/png" in accept.lower()
 
 
 def map_size_of(raw: str | None) -> str:
@@ -106,7 +106,9 @@ def _at_input_size(values: np.ndarray, spec, size: tuple[int, int]) -> np.ndarra
     window = eval_windows(np.array([size], dtype=np.int64), spec.eval_crop_fraction, aspect)
     (x, y), (w, h) = window.anchor[0], window.shape[0]
     if spec.task == "depth":  # bilinear in float, then back to the map's integer values
-        resized = np.asarray(Image.fromarray(values.astype(np.float32), mode="F").resize((w, h), Image.BILINEAR))
+        resized = np.asarray(
+            Image.fromarray(values.astype(np.float32), mode="F").resize((w, h), Image.Resampling.BILINEAR)
+        )
         resized = np.clip(np.rint(resized), 0, 65535).astype(values.dtype)
     else:  # class ids: nearest, never a blend of two ids; output pixel u takes floor((u + 0.5) * in / out)
         rows = ((2 * np.arange(h) + 1) * values.shape[0]) // (2 * h)

@@ -5,7 +5,7 @@ stub modules are the generated ones that ship in ``tritonclient[grpc]`` (``servi
 ``service_pb2_grpc``, ``model_config_pb2``), installed by the ``grpc`` extra. grpcio's asyncio server
 (``grpc.aio``) is started and stopped by the HTTP app's lifespan, on uvicorn's event loop, so both
 front ends share the model batchers, the parser threads, the limits, the token, the metrics and
-the drain. Implemented: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
+the drain, through the one :class:`~gpufeed.server._dataplane.DataPlane`. Implemented: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
 ModelInfer, and Triton's ModelConfig, ModelStatistics and RepositoryIndex; any other method
 answers UNIMPLEMENTED.
 
@@ -33,18 +33,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-import numpy as np
-
-from gpufeed import __version__
 from gpufeed.server._access import AccessGuard
-from gpufeed.server._dense import output_metadata, output_tensors
-from gpufeed.server._errors import REASONS, RequestError, shown
-from gpufeed.server._grpc_tensors import infer_request, infer_response
-from gpufeed.server._inputs import items_from_kserve, kserve_inputs
-from gpufeed.server._requests import max_elements
-from gpufeed.server._submit import model_config_of, submit_and_wait
-from gpufeed.server._triton import EXTENSIONS, repository_index
+from gpufeed.server._dataplane import DataPlane
+from gpufeed.server._dense import output_tensors
+from gpufeed.server._errors import REASONS, RequestError
+from gpufeed.server._grpc_tensors import infer_response
+from gpufeed.server._requests import grpc_items
 
 __all__ = ["EXTRA_HINT", "GrpcFront", "require_grpc"]
 
@@ -83,19 +80,20 @@ class GrpcFront:
     """The gRPC server: built, bound and started by :meth:`start` on the running event loop.
 
     Args:
-        state: The :class:`~gpufeed.server._state.ServingState` the HTTP app serves.
-        pool: The HTTP app's :class:`~gpufeed.server._offload.ParsePool` (request validation runs there).
+        plane: The HTTP app's :class:`~gpufeed.server._dataplane.DataPlane` (models, parser threads, metrics).
         token: The bearer token, or ``None`` for open access.
         host, port: Where to listen (port 0: a free one; :attr:`port` is the bound one after start).
         announce: Called with one line once the port is bound.
     """
 
-    def __init__(self, state, pool, token: str | None, host: str, port: int, announce=None) -> None:
-        self.state, self.pool, self.host, self.requested_port = state, pool, host, port
-        self.guard = AccessGuard(None, state, token)
+    def __init__(
+        self, plane: DataPlane, token: str | None, host: str, port: int, announce: Callable[[str], None] | None = None
+    ) -> None:
+        self.plane, self.state, self.host, self.requested_port = plane, plane.state, host, port
+        self.guard = AccessGuard(None, plane.state, token)
         self.announce = announce
         self.port: int | None = None
-        self.server = None
+        self.server: Any = None
         self.grpc, self.pb2, self.pb2_grpc, self.config_pb2 = require_grpc()
         self.codes = _status_codes(self.grpc)
 
@@ -140,17 +138,17 @@ def _service_base():
     return pb2_grpc.GRPCInferenceServiceServicer
 
 
-class _Service(_service_base()):  # type: ignore[misc]
-    """The servicer: each method checks the token, then answers from the shared serving state."""
+class _Service(_service_base()):  # type: ignore[misc]  # a base class made at import time (the grpc extra)
+    """The servicer: each method checks the token, then translates between protobuf and the data plane."""
 
     def __init__(self, front: GrpcFront) -> None:
-        self.front, self.state, self.pb2 = front, front.state, front.pb2
+        self.front, self.plane, self.pb2 = front, front.plane, front.pb2
 
     # -- plumbing ---------------------------------------------------------------------------------
 
     def _refusal(self, err: RequestError, model: str) -> _Abort:
         if err.reason in REASONS:  # as the HTTP side counts (a model still loading is not a refusal)
-            self.state.metrics.count_error(model, err.reason)
+            self.plane.metrics.count_error(model, err.reason)
         trailers = [("retry-after", v) for k, v in err.headers.items() if k.lower() == "retry-after"]
         code = self.front.codes.get(err.status, self.front.grpc.StatusCode.INTERNAL)
         return _Abort(code, err.message, err.status, trailers)
@@ -161,11 +159,13 @@ class _Service(_service_base()):  # type: ignore[misc]
         headers = [(k.encode(), v.encode() if isinstance(v, str) else v) for k, v in context.invocation_metadata()]
         problem = self.front.guard.problem(headers)
         if problem is not None:
-            self.state.metrics.count_error(model, "unauthorized")
+            self.plane.metrics.count_error(model, "unauthorized")
             message = problem[0].replace("'Authorization: Bearer <token>'", "metadata 'authorization: Bearer <token>'")
             raise _Abort(self.front.grpc.StatusCode.UNAUTHENTICATED, message.replace("header", "metadata"), 401)
 
-    async def _answer(self, context, method: str, model: str, handler, status: list | None = None):
+    async def _answer(
+        self, context, method: str, model: str, handler: Callable[[], Awaitable[Any]], status: list[int] | None = None
+    ) -> Any:
         """Run ``handler()``; turn refusals into their status and anything unexpected into INTERNAL.
 
         ``status[0]``, when given, gets the HTTP equivalent of the answer (for the request metrics).
@@ -182,7 +182,7 @@ class _Service(_service_base()):  # type: ignore[misc]
             abort = self._refusal(err, model)
         except Exception as err:
             log.exception("internal error handling gRPC %s", method)
-            self.state.metrics.count_error(model, "internal")
+            self.plane.metrics.count_error(model, "internal")
             abort = _Abort(self.front.grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}", 500)
         if status is not None:
             status[0] = abort.status
@@ -190,116 +190,89 @@ class _Service(_service_base()):  # type: ignore[misc]
             context.set_trailing_metadata(abort.trailers)
         await context.abort(abort.code, abort.message)
 
-    def _lookup(self, name: str, version: str) -> str:
-        if name not in self.state.entries:
-            raise RequestError("unknown_model", f"model {shown(name, 100)} is not served here")
-        if version not in ("", "1"):
-            raise RequestError("unknown_model", f"model {name!r} has only version 1")
-        return name
+    async def _document(self, context, method: str, model: str, make: Callable[[], Any]) -> Any:
+        """Answer a method whose response is built synchronously by ``make()`` (health, metadata, config)."""
+
+        async def handler() -> Any:
+            return make()
+
+        return await self._answer(context, method, model, handler)
 
     # -- health and metadata ----------------------------------------------------------------------
 
     async def ServerLive(self, request, context):
-        return await self._answer(context, "ServerLive", "", self._live)
-
-    async def _live(self):
-        return self.pb2.ServerLiveResponse(live=True)
+        return await self._document(context, "ServerLive", "", lambda: self.pb2.ServerLiveResponse(live=True))
 
     async def ServerReady(self, request, context):
-        async def ready():
-            return self.pb2.ServerReadyResponse(ready=self.state.ready)
-
-        return await self._answer(context, "ServerReady", "", ready)
+        return await self._document(
+            context, "ServerReady", "", lambda: self.pb2.ServerReadyResponse(ready=self.plane.ready)
+        )
 
     async def ModelReady(self, request, context):
-        async def ready():
-            name = self._lookup(request.name, request.version)
-            model = self.state.models.get(name)
-            ok = model is not None and model.ready and not self.state.closing
-            return self.pb2.ModelReadyResponse(ready=ok)
+        def ready():
+            return self.pb2.ModelReadyResponse(ready=self.plane.model_ready(request.name, request.version))
 
-        return await self._answer(context, "ModelReady", request.name, ready)
+        return await self._document(context, "ModelReady", request.name, ready)
 
     async def ServerMetadata(self, request, context):
-        async def metadata():
-            return self.pb2.ServerMetadataResponse(name="gpufeed", version=__version__, extensions=list(EXTENSIONS))
-
-        return await self._answer(context, "ServerMetadata", "", metadata)
+        return await self._document(
+            context, "ServerMetadata", "", lambda: self.pb2.ServerMetadataResponse(**self.plane.server_metadata())
+        )
 
     async def ModelMetadata(self, request, context):
-        async def metadata():
-            name = self._lookup(request.name, request.version)
-            card = self.state.entries[name].card
+        def metadata():
+            document = self.plane.model_metadata(request.name, request.version)
             tensor = self.pb2.ModelMetadataResponse.TensorMetadata
-            inputs = [tensor(**i) for i in kserve_inputs(card)]
-            outputs = [tensor(name=n, datatype="FP32", shape=shape) for n, shape in output_metadata(card.spec)]
             return self.pb2.ModelMetadataResponse(
-                name=name, versions=["1"], platform="onnxruntime_onnx", inputs=inputs, outputs=outputs
-            )
+                name=document["name"],
+                versions=document["versions"],
+                platform=document["platform"],
+                inputs=[tensor(**i) for i in document["inputs"]],
+                outputs=[tensor(**o) for o in document["outputs"]],
+            )  # the HTTP document's "parameters" have no field here
 
-        return await self._answer(context, "ModelMetadata", request.name, metadata)
+        return await self._document(context, "ModelMetadata", request.name, metadata)
 
     async def ModelConfig(self, request, context):
-        async def config():
+        def config():
             from google.protobuf import json_format
 
-            document = model_config_of(self.state, self._lookup(request.name, request.version))
+            document = self.plane.model_config(request.name, request.version)
             message = json_format.ParseDict(document, self.front.config_pb2.ModelConfig())
             return self.pb2.ModelConfigResponse(config=message)
 
-        return await self._answer(context, "ModelConfig", request.name, config)
+        return await self._document(context, "ModelConfig", request.name, config)
 
     async def ModelStatistics(self, request, context):
-        async def statistics():
+        def statistics():
             from google.protobuf import json_format
 
-            names = [self._lookup(request.name, request.version)] if request.name else list(self.state.entries)
-            document = self.state.metrics.stats.response(names)
+            document = self.plane.statistics(request.name or None, request.version)
             return json_format.ParseDict(document, self.pb2.ModelStatisticsResponse())
 
-        return await self._answer(context, "ModelStatistics", request.name, statistics)
+        return await self._document(context, "ModelStatistics", request.name, statistics)
 
     async def RepositoryIndex(self, request, context):
-        async def index():
-            s = self.state
-            models = repository_index(s.entries, s.models, s.load_error, s.closing, request.ready)
+        def index():
             entry = self.pb2.RepositoryIndexResponse.ModelIndex
+            models = self.plane.repository_index(request.ready)
             return self.pb2.RepositoryIndexResponse(models=[entry(**m) for m in models])
 
-        return await self._answer(context, "RepositoryIndex", "", index)
+        return await self._document(context, "RepositoryIndex", "", index)
 
     # -- inference --------------------------------------------------------------------------------
 
     async def ModelInfer(self, request, context):
-        started = time.perf_counter()
-        state, metrics, name = self.state, self.state.metrics, request.model_name
-        metrics.inflight.inc()
-        state.inflight += 1  # the drain waits for gRPC requests as for HTTP ones
+        started, name = time.perf_counter(), request.model_name
         status = [499]  # stays so when the client cancels (or its deadline passes) mid-request
         try:
             return await self._answer(context, "ModelInfer", name, lambda: self._infer(request, started), status)
         finally:
-            metrics.inflight.dec()
-            state.inflight -= 1
-            metrics.observe_request(name, "grpc", status[0], time.perf_counter() - started)
+            self.plane.metrics.observe_request(name, "grpc", status[0], time.perf_counter() - started)
 
     async def _infer(self, request, started: float):
-        state, cfg = self.state, self.state.cfg
-        model = state.model(request.model_name)
-        if request.model_version not in ("", "1"):
-            raise RequestError("unknown_model", f"model {model.name!r} has only version 1")
-        t0 = time.perf_counter()
-        parsed, items = await self.front.pool.run(_validated, model, cfg, request)
-        state.metrics.observe_stage(model.name, "preprocess", time.perf_counter() - t0)
-        logits = np.stack(await submit_and_wait(cfg, model, items, started))
-        t0 = time.perf_counter()
-        tensors = output_tensors(logits, model.card.spec, parsed.outputs)
-        response = infer_response(self.pb2, model.name, parsed, tensors, model.card.labels)
-        state.metrics.observe_answer(model.name, items, time.perf_counter() - t0)
-        return response
-
-
-def _validated(model, cfg, message):
-    """``(request, items)`` of a ModelInferRequest: the HTTP side's checks, on a parser thread."""
-    parsed = infer_request(message, max_elements(model, cfg))
-    return parsed, items_from_kserve(model, parsed, cfg.max_image_pixels, cfg.max_images_per_request)
+        async with self.plane.inference(request.model_name, request.model_version, started) as call:
+            parsed, items = await call.validate(grpc_items, request)
+            logits = await call.infer(items)
+            tensors = output_tensors(logits, call.model.card.spec, parsed.outputs)
+            return infer_response(self.pb2, call.model.name, parsed, tensors, call.model.card.labels)

@@ -4,7 +4,7 @@ The gRPC front end validates exactly as the HTTP one: :func:`infer_request` turn
 message into the same :class:`~gpufeed.server._kserve.InferRequest` that
 :func:`~gpufeed.server._kserve.parse_request` makes of a JSON body, with the same checks and
 messages (datatype, shape, element-count limit, BYTES framing, ``content_type: "base64"``), and
-:func:`~gpufeed.server._inputs.items_from_kserve` takes it from there. Tensor data may come as
+:func:`~gpufeed.server._requests.items_from_kserve` takes it from there. Tensor data may come as
 ``raw_input_contents`` (what tritonclient.grpc and KServe's SDK send: one entry per input, in input
 order, BYTES elements 4-byte length prefixed) or as typed ``contents`` (``uint_contents``,
 ``bytes_contents``...). Responses always use ``raw_output_contents``, as Triton's do.
@@ -26,11 +26,11 @@ from gpufeed.server._kserve import (
     InferInput,
     InferRequest,
     RequestedOutput,
-    classification,
     content_type_of,
     decode_base64,
     split_bytes,
 )
+from gpufeed.server._kserve_response import classification
 
 __all__ = ["infer_request", "infer_response", "parameter_values"]
 
@@ -147,7 +147,7 @@ def infer_request(message, max_elements: int | None = None) -> InferRequest:
                 result.array = values.reshape(shape)
         else:
             raise _bad(f"{where} has no data: send raw_input_contents or contents")
-        if result.content_type in BASE64:
+        if result.content_type in BASE64 and result.elements is not None:  # BYTES only (content_type_of)
             result.elements = decode_base64(result.elements, where)
         inputs.append(result)
     outputs = None

@@ -25,6 +25,7 @@ import logging
 import re
 import zlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, MultipartState
@@ -32,6 +33,9 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from gpufeed.server._errors import RequestError, json_bytes, shown
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartCallbacks  # defined for type checkers only
 
 __all__ = [
     "CODINGS",
@@ -299,7 +303,7 @@ def parse_multipart(body: bytes, boundary: str | None) -> list[Part]:
             )
         )
 
-    callbacks = {
+    callbacks: MultipartCallbacks = {
         "on_part_begin": part_begin,
         "on_header_field": lambda data, start, end: current.header_name.extend(data[start:end]),
         "on_header_value": lambda data, start, end: current.header_value.extend(data[start:end]),

@@ -1,5 +1,7 @@
 """KServe v2 / Open Inference Protocol over HTTP: request parsing and response encoding, HTTP-free.
 
+Requests are parsed here; responses are encoded by :mod:`._kserve_response`.
+
 Supported: JSON tensors (``data``, flat or nested, row-major) and the binary tensor data
 extension: with header ``Inference-Header-Content-Length: L`` the body's first L bytes are the JSON
 header and each input with ``parameters.binary_data_size`` takes that many bytes of the rest, in
@@ -35,10 +37,8 @@ __all__ = [
     "InferInput",
     "InferRequest",
     "RequestedOutput",
-    "classification",
     "content_type_of",
     "decode_base64",
-    "encode_response",
     "parse_request",
     "split_bytes",
 ]
@@ -353,7 +353,7 @@ def parse_request(body: bytes, header_length: str | None, max_elements: int | No
                 tensor.array = values.reshape(shape)
         else:
             raise _bad(f"{where} has neither 'data' nor parameters.binary_data_size")
-        if tensor.content_type in BASE64:
+        if tensor.content_type in BASE64 and tensor.elements is not None:  # BYTES only (content_type_of)
             tensor.elements = decode_base64(tensor.elements, where)
         inputs.append(tensor)
     if offset != len(binary):
@@ -384,51 +384,3 @@ def parse_request(body: bytes, header_length: str | None, max_elements: int | No
         binary_output=bool(params.get("binary_data_output", False)),
         parameters=params,
     )
-
-
-def classification(values: np.ndarray, k: int, labels: tuple[str, ...]) -> np.ndarray:
-    k = min(k, values.shape[-1])
-    top = np.argsort(-values, axis=-1, kind="stable")[:, :k]
-    rows = [[f"{values[r, i]:f}:{i}:{labels[i]}".encode() for i in top[r]] for r in range(len(values))]
-    return np.array(rows, dtype=object)
-
-
-def encode_response(
-    model_name: str,
-    request: InferRequest,
-    tensors: dict[str, np.ndarray],
-    labels: tuple[str, ...],
-) -> tuple[bytes, dict[str, str]]:
-    """Body and headers of an infer response holding the requested ``tensors`` (name -> array)."""
-    wanted = request.outputs or [RequestedOutput(name) for name in tensors]
-    header_outputs, blobs = [], []
-    for out in wanted:
-        if out.name not in tensors:
-            raise _bad(f"output {out.name!r} is not produced by model {model_name!r}; outputs: {', '.join(tensors)}")
-        values = tensors[out.name]
-        datatype = "FP32"
-        if out.classification:
-            values, datatype = classification(values, out.classification, labels), "BYTES"
-        entry = {"name": out.name, "datatype": datatype, "shape": list(values.shape)}
-        binary = request.binary_output if out.binary is None else out.binary
-        if binary:
-            if datatype == "BYTES":
-                blob = b"".join(struct.pack("<I", len(v)) + v for v in values.ravel())
-            else:
-                blob = np.ascontiguousarray(values, dtype=np.float32).tobytes()
-            entry["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        else:
-            flat = values.ravel().tolist()
-            entry["data"] = [v.decode() for v in flat] if datatype == "BYTES" else flat
-        header_outputs.append(entry)
-    doc = {"model_name": model_name, "model_version": "1", "outputs": header_outputs}
-    if request.id is not None:
-        doc["id"] = request.id
-    head = json.dumps(doc, separators=(",", ":")).encode()
-    if not blobs:
-        return head, {"content-type": "application/json"}
-    return head + b"".join(blobs), {
-        "content-type": "application/octet-stream",
-        "inference-header-content-length": str(len(head)),
-    }

@@ -190,8 +190,8 @@ class RunningServer:
 
     url: str
     port: int
-    state: object
-    server: object
+    state: ServingState
+    server: DrainingServer
     thread: threading.Thread
     sock: socket.socket
     grpc_port: int | None = None  # the bound gRPC port, when gRPC is served

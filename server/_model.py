@@ -27,6 +27,7 @@ import time
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,10 +57,10 @@ class _Lane:
     """What one batch in flight needs to itself: a DALI decoder (image models) and an input buffer."""
 
     decoder: ImageDecoder | None
-    buffer: object  # numpy array on the CPU, CUDA torch tensor on a GPU
+    buffer: Any  # numpy array on the CPU, CUDA torch tensor on a GPU (torch is imported only on a GPU)
     # A CUDA stream of its own on a GPU: on torch's legacy default stream, which every thread
     # shares and which waits for all other work, one lane's synchronisation waited for the other's.
-    stream: object = None
+    stream: Any = None  # torch.cuda.Stream
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,22 @@ class Item:
     pixels: np.ndarray | None = None
     where: str = "the image"
     times: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+def _split_rows(items: list[Item], live: list[int]) -> tuple[list[int], list[bytes], list[int], list[np.ndarray]]:
+    """Positions and data of the encoded items, then of the decoded ones, among ``live``."""
+    encoded, blobs, decoded, pixels = [], [], [], []
+    for i in live:
+        blob, row = items[i].encoded, items[i].pixels
+        if blob is not None:
+            encoded.append(i)
+            blobs.append(blob)
+        elif row is not None:
+            decoded.append(i)
+            pixels.append(row)
+        else:
+            raise ValueError(f"{items[i].where} holds neither encoded bytes nor pixels")
+    return encoded, blobs, decoded, pixels
 
 
 def scores_from_logits(logits: np.ndarray, multilabel: bool) -> np.ndarray:
@@ -118,12 +135,20 @@ class ServedModel:
         self.name, self.dir, self.card, self.cfg, self.metrics = name, Path(model_dir), card, cfg, metrics
         self.ready = False
         # One lane (decoder + input buffer) per batcher worker, so batches can overlap: on a GPU one
-        # decodes while another runs the model; on the CPU two batches each run single-threaded
-        # on two cores, which costs less CPU per row than one batch split over both (measured
-        # for ResNet-18 on two cores: about 10 % less), at some latency when only one request waits.
+        # decodes while another runs the model; on the CPU two batches side by side each run on
+        # their share of the cores, which costs less CPU per row than one batch split over all of
+        # them (measured for ResNet-18 on two cores: about 10 % less). A batch that starts while no
+        # other is in inference (a lone client) gets every core instead (OnnxRunner.run), so low
+        # load does not pay the split in latency.
         self.workers = cfg.workers_per_model or 2
         on_cpu = not device.is_gpu or cfg.execution_provider == "cpu"
-        threads = cfg.inference_threads or (max(1, default_num_threads() // self.workers) if on_cpu else 0)
+        cores = default_num_threads()
+        share = max(1, cores // self.workers)
+        threads = cfg.inference_threads or (share if on_cpu else 0)
+        threads_alone = (cfg.inference_threads_alone or cores) if on_cpu else 0
+        # One image decodes on one DALI thread, so a lone request loses nothing by a lane's share,
+        # while lanes decoding side by side no longer run twice as many threads as cores.
+        self.decode_threads = cfg.decode_threads or share
         self.runner = OnnxRunner(
             model_dir,
             card,
@@ -133,6 +158,7 @@ class ServedModel:
             cfg.tensorrt_cache_dir,
             served_batch_sizes(card, cfg.batch_sizes),
             tf32=cfg.cuda_tf32,
+            threads_alone=threads_alone,
         )
         self.batch_sizes = self.runner.batch_sizes
         self.on_gpu = self.runner.on_gpu
@@ -145,7 +171,7 @@ class ServedModel:
                     card.spec.eval_crop_fraction,
                     card.batch_size,
                     device.device_id if self.on_gpu else None,
-                    cfg.decode_threads or default_num_threads(),
+                    self.decode_threads,
                 )
             self._lanes.put(_Lane(decoder, self.runner.new_batch(), _lane_stream(device) if self.on_gpu else None))
         self.accepts_encoded = card.spec.task != "clip"
@@ -185,6 +211,11 @@ class ServedModel:
             "batch_size": self.batch_size,
             "batch_sizes": list(self.batch_sizes),
             "workers": self.workers,
+            "threads": {
+                "decode_per_worker": self.decode_threads if lane.decoder is not None else 0,
+                "inference_alone": self.runner.threads["alone"],
+                "inference_shared": self.runner.threads["shared"],
+            },
         }
 
     def _observe(self, stage: str, seconds: float) -> None:
@@ -240,15 +271,16 @@ class ServedModel:
             return results
         size = self.runner.bucket_for(len(live))
         buffer = lane.buffer[:size]  # the first rows of the largest buffer: contiguous, no copy
-        encoded = [i for i in live if items[i].encoded is not None]
-        decoded = [i for i in live if items[i].encoded is None]
+        encoded, blobs, decoded, pixels = _split_rows(items, live)
         order = encoded + decoded  # row r of the buffer holds items[order[r]]
         decode_s = None
         input_start = time.perf_counter()
         if encoded:
             start = input_start
             sizes = np.array([items[i].size for i in encoded], dtype=np.int64)
-            outcome = lane.decoder.decode_into([items[i].encoded for i in encoded], sizes, buffer[: len(encoded)])
+            if lane.decoder is None:  # only image models accept encoded items, and they have decoders
+                raise RuntimeError(f"model {self.name!r} has no image decoder for {len(encoded)} encoded image(s)")
+            outcome = lane.decoder.decode_into(blobs, sizes, buffer[: len(encoded)])
             for i, err in zip(encoded, outcome, strict=True):
                 if err is not None:
                     results[i] = RequestError(
@@ -257,7 +289,7 @@ class ServedModel:
             decode_s = time.perf_counter() - start
             self._observe("decode", decode_s)
         if decoded:
-            self._copy_rows(buffer, len(encoded), [items[i].pixels for i in decoded])
+            self._copy_rows(buffer, len(encoded), pixels)
         input_s = time.perf_counter() - input_start
         if len(order) < size:
             buffer[len(order) :] = 0  # padding rows, discarded below

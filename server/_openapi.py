@@ -14,12 +14,14 @@ error body, so a response the document does not allow is a bug one side or the o
 
 from __future__ import annotations
 
-from gpufeed.server._errors import REASONS
+from typing import Any
+
 from gpufeed.server._kserve import DTYPES
+from gpufeed.server._openapi_schemas import REF as _REF
+from gpufeed.server._openapi_schemas import schemas as _schemas
 
 __all__ = ["openapi_document"]
 
-_REF = "#/components/schemas/"
 _ERROR_STATUSES = {
     "400": "the request is malformed: bad JSON, shape, dtype, image data or parameter (reason says which)",
     "404": "no such model (or version)",
@@ -49,199 +51,6 @@ def _errors(codes: tuple[str, ...], auth: bool) -> dict:
     return out
 
 
-def _schemas(datatypes: list[str]) -> dict:
-    string, integer, boolean = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}
-    shape = {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 8}
-    tensor_meta = {
-        "type": "object",
-        "required": ["name", "datatype", "shape"],
-        "properties": {"name": string, "datatype": string, "shape": {"type": "array", "items": integer}},
-    }
-    return {
-        "Error": {
-            "type": "object",
-            "required": ["error"],
-            "properties": {"error": string, "reason": {"type": "string", "enum": [*REASONS, "not_ready"]}},
-        },
-        "Live": {"type": "object", "required": ["live"], "properties": {"live": boolean}},
-        "Ready": {"type": "object", "required": ["ready"], "properties": {"ready": boolean, "error": string}},
-        "ServerMetadata": {
-            "type": "object",
-            "required": ["name", "version", "extensions"],
-            "properties": {"name": string, "version": string, "extensions": {"type": "array", "items": string}},
-        },
-        "ModelMetadata": {
-            "type": "object",
-            "required": ["name", "versions", "platform", "inputs", "outputs"],
-            "properties": {
-                "name": string,
-                "versions": {"type": "array", "items": string},
-                "platform": string,
-                "inputs": {"type": "array", "items": tensor_meta},
-                "outputs": {"type": "array", "items": tensor_meta},
-                "parameters": {"type": "object"},
-            },
-        },
-        "ModelConfig": {
-            "type": "object",
-            "description": "Triton's ModelConfig (model_config.proto) as JSON",
-            "required": ["name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching"],
-            "properties": {
-                "name": string,
-                "platform": string,
-                "backend": string,
-                "max_batch_size": integer,
-                "input": {"type": "array", "items": {"type": "object"}},
-                "output": {"type": "array", "items": {"type": "object"}},
-                "dynamic_batching": {"type": "object"},
-                "instance_group": {"type": "array", "items": {"type": "object"}},
-                "parameters": {"type": "object"},
-            },
-        },
-        "ModelStats": {
-            "type": "object",
-            "description": "Triton's statistics extension: cumulative counts and durations (ns) per model",
-            "required": ["model_stats"],
-            "properties": {
-                "model_stats": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["name", "inference_count", "execution_count", "inference_stats", "batch_stats"],
-                        "properties": {
-                            "name": string,
-                            "version": string,
-                            "last_inference": integer,
-                            "inference_count": integer,
-                            "execution_count": integer,
-                            "inference_stats": {"type": "object"},
-                            "batch_stats": {"type": "array", "items": {"type": "object"}},
-                        },
-                    },
-                }
-            },
-        },
-        "RepositoryIndexRequest": {"type": "object", "properties": {"ready": boolean}},
-        "RepositoryIndex": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["name", "state", "reason"],
-                "properties": {
-                    "name": string,
-                    "version": string,
-                    "state": {"type": "string", "enum": ["READY", "LOADING", "UNAVAILABLE"]},
-                    "reason": string,
-                },
-            },
-        },
-        "ModelReady": {
-            "type": "object",
-            "required": ["name", "ready"],
-            "properties": {"name": string, "ready": boolean},
-        },
-        "ModelList": {
-            "type": "object",
-            "required": ["models"],
-            "properties": {
-                "models": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["name", "ready"],
-                        "properties": {"name": string, "ready": boolean},
-                    },
-                }
-            },
-        },
-        "InferInput": {
-            "type": "object",
-            "required": ["name", "datatype", "shape"],
-            "properties": {
-                "name": string,
-                "datatype": {"type": "string", "enum": datatypes},
-                "shape": shape,
-                "data": {"type": "array", "description": "row-major values, flat or nested; BYTES as strings"},
-                "parameters": {
-                    "type": "object",
-                    "properties": {"binary_data_size": {"type": "integer", "minimum": 0}},
-                },
-            },
-        },
-        "RequestedOutput": {
-            "type": "object",
-            "required": ["name"],
-            "properties": {
-                # Classifiers and segmentation models: logits, scores; depth models: depth.
-                "name": {"type": "string", "enum": ["logits", "scores", "depth"]},
-                "parameters": {
-                    "type": "object",
-                    "properties": {"binary_data": boolean, "classification": {"type": "integer", "minimum": 0}},
-                },
-            },
-        },
-        "InferRequest": {
-            "type": "object",
-            "required": ["inputs"],
-            "properties": {
-                "id": string,
-                "inputs": {"type": "array", "minItems": 1, "items": _ref("InferInput")},
-                "outputs": {"type": "array", "items": _ref("RequestedOutput")},
-                "parameters": {"type": "object", "properties": {"binary_data_output": boolean}},
-            },
-        },
-        "InferResponse": {
-            "type": "object",
-            "required": ["model_name", "outputs"],
-            "properties": {
-                "model_name": string,
-                "model_version": string,
-                "id": string,
-                "outputs": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["name", "datatype", "shape"],
-                        "properties": {
-                            "name": string,
-                            "datatype": string,
-                            "shape": {"type": "array", "items": integer},
-                            "data": {"type": "array"},
-                            "parameters": {"type": "object"},
-                        },
-                    },
-                },
-            },
-        },
-        "Predictions": {
-            "type": "object",
-            "required": ["model", "multilabel", "predictions"],
-            "properties": {
-                "model": string,
-                "multilabel": boolean,
-                "predictions": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["image", "top_k"],
-                        "properties": {
-                            "image": integer,
-                            "top_k": {
-                                "type": "array",
-                                "items": {
-                                    "type": "object",
-                                    "required": ["label", "index", "score"],
-                                    "properties": {"label": string, "index": integer, "score": {"type": "number"}},
-                                },
-                            },
-                        },
-                    },
-                },
-            },
-        },
-    }
-
-
 def openapi_document(model_names: list[str], version: str, auth: bool) -> dict:
     """The OpenAPI 3.0.3 document for a server serving ``model_names``.
 
@@ -252,7 +61,7 @@ def openapi_document(model_names: list[str], version: str, auth: bool) -> dict:
     """
     name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string", "enum": list(model_names)}}
     version_param = {"name": "version", "in": "path", "required": True, "schema": {"type": "string", "enum": ["1"]}}
-    open_op = {"security": []} if auth else {}
+    open_op: dict[str, list] = {"security": []} if auth else {}
 
     def get(summary: str, schema: str, codes: tuple[str, ...] = (), params=(), ok_codes=("200",), public=False):
         responses = {code: {"description": summary, "content": _json(_ref(schema))} for code in ok_codes}
@@ -390,7 +199,8 @@ def openapi_document(model_names: list[str], version: str, auth: bool) -> dict:
             },
         }
     )
-    document = {
+    components: dict[str, dict] = {"schemas": _schemas(["BYTES", *DTYPES])}
+    document: dict[str, Any] = {
         "openapi": "3.0.3",
         "info": {
             "title": "gpufeed inference server",
@@ -399,9 +209,9 @@ def openapi_document(model_names: list[str], version: str, auth: bool) -> dict:
             "by gpufeed export. Errors are JSON {error, reason}.",
         },
         "paths": paths,
-        "components": {"schemas": _schemas(["BYTES", *DTYPES])},
+        "components": components,
     }
     if auth:
-        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"bearer": []}]
     return document

@@ -31,6 +31,7 @@ limit (``h11_max_incomplete_event_size``) and no head timeout.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -96,7 +97,8 @@ def http_protocol(max_head_bytes: int, header_timeout_s: float, on_refused: Call
 
         def connection_made(self, transport) -> None:
             self._in_head, self._head_bytes, self._head_started, self._tail = True, 0, False, b""
-            self._heads_done, self._refused, self._head_timer = 0, False, None
+            self._heads_done, self._refused = 0, False
+            self._head_timer: asyncio.TimerHandle | None = None
             super().connection_made(transport)
             self._arm()  # a connection that never completes a head is not held forever either
 

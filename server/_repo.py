@@ -64,15 +64,15 @@ def load_repository(repo: str | Path | None = None, model: str | Path | None = N
         ModelRepoError: Missing folders, invalid cards, bad names, an empty repository, or both
             or neither argument given.
     """
-    if (repo is None) == (model is None):
-        raise ModelRepoError("give exactly one of a model repository (--model-repo) or a model folder (--model)")
-    if model is not None:
+    if model is not None and repo is None:
         folder = Path(model)
         try:
             card = read_model_card(folder)
         except ModelCardError as err:
             raise ModelRepoError(str(err)) from None
         return [_entry(card.name, folder)]
+    if repo is None or model is not None:
+        raise ModelRepoError("give exactly one of a model repository (--model-repo) or a model folder (--model)")
     root = Path(repo)
     if not root.is_dir():
         raise ModelRepoError(f"model repository {root} does not exist or is not a folder")

@@ -20,6 +20,7 @@ before torch reads them. On the CPU, plain numpy arrays go through ``session.run
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import logging
 import threading
@@ -107,7 +108,10 @@ class OnnxRunner:
         card: Its :class:`~gpufeed.models.ModelCard`.
         device: :class:`~gpufeed.device.DeviceChoice`; on a GPU the CUDA provider is used.
         provider: ``auto``, ``cpu``, ``cuda`` or ``tensorrt`` (``serve.execution_provider``).
-        threads: onnxruntime intra-op threads per session; 0 keeps onnxruntime's default.
+        threads: onnxruntime intra-op threads of a batch that runs beside others (the shared budget
+            of one lane); 0 keeps onnxruntime's default.
+        threads_alone: Intra-op threads of a batch that starts while no other batch of this process
+            is in inference (see :meth:`run`); 0 or not above ``threads``: no second set of sessions.
         tensorrt_cache_dir: Engine cache for the TensorRT provider (``None``: no cache).
         batch_sizes: The sizes to load, a subset of the card's that holds its largest (see
             :func:`served_batch_sizes`); default: every size of the card.
@@ -116,7 +120,13 @@ class OnnxRunner:
         batch_sizes: The sizes this runner runs, ascending; the last is the card's largest.
         on_gpu: True when batches are CUDA tensors bound with IOBinding.
         providers: The providers the sessions actually use, best first.
+        threads: ``{"alone": n, "shared": m}``: the intra-op threads each kind of batch gets (0:
+            onnxruntime's default).
     """
+
+    # Batches in inference in this process, over every runner: the load that picks a session.
+    _running = 0
+    _running_lock = threading.Lock()
 
     def __init__(
         self,
@@ -128,6 +138,7 @@ class OnnxRunner:
         tensorrt_cache_dir: Path | None = None,
         batch_sizes: tuple[int, ...] | None = None,
         tf32: bool = False,
+        threads_alone: int = 0,
     ) -> None:
         self.card = card
         self.device = device
@@ -143,14 +154,22 @@ class OnnxRunner:
         self.sessions = {n: self._session(n, wanted, threads) for n in sizes}
         self.providers = self.sessions[sizes[-1]].get_providers()
         self.on_gpu = self.providers[0] in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+        # A lone batch may use every core, while batches side by side each keep to their share: an
+        # onnxruntime session's pool size is fixed when it is made, so the lone case gets sessions
+        # of its own (on a GPU the threads only launch kernels; one set of sessions is enough).
+        alone = threads_alone > threads > 0 and not self.on_gpu
+        self.sessions_alone = {n: self._session(n, wanted, threads_alone) for n in sizes} if alone else {}
+        self.threads = {"alone": threads_alone if alone else threads, "shared": threads}
         self.output_name = self.sessions[sizes[-1]].get_outputs()[0].name
         self.num_classes = card.spec.num_classes
         self._local = threading.local()  # per calling thread: {size: (IOBinding, output buffer)}
         log.info(
-            "model %s: onnxruntime providers %s, batch sizes %s",
+            "model %s: onnxruntime providers %s, batch sizes %s, intra-op threads %s alone / %s beside others",
             card.name,
             ", ".join(self.providers),
             ", ".join(map(str, sizes)),
+            self.threads["alone"] or "default",
+            self.threads["shared"] or "default",
         )
 
     def _session(self, size: int, wanted: list, threads: int):
@@ -226,7 +245,7 @@ class OnnxRunner:
         if session is None:
             raise ValueError(f"a batch of {size} rows: this model runs batches of {list(self.batch_sizes)}")
         if not self.on_gpu:
-            return session.run([self.output_name], {self.card.input_name: batch})[0]
+            return self._run_on_host(size, batch)
         import torch
 
         # The batch was written on torch's current stream (DALI copy, row copies); onnxruntime
@@ -246,3 +265,21 @@ class OnnxRunner:
         binding.synchronize_outputs()
         torch.cuda.current_stream(batch.device).synchronize()
         return output.cpu().numpy()
+
+    @contextlib.contextmanager
+    def _host_session(self, size: int):
+        """The session for a batch of ``size`` on the CPU, held while it runs: the all-cores one when no
+        other batch of this process is in inference, else the shared one."""
+        cls = OnnxRunner
+        with cls._running_lock:
+            alone = cls._running == 0
+            cls._running += 1
+        try:
+            yield self.sessions_alone.get(size, self.sessions[size]) if alone else self.sessions[size]
+        finally:
+            with cls._running_lock:
+                cls._running -= 1
+
+    def _run_on_host(self, size: int, batch: np.ndarray) -> np.ndarray:
+        with self._host_session(size) as session:
+            return session.run([self.output_name], {self.card.input_name: batch})[0]

@@ -57,6 +57,28 @@ class ServingState:
             and all(m.ready for m in self.models.values())
         )
 
+    def warmed_up(self, name: str) -> bool:
+        """Model ``name`` is loaded and warmed up (draining or not)."""
+        model = self.models.get(name)
+        return model is not None and model.ready
+
+    def model_state(self, name: str) -> tuple[str, str]:
+        """Triton's state of served model ``name`` (``READY``, ``LOADING``, ``UNAVAILABLE``) and why.
+
+        The one readiness rule of every front: ready means warmed up and not draining.
+        """
+        if self.warmed_up(name) and not self.closing:
+            return "READY", ""
+        if self.closing:
+            return "UNAVAILABLE", "the server is shutting down"
+        if self.load_error is not None:
+            return "UNAVAILABLE", f"loading failed: {self.load_error}"
+        return "LOADING", "loading and warming up"
+
+    def model_ready(self, name: str) -> bool:
+        """Model ``name`` takes inference requests now."""
+        return self.model_state(name)[0] == "READY"
+
     def load(self) -> None:
         """Load and warm up every model (blocking); a failure is kept in ``load_error``."""
         try:

@@ -21,7 +21,12 @@ load and unload are refused, and ``model_repository`` is not among the advertise
 
 from __future__ import annotations
 
-__all__ = ["EXTENSIONS", "batch_sizes_of", "model_config", "repository_index"]
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpufeed.server._state import ServingState
+
+__all__ = ["EXTENSIONS", "batch_sizes_of", "model_config", "model_config_of", "repository_index"]
 
 # What GET /v2 advertises; each is implemented in full.
 EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics")
@@ -155,28 +160,29 @@ def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, w
     }
 
 
-def repository_index(entries, models: dict, load_error, closing: bool, ready_only: bool) -> list[dict]:
+def model_config_of(state: ServingState, name: str) -> dict[str, Any]:
+    """Triton's model configuration of served model ``name`` (JSON form), loaded or not yet."""
+    cfg, model = state.cfg, state.models.get(name)
+    on_gpu = model.on_gpu if model is not None else state.device.is_gpu
+    workers = model.workers if model is not None else cfg.workers_per_model or 2
+    sizes = model.batch_sizes if model is not None else None
+    card = state.entries[name].card
+    return model_config(
+        name, card, cfg, on_gpu=on_gpu, device_id=state.device.device_id, workers=workers, batch_sizes=sizes
+    )
+
+
+def repository_index(state: ServingState, ready_only: bool) -> list[dict[str, str]]:
     """Triton's ``$repository_index_response``: every served model with its state and the reason for it.
 
     Args:
-        entries: Served name -> :class:`~gpufeed.server._repo.ModelEntry` (the repository's models).
-        models: Served name -> loaded :class:`~gpufeed.server._model.ServedModel` (so far).
-        load_error: Why loading failed, or ``None``.
-        closing: The server is draining.
+        state: The served models (:meth:`~gpufeed.server._state.ServingState.model_state` says each one's).
         ready_only: Only the models ready for inference (the request's ``"ready": true``).
     """
     out = []
-    for name in entries:
-        model = models.get(name)
-        if model is not None and model.ready and not closing:
-            state, reason = "READY", ""
-        elif closing:
-            state, reason = "UNAVAILABLE", "the server is shutting down"
-        elif load_error is not None:
-            state, reason = "UNAVAILABLE", f"loading failed: {load_error}"
-        else:
-            state, reason = "LOADING", "loading and warming up"
-        if ready_only and state != "READY":
+    for name in state.entries:
+        model_state, reason = state.model_state(name)
+        if ready_only and model_state != "READY":
             continue
-        out.append({"name": name, "version": "1", "state": state, "reason": reason})
+        out.append({"name": name, "version": "1", "state": model_state, "reason": reason})
     return out

@@ -93,3 +93,26 @@ def run_kserve_client(
     lines = done.stdout.strip().splitlines()
     assert lines, f"kserve client printed nothing; stderr:\n{done.stderr[-3000:]}"
     return done.returncode, json.loads(lines[-1])
+
+
+def kserve_image_outputs(url: str, model: str, image: bytes) -> dict[str, tuple[str, np.ndarray]]:
+    """One encoded image through KServe v2 over HTTP (base64 BYTES): output name -> (datatype, array)."""
+    import base64
+
+    import httpx
+
+    body = {
+        "inputs": [
+            {
+                "name": "image",
+                "datatype": "BYTES",
+                "shape": [1],
+                "parameters": {"content_type": "base64"},
+                "data": [base64.b64encode(image).decode()],
+            }
+        ]
+    }
+    answer = httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    outputs = answer.json()["outputs"]
+    return {o["name"]: (o["datatype"], np.array(o["data"], np.float32).reshape(o["shape"])) for o in outputs}

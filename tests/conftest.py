@@ -1,16 +1,29 @@
-"""Shared fixtures: the synthetic dataset, device parametrisation and the `gpu` mark's rules.
+"""Shared fixtures: the synthetic dataset, the shared server, device parametrisation, the test tiers.
 
 A test marked ``gpu`` (or parametrised with ``DEVICES``' "gpu" entry) is skipped when CUDA or
 DALI's GPU operators are not usable, unless ``GPUFEED_REQUIRE_GPU=1``: then it fails instead, so
 a GPU run can never pass by skipping.
+
+Tiers (markers in pyproject.toml): a test is ``unit`` unless it, its class or its module is marked
+``process`` (starts child processes) or ``live`` (starts a server and talks to it). ``pytest -m unit``
+runs the unit tier alone, and the tier is held, not only declared: a ``unit`` test that starts a
+child process or opens a listening socket, in its setup or its body, fails naming what it started
+(see ``_tiers.py``).
+
+Every test runs with Python's, numpy's and torch's global random state restored afterwards, so a
+test that seeds them cannot change what a later test draws.
 """
 
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from _tiers import TIERS, unit_guard
 
 from gpufeed.device import DeviceChoice, cuda_status
 
@@ -20,7 +33,7 @@ REQUIRE_GPU = os.environ.get("GPUFEED_REQUIRE_GPU", "") == "1"
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
+def _gpu_rules(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is None:
         return
     ok, why = cuda_status(0)
@@ -48,8 +61,63 @@ def synth_dir(tmp_path_factory) -> Path:
     return write_synthetic_dataset(tmp_path_factory.mktemp("synth"), SynthSpec(), progress=False)
 
 
+@pytest.fixture(autouse=True)
+def _restore_random_state():
+    """Puts back Python's, numpy's and torch's global random state after the test, whatever it seeded."""
+    python, legacy_numpy, cpu = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    yield
+    random.setstate(python)
+    np.random.set_state(legacy_numpy)
+    torch.random.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+@pytest.fixture(scope="session")
+def kserve_server():
+    """One CPU server on the exported test repository (both models), shared by the HTTP test modules.
+
+    Tests that share it read metrics and statistics as differences (before and after their own
+    requests), never as totals. Settings: 20 ms batching delay (test_server_triton reads it back
+    from the model config), two decode threads, one warmup batch.
+    """
+    from _serving import exported_repo
+
+    from gpufeed.config import parse_config
+    from gpufeed.device import DeviceChoice
+    from gpufeed.server import start_server
+
+    cfg = parse_config({"device": "cpu", "serve": {"max_delay_ms": 20, "decode_threads": 2, "warmup_batches": 1}})
+    running = start_server(repo=exported_repo(), cfg=cfg, port=0, device=DeviceChoice("cpu", None, "test"))
+    yield running
+    running.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    _gpu_rules(item)
+    with unit_guard(item, "setup"):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    with unit_guard(item, "body"):
+        return (yield)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the -m filter reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` run only when a ``-m`` expression names them (``-m slow``), as the marker promises."""
+    """Marks every test outside the ``process`` and ``live`` tiers ``unit``; leaves ``slow`` tests out.
+
+    Tests marked ``slow`` run only when a ``-m`` expression names them (``-m slow``), as the marker promises.
+    """
+    for item in items:
+        if "kserve_server" in getattr(item, "fixturenames", ()):  # the shared server, directly or through a fixture
+            item.add_marker(pytest.mark.live)
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(pytest.mark.unit)
     if "slow" in (config.getoption("markexpr") or ""):
         return
     slow = [item for item in items if item.get_closest_marker("slow") is not None]

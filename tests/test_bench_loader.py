@@ -14,6 +14,7 @@ from gpufeed.synth._photos import make_bench_images
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.process
 def test_loader_bench_keeps_one_pipeline_and_feeds_both_sides_the_same_windows(tmp_path):
     data = make_bench_images(tmp_path, 12, 64, 48)
     result = run_loader_bench(data, batch_size=4, rounds=2, size_px=32, device="cpu", workers=1)

@@ -32,9 +32,13 @@ SIDE_FIGURES = (
     "loader_wait_share",
     "steady_loader_wait_share",
     "median_wait_s",
+    "median_data_s_per_sample",
+    "median_data_share",
     "wall_s",
 )
 RATIOS = (
+    "paired_samples_per_s",
+    "median_data_s_per_sample",
     "samples_per_s",
     "samples_per_s_wall",
     "loader_wait_share",
@@ -70,10 +74,20 @@ def _check_figures(result: dict, samples_per_epoch: int, steps_per_epoch: int) -
     assert set(RATIOS) <= set(result["ratios"])
     assert all(isinstance(result["ratios"][k], float) for k in RATIOS)
     targets = {t["name"]: t for t in result["targets"]}
-    assert set(targets) == {"cpu_wait_no_higher", "cpu_epoch2_first_batch", "gpu_wait_under_5pct"}
+    assert set(targets) == {
+        "cpu_wait_no_higher",
+        "cpu_samples_per_s_1_2x",
+        "cpu_epoch2_first_batch",
+        "gpu_wait_under_5pct",
+    }
+    # Images and clips run one side's whole round, then the other's: one pair per round.
+    pairs = result["pairs"]
+    assert result["chunk_steps"] == 0 and pairs["pairs"] == len(pairs["each"]) == 1
+    assert all(p["ratio"] > 0 for p in pairs["each"]) and pairs["p25"] <= pairs["median"] <= pairs["p75"]
     assert all(isinstance(t["holds"], bool) and isinstance(t["applies"], bool) for t in targets.values())
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_images_run_feeds_both_loaders_the_same_samples(tmp_path, capsys, device):
     result, out = _run(
@@ -85,10 +99,12 @@ def test_images_run_feeds_both_loaders_the_same_samples(tmp_path, capsys, device
     assert result["pin_memory"] is device.is_gpu
     for line in ("loader wait, share of step time", "without each epoch's first batch", "epoch 2, first batch",
                  "step p50 / p95", "compute p50 / p95", "augment p50 / p95", "gpufeed / DataLoader", "measured: ",
+                 "median of chunk pairs (or rounds)", "data time on the critical path",
                  "targets (measured verdicts"):  # fmt: skip
         assert line in out, line
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_clips_run_feeds_both_loaders_the_same_clips(tmp_path, capsys, device):
     result, out = _run(

@@ -18,6 +18,7 @@ from gpufeed.synth import write_paired_split
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.process
 def test_bench_train_depth_runs_both_feeds_on_the_same_samples(tmp_path, capsys):
     out_json = tmp_path / "result.json"
     rc = main(["bench", "train", "--task", "depth", "--device", "cpu", "--images", "8", "--batch-size", "2",
@@ -32,6 +33,13 @@ def test_bench_train_depth_runs_both_feeds_on_the_same_samples(tmp_path, capsys)
         assert result["loaders"][side]["samples_per_epoch"] == [[8, 8]], side
         assert result["loaders"][side]["samples_per_s"] > 0
     assert "JPEG + 16-bit depth PNG pairs" in result["data"]
+    # Interleaved every 4 steps: 8 steps per side are 2 chunk pairs, each side's steps in plan order.
+    assert result["chunk_steps"] == 4 and result["pairs"]["pairs"] == 2
+    assert all(p["ratio"] > 0 for p in result["pairs"]["each"])
+    for side in ("gpufeed", "dataloader"):
+        steps = result["loaders"][side]["per_step"]
+        assert [(s["epoch"], s["batch"]) for s in steps] == [(e, b) for e in range(2) for b in range(4)]
+    assert "interleaved every 4 steps" in out and "data time on the critical path" in out
 
 
 def test_the_pil_baseline_crops_the_same_windows_as_the_dense_loader(tmp_path):

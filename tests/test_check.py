@@ -100,6 +100,7 @@ def test_one_image_file_is_checked_alone(damaged):
     assert check_path(fine, progress=False).table().endswith("no problems found")
 
 
+@pytest.mark.process
 def test_cli_exit_status_json_and_quarantine(damaged, tmp_path):
     root, cases, _ = damaged
     out_json, quarantine = tmp_path / "report.json", tmp_path / "quarantine.txt"

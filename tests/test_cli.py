@@ -1,4 +1,10 @@
-"""The CLI is thin, every subcommand has --help, and user errors are one clear line."""
+"""The CLI is thin, every subcommand has --help, and user errors are one clear line.
+
+The ``--help`` of every subcommand and the commands' work run in-process through
+:func:`gpufeed.cli.main` (unit tier); two checks start the real ``python -m gpufeed`` entry point
+(process tier): that it starts and prints its help, and that a user error ends the process with
+one line and exit status 2, never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import sys
 
 import pytest
 
-from gpufeed.cli import build_parser
+from gpufeed.cli import build_parser, main
 
 
 def _run(*args, timeout=120):
@@ -29,12 +35,23 @@ def _subcommands():
 
 
 @pytest.mark.parametrize("command", _subcommands(), ids=" ".join)
-def test_every_subcommand_has_help(command):
-    proc = _run(*command, "--help")
+def test_every_subcommand_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 0, err
+    assert out.startswith(f"usage: gpufeed {' '.join(command)}"), out[:200]
+
+
+@pytest.mark.process
+def test_the_entry_point_starts_and_prints_help():
+    proc = _run("--help")
     assert proc.returncode == 0, proc.stderr
     assert "usage: gpufeed" in proc.stdout
+    assert all(name in proc.stdout for (name, *_) in _subcommands())
 
 
+@pytest.mark.process
 def test_config_errors_are_one_line_with_exit_2(tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("loader:\n  batch_size: many\n")
@@ -44,25 +61,28 @@ def test_config_errors_are_one_line_with_exit_2(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_synth_then_check(tmp_path):
+def test_synth_then_check(tmp_path, capsys):
     out = tmp_path / "data"
-    proc = _run(
-        "synth",
-        "--out",
-        str(out),
-        "--classes",
-        "2",
-        "--train-per-class",
-        "3",
-        "--val-per-class",
-        "2",
-        "--videos",
-        "1",
-        "--video-frames",
-        "20",
+    status = main(
+        [
+            "synth",
+            "--out",
+            str(out),
+            "--classes",
+            "2",
+            "--train-per-class",
+            "3",
+            "--val-per-class",
+            "2",
+            "--videos",
+            "1",
+            "--video-frames",
+            "20",
+        ]
     )
-    assert proc.returncode == 0, proc.stderr
+    assert status == 0, capsys.readouterr().err
     assert (out / "images" / "train.txt").is_file() and (out / "videos" / "clip_000.mp4").is_file()
-    proc = _run("check", str(out))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "no problems found" in proc.stdout
+    capsys.readouterr()
+    assert main(["check", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "no problems found" in printed.out, printed.out + printed.err

@@ -20,7 +20,7 @@ from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import BadSampleError, ClipLoader, DatasetError, PrepareOptions, VideoDataset, prepare_videos
 from gpufeed.pipelines._pyav import ClipDecoder, VideoRef
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 CASES = [
     pytest.param(("h264", "pyav", "cpu"), id="h264-pyav-cpu"),
@@ -275,7 +275,7 @@ def test_the_reader_list_opens_each_file_once_per_batch_and_tags_the_plan_row(vp
     loader = _loader(dataset, "dali", DeviceChoice("cpu", None, "test"), train=True, seed=5, batch=8)
     stream = PlanStream(loader._spec(), 0, 0, plan_ahead=True)
     kw = {"train": True, "seed": 5, "batch_size": 8}
-    list_file, iterations = write_stream_list(tmp_path, list(dataset.paths), stream, loader.table, **kw)
+    list_file, iterations, _, _, _ = write_stream_list(tmp_path, list(dataset.paths), stream, loader.table, **kw)
     lines = [line.split() for line in list_file.read_text().splitlines()]
     assert len(lines) == iterations * 8
     switches = {"list": 0, "plan": 0}

@@ -21,7 +21,7 @@ from gpufeed.pipelines import ClipLoader, DatasetError, check_path
 from gpufeed.pipelines._deepethogram import project_dataset, split_records
 from gpufeed.synth import BEHAVIOURS
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 FRAMES = (40, 33, 36, 30, 45)
 FORMS = ("mp4", "folder", "hdf5")

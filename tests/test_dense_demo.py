@@ -11,7 +11,7 @@ from PIL import Image
 from gpufeed.demo import demo_config, run_dense_demo
 from gpufeed.device import DeviceChoice
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 
 
 def test_dense_demo_stage_trains_exports_and_serves_a_depth_png(synth_dir, tmp_path, capsys):

@@ -197,6 +197,7 @@ def test_bad_sources_and_cards_are_named(tmp_path):
         read_model_card(folder)
 
 
+@pytest.mark.process
 def test_export_cli_writes_a_model_folder(tmp_path):
     write_checkpoint(tmp_path / "run", "smallcnn", num_classes=2, size_px=32)
     out = tmp_path / "repo" / "tiny"

@@ -72,6 +72,7 @@ def _read(loader, stride):
     return clips
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 def test_every_storage_form_gives_the_same_clips_and_frames(stores, train):
     read = {}
@@ -153,6 +154,7 @@ def test_mixed_folders_and_hdf5_read_with_the_right_channels(stores, tmp_path):
     assert {video for video, _ in clips} == {0, 1}
 
 
+@pytest.mark.process
 def test_encoded_videos_beside_frame_stores_read_exactly_through_pyav(stores, tmp_path):
     shutil.copytree(stores / "folder" / "mouse_0", tmp_path / "mouse_0")
     shutil.copy(stores / "folder" / "mouse_0.csv", tmp_path)
@@ -238,6 +240,7 @@ def test_nvjpeg_reads_the_same_clips_as_the_cpu_decoder(stores):
         assert _read(gpu, stride=1) == _read(_loader(dataset, True, seed=3), stride=1), form
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("store", "image_format"), [("folder", "jpeg"), ("hdf5", "png"), ("hdf5", "jpeg")])
 def test_prepare_writes_frame_stores_that_read_exactly(stores, tmp_path, store, image_format):
     from vidio.read import VideoReader

@@ -232,6 +232,7 @@ def test_colour_on_channels_last_3d_clips_matches_and_keeps_the_layout():
     assert torch.equal(out, apply_colour(clips.contiguous(), matrices))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_a_3d_clip_model_takes_loader_clips_without_a_copy(synth_dir, device):
     """ClipLoader's clips are already channels_last_3d: the 3-D model's input needs no transpose."""

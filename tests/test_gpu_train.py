@@ -15,7 +15,7 @@ import pytest
 from conftest import DEVICES
 from train_support import train_config
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

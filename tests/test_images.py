@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
 IMAGES = {"train": DOCKER / "train.Dockerfile", "server": DOCKER / "server.Dockerfile"}

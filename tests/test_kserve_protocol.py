@@ -12,7 +12,8 @@ from tritonclient.http._utils import _get_inference_request
 
 from gpufeed.server import RequestError
 from gpufeed.server._http import content_type_of, parse_multipart
-from gpufeed.server._kserve import encode_response, parse_request
+from gpufeed.server._kserve import parse_request
+from gpufeed.server._kserve_response import encode_response
 
 
 def _triton_body(inputs, outputs=None):

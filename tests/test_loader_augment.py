@@ -174,6 +174,7 @@ CLIP_CASES = [
 ]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("case", CLIP_CASES)
 def test_clip_loader_applies_one_colour_and_flip_to_every_frame(synth_dir, tmp_path, case):
     decoder, device_name = case

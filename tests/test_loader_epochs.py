@@ -223,6 +223,7 @@ def _exact_clips(batch, dataset, stride=2):
     return clips
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("case", CLIP_CASES)
 @pytest.mark.parametrize("fit", ["stretch", "centre_crop"])
 def test_clip_loader_builds_one_pipeline_for_three_epochs(synth_dir, vp9_dir, case, fit):
@@ -241,6 +242,7 @@ def test_clip_loader_builds_one_pipeline_for_three_epochs(synth_dir, vp9_dir, ca
     assert loader.pipeline_builds == 1
 
 
+@pytest.mark.process
 def test_a_resumed_clip_loader_builds_once_and_continues_exactly(synth_dir):
     dataset = VideoDataset.from_folder(synth_dir / "videos")
     straight = _clips(dataset, "pyav", CPU, seed=5)
@@ -257,6 +259,7 @@ def test_a_resumed_clip_loader_builds_once_and_continues_exactly(synth_dir):
     assert got == reference and resumed.pipeline_builds == 1 and resumed.epoch == 3
 
 
+@pytest.mark.process
 def test_spawned_pyav_workers_read_the_same_exact_clips(synth_dir):
     dataset = VideoDataset.from_folder(synth_dir / "videos")
     runs = {}
@@ -268,6 +271,7 @@ def test_spawned_pyav_workers_read_the_same_exact_clips(synth_dir):
     assert runs["fork"] == runs["spawn"]
 
 
+@pytest.mark.process
 def test_a_dead_pyav_worker_is_a_pipeline_error_not_bad_data(synth_dir):
     dataset = VideoDataset.from_folder(synth_dir / "videos")
     loader = _clips(dataset, "pyav", CPU, on_bad_sample="skip")

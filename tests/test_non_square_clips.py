@@ -97,6 +97,7 @@ def _check_frame(frame_hwc: np.ndarray, fit: str, frame_index: int, where: str) 
     assert diff.max() <= TOLERANCE, f"{where}: {int((diff > TOLERANCE).any(-1).sum())} pixels off, worst {diff.max()}"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("fit", ["stretch", "centre_crop"])
 @pytest.mark.parametrize("train", [False, True])
 def test_clips_come_out_width_by_height_from_the_right_source_pixels(case, fit, train):

@@ -26,7 +26,7 @@ from gpufeed.pipelines import ImageDataset, ImageLoader
 from gpufeed.server import start_server
 from gpufeed.train import train
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(600)]
 
 CPU = DeviceChoice("cpu", None, "test")
 WIDTH, HEIGHT = 48, 32

@@ -289,6 +289,7 @@ def _compose_client() -> list[str] | None:
     return None
 
 
+@pytest.mark.process
 def test_docker_compose_config(tmp_path):
     client = _compose_client()
     if client is None:
@@ -310,6 +311,7 @@ def test_docker_compose_config(tmp_path):
     assert proc.returncode != 0 and "no-such-service" in proc.stderr, proc.stderr
 
 
+@pytest.mark.process
 def test_scripts_parse():
     for script, shell in ((DOCKER / "stack" / "traffic.sh", "sh"), (ROOT / ".ci" / "ensure-prometheus", "bash")):
         proc = subprocess.run([shell, "-n", str(script)], capture_output=True, text=True)

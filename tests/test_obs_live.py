@@ -28,7 +28,7 @@ from gpufeed.obs._verify import format_checks, missing_series, rule_health_probl
 
 STACK = Path(__file__).resolve().parents[1] / "gpufeed" / "obs" / "stack"
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,8 @@ from gpufeed.obs._prometheus import free_port
 from gpufeed.obs._verify import rule_health_problems
 from gpufeed.obs._watch import refresh_train_targets, stack_prometheus
 
+pytestmark = pytest.mark.live
+
 STACK = Path(__file__).resolve().parents[1] / "gpufeed" / "obs" / "stack"
 
 

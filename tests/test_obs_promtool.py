@@ -14,6 +14,8 @@ import pytest
 
 from gpufeed.obs import PrometheusNotFoundError, find_prometheus_binary
 
+pytestmark = pytest.mark.process
+
 PROMETHEUS_DIR = Path(__file__).resolve().parents[1] / "gpufeed" / "obs" / "stack" / "prometheus"
 
 

@@ -74,6 +74,7 @@ def test_bad_metrics_address_names_the_file(tmp_path):
         file_sd_groups([empty])
 
 
+@pytest.mark.process
 def test_cli_obs_targets(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -73,6 +73,7 @@ def test_only_a_strict_decode_finds_the_files_cut_behind_a_new_end_marker(corpus
         assert (sample_id in index.problems) != image.decode_only, image.path.name
 
 
+@pytest.mark.process
 def test_check_command_exit_status_and_report(corpus, tmp_path):
     root, images, _ = corpus
     report = tmp_path / "report.json"
@@ -185,6 +186,7 @@ class _BatchSpy:
         monkeypatch.setattr(Stepper, "launch", spying)
 
 
+@pytest.mark.process
 def test_train_runs_on_the_good_odd_images_with_exact_samples(corpus, tmp_path, monkeypatch):
     from gpufeed.train import train
 
@@ -217,6 +219,7 @@ def test_train_runs_on_the_good_odd_images_with_exact_samples(corpus, tmp_path, 
     assert sorted(seen) == list(range(len(_good(images))))
 
 
+@pytest.mark.process
 def test_train_runs_on_the_good_odd_videos_with_exact_frames(corpus, tmp_path, monkeypatch):
     """B-frame h264, odd-size 4:4:4 h264 and VP9, a 600-frame GOP, Matroska, HEVC and VFR, through PyAV."""
     from gpufeed.train import train
@@ -251,6 +254,7 @@ def test_train_runs_on_the_good_odd_videos_with_exact_frames(corpus, tmp_path, m
     assert len({v.video_id for v in videos if v.video_id is not None}) == 7
 
 
+@pytest.mark.process
 def test_every_clip_of_every_good_odd_video_decodes_exactly_on_the_cpu(corpus):
     """Evaluation reads every clip slot: HEVC and B-frame h264 included, through the PyAV path."""
     from gpufeed.device import DeviceChoice

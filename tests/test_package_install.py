@@ -7,8 +7,8 @@ the test venv's *runtime* dependencies, seen through a folder of links that leav
 editable install and every package of the ``bench``, ``demo`` and ``test`` extras. Commands then
 run from a folder outside the checkout, so nothing in it can stand in for the installed package:
 ``--help`` of every command the parser has, ``synth``, ``check``, ``obs prometheus`` + ``obs
-verify`` reading the rules and dashboards shipped as package data, and the one-line errors of
-commands whose extra is missing.
+verify`` reading the rules and dashboards shipped as package data, the one-line errors of
+commands whose extra is missing, and the README's own-loop quickstart, run as written.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 
 from gpufeed.obs import PrometheusAPI, PrometheusNotFoundError, find_prometheus_binary, load_queries
+
+pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = ROOT / "gpufeed" / "obs" / "stack"
@@ -95,9 +97,12 @@ def _runtime_view(view: Path) -> set[str]:
     return left_out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def installed(tmp_path_factory) -> dict:
-    """Build sdist and wheel from a copy of the checkout; install the wheel into a fresh venv."""
+    """Build sdist and wheel from a copy of the checkout; install the wheel into a fresh venv.
+
+    Session-wide: ``test_dense_wheel.py`` imports it too, and one build serves both modules.
+    """
     work = tmp_path_factory.mktemp("package")
     src = _copy_source(work / "src")
     dist = work / "dist"
@@ -211,6 +216,41 @@ def test_synth_then_check(installed):
     assert (data / "synth.json").is_file() and list((data / "videos").glob("*.mp4"))
     proc = _ok(_run([installed["gpufeed"], "check", data], installed["cwd"], installed["env"], timeout=300))
     assert "no problems found" in proc.stdout, proc.stdout
+
+
+QUICKSTART_MARK = "<!-- quickstart: own loop -->"
+
+
+def readme_quickstart() -> str:
+    """The README's own-loop quickstart: the ```python block right after its marker line."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.search(rf"^{re.escape(QUICKSTART_MARK)}\n```python\n(.*?)^```$", text, re.M | re.S)
+    assert match, f"README.md has no ```python block right after the line {QUICKSTART_MARK}"
+    return match.group(1)
+
+
+@pytest.mark.timeout(300)
+def test_the_readme_own_loop_quickstart_runs_as_written(installed):
+    """The README's block, unchanged, from the wheel's venv on a folder of photos, then a check of what it did."""
+    from gpufeed.synth._images import write_image_split
+
+    snippet = readme_quickstart()
+    assert 5 <= len([line for line in snippet.splitlines() if line.strip()]) <= 12, snippet
+    cwd = installed["cwd"] / "quickstart"
+    cwd.mkdir()
+    write_image_split(cwd, "photos", ("amber", "birch", "cedar"), 6, seed=0)  # photos/<class>/*.jpg|png: 18 files
+    check = (
+        "\nimport json, gpufeed\n"
+        "print(json.dumps({'epoch': loader.epoch, 'classes': list(loader.dataset.classes), "
+        "'batch': list(batch.images.shape), 'steps': opt.state_dict()['state'][0]['step'].item(), "
+        "'package': gpufeed.__file__}))\n"
+    )
+    (cwd / "quickstart.py").write_text(snippet + check, encoding="utf-8")
+    proc = _ok(_run([installed["python"], "quickstart.py"], cwd, installed["env"], timeout=240))
+    done = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert done["epoch"] == 1 and done["classes"] == ["amber", "birch", "cedar"], done
+    assert done["batch"] == [16, 3, 96, 96] and done["steps"] == 1, done  # 18 images: one full batch of 16
+    assert Path(done["package"]).is_relative_to(installed["site"]), done
 
 
 @pytest.mark.timeout(600)

@@ -21,7 +21,7 @@ from gpufeed.device import DeviceChoice
 from gpufeed.models import export_model, read_model_card
 from gpufeed.server import start_server
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(900)]
 
 CACHE = Path(__file__).resolve().parents[1] / ".cache" / "perf_analyzer"
 RNG = np.random.default_rng(11)

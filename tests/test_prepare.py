@@ -64,6 +64,7 @@ def test_prepare_refuses_to_write_into_its_source(source):
         prepare_videos(source, source / "inside", PrepareOptions(probe_clips=0), progress=False)
 
 
+@pytest.mark.process
 def test_cli_prints_the_seek_table_and_fails_on_a_bad_video(source, tmp_path):
     shutil.copy(source / "a.mp4", source / "broken.mp4")
     (source / "broken.mp4").write_bytes((source / "a.mp4").read_bytes()[:5000])

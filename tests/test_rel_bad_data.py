@@ -14,6 +14,8 @@ from gpufeed.pipelines import DatasetError, ImageDataset, ImageLoader
 from gpufeed.pipelines._quarantine import read_quarantine
 from gpufeed.reliability import run_bad_data
 
+pytestmark = pytest.mark.process
+
 CPU = DeviceChoice("cpu", None, "test")
 
 

@@ -13,7 +13,7 @@ from gpufeed.reliability import run_disk_faults
 from gpufeed.train._optim import build_optimizer
 from gpufeed.train._preflight import estimate_checkpoint_bytes, space_needed
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 
 def test_space_needed_follows_writes_and_pruning():

@@ -7,6 +7,8 @@ import pytest
 from gpufeed.reliability import run_kill_resume
 from gpufeed.reliability._kill_resume import WEIGHT_TOLERANCE, draw_targets
 
+pytestmark = pytest.mark.process
+
 
 def test_kill_moments_are_seeded_and_include_one_checkpoint_write():
     checkpoints = [4, 6, 8, 12, 16, 18, 20, 24]

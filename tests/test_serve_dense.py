@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import io
 import tempfile
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from _serving import encode, write_checkpoint
+from _serving import encode, kserve_image_outputs, write_checkpoint
 from PIL import Image
 
 from gpufeed.config import parse_config
@@ -19,7 +18,7 @@ from gpufeed.models import export_model
 from gpufeed.server import start_server
 from gpufeed.synth import render_pair
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 SIZE = 64  # model input, square; the test image is 96 x 72, so the window is the centre 72 x 72 (x 12..83)
 W, H, X0 = 96, 72, 12
 
@@ -48,20 +47,7 @@ def image() -> bytes:
 
 
 def _kserve(server, model: str, image: bytes) -> dict:
-    body = {
-        "inputs": [
-            {
-                "name": "image",
-                "datatype": "BYTES",
-                "shape": [1],
-                "parameters": {"content_type": "base64"},
-                "data": [base64.b64encode(image).decode()],
-            }
-        ]
-    }
-    answer = httpx.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=60)
-    assert answer.status_code == 200, answer.text
-    return {out["name"]: np.array(out["data"], np.float32).reshape(out["shape"]) for out in answer.json()["outputs"]}
+    return {name: values for name, (_, values) in kserve_image_outputs(server.url, model, image).items()}
 
 
 def _png(server, model: str, image: bytes, size: str) -> np.ndarray:

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufeed.config import ImagePipelineConfig, LoaderConfig, parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ImageDataset, ImageLoader
+from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.server import start_server
 
 pytestmark = pytest.mark.timeout(300)
@@ -27,11 +28,9 @@ CPU = DeviceChoice("cpu", None, "test")
 
 
 @pytest.fixture(scope="module")
-def server():
-    cfg = parse_config({"device": "cpu", "serve": {"max_delay_ms": 50, "decode_threads": 2, "warmup_batches": 1}})
-    running = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU)
-    yield running
-    running.stop()
+def server(kserve_server):
+    """The session's shared CPU server (tests/conftest.py)."""
+    return kserve_server
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +136,7 @@ def test_server_scores_equal_direct_onnxruntime_on_evaluation_pipeline_inputs(se
     np.testing.assert_allclose([t["score"] for t in prediction["top_k"]], np.sort(probs)[::-1], rtol=1e-5)
 
 
+@pytest.mark.live
 @pytest.mark.parametrize("batch_sizes", [[], [IMAGE_BATCH]], ids=["sizes-1-2-4", "size-4-only"])
 def test_concurrent_requests_get_the_answers_they_get_alone(server, val_set, batch_sizes):
     """With every batch size (a request runs at once when the model is free) and with the largest alone
@@ -175,6 +175,7 @@ def test_concurrent_requests_get_the_answers_they_get_alone(server, val_set, bat
         assert batches > delta("gpufeed_server_batch_size_bucket", le="1.0"), "some batches held several requests"
 
 
+@pytest.mark.live
 def test_a_request_that_times_out_while_queued_never_runs(val_set):
     """504 with the request's images still queued: they leave the queue and no batch ever runs them."""
     cfg = parse_config(
@@ -206,11 +207,18 @@ def test_a_request_that_times_out_while_queued_never_runs(val_set):
         running.stop()
 
 
+@pytest.mark.live
 def test_two_workers_per_model_give_the_same_answers(server, val_set):
     cfg = parse_config({"serve": {"max_delay_ms": 1, "warmup_batches": 1, "workers_per_model": 2, "decode_threads": 1}})
     overlapped = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU)
     try:
-        assert overlapped.state.models[IMAGE_MODEL].describe()["workers"] == 2
+        where = overlapped.state.models[IMAGE_MODEL].describe()
+        cores = default_num_threads()
+        assert where["workers"] == 2 and where["threads"] == {
+            "decode_per_worker": 1,  # serve.decode_threads
+            "inference_alone": cores,  # a lone batch: every core
+            "inference_shared": max(1, cores // 2),
+        }, where
         blobs = [Path(p).read_bytes() for p in val_set.paths[:16]]
         alone = [_client(server).infer(IMAGE_MODEL, [_bytes_input([b])]).as_numpy("logits")[0] for b in blobs]
         many = _client(overlapped, concurrency=16)
@@ -371,6 +379,34 @@ def test_runner_has_a_session_per_batch_size_and_refuses_other_sizes():
         OnnxRunner(model_dir, card, CPU, batch_sizes=(2,))
 
 
+def test_a_lone_batch_gets_every_core_and_batches_side_by_side_their_share():
+    """Thread budgets that follow load: the all-cores session only while no other batch is in inference."""
+    from gpufeed.models import read_model_card
+    from gpufeed.server._runtime import OnnxRunner
+
+    model_dir = exported_repo() / IMAGE_MODEL
+    card = read_model_card(model_dir)
+    runner = OnnxRunner(model_dir, card, CPU, threads=1, threads_alone=2)
+    assert runner.threads == {"alone": 2, "shared": 1}
+    for n in runner.batch_sizes:
+        assert runner.sessions_alone[n].get_session_options().intra_op_num_threads == 2
+        assert runner.sessions[n].get_session_options().intra_op_num_threads == 1
+    with runner._host_session(2) as first:
+        assert first is runner.sessions_alone[2], "no other batch in inference: every core"
+        with runner._host_session(2) as second:
+            assert second is runner.sessions[2], "beside another batch: the lane's share"
+    with runner._host_session(2) as again:
+        assert again is runner.sessions_alone[2], "the count went back down"
+    batch = runner.new_batch()[:2]
+    batch[:] = np.arange(batch.size, dtype=np.uint64).reshape(batch.shape) % 251
+    name, feed = runner.output_name, {card.input_name: batch}
+    alone, shared = (s[2].run([name], feed)[0] for s in (runner.sessions_alone, runner.sessions))
+    np.testing.assert_array_equal(runner.run(batch), alone)
+    np.testing.assert_allclose(alone, shared, rtol=1e-5, atol=1e-6)
+    # Not above the shared budget (or on a GPU): one set of sessions.
+    assert OnnxRunner(model_dir, card, CPU, threads=2, threads_alone=2).sessions_alone == {}
+
+
 def test_items_given_up_inside_a_taken_batch_are_not_decoded_or_run(val_set):
     """A 504 while the batch waits to start: run_batch drops those items and runs the rest at a smaller size."""
     import threading
@@ -430,6 +466,7 @@ def test_items_given_up_inside_a_taken_batch_are_not_decoded_or_run(val_set):
         model.close()
 
 
+@pytest.mark.live
 def test_serve_demo_stage_exports_serves_and_reports(synth_dir, tmp_path, capsys):
     from gpufeed.demo import demo_config, run_serve_demo
     from gpufeed.models._io import untrained_checkpoint

@@ -27,7 +27,7 @@ from gpufeed.server import ServerStartError, start_server
 from gpufeed.server._access import TOKEN_ENV, TokenError, load_token
 from gpufeed.server._launch import _is_loopback
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 
 CPU = DeviceChoice("cpu", None, "test")
 TOKEN = secrets.token_urlsafe(32)

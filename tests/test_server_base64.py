@@ -13,15 +13,10 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from _serving import IMAGE_MODEL, encode, exported_repo, run_kserve_client
-
-from gpufeed.config import parse_config
-from gpufeed.device import DeviceChoice
-from gpufeed.server import start_server
+from _serving import IMAGE_MODEL, encode, run_kserve_client
 
 pytestmark = pytest.mark.timeout(300)
 
-CPU = DeviceChoice("cpu", None, "test")
 RNG = np.random.default_rng(11)
 IMAGES = [
     encode(RNG.integers(0, 256, (44, 60, 3), dtype=np.uint8)),
@@ -31,11 +26,9 @@ IMAGES = [
 
 
 @pytest.fixture(scope="module")
-def server():
-    cfg = parse_config({"device": "cpu", "serve": {"max_delay_ms": 5, "warmup_batches": 1, "decode_threads": 2}})
-    running = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU)
-    yield running
-    running.stop()
+def server(kserve_server):
+    """The session's shared CPU server (tests/conftest.py)."""
+    return kserve_server
 
 
 @pytest.fixture(scope="module")

@@ -41,11 +41,9 @@ NOTE_ONLY = b'--zz\r\nContent-Disposition: form-data; name="note"\r\n\r\nhello\r
 
 
 @pytest.fixture(scope="module")
-def server():
-    cfg = parse_config({"device": "cpu", "serve": {"max_delay_ms": 2, "warmup_batches": 1, "decode_threads": 2}})
-    running = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU)
-    yield running
-    running.stop()
+def server(kserve_server):
+    """The session's shared CPU server (tests/conftest.py)."""
+    return kserve_server
 
 
 def _errors(url) -> dict[tuple[str, str], float]:
@@ -152,6 +150,7 @@ def test_tritonclient_sees_the_error_message(server):
     assert not client.is_model_ready("resnet9000")
 
 
+@pytest.mark.live
 def test_limits_overload_and_timeouts():
     cfg = parse_config(
         {
@@ -218,6 +217,7 @@ def test_bad_repositories_are_refused_before_serving(tmp_path):
         start_server(repo=exported_repo() / IMAGE_MODEL, device=CPU)
 
 
+@pytest.mark.live
 def test_serve_cli_announces_serves_and_drains_on_sigterm(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(

@@ -28,7 +28,7 @@ from gpufeed.reliability._fuzz import FUZZ_LIMITS, run_corpus, valid_request_che
 from gpufeed.reliability._serve_proc import ServeProcess
 from gpufeed.server._openapi import openapi_document
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(600)]
 
 REQUIRED_CATEGORIES = {
     "truncated_jpeg", "truncated_png", "corrupt_image", "bitflip_jpeg", "bitflip_png", "zero_bytes",

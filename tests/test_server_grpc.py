@@ -29,7 +29,7 @@ from gpufeed.device import DeviceChoice
 from gpufeed.server import ServerStartError, start_server
 from gpufeed.synth._damaged import png_declaring
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 
 CPU = DeviceChoice("cpu", None, "test")
 TOKEN = "grpc-test-token-0123456789abcdef"

@@ -31,7 +31,7 @@ from gpufeed.server import start_server
 from gpufeed.server._offload import INLINE_JSON_BYTES, PARSE_THREAD_PREFIX
 from gpufeed.server._protocol import HTTPTOOLS_MEMBERS
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 
 CPU = DeviceChoice("cpu", None, "test")
 JPEG = encode(np.random.default_rng(4).integers(0, 256, (50, 60, 3), dtype=np.uint8))
@@ -316,14 +316,16 @@ def test_parsing_happens_off_the_event_loop(server, monkeypatch):
 
         return run
 
-    for name in ("kserve_items", "rest_items"):
-        monkeypatch.setattr(app_module, name, spy(getattr(app_module, name)))
+    import gpufeed.server._requests as requests_module
+
+    for module, name in ((requests_module, "parse_kserve"), (app_module, "rest_items")):
+        monkeypatch.setattr(module, name, spy(getattr(module, name)))
     pool = server.server.config.app.state.parse_pool
     isolated = pool.isolated_runs
     assert _infer(server.url, json.dumps(_pixels_doc()).encode()).status_code == 200
     files = [("image", ("a.jpg", JPEG, "image/jpeg"))]
     assert httpx.post(f"{server.url}/v1/models/{IMAGE_MODEL}/predict", files=files).status_code == 200
-    assert [s[0] for s in seen] == ["kserve_items", "rest_items"]
+    assert [s[0] for s in seen] == ["parse_kserve", "rest_items"]
     assert all(name.startswith(PARSE_THREAD_PREFIX) and not on_loop for _, name, on_loop in seen), seen
     assert pool.isolated_runs == isolated, "small JSON stays on the parser threads"
     # Megabytes of JSON (a valid request, padded with spaces) are parsed in the worker process.

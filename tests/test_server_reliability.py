@@ -13,7 +13,7 @@ from gpufeed.synth._photos import make_bench_images
 # Checks that hold a time target: the commands print and judge them; tests leave them to the commands.
 TIMED_CHECKS = {"live while large bodies are refused"}
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufeed.config import parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.models import read_model_card
-from gpufeed.server import start_server
 from gpufeed.server._app import build_app
 from gpufeed.server._repo import load_repository
 from gpufeed.server._state import ServingState
@@ -38,11 +37,9 @@ JPEGS = [encode(RNG.integers(0, 256, (40 + 8 * k, 56, 3), dtype=np.uint8)) for k
 
 
 @pytest.fixture(scope="module")
-def server():
-    cfg = parse_config({"device": "cpu", "serve": {"max_delay_ms": 20, "warmup_batches": 1, "decode_threads": 2}})
-    running = start_server(repo=exported_repo(), cfg=cfg, port=0, device=CPU)
-    yield running
-    running.stop()
+def server(kserve_server):
+    """The session's shared CPU server (tests/conftest.py)."""
+    return kserve_server
 
 
 def _client(server) -> triton.InferenceServerClient:

@@ -106,6 +106,7 @@ def test_kornia_ops_run_in_the_steps_precision(op):
         assert not torch.equal(out, images)
 
 
+@pytest.mark.process
 def test_training_applies_each_op_once(synth_dir, tmp_path):
     cfg = train_config(synth_dir, ["augment.ops=[color_jitter,gaussian_blur,grayscale]"])
     with Session(cfg, tmp_path / "run", resume=False, profile_steps=None) as session:

@@ -144,6 +144,7 @@ def test_clip_loss_uses_the_centre_frame_and_ignores_padding(videos):
         task.loss(torch.randn(3, 5), task.targets(batch))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("device", DEVICES)
 def test_clip_model_trains_end_to_end_through_the_clip_loader(synth_dir, tmp_path, device):
     """`train()` with a clip model: the real ClipLoader on the synthetic h264 videos (NVDEC on a GPU), eval F1."""

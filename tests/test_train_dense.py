@@ -18,7 +18,7 @@ from gpufeed.synth import write_paired_split
 from gpufeed.train import train
 from gpufeed.train._dense import DepthTask, SegmentationTask
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from gpufeed.models._io import list_checkpoints
 from gpufeed.train import TrainError, train
 from gpufeed.train._telemetry import STEP_FIELDS
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

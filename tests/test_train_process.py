@@ -20,7 +20,7 @@ from gpufeed.models._io import list_checkpoints
 from gpufeed.train._checkpoint import param_digest
 from gpufeed.train._profiling import STAGE_NAMES
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 HISTOGRAMS = ("loader_wait", "augment", "compute", "step")
 

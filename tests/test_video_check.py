@@ -71,6 +71,7 @@ def test_synth_root_checks_images_and_videos(synth_dir):
     assert "no video checker" not in report.table()
 
 
+@pytest.mark.process
 def test_cli_exit_status_and_json(damaged, tmp_path):
     folder, cases, _ = damaged
     out = tmp_path / "report.json"

@@ -8,7 +8,7 @@ from gpufeed.config import ConfigError, parse_config
 from gpufeed.demo import run_clip_demo
 from gpufeed.device import DeviceChoice
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 
 def test_clip_demo_stage_verifies_every_eval_clip(synth_dir, capsys):

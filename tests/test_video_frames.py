@@ -55,6 +55,7 @@ def test_a_bad_video_is_refused_with_its_path(tmp_path):
         VideoFrameReader(path, device=DeviceChoice("cpu", None, "test"))
 
 
+@pytest.mark.process
 def test_frames_match_the_clip_loader(synth_dir):
     from gpufeed.config import LoaderConfig, VideoConfig
     from gpufeed.pipelines import ClipLoader

@@ -132,6 +132,7 @@ def _loader(dataset, device):
     )
 
 
+@pytest.mark.process
 def test_the_pyav_fallback_reads_every_format_exactly(odd_formats):
     """What a GPU falls back to, run here: every clip of every format, frames checked by their tags."""
     loader = _loader(VideoDataset.from_folder(odd_formats), DeviceChoice("cpu", None, "test"))

@@ -5,8 +5,9 @@ What a careful user writes, doing the same work per sample as gpufeed's
 both to the epoch's window (the very windows gpufeed uses:
 :func:`gpufeed.pipelines._windows.train_windows`, a pure function of (seed, epoch, id)), resizes
 the RGB bilinearly and the depth with nearest neighbour (values kept), flips both, and returns
-uint8 HWC RGB and int32 depth. The collated batch becomes a :class:`~gpufeed.pipelines.DenseBatch`
-on the training device, so the same :class:`~gpufeed.train._step.Stepper` consumes either side.
+uint8 HWC RGB and int32 depth. :func:`~gpufeed.bench._train_feeds.dataloader_feed` runs it, and
+:func:`dense_batch` makes each collated batch a :class:`~gpufeed.pipelines.DenseBatch` on the
+training device, so the same :class:`~gpufeed.train._step.Stepper` consumes either side.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpufeed.bench._train_feeds import EpochKeys
+from gpufeed.bench._train_feeds import epoch_window
 from gpufeed.pipelines import DenseBatch, PairedDataset
-from gpufeed.pipelines._windows import train_windows
 from gpufeed.synth import write_paired_split
 
-__all__ = ["DEPTH_SCALE", "PilDensePairs", "dense_dataloader_feed", "depth_bench_pairs"]
+__all__ = ["DEPTH_SCALE", "PilDensePairs", "dense_batch", "depth_bench_pairs"]
 
 # The generated pairs' depth: millimetres in the PNGs, metres as the target, 0 = no measurement.
 DEPTH_SCALE = 0.001
@@ -48,9 +48,7 @@ class PilDensePairs(torch.utils.data.Dataset):
 
     def __init__(self, dataset, image_cfg, seed: int) -> None:
         self.paths, self.depth, self.sizes = dataset.paths, dataset.maps["depth"], dataset.sizes
-        self.size = tuple(image_cfg.output_size)
-        self.seed = seed
-        self.area, self.ratio, self.flip = image_cfg.crop_area, image_cfg.crop_aspect_ratio, image_cfg.flip
+        self.image_cfg, self.size, self.seed = image_cfg, tuple(image_cfg.output_size), seed
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -59,39 +57,19 @@ class PilDensePairs(torch.utils.data.Dataset):
         from PIL import Image
 
         sample_id, epoch = key
-        ids = np.array([sample_id], dtype=np.int64)
-        aspect = self.size[0] / self.size[1]
-        window = train_windows(self.sizes[ids], ids, self.seed, epoch, self.area, self.ratio, self.flip, aspect)
-        (x, y), (w, h) = window.anchor[0].tolist(), window.shape[0].tolist()
-        box = (x, y, x + w, y + h)
+        box, flip = epoch_window(self.sizes, sample_id, epoch, self.seed, self.image_cfg)
         with Image.open(self.paths[sample_id]) as img:
             rgb = img.convert("RGB").crop(box).resize(self.size, Image.BILINEAR)
         with Image.open(self.depth[sample_id]) as img:  # mode I;16: nearest keeps the 16-bit values
             depth = img.crop(box).resize(self.size, Image.NEAREST)
-        if window.flip[0]:
+        if flip:
             rgb, depth = rgb.transpose(Image.FLIP_LEFT_RIGHT), depth.transpose(Image.FLIP_LEFT_RIGHT)
         depth_values = np.asarray(depth).astype(np.int32)  # uint16 -> int32, as gpufeed's loader hands it
         return torch.from_numpy(np.asarray(rgb).copy()), torch.from_numpy(depth_values), sample_id
 
 
-def dense_dataloader_feed(dataset, keys_by_epoch: list[list], *, batch_size, workers, prefetch_factor, device):
-    """torch's DataLoader over ``dataset`` (:class:`PilDensePairs`): ``(epoch, batch index, DenseBatch)``."""
-    torch_device = device.torch_device
-    sampler = EpochKeys(keys_by_epoch)
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=workers,
-        pin_memory=device.is_gpu,
-        persistent_workers=True,
-        prefetch_factor=prefetch_factor,
-        drop_last=True,
-    )
-    valid = torch.ones(batch_size, dtype=torch.bool, device=torch_device)
-    for epoch in range(len(keys_by_epoch)):
-        sampler.set_epoch(epoch)
-        for index, (hwc, depth, ids) in enumerate(loader):
-            images = hwc.to(torch_device).permute(0, 3, 1, 2)  # channels_last view, like gpufeed's
-            maps = {"depth": depth.to(torch_device)}
-            yield epoch, index, DenseBatch(images, maps, ids.to(torch_device), valid[: len(images)])
+def dense_batch(raw, device, valid) -> DenseBatch:
+    """A collated batch of :class:`PilDensePairs` as a :class:`~gpufeed.pipelines.DenseBatch` on ``device``."""
+    hwc, depth, ids = raw
+    images = hwc.to(device).permute(0, 3, 1, 2)  # channels_last view, like gpufeed's
+    return DenseBatch(images, {"depth": depth.to(device)}, ids.to(device), valid[: len(images)])

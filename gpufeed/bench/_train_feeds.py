@@ -38,7 +38,16 @@ from gpufeed.pipelines._windows import train_windows
 if TYPE_CHECKING:  # PyAV loads in the DataLoader's workers only
     from av.video.reformatter import VideoReformatter
 
-__all__ = ["EpochKeys", "PilTrainImages", "PyAvSeekClips", "dataloader_feed", "gpufeed_feed"]
+__all__ = [
+    "EpochKeys",
+    "PilTrainImages",
+    "PyAvSeekClips",
+    "clip_batch",
+    "dataloader_feed",
+    "epoch_window",
+    "gpufeed_feed",
+    "image_batch",
+]
 
 
 class EpochKeys(torch.utils.data.Sampler):
@@ -61,6 +70,20 @@ class EpochKeys(torch.utils.data.Sampler):
         return iter(self.keys_by_epoch[self.epoch])
 
 
+def epoch_window(
+    dataset_sizes, sample_id: int, epoch: int, seed: int, image_cfg
+) -> tuple[tuple[int, int, int, int], bool]:
+    """``(PIL crop box, flip)`` of ``sample_id``'s training window in ``epoch``: the very window gpufeed decodes."""
+    ids = np.array([sample_id], dtype=np.int64)
+    size = parse_size_px(image_cfg.size_px)
+    aspect = size.width_px / size.height_px
+    window = train_windows(
+        dataset_sizes[ids], ids, seed, epoch, image_cfg.crop_area, image_cfg.crop_aspect_ratio, image_cfg.flip, aspect
+    )
+    (x, y), (w, h) = window.anchor[0].tolist(), window.shape[0].tolist()
+    return (x, y, x + w, y + h), bool(window.flip[0])
+
+
 class PilTrainImages(torch.utils.data.Dataset):
     """PIL decode, the epoch's crop window, bilinear resize, flip; ``(uint8 (H, W, 3), label, id)``.
 
@@ -70,8 +93,7 @@ class PilTrainImages(torch.utils.data.Dataset):
 
     def __init__(self, dataset, image_cfg, seed: int) -> None:
         self.paths, self.sizes, self.labels = dataset.paths, dataset.sizes, dataset.labels
-        self.size, self.seed = image_cfg.output_size, seed
-        self.area, self.ratio, self.flip = image_cfg.crop_area, image_cfg.crop_aspect_ratio, image_cfg.flip
+        self.image_cfg, self.size, self.seed = image_cfg, image_cfg.output_size, seed
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -80,13 +102,10 @@ class PilTrainImages(torch.utils.data.Dataset):
         from PIL import Image
 
         sample_id, epoch = key
-        ids = np.array([sample_id], dtype=np.int64)
-        aspect = self.size.width_px / self.size.height_px
-        window = train_windows(self.sizes[ids], ids, self.seed, epoch, self.area, self.ratio, self.flip, aspect)
-        (x, y), (w, h) = window.anchor[0].tolist(), window.shape[0].tolist()
+        box, flip = epoch_window(self.sizes, sample_id, epoch, self.seed, self.image_cfg)
         with Image.open(self.paths[sample_id]) as img:
-            out = img.convert("RGB").crop((x, y, x + w, y + h)).resize(self.size, Image.BILINEAR)
-        if window.flip[0]:
+            out = img.convert("RGB").crop(box).resize(self.size, Image.BILINEAR)
+        if flip:
             out = out.transpose(Image.FLIP_LEFT_RIGHT)
         return torch.from_numpy(np.asarray(out).copy()), int(self.labels[sample_id]), sample_id
 
@@ -173,13 +192,15 @@ def gpufeed_feed(make_loader, epochs: int):
             yield epoch, index, batch
 
 
-def _image_batch(raw, device, valid) -> ImageBatch:
+def image_batch(raw, device, valid) -> ImageBatch:
+    """A collated ``(hwc, labels, ids)`` of :class:`PilTrainImages` as an :class:`ImageBatch` on ``device``."""
     hwc, labels, ids = raw
     images = hwc.to(device).permute(0, 3, 1, 2)  # (N, S, S, 3) -> (N, 3, S, S), channels_last: a view
     return ImageBatch(images, labels.to(device), ids.to(device), valid[: len(images)])
 
 
-def _clip_batch(raw, device, valid, behaviours, centre: int) -> ClipBatch:
+def clip_batch(raw, device, valid, behaviours, centre: int) -> ClipBatch:
+    """A collated batch of :class:`PyAvSeekClips` as a :class:`ClipBatch` on ``device``."""
     frames, frame_labels, videos, starts = raw
     clips = frames.to(device).permute(0, 4, 1, 2, 3)  # (N, T, S, S, 3) -> (N, 3, T, S, S): channels_last_3d
     frame_labels = frame_labels.to(device)
@@ -194,13 +215,17 @@ def _clip_batch(raw, device, valid, behaviours, centre: int) -> ClipBatch:
     )
 
 
-def dataloader_feed(dataset, keys_by_epoch: list[list], *, batch_size, workers, prefetch_factor, device, clips=None):
+def dataloader_feed(
+    dataset, keys_by_epoch: list[list], *, batch_size, workers, prefetch_factor, device, to_batch=image_batch
+):
     """torch's DataLoader over the same keys: ``(epoch, batch index, batch)`` on ``device``.
 
     Args:
-        dataset: :class:`PilTrainImages` or :class:`PyAvSeekClips`.
+        dataset: :class:`PilTrainImages`, :class:`PyAvSeekClips` or
+            :class:`~gpufeed.bench._dense_feeds.PilDensePairs`.
         keys_by_epoch: Each epoch's keys, in gpufeed's order.
-        clips: ``(behaviours, centre frame offset)`` for clip batches; ``None`` for images.
+        to_batch: ``(collated, torch device, valid) -> batch`` of gpufeed's type for the dataset
+            (:func:`image_batch`, :func:`clip_batch` with its behaviours and centre bound, ...).
     """
     torch_device = device.torch_device
     sampler = EpochKeys(keys_by_epoch)
@@ -218,7 +243,4 @@ def dataloader_feed(dataset, keys_by_epoch: list[list], *, batch_size, workers, 
     for epoch in range(len(keys_by_epoch)):
         sampler.set_epoch(epoch)
         for index, raw in enumerate(loader):
-            if clips is None:
-                yield epoch, index, _image_batch(raw, torch_device, valid)
-            else:
-                yield epoch, index, _clip_batch(raw, torch_device, valid, *clips)
+            yield epoch, index, to_batch(raw, torch_device, valid)

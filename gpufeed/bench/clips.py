@@ -260,6 +260,14 @@ class _BenchSet:
         return _exactness(batches, self.clips(10_000, got), self.args.clip_length, self.args.stride)
 
 
+def _disk_bytes_per_frame(dataset) -> float:
+    """Bytes the set's videos (files, or every file of a frame folder) take on disk, per frame."""
+    total = 0
+    for path in map(Path, dataset.paths):
+        total += sum(f.stat().st_size for f in path.iterdir()) if path.is_dir() else path.stat().st_size
+    return total / max(1, sum(int(info.num_frames) for info in dataset.infos))
+
+
 def _paired_ratio(a: list[float], b: list[float]) -> float:
     """Median over rounds of a[r] / b[r]: rounds run back to back share the machine's load."""
     return median([x / y for x, y in zip(a, b, strict=True) if y > 0])
@@ -342,6 +350,7 @@ def run_clip_bench(
             "videos": len(bench_set.dataset),
             "frames_per_video": int(bench_set.dataset.infos[0].num_frames),
             "gop_frames": bench_set.dataset.infos[0].gop_frames,
+            "disk_bytes_per_frame": _disk_bytes_per_frame(bench_set.dataset),
             "decoder": f"{bench_set.loader.source} ({bench_set.loader.decoder_reason})",
             "clips_per_second": cps,
             "frames_per_second": {c: v * args.clip_length for c, v in cps.items()},
@@ -377,8 +386,10 @@ def print_clip_result(result: dict) -> None:
         for contender, cps in figures["clips_per_second"].items():
             exact = f"{100 * figures['exact_share'][contender]:.0f}%"
             gop = f"{figures['gop_frames']:.0f}"
-            rows.append([name, gop, contender, cps, figures["frames_per_second"][contender], exact])
-    print(format_table(["videos", "GOP", "reader", "clips/s (median)", "frames/s", "exact clips"], rows))
+            disk = f"{figures['disk_bytes_per_frame'] / 1000:.1f}"
+            rows.append([name, gop, disk, contender, cps, figures["frames_per_second"][contender], exact])
+    headers = ["videos", "GOP", "kB/frame on disk", "reader", "clips/s (median)", "frames/s", "exact clips"]
+    print(format_table(headers, rows))
     for name, why in result["unavailable"].items():
         print(f"{name}: {why}")
     print("ratios (median of per-round ratios; rounds interleave every reader and video set):")

@@ -43,7 +43,6 @@ from gpufeed.device import resolve_device
 from gpufeed.models import export_model, read_model_card
 from gpufeed.models._card import default_batch_sizes
 from gpufeed.models._io import untrained_checkpoint
-from gpufeed.pipelines._epochs import default_num_threads
 
 __all__ = [
     "CONTENDERS",
@@ -81,16 +80,14 @@ def _wait_ready(proc: subprocess.Popen, url: str, name: str, timeout: float = 18
     raise RuntimeError(f"{name} was not ready at {url} within {timeout:g} s")
 
 
-def _start(
-    name: str, models: dict[str, Path], port: int, max_delay_ms: float, device: str, threads: int, grpc_port=None
-):
+def _start(name: str, models: dict[str, Path], port: int, max_delay_ms: float, device: str, grpc_port=None):
     """Start one contender; return (process, request path)."""
     python = sys.executable
     if name == "gpufeed":
         cmd = [
             python, "-m", "gpufeed", "serve", "--model", str(models["batched"]), "--port", str(port),
             "--set", f"device={device}", "--set", f"serve.max_delay_ms={max_delay_ms}",
-            "--set", f"serve.decode_threads={threads}", "--set", "serve.queue_capacity=1024",
+            "--set", "serve.queue_capacity=1024",
         ]  # fmt: skip
         if grpc_port is not None:
             cmd += ["--grpc-port", str(grpc_port)]
@@ -208,7 +205,6 @@ def run_server_bench(
     from tqdm import tqdm
 
     choice = resolve_device(device)
-    threads = default_num_threads()
     models = export_bench_models(cache, architecture, size_px, batch_size, checkpoint)
     sizes = read_model_card(models["batched"]).batch_sizes
     running = {}
@@ -217,7 +213,7 @@ def run_server_bench(
         for name in contenders:
             port = _free_port()
             extra = grpc_port if name == "gpufeed" else None
-            proc, path = _start(name, models, port, max_delay_ms, "gpu" if choice.is_gpu else "cpu", threads, extra)
+            proc, path = _start(name, models, port, max_delay_ms, "gpu" if choice.is_gpu else "cpu", extra)
             running[name] = (proc, port, path)
         points: dict[str, dict[int, list]] = {n: {c: [] for c in concurrency} for n in contenders}
         steps = rounds * len(concurrency) * len(contenders)

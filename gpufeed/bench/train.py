@@ -10,16 +10,16 @@ DataLoader with PIL (images) or PyAV keyframe seeks (clips) doing the same work 
 Each step is timed as the trainer times it: loader wait (host time blocked waiting for the next
 batch; the DataLoader's includes its copy to the GPU), augment and compute (CUDA events with one
 synchronisation per step on a GPU, ``perf_counter`` on the CPU) and the whole step. A *round*
-runs every epoch with one side, then with the other, each with a fresh loader and model, so only
-one loader works at a time on the same cores; the order alternates from round to round, which
-cancels most of a shared machine's drift. Figures are computed over all rounds.
+runs every epoch with both sides, each with a fresh loader and model: interleaved every few steps
+where the step is compute-bound by far (``--task depth`` on a CPU), else one side's whole round,
+then the other's, the order alternating by round (see :mod:`gpufeed.bench._train_rounds`). Each
+chunk pair (or round) is one samples/s ratio, and their median is the headline figure.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
-import time
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,11 @@ import torch
 
 from gpufeed._files import write_atomic
 from gpufeed._size import parse_size_px
-from gpufeed.bench._dense_feeds import DEPTH_SCALE, PilDensePairs, dense_dataloader_feed, depth_bench_pairs
-from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, dataloader_feed, gpufeed_feed
+from gpufeed.bench._dense_feeds import DEPTH_SCALE, PilDensePairs, dense_batch, depth_bench_pairs
+from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, clip_batch, dataloader_feed, gpufeed_feed
 from gpufeed.bench._train_options import TrainBenchOptions
 from gpufeed.bench._train_report import SIDES, figures
+from gpufeed.bench._train_rounds import run_rounds, warm_up
 from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
 from gpufeed.config import Config, ConfigError, parse_config
 from gpufeed.device import resolve_device
@@ -57,18 +58,23 @@ from gpufeed.train._tasks import ClipTask, ImageTask, to_channels_last
 __all__ = ["DEFAULTS", "TrainBenchOptions", "augment_plans", "run_train_bench"]
 
 
-def _defaults(model: str, batch_size: int, size_px: int | tuple[int, int], epochs: int, rounds: int, **data) -> dict:
-    return {"model": model, "batch_size": batch_size, "size_px": size_px, "epochs": epochs, "rounds": rounds, **data}
+def _defaults(
+    model: str, batch_size: int, size_px: int | tuple[int, int], epochs: int, rounds: int, chunk_steps: int = 0, **data
+) -> dict:
+    return {"model": model, "batch_size": batch_size, "size_px": size_px, "epochs": epochs, "rounds": rounds,
+            "chunk_steps": chunk_steps, **data}  # fmt: skip
 
 
 # Per (task, device kind): what a sensible run on that machine looks like (flags override each).
+# chunk_steps: sides interleaved every that many steps (0: one side's whole round, then the
+# other's); only where the step is compute-bound by far, see gpufeed.bench._train_rounds.
 DEFAULTS = {
     ("images", "cpu"): _defaults("smallcnn", 32, 64, epochs=3, rounds=2, images=512),
     ("images", "gpu"): _defaults("resnet18", 256, 224, epochs=4, rounds=2, images=4096),
     ("clips", "cpu"): _defaults("r3d_small", 4, 64, epochs=3, rounds=1, videos=2, seconds=8),
     ("clips", "gpu"): _defaults("r3d_small", 64, 112, epochs=4, rounds=2, videos=4, seconds=120),
     # Dense depth: 640x480 JPEG + 16-bit PNG pairs (generated), unet_resnet18 at width x height.
-    ("depth", "cpu"): _defaults("unet_resnet18", 8, (128, 96), epochs=2, rounds=1, images=64),
+    ("depth", "cpu"): _defaults("unet_resnet18", 8, (128, 96), epochs=2, rounds=2, chunk_steps=4, images=64),
     ("depth", "gpu"): _defaults("unet_resnet18", 64, (256, 192), epochs=3, rounds=2, images=2048),
 }
 # Config keys the command's own flags decide, and those flags.
@@ -82,7 +88,6 @@ _FLAG_KEYS = {
     "loader.num_threads": "--workers",
     "device": "--device",
 }
-_WARMUP_STEPS = 2
 
 
 def augment_plans(cfg: Config, clips: bool, dtype: torch.dtype | None = None) -> dict[str, AugmentPlan]:
@@ -109,7 +114,9 @@ class _Run:
         self.device = resolve_device(args.device)
         kind = "gpu" if self.device.is_gpu else "cpu"
         defaults = DEFAULTS[(args.task, kind)]
-        pick: dict[str, Any] = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in defaults.items()}
+        # Defaults without an argument (chunk_steps) are taken as they are.
+        given = {k: getattr(args, k, None) for k in defaults}
+        pick: dict[str, Any] = {k: v if given[k] is None else given[k] for k, v in defaults.items()}
         self.pick = pick
         self.epochs, self.rounds = int(pick["epochs"]), int(pick["rounds"])
         self.workers = args.workers or default_num_threads()
@@ -224,15 +231,13 @@ class _Run:
         common["prefetch_factor"] = self.prefetch_factor
         if self.task_name == "depth":
             pairs = PilDensePairs(self.dataset, self.cfg.image, self.cfg.seed)
-            return dense_dataloader_feed(pairs, self.keys, **common)
-        v = self.cfg.video
-        dataset: torch.utils.data.Dataset
+            return dataloader_feed(pairs, self.keys, to_batch=dense_batch, **common)
         if self.clips:
+            v = self.cfg.video
             dataset = PyAvSeekClips(self.dataset, v.clip_length_frames, v.stride_frames, v.size_px)
-            clips = (tuple(self.dataset.behaviours), self.centre)
-        else:
-            dataset, clips = PilTrainImages(self.dataset, self.cfg.image, self.cfg.seed), None
-        return dataloader_feed(dataset, self.keys, clips=clips, **common)
+            to_batch = functools.partial(clip_batch, behaviours=tuple(self.dataset.behaviours), centre=self.centre)
+            return dataloader_feed(dataset, self.keys, to_batch=to_batch, **common)
+        return dataloader_feed(PilTrainImages(self.dataset, self.cfg.image, self.cfg.seed), self.keys, **common)
 
     # -- the step -------------------------------------------------------------------------------
     def stepper(self, augment: torch.nn.Module):
@@ -310,64 +315,6 @@ def _generated_image_list(cache: Path, count: int, image_size: tuple[int, int], 
     return listing
 
 
-def _ids(batch, clips: bool) -> list:
-    if clips:
-        return list(zip(batch.video_ids.tolist(), batch.start_frames.tolist(), strict=True))
-    return batch.sample_ids.tolist()
-
-
-def _run_block(run: _Run, side: str, augment, round_index: int, bar) -> dict:
-    """One side's whole run (every epoch), timed step by step; the loader is gone when it returns."""
-    stepper = run.stepper(augment)
-    feed = run.feed(side)
-    steps: list[dict] = []
-    seen: list[list] = [[] for _ in range(run.epochs)]
-    batch, waited, stepped = None, 0.0, 0.0
-    started_run = time.perf_counter()
-    while True:
-        started = time.perf_counter()
-        try:
-            epoch, index, batch = next(feed)
-        except StopIteration:
-            break
-        wait_s = time.perf_counter() - started
-        outcome = stepper(batch)
-        step_s = time.perf_counter() - started
-        steps.append(
-            {
-                "round": round_index,
-                "epoch": epoch,
-                "batch": index,
-                "loader_wait_s": wait_s,
-                "augment_s": outcome.augment_s,
-                "compute_s": outcome.compute_s,
-                "step_s": step_s,
-                "samples": outcome.samples,
-            }
-        )
-        seen[epoch].extend(_ids(batch, run.clips))  # after the step's timing: a device-to-host copy
-        waited, stepped = waited + wait_s, stepped + step_s
-        bar.update(1)
-        bar.set_postfix_str(f"epoch {epoch + 1}, wait {waited / max(stepped, 1e-9):.0%}", refresh=False)
-    wall_s = time.perf_counter() - started_run
-    del feed, batch, stepper
-    gc.collect()  # loader workers and DALI pipelines go now, before the other side starts (and forks)
-    return {"steps": steps, "wall_s": wall_s, "samples_per_epoch": [len(ids) for ids in seen], "ids": seen}
-
-
-def _warm_up(run: _Run, augmenters: dict) -> None:
-    """Run a few untimed steps per side on random pixels: kernels, autotuning and allocator warm."""
-    batch = run.synthetic_batch()
-    for augment in augmenters.values():
-        stepper = run.stepper(augment)
-        for _ in range(_WARMUP_STEPS):
-            stepper(batch)
-    del stepper
-    gc.collect()
-    if run.device.is_gpu:
-        torch.cuda.synchronize(run.device.torch_device)
-
-
 def run_train_bench(
     *,
     task: str = "images",
@@ -397,17 +344,10 @@ def run_train_bench(
 
     run = _Run(options)
     augmenters = {side: plan.augmenter for side, plan in run.plans.items()}
-    _warm_up(run, augmenters)
-    blocks: dict[str, list[dict]] = {side: [] for side in SIDES}
-    orders = []
+    warm_up(run, augmenters)
     total = run.rounds * len(SIDES) * run.epochs * run.steps_per_epoch
     with tqdm(total=total, desc="bench train", unit="step", dynamic_ncols=True) as bar:
-        for r in range(run.rounds):
-            order = list(SIDES) if r % 2 == 0 else list(reversed(SIDES))
-            orders.append(order)
-            for side in order:
-                bar.set_description(f"round {r + 1}/{run.rounds} {side}")
-                blocks[side].append(_run_block(run, side, augmenters[side], r, bar))
+        blocks, pairs, orders = run_rounds(run, augmenters, bar, int(run.pick["chunk_steps"]))
     # Every round, every epoch: the same samples on both sides (and the same clip starts).
     same = all(
         sorted(g) == sorted(d)
@@ -418,7 +358,7 @@ def run_train_bench(
         for block in side_blocks:
             del block["ids"]
     settings = _settings(run, augmenters, orders)
-    return figures(run.device, settings, blocks, same)
+    return figures(run.device, settings, blocks, same, pairs)
 
 
 def _settings(run: _Run, augmenters: dict, orders: list) -> dict:
@@ -432,6 +372,7 @@ def _settings(run: _Run, augmenters: dict, orders: list) -> dict:
         "epochs": run.epochs,
         "rounds": run.rounds,
         "steps_per_epoch": run.steps_per_epoch,
+        "chunk_steps": int(run.pick["chunk_steps"]),
         "order": orders,
         "data": run.data_text,
         "workers": run.workers,

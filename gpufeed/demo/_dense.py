@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from gpufeed.train._session import train
 __all__ = ["dense_demo_config", "run_dense_demo"]
 
 # Layered over the demo's config: the paired splits, a small non-square input, a short run.
-DENSE_TRAIN = {
+DENSE_TRAIN: dict[str, dict[str, Any]] = {
     "data": {"train": {"root": "data/dense/train"}, "val": {"root": "data/dense/val"}, "depth_scale": 0.001},
     "image": {"size_px": [64, 48], "crop_area": [0.5, 1.0]},
     "loader": {"batch_size": 8, "last_batch": "drop"},

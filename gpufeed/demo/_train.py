@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from gpufeed._schema import to_mapping
 from gpufeed.config import Config, parse_config
@@ -20,7 +21,7 @@ from gpufeed.train._session import train
 __all__ = ["demo_train_config", "run_train_demo"]
 
 # Layered over the demo's data, image and loader sections.
-DEMO_TRAIN = {
+DEMO_TRAIN: dict[str, dict[str, Any]] = {
     "train": {"epochs": 5, "lr": 0.002, "warmup_steps": 3, "checkpoint_every_steps": 0, "keep_checkpoints": 1},
     "augment": {"ops": ["color_jitter"]},
     "telemetry": {"metrics_port": 0},

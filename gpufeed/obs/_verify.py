@@ -172,7 +172,8 @@ def check_queries(
             except (ValueError, PrometheusError) as err:
                 checks.append(QueryCheck(query, query.expr, "error", str(err)))
                 continue
-            status, detail = ("ok", f"values: {', '.join(found)}") if found else ("no_data", "no values")
+            status: Status = "ok" if found else "no_data"
+            detail = f"values: {', '.join(found)}" if found else "no values"
             checks.append(QueryCheck(query, query.expr, status, detail))
             continue
         try:

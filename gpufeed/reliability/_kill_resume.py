@@ -203,19 +203,26 @@ def _wait_and_kill(proc, run_dir: Path, target: KillTarget, launched_unix: float
             records = step_records(run_dir, launched_unix)
             if records and records[-1]["step"] >= need:
                 time.sleep((target.position - need) * step_s)
+                # A step kill is meant to land between checkpoint writes: on a loaded machine a write
+                # (slowed by the chunk delay) can still be running when the moment comes, so wait it out.
+                while any(folder.glob(f".ckpt-*.pt.tmp-{proc.pid}")) and time.monotonic() < deadline:
+                    time.sleep(_POLL_S)
                 proc.send_signal(signal.SIGKILL)
                 return True
         time.sleep(_POLL_S)
     return False
 
 
-def _inspect(run_dir: Path, launched_unix: float, resumed_from: int) -> tuple[int, str | None, list, int, list, int]:
-    """After a kill: steps done, the checkpoint being written, every checkpoint loaded."""
+def _inspect(
+    run_dir: Path, launched_unix: float, resumed_from: int, pid: int
+) -> tuple[int, str | None, list, int, list, int]:
+    """After a kill: steps done, the checkpoint the killed process ``pid`` was writing, every checkpoint loaded."""
     import torch
 
     records = step_records(run_dir, launched_unix)
     done = records[-1]["step"] if records else resumed_from
-    temps = sorted((run_dir / "checkpoints").glob(".ckpt-*.pt.tmp-*"))
+    # Only this process's temporary file: an earlier kill's may still lie there.
+    temps = sorted((run_dir / "checkpoints").glob(f".ckpt-*.pt.tmp-{pid}"))
     writing = temps[-1].name[1:].split(".tmp-")[0] if temps else None
     names, unreadable, loaded, newest = [], [], 0, 0
     for path in list_checkpoints(run_dir):
@@ -329,7 +336,7 @@ def run_kill_resume(
                 f"attempt {attempt + 1} exited with status {proc.returncode} before kill {attempt + 1} "
                 f"({target.describe()}); see {logs / f'attempt-{attempt + 1}.log'}"
             )
-        done, writing, names, loaded, unreadable, newest = _inspect(run_dir, launched_unix, resumed_from)
+        done, writing, names, loaded, unreadable, newest = _inspect(run_dir, launched_unix, resumed_from, proc.pid)
         results.append(
             Kill(
                 aimed=target.describe(),

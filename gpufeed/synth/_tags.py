@@ -53,7 +53,8 @@ def _checksum(ident: int, aux: int) -> int:
 
 
 def _word_rgb(word: int) -> tuple[int, int, int]:
-    return tuple(((word >> shift) & 0xF) * _LEVEL + _OFFSET for shift in (8, 4, 0))
+    red, green, blue = (((word >> shift) & 0xF) * _LEVEL + _OFFSET for shift in (8, 4, 0))
+    return red, green, blue
 
 
 def tag_blocks(ident: int, aux: int) -> np.ndarray:

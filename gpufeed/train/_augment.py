@@ -64,13 +64,13 @@ def build_op(name: str, cfg: AugmentConfig) -> nn.Module:
     if name == "grayscale":
         return K.RandomGrayscale(p=cfg.grayscale.p)
     if name == "gaussian_blur":
-        c = cfg.gaussian_blur
-        return K.RandomGaussianBlur((c.kernel_size_px, c.kernel_size_px), c.sigma, p=c.p)
+        blur = cfg.gaussian_blur
+        return K.RandomGaussianBlur((blur.kernel_size_px, blur.kernel_size_px), blur.sigma, p=blur.p)
     if name == "rotation":
         return K.RandomRotation(cfg.rotation.degrees, p=cfg.rotation.p)
     if name == "erasing":
-        c = cfg.erasing
-        return K.RandomErasing(scale=c.scale, ratio=c.ratio, value=0.0, p=c.p)
+        erase = cfg.erasing
+        return K.RandomErasing(scale=erase.scale, ratio=erase.ratio, value=0.0, p=erase.p)
     if name == "horizontal_flip":
         return K.RandomHorizontalFlip(p=cfg.horizontal_flip.p)
     raise ValueError(f"augment op {name!r} is not known; known ops: {', '.join(AUGMENT_OPS)}")
@@ -150,7 +150,7 @@ class KorniaStage(nn.Module):
         if clips:
             import kornia.augmentation as K
 
-            self.pipeline = K.VideoSequential(*ops, data_format="BCTHW", same_on_frame=True)
+            self.pipeline: nn.Module = K.VideoSequential(*ops, data_format="BCTHW", same_on_frame=True)
         else:
             self.pipeline = nn.Sequential(*ops)
 

@@ -10,10 +10,12 @@ and its clip length and size the ``video`` section's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpufeed.config import Config, ConfigError
 from gpufeed.pipelines import ClipLoader, DenseLoader, ImageDataset, ImageLoader, PairedDataset, VideoDataset
 from gpufeed.pipelines._deepethogram import project_dataset
+from gpufeed.pipelines._epochs import EpochLoader
 from gpufeed.pipelines._pairs import is_paired_root
 from gpufeed.train._dense import DENSE_TASKS, DepthTask, SegmentationTask
 from gpufeed.train._distributed import DistInfo
@@ -35,8 +37,8 @@ class TrainData:
     """
 
     task: Task
-    train: object
-    val: object | None
+    train: EpochLoader
+    val: EpochLoader | None
     spec_overrides: dict = field(default_factory=dict)
 
 
@@ -149,7 +151,7 @@ def _clip_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
 
 def _paired_set(cfg: Config, split_cfg, key: str) -> PairedDataset:
     data = cfg.data
-    common = {"scale_maps": data.scale_maps, "max_pixels": data.max_image_pixels}
+    common: dict[str, Any] = {"scale_maps": data.scale_maps, "max_pixels": data.max_image_pixels}
     if split_cfg.root is not None:
         if not is_paired_root(split_cfg.root):
             raise ConfigError(
@@ -172,6 +174,8 @@ def _dense_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
             raise ConfigError(
                 "model.task", f"value {task_name!r} needs {needed} maps, and {split.source} has {list(split.kinds)}"
             )
+    task: Task
+    labels: tuple[str, ...]
     if task_name == "depth":
         if cfg.model.num_classes not in (None, 1):
             raise ConfigError("model.num_classes", f"value {cfg.model.num_classes}: a depth model has 1 output")

@@ -5,20 +5,32 @@
 CPU), reads its own shard of the data (``shard_id = rank``), and DDP averages gradients: NCCL
 between GPUs, gloo on CPUs. A single process without those variables runs undistributed and
 every helper here degrades to the obvious local answer.
+
+Before the process group starts, every rank says which device it drives (:func:`agree_on_device`):
+a rank that fell back to the CPU (a node without a visible GPU) while the others start NCCL would
+otherwise leave the whole job waiting in ``init_process_group`` until its timeout, with no word
+of why. Disagreeing ranks all stop with one error naming every rank, its host and its device.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from gpufeed.device import DeviceUnavailableError
+
 __all__ = [
+    "AGREE_TIMEOUT_S",
     "DistInfo",
+    "agree_on_device",
     "all_gather_objects",
     "all_reduce_sum",
     "broadcast_object",
@@ -67,21 +79,113 @@ def env_dist_info() -> DistInfo:
     return info
 
 
-def init_distributed(info: DistInfo, on_gpu: bool, timeout_s: float = 600.0, device_index: int | None = None) -> None:
+# How long a rank waits for the others to say which device they drive. Every rank reaches the
+# check right after the rendezvous (which already waited for all of them), so this only has to
+# cover the time between two ranks' rendezvous returning, not a slow start.
+AGREE_TIMEOUT_S = 120.0
+
+
+def _device_key(rank: int) -> str:
+    # A torchrun restart (--max-restarts) may reuse the store: keys carry the attempt.
+    return f"gpufeed/device/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/rank{rank}"
+
+
+def _describe(report: dict) -> str:
+    return f"rank {report['rank']} on {report['host']}: {report['device']}"
+
+
+def agree_on_device(store, info: DistInfo, device: str, on_gpu: bool, timeout_s: float = AGREE_TIMEOUT_S) -> None:
+    """Check, through the rendezvous store, that every rank drives the same kind of device.
+
+    Each rank writes its device to ``store``, waits for every other rank's, and compares. NCCL on
+    some ranks and gloo on others never connect: ``init_process_group`` would wait until its
+    timeout (or, for NCCL, forever) instead of failing.
+
+    Args:
+        store: The job's rendezvous store (a ``torch.distributed.Store``).
+        info: This rank's place in the job.
+        device: This rank's device in words (``"cuda:0 (NVIDIA H100 ...)"``, ``"cpu (...)"``).
+        on_gpu: Whether this rank drives a GPU (NCCL) or the CPU (gloo).
+        timeout_s: Longest wait for the other ranks' reports.
+
+    Raises:
+        DeviceUnavailableError: The ranks disagree (every rank raises, naming each rank, its host
+            and device), or some ranks did not report within ``timeout_s`` (naming them).
+    """
+    report = {"rank": info.rank, "host": socket.gethostname(), "kind": "gpu" if on_gpu else "cpu", "device": device}
+    store.set(_device_key(info.rank), json.dumps(report))
+    keys = [_device_key(rank) for rank in range(info.world_size)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    except Exception as err:  # the store raises DistStoreError (a RuntimeError) on a timeout
+        missing = [rank for rank in range(info.world_size) if not store.check([_device_key(rank)])]
+        raise DeviceUnavailableError(
+            f"rank {info.rank} waited {timeout_s:g} s for every rank's device; rank(s) "
+            f"{', '.join(map(str, missing)) or '?'} did not report it ({str(err).splitlines()[0]})"
+        ) from err
+    reports = [json.loads(store.get(key)) for key in keys]
+    kinds = {r["kind"] for r in reports}
+    if len(kinds) == 1:
+        return
+    # Rank 0 usually hosts the store: it waits (briefly) until every rank has read the reports, so
+    # the others stop with this message rather than a lost connection.
+    store.set(_device_key(info.rank) + "/read", "1")
+    if info.rank == 0:
+        # A rank that died meanwhile ends the wait early; this rank's error says what is wrong anyway.
+        with contextlib.suppress(Exception):
+            store.wait([key + "/read" for key in keys], datetime.timedelta(seconds=min(timeout_s, 30.0)))
+    on_cpu = [str(r["rank"]) for r in reports if r["kind"] == "cpu"]
+    raise DeviceUnavailableError(
+        "the ranks disagree on the device, so NCCL would wait forever for the CPU rank(s): "
+        + "; ".join(_describe(r) for r in reports)
+        + f". Give rank(s) {', '.join(on_cpu)} a usable GPU (check CUDA_VISIBLE_DEVICES and the driver on "
+        "their hosts), or set device: cpu for every rank"
+    )
+
+
+def init_distributed(
+    info: DistInfo,
+    on_gpu: bool,
+    timeout_s: float = 600.0,
+    device_index: int | None = None,
+    *,
+    device: str | None = None,
+    agree_timeout_s: float = AGREE_TIMEOUT_S,
+) -> None:
     """Join the process group when there is more than one rank (NCCL on GPUs, gloo on CPUs).
+
+    The rendezvous store (``MASTER_ADDR``/``MASTER_PORT``, or torchrun's agent store) is made
+    first, every rank's device is checked with :func:`agree_on_device`, and only then does the
+    process group start on that store (CUDA is not touched before the check).
 
     Args:
         device_index: This rank's CUDA device among the visible ones (from
             :func:`gpufeed.device.resolve_device`: ``LOCAL_RANK`` under torchrun, 0 when a launcher
             shows each task one GPU); default ``info.local_rank``.
+        device: This rank's device in words for the check (default: ``cuda:<index>`` or ``cpu``);
+            :meth:`gpufeed.device.DeviceChoice.describe` gives it with the reason.
+        agree_timeout_s: Longest wait for the other ranks' devices.
+
+    Raises:
+        DeviceUnavailableError: As :func:`agree_on_device`.
     """
     if not info.enabled or dist.is_initialized():
         return
     index = info.local_rank if device_index is None else device_index
+    store, _, _ = next(
+        dist.rendezvous(
+            "env://", rank=info.rank, world_size=info.world_size, timeout=datetime.timedelta(seconds=timeout_s)
+        )
+    )
+    described = device or (f"cuda:{index}" if on_gpu else "cpu")
+    agree_on_device(store, info, described, on_gpu, agree_timeout_s)
     if on_gpu:
         torch.cuda.set_device(index)
     dist.init_process_group(
         backend="nccl" if on_gpu else "gloo",
+        store=store,
+        rank=info.rank,
+        world_size=info.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
         device_id=torch.device("cuda", index) if on_gpu else None,
     )

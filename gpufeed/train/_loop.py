@@ -29,7 +29,7 @@ from pathlib import Path
 
 from gpufeed.config import Config
 from gpufeed.train._profiling import ProfileWindow, StageRanges
-from gpufeed.train._step import Stepper
+from gpufeed.train._step import PendingStep, Stepper
 from gpufeed.train._summary import StepStats
 from gpufeed.train._telemetry import StepRecord
 
@@ -67,7 +67,7 @@ class TrainResult:
 class _Launched:
     """A queued step and what its record needs besides the device's figures."""
 
-    pending: object
+    pending: PendingStep
     step: int
     epoch: int
     batch: int

@@ -14,7 +14,8 @@ __all__ = ["build_optimizer", "build_scheduler", "lr_factor", "resolve_amp"]
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW; biases and normalisation parameters (1-d tensors) get no weight decay."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
             (no_decay if param.dim() <= 1 else decay).append(param)

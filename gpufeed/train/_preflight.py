@@ -137,11 +137,11 @@ def estimate_checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Opt
     size for smallcnn; the estimate errs on the large side.
     """
     sink = _CountingSink()
-    torch.save(model_state(model), sink)
+    torch.save(model_state(model), sink)  # type: ignore[arg-type]  # save needs only write() and flush()
     total = sink.size
     if optimizer.state:
         sink = _CountingSink()
-        torch.save(optimizer.state_dict(), sink)
+        torch.save(optimizer.state_dict(), sink)  # type: ignore[arg-type]  # as above
         total += sink.size
     else:
         for group in optimizer.param_groups:

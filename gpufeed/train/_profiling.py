@@ -74,7 +74,7 @@ class ProfileWindow:
         self.steps = steps
         self.path = Path(run_dir) / f"trace-steps{steps[0]}-{steps[1]}-rank{rank}.json" if steps else None
         self.on_gpu = on_gpu
-        self._profiler = None
+        self._profiler: torch.profiler.profile | None = None
 
     def before_step(self, step: int) -> None:
         """Call with the number of the step about to run (1-based)."""
@@ -88,16 +88,16 @@ class ProfileWindow:
 
     def stops_at(self, step: int) -> bool:
         """True when the trace ends after ``step`` (the loop then finishes that step before going on)."""
-        return self._profiler is not None and step >= self.steps[1]
+        return self._profiler is not None and self.steps is not None and step >= self.steps[1]
 
     def after_step(self, step: int) -> None:
         """Call with the number of the step that just finished."""
-        if self._profiler is not None and step >= self.steps[1]:
+        if self._profiler is not None and self.steps is not None and step >= self.steps[1]:
             self.close()
 
     def close(self) -> Path | None:
         """Stop and save (training ended inside the window, or it is complete); the trace's path."""
-        if self._profiler is None:
+        if self._profiler is None or self.steps is None:  # a profiler exists only with steps
             return None
         profiler, self._profiler = self._profiler, None
         profiler.__exit__(None, None, None)

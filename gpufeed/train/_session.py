@@ -89,13 +89,18 @@ class Session:
             torch.cuda.set_device(self.device.device_id)  # events, RNG state and DDP use the current device
         self.amp_dtype = resolve_amp(cfg.train.amp, self.device)
         self._owns_group = self.dist.enabled and not torch.distributed.is_initialized()
-        init_distributed(self.dist, self.device.is_gpu, device_index=self.device.device_id)
+        init_distributed(
+            self.dist, self.device.is_gpu, device_index=self.device.device_id, device=self.device.describe()
+        )
         self.run_dir = self._choose_run_dir(run_dir)
         self.step = 0
         self.epoch = 0
         self.mid_epoch = False
         self.resumed = False
-        self.server = self.step_log = self.eval_log = None
+        self.server: MetricsServer | None = None
+        self.step_log: StepLog | None = None
+        self.eval_log: StepLog | None = None
+        self.last_checkpoint: Path | None = None
 
     # -- setup ----------------------------------------------------------------------------------
     def _choose_run_dir(self, run_dir) -> Path:
@@ -152,7 +157,7 @@ class Session:
         self.total_steps = cfg.train.epochs * len(self.data.train)
         self.scheduler = build_scheduler(self.optimizer, self.total_steps, cfg.train)
         self.scaler = torch.amp.GradScaler(self.device.torch_device.type, enabled=self.amp_dtype == torch.float16)
-        self.model = model
+        self.model: torch.nn.Module = model  # DistributedDataParallel wraps it on several ranks
 
         found = None
         if self.resume_requested:

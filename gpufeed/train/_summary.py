@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +37,9 @@ class StepStats:
 
     def add(self, record) -> None:
         """Add a :class:`StepRecord` or a dict with its fields."""
-        get = record.get if isinstance(record, dict) else lambda name, default=None: getattr(record, name, default)
+        get: Callable[..., Any] = (
+            record.get if isinstance(record, dict) else lambda name, default=None: getattr(record, name, default)
+        )
         for name, column in self._columns.items():
             column.append(float(get(name, 1) if name == "batch" else get(name)))
 

@@ -17,12 +17,16 @@ Rows with ``batch.valid`` false (padding) are left out of the loss and of evalua
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 
 from gpufeed.train._distributed import all_reduce_sum
 
 __all__ = ["Accuracy", "ClipTask", "ImageTask", "MultiLabelF1", "Task", "masked_mean", "to_channels_last"]
+
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 
 def masked_mean(per_sample: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -39,6 +43,7 @@ class Task:
     name = "task"
     clips = False  # inputs are (N, 3, T, H, W) clips
     primary_metric = "loss"
+    num_classes: int  # outputs of the model; every subclass sets it
 
     def inputs(self, batch) -> torch.Tensor:
         raise NotImplementedError
@@ -73,7 +78,7 @@ class Task:
         return None if has_3d else torch.channels_last
 
 
-def to_channels_last(model: torch.nn.Module) -> torch.nn.Module:
+def to_channels_last(model: ModuleT) -> ModuleT:
     """Convolution weights in channels_last (2-D) or channels_last_3d (3-D), in place.
 
     Done per convolution rather than with ``model.to(memory_format=...)``, which would also try
@@ -81,9 +86,10 @@ def to_channels_last(model: torch.nn.Module) -> torch.nn.Module:
     """
     for module in model.modules():
         if isinstance(module, torch.nn.Conv2d):
-            module.to(memory_format=torch.channels_last)
+            # Module.to takes memory_format at run time; torch's overloads leave it out.
+            module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         elif isinstance(module, torch.nn.Conv3d):
-            module.to(memory_format=torch.channels_last_3d)
+            module.to(memory_format=torch.channels_last_3d)  # type: ignore[call-overload]
     return model
 
 

@@ -125,6 +125,7 @@ class StageMarks:
         """(augment_s, compute_s, loss); on a GPU waits for this step's own end only (not the queued ones)."""
         start, after_augment, after_compute, copied, stored = self._marks
         if not self._clock.on_gpu:  # perf_counter readings
+            assert self._loss is not None, "keep_loss() comes before read()"
             return after_augment - start, after_compute - after_augment, float(self._loss.detach())
         copied.synchronize()  # an event wait: the work queued after this step keeps the GPU busy
         timings = start.elapsed_time(after_augment) / 1e3, after_augment.elapsed_time(after_compute) / 1e3

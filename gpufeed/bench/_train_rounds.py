@@ -1,0 +1,146 @@
+"""How ``gpufeed bench train`` runs its rounds: both sides interleaved in chunks of steps, or one after the other.
+
+On a shared machine the speed of a training step drifts by several times within a minute
+(another job starts, the CPU's share halves). Timing one side's whole run, then the other's,
+compares two different machines. With ``chunk_steps`` set, each round starts both sides (fresh
+model and loader each) and alternates between them every ``chunk_steps`` steps, in the order
+A B B A A B ... so that a drift in time favours neither. A chunk pair (the same steps of both
+sides, run back to back) saw nearly the same machine: its samples/s ratio is one measurement, and
+the median over all pairs of all rounds is the figure that a noisy machine moves least.
+
+Only one side steps at a time; the other side's loader is idle. What it still does meanwhile is
+finish the batches it had already started (DALI's queued iterations, the DataLoader workers'
+outstanding indices): for a loader that keeps up with the step that is the one batch it starts
+when the last batch of its chunk is taken, the same for both sides. A loader that does *not*
+keep up would catch up while idle and start its next chunk with a full queue, hiding up to its
+queue depth of waits per chunk; so interleaving is the default only where the step is
+compute-bound by far (``--task depth`` on a CPU, see ``DEFAULTS`` in
+:mod:`gpufeed.bench.train`), and ``chunk_steps`` of 0 runs each side's whole round in one piece
+(each round then gives one pair).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+
+from gpufeed.bench._train_report import SIDES
+
+__all__ = ["WARMUP_STEPS", "run_rounds", "warm_up"]
+
+WARMUP_STEPS = 2
+
+
+def _ids(batch, clips: bool) -> list:
+    if clips:
+        return list(zip(batch.video_ids.tolist(), batch.start_frames.tolist(), strict=True))
+    return batch.sample_ids.tolist()
+
+
+class _Side:
+    """One side of one round: its stepper and feed, stepped a chunk at a time, timed as the trainer times."""
+
+    def __init__(self, run, side: str, augment, round_index: int) -> None:
+        self.run, self.side, self.round = run, side, round_index
+        self.stepper = run.stepper(augment)
+        self.feed = run.feed(side)  # a generator: the loader starts on the first next, inside the first wait
+        self.steps: list[dict] = []
+        self.seen: list[list] = [[] for _ in range(run.epochs)]
+        self.wall_s = 0.0
+        self.done = False
+
+    def chunk(self, count: int, bar) -> tuple[int, float]:
+        """Run up to ``count`` steps: (samples, seconds of step time); (0, 0.0) once the feed is done."""
+        samples, step_total = 0, 0.0
+        started_chunk = time.perf_counter()
+        for _ in range(count):
+            started = time.perf_counter()
+            try:
+                epoch, index, batch = next(self.feed)
+            except StopIteration:
+                self.done = True
+                break
+            wait_s = time.perf_counter() - started
+            outcome = self.stepper(batch)
+            step_s = time.perf_counter() - started
+            self.steps.append(
+                {
+                    "round": self.round,
+                    "epoch": epoch,
+                    "batch": index,
+                    "loader_wait_s": wait_s,
+                    "augment_s": outcome.augment_s,
+                    "compute_s": outcome.compute_s,
+                    "step_s": step_s,
+                    "samples": outcome.samples,
+                }
+            )
+            self.seen[epoch].extend(_ids(batch, self.run.clips))  # after the step's timing: a device-to-host copy
+            samples, step_total = samples + outcome.samples, step_total + step_s
+            bar.update(1)
+        self.wall_s += time.perf_counter() - started_chunk
+        return samples, step_total
+
+    def block(self) -> dict:
+        """What the report reads of this side's round; drops the loader and model."""
+        self.feed.close()
+        del self.feed, self.stepper
+        return {
+            "steps": self.steps,
+            "wall_s": self.wall_s,
+            "samples_per_epoch": [len(ids) for ids in self.seen],
+            "ids": self.seen,
+        }
+
+
+def run_rounds(
+    run, augmenters: dict, bar, chunk_steps: int
+) -> tuple[dict[str, list[dict]], list[dict], list[list[str]]]:
+    """Every round, both sides interleaved by chunks of ``chunk_steps`` steps (0: each side's whole round).
+
+    Returns:
+        ``(blocks, pairs, orders)``: per side, one block per round (steps, wall time, samples per
+        epoch, the ids seen); one entry per chunk pair (round, pair index, each side's samples/s,
+        the gpufeed / DataLoader ratio); the side order of each round's first pair.
+    """
+    blocks: dict[str, list[dict]] = {side: [] for side in SIDES}
+    pairs: list[dict] = []
+    orders: list[list[str]] = []
+    chunk = chunk_steps if chunk_steps > 0 else run.epochs * run.steps_per_epoch + 1
+    for r in range(run.rounds):
+        sides = {side: _Side(run, side, augmenters[side], r) for side in SIDES}
+        k = 0
+        while not all(s.done for s in sides.values()):
+            order = list(SIDES) if (r + k) % 2 == 0 else list(reversed(SIDES))
+            if k == 0:
+                orders.append(order)
+            rates: dict[str, float] = {}  # the sides that ran samples in this pair
+            for side in order:
+                bar.set_description(f"round {r + 1}/{run.rounds} {side}")
+                samples, seconds = sides[side].chunk(chunk, bar)
+                if samples and seconds > 0:
+                    rates[side] = samples / seconds
+            if len(rates) == len(SIDES):
+                ratio = rates["gpufeed"] / rates["dataloader"]
+                pairs.append({"round": r, "pair": k, **{f"{s}_samples_per_s": rates[s] for s in SIDES}, "ratio": ratio})
+            k += 1
+        for side in SIDES:
+            blocks[side].append(sides[side].block())
+        del sides
+        gc.collect()  # loader workers and DALI pipelines go now, before the next round starts (and forks)
+    return blocks, pairs, orders
+
+
+def warm_up(run, augmenters: dict) -> None:
+    """Run a few untimed steps per side on random pixels: kernels, autotuning and allocator warm."""
+    batch = run.synthetic_batch()
+    for augment in augmenters.values():
+        stepper = run.stepper(augment)
+        for _ in range(WARMUP_STEPS):
+            stepper(batch)
+    del stepper
+    gc.collect()
+    if run.device.is_gpu:
+        torch.cuda.synchronize(run.device.torch_device)

@@ -1,0 +1,220 @@
+"""The data plane: the one request path below both front ends (HTTP in :mod:`._app`, gRPC in :mod:`._grpc`).
+
+A front end only translates its wire format; everything else a request needs is asked of
+:class:`DataPlane`, so HTTP KServe, REST and gRPC clients get the same checks, limits, readiness,
+metrics and refusals, word for word:
+
+* **inference**: ``async with plane.inference(name, version) as call`` counts the request as in
+  flight (the drain waits for it) and resolves the ready model (404 unknown, 503 loading or
+  draining); :meth:`Inference.validate` runs the front's parser (:mod:`._requests`) on a
+  :class:`~gpufeed.server._offload.ParsePool` thread (:meth:`Inference.prepare`: a parser that
+  moves its own steps, KServe HTTP's), timed as the ``preprocess`` stage;
+  :meth:`Inference.infer` queues the items on the model's batcher and waits for their logits (the
+  only place in the server that submits to a batcher: queue-full, timeout and cancellation behave
+  the same for every protocol); leaving the block records the answer (``postprocess`` stage and
+  Triton's statistics) once the front has encoded it;
+* **readiness and documents**: server and model readiness (one rule,
+  :meth:`~gpufeed.server._state.ServingState.model_state`), server and model metadata, Triton's
+  model configuration, statistics and repository index.
+
+Refusals are :class:`~gpufeed.server._errors.RequestError`; each front turns them into its
+status (HTTP code, gRPC status) and counts them by reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from gpufeed import __version__
+from gpufeed.server._batcher import BatcherClosedError, QueueFullError
+from gpufeed.server._dense import output_metadata
+from gpufeed.server._errors import RequestError, shown
+from gpufeed.server._model import Item, ServedModel
+from gpufeed.server._offload import ParsePool
+from gpufeed.server._requests import kserve_inputs
+from gpufeed.server._state import NotReadyError, ServingState
+from gpufeed.server._triton import EXTENSIONS, model_config_of, repository_index
+
+__all__ = ["DataPlane", "Inference"]
+
+T = TypeVar("T")
+
+
+def _only_version_1(name: str, version: str) -> None:
+    if version not in ("", "1"):  # gRPC sends "" for "the latest"
+        raise RequestError("unknown_model", f"model {name!r} has only version 1")
+
+
+class Inference:
+    """One inference request on its way through the data plane (made by :meth:`DataPlane.inference`).
+
+    Attributes:
+        model: The ready model the request names.
+        started: ``time.perf_counter()`` when the request arrived (its timeout counts from there).
+    """
+
+    def __init__(self, plane: DataPlane, model: ServedModel, started: float) -> None:
+        self.plane, self.model, self.started = plane, model, started
+        self.items: list[Item] = []
+        self._answering_since: float | None = None
+
+    def seconds_left(self) -> float:
+        """Seconds of ``serve.request_timeout_seconds`` left to this request."""
+        return self.plane.cfg.request_timeout_seconds - (time.perf_counter() - self.started)
+
+    async def validate(self, parse: Callable[..., T], *args: Any) -> T:
+        """``parse(model, cfg, *args)`` on a parser thread (a function of :mod:`._requests`), timed as preprocess."""
+        return await self.prepare(self.plane.pool.run(parse, self.model, self.plane.cfg, *args))
+
+    async def prepare(self, work: Awaitable[T]) -> T:
+        """Await ``work``, a parser of :mod:`._requests` that says itself where its steps run, timed as preprocess."""
+        t0 = time.perf_counter()
+        result = await work
+        self.plane.metrics.observe_stage(self.model.name, "preprocess", time.perf_counter() - t0)
+        return result
+
+    async def infer(self, items: list[Item]) -> np.ndarray:
+        """Queue validated items on the model's batcher and wait for their logits, one row per item.
+
+        Raises:
+            RequestError: ``queue_full`` (503 + Retry-After) or ``timeout`` (504, after
+                ``serve.request_timeout_seconds`` from :attr:`started`).
+            NotReadyError: The batcher is closed (the server is stopping).
+        """
+        model, cfg = self.model, self.plane.cfg
+        try:
+            futures = model.batcher.submit(items)
+        except QueueFullError as err:
+            raise RequestError(
+                "queue_full",
+                f"model {model.name!r} is at capacity ({err.depth} of {err.capacity} images queued); retry later",
+                headers={"Retry-After": str(cfg.retry_after_seconds)},
+            ) from None
+        except BatcherClosedError as err:
+            raise NotReadyError(str(err)) from None
+        waiters = [asyncio.wrap_future(f) for f in futures]
+        try:
+            rows = await asyncio.wait_for(asyncio.gather(*waiters), max(self.seconds_left(), 0.001))
+        except asyncio.TimeoutError:
+            model.batcher.cancel(futures)
+            raise RequestError(
+                "timeout", f"no answer within {cfg.request_timeout_seconds:g} s (serve.request_timeout_seconds)"
+            ) from None
+        except asyncio.CancelledError:  # the server is stopping the task (or a gRPC client left): free the slots
+            model.batcher.cancel(futures)
+            raise
+        logits = np.stack(rows)
+        self.items, self._answering_since = items, time.perf_counter()
+        return logits
+
+    def _answered(self) -> None:
+        if self._answering_since is not None:
+            seconds = time.perf_counter() - self._answering_since
+            self.plane.metrics.observe_answer(self.model.name, self.items, seconds)
+
+
+class DataPlane:
+    """What both front ends ask of the server: inference, readiness, metadata, configuration, statistics.
+
+    Args:
+        state: The served models and their life cycle.
+        pool: The parser threads (and worker process) that validate requests off the event loop.
+    """
+
+    def __init__(self, state: ServingState, pool: ParsePool) -> None:
+        self.state, self.pool = state, pool
+        self.cfg, self.metrics = state.cfg, state.metrics
+
+    # -- inference ---------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def inference(self, name: str, version: str = "1", started: float | None = None) -> AsyncIterator[Inference]:
+        """One inference request: in flight while the block runs, answered when it ends without error.
+
+        Args:
+            name: The model the request names.
+            version: The version it names (``"1"``, or ``""`` for the latest; others are 404).
+            started: When the request arrived (default: now).
+
+        Raises:
+            RequestError: ``unknown_model`` (404), or :class:`NotReadyError` (503) while the model
+                loads or the server drains.
+        """
+        started = time.perf_counter() if started is None else started
+        self.metrics.inflight.inc()
+        self.state.inflight += 1  # the drain waits for these, whichever front took them
+        try:
+            call = Inference(self, self.state.model(name), started)
+            _only_version_1(call.model.name, version)
+            yield call
+            call._answered()
+        finally:
+            self.metrics.inflight.dec()
+            self.state.inflight -= 1
+
+    # -- readiness and documents -------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Every model loaded and warmed up, and the server not draining."""
+        return self.state.ready
+
+    def lookup(self, name: str, version: str = "1") -> str:
+        """The served model ``name`` (loaded or not), version 1 only; 404 ``unknown_model`` otherwise."""
+        if name not in self.state.entries:
+            raise RequestError("unknown_model", f"model {shown(name, 100)} is not served here")
+        _only_version_1(name, version)
+        return name
+
+    def model_ready(self, name: str, version: str = "1") -> bool:
+        return self.state.model_ready(self.lookup(name, version))
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "gpufeed", "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def model_metadata(self, name: str, version: str = "1") -> dict[str, Any]:
+        """KServe model metadata: the inputs a request may send, the outputs, and the model's facts."""
+        card = self.state.entries[self.lookup(name, version)].card
+        spec = card.spec
+        facts = {
+            "task": spec.task,
+            "architecture": spec.name,
+            "batch_size": card.batch_size,
+            "precision": card.precision,
+            "size_px": spec.to_dict()["size_px"],
+            "width_px": spec.size.width_px,
+            "height_px": spec.size.height_px,
+            "eval_crop_fraction": spec.eval_crop_fraction,
+            "clip_length_frames": spec.clip_length_frames,
+            "layout": spec.input_layout,
+            "multilabel": spec.multilabel,
+            "labels": list(card.labels),
+            # A request sends exactly one of the inputs (the encoded image or the decoded pixels).
+            "inputs_per_request": 1,
+        }
+        return {
+            "name": name,
+            "versions": ["1"],
+            "platform": "onnxruntime_onnx",
+            "inputs": kserve_inputs(card),
+            "outputs": [{"name": n, "datatype": "FP32", "shape": shape} for n, shape in output_metadata(spec)],
+            "parameters": facts,
+        }
+
+    def model_config(self, name: str, version: str = "1") -> dict[str, Any]:
+        """Triton's model configuration (JSON form)."""
+        return model_config_of(self.state, self.lookup(name, version))
+
+    def statistics(self, name: str | None = None, version: str = "1") -> dict[str, Any]:
+        """Triton's inference statistics of one model, or of every served one (``name`` ``None``)."""
+        names = [self.lookup(name, version)] if name is not None else list(self.state.entries)
+        return self.metrics.stats.response(names)
+
+    def repository_index(self, ready_only: bool) -> list[dict[str, str]]:
+        return repository_index(self.state, ready_only)
