@@ -11,11 +11,9 @@ import io
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -66,32 +64,6 @@ def encode(pixels: np.ndarray, fmt: str = "JPEG") -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format=fmt, **({"quality": 92} if fmt == "JPEG" else {}))
     return buffer.getvalue()
-
-
-def png_with_damaged_data(png: bytes) -> bytes:
-    """A PNG whose IDAT data is garbage but whose CRCs are right: passes every header check,
-    fails only a real decode (what DALI meets inside a batch)."""
-    data = bytearray(png)
-    at = data.index(b"IDAT")
-    (length,) = struct.unpack(">I", data[at - 4 : at])
-    start = at + 4
-    for k in range(start + 10, start + min(length, 60)):
-        data[k] ^= 0x5A
-    crc = zlib.crc32(bytes(data[at : start + length])) & 0xFFFFFFFF
-    data[start + length : start + length + 4] = struct.pack(">I", crc)
-    return bytes(data)
-
-
-def png_bomb_header(width: int, height: int) -> bytes:
-    """A tiny, valid-looking PNG that declares ``width x height`` pixels (a decompression bomb)."""
-
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
-    )
 
 
 KSERVE_CLIENT = Path(__file__).parent / "kserve_client.py"

@@ -33,6 +33,7 @@ from PIL import Image, ImageOps
 from videohelp import encode_tagged_video, mux_silence
 
 from gpufeed.synth import CLASS_NAMES, CLASS_WORDS, behaviour_labels, draw_tag
+from gpufeed.synth._damaged import declare_size, png_chunk, png_chunks
 from gpufeed.synth._videos import write_label_csv
 
 __all__ = [
@@ -94,10 +95,6 @@ class OddVideo:
 # -- encoders -------------------------------------------------------------------------------------
 
 
-def _chunk(kind: bytes, body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-
 _ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
 
 
@@ -117,8 +114,10 @@ def encode_png(pixels: np.ndarray, interlace: bool = False, exif: bytes | None =
             for row in sub:
                 raw += b"\x00" + row.tobytes()
     header = struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 1 if interlace else 0)
-    extra = _chunk(b"eXIf", exif) if exif else b""
-    body = _chunk(b"IHDR", header) + extra + _chunk(b"IDAT", zlib.compress(bytes(raw), 9)) + _chunk(b"IEND", b"")
+    extra = png_chunk(b"eXIf", exif) if exif else b""
+    body = (
+        png_chunk(b"IHDR", header) + extra + png_chunk(b"IDAT", zlib.compress(bytes(raw), 9)) + png_chunk(b"IEND", b"")
+    )
     return b"\x89PNG\r\n\x1a\n" + body
 
 
@@ -149,21 +148,6 @@ def oriented_png(oriented: np.ndarray, orientation: int) -> bytes:
     """A PNG with an ``eXIf`` chunk that shows ``oriented`` once its ``orientation`` is applied."""
     tiff = _exif(orientation).removeprefix(b"Exif\x00\x00")  # an eXIf chunk holds the TIFF block alone
     return encode_png(stored_pixels(oriented, orientation), exif=tiff)
-
-
-def declare_size(data: bytes, width: int, height: int) -> bytes:
-    """A JPEG or PNG with its header rewritten to declare ``width`` x ``height`` (the data unchanged)."""
-    out = bytearray(data)
-    if data.startswith(b"\x89PNG"):
-        out[16:24] = struct.pack(">II", width, height)
-        out[29:33] = struct.pack(">I", zlib.crc32(bytes(out[12:29])))
-        return bytes(out)
-    for marker in (b"\xff\xc0", b"\xff\xc2"):
-        at = out.find(marker)
-        if at >= 0:
-            out[at + 5 : at + 9] = struct.pack(">HH", height, width)
-            return bytes(out)
-    raise ValueError("no frame header")
 
 
 def reference_rgb(path: str | Path) -> np.ndarray:
@@ -278,9 +262,9 @@ def _write_bad(folder: Path) -> list[OddImage]:
     # A PNG whose compressed data stops early, but whose chunks (IDAT with a correct CRC, IEND) are
     # whole: as if it had been cut at a chunk boundary and given an IEND.
     noise = encode_png(np.random.default_rng(2).integers(0, 255, (200, 300, 3), dtype=np.uint8))
-    _, idat_at, idat_length = next(chunk for chunk in _png_chunks(noise) if chunk[0] == b"IDAT")
+    _, idat_at, idat_length = next(chunk for chunk in png_chunks(noise) if chunk[0] == b"IDAT")
     stream = noise[idat_at + 8 : idat_at + 8 + idat_length]
-    short_stream = noise[:idat_at] + _chunk(b"IDAT", stream[: len(stream) // 3]) + _chunk(b"IEND", b"")
+    short_stream = noise[:idat_at] + png_chunk(b"IDAT", stream[: len(stream) // 3]) + png_chunk(b"IEND", b"")
     bad_crc = bytearray(png)
     bad_crc[png.index(b"IDAT") + 10] ^= 0x40
     gif = io.BytesIO()
@@ -305,15 +289,6 @@ def _write_bad(folder: Path) -> list[OddImage]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         out.append(OddImage(path, label, bad=words, decode_only=decode_only))
-    return out
-
-
-def _png_chunks(data: bytes) -> list[tuple[bytes, int, int]]:
-    pos, out = 8, []
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos : pos + 4])
-        out.append((data[pos + 4 : pos + 8], pos, length))
-        pos += 12 + length
     return out
 
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from gpufeed.bench.loader import EpochBatches, PilCropDataset, make_bench_images, run_loader_bench
+from gpufeed.bench.loader import EpochBatches, PilCropDataset, run_loader_bench
 from gpufeed.pipelines import ImageDataset
 from gpufeed.pipelines._windows import train_windows
+from gpufeed.synth._photos import make_bench_images
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -14,12 +14,12 @@ from conftest import DEVICES
 
 from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips
 from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
-from gpufeed.bench.loader import make_bench_images
 from gpufeed.cli import main
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ImageDataset, ImageLoader, VideoDataset
 from gpufeed.synth import read_tag
+from gpufeed.synth._photos import make_bench_images
 
 pytestmark = pytest.mark.timeout(300)
 

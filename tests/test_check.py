@@ -4,25 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import struct
 import subprocess
 import sys
-import zlib
 
 import pytest
-from oddmedia import declare_size
 
 from gpufeed.pipelines import DatasetError, ImageDataset, check_path
-
-
-def png_with_damaged_data(data: bytes) -> bytes:
-    """Flip bytes of the first IDAT's data and fix its CRC: whole structure, only a decode finds it."""
-    body = bytearray(data)
-    at = body.index(b"IDAT")
-    (length,) = struct.unpack(">I", body[at - 4 : at])
-    body[at + 4 : at + 34] = bytes(b ^ 0x77 for b in body[at + 4 : at + 34])
-    body[at + 4 + length : at + 8 + length] = struct.pack(">I", zlib.crc32(bytes(body[at : at + 4 + length])))
-    return bytes(body)
+from gpufeed.synth._damaged import declare_size, png_with_damaged_data
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 from conftest import DEVICES
-from oddmedia import declare_size, encode_png, oriented_jpeg, oriented_png
+from oddmedia import encode_png, oriented_jpeg, oriented_png
 from PIL import Image, ImageOps
 
 from gpufeed._config_data import DataConfig
@@ -16,6 +16,7 @@ from gpufeed._config_serve import ServeConfig
 from gpufeed.pipelines import _image_verify as verify
 from gpufeed.pipelines import decode_problem, read_image_facts
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
+from gpufeed.synth._damaged import declare_size
 
 pytestmark = pytest.mark.timeout(300)
 

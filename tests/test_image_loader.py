@@ -167,7 +167,7 @@ def _copy_split(synth_dir, tmp_path):
 
 
 def _corrupt_png_body(path):
-    from test_check import png_with_damaged_data
+    from gpufeed.synth._damaged import png_with_damaged_data
 
     path.write_bytes(png_with_damaged_data(path.read_bytes()))  # the CRC still matches
 

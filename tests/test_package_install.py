@@ -325,7 +325,7 @@ def test_obs_reads_the_rules_and_dashboards_installed_with_the_package(installed
 
 @pytest.mark.parametrize(
     ("command", "extra"),
-    [(["bench", "server"], "bench"), (["bench", "fuzz"], "bench"), (["demo"], "demo")],
+    [(["bench", "server"], "bench"), (["reliability", "fuzz"], "bench"), (["demo"], "demo")],
 )
 def test_a_command_whose_extra_is_missing_says_what_to_install(installed, command, extra):
     cwd = installed["cwd"] / f"needs-{extra}-{'-'.join(command)}"

@@ -1,4 +1,4 @@
-"""The one report shape of the fault and load runs (gpufeed._report, gpufeed.bench._server_runs), without a server."""
+"""The one report shape of the fault and load runs (gpufeed._report, gpufeed.reliability._server_runs), without a server."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass
 
 from gpufeed._report import Check, Checklist, finish
-from gpufeed.bench._server_runs import ServerRunReport
-from gpufeed.bench.drain import DrainReport
+from gpufeed.reliability._drain import DrainReport
+from gpufeed.reliability._server_runs import ServerRunReport
 
 
 @dataclass

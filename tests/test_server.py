@@ -272,7 +272,7 @@ def test_clip_model_through_the_uint8_tensor_path(server):
 
 
 def test_a_bad_image_in_a_batch_fails_alone(server, val_set):
-    from _serving import png_with_damaged_data
+    from gpufeed.synth._damaged import png_with_damaged_data
 
     png = next(p for p in val_set.paths if p.endswith(".png"))
     damaged = png_with_damaged_data(Path(png).read_bytes())  # passes validation, fails in DALI
@@ -312,10 +312,9 @@ def _item(blob, where="test image"):
 def test_batch_step_runs_at_the_smallest_size_that_holds_the_batch_and_isolates_a_bad_row(val_set):
     """ServedModel.run_batch without HTTP: at every batch size, rows come back in order whatever the mix,
     each equal to its answer alone (no neighbour or padding leaks in), padding discarded."""
-    from _serving import png_with_damaged_data
-
     from gpufeed.server import RequestError
     from gpufeed.server._model import Item
+    from gpufeed.synth._damaged import png_with_damaged_data
 
     model = _served_model()
     try:

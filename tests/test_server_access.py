@@ -333,7 +333,7 @@ def _read_answer(sock: socket.socket) -> bytes:
 
 def test_request_heads_are_bounded_too():
     """serve.max_header_bytes: a 20 MB header is refused with 431 early, and the server's memory does not grow."""
-    from gpufeed.bench._serve_proc import ServeProcess
+    from gpufeed.reliability._serve_proc import ServeProcess
 
     with ServeProcess(exported_repo() / IMAGE_MODEL, ["serve.warmup_batches=1"]) as server:
         rss_before = server.rss_bytes()

@@ -22,8 +22,6 @@ from _serving import (
     IMAGE_MODEL,
     encode,
     exported_repo,
-    png_bomb_header,
-    png_with_damaged_data,
 )
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -31,6 +29,7 @@ from gpufeed.config import parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.server import start_server
 from gpufeed.server._repo import ModelRepoError
+from gpufeed.synth._damaged import png_declaring, png_with_damaged_data
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -95,7 +94,7 @@ BAD_REQUESTS = [
     ("png-damaged-data", _rest(png_with_damaged_data(GOOD_PNG), "image/png"), 400, "corrupt_image", "damaged"),
     ("gif", _rest(_gif(), "image/png"), 415, "unsupported_media_type", "GIF"),
     ("text-content-type", _rest(GOOD_JPEG, "text/plain"), 415, "unsupported_media_type", "text/plain"),
-    ("bomb", _rest(png_bomb_header(30000, 30000), "image/png"), 400, "too_many_pixels", "900,000,000 pixels"),
+    ("bomb", _rest(png_declaring(30000, 30000), "image/png"), 400, "too_many_pixels", "900,000,000 pixels"),
     ("bad-top-k", _rest(GOOD_JPEG, query="?top_k=99"), 400, "malformed_request", "top_k"),
     (
         "multipart-no-file",

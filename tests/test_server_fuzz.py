@@ -2,7 +2,7 @@
 
 * schemathesis (its CLI: coverage, fuzzing and stateful phases, positive and negative data) against
   the server's own /openapi.json: no 5xx, and every response conforms to the document;
-* the generated corpus of malformed requests (gpufeed.bench._corpus): every answer a 4xx with the
+* the generated corpus of malformed requests (gpufeed.reliability._corpus): every answer a 4xx with the
   expected reason and a message naming the problem, every refusal counted by reason, and valid
   requests still answered with the right scores after each category.
 
@@ -22,10 +22,10 @@ import pytest
 from _serving import CLIP_MODEL, IMAGE_MODEL, encode, exported_repo
 
 from gpufeed import __version__
-from gpufeed.bench._corpus import Target, malformed_corpus
-from gpufeed.bench._serve_proc import ServeProcess
-from gpufeed.bench.fuzz import FUZZ_LIMITS, run_corpus, valid_request_check
 from gpufeed.models import read_model_card
+from gpufeed.reliability._corpus import Target, malformed_corpus
+from gpufeed.reliability._fuzz import FUZZ_LIMITS, run_corpus, valid_request_check
+from gpufeed.reliability._serve_proc import ServeProcess
 from gpufeed.server._openapi import openapi_document
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(600)]
@@ -103,5 +103,5 @@ def test_malformed_request_corpus(served):
     strict = {c: v for c, v in summary["categories"].items() if c not in ("bitflip_jpeg", "bitflip_png")}
     assert sum(v["decoded"] for v in strict.values()) <= 2, "only the two known still-decodable corruptions pass"
     assert summary["valid_checks"] == len({p.category for p in probes})
-    assert served.proc.poll() is None, "the server process is alive"
+    assert served.running(), "the server process is alive"
     assert httpx.get(served.url + "/v2/health/ready").status_code == 200

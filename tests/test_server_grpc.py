@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.grpc.aio as tgrpc_aio
 import tritonclient.http as thttp
-from _serving import CLIP_MODEL, IMAGE_MODEL, encode, exported_repo, png_bomb_header, run_kserve_client
+from _serving import CLIP_MODEL, IMAGE_MODEL, encode, exported_repo, run_kserve_client
 from google.protobuf import json_format
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
@@ -27,6 +27,7 @@ from tritonclient.utils import InferenceServerException
 from gpufeed.config import parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.server import ServerStartError, start_server
+from gpufeed.synth._damaged import png_declaring
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 
@@ -221,7 +222,7 @@ def _infer_request(name="image", datatype="BYTES", shape=None, raw=None, model=I
         ),
         (_infer_request(raw=(12).to_bytes(4, "little") + b"not an image"), Code.INVALID_ARGUMENT, "not a JPEG or PNG"),
         (
-            _infer_request(raw=(len(b := png_bomb_header(60000, 60000))).to_bytes(4, "little") + b),
+            _infer_request(raw=(len(b := png_declaring(60000, 60000))).to_bytes(4, "little") + b),
             Code.INVALID_ARGUMENT,
             "serve.max_image_pixels",
         ),

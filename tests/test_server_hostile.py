@@ -255,7 +255,7 @@ def test_request_heads_are_limited_exactly_at_max_header_bytes(server, split):
 
 
 def test_heads_between_64_and_100_kib_get_431_with_the_default_limit():
-    from gpufeed.bench._serve_proc import ServeProcess
+    from gpufeed.reliability._serve_proc import ServeProcess
 
     with ServeProcess(exported_repo() / IMAGE_MODEL, ["serve.warmup_batches=1"]) as server:
         assert _raw(server.port, _head_of(64 * 1024)).startswith(b"HTTP/1.1 200")
@@ -341,8 +341,8 @@ def test_parsing_happens_off_the_event_loop(server, monkeypatch):
 
 def test_liveness_while_large_bodies_are_refused():
     """Figures only (printed with -s); the verdict is `gpufeed bench fuzz`'s. Asserted: every body refused with a 4xx."""
-    from gpufeed.bench._liveness import measure_liveness, print_liveness
-    from gpufeed.bench._serve_proc import ServeProcess
+    from gpufeed.reliability._liveness import measure_liveness, print_liveness
+    from gpufeed.reliability._serve_proc import ServeProcess
 
     card = read_model_card(exported_repo() / IMAGE_MODEL)
     with ServeProcess(exported_repo() / IMAGE_MODEL, ["serve.warmup_batches=1"]) as server:
@@ -350,7 +350,7 @@ def test_liveness_while_large_bodies_are_refused():
             server.host, server.port, card.name, card.input_name, tuple(card.sample_shape),
             body_bytes=16 * 1024 * 1024 - 4096, seconds=4.0,
         )  # fmt: skip
-        alive = server.proc.poll() is None
+        alive = server.running()
     print_liveness(result)
     assert alive and result["bodies_answered"] and set(result["bodies_answered"]) <= {400, 413}
     assert result["under_load"]["probes"] > 10, "liveness was answered throughout"

@@ -6,12 +6,12 @@ import io
 
 import numpy as np
 import pytest
-from oddmedia import declare_size
 from PIL import Image
 
 from gpufeed.pipelines import decode_problem
 from gpufeed.server import RequestError
 from gpufeed.server._preprocess import ImageDecoder, inspect_image
+from gpufeed.synth._damaged import declare_size
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -36,6 +36,8 @@ def _color_twist_fragment(augment: LoaderAugment, rows_needed: int, seed: int) -
     from nvidia.dali import fn, types
 
     jitter = augment.jitter
+    if jitter is None:
+        raise ValueError("the loader's augmentation has no colour jitter to compare with fn.color_twist")
     u = augment.uniforms(seed, 0, np.arange(rows_needed))
 
     def spread(column: int, r: float) -> np.ndarray:
@@ -47,7 +49,7 @@ def _color_twist_fragment(augment: LoaderAugment, rows_needed: int, seed: int) -
 
     def fragment(images, batch_size: int):
         b, c, s, h = fn.external_source(
-            source=RowsFeed(columns, batch_size), num_outputs=4, batch=True, dtype=[types.FLOAT] * 4
+            source=RowsFeed(columns, batch_size), num_outputs=4, batch=True, dtype=[types.DALIDataType.FLOAT] * 4
         )
         return fn.color_twist(images, brightness=b, contrast=c, saturation=s, hue=h)
 
@@ -107,7 +109,7 @@ class GraphTimer:
         variants: dict,
         *,
         batch_size: int,
-        size_px: SizePx | int,
+        size_px: SizePx | int | tuple[int, int],
         device_id: int | None,
         num_threads: int,
         iterations: int,
@@ -115,11 +117,11 @@ class GraphTimer:
     ) -> None:
         import torch
 
-        batch = np.random.default_rng(seed).integers(
+        pixels = np.random.default_rng(seed).integers(
             0, 256, (batch_size, *parse_size_px(size_px).hw, 3), dtype=np.uint8
         )
-        if device_id is not None:
-            batch = torch.from_numpy(batch).cuda(device_id)  # DALI reads it through __cuda_array_interface__
+        # On a GPU, DALI reads the batch through __cuda_array_interface__.
+        batch = pixels if device_id is None else torch.from_numpy(pixels).cuda(device_id)
         self.device_id, self.iterations = device_id, iterations
         self._turn = -1
         self.pipes = {

@@ -1,11 +1,15 @@
-"""Shared benchmark helpers: machine facts and medians (tables and JSON live in gpufeed._text, gpufeed._files)."""
+"""Shared benchmark helpers: machine facts, medians, quiet HTTP logs (tables and JSON: gpufeed._text, gpufeed._files).
+
+The reliability runs (``gpufeed.reliability``) drive the server with this package's client too.
+"""
 
 from __future__ import annotations
 
+import logging
 import platform
 import statistics
 
-__all__ = ["machine_facts", "median"]
+__all__ = ["machine_facts", "median", "quiet_http_logs"]
 
 
 def machine_facts(device) -> dict:
@@ -29,3 +33,8 @@ def machine_facts(device) -> dict:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def quiet_http_logs() -> None:
+    """httpx logs every request at INFO; the runs poll and probe a lot, so keep that out of their output."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -191,10 +191,9 @@ def run_load(
         response_timeout_s: A request without an answer by then counts as status 599 (``no_answer``).
     """
     requests = [multipart_request(host, port, path, image, headers=headers) for image in images]
+    run = _run(host, port, requests, concurrency, warmup_s, seconds, response_timeout_s)
     try:
         import uvloop
-
-        runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is optional
-        runner = asyncio.run
-    return runner(_run(host, port, requests, concurrency, warmup_s, seconds, response_timeout_s))
+        return asyncio.run(run)
+    return uvloop.run(run)

@@ -26,12 +26,17 @@ every step, so nothing else could overlap it).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines import ClipBatch, ImageBatch
 from gpufeed.pipelines._windows import train_windows
+
+if TYPE_CHECKING:  # PyAV loads in the DataLoader's workers only
+    from av.video.reformatter import VideoReformatter
 
 __all__ = [
     "EpochKeys",
@@ -113,12 +118,14 @@ class PyAvSeekClips(torch.utils.data.Dataset):
     after the clip's first frame is an error rather than a silently wrong clip.
     """
 
-    def __init__(self, dataset, clip_length_frames: int, stride_frames: int, size_px: SizePx | int) -> None:
+    def __init__(
+        self, dataset, clip_length_frames: int, stride_frames: int, size_px: SizePx | int | tuple[int, int]
+    ) -> None:
         self.paths, self.labels = dataset.paths, dataset.labels
         self.offsets = np.arange(clip_length_frames) * stride_frames
         self.size = parse_size_px(size_px)
         self._open: dict = {}
-        self._reformatter = None
+        self._reformatter: VideoReformatter | None = None
 
     def __len__(self) -> int:
         return len(self.paths)

@@ -116,12 +116,13 @@ def run_rounds(
             order = list(SIDES) if (r + k) % 2 == 0 else list(reversed(SIDES))
             if k == 0:
                 orders.append(order)
-            rates = {}
+            rates: dict[str, float] = {}  # the sides that ran samples in this pair
             for side in order:
                 bar.set_description(f"round {r + 1}/{run.rounds} {side}")
                 samples, seconds = sides[side].chunk(chunk, bar)
-                rates[side] = samples / seconds if samples and seconds > 0 else None
-            if all(rates.values()):
+                if samples and seconds > 0:
+                    rates[side] = samples / seconds
+            if len(rates) == len(SIDES):
                 ratio = rates["gpufeed"] / rates["dataloader"]
                 pairs.append({"round": r, "pair": k, **{f"{s}_samples_per_s": rates[s] for s in SIDES}, "ratio": ratio})
             k += 1

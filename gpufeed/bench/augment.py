@@ -23,8 +23,10 @@ import dataclasses
 import time
 import warnings
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from gpufeed._files import write_json
+import numpy as np
+
 from gpufeed._size import parse_size_px
 from gpufeed._text import format_table
 from gpufeed.bench._augment_graph import GraphTimer, graph_variants
@@ -40,8 +42,17 @@ from gpufeed.train._tasks import ImageTask, to_channels_last
 
 __all__ = ["print_augment_result", "run_augment_bench"]
 
-GPU_DEFAULTS = {"model": "resnet18", "size_px": 224, "batch_size": 256}
-CPU_DEFAULTS = {"model": "resnet18", "size_px": 64, "batch_size": 16}
+
+class StepDefaults(NamedTuple):
+    """The model step a run measures against when its arguments say None."""
+
+    model: str
+    size_px: int
+    batch_size: int
+
+
+GPU_DEFAULTS = StepDefaults(model="resnet18", size_px=224, batch_size=256)
+CPU_DEFAULTS = StepDefaults(model="resnet18", size_px=64, batch_size=16)
 TARGET_SHARE = 0.20
 
 
@@ -178,8 +189,8 @@ def run_augment_bench(
 
     choice = resolve_device(device)
     defaults = GPU_DEFAULTS if choice.is_gpu else CPU_DEFAULTS
-    model = model or defaults["model"]
-    batch_size, size_px = batch_size or defaults["batch_size"], size_px or defaults["size_px"]
+    model = model or defaults.model
+    batch_size, size_px = batch_size or defaults.batch_size, size_px or defaults.size_px
     amp_dtype = resolve_amp(amp, choice)
     torch_device, clock = choice.torch_device, _Clock(choice.is_gpu)
     torch.manual_seed(seed)
@@ -191,7 +202,11 @@ def run_augment_bench(
 
     defaults_cfg = AugmentConfig()
     plan = plan_augmentation(defaults_cfg, dtype=amp_dtype)
-    device_variants = {
+    loader_augment = plan.loader
+    if loader_augment is None:
+        raise RuntimeError(f"the default augmentation {defaults_cfg.ops} runs nothing in the loader's graph")
+    # (op, where, precision) for each op on the device; "before" and "now" for the default augmentation.
+    device_variants: dict[tuple[str, str, str] | str, Augmenter] = {
         (op, place, precision): build_augmenter(cfg, dtype=dtype).to(torch_device)
         for op, place, precision, cfg, dtype in _device_variants(amp_dtype)
     }
@@ -199,7 +214,7 @@ def run_augment_bench(
     device_variants["now"] = plan.augmenter.to(torch_device)
     threads = num_threads or default_num_threads()
     variants = graph_variants(
-        plan.loader, defaults_cfg.grayscale.p, batch_size * (rounds * (graph_iterations + 1) + 4), seed
+        loader_augment, defaults_cfg.grayscale.p, batch_size * (rounds * (graph_iterations + 1) + 4), seed
     )
     graph = GraphTimer(
         variants,
@@ -232,12 +247,12 @@ def run_augment_bench(
     syncs = {key: clock.syncs(lambda a=augmenter: a(pixels)) for key, augmenter in device_variants.items()}
     before = ("color_jitter", "kornia, random order (previous default)", "float32")
     rows = [_row(*before, device_s["before"], step_s, syncs["before"])]
-    rows += [_row(*key, device_s[key], step_s, syncs[key]) for key in device_variants if key not in ("before", "now")]
+    rows += [_row(*key, device_s[key], step_s, syncs[key]) for key in device_variants if isinstance(key, tuple)]
     for name, spec in variants.items():
         if spec is not None:
             marginal = max(0.0, graph_s[name] - graph_s["none"])
             rows.append(_row(spec[0], f"loader: {spec[1]}", "uint8/float32", marginal, step_s, None))
-    params_s = median(clock_host(lambda: plan.loader.rows(seed, 0, list(range(batch_size))), rounds))
+    params_s = median(clock_host(lambda: loader_augment.rows(seed, 0, np.arange(batch_size)), rounds))
     loader_now_s = max(0.0, graph_s["color_jitter"] - graph_s["none"])
     now_s = loader_now_s + device_s["now"]
     return {
@@ -299,19 +314,3 @@ def print_augment_result(result: dict) -> None:
         f"now {d['now_ms']:.2f} ms = {100 * d['now_share']:.1f}% (loader {d['now_loader_ms']:.2f} ms + device "
         f"{d['now_device_ms']:.2f} ms); target <= {100 * d['target_share']:.0f}%"
     )
-
-
-def main_augment(args) -> int:
-    result = run_augment_bench(
-        device=args.device,
-        model=args.model,
-        batch_size=args.batch_size,
-        size_px=args.image_size,
-        amp=args.amp,
-        rounds=args.rounds,
-        num_threads=args.workers,
-    )
-    print_augment_result(result)
-    if args.json:
-        write_json(args.json, result)
-    return 0

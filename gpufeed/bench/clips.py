@@ -26,17 +26,18 @@ Rounds are interleaved across contenders; medians and ratios are reported.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from gpufeed._files import write_json
-from gpufeed._size import SizePx, parse_size_px
+from gpufeed._size import SizePx, parse_size_px, size_px_value
 from gpufeed._text import format_table
 from gpufeed.bench._clip_videos import make_bench_videos, prepared_bench_videos, stored_bench_videos
 from gpufeed.bench._common import machine_facts, median
 from gpufeed.config import LoaderConfig, VideoConfig
-from gpufeed.device import resolve_device
+from gpufeed.device import DeviceChoice, resolve_device
 from gpufeed.pipelines import ClipLoader, VideoDataset
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.synth import TagError, read_tag
@@ -45,6 +46,19 @@ __all__ = ["make_bench_videos", "prepared_bench_videos", "run_clip_bench"]
 
 _DEEPETHOGRAM_FRAMES_PER_SECOND = 1200  # the loading rate DeepEthogram's authors say training needs
 _STORE_SETS = {"folder": "frame_folder", "hdf5": "hdf5"}
+CONTENDERS = ("gpufeed", "decode_from_start", "opencv_seek", "torchcodec")
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What one run reads and how (the keyword arguments of :func:`run_clip_bench`, workers resolved)."""
+
+    clip_length: int
+    stride: int
+    size: int | tuple[int, int]  # as a config holds it (VideoConfig.size_px)
+    batch_size: int
+    workers: int
+    seed: int
 
 
 class DecodeFromStartClips:
@@ -211,7 +225,7 @@ def _contenders(requested: tuple[str, ...], device) -> tuple[list[str], dict[str
 class _BenchSet:
     """One folder of videos, its clip loader, and a runner per contender (same clips for all)."""
 
-    def __init__(self, folder: Path, args, choice) -> None:
+    def __init__(self, folder: Path, args: _Settings, choice: DeviceChoice) -> None:
         self.args, self.choice = args, choice
         self.dataset = VideoDataset.from_folder(folder, progress=True)
         video_cfg = VideoConfig(clip_length_frames=args.clip_length, stride_frames=args.stride, size_px=args.size)
@@ -231,13 +245,14 @@ class _BenchSet:
         if contender == "gpufeed":
             return _gpufeed_epoch(self.loader, epoch, count)
         paths = [(self.dataset.paths[v], s) for v, s in self.clips(epoch, count)]
+        size = parse_size_px(a.size)
         if contender == "decode_from_start":
-            data = DecodeFromStartClips(paths, a.clip_length, a.stride, a.size)
-            return _dataloader_epoch(data, a.batch_size, a.workers, self.choice)
+            naive = DecodeFromStartClips(paths, a.clip_length, a.stride, size)
+            return _dataloader_epoch(naive, a.batch_size, a.workers, self.choice)
         if contender == "opencv_seek":
-            data = OpenCvSeekClips(paths, a.clip_length, a.stride, a.size)
-            return _dataloader_epoch(data, a.batch_size, a.workers, self.choice)
-        return _torchcodec_epoch(paths, a.clip_length, a.stride, a.size, self.choice)
+            seeking = OpenCvSeekClips(paths, a.clip_length, a.stride, size)
+            return _dataloader_epoch(seeking, a.batch_size, a.workers, self.choice)
+        return _torchcodec_epoch(paths, a.clip_length, a.stride, size, self.choice)
 
     def exactness(self, contender: str, count: int) -> float:
         """Untimed (also the warm-up): share of clips with exactly the frames asked for."""
@@ -258,34 +273,63 @@ def _paired_ratio(a: list[float], b: list[float]) -> float:
     return median([x / y for x, y in zip(a, b, strict=True) if y > 0])
 
 
-def run_clip_bench(args) -> dict:
+def run_clip_bench(
+    *,
+    videos: int = 4,
+    seconds: int = 120,
+    video_size: int = 256,
+    gop: int = 250,
+    clip_length: int = 11,
+    stride: int = 1,
+    size: SizePx | int | tuple[int, int] = 112,
+    batch_size: int = 8,
+    clips: int = 256,
+    naive_clips: int = 12,
+    verify_clips: int = 24,
+    stores: tuple[str, ...] = ("folder", "hdf5"),
+    rounds: int = 5,
+    workers: int = 0,
+    contenders: tuple[str, ...] = CONTENDERS,
+    seed: int = 0,
+    device: str = "auto",
+    cache: Path = Path(".cache/bench"),
+) -> dict:
     """Run every available contender on the long-GOP and the prepared videos; return the figures.
 
     Each round runs every (video set, contender) once, alternating the order between rounds;
     ratios are medians of per-round ratios, which cancels most of a shared machine's drift.
+
+    Args:
+        videos: Generated videos, each ``seconds`` long at 30 fps, ``video_size`` px square, a
+            keyframe every ``gop`` frames (cached in ``cache``).
+        clip_length: Frames per clip, ``stride`` apart, resized to ``size`` (N or (width, height)).
+        clips: Clips per timed round (``naive_clips`` for decode-from-start); ``verify_clips``
+            are checked for exact frames, untimed.
+        stores: Also read the videos as ``folder`` (frame folders) and ``hdf5`` files of JPEG frames.
+        rounds: Timed rounds per reader, interleaved.
+        workers: Processes/threads per reader; 0 means one per core.
+        contenders: Readers to run (of :data:`CONTENDERS`); those unavailable here are listed, not run.
     """
-    choice = resolve_device(args.device)
-    args.workers = args.workers or default_num_threads()
-    contenders, missing = _contenders(tuple(args.contenders), choice)
-    source = make_bench_videos(args.cache, args.videos, args.seconds, 30, args.video_size, args.gop, args.seed)
-    prepared = prepared_bench_videos(source, args.clip_length, args.stride)
+    choice = resolve_device(device)
+    args = _Settings(clip_length, stride, size_px_value(size), batch_size, workers or default_num_threads(), seed)
+    contenders_run, missing = _contenders(tuple(contenders), choice)
+    source = make_bench_videos(cache, videos, seconds, 30, video_size, gop, seed)
+    prepared = prepared_bench_videos(source, clip_length, stride)
     sets = {"long_gop": _BenchSet(source, args, choice), "prepared": _BenchSet(prepared, args, choice)}
     # The same videos as frame folders and HDF5 files of JPEG frames: only gpufeed reads those.
-    readers = {name: contenders for name in sets}
-    for store in getattr(args, "stores", ()):
+    readers = {name: contenders_run for name in sets}
+    for store in stores:
         sets[_STORE_SETS[store]] = _BenchSet(stored_bench_videos(source, store), args, choice)
-        readers[_STORE_SETS[store]] = [c for c in contenders if c == "gpufeed"]
-    counts = {c: args.naive_clips if c == "decode_from_start" else args.clips for c in contenders}
-    exact = {
-        name: {c: s.exactness(c, min(counts[c], args.verify_clips)) for c in readers[name]} for name, s in sets.items()
-    }
-    rates = {name: {c: [] for c in readers[name]} for name in sets}
+        readers[_STORE_SETS[store]] = [c for c in contenders_run if c == "gpufeed"]
+    counts = {c: naive_clips if c == "decode_from_start" else clips for c in contenders_run}
+    exact = {name: {c: s.exactness(c, min(counts[c], verify_clips)) for c in readers[name]} for name, s in sets.items()}
+    rates: dict[str, dict[str, list[float]]] = {name: {c: [] for c in readers[name]} for name in sets}
     jobs = [(name, c) for name in sets for c in readers[name]]
-    for r in range(args.rounds):
+    for r in range(rounds):
         for name, contender in jobs if r % 2 == 0 else reversed(jobs):
-            seconds, got, _ = sets[name].run(contender, r, counts[contender])
-            rates[name][contender].append(got / seconds)
-    result = {
+            elapsed_s, got, _ = sets[name].run(contender, r, counts[contender])
+            rates[name][contender].append(got / elapsed_s)
+    result: dict[str, Any] = {
         "benchmark": "clips",
         "clip_length_frames": args.clip_length,
         "stride_frames": args.stride,
@@ -294,7 +338,7 @@ def run_clip_bench(args) -> dict:
         "height_px": parse_size_px(args.size).height_px,
         "batch_size": args.batch_size,
         "workers": args.workers,
-        "rounds": args.rounds,
+        "rounds": rounds,
         "clips_per_round": counts,
         "unavailable": missing,
         "machine": machine_facts(choice),
@@ -357,11 +401,3 @@ def print_clip_result(result: dict) -> None:
             f"gpufeed on {name}: {fps:,.0f} frames/s, {share:.2f}x DeepEthogram's stated need of "
             f"{_DEEPETHOGRAM_FRAMES_PER_SECOND:,} frames/s"
         )
-
-
-def main_clips(args) -> int:
-    result = run_clip_bench(args)
-    print_clip_result(result)
-    if args.json:
-        write_json(args.json, result)
-    return 0

@@ -15,40 +15,26 @@ For generated photo-like JPEGs and PNGs at 640x480, 1920x1080 and 4000x3000 it t
 
 from __future__ import annotations
 
-import io
 import resource
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from gpufeed._files import write_json
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts
-from gpufeed.device import resolve_device
+from gpufeed.device import DeviceChoice, resolve_device
 from gpufeed.pipelines import check_path, decode_problem, read_image_facts
 from gpufeed.server._preprocess import ImageDecoder, inspect_image
+from gpufeed.synth._damaged import declare_size
+from gpufeed.synth._photos import encode_image, photo_pixels
 
-__all__ = ["main_images", "run_image_checks"]
+__all__ = ["print_image_checks", "run_image_checks"]
 
 SIZES = ((640, 480), (1920, 1080), (4000, 3000))
-
-
-def _photo(width: int, height: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:height, 0:width]
-    picture = np.stack([xx * 255 // width, yy * 255 // height, (xx // 7 + yy // 5) % 256], -1).astype(np.int16)
-    picture += rng.integers(-25, 25, picture.shape, dtype=np.int16)
-    return np.clip(picture, 0, 255).astype(np.uint8)
-
-
-def _encode(pixels: np.ndarray, fmt: str) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
-    return buffer.getvalue()
 
 
 def _header_and_tail(path: Path) -> None:
@@ -69,9 +55,9 @@ def _pil_decode(path: Path) -> None:
         img.load()
 
 
-def _time_ms(fn, budget_s: float = 0.6, least: int = 3) -> float:
+def _time_ms(fn: Callable[[], object], budget_s: float = 0.6, least: int = 3) -> float:
     fn()
-    times = []
+    times: list[float] = []
     deadline = time.perf_counter() + budget_s
     while len(times) < least or time.perf_counter() < deadline:
         start = time.perf_counter()
@@ -83,16 +69,10 @@ def _time_ms(fn, budget_s: float = 0.6, least: int = 3) -> float:
 def _bomb_check(folder: Path) -> dict:
     for name in ("a", "b"):
         (folder / "bombs" / name).mkdir(parents=True, exist_ok=True)
-    small = _encode(_photo(64, 48), "JPEG")
-    at = small.find(b"\xff\xc0")
-    jpeg = small[: at + 5] + (65500).to_bytes(2, "big") * 2 + small[at + 9 :]
-    png = bytearray(_encode(_photo(64, 48), "PNG"))
-    png[16:24] = (30000).to_bytes(4, "big") * 2
-    import zlib
-
-    png[29:33] = zlib.crc32(bytes(png[12:29])).to_bytes(4, "big")
+    jpeg = declare_size(encode_image(photo_pixels(64, 48), "JPEG"), 65500, 65500)
+    png = declare_size(encode_image(photo_pixels(64, 48), "PNG"), 30000, 30000)
     (folder / "bombs" / "a" / "bomb.jpg").write_bytes(jpeg)
-    (folder / "bombs" / "b" / "bomb.png").write_bytes(bytes(png))
+    (folder / "bombs" / "b" / "bomb.png").write_bytes(png)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     report = check_path(folder / "bombs", progress=False)
@@ -106,56 +86,61 @@ def _bomb_check(folder: Path) -> dict:
     }
 
 
-def _server_decode(data: bytes, width: int, height: int, device):
+def _server_decode(data: bytes, width: int, height: int, device: DeviceChoice) -> Callable[[], object]:
     """A callable running the server's decoder (evaluation window, resize to 224) on ``data``."""
     size = np.array([[width, height]])
     decoder = ImageDecoder(224, 0.875, 1, device.device_id, num_threads=1)
     if not device.is_gpu:
-        out = np.empty((1, 3, 224, 224), dtype=np.uint8)
-        return lambda: decoder.decode_into([data], size, out)
+        host_out = np.empty((1, 3, 224, 224), dtype=np.uint8)
+        return lambda: decoder.decode_into([data], size, host_out)
     import torch
 
     out = torch.empty((1, 3, 224, 224), dtype=torch.uint8, device="cuda")
 
-    def serve():
+    def serve() -> None:
         decoder.decode_into([data], size, out)
         torch.cuda.synchronize()
 
     return serve
 
 
-def run_image_checks(device) -> dict:
-    """Time every check on every size (see the module docs); returns the figures."""
+def run_image_checks(*, device: str = "auto") -> dict:
+    """Time every check on every size (see the module docs); returns the figures.
+
+    Args:
+        device: Where the server's decoder runs: ``auto``, ``gpu`` or ``cpu``.
+    """
     from tqdm import tqdm
+
+    choice = resolve_device(device)
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         cases = [(w, h, fmt) for w, h in SIZES for fmt in ("JPEG", "PNG")]
         for width, height, fmt in tqdm(cases, desc="images", unit="case", leave=False):
-            data = _encode(_photo(width, height), fmt)
+            data = encode_image(photo_pixels(width, height), fmt)
             path = folder / f"{width}x{height}.{fmt.lower()}"
             path.write_bytes(data)
-            serve = _server_decode(data, width, height, device)
+            serve = _server_decode(data, width, height, choice)
             rows.append(
                 {
                     "image": f"{width}x{height} {fmt}",
                     "bytes": len(data),
-                    "baseline_header_tail_ms": _time_ms(lambda path=path: _header_and_tail(path)),
-                    "structure_file_ms": _time_ms(lambda path=path: read_image_facts(path)),
-                    "structure_request_ms": _time_ms(lambda data=data: inspect_image(data, 10**9)),
-                    "pil_decode_ms": _time_ms(lambda path=path: _pil_decode(path)),
-                    "strict_decode_ms": _time_ms(lambda path=path: decode_problem(path, max_pixels=10**9)),
+                    "baseline_header_tail_ms": _time_ms(partial(_header_and_tail, path)),
+                    "structure_file_ms": _time_ms(partial(read_image_facts, path)),
+                    "structure_request_ms": _time_ms(partial(inspect_image, data, 10**9)),
+                    "pil_decode_ms": _time_ms(partial(_pil_decode, path)),
+                    "strict_decode_ms": _time_ms(partial(decode_problem, path, max_pixels=10**9)),
                     "server_decode_ms": _time_ms(serve),
                 }
             )
         bombs = _bomb_check(folder)
-    return {"rows": rows, "bombs": bombs}
+    return {"machine": machine_facts(choice), "rows": rows, "bombs": bombs}
 
 
-def main_images(args) -> int:
-    device = resolve_device(args.device)
-    figures = run_image_checks(device)
+def print_image_checks(figures: dict) -> None:
+    """The table of :func:`run_image_checks`'s figures, then the pixel bombs and the device."""
     headers = [
         "image",
         "KiB",
@@ -188,7 +173,4 @@ def main_images(args) -> int:
         f"30,000 x 30,000: {bombs['seconds'] * 1000:.1f} ms, peak RSS grew {bombs['peak_rss_growth_mib']:.1f} MiB; "
         f"{len(bombs['findings'])} finding(s): {bombs['findings'][0][:60]}..."
     )
-    print(f"device: {device.describe()}")
-    if args.json:
-        write_json(args.json, {"machine": machine_facts(device), **figures})
-    return 0
+    print(f"device: {figures['machine']['device']}")

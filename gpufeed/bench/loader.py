@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from gpufeed._files import write_json
 from gpufeed._size import SizePx, parse_size_px
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts, median
@@ -27,38 +27,10 @@ from gpufeed.pipelines import ImageDataset, ImageLoader
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._windows import train_windows
 
-__all__ = ["EpochBatches", "PilCropDataset", "make_bench_images", "run_loader_bench"]
+__all__ = ["EpochBatches", "PilCropDataset", "print_loader_result", "run_loader_bench"]
 
 
-def make_bench_images(folder: Path, count: int, width: int, height: int, seed: int = 0) -> Path:
-    """Photo-like JPEGs (smooth shapes plus sensor-like noise, quality 90) in ``folder/photos/``.
-
-    Reused when already present with the same parameters.
-    """
-    from PIL import Image
-    from tqdm import tqdm
-
-    target = folder / f"bench-{width}x{height}-{count}-{seed}"
-    photos = target / "photos"
-    done = target / ".complete"
-    if done.exists():
-        return target
-    photos.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-    for i in tqdm(range(count), desc="bench images", unit="img", leave=False):
-        base = np.zeros((height, width, 3), np.float32)
-        for _ in range(6):
-            cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(0.1, 0.5) * width
-            blob = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * r * r))
-            base += blob[..., None] * rng.uniform(0, 255, 3)
-        base = base / max(base.max(), 1.0) * 220 + rng.normal(0, 6, base.shape)
-        Image.fromarray(np.clip(base, 0, 255).astype(np.uint8)).save(photos / f"{i:06d}.jpg", quality=90)
-    done.touch()
-    return target
-
-
-class PilCropDataset:
+class PilCropDataset(torch.utils.data.Dataset[torch.Tensor]):
     """A map-style dataset for torch's DataLoader: PIL decode, crop+resize, flip, uint8 CHW.
 
     Args:
@@ -76,8 +48,7 @@ class PilCropDataset:
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, key):
-        import torch
+    def __getitem__(self, key: tuple[int, int] | int) -> torch.Tensor:
         from PIL import Image
 
         epoch, i = key if isinstance(key, tuple) else (0, key)
@@ -85,10 +56,10 @@ class PilCropDataset:
         x, y = anchor[i]
         w, h = shape[i]
         # What torchvision's RandomResizedCrop does to a PIL image: crop, then bilinear resize.
-        with Image.open(self.paths[i]) as img:
-            img = img.convert("RGB").crop((x, y, x + w, y + h)).resize(self.size, Image.BILINEAR)
+        with Image.open(self.paths[i]) as source:
+            img = source.convert("RGB").crop((x, y, x + w, y + h)).resize(self.size, Image.Resampling.BILINEAR)
         if flip[i]:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1)
 
 
@@ -138,8 +109,6 @@ def run_loader_bench(
         size_px: Output size: one number (square) or (width, height).
         workers: DataLoader workers and DALI threads; 0 means one per core.
     """
-    import torch
-
     choice = resolve_device(device)
     workers = workers or default_num_threads()
     dataset = ImageDataset.from_folder(data, progress=True)
@@ -165,12 +134,12 @@ def run_loader_bench(
         windows.append((w.anchor, w.shape, w.flip))
     baseline = PilCropDataset([dataset.paths[i] for i in ids], windows, out)
     batches = EpochBatches(len(ids), batch_size)
-    dl = torch.utils.data.DataLoader(
+    dl: torch.utils.data.DataLoader[torch.Tensor] = torch.utils.data.DataLoader(
         baseline, batch_sampler=batches, num_workers=workers, persistent_workers=True, pin_memory=choice.is_gpu
     )
     to_device = choice.torch_device if choice.is_gpu else None
 
-    times = {"gpufeed": [], "dataloader_pil": []}
+    times: dict[str, list[float]] = {"gpufeed": [], "dataloader_pil": []}
     for epoch in range(rounds + 1):  # epoch 0 warms both up, untimed
         seconds, n = _time_epoch(ours)
         batches.epoch = epoch
@@ -178,6 +147,7 @@ def run_loader_bench(
         if epoch:
             times["gpufeed"].append(n / seconds)
             times["dataloader_pil"].append(base_n / base_seconds)
+    ips = {k: median(v) for k, v in times.items()}
     result = {
         "benchmark": "loader",
         "images": len(ids),
@@ -188,11 +158,11 @@ def run_loader_bench(
         "workers": workers,
         "rounds": rounds,
         "pipeline_builds": ours.pipeline_builds,
-        "images_per_second": {k: median(v) for k, v in times.items()},
+        "images_per_second": ips,
         "images_per_second_rounds": times,
         "machine": machine_facts(choice),
+        "ratio": ips["gpufeed"] / ips["dataloader_pil"],
     }
-    result["ratio"] = result["images_per_second"]["gpufeed"] / result["images_per_second"]["dataloader_pil"]
     return result
 
 
@@ -207,19 +177,3 @@ def print_loader_result(result: dict) -> None:
     print(format_table(["loader", "images/s (median)"], rows))
     print(f"gpufeed pipelines built: {result['pipeline_builds']} (one, kept across the {result['rounds'] + 1} epochs)")
     print(f"ratio gpufeed / DataLoader+PIL: {result['ratio']:.2f}x")
-
-
-def main_loader(args) -> int:
-    data = args.data or make_bench_images(args.cache, args.images, *args.image_size)
-    result = run_loader_bench(
-        Path(data),
-        batch_size=args.batch_size,
-        rounds=args.rounds,
-        size_px=args.size_px,
-        device=args.device,
-        workers=args.workers,
-    )
-    print_loader_result(result)
-    if args.json:
-        write_json(args.json, result)
-    return 0

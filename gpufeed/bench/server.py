@@ -28,26 +28,30 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from gpufeed._extras import require_extra
-from gpufeed._files import write_json
 from gpufeed._size import parse_size_px
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts, median
 from gpufeed.bench._loadgen import run_load
 from gpufeed.bench._loadgen_grpc import run_grpc_load
-from gpufeed.bench._perf_analyzer import perf_analyzer_points, print_perf_analyzer_points
-from gpufeed.bench._serve_proc import quiet_http_logs
+from gpufeed.bench._perf_analyzer import perf_analyzer_points
 from gpufeed.bench._server_report import batch_usage, print_batch_usage, print_verdicts, scrape_batch_rows, verdicts
-from gpufeed.bench.loader import make_bench_images
 from gpufeed.device import resolve_device
 from gpufeed.models import export_model, read_model_card
 from gpufeed.models._card import default_batch_sizes
 from gpufeed.models._io import untrained_checkpoint
 
-__all__ = ["CONTENDERS", "LOADGENS", "run_server_bench"]
+__all__ = [
+    "CONTENDERS",
+    "LOADGENS",
+    "export_bench_models",
+    "plot_server_results",
+    "print_server_result",
+    "run_server_bench",
+]
 
 CONTENDERS = ("gpufeed", "plain", "litserve")
 LOADGENS = ("gpufeed", "perf_analyzer")
@@ -108,7 +112,8 @@ def _start(name: str, models: dict[str, Path], port: int, max_delay_ms: float, d
         _wait_ready(proc, f"http://127.0.0.1:{port}{ready}", name)
     except RuntimeError as err:
         proc.kill()
-        raise RuntimeError(f"{err}: {proc.stderr.read().decode(errors='replace')[-2000:]}") from None
+        _, stderr = proc.communicate(timeout=10)  # stderr is a pipe (Popen above): bytes
+        raise RuntimeError(f"{err}: {stderr.decode(errors='replace')[-2000:]}") from None
     return proc, path
 
 
@@ -245,7 +250,7 @@ def run_server_bench(
     finally:
         for proc, _, _ in running.values():
             _stop(proc)
-    table = {}
+    table: dict[str, dict[int, dict[str, Any]]] = {}
     for name in contenders:
         table[name] = {}
         for c in concurrency:
@@ -267,7 +272,7 @@ def run_server_bench(
                     "mean_rows": sum(u["mean_rows"] * u["batches"] for u in usages if u["batches"]) / max(1, batches),
                     "by_size": {str(n): sum(u["by_size"][str(n)] for u in usages) for n in sizes},
                 }
-    document = {
+    document: dict[str, Any] = {
         "benchmark": "server",
         "architecture": architecture,
         "size_px": size_px,
@@ -352,39 +357,3 @@ def plot_server_results(results: list[dict], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def main_server(args) -> int:
-    if args.protocol == "grpc":
-        require_extra("grpc", "gpufeed bench server --protocol grpc")
-    quiet_http_logs()
-    folder = make_bench_images(args.cache, args.images, *args.image_size)
-    images = [p.read_bytes() for p in sorted((folder / "photos").glob("*.jpg"))]
-    results = []
-    for architecture in args.models:
-        result = run_server_bench(
-            architecture=architecture,
-            images=images,
-            cache=args.cache,
-            size_px=args.size_px,
-            batch_size=args.batch_size,
-            concurrency=tuple(args.concurrency),
-            seconds=args.seconds,
-            warmup_s=args.warmup_seconds,
-            rounds=args.rounds,
-            max_delay_ms=args.max_delay_ms,
-            contenders=tuple(args.contenders),
-            device=args.device,
-            checkpoint=args.checkpoint,
-            protocol=args.protocol,
-            loadgen=args.loadgen,
-        )
-        print_server_result(result)
-        print_perf_analyzer_points(result.get("perf_analyzer"))
-        results.append(result)
-    document = {"benchmark": "server", "runs": results}
-    if args.json:
-        write_json(args.json, document)
-    if args.plot:
-        print(f"plot: {plot_server_results(results, args.plot)}")
-    return 0

@@ -21,17 +21,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from gpufeed._files import write_atomic, write_json
+from gpufeed._files import write_atomic
 from gpufeed._size import parse_size_px
 from gpufeed.bench._dense_feeds import DEPTH_SCALE, PilDensePairs, dense_batch, depth_bench_pairs
 from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, clip_batch, dataloader_feed, gpufeed_feed
-from gpufeed.bench._train_report import SIDES, draw_train_plot, figures, print_train_result
+from gpufeed.bench._train_options import TrainBenchOptions
+from gpufeed.bench._train_report import SIDES, figures
 from gpufeed.bench._train_rounds import run_rounds, warm_up
 from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
-from gpufeed.bench.loader import make_bench_images
 from gpufeed.config import Config, ConfigError, parse_config
 from gpufeed.device import resolve_device
 from gpufeed.models import create_model
@@ -47,13 +48,14 @@ from gpufeed.pipelines import (
 )
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._sampler import plan_epoch
+from gpufeed.synth._photos import make_bench_images
 from gpufeed.train._augment import AugmentPlan, plan_augmentation
 from gpufeed.train._dense import DepthTask, refuse_device_geometry
 from gpufeed.train._optim import build_optimizer, build_scheduler, resolve_amp
 from gpufeed.train._step import Stepper
 from gpufeed.train._tasks import ClipTask, ImageTask, to_channels_last
 
-__all__ = ["DEFAULTS", "augment_plans", "main_train", "run_train_bench"]
+__all__ = ["DEFAULTS", "TrainBenchOptions", "augment_plans", "run_train_bench"]
 
 
 def _defaults(
@@ -104,12 +106,17 @@ def augment_plans(cfg: Config, clips: bool, dtype: torch.dtype | None = None) ->
 class _Run:
     """Everything both sides share: device, resolved config, data, task, model spec, epoch plans."""
 
-    def __init__(self, args) -> None:
+    task: ImageTask | DepthTask | ClipTask
+    spec: dict[str, Any]
+
+    def __init__(self, args: TrainBenchOptions) -> None:
         self.task_name = args.task
         self.device = resolve_device(args.device)
         kind = "gpu" if self.device.is_gpu else "cpu"
         defaults = DEFAULTS[(args.task, kind)]
-        pick = {k: getattr(args, k, None) if getattr(args, k, None) is not None else v for k, v in defaults.items()}
+        # Defaults without an argument (chunk_steps) are taken as they are.
+        given = {k: getattr(args, k, None) for k in defaults}
+        pick: dict[str, Any] = {k: v if given[k] is None else given[k] for k, v in defaults.items()}
         self.pick = pick
         self.epochs, self.rounds = int(pick["epochs"]), int(pick["rounds"])
         self.workers = args.workers or default_num_threads()
@@ -127,7 +134,7 @@ class _Run:
             self._clips(args)
 
     # -- data -----------------------------------------------------------------------------------
-    def _images(self, args) -> None:
+    def _images(self, args: TrainBenchOptions) -> None:
         if args.data:
             self.dataset = ImageDataset.from_folder(args.data, progress=True)
             classes = args.classes or len(self.dataset.classes)
@@ -142,7 +149,7 @@ class _Run:
         self.spec = {"num_classes": classes, "size_px": self.cfg.image.size_px}
         self.keys = [[(i, e) for i in self._plan_ids(e)] for e in range(self.epochs)]
 
-    def _depth(self, args) -> None:
+    def _depth(self, args: TrainBenchOptions) -> None:
         self.dataset, self.data_text = depth_bench_pairs(args.data, args.cache, self.pick["images"], args.image_size)
         self.task = DepthTask(DEPTH_SCALE, no_data=0)
         self.spec = {"task": "depth", "num_classes": 1, "size_px": self.cfg.image.size_px, "depth_scale": DEPTH_SCALE}
@@ -161,7 +168,7 @@ class _Run:
             last_batch="drop",
         ).sample_ids.tolist()
 
-    def _clips(self, args) -> None:
+    def _clips(self, args: TrainBenchOptions) -> None:
         v = self.cfg.video
         if args.data:
             folder = Path(args.data)
@@ -241,7 +248,7 @@ class _Run:
         model = create_model(cfg.model.name, **spec).to(self.device.torch_device)
         memory_format = None
         if cfg.train.channels_last:
-            model = to_channels_last(model)
+            to_channels_last(model)  # in place
             memory_format = self.task.input_format(model)
         optimizer = build_optimizer(model, cfg.train)
         scheduler = build_scheduler(optimizer, self.epochs * self.steps_per_epoch, cfg.train)
@@ -279,7 +286,7 @@ class _Run:
         return ClipBatch(clips, labels, labels[:, t // 2], ids, ids, valid, tuple(self.dataset.behaviours))
 
 
-def _config(args, pick: dict, workers: int) -> Config:
+def _config(args: TrainBenchOptions, pick: dict, workers: int) -> Config:
     for item in args.overrides:
         key = item.partition("=")[0].strip()
         if key in _FLAG_KEYS:
@@ -308,11 +315,34 @@ def _generated_image_list(cache: Path, count: int, image_size: tuple[int, int], 
     return listing
 
 
-def run_train_bench(args) -> dict:
-    """Run the benchmark described by ``args`` (the CLI's arguments); return the figures."""
+def run_train_bench(
+    *,
+    task: str = "images",
+    device: str = "auto",
+    model: str | None = None,
+    batch_size: int | None = None,
+    size_px: int | tuple[int, int] | None = None,
+    epochs: int | None = None,
+    rounds: int | None = None,
+    workers: int = 0,
+    prefetch_factor: int = 4,
+    data: Path | None = None,
+    classes: int | None = None,
+    images: int | None = None,
+    image_size: tuple[int, int] = (640, 480),
+    videos: int | None = None,
+    seconds: int | None = None,
+    video_size: int = 256,
+    gop: int = 250,
+    clip_length: int = 11,
+    overrides: tuple[str, ...] = (),
+    cache: Path = Path(".cache/bench"),
+) -> dict:
+    """Run the benchmark (arguments: :class:`~gpufeed.bench._train_options.TrainBenchOptions`); return the figures."""
+    options = TrainBenchOptions(**locals())  # the arguments, exactly: nothing else is defined yet
     from tqdm import tqdm
 
-    run = _Run(args)
+    run = _Run(options)
     augmenters = {side: plan.augmenter for side, plan in run.plans.items()}
     warm_up(run, augmenters)
     total = run.rounds * len(SIDES) * run.epochs * run.steps_per_epoch
@@ -355,13 +385,3 @@ def _settings(run: _Run, augmenters: dict, orders: list) -> dict:
         "augment_placement": {side: plan.placement for side, plan in run.plans.items()},
         "seed": cfg.seed,
     }
-
-
-def main_train(args) -> int:
-    result = run_train_bench(args)
-    print_train_result(result)
-    if args.json:
-        write_json(args.json, result)
-    if args.plot:
-        print(f"plot: {draw_train_plot(result, args.plot)}")
-    return 0

@@ -1,13 +1,22 @@
-"""``gpufeed bench ...``: benchmarks that print figures and ratios against in-run baselines."""
+"""``gpufeed bench ...``: gpufeed's speed against its peers, as figures and ratios against in-run baselines.
+
+Pass/fail runs (soak, overload, drain, fuzz) are ``gpufeed reliability``; their old ``bench`` names
+still run, unlisted, until the next release.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from gpufeed._files import write_json
 from gpufeed._schema import ConfigError
 from gpufeed._size import parse_size_px, size_px_value
-from gpufeed.commands import lazy
+from gpufeed.commands import require_extra
+from gpufeed.commands.reliability import register_server_runs
+
+# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
+# imports the benchmark it runs (torch, DALI, the server) itself: `gpufeed --help` stays light.
 
 
 def _size_px(text: str) -> int | tuple[int, int]:
@@ -27,7 +36,7 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="benchmarks against the usual baselines (figures, not tests)")
+    bench = sub.add_parser("bench", help="gpufeed's speed against the usual baselines (figures, not tests)")
     kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
 
     p = kinds.add_parser(
@@ -48,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=0, help="workers/threads; 0 = one per core")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=lazy("gpufeed.bench.loader:main_loader"))
+    p.set_defaults(func=_loader)
 
     p = kinds.add_parser(
         "images",
@@ -60,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=lazy("gpufeed.bench.image_checks:main_images"))
+    p.set_defaults(func=_images)
 
     p = kinds.add_parser(
         "augment",
@@ -83,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=0, help="DALI threads; 0 = one per core")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=lazy("gpufeed.bench.augment:main_augment"))
+    p.set_defaults(func=_augment)
 
     p = kinds.add_parser(
         "clips",
@@ -129,7 +138,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated videos are kept")
     p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=lazy("gpufeed.bench.clips:main_clips"))
+    p.set_defaults(func=_clips)
 
     p = kinds.add_parser(
         "server",
@@ -180,94 +189,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.add_argument("--plot", type=Path, help="draw throughput and p99 against concurrency to this PNG")
-    p.set_defaults(func=lazy("gpufeed.bench.server:main_server", extra="bench"))
+    p.set_defaults(func=_server)
 
-    register_reliability(kinds)
     register_train(kinds)
+    register_server_runs(kinds, renamed_from="bench")
 
 
-def _add_served_model_args(p: argparse.ArgumentParser) -> None:
-    """What every server reliability benchmark takes: the model, the device, the cache, the JSON."""
-    p.add_argument("--model-dir", type=Path, help="model folder to serve (default: smallcnn 64 px, batch 8, exported)")
-    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="cpu", help="the server's device (default cpu)")
-    p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where the model and images are kept")
-    p.add_argument("--json", type=Path, help="write the figures here")
-
-
-def _add_overrides_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="serve config")
-
-
-def _add_reliability_args(p: argparse.ArgumentParser, clients: int, seconds: float) -> None:
-    _add_served_model_args(p)
-    _add_overrides_arg(p)
-    p.add_argument("--clients", type=int, default=clients, help=f"concurrent connections (default {clients})")
-    p.add_argument("--seconds", type=float, default=seconds, help=f"measured seconds (default {seconds:g})")
-
-
-def register_reliability(kinds) -> None:
-    """``bench soak``, ``bench overload``, ``bench fuzz`` and ``bench drain``: the server's reliability figures."""
-    p = kinds.add_parser(
-        "soak",
-        help="many clients for a long time against gpufeed serve: errors, RSS growth, throughput, p99",
-        description="Start gpufeed serve (its own process) and drive it with CLIENTS closed-loop keep-alive connections "
-        "sending multipart JPEGs for SECONDS after a warm-up. Prints throughput, p50/p99 latency, errors and the "
-        "server's RSS after warm-up and at the end; exit status 1 if anything failed (errors, RSS growth >= "
-        "--max-growth, not ready after, exit status != 0 on SIGTERM).",
-    )
-    _add_reliability_args(p, clients=64, seconds=60.0)
-    p.add_argument("--warmup-seconds", type=float, default=10.0, help="load before measuring (default 10)")
-    p.add_argument("--max-growth", type=float, default=0.10, help="largest RSS growth that passes (default 0.10)")
-    p.add_argument("--plot", type=Path, help="draw throughput and RSS over time to this PNG")
-    p.set_defaults(func=lazy("gpufeed.bench.soak:main_soak", extra="bench"))
-
-    p = kinds.add_parser(
-        "overload",
-        help="far more load than capacity: bounded queue, 503 + Retry-After, bounded latency, nothing hangs",
-        description="Start gpufeed serve with a small queue (--queue-capacity images) and drive it with CLIENTS "
-        "closed-loop connections that never back off. Scrapes the queue depth every 50 ms. Prints offered and "
-        "admitted load, the share refused with 503, admitted latency p50/p99/max, the largest queue depth seen; "
-        "exit status 1 if the queue overflowed, a refusal lacked Retry-After, an admitted request exceeded the "
-        "request timeout, a request went unanswered, or the server did not recover.",
-    )
-    _add_reliability_args(p, clients=64, seconds=10.0)
-    p.add_argument("--queue-capacity", type=int, default=16, help="serve.queue_capacity (default 16 images)")
-    p.add_argument("--request-timeout", type=float, default=5.0, help="serve.request_timeout_seconds (default 5)")
-    p.set_defaults(func=lazy("gpufeed.bench.overload:main_overload", extra="bench"))
-
-    p = kinds.add_parser(
-        "drain",
-        help="SIGTERM with requests in flight: readiness false, in-flight answered, new ones 503, exit 0",
-        description="Start gpufeed serve, hold batch-size minus one requests in its batcher (a long max delay), send "
-        "SIGTERM, and probe readiness and predictions during the drain. Accounts for every request sent (answered, "
-        "refused at connect, dropped) and prints the exit status; exit status 1 if a request was dropped, an "
-        "in-flight request lost its answer, readiness stayed true, or the server did not exit 0.",
-    )
-    _add_served_model_args(p)
-    p.add_argument(
-        "--hold-ms", type=float, default=2000.0, help="serve.max_delay_ms holding the requests (default 2000)"
-    )
-    p.add_argument("--shutdown-delay", type=float, default=2.0, help="serve.shutdown_delay_seconds (default 2)")
-    p.set_defaults(func=lazy("gpufeed.bench.drain:main_drain", extra="bench"))
-
-    p = kinds.add_parser(
-        "fuzz",
-        help="over a thousand malformed requests against gpufeed serve: every answer a 4xx naming the problem",
-        description="Start gpufeed serve (max body 256 KiB, 4 M pixels, 8 images per request) and send the generated "
-        "corpus of malformed requests (truncated, corrupt and bit-flipped JPEG/PNG, zero bytes, decompression-bomb "
-        "headers, wrong content types, malformed and oversized JSON, wrong tensor shapes and dtypes, unknown, "
-        "path-like and very long model names, broken multipart and query strings, wrong methods). Checks every "
-        "answer (no 5xx, the expected status and reason, a message naming the problem), that valid requests are "
-        "still answered correctly after each category, and that every refusal was counted by reason. Prints "
-        "requests by category, status and reason; exit status 1 on any failure.",
-    )
-    _add_served_model_args(p)
-    _add_overrides_arg(p)
-    p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
-    p.set_defaults(func=lazy("gpufeed.bench.fuzz:main_fuzz", extra="bench"))
-
-
-def register_train(kinds) -> None:
+def register_train(kinds: argparse._SubParsersAction) -> None:
     """``bench train``: the same training run fed by gpufeed and by a tuned DataLoader."""
     p = kinds.add_parser(
         "train",
@@ -322,4 +250,152 @@ def register_train(kinds) -> None:
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated data is kept")
     p.add_argument("--json", type=Path, help="write the figures (and every step's timings) here")
     p.add_argument("--plot", type=Path, help="draw loader wait vs compute per step, both loaders, to this PNG")
-    p.set_defaults(func=lazy("gpufeed.bench.train:main_train"))
+    p.set_defaults(func=_train)
+
+
+def _loader(args: argparse.Namespace) -> int:
+    from gpufeed.bench.loader import print_loader_result, run_loader_bench
+    from gpufeed.synth._photos import make_bench_images
+
+    data = args.data or make_bench_images(args.cache, args.images, *args.image_size)
+    result = run_loader_bench(
+        Path(data),
+        batch_size=args.batch_size,
+        rounds=args.rounds,
+        size_px=args.size_px,
+        device=args.device,
+        workers=args.workers,
+    )
+    print_loader_result(result)
+    return _written(result, args.json)
+
+
+def _images(args: argparse.Namespace) -> int:
+    from gpufeed.bench.image_checks import print_image_checks, run_image_checks
+
+    figures = run_image_checks(device=args.device)
+    print_image_checks(figures)
+    return _written(figures, args.json)
+
+
+def _augment(args: argparse.Namespace) -> int:
+    from gpufeed.bench.augment import print_augment_result, run_augment_bench
+
+    result = run_augment_bench(
+        device=args.device,
+        model=args.model,
+        batch_size=args.batch_size,
+        size_px=args.image_size,
+        amp=args.amp,
+        rounds=args.rounds,
+        num_threads=args.workers,
+    )
+    print_augment_result(result)
+    return _written(result, args.json)
+
+
+def _clips(args: argparse.Namespace) -> int:
+    from gpufeed.bench.clips import print_clip_result, run_clip_bench
+
+    result = run_clip_bench(
+        videos=args.videos,
+        seconds=args.seconds,
+        video_size=args.video_size,
+        gop=args.gop,
+        clip_length=args.clip_length,
+        stride=args.stride,
+        size=args.size,
+        batch_size=args.batch_size,
+        clips=args.clips,
+        naive_clips=args.naive_clips,
+        verify_clips=args.verify_clips,
+        stores=tuple(args.stores),
+        rounds=args.rounds,
+        workers=args.workers,
+        contenders=tuple(args.contenders),
+        seed=args.seed,
+        device=args.device,
+        cache=args.cache,
+    )
+    print_clip_result(result)
+    return _written(result, args.json)
+
+
+def _server(args: argparse.Namespace) -> int:
+    require_extra("bench", "gpufeed bench server")
+    if args.protocol == "grpc":
+        require_extra("grpc", "gpufeed bench server --protocol grpc")
+    from gpufeed.bench._common import quiet_http_logs
+    from gpufeed.bench._perf_analyzer import print_perf_analyzer_points
+    from gpufeed.bench.server import plot_server_results, print_server_result, run_server_bench
+    from gpufeed.synth._photos import make_bench_images
+
+    quiet_http_logs()
+    folder = make_bench_images(args.cache, args.images, *args.image_size)
+    images = [p.read_bytes() for p in sorted((folder / "photos").glob("*.jpg"))]
+    results = []
+    for architecture in args.models:
+        result = run_server_bench(
+            architecture=architecture,
+            images=images,
+            cache=args.cache,
+            size_px=args.size_px,
+            batch_size=args.batch_size,
+            concurrency=tuple(args.concurrency),
+            seconds=args.seconds,
+            warmup_s=args.warmup_seconds,
+            rounds=args.rounds,
+            max_delay_ms=args.max_delay_ms,
+            contenders=tuple(args.contenders),
+            device=args.device,
+            checkpoint=args.checkpoint,
+            protocol=args.protocol,
+            loadgen=args.loadgen,
+        )
+        print_server_result(result)
+        print_perf_analyzer_points(result.get("perf_analyzer"))
+        results.append(result)
+    _written({"benchmark": "server", "runs": results}, args.json)
+    if args.plot:
+        print(f"plot: {plot_server_results(results, args.plot)}")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from gpufeed.bench._train_report import draw_train_plot, print_train_result
+    from gpufeed.bench.train import run_train_bench
+
+    result = run_train_bench(
+        task=args.task,
+        device=args.device,
+        model=args.model,
+        batch_size=args.batch_size,
+        size_px=args.size_px,
+        epochs=args.epochs,
+        rounds=args.rounds,
+        workers=args.workers,
+        prefetch_factor=args.prefetch_factor,
+        data=args.data,
+        classes=args.classes,
+        images=args.images,
+        image_size=args.image_size,
+        videos=args.videos,
+        seconds=args.seconds,
+        video_size=args.video_size,
+        gop=args.gop,
+        clip_length=args.clip_length,
+        overrides=tuple(args.overrides),
+        cache=args.cache,
+    )
+    print_train_result(result)
+    _written(result, args.json)
+    if args.plot:
+        print(f"plot: {draw_train_plot(result, args.plot)}")
+    return 0
+
+
+def _written(figures: dict, path: Path | None) -> int:
+    """Write ``figures`` as JSON to ``path`` when given; the exit status of a benchmark that ran (0)."""
+    if path:
+        write_json(path, figures)
+    return 0

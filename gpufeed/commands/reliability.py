@@ -1,11 +1,23 @@
-"""``gpufeed reliability ...``: fault-injection runs that print figures (training: kill-resume, bad-data, disk)."""
+"""``gpufeed reliability ...``: pass/fail fault and load runs that print figures.
+
+Training: kill-resume, bad-data, disk. Serving, each against a real ``gpufeed serve``: soak,
+overload, drain, fuzz (until the next release also ``gpufeed bench soak|overload|drain|fuzz``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpufeed._report import finish
+from gpufeed.commands import require_extra
+
+if TYPE_CHECKING:  # the reports' type only: importing the runs loads the server's dependencies
+    from gpufeed.reliability._server_runs import ServerRunReport
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
 # imports the libraries it runs (torch, DALI) itself: `gpufeed --help` stays light.
@@ -23,7 +35,9 @@ def _common(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    rel = sub.add_parser("reliability", help="fault-injection runs that prove what training promises, with figures")
+    rel = sub.add_parser(
+        "reliability", help="pass/fail fault and load runs that prove what training and serving promise, with figures"
+    )
     kinds = rel.add_subparsers(dest="reliability", metavar="RUN", required=True)
 
     p = kinds.add_parser(
@@ -69,6 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p, "disk")
     p.set_defaults(func=_disk)
 
+    register_server_runs(kinds)
+
 
 def _kill_resume(args: argparse.Namespace) -> int:
     from gpufeed.reliability import run_kill_resume
@@ -95,3 +111,221 @@ def _disk(args: argparse.Namespace) -> int:
     from gpufeed.reliability import run_disk_faults
 
     return finish(run_disk_faults(args.out, data=args.data), args.json)
+
+
+# -- runs against a real server (soak, overload, drain, fuzz) ----------------------------------------
+
+
+def _add_run(
+    kinds: argparse._SubParsersAction,
+    renamed_from: str | None,
+    name: str,
+    handler: Callable[[argparse.Namespace], int],
+    help: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    if renamed_from is None:
+        p = kinds.add_parser(name, help=help, description=description)
+        p.set_defaults(func=handler)
+        return p
+    # No help=: argparse then leaves the old name out of the family's listing (help=argparse.SUPPRESS
+    # would list it as "==SUPPRESS==" on Python 3.11, and the family's metavar hides the choices);
+    # _ListedNames keeps it out of the "invalid choice" error too.
+    names = kinds._name_parser_map
+    if not isinstance(names, _ListedNames):
+        names = kinds._name_parser_map = kinds.choices = _ListedNames(names)
+    names.unlisted.add(name)
+    p = kinds.add_parser(name, description=f"Renamed 'gpufeed reliability {name}'; this name goes in the next release. "
+                         + description)  # fmt: skip
+    p.set_defaults(func=_renamed(f"gpufeed {renamed_from} {name}", f"gpufeed reliability {name}", handler))
+    return p
+
+
+class _ListedNames(dict):
+    """A family's subcommands by name where some names parse but are not listed when iterated
+    (argparse's "invalid choice ... (choose from ...)" iterates them)."""
+
+    def __init__(self, names: dict) -> None:
+        super().__init__(names)
+        self.unlisted: set[str] = set()
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in super().__iter__() if name not in self.unlisted)
+
+
+def _renamed(old: str, new: str, handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        print(f"{old}: renamed '{new}'; the old name goes in the next release", file=sys.stderr)
+        return handler(args)
+
+    return run
+
+
+def _add_served_model_args(p: argparse.ArgumentParser) -> None:
+    """What every server run takes: the model, the device, the cache, the JSON."""
+    p.add_argument("--model-dir", type=Path, help="model folder to serve (default: smallcnn 64 px, batch 8, exported)")
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="cpu", help="the server's device (default cpu)")
+    p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where the model and images are kept")
+    p.add_argument("--json", type=Path, help="write the figures here")
+
+
+def _add_overrides_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="serve config")
+
+
+def _add_reliability_args(p: argparse.ArgumentParser, clients: int, seconds: float) -> None:
+    _add_served_model_args(p)
+    _add_overrides_arg(p)
+    p.add_argument("--clients", type=int, default=clients, help=f"concurrent connections (default {clients})")
+    p.add_argument("--seconds", type=float, default=seconds, help=f"measured seconds (default {seconds:g})")
+
+
+def register_server_runs(kinds: argparse._SubParsersAction, renamed_from: str | None = None) -> None:
+    """``soak``, ``overload``, ``drain`` and ``fuzz``: pass/fail runs against a real ``gpufeed serve``.
+
+    Args:
+        kinds: The subcommands of ``gpufeed reliability`` (or of ``renamed_from``).
+        renamed_from: The command family that held these runs before (``bench``): registered there
+            under their old names, left out of its listing, each printing a notice naming the new command.
+    """
+    add = functools.partial(_add_run, kinds, renamed_from)
+    p = add(
+        "soak",
+        _soak,
+        help="many clients for a long time against gpufeed serve: errors, RSS growth, throughput, p99",
+        description="Start gpufeed serve (its own process) and drive it with CLIENTS closed-loop keep-alive connections "
+        "sending multipart JPEGs for SECONDS after a warm-up. Prints throughput, p50/p99 latency, errors and the "
+        "server's RSS after warm-up and at the end; exit status 1 if anything failed (errors, RSS growth >= "
+        "--max-growth, not ready after, exit status != 0 on SIGTERM).",
+    )
+    _add_reliability_args(p, clients=64, seconds=60.0)
+    p.add_argument("--warmup-seconds", type=float, default=10.0, help="load before measuring (default 10)")
+    p.add_argument("--max-growth", type=float, default=0.10, help="largest RSS growth that passes (default 0.10)")
+    p.add_argument("--plot", type=Path, help="draw throughput and RSS over time to this PNG")
+
+    p = add(
+        "overload",
+        _overload,
+        help="far more load than capacity: bounded queue, 503 + Retry-After, bounded latency, nothing hangs",
+        description="Start gpufeed serve with a small queue (--queue-capacity images) and drive it with CLIENTS "
+        "closed-loop connections that never back off. Scrapes the queue depth every 50 ms. Prints offered and "
+        "admitted load, the share refused with 503, admitted latency p50/p99/max, the largest queue depth seen; "
+        "exit status 1 if the queue overflowed, a refusal lacked Retry-After, an admitted request exceeded the "
+        "request timeout, a request went unanswered, or the server did not recover.",
+    )
+    _add_reliability_args(p, clients=64, seconds=10.0)
+    p.add_argument("--queue-capacity", type=int, default=16, help="serve.queue_capacity (default 16 images)")
+    p.add_argument("--request-timeout", type=float, default=5.0, help="serve.request_timeout_seconds (default 5)")
+
+    p = add(
+        "drain",
+        _drain,
+        help="SIGTERM with requests in flight: readiness false, in-flight answered, new ones 503, exit 0",
+        description="Start gpufeed serve, hold batch-size minus one requests in its batcher (a long max delay), send "
+        "SIGTERM, and probe readiness and predictions during the drain. Accounts for every request sent (answered, "
+        "refused at connect, dropped) and prints the exit status; exit status 1 if a request was dropped, an "
+        "in-flight request lost its answer, readiness stayed true, or the server did not exit 0.",
+    )
+    _add_served_model_args(p)
+    p.add_argument(
+        "--hold-ms", type=float, default=2000.0, help="serve.max_delay_ms holding the requests (default 2000)"
+    )
+    p.add_argument("--shutdown-delay", type=float, default=2.0, help="serve.shutdown_delay_seconds (default 2)")
+
+    p = add(
+        "fuzz",
+        _fuzz,
+        help="over a thousand malformed requests against gpufeed serve: every answer a 4xx naming the problem",
+        description="Start gpufeed serve (max body 256 KiB, 4 M pixels, 8 images per request) and send the generated "
+        "corpus of malformed requests (truncated, corrupt and bit-flipped JPEG/PNG, zero bytes, decompression-bomb "
+        "headers, wrong content types, malformed and oversized JSON, wrong tensor shapes and dtypes, unknown, "
+        "path-like and very long model names, broken multipart and query strings, wrong methods). Checks every "
+        "answer (no 5xx, the expected status and reason, a message naming the problem), that valid requests are "
+        "still answered correctly after each category, and that every refusal was counted by reason. Prints "
+        "requests by category, status and reason; exit status 1 on any failure.",
+    )
+    _add_served_model_args(p)
+    _add_overrides_arg(p)
+    p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
+
+
+def _server_run(
+    args: argparse.Namespace,
+    run: Callable[[Path, list[bytes]], ServerRunReport],
+    after: Callable[[ServerRunReport], None] | None = None,
+) -> int:
+    """The command around a server run: its inputs, the run, the report printed and written.
+
+    Returns:
+        The exit status: 1 when an expectation failed.
+    """
+    require_extra("bench", f"gpufeed {args.command} {getattr(args, args.command)}")
+    from gpufeed.bench._common import quiet_http_logs
+    from gpufeed.reliability._server_runs import reliability_inputs
+
+    quiet_http_logs()
+    model_dir, images = reliability_inputs(args.cache, args.model_dir)
+    report = run(model_dir, images)
+    status = finish(report, args.json)
+    if after is not None:
+        after(report)
+    return status
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from gpufeed.reliability import run_soak
+    from gpufeed.reliability._soak import plot_soak
+
+    def plot(report: ServerRunReport) -> None:
+        if args.plot:
+            print(f"plot: {plot_soak(report.figures, args.plot)}")
+
+    options = {"clients": args.clients, "seconds": args.seconds, "warmup_s": args.warmup_seconds}
+    overrides, growth = tuple(args.overrides), args.max_growth
+    return _server_run(
+        args,
+        lambda model_dir, images: run_soak(
+            model_dir, images, **options, overrides=overrides, device=args.device, max_growth=growth
+        ),
+        after=plot,
+    )
+
+
+def _overload(args: argparse.Namespace) -> int:
+    from gpufeed.reliability import run_overload
+
+    return _server_run(
+        args,
+        lambda model_dir, images: run_overload(
+            model_dir,
+            images,
+            clients=args.clients,
+            seconds=args.seconds,
+            queue_capacity=args.queue_capacity,
+            request_timeout_s=args.request_timeout,
+            overrides=tuple(args.overrides),
+            device=args.device,
+        ),
+    )
+
+
+def _drain(args: argparse.Namespace) -> int:
+    from gpufeed.reliability import run_drain
+
+    return _server_run(
+        args,
+        lambda model_dir, images: run_drain(
+            model_dir, images, hold_ms=args.hold_ms, shutdown_delay_s=args.shutdown_delay, device=args.device
+        ),
+    )
+
+
+def _fuzz(args: argparse.Namespace) -> int:
+    from gpufeed.reliability import run_fuzz
+
+    return _server_run(
+        args,
+        lambda model_dir, images: run_fuzz(
+            model_dir, images, overrides=tuple(args.overrides), seed=args.seed, device=args.device
+        ),
+    )

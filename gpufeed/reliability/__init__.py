@@ -1,27 +1,46 @@
-"""gpufeed.reliability: fault-injection runs that prove what training promises, with figures.
+"""gpufeed.reliability: pass/fail fault and load runs that prove what training and serving promise.
+
+Training (``gpufeed reliability kill-resume|bad-data|disk``):
 
 * :func:`run_kill_resume`: kill -9 a CPU training run at random moments, resume each time,
-  compare the final weights with an uninterrupted run's (``gpufeed reliability kill-resume``).
+  compare the final weights with an uninterrupted run's.
 * :func:`run_bad_data`: a dataset with corrupt images and a truncated video through ``gpufeed
-  check`` and training with each bad-sample policy and a quarantine list (``... bad-data``).
-* :func:`run_disk_faults`: unwritable and full run folders, and a disk filling up mid-run
-  (``... disk``).
+  check`` and training with each bad-sample policy and a quarantine list.
+* :func:`run_disk_faults`: unwritable and full run folders, and a disk filling up mid-run.
+
+Serving, each against a real ``gpufeed serve`` process (``gpufeed reliability soak|overload|drain|fuzz``):
+
+* :func:`run_soak`: many clients for a long time: errors, RSS growth, throughput, p99.
+* :func:`run_overload`: far more load than capacity: a bounded queue, 503 with Retry-After.
+* :func:`run_drain`: SIGTERM with requests in flight: every request accounted for, exit 0.
+* :func:`run_fuzz`: over a thousand malformed requests: every answer a 4xx naming the problem.
 
 Each returns a report in the shape of every run that passes or fails
-(:class:`gpufeed._report.Checklist`, which the server's load runs in ``gpufeed.bench`` share):
-``table()`` (the figures, ending with the verdict), ``checks()``, ``problems()``, ``ok`` and
-``to_dict()``.
+(:class:`gpufeed._report.Checklist`): ``table()`` (the figures, ending with the verdict),
+``checks()``, ``problems()``, ``ok`` and ``to_dict()``. Speed against peers is ``gpufeed.bench``.
 """
 
 from gpufeed.reliability._bad_data import BadDataReport, run_bad_data
 from gpufeed.reliability._disk import DiskReport, run_disk_faults
+from gpufeed.reliability._drain import DrainReport, run_drain
+from gpufeed.reliability._fuzz import FuzzReport, run_fuzz
 from gpufeed.reliability._kill_resume import KillResumeReport, run_kill_resume
+from gpufeed.reliability._overload import OverloadReport, run_overload
+from gpufeed.reliability._soak import SoakReport, run_soak
 
 __all__ = [
     "BadDataReport",
     "DiskReport",
+    "DrainReport",
+    "FuzzReport",
     "KillResumeReport",
+    "OverloadReport",
+    "SoakReport",
     "run_bad_data",
     "run_disk_faults",
+    "run_drain",
+    "run_fuzz",
     "run_kill_resume",
+    "run_overload",
+    "run_soak",
 ]

@@ -200,7 +200,10 @@ def _checkpoint_states(run_dir: Path) -> list[str]:
 def _checkpoint_kib(config: Path) -> int:
     """The preflight's estimate of one checkpoint of the job, in KiB (sizes the tmpfs)."""
     cfg = load_config(config)
-    classes = (cfg.data.train.list_file.parent / "classes.txt").read_text(encoding="utf-8").split()
+    train = cfg.data.train
+    if train is None or train.list_file is None:  # the job this module writes always lists its images
+        raise ValueError(f"{config}: the disk runs' job needs data.train.list_file")
+    classes = (train.list_file.parent / "classes.txt").read_text(encoding="utf-8").split()
     model = create_model(cfg.model.name, num_classes=len(classes), size_px=cfg.image.size_px)
     return -(-estimate_checkpoint_bytes(model, build_optimizer(model, cfg.train)) // 1024)
 

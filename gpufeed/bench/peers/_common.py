@@ -22,14 +22,15 @@ def pil_preprocess(data: bytes, size_px: SizePx | int, crop_fraction: float) -> 
     from PIL import Image
 
     out_w, out_h = parse_size_px(size_px)
-    with Image.open(io.BytesIO(data)) as img:
-        img = img.convert("RGB")
-        width, height = img.size
-        scale = max(out_w / width, out_h / height) / crop_fraction
-        img = img.resize((max(out_w, round(width * scale)), max(out_h, round(height * scale))), Image.BILINEAR)
-        left, top = (img.width - out_w) // 2, (img.height - out_h) // 2
-        img = img.crop((left, top, left + out_w, top + out_h))
-        return np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
+    with Image.open(io.BytesIO(data)) as source:
+        img = source.convert("RGB")
+    width, height = img.size
+    scale = max(out_w / width, out_h / height) / crop_fraction
+    size = (max(out_w, round(width * scale)), max(out_h, round(height * scale)))
+    img = img.resize(size, Image.Resampling.BILINEAR)
+    left, top = (img.width - out_w) // 2, (img.height - out_h) // 2
+    img = img.crop((left, top, left + out_w, top + out_h))
+    return np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
 
 
 def top_k_reply(logits: np.ndarray, labels: tuple[str, ...], k: int = 5) -> dict:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import struct
+from typing import Any
 
 import numpy as np
 
-from gpufeed.bench._probe import Builder, bytes_blob
+from gpufeed.reliability._probe import Builder, bytes_blob
 
 __all__ = ["json_probes", "name_probes", "oversized_probes", "rest_probes", "tensor_probes"]
 
@@ -129,9 +130,9 @@ def tensor_probes(b: Builder, max_images: int, max_body_bytes: int) -> None:
             b.pixels("wrong_dtype", [1, *shape], datatype, binary=binary, reasons=("bad_dtype",), words=("uint8",))
     b.kserve_doc("wrong_dtype", {"inputs": [{"name": t.input_name, "datatype": "BYTES", "shape": [1], "data": ["x"]}]},
                  (400,), ("bad_dtype",), ("uint8",))  # fmt: skip
-    for datatype in ("uint8", "FLOAT32", "", "STRING", "BF16", 5, None, ["UINT8"], {"t": 1}, "UINT8 "):
-        doc = {"inputs": [{"name": t.input_name, "datatype": datatype, "shape": [1], "data": [0]}]}
-        b.kserve_doc("wrong_dtype", doc, (400,), ("bad_dtype",), ("datatype",))
+    for wrong in ("uint8", "FLOAT32", "", "STRING", "BF16", 5, None, ["UINT8"], {"t": 1}, "UINT8 "):
+        wrong_doc: dict[str, Any] = {"inputs": [{"name": t.input_name, "datatype": wrong, "shape": [1], "data": [0]}]}
+        b.kserve_doc("wrong_dtype", wrong_doc, (400,), ("bad_dtype",), ("datatype",))
     if t.accepts_images:
         for datatype in ("UINT8", "FP32", "INT64"):
             doc = {"inputs": [{"name": "image", "datatype": datatype, "shape": [1], "data": [1]}]}

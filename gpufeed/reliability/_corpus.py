@@ -29,7 +29,7 @@ large_json             bodies near the limit of ``[],`` runs, too many values, h
 large_heads            request heads over ``serve.max_header_bytes`` (431)
 =====================  =====================================================================
 
-The hostile categories (the last five) are :mod:`gpufeed.bench._corpus_hostile`.
+The hostile categories (the last five) are :mod:`gpufeed.reliability._corpus_hostile`.
 
 A flipped bit inside JPEG entropy-coded data (or inside PNG data that a decoder tolerates) can
 leave a file that still decodes, to different pixels: no checksum can tell. Those probes carry
@@ -40,10 +40,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpufeed.bench._corpus_hostile import hostile_probes, large_head_probes
-from gpufeed.bench._corpus_images import image_probes, make_images
-from gpufeed.bench._corpus_requests import json_probes, name_probes, oversized_probes, rest_probes, tensor_probes
-from gpufeed.bench._probe import Builder, Probe, Target
+from gpufeed.reliability._corpus_hostile import hostile_probes, large_head_probes
+from gpufeed.reliability._corpus_images import image_probes
+from gpufeed.reliability._corpus_requests import json_probes, name_probes, oversized_probes, rest_probes, tensor_probes
+from gpufeed.reliability._probe import Builder, Probe, Target
+from gpufeed.synth._photos import format_samples
 
 __all__ = ["Probe", "Target", "malformed_corpus"]
 
@@ -66,7 +67,7 @@ def malformed_corpus(
             are sized against them.
     """
     rng = np.random.default_rng(seed)
-    images = make_images(rng)
+    images = format_samples(rng)
     probes: list[Probe] = []
     served = [t.name for t in targets]
     for k, target in enumerate(targets):

@@ -1,24 +1,23 @@
-"""What the server's fault and load runs share: their inputs, their report shape and their command.
+"""What the server's fault and load runs share: their inputs and their report shape.
 
-``bench soak``, ``bench overload``, ``bench drain`` and ``bench fuzz`` each drive a real
-``gpufeed serve`` and return a :class:`ServerRunReport`: the run's figures (the dict its JSON
-holds) and the expectations they must meet, in the one shape of every run that passes or fails
-(:class:`gpufeed._report.Checklist`, which the reliability runs use too). :func:`main_run` is the
-command around each of them.
+``reliability soak``, ``overload``, ``drain`` and ``fuzz`` each drive a real ``gpufeed serve``
+and return a :class:`ServerRunReport`: the run's figures (the dict its JSON holds) and the
+expectations they must meet, in the one shape of every run that passes or fails
+(:class:`gpufeed._report.Checklist`, which the training fault runs use too).
+:func:`reliability_inputs` is what each command feeds them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed._report import Check, Checklist, finish
-from gpufeed.bench._serve_proc import quiet_http_logs
-from gpufeed.bench.loader import make_bench_images
+from gpufeed._report import Check, Checklist
 from gpufeed.bench.server import export_bench_models
+from gpufeed.models import read_model_card
+from gpufeed.synth._photos import make_bench_images
 
-__all__ = ["ServerRunReport", "exit_check", "main_run", "reliability_inputs"]
+__all__ = ["ServerRunReport", "exit_check", "reliability_inputs"]
 
 
 def reliability_inputs(
@@ -33,6 +32,8 @@ def reliability_inputs(
     """
     if model_dir is None:
         model_dir = export_bench_models(Path(cache), "smallcnn", 64, 8, None)["batched"]
+    else:
+        read_model_card(model_dir)  # a wrong folder is refused before the images are written
     folder = make_bench_images(Path(cache), images, *size)
     return model_dir, [p.read_bytes() for p in sorted((folder / "photos").glob("*.jpg"))]
 
@@ -62,25 +63,3 @@ class ServerRunReport(Checklist):
 def exit_check(exit_status: int | None) -> Check:
     """The expectation every server run ends with: SIGTERM drains the server and it exits 0."""
     return Check("exit status 0 on SIGTERM", exit_status == 0, f"exit status {exit_status} after SIGTERM (expected 0)")
-
-
-def main_run(
-    args, run: Callable[[Path, list[bytes]], ServerRunReport], after: Callable[[ServerRunReport], None] | None = None
-) -> int:
-    """The command around a server run: its inputs, the run, the report printed and written.
-
-    Args:
-        args: The command's arguments (``cache``, ``model_dir``, ``json``).
-        run: Runs against the model folder and JPEGs, and returns the report.
-        after: Called with the report once it is printed (a plot, say).
-
-    Returns:
-        The exit status: 1 when an expectation failed.
-    """
-    quiet_http_logs()
-    model_dir, images = reliability_inputs(args.cache, args.model_dir)
-    report = run(model_dir, images)
-    status = finish(report, args.json)
-    if after is not None:
-        after(report)
-    return status

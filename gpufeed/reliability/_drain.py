@@ -1,4 +1,4 @@
-"""``gpufeed bench drain``: SIGTERM a busy ``gpufeed serve`` and account for every request.
+"""``gpufeed reliability drain``: SIGTERM a busy ``gpufeed serve`` and account for every request.
 
 Scenario, against a ``gpufeed serve`` child process:
 
@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._report import Check
-from gpufeed.bench._serve_proc import ServeProcess
-from gpufeed.bench._server_runs import ServerRunReport, exit_check, main_run
 from gpufeed.models import read_model_card
+from gpufeed.reliability._serve_proc import ServeProcess
+from gpufeed.reliability._server_runs import ServerRunReport, exit_check
 
 __all__ = ["DrainReport", "run_drain"]
 
@@ -113,7 +113,8 @@ def run_drain(
         f"serve.shutdown_delay_seconds={shutdown_delay_s}",
         f"serve.batch_sizes=[{card.batch_size}]",
     ]
-    tally, probes = _Tally(), {"ready": [], "predict": []}
+    tally = _Tally()
+    probes: dict[str, list[tuple[float, int]]] = {"ready": [], "predict": []}
     headers_seen: list[dict] = []
     with ServeProcess(model_dir, settings, device=device) as server, ThreadPoolExecutor(held + 2) as pool:
         url, n = server.url, card.spec.num_classes
@@ -240,13 +241,3 @@ class DrainReport(ServerRunReport):
             f"{result['dropped']}, refused at connect {result['refused_at_connect']}",
             f"  exit status {result['exit_status']} after {result['seconds_to_exit']:.2f} s",
         ]
-
-
-def main_drain(args) -> int:
-    """``gpufeed bench drain``."""
-    return main_run(
-        args,
-        lambda model_dir, images: run_drain(
-            model_dir, images, hold_ms=args.hold_ms, shutdown_delay_s=args.shutdown_delay, device=args.device
-        ),
-    )

@@ -14,16 +14,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["ServeProcess", "quiet_http_logs", "rss_bytes"]
-
-
-def quiet_http_logs() -> None:
-    """httpx logs every request at INFO; the scripts poll and probe a lot, so keep that out of their output."""
-    import logging
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+__all__ = ["ServeProcess", "rss_bytes"]
 
 
 def rss_bytes(pid: int) -> int:
@@ -50,7 +44,9 @@ class ServeProcess:
             httpx.get(server.url + "/v2/health/ready")
     """
 
-    def __init__(self, model_dir: Path, overrides=(), env: dict[str, str] | None = None, device: str = "cpu"):
+    def __init__(
+        self, model_dir: Path, overrides: Iterable[str] = (), env: dict[str, str] | None = None, device: str = "cpu"
+    ) -> None:
         self.model_dir = Path(model_dir)
         self.overrides = [f"device={device}", *overrides]
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -58,13 +54,26 @@ class ServeProcess:
         self.stdout_path = Path(self._dir.name) / "stdout.txt"
         self.stderr_path = Path(self._dir.name) / "stderr.txt"
         self.proc: subprocess.Popen | None = None
-        self.final_log = ""  # the server's whole log, kept when the process is stopped
         self.url = ""
         self.host, self.port = "127.0.0.1", 0
 
+    def _started(self) -> subprocess.Popen:
+        if self.proc is None:
+            raise RuntimeError("gpufeed serve has not been started: call start() or use the context manager")
+        return self.proc
+
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self._started().pid
+
+    @property
+    def exit_status(self) -> int | None:
+        """The exit status once the process has ended (negative: killed by that signal), else None."""
+        return None if self.proc is None else self.proc.poll()
+
+    def running(self) -> bool:
+        """Whether the server process was started and has not exited."""
+        return self.proc is not None and self.proc.poll() is None
 
     def start(self, ready_timeout: float = 180.0) -> ServeProcess:
         """Start the server and wait until ``/v2/health/ready`` answers 200."""
@@ -75,11 +84,11 @@ class ServeProcess:
         for item in self.overrides:
             cmd += ["--set", item]
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=self.env, start_new_session=True)
+            proc = self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=self.env, start_new_session=True)
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gpufeed serve exited with status {self.proc.returncode}: {self.log()[-2000:]}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"gpufeed serve exited with status {proc.returncode}: {self.log()[-2000:]}")
             if not self.url:
                 text = self.stdout_path.read_text(errors="replace")
                 if "listening on " in text:
@@ -104,11 +113,11 @@ class ServeProcess:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
 
     def send_signal(self, sig: int = signal.SIGTERM) -> None:
-        self.proc.send_signal(sig)
+        self._started().send_signal(sig)
 
     def wait(self, timeout: float) -> int:
         """The exit status (negative: killed by that signal); raises subprocess.TimeoutExpired."""
-        return self.proc.wait(timeout=timeout)
+        return self._started().wait(timeout=timeout)
 
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM, wait for the drain; SIGKILL if it does not end. Returns the exit status."""
@@ -117,7 +126,7 @@ class ServeProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                return self.proc.wait(timeout=timeout)
+                return self._started().wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
         return self.proc.returncode
@@ -130,10 +139,9 @@ class ServeProcess:
     def __enter__(self) -> ServeProcess:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         try:
             self.stop()
         finally:
             self.kill()
-            self.final_log = self.log()
             self._dir.cleanup()

@@ -1,4 +1,4 @@
-"""``gpufeed bench overload``: offer far more load than the server can take, and watch it refuse cleanly.
+"""``gpufeed reliability overload``: offer far more load than the server can take, and watch it refuse cleanly.
 
 A ``gpufeed serve`` child process with a small queue (``serve.queue_capacity``) is driven by many
 more closed-loop clients than the queue holds. Clients do not back off: a 503 is followed at once
@@ -23,9 +23,9 @@ import numpy as np
 
 from gpufeed._report import Check
 from gpufeed.bench._loadgen import run_load
-from gpufeed.bench._serve_proc import ServeProcess
-from gpufeed.bench._server_runs import ServerRunReport, exit_check, main_run
 from gpufeed.models import read_model_card
+from gpufeed.reliability._serve_proc import ServeProcess
+from gpufeed.reliability._server_runs import ServerRunReport, exit_check
 
 __all__ = ["OverloadReport", "predict_scores", "run_overload"]
 
@@ -151,7 +151,7 @@ def run_overload(
         "counted_errors": counted,
         "ready_after": ready_after,
         "same_answer_after": bool(np.allclose(before, after, atol=1e-6)) and len(before) == num_classes,
-        "exit_status": server.proc.returncode,
+        "exit_status": server.exit_status,
         "load_seconds": load_seconds,
     }
     return OverloadReport(figures)
@@ -221,20 +221,3 @@ class OverloadReport(ServerRunReport):
             f"  after: ready {result['ready_after']}, same answer as before {result['same_answer_after']}, "
             f"exit status on SIGTERM {result['exit_status']}",
         ]
-
-
-def main_overload(args) -> int:
-    """``gpufeed bench overload``."""
-    return main_run(
-        args,
-        lambda model_dir, images: run_overload(
-            model_dir,
-            images,
-            clients=args.clients,
-            seconds=args.seconds,
-            queue_capacity=args.queue_capacity,
-            request_timeout_s=args.request_timeout,
-            overrides=tuple(args.overrides),
-            device=args.device,
-        ),
-    )

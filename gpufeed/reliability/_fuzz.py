@@ -1,6 +1,6 @@
-"""``gpufeed bench fuzz``: send the malformed-request corpus to a real ``gpufeed serve`` and judge every answer.
+"""``gpufeed reliability fuzz``: send the malformed-request corpus to a real ``gpufeed serve`` and judge every answer.
 
-Each :class:`~gpufeed.bench._corpus.Probe` goes out byte for byte as generated (``http.client``
+Each :class:`~gpufeed.reliability._corpus.Probe` goes out byte for byte as generated (``http.client``
 keeps raw paths such as ``/v1/models/../x/predict`` as they are; httpx would normalise them) on a
 keep-alive connection. An answer passes when it is not a 5xx, has a status the probe allows, is a
 JSON ``{"error", "reason"}`` with the expected reason and an error message that names the problem
@@ -11,8 +11,8 @@ onnxruntime computes for it directly. Finally the metrics must account for every
 reason the responses gave counted once in ``gpufeed_server_errors_total``, and each answer to an
 inference path (corpus and checks alike) counted with its status in
 ``gpufeed_server_requests_total`` (431s excepted: those heads never reach the app, and are counted
-by reason only). ``gpufeed bench fuzz`` then measures liveness while large bodies are refused
-(:mod:`gpufeed.bench._liveness`).
+by reason only). :func:`run_fuzz` then measures liveness while large bodies are refused
+(:mod:`gpufeed.reliability._liveness`).
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ import numpy as np
 
 from gpufeed._report import Check
 from gpufeed._text import format_table
-from gpufeed.bench._corpus import Probe, Target, malformed_corpus
-from gpufeed.bench._liveness import liveness_lines, measure_liveness
-from gpufeed.bench._serve_proc import ServeProcess
-from gpufeed.bench._server_runs import ServerRunReport, exit_check, main_run
 from gpufeed.config import parse_config
 from gpufeed.models import read_model_card
+from gpufeed.reliability._corpus import Probe, Target, malformed_corpus
+from gpufeed.reliability._liveness import liveness_lines, measure_liveness
+from gpufeed.reliability._serve_proc import ServeProcess
+from gpufeed.reliability._server_runs import ServerRunReport, exit_check
 from gpufeed.server._access import route_of
 
-__all__ = ["FUZZ_LIMITS", "FuzzReport", "ValidRequestCheck", "run_corpus", "valid_request_check"]
+__all__ = ["FUZZ_LIMITS", "FuzzReport", "ValidRequestCheck", "run_corpus", "run_fuzz", "valid_request_check"]
 
 # The limits the fuzzing server runs with: small enough that oversized probes stay cheap.
 FUZZ_LIMITS = {"max_body_bytes": 256 * 1024, "max_image_pixels": 4_000_000, "max_images_per_request": 8}
@@ -101,7 +101,7 @@ def _verdict(probe: Probe, status: int, body: bytes) -> tuple[str, str | None, s
     return "ok", reason, message
 
 
-def _metric_totals(host: str, port: int, headers: dict[str, str] | None) -> tuple[Counter, Counter]:
+def _metric_totals(host: str, port: int, headers: dict[str, str] | None) -> tuple[Counter[str], Counter[int]]:
     """(errors by reason, inference requests by status code) from ``/metrics``, summed over models."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -110,19 +110,15 @@ def _metric_totals(host: str, port: int, headers: dict[str, str] | None) -> tupl
         _, _, text = client.request("GET", "/metrics")
     finally:
         client.close()
-    errors, requests = Counter(), Counter()
+    errors: Counter[str] = Counter()
+    requests: Counter[int] = Counter()
     for family in text_string_to_metric_families(text.decode()):
-        for s in family.samples:
+        for s in family.samples:  # counters of whole requests: their float values are integers
             if s.name == "gpufeed_server_errors_total":
-                errors[s.labels["reason"]] += s.value
+                errors[s.labels["reason"]] += int(s.value)
             elif s.name == "gpufeed_server_requests_total":
-                requests[int(s.labels["code"])] += s.value
+                requests[int(s.labels["code"])] += int(s.value)
     return errors, requests
-
-
-def errors_by_reason(host: str, port: int, headers: dict[str, str] | None = None) -> Counter:
-    """``gpufeed_server_errors_total`` summed over models, by reason."""
-    return _metric_totals(host, port, headers)[0]
 
 
 def is_inference_path(path: str) -> bool:
@@ -159,7 +155,7 @@ class ValidRequestCheck:
         self.body, self.name, self.jpeg = json.dumps(doc).encode(), card.name, jpeg
         self.client = RawClient(host, port, headers)
         self.predict = f"/v1/models/{card.name}/predict?top_k={card.spec.num_classes}"
-        self.answers: Counter = Counter()
+        self.answers: Counter[int] = Counter()
         self.reference = self._jpeg_scores() if jpeg is not None and card.spec.task == "image" else None
 
     def _send(self, method, path, body=b"", headers=()) -> tuple[int, bytes]:
@@ -216,8 +212,11 @@ def run_corpus(
     checked_before = sum((c.answers for c in checks), Counter())
     client = RawClient(host, port, headers)
     categories: dict[str, dict] = {}
-    statuses, reasons, failures, valid_failures = Counter(), Counter(), [], []
-    inference_answers = Counter()
+    statuses: Counter[int] = Counter()
+    reasons: Counter[str] = Counter()
+    inference_answers: Counter[int] = Counter()
+    failures: list[dict] = []
+    valid_failures: list[str] = []
     valid_checks = 0
     started = time.perf_counter()
     order = list(dict.fromkeys(p.category for p in probes))
@@ -275,7 +274,7 @@ def run_corpus(
 
 @dataclass
 class FuzzReport(ServerRunReport):
-    """A corpus run's figures (module docs), and with ``gpufeed bench fuzz`` the server's exit and liveness.
+    """A corpus run's figures (module docs), and with :func:`run_fuzz` the server's exit and liveness.
 
     ``server_alive_after``, ``exit_status`` and ``liveness`` are judged when the figures hold them.
     """
@@ -349,26 +348,53 @@ class FuzzReport(ServerRunReport):
         return lines
 
 
-def main_fuzz(args) -> int:
-    """``gpufeed bench fuzz``: the corpus against one server, then liveness against a second."""
+def run_fuzz(
+    model_dir: Path,
+    images: list[bytes],
+    *,
+    overrides: tuple[str, ...] = (),
+    seed: int = 0,
+    device: str = "cpu",
+    categories: tuple[str, ...] | None = None,
+    liveness: bool = True,
+    progress: bool = True,
+) -> FuzzReport:
+    """The corpus against one ``gpufeed serve``, then (``liveness``) liveness against a second.
 
-    def run(model_dir: Path, images: list[bytes]) -> FuzzReport:
-        card = read_model_card(model_dir)
-        settings = [f"serve.{k}={v}" for k, v in FUZZ_LIMITS.items()] + ["serve.max_delay_ms=2", *args.overrides]
-        with ServeProcess(model_dir, settings, device=args.device) as server:
-            probes = malformed_corpus([Target.from_card(card)], seed=args.seed, **FUZZ_LIMITS)
-            check = valid_request_check(server.host, server.port, model_dir, images[0])
-            report = run_corpus(server.host, server.port, probes, [check])
-            alive = server.proc.poll() is None
-        report.figures["server_alive_after"] = alive
-        report.figures["exit_status"] = server.proc.returncode
-        # Liveness needs bodies as large as a real server takes: a second server, with the default limits.
-        settings = ["serve.max_delay_ms=2", *args.overrides]
+    Args:
+        model_dir: The exported model to serve.
+        images: JPEGs; the first is the valid request checked after each category.
+        overrides: ``--set`` strings for both servers (after the fuzzing limits, :data:`FUZZ_LIMITS`).
+        seed: The corpus seed.
+        device: The servers' device.
+        categories: Send only these corpus categories (default: all of them).
+        liveness: Also measure liveness while large bodies are refused; it needs bodies as large as a
+            real server takes, so a second server runs with the default limits.
+        progress: Show a progress bar.
+
+    Raises:
+        ValueError: ``categories`` names a category the corpus does not have (the message lists them).
+    """
+    card = read_model_card(model_dir)
+    probes = malformed_corpus([Target.from_card(card)], seed=seed, **FUZZ_LIMITS)
+    if categories is not None:
+        known = list(dict.fromkeys(p.category for p in probes))
+        unknown = sorted(set(categories) - set(known))
+        if unknown:
+            raise ValueError(f"unknown fuzz categories {unknown}; the corpus has {known}")
+        probes = [p for p in probes if p.category in categories]
+    settings = [f"serve.{k}={v}" for k, v in FUZZ_LIMITS.items()] + ["serve.max_delay_ms=2", *overrides]
+    with ServeProcess(model_dir, settings, device=device) as server:
+        check = valid_request_check(server.host, server.port, model_dir, images[0])
+        report = run_corpus(server.host, server.port, probes, [check], progress=progress)
+        alive = server.running()
+    report.figures["server_alive_after"] = alive
+    report.figures["exit_status"] = server.exit_status
+    if liveness:
+        settings = ["serve.max_delay_ms=2", *overrides]
         limit = parse_config(None, [s for s in settings if s.startswith("serve.")]).serve.max_body_bytes
-        with ServeProcess(model_dir, settings, device=args.device) as server:
+        with ServeProcess(model_dir, settings, device=device) as server:
             report.figures["liveness"] = measure_liveness(
                 server.host, server.port, card.name, card.input_name, tuple(card.sample_shape), body_bytes=limit - 4096
             )
-        return report
-
-    return main_run(args, run)
+    return report

@@ -1,6 +1,6 @@
-"""``gpufeed bench soak``: many clients for a long time against a real ``gpufeed serve``.
+"""``gpufeed reliability soak``: many clients for a long time against a real ``gpufeed serve``.
 
-One ``gpufeed serve`` child process (:class:`~gpufeed.bench._serve_proc.ServeProcess`), driven by
+One ``gpufeed serve`` child process (:class:`~gpufeed.reliability._serve_proc.ServeProcess`), driven by
 the closed-loop client of ``bench server`` (:mod:`gpufeed.bench._loadgen`): ``clients`` keep-alive
 connections, each sending its next multipart JPEG as soon as the previous answer arrives. The
 server's resident memory (VmRSS) is sampled every 0.5 s; growth is measured from the end of the
@@ -23,9 +23,9 @@ import numpy as np
 
 from gpufeed._report import Check
 from gpufeed.bench._loadgen import run_load
-from gpufeed.bench._serve_proc import ServeProcess
-from gpufeed.bench._server_runs import ServerRunReport, exit_check, main_run
 from gpufeed.models import read_model_card
+from gpufeed.reliability._serve_proc import ServeProcess
+from gpufeed.reliability._server_runs import ServerRunReport, exit_check
 
 __all__ = ["SoakReport", "run_soak"]
 
@@ -89,7 +89,7 @@ def run_soak(
                 bar.close()
         samples.append((time.perf_counter() - t0, server.rss_bytes()))
         ready_after = httpx.get(server.url + "/v2/health/ready", timeout=10).status_code
-    exit_status = server.proc.returncode
+    exit_status = server.exit_status
     # Medians over 2 s at each end, so one sample taken mid-batch does not decide the growth.
     warm = int(np.median([rss for t, rss in samples if warmup_s <= t <= warmup_s + 2.0] or [samples[-1][1]]))
     end = int(np.median([rss for t, rss in samples if t >= samples[-1][0] - 2.0]))
@@ -198,25 +198,3 @@ def plot_soak(result: dict, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def main_soak(args) -> int:
-    """``gpufeed bench soak``."""
-
-    def run(model_dir: Path, images: list[bytes]) -> SoakReport:
-        return run_soak(
-            model_dir,
-            images,
-            clients=args.clients,
-            seconds=args.seconds,
-            warmup_s=args.warmup_seconds,
-            overrides=tuple(args.overrides),
-            device=args.device,
-            max_growth=args.max_growth,
-        )
-
-    def plot(report: SoakReport) -> None:
-        if args.plot:
-            print(f"plot: {plot_soak(report.figures, args.plot)}")
-
-    return main_run(args, run, after=plot)

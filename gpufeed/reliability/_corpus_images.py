@@ -1,88 +1,19 @@
-"""Image payloads for the corpus: damaged, truncated, bit-flipped and bomb-sized JPEG and PNG files."""
+"""Image payloads for the corpus: damaged, truncated, bit-flipped and bomb-sized JPEG and PNG files.
+
+The damage itself is :mod:`gpufeed.synth._damaged`; the valid images it starts from are
+:func:`gpufeed.synth._photos.format_samples`.
+"""
 
 from __future__ import annotations
 
-import io
 import json
-import struct
-import zlib
 
 import numpy as np
 
-from gpufeed.bench._probe import Builder
+from gpufeed.reliability._probe import Builder
+from gpufeed.synth._damaged import declare_size, jpeg_without_segment, png_chunk, png_declaring, png_with_damaged_data
 
-__all__ = ["image_probes", "jpeg_declaring", "make_images", "png_declaring"]
-
-
-def make_images(rng: np.random.Generator) -> dict[str, bytes]:
-    from PIL import Image
-
-    yy, xx = np.mgrid[0:72, 0:96]
-    base = np.stack([xx * 2, yy * 3, (xx + yy) * 2], -1) % 256
-    pixels = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
-    out = {}
-    for key, fmt, kwargs in (
-        ("jpeg", "JPEG", {"quality": 90}),
-        ("jpeg_progressive", "JPEG", {"quality": 85, "progressive": True}),
-        ("png", "PNG", {}),
-        ("png_small", "PNG", {"optimize": True}),
-    ):
-        buffer = io.BytesIO()
-        Image.fromarray(pixels if key != "png_small" else pixels[:40, :50]).save(buffer, format=fmt, **kwargs)
-        out[key] = buffer.getvalue()
-    for fmt in ("GIF", "BMP", "TIFF", "WEBP"):
-        buffer = io.BytesIO()
-        Image.fromarray(pixels[:16, :16]).save(buffer, format=fmt)
-        out[fmt.lower()] = buffer.getvalue()
-    return out
-
-
-def _png_chunk(kind: bytes, payload: bytes, crc: int | None = None) -> bytes:
-    crc = zlib.crc32(kind + payload) if crc is None else crc
-    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", crc & 0xFFFFFFFF)
-
-
-def png_declaring(width: int, height: int) -> bytes:
-    """A tiny PNG whose header declares ``width x height`` (a decompression bomb's header)."""
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + _png_chunk(b"IHDR", ihdr)
-        + _png_chunk(b"IDAT", zlib.compress(b"\x00" * 64))
-        + _png_chunk(b"IEND", b"")
-    )
-
-
-def jpeg_declaring(jpeg: bytes, width: int, height: int) -> bytes:
-    """``jpeg`` with its SOF header rewritten to declare ``width x height`` (data unchanged)."""
-    data = bytearray(jpeg)
-    for marker in (b"\xff\xc0", b"\xff\xc2"):
-        at = data.find(marker)
-        if at >= 0:
-            data[at + 5 : at + 9] = struct.pack(">HH", height, width)
-            return bytes(data)
-    raise ValueError("no SOF marker")
-
-
-def _without_segment(jpeg: bytes, marker: int) -> bytes:
-    data, pos, out = jpeg, 2, bytearray(jpeg[:2])
-    while pos < len(data) and data[pos] == 0xFF and data[pos + 1] != 0xDA:
-        length = struct.unpack(">H", data[pos + 2 : pos + 4])[0]
-        if data[pos + 1] != marker:
-            out += data[pos : pos + 2 + length]
-        pos += 2 + length
-    return bytes(out + data[pos:])
-
-
-def _png_damaged_idat(png: bytes) -> bytes:
-    data = bytearray(png)
-    at = data.index(b"IDAT")
-    (length,) = struct.unpack(">I", data[at - 4 : at])
-    for k in range(at + 4 + 2, at + 4 + min(length, 80)):
-        data[k] ^= 0x5A
-    crc = zlib.crc32(bytes(data[at : at + 4 + length]))
-    data[at + 4 + length : at + 8 + length] = struct.pack(">I", crc & 0xFFFFFFFF)
-    return bytes(data)
+__all__ = ["image_probes"]
 
 
 CORRUPT = ("corrupt_image",)
@@ -90,6 +21,10 @@ FORMAT_WORDS = ("truncated", "damaged", "not a jpeg or png", "empty", "no valid 
 
 
 def image_probes(b: Builder, rng: np.random.Generator, images: dict[str, bytes], max_pixels: int) -> None:
+    # One category after another reuses these with other lengths.
+    statuses: tuple[int, ...]
+    reasons: tuple[str, ...]
+    words: tuple[str, ...]
     # Truncated: cut points spread over each file, sent as a raw REST body and as a KServe BYTES element.
     for category, keys in (("truncated_jpeg", ("jpeg", "jpeg_progressive")), ("truncated_png", ("png", "png_small"))):
         for key in keys:
@@ -107,16 +42,16 @@ def image_probes(b: Builder, rng: np.random.Generator, images: dict[str, bytes],
         *((b"\xff\xd8\xff" + rng.bytes(n), False) for n in (1, 10, 100, 1000, 5000)),
         *((b"\x89PNG\r\n\x1a\n" + rng.bytes(n), False) for n in (1, 10, 100, 1000, 5000)),
         *((rng.bytes(n), False) for n in (1, 2, 16, 300, 4000)),
-        (_without_segment(jpeg, 0xC4), True),  # no Huffman tables: decoders fall back to the standard ones
-        (_without_segment(jpeg, 0xDB), False),  # no quantisation tables
-        (jpeg_declaring(jpeg, 0, 72), False),
-        (jpeg_declaring(jpeg, 96, 0), False),
+        (jpeg_without_segment(jpeg, 0xC4), True),  # no Huffman tables: decoders fall back to the standard ones
+        (jpeg_without_segment(jpeg, 0xDB), False),  # no quantisation tables
+        (declare_size(jpeg, 0, 72), False),
+        (declare_size(jpeg, 96, 0), False),
         (jpeg[:620] + bytes(len(jpeg) - 622) + b"\xff\xd9", True),  # zeroed scan data is valid: a flat image
-        (_png_damaged_idat(png), False),
-        (png[:33] + _png_chunk(b"IDAT", b"not zlib at all" * 4) + _png_chunk(b"IEND", b""), False),
+        (png_with_damaged_data(png), False),
+        (png[:33] + png_chunk(b"IDAT", b"not zlib at all" * 4) + png_chunk(b"IEND", b""), False),
         (png[:16] + b"\x00" * 8 + png[24:], False),  # IHDR says 0x0 (and its CRC is now wrong)
         (png.replace(b"IEND", b"IENX"), False),
-        (png[:8] + _png_chunk(b"IHDR", png[16:29], crc=0) + png[33:], False),
+        (png[:8] + png_chunk(b"IHDR", png[16:29], crc=0) + png[33:], False),
     ]
     statuses, reasons = (400, 415), (*CORRUPT, "unsupported_media_type")
     for k, (blob, may) in enumerate(corrupt):
@@ -161,7 +96,7 @@ def image_probes(b: Builder, rng: np.random.Generator, images: dict[str, bytes],
         b.multipart("huge_dimensions", png_bomb, (400,), ("too_many_pixels",), words, filename="bomb.png")
         b.kserve_images("huge_dimensions", [png_bomb], (400,), ("too_many_pixels",), words)
         if width <= 65535 and height <= 65535:
-            jpeg_bomb = jpeg_declaring(jpeg, width, height)
+            jpeg_bomb = declare_size(jpeg, width, height)
             b.rest("huge_dimensions", jpeg_bomb, "image/jpeg", (400,), ("too_many_pixels",), words)
             b.kserve_images("huge_dimensions", [jpeg_bomb], (400,), ("too_many_pixels",), words)
     # Wrong content types and formats.

@@ -24,7 +24,7 @@ import gzip
 import json
 import zlib
 
-from gpufeed.bench._probe import Builder, bytes_blob
+from gpufeed.reliability._probe import Builder, bytes_blob
 
 __all__ = ["hostile_probes", "large_head_probes"]
 

@@ -118,7 +118,8 @@ def measure_liveness(
     """Probe liveness idle, then while ``senders`` clients send large refused bodies; the figures."""
     bodies = liveness_bodies(input_name, sample_shape, body_bytes)
     idle = _probe(host, port, min(2.0, seconds / 2), probe_interval_s)
-    stop, statuses, lock = threading.Event(), Counter(), threading.Lock()
+    stop, lock = threading.Event(), threading.Lock()
+    statuses: Counter[int] = Counter()
     path = f"/v2/models/{model}/infer"
     threads = [
         threading.Thread(target=_sender, args=(host, port, path, bodies, k, stop, statuses, lock), daemon=True)
