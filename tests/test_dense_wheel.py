@@ -30,7 +30,7 @@ from gpufeed.pipelines._windows import eval_windows
 from gpufeed.synth import write_paired_split
 from gpufeed.synth._pairs import SYNTH_IGNORE_ID
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
 WIDTH, HEIGHT = 640, 480  # the source pairs
 SIZE = (64, 48)  # the model's width and height: 4:3 like the source, so the window is a centre crop
 DEPTH_SCALE = 0.001  # the maps hold millimetres

@@ -18,6 +18,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.process  # ranks are real child processes
+
 # Each rank: resolve the device as training does, join the job, then prove the group works.
 RANK_SCRIPT = textwrap.dedent(
     """

@@ -23,7 +23,7 @@ from _serving import write_checkpoint
 from gpufeed.models import export_model
 from gpufeed.synth import SynthSpec, write_synthetic_dataset
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TRAIN_IMAGES = 32  # 2 classes x 16

@@ -147,6 +147,7 @@ def test_the_shard_comes_from_torch_distributed_when_it_is_initialised(synth_dir
     assert plans[0] and plans[1] and not plans[0] & plans[1]
 
 
+@pytest.mark.process  # PyAV decodes h264 in DALI's worker processes on the CPU
 def test_a_clip_loader_from_a_folder_of_videos(synth_dir):
     loader = ClipLoader(synth_dir / "videos", batch_size=2, clip_length_frames=5, size_px=32, num_threads=1)
     try:

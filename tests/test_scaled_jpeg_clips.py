@@ -31,7 +31,7 @@ from gpufeed.pipelines._store_feed import jpeg_decode_sizes, jpeg_scale_eighths
 from gpufeed.synth import behaviour_labels
 from gpufeed.synth._videos import write_label_csv
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 CPU = DeviceChoice("cpu", None, "test")
 SRC_W, SRC_H, BLOCK = 384, 192, 32

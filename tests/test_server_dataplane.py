@@ -142,6 +142,7 @@ def server():
     running.stop()
 
 
+@pytest.mark.live
 def test_every_protocol_reaches_the_batcher_through_the_data_plane(server, monkeypatch):
     import tritonclient.grpc as tgrpc
 
