@@ -10,12 +10,17 @@ of ``gpufeed/`` plus one per other root, under the name the wheel gives it. grif
 source without importing it, so building the docs needs neither DALI nor torch nor a GPU.
 
 ``tests/test_docs.py`` reads the same tree (:func:`write_source_tree`) to check the docstrings.
+
+The pages are written to read on GitHub too, which needs a pipe inside a table's code span
+escaped (``\\|``); Python-Markdown keeps code spans whole and would show the backslash, so
+:func:`on_page_markdown` drops it there.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -66,3 +71,20 @@ def on_config(config, **kwargs):
     """Before each build (``mkdocs serve`` rebuilds too): a fresh tree for griffe."""
     write_source_tree()
     return config
+
+
+_CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def unescape_table_code_pipes(markdown: str) -> str:
+    """``\\|`` inside code spans of table rows becomes ``|``; everything else is left as written."""
+    lines = markdown.split("\n")
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("|") and "\\|" in line:
+            lines[i] = _CODE_SPAN.sub(lambda m: m.group(0).replace("\\|", "|"), line)
+    return "\n".join(lines)
+
+
+def on_page_markdown(markdown: str, **kwargs) -> str:
+    """Each page's Markdown before it is rendered: GitHub's table escapes undone for Python-Markdown."""
+    return unescape_table_code_pipes(markdown)

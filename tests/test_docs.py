@@ -176,3 +176,11 @@ def test_every_page_is_built(site):
         if not out.is_file():
             missing.append(str(page))
     assert not missing, f"pages under docs/ with no page in the built site: {missing}"
+
+
+def test_table_pipes_escaped_for_github_render_plainly_in_the_site(site):
+    hooks = _load_hook("hooks")
+    row = r"| `obs targets\|verify` | a \| b |"
+    assert hooks.unescape_table_code_pipes(row) == r"| `obs targets|verify` | a \| b |"
+    shown = [p.relative_to(site).as_posix() for p in site.rglob("*.html") if "\\|" in p.read_text()]
+    assert not shown, f"built pages showing a backslash before a pipe: {shown}"
