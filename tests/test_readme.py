@@ -71,3 +71,25 @@ def test_the_own_loop_quickstart_is_a_python_block_behind_its_marker():
     match = re.search(r"^<!-- quickstart: own loop -->\n```python\n(.*?)^```", text, re.M | re.S)
     assert match, "README.md needs the line '<!-- quickstart: own loop -->' directly before a ```python block"
     assert "from gpufeed" in match.group(1)
+
+
+def test_the_cli_quickstart_config_is_valid_and_reads_what_synth_writes(tmp_path):
+    """The quickstarts' train.yaml, as written, against a real `gpufeed synth` folder (their run itself is
+    what tests/test_train_loop.py and the demo test do); the serving quickstart's image is in it too."""
+    from gpufeed.config import load_config
+    from gpufeed.synth import write_synthetic_dataset
+
+    text = README.read_text()
+    config = re.search(r"^cat > train\.yaml <<'EOF'\n(.*?)^EOF$", text, re.M | re.S)
+    assert config, "the CLI quickstart writes train.yaml with a quoted here-document"
+    synth = re.search(r"^gpufeed synth --out (\S+)", text, re.M)
+    assert synth and synth.group(1) == "data", "the CLI quickstart starts with `gpufeed synth --out data`"
+    write_synthetic_dataset(tmp_path / "data", progress=False)
+    (tmp_path / "train.yaml").write_text(config.group(1))
+    cfg = load_config(tmp_path / "train.yaml")
+    for split in (cfg.data.train, cfg.data.val):
+        assert Path(split.root).is_dir() and any(Path(split.root).iterdir()), f"{split.root} holds no class folders"
+    images = re.findall(r"--data-binary @(\S+)", text)
+    assert images, "the serving quickstart sends an image with curl"
+    missing = [image for image in images if not (tmp_path / image).is_file()]
+    assert not missing, f"the serving quickstart sends images `gpufeed synth` does not write: {missing}"
