@@ -199,3 +199,41 @@ def test_the_api_pages_show_names_not_sphinx_roles(site):
         for p in (site / "api").rglob("*.html")
     }
     assert not {page: found for page, found in shown.items() if found}, f"role syntax in the built reference: {shown}"
+
+
+def _parser_commands() -> set[tuple[str, ...]]:
+    """Every command and subcommand the CLI's parser has, e.g. ("bench", "train")."""
+    import argparse
+
+    from gpufeed.cli import build_parser
+
+    def walk(parser: argparse.ArgumentParser, path: tuple[str, ...]):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield (*path, name)
+                    yield from walk(sub, (*path, name))
+
+    return set(walk(build_parser(), ()))
+
+
+def _documented_commands(text: str) -> set[tuple[str, ...]]:
+    """The commands a page names in code spans, ``gpufeed bench soak|overload`` counting as both."""
+    found = set()
+    for span in re.findall(r"`(gpufeed [^`]+)`", text):
+        words = []
+        for word in span.replace("\\|", "|").split()[1:]:
+            if not re.fullmatch(r"[a-z][a-z0-9-]*(\|[a-z][a-z0-9-]*)*", word):
+                break
+            words.append(word.split("|"))
+        paths = [()]
+        for alternatives in words:
+            paths = [(*p, w) for p in paths for w in alternatives]
+            found.update(paths)
+    return found
+
+
+def test_every_command_of_the_cli_is_on_the_command_line_page():
+    documented = _documented_commands((DOCS / "cli.md").read_text())
+    missing = sorted(" ".join(c) for c in _parser_commands() - documented)
+    assert not missing, f"commands of `gpufeed` that docs/cli.md does not name: {missing}"
