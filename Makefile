@@ -14,8 +14,9 @@ TORCH_SPEC ?= $(shell if nvidia-smi -L >/dev/null 2>&1; then echo torch; else ec
 # venv's own setuptools (no build isolation), so the venv needs it too.
 SETUPTOOLS_SPEC := setuptools>=77.0.1
 PYTEST_ARGS ?=
+SITE_DIR := .cache/site
 
-.PHONY: setup deps install demo test test-unit typecheck lint format bench clean
+.PHONY: setup deps install demo docs test test-unit typecheck lint format bench clean
 
 # A venv with pip, setuptools and the torch build for this machine (tomli reads pyproject.toml
 # on Python 3.10, which has no tomllib).
@@ -54,12 +55,18 @@ install:
 demo: setup
 	$(BIN)/gpufeed demo --out runs/demo
 
-test: setup
+# The documentation site, strictly: a broken link or anchor, a page missing from the navigation or
+# an API page that cannot be generated fails the build (mkdocs.yml; output in .cache/site).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet --site-dir $(SITE_DIR)
+
+# The docs first (seconds), so the tests can read the site just built instead of building it again.
+test: setup docs
 	.ci/ensure-prometheus
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	.ci/typecheck
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	GPUFEED_DOCS_SITE=$(SITE_DIR) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The unit tier alone (in-process tests: no child process, no server; tests/conftest.py holds it).
 test-unit: setup

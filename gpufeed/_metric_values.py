@@ -12,8 +12,10 @@ __all__ = ["PROTOCOLS", "SERVER_SECONDS_BUCKETS", "STAGES", "TRAIN_SECONDS_BUCKE
 
 # Server stages, in the order a request passes through them.
 STAGES = ("preprocess", "queue_wait", "decode", "inference", "postprocess")
+"""The per-stage latency labels (``stage`` of ``gpufeed_server_stage_seconds``), in request order."""
 # ``kserve``: KServe v2 over HTTP; ``rest``: the simple REST endpoint; ``grpc``: KServe v2 over gRPC.
 PROTOCOLS = ("kserve", "rest", "grpc")
+"""The ``protocol`` label values of the server's request metrics (HTTP and gRPC)."""
 
 # Training step stages: from 0.5 ms (a prefetched batch) to a minute (a pipeline start-up on a
 # cold disk).

@@ -5,7 +5,7 @@
 ONNX model cards and the server read. :func:`export_model` writes ``model.onnx`` (uint8 in,
 normalisation inside, run at a set of fixed batch sizes) and ``model_card.json`` (:class:`ModelCard`).
 
-Only what users call is exported here, each name listed in the README's Python API section;
+Only what users call is exported here, each name listed in the API reference (``docs/api/``);
 checkpoint paths, batch-size helpers, parity checks and file names live in the private ``_*``
 modules, which the other gpufeed packages import directly.
 """

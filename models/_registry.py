@@ -32,6 +32,7 @@ def register_model(name: str, build: Callable[[ModelSpec], nn.Module], **default
 
 
 def list_models() -> list[str]:
+    """The registered network names, sorted: what ``create_model`` and ``model.name`` accept."""
     return sorted(_REGISTRY)
 
 

@@ -13,14 +13,11 @@ Dense targets: :class:`PairedDataset` indexes RGB images with depth maps and/or 
 :func:`check_path` finds bad files before training; :func:`read_image_facts` and
 :func:`decode_problem` judge one image; :func:`prepare_videos` re-encodes videos for fast seeks.
 
-Only what users call is exported here (each name is in the README's Python API section);
-everything else lives in the private modules, which gpufeed's own packages import directly.
-
 Each loader builds its DALI pipeline once and reads epoch after epoch through it. A pipeline
 failure is a :class:`BadSampleError` when files are to blame (named), a :class:`PipelineError`
 (DALI's own message and the likely cause) when none is.
 
-Only what users call is exported here, each name listed in the README's Python API section;
+Only what users call is exported here, each name listed in the API reference (``docs/api/``);
 samplers, hash helpers, checker tables and the rest live in the private ``_*`` modules, which the
 other gpufeed packages import directly.
 """

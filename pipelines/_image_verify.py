@@ -9,7 +9,7 @@ premature end of data segment"), fills the rest grey, and Pillow and DALI return
   every libjpeg warning (premature end of data, bad Huffman code, extraneous bytes where the
   data was damaged) into an error. It decodes at 1/8 scale: every coefficient is still entropy
   decoded (where damage shows), the inverse DCT and colour conversion shrink to almost nothing
-  (measured 20-30% cheaper than a full decode, see the README).
+  (measured 20-30% cheaper than a full decode, see ``docs/images.md``).
 * **PNG** is decoded fully by Pillow, which refuses an incomplete zlib stream.
 
 Used by ``gpufeed check`` for every file, and by the loaders to re-check the files of a batch

@@ -43,6 +43,7 @@ __all__ = ["OPEN_PATHS", "TOKEN_ENV", "AccessGuard", "TokenError", "load_token",
 log = logging.getLogger("gpufeed.server")
 
 TOKEN_ENV = "GPUFEED_SERVE_TOKEN"
+"""The environment variable :func:`load_token` reads the bearer token from."""
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 MIN_TOKEN_CHARS = 16
 # RFC 6750 b64token: what may follow "Bearer " without quoting.

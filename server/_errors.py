@@ -37,6 +37,7 @@ REASONS: dict[str, int] = {
     "client_disconnect": 499,
     "internal": 500,
 }
+"""Every refusal reason (the ``reason`` label of the error metrics) and its HTTP status."""
 
 
 def _repr_engine() -> reprlib.Repr:

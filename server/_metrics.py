@@ -1,6 +1,6 @@
 """The server's Prometheus metrics.
 
-Names and labels are a contract with the dashboards and rules in ``gpufeed/obs`` (see the README).
+Names and labels are a contract with the dashboards and rules in ``gpufeed/obs`` (see ``docs/monitoring.md``).
 
 All series live in one :class:`prometheus_client.CollectorRegistry` per server, so several servers
 (tests, benchmarks) can share a process. Label values come from small fixed sets: ``model`` is a

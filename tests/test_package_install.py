@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STACK = ROOT / "gpufeed" / "obs" / "stack"
 # Not source: local environments, outputs and caches of a working checkout.
 _NOT_SOURCE = shutil.ignore_patterns(".*", "runs", "build", "dist", "*.egg-info", "__pycache__")
-EXTRAS = ("bench", "demo", "grpc", "test")
+EXTRAS = ("bench", "demo", "grpc", "docs", "test")
 
 
 def _run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -356,5 +356,5 @@ def test_with_every_extra_installed_no_command_is_stopped():
 
     assert missing_from_extra("bench") == [] and missing_from_extra("demo") == [] and missing_from_extra("grpc") == []
     require_extra("bench", "gpufeed bench server")
-    with pytest.raises(ValueError, match="no extra 'gpu'; it has: bench, demo, grpc, test"):
+    with pytest.raises(ValueError, match="no extra 'gpu'; it has: bench, demo, grpc, docs, test"):
         missing_from_extra("gpu")

@@ -70,7 +70,7 @@ def test_bad_uploads_are_refused_with_what_is_wrong(make, reason, words):
 def test_a_jpeg_cut_in_half_with_ffd9_appended():
     """Restart markers make it visible to validation; without them only the strict decode sees it.
 
-    The server does not run the strict decode per request (its cost is measured in the README): the
+    The server does not run the strict decode per request (its cost is measured in docs/images.md): the
     plain half-JPEG passes validation and decodes, as in every browser, with its lower part grey.
     """
     plain = _encode(_photo(), "JPEG", quality=90)

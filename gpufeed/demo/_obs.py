@@ -95,7 +95,5 @@ def run_obs_demo(
         if targets:
             print()
             print(format_table(["figure", "labels", "value"], live_figures(prom.api)))
-    print(
-        "the stack with Grafana on a GPU host: docker compose -f docker/compose.yaml up --build (README: Watching it)"
-    )
+    print("the stack with Grafana on a GPU host: docker compose -f docker/compose.yaml up --build (docs/monitoring.md)")
     return True

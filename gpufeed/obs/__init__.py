@@ -10,7 +10,7 @@
 * :func:`file_sd_groups`: training runs' ``metrics-rank<r>.addr`` files as Prometheus targets.
 * :func:`live_figures`: loader wait against compute and per-stage latency, read through PromQL.
 
-Only these are exported (each has a line in the README's Python API section); the commands, the
+Only these are exported (each has an entry in the API reference, ``docs/api/``); the commands, the
 demo and the tests import the rest from the private modules.
 """
 

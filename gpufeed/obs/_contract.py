@@ -109,6 +109,7 @@ METRICS: tuple[MetricSpec, ...] = (
     _server("gpufeed_server_requests_total", "counter", ("model", "protocol", "code"), "answered requests"),
     _server("gpufeed_server_errors_total", "counter", ("model", "reason"), "failed requests by reason"),
 )
+"""Every Prometheus metric the trainer and the server export, as :class:`MetricSpec`: the naming contract."""
 
 # NVIDIA dcgm-exporter's fields the dashboards use (percent, per GPU); only present on GPU hosts.
 DCGM_METRICS = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_DEC_UTIL")

@@ -13,7 +13,9 @@ __all__ = ["CLASS_NAMES", "IMAGE_SIZES", "render_image", "write_image_split"]
 
 # (width, height): landscape, portrait, square and a larger one, so the pipelines meet mixed sizes.
 IMAGE_SIZES = ((96, 72), (72, 96), (80, 80), (128, 96))
+"""The (width, height) sizes the synthetic images cycle through."""
 CLASS_NAMES = ("amber", "birch", "cedar", "daisy", "ember", "fjord", "glade", "heath", "indigo", "juniper")
+"""The image classes, in label order."""
 
 
 def render_image(ident: int, label: int, width: int, height: int, seed: int) -> np.ndarray:

@@ -33,6 +33,7 @@ AUX_LIMIT = 1 << 12
 # Colour words for class labels: saturated, mutually distant colours, so a small network learns
 # the class from the tag's lower-left block within a few dozen steps.
 CLASS_WORDS = (0xF00, 0x0F0, 0x00F, 0xFF0, 0xF0F, 0x0FF, 0xFFF, 0x888, 0xF80, 0x08F)
+"""The word (a 12-bit colour) each class's label is drawn as in a tag, in label order."""
 
 
 class TagError(ValueError):

@@ -22,6 +22,7 @@ from gpufeed.synth._tags import draw_tag
 __all__ = ["BEHAVIOURS", "behaviour_labels", "render_frame", "write_label_csv", "write_video"]
 
 BEHAVIOURS = ("background", "groom", "rear", "walk")
+"""The behaviour columns of the synthetic videos' label CSVs."""
 
 
 def behaviour_labels(num_frames: int, seed: int) -> np.ndarray:
