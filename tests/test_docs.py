@@ -24,6 +24,9 @@ import griffe
 import pytest
 from markdown.extensions.toc import slugify
 
+# A mkdocs build (when make test has not made one) and griffe both start child processes (git).
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
