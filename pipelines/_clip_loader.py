@@ -30,34 +30,22 @@ from gpufeed.config import LoaderConfig, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment, StreamAugmentFeed
 from gpufeed.pipelines._clip_pipeline import (
-    RoiFeed,
-    StreamRows,
-    build_clip_pipeline,
-    centre_rois,
-    check_reader_size,
     fill_rows,
-    new_work_dir,
     reader_order,
     reader_rows,
-    write_stream_list,
 )
+from gpufeed.pipelines._clip_sources import frames_pipeline, pyav_pipeline, reader_pipeline, worker_pids
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._deepethogram import videos_at
-from gpufeed.pipelines._epochs import EpochLoader, Session, worker_start_method
+from gpufeed.pipelines._epochs import EpochLoader, Session
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import decode_store_frames
 from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._nvdec import choose_source, gpu_capability
-from gpufeed.pipelines._nvdec_reader import log_reader_budget
-from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, ClipSource, VideoRef
+from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
 from gpufeed.pipelines._store_feed import (
-    ScaledJpegClips,
-    StoreClipFeed,
-    StoreRef,
-    channel_mode,
-    jpeg_decode_sizes,
     scaled_jpeg_decode,
 )
 from gpufeed.pipelines._videos import VideoDataset
@@ -95,15 +83,6 @@ class ClipBatch:
 
     def __len__(self) -> int:
         return int(self.clips.shape[0])
-
-
-def _worker_pids(pipe) -> list[int]:
-    """Process ids of a pipeline's Python workers (empty if this DALI does not tell)."""
-    pool = getattr(pipe, "_py_pool", None)
-    try:
-        return [int(pid) for pid in pool.pids()] if pool is not None else []
-    except Exception:  # a private DALI detail: without it the check is skipped, nothing breaks
-        return []
 
 
 class ClipLoader(EpochLoader):
@@ -297,81 +276,16 @@ class ClipLoader(EpochLoader):
                 row_order=(lambda k: rows(k)[2]) if self.source == "dali" else None,
             )
         )
-        resources, limit = [], None
+        limit: int | None = None
+        resources: list = []
         if self.source == "frames":
-            pipe = self._frames_pipeline(stream, common)
-            iterator = DALIGenericIterator(pipe, ["clips", "tags"], auto_reset=False, prepare_first_batch=False)
-            return Session(iterator, stream, worker_pids=_worker_pids(pipe))
-        if self.source == "pyav":
-            method, why = worker_start_method(getattr(self.cfg, "worker_start_method", "auto"))
-            log.info("starting %d PyAV worker process(es) with %s (%s)", self.num_threads, method, why)
-            clips = ClipSource(
-                stream,
-                self.table,
-                self._refs,
-                train=self.train,
-                seed=self.seed,
-                batch_size=self.batch_size,
-                size_px=self.video_cfg.output_size,
-                fit=self.video_cfg.fit,
-            )
-            pipe = build_clip_pipeline(source="pyav", clip_input=clips, start_method=method, **common)
-            pids = _worker_pids(pipe)
+            pipe = frames_pipeline(self, stream, common)
+        elif self.source == "pyav":
+            pipe = pyav_pipeline(self, stream, common)
         else:
-            pids = []
-            work = new_work_dir()
-            resources.append(work)
-            try:
-                listed = write_stream_list(
-                    Path(work.name),
-                    list(self.dataset.paths),
-                    stream,
-                    self.table,
-                    train=self.train,
-                    seed=self.seed,
-                    batch_size=self.batch_size,
-                )
-                limit = listed.iterations
-                fused = log_reader_budget(
-                    self.dataset.infos, listed, self.batch_size, self.geometry, self.device.is_gpu
-                )
-                roi = None
-                if self.video_cfg.fit == "centre_crop":
-                    sizes = np.array([(info.width, info.height) for info in self.dataset.infos])
-                    out = self.video_cfg.output_size
-                    roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px)
-                pipe = build_clip_pipeline(
-                    source="dali", clip_input=listed.path, roi_feed=roi, fused_resize=fused, **common
-                )
-                check_reader_size(pipe, limit * self.batch_size)
-            except Exception:
-                work.cleanup()
-                raise
+            pipe, limit, resources = reader_pipeline(self, stream, common, rows)
         iterator = DALIGenericIterator(pipe, ["clips", "tags"], auto_reset=False, prepare_first_batch=False)
-        return Session(iterator, stream, limit=limit, resources=resources, worker_pids=pids)
-
-    def _frames_pipeline(self, stream: PlanStream, common: dict):
-        """The clip pipeline over frame stores: the stream's clips, one image decode per frame."""
-        rows = StreamRows(stream, self.table, train=self.train, seed=self.seed, batch_size=self.batch_size)
-        infos = self.dataset.infos
-        stores = [StoreRef.from_info(info) if info.store else None for info in infos]
-        shape = {"clip_length_frames": self.geometry.clip_length_frames, "stride_frames": self.geometry.stride_frames}
-        out, fit = self.video_cfg.output_size, self.video_cfg.fit
-        sizes = np.array([(info.width, info.height) for info in infos])
-        roi, regions = None, sizes  # regions: (width, height) of the part of each frame the resize reads
-        if fit == "centre_crop":
-            roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px, relative=self._scaled_jpeg)
-            starts, ends = centre_rois(sizes, out.width_px / out.height_px)
-            regions = (ends - starts)[:, ::-1]
-        if self._scaled_jpeg:
-            decoded = jpeg_decode_sizes(sizes, regions, out)
-            scaled = ScaledJpegClips(rows, stores, decoded, batch_size=self.batch_size, **shape)
-            method, why = worker_start_method(getattr(self.cfg, "worker_start_method", "auto"))
-            log.info("starting %d JPEG decoding worker process(es) with %s (%s)", self.num_threads, method, why)
-            return build_clip_pipeline(source="frames", clip_input=scaled, roi_feed=roi, start_method=method, **common)
-        used = {infos[v].store for v in np.unique(self.table.slot_video)}
-        feed = StoreClipFeed(rows, stores, batch_size=self.batch_size, mode=channel_mode(used), **shape)
-        return build_clip_pipeline(source="frames", clip_input=feed, roi_feed=roi, **common)
+        return Session(iterator, stream, limit=limit, resources=resources, worker_pids=worker_pids(pipe))
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ClipBatch:
         import torch
