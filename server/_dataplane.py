@@ -39,7 +39,7 @@ from gpufeed.server._model import Item, ServedModel
 from gpufeed.server._offload import ParsePool
 from gpufeed.server._requests import kserve_inputs
 from gpufeed.server._state import NotReadyError, ServingState
-from gpufeed.server._triton import EXTENSIONS, model_config_of, repository_index
+from gpufeed.server._triton import EXTENSIONS, input_facts, model_config_of, repository_index
 
 __all__ = ["DataPlane", "Inference"]
 
@@ -187,13 +187,7 @@ class DataPlane:
             "architecture": spec.name,
             "batch_size": card.batch_size,
             "precision": card.precision,
-            "size_px": spec.to_dict()["size_px"],
-            "width_px": spec.size.width_px,
-            "height_px": spec.size.height_px,
-            "eval_crop_fraction": spec.eval_crop_fraction,
-            "clip_length_frames": spec.clip_length_frames,
-            "layout": spec.input_layout,
-            "multilabel": spec.multilabel,
+            **input_facts(spec),
             "labels": list(card.labels),
             # A request sends exactly one of the inputs (the encoded image or the decoded pixels).
             "inputs_per_request": 1,

@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gpufeed.server._state import ServingState
 
-__all__ = ["EXTENSIONS", "batch_sizes_of", "model_config", "model_config_of", "repository_index"]
+__all__ = [
+    "EXTENSIONS",
+    "batch_sizes_of",
+    "input_facts",
+    "model_config",
+    "model_config_of",
+    "repository_index",
+]
 
 # What GET /v2 advertises; each is implemented in full.
 EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics")
@@ -93,13 +100,7 @@ def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, w
         "task": spec.task,
         "architecture": spec.name,
         "precision": card.precision,
-        "size_px": spec.to_dict()["size_px"],
-        "width_px": spec.size.width_px,
-        "height_px": spec.size.height_px,
-        "eval_crop_fraction": spec.eval_crop_fraction,
-        "clip_length_frames": spec.clip_length_frames,
-        "layout": spec.input_layout,
-        "multilabel": spec.multilabel,
+        **input_facts(spec),
         "labels": ",".join(card.labels),
         "max_images_per_request": cfg.max_images_per_request,
         "max_image_pixels": cfg.max_image_pixels,
@@ -157,6 +158,22 @@ def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, w
         "model_warmup": [],  # gpufeed warms up with its own generated batches: parameters.warmup_batches
         "model_transaction_policy": {"decoupled": False},
         "response_cache": {"enable": False},
+    }
+
+
+def input_facts(spec) -> dict[str, Any]:
+    """What a client needs to prepare an input for a model spec: size, crop, clip length, layout, labels' kind.
+
+    Both the KServe model metadata and Triton's model config state these, from here.
+    """
+    return {
+        "size_px": spec.to_dict()["size_px"],
+        "width_px": spec.size.width_px,
+        "height_px": spec.size.height_px,
+        "eval_crop_fraction": spec.eval_crop_fraction,
+        "clip_length_frames": spec.clip_length_frames,
+        "layout": spec.input_layout,
+        "multilabel": spec.multilabel,
     }
 
 
