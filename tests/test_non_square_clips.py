@@ -14,6 +14,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from videohelp import source_points
 
 from gpufeed.config import LoaderConfig, VideoConfig
 from gpufeed.device import DeviceChoice
@@ -69,20 +70,9 @@ def case(request, tmp_path_factory):
     return VideoDataset.from_folder(folder), decoder, choice
 
 
-def _source_points(fit: str) -> tuple[np.ndarray, np.ndarray]:
-    """Source (x, y) of every output column and row: the whole frame, or its central 1.57:1 region."""
-    width, height = OUT
-    if fit == "stretch":
-        x0, region_w = 0.0, SRC_W
-    else:
-        region_w = SRC_H * width / height
-        x0 = np.floor((SRC_W - region_w) / 2)
-    return x0 + (np.arange(width) + 0.5) * region_w / width, (np.arange(height) + 0.5) * SRC_H / height
-
-
 def _check_frame(frame_hwc: np.ndarray, fit: str, frame_index: int, where: str) -> None:
     assert frame_hwc.shape == (OUT[1], OUT[0], 3), where
-    xs, ys = _source_points(fit)
+    xs, ys = source_points(fit, OUT, (SRC_W, SRC_H))
     # Judge only pixels well inside a block: 6 source pixels from any edge.
     keep_x = np.abs(xs - BLOCK * np.rint(xs / BLOCK)) > 6
     keep_y = np.abs(ys - BLOCK * np.rint(ys / BLOCK)) > 6

@@ -22,6 +22,7 @@ import pytest
 import simplejpeg
 import torch
 from PIL import Image
+from videohelp import source_points
 
 from gpufeed._size import SizePx
 from gpufeed.config import LoaderConfig, VideoConfig
@@ -109,19 +110,9 @@ def _clips(loader) -> dict[tuple[int, int], np.ndarray]:
     return out
 
 
-def _source_points(fit: str) -> tuple[np.ndarray, np.ndarray]:
-    width, height = OUT
-    if fit == "stretch":
-        x0, region_w = 0.0, SRC_W
-    else:
-        region_w = SRC_H * width / height
-        x0 = np.floor((SRC_W - region_w) / 2)
-    return x0 + (np.arange(width) + 0.5) * region_w / width, (np.arange(height) + 0.5) * SRC_H / height
-
-
 def _check_frame(frame_hwc: np.ndarray, fit: str, frame_index: int, where: str) -> None:
     assert frame_hwc.shape == (OUT[1], OUT[0], 3), where
-    xs, ys = _source_points(fit)
+    xs, ys = source_points(fit, OUT, (SRC_W, SRC_H))
     keep_x = np.abs(xs - BLOCK * np.rint(xs / BLOCK)) > 8  # well inside a block: 8 source pixels from an edge
     keep_y = np.abs(ys - BLOCK * np.rint(ys / BLOCK)) > 8
     want = np.stack(

@@ -179,6 +179,19 @@ def write_tagged_store(
     return rows
 
 
+def source_points(fit: str, out_size: tuple[int, int], src_size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Source (x, y) of every output column and row of a clip resized to ``out_size`` (width, height)
+    from frames of ``src_size``: the whole frame (``stretch``), or its central region of the output's
+    aspect ratio (``centre_crop``, its left edge floored to a whole pixel as the loaders do)."""
+    (width, height), (src_w, src_h) = out_size, src_size
+    if fit == "stretch":
+        x0, region_w = 0.0, src_w
+    else:
+        region_w = src_h * width / height
+        x0 = np.floor((src_w - region_w) / 2)
+    return x0 + (np.arange(width) + 0.5) * region_w / width, (np.arange(height) + 0.5) * src_h / height
+
+
 def _encode(rgb: np.ndarray, ext: str) -> bytes:
     import io
 
