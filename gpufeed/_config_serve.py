@@ -90,6 +90,13 @@ class ServeConfig:
     decode_threads: int = option(
         0, ge=0, doc="DALI CPU threads of each worker's decoder; 0: the cores shared out among the workers"
     )
+    decode_threads_alone: int = option(
+        0,
+        ge=0,
+        doc="DALI CPU threads of a batch that starts while no other batch of the server is decoding or in "
+        "inference (a lone client): its images are cut into bands decoded side by side, where that gives the "
+        "same pixels; 0: every core. Not above decode_threads: off; ignored on a GPU",
+    )
     inference_threads: int = option(
         0,
         ge=0,

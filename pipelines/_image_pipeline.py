@@ -235,6 +235,7 @@ def decode_window(
     size_px: SizePx | int,
     on_gpu: bool,
     gpu_options: dict | None = None,
+    out_size=None,
 ):
     """The graph fragment every image consumer shares: decode the crop window, resize, flip.
 
@@ -250,6 +251,9 @@ def decode_window(
         on_gpu: Decode with nvJPEG (``device="mixed"``) and resize on the GPU.
         gpu_options: Extra arguments of the ``mixed`` decoder (:func:`gpu_decoder_options`);
             ignored on the CPU, where DALI rejects them. ``affine`` is off unless they say otherwise.
+        out_size: Per-sample float (height, width) output sizes instead of ``size_px`` (the server's
+            band decode, where a sample is a horizontal band of an image); the resampling of each
+            output pixel is the same, so a band's rows equal those rows of the whole image.
 
     Returns:
         uint8 (height_px, width_px, 3) HWC images, on the GPU when ``on_gpu``.
@@ -263,10 +267,11 @@ def decode_window(
     images = fn.decoders.image_slice(
         encoded, anchor, shape, axis_names="WH", device="mixed" if on_gpu else "cpu", output_type=types.RGB, **extra
     )
+    # DALI names the sides: x is the width, y the height; ``size`` is (height, width) like the ROI.
+    sides = {"size": out_size} if out_size is not None else {"resize_x": out.width_px, "resize_y": out.height_px}
     return fn.resize(
         images,
-        resize_x=out.width_px,  # DALI names the sides: x is the width, y the height
-        resize_y=out.height_px,
+        **sides,
         roi_start=roi_start,
         roi_end=roi_end,
         roi_relative=False,

@@ -44,6 +44,10 @@ class Windows:
     def __len__(self) -> int:
         return len(self.flip)
 
+    def select(self, i: int) -> Windows:
+        """The window of sample ``i`` alone."""
+        return Windows(self.anchor[i : i + 1], self.shape[i : i + 1], self.flip[i : i + 1])
+
     def roi(self) -> tuple[np.ndarray, np.ndarray]:
         """(roi_start, roi_end) in (y, x) order over the decoded window, flip folded in.
 

@@ -56,7 +56,7 @@ from gpufeed.server._errors import REASONS, RequestError, json_bytes, shown
 from gpufeed.server._http import JSONAnswer, compress_response, read_body, response_coding
 from gpufeed.server._kserve_response import encode_response
 from gpufeed.server._model import scores_from_logits
-from gpufeed.server._offload import ParsePool
+from gpufeed.server._offload import INLINE_PARSE_BYTES, ParsePool
 from gpufeed.server._openapi import openapi_document
 from gpufeed.server._requests import kserve_items, rest_items, top_k_of
 from gpufeed.server._state import ServingState
@@ -117,7 +117,8 @@ async def predict(request: Request) -> Response:
         body = await _body(request, call)
         top_k = top_k_of(request.query_params.get("top_k"), call.plane.cfg.top_k, spec.num_classes)
         coding, kind = request.headers.get("content-encoding"), request.headers.get("content-type")
-        items = await call.validate(rest_items, body, coding, kind)
+        inline = coding in (None, "identity") and len(body) <= INLINE_PARSE_BYTES
+        items = await call.validate(rest_items, body, coding, kind, inline=inline)
         scores = scores_from_logits(await call.infer(items), spec.multilabel)
         labels = call.model.card.labels
         predictions = []

@@ -68,9 +68,19 @@ class Inference:
         """Seconds of ``serve.request_timeout_seconds`` left to this request."""
         return self.plane.cfg.request_timeout_seconds - (time.perf_counter() - self.started)
 
-    async def validate(self, parse: Callable[..., T], *args: Any) -> T:
-        """``parse(model, cfg, *args)`` on a parser thread (a function of :mod:`._requests`), timed as preprocess."""
-        return await self.prepare(self.plane.pool.run(parse, self.model, self.plane.cfg, *args))
+    async def validate(self, parse: Callable[..., T], *args: Any, inline: bool = False) -> T:
+        """``parse(model, cfg, *args)`` (a function of :mod:`._requests`), timed as preprocess.
+
+        On a parser thread, unless ``inline``: a body small enough to parse on the event loop
+        (:data:`~gpufeed.server._offload.INLINE_PARSE_BYTES`), where the hop to a thread and back
+        would cost more than the parse.
+        """
+        if not inline:
+            return await self.prepare(self.plane.pool.run(parse, self.model, self.plane.cfg, *args))
+        t0 = time.perf_counter()
+        result = parse(self.model, self.plane.cfg, *args)
+        self.plane.metrics.observe_stage(self.model.name, "preprocess", time.perf_counter() - t0)
+        return result
 
     async def prepare(self, work: Awaitable[T]) -> T:
         """Await ``work``, a parser of :mod:`._requests` that says itself where its steps run, timed as preprocess."""

@@ -20,9 +20,11 @@ one-at-a-time answers at every size.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import queue
+import threading
 import time
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
@@ -61,6 +63,26 @@ class _Lane:
     # A CUDA stream of its own on a GPU: on torch's legacy default stream, which every thread
     # shares and which waits for all other work, one lane's synchronisation waited for the other's.
     stream: Any = None  # torch.cuda.Stream
+
+
+class _Batches:
+    """Batches of this process between the start of their decode and the end of their inference."""
+
+    running = 0
+    lock = threading.Lock()
+
+    @classmethod
+    @contextlib.contextmanager
+    def one(cls):
+        """Count a batch while the block runs; yields True when no other batch was running (it is alone)."""
+        with cls.lock:
+            alone = cls.running == 0
+            cls.running += 1
+        try:
+            yield alone
+        finally:
+            with cls.lock:
+                cls.running -= 1
 
 
 @dataclass(frozen=True)
@@ -146,9 +168,11 @@ class ServedModel:
         share = max(1, cores // self.workers)
         threads = cfg.inference_threads or (share if on_cpu else 0)
         threads_alone = (cfg.inference_threads_alone or cores) if on_cpu else 0
-        # One image decodes on one DALI thread, so a lone request loses nothing by a lane's share,
-        # while lanes decoding side by side no longer run twice as many threads as cores.
+        # Lanes decoding side by side each keep to their share of the cores. A batch that starts
+        # alone decodes on every core instead, its images cut into bands where that gives the same
+        # pixels (server/_preprocess.py): one DALI thread per image would leave the others idle.
         self.decode_threads = cfg.decode_threads or share
+        decode_alone = cfg.decode_threads_alone or cores
         self.runner = OnnxRunner(
             model_dir,
             card,
@@ -175,6 +199,11 @@ class ServedModel:
                 )
             self._lanes.put(_Lane(decoder, self.runner.new_batch(), _lane_stream(device) if self.on_gpu else None))
         self.accepts_encoded = card.spec.task != "clip"
+        self._decoder_alone = None  # used by one batch at a time: only one can start alone
+        if self.accepts_encoded and not self.on_gpu and decode_alone > self.decode_threads:
+            self._decoder_alone = ImageDecoder(
+                card.spec.size, card.spec.eval_crop_fraction, max(card.batch_size, decode_alone), None, decode_alone
+            )
         self.batcher = Batcher(
             self.run_batch,
             batch_size=card.batch_size,
@@ -213,6 +242,7 @@ class ServedModel:
             "workers": self.workers,
             "threads": {
                 "decode_per_worker": self.decode_threads if lane.decoder is not None else 0,
+                "decode_alone": self._decoder_alone.num_threads if self._decoder_alone is not None else 0,
                 "inference_alone": self.runner.threads["alone"],
                 "inference_shared": self.runner.threads["shared"],
             },
@@ -256,15 +286,19 @@ class ServedModel:
             return [i for i, gone in enumerate(items.abandoned()) if not gone]
         return list(range(len(items)))
 
-    def _run_in_lane(self, lane: _Lane, items: list[Item]) -> list[np.ndarray | BaseException]:
-        if lane.stream is None:
-            return self._run_lane_items(lane, items)
-        import torch
+    def _run_in_lane(
+        self, lane: _Lane, items: list[Item], alone: bool | None = None
+    ) -> list[np.ndarray | BaseException]:
+        with _Batches.one() as first:
+            alone = first if alone is None else alone
+            if lane.stream is None:
+                return self._run_lane_items(lane, items, alone)
+            import torch
 
-        with torch.cuda.stream(lane.stream):
-            return self._run_lane_items(lane, items)
+            with torch.cuda.stream(lane.stream):
+                return self._run_lane_items(lane, items, alone)
 
-    def _run_lane_items(self, lane: _Lane, items: list[Item]) -> list[np.ndarray | BaseException]:
+    def _run_lane_items(self, lane: _Lane, items: list[Item], alone: bool) -> list[np.ndarray | BaseException]:
         results: list[np.ndarray | BaseException] = [CancelledError("its caller gave up")] * len(items)
         live = self._wanted(items)
         if not live:
@@ -278,9 +312,13 @@ class ServedModel:
         if encoded:
             start = input_start
             sizes = np.array([items[i].size for i in encoded], dtype=np.int64)
-            if lane.decoder is None:  # only image models accept encoded items, and they have decoders
+            decoder, bands = lane.decoder, 1
+            if decoder is None:  # only image models accept encoded items, and they have decoders
                 raise RuntimeError(f"model {self.name!r} has no image decoder for {len(encoded)} encoded image(s)")
-            outcome = lane.decoder.decode_into(blobs, sizes, buffer[: len(encoded)])
+            if alone and self._decoder_alone is not None:
+                decoder = self._decoder_alone
+                bands = decoder.band_count(len(encoded))
+            outcome = decoder.decode_into(blobs, sizes, buffer[: len(encoded)], bands)
             for i, err in zip(encoded, outcome, strict=True):
                 if err is not None:
                     results[i] = RequestError(
@@ -318,9 +356,10 @@ class ServedModel:
             item = Item(pixels=np.zeros(self.card.sample_shape, dtype=np.uint8), where="warm-up row")
         lanes = [self._lanes.get() for _ in range(self.workers)]
         try:
+            # Each lane's own decoder, then the one of batches that run alone.
             outcomes = [
-                self._run_in_lane(lane, [item] * n)
-                for lane in lanes
+                self._run_in_lane(lane, [item] * n, alone)
+                for lane, alone in [(lane, False) for lane in lanes] + [(lanes[0], True)]
                 for n in self.batch_sizes
                 for _ in range(self.cfg.warmup_batches)
             ]

@@ -216,6 +216,7 @@ def test_two_workers_per_model_give_the_same_answers(server, val_set):
         cores = default_num_threads()
         assert where["workers"] == 2 and where["threads"] == {
             "decode_per_worker": 1,  # serve.decode_threads
+            "decode_alone": cores if cores > 1 else 0,  # a lone batch decodes on every core, in bands
             "inference_alone": cores,  # a lone batch: every core
             "inference_shared": max(1, cores // 2),
         }, where

@@ -28,7 +28,7 @@ from gpufeed.config import parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.models import read_model_card
 from gpufeed.server import start_server
-from gpufeed.server._offload import INLINE_JSON_BYTES, PARSE_THREAD_PREFIX
+from gpufeed.server._offload import INLINE_JSON_BYTES, INLINE_PARSE_BYTES, PARSE_THREAD_PREFIX
 from gpufeed.server._protocol import HTTPTOOLS_MEMBERS
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
@@ -299,7 +299,7 @@ def test_compressed_rest_bodies_are_inflated_or_refused(server):
 
 
 def test_parsing_happens_off_the_event_loop(server, monkeypatch):
-    """Structural: the parse functions run on parser threads, large JSON in the worker process."""
+    """Structural: the parse functions run on parser threads (small REST bodies on the loop), large JSON in the worker process."""
     import gpufeed.server._app as app_module
 
     seen = []
@@ -323,10 +323,15 @@ def test_parsing_happens_off_the_event_loop(server, monkeypatch):
     pool = server.server.config.app.state.parse_pool
     isolated = pool.isolated_runs
     assert _infer(server.url, json.dumps(_pixels_doc()).encode()).status_code == 200
-    files = [("image", ("a.jpg", JPEG, "image/jpeg"))]
-    assert httpx.post(f"{server.url}/v1/models/{IMAGE_MODEL}/predict", files=files).status_code == 200
-    assert [s[0] for s in seen] == ["parse_kserve", "rest_items"]
-    assert all(name.startswith(PARSE_THREAD_PREFIX) and not on_loop for _, name, on_loop in seen), seen
+    # A REST body larger than INLINE_PARSE_BYTES goes to a parser thread; a small one is parsed on
+    # the loop, where a thread hop would cost more than the parse.
+    predict = f"{server.url}/v1/models/{IMAGE_MODEL}/predict"
+    padded = JPEG + bytes(INLINE_PARSE_BYTES)  # bytes after the end marker: still the same image
+    for image in (padded, JPEG):
+        assert httpx.post(predict, files=[("image", ("a.jpg", image, "image/jpeg"))]).status_code == 200
+    assert [s[0] for s in seen] == ["parse_kserve", "rest_items", "rest_items"]
+    assert all(name.startswith(PARSE_THREAD_PREFIX) and not on_loop for _, name, on_loop in seen[:2]), seen
+    assert seen[2][2], f"a small REST body is parsed on the event loop: {seen[2]}"
     assert pool.isolated_runs == isolated, "small JSON stays on the parser threads"
     # Megabytes of JSON (a valid request, padded with spaces) are parsed in the worker process.
     doc = json.dumps(_pixels_doc())
