@@ -46,6 +46,11 @@ __all__ = ["DataPlane", "Inference"]
 T = TypeVar("T")
 
 
+async def _call_now(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the event loop, awaitable like :meth:`ParsePool.run`."""
+    return fn(*args)
+
+
 def _only_version_1(name: str, version: str) -> None:
     if version not in ("", "1"):  # gRPC sends "" for "the latest"
         raise RequestError("unknown_model", f"model {name!r} has only version 1")
@@ -75,12 +80,8 @@ class Inference:
         (:data:`~gpufeed.server._offload.INLINE_PARSE_BYTES`), where the hop to a thread and back
         would cost more than the parse.
         """
-        if not inline:
-            return await self.prepare(self.plane.pool.run(parse, self.model, self.plane.cfg, *args))
-        t0 = time.perf_counter()
-        result = parse(self.model, self.plane.cfg, *args)
-        self.plane.metrics.observe_stage(self.model.name, "preprocess", time.perf_counter() - t0)
-        return result
+        run = _call_now if inline else self.plane.pool.run
+        return await self.prepare(run(parse, self.model, self.plane.cfg, *args))
 
     async def prepare(self, work: Awaitable[T]) -> T:
         """Await ``work``, a parser of :mod:`._requests` that says itself where its steps run, timed as preprocess."""

@@ -20,11 +20,9 @@ one-at-a-time answers at every size.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import queue
-import threading
 import time
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
@@ -39,7 +37,7 @@ from gpufeed.server._batcher import Batch, Batcher
 from gpufeed.server._errors import RequestError
 from gpufeed.server._metrics import ServerMetrics
 from gpufeed.server._preprocess import ImageDecoder
-from gpufeed.server._runtime import OnnxRunner, served_batch_sizes
+from gpufeed.server._runtime import OnnxRunner, RunningCount, served_batch_sizes
 
 __all__ = ["Item", "ServedModel", "scores_from_logits"]
 
@@ -65,24 +63,8 @@ class _Lane:
     stream: Any = None  # torch.cuda.Stream
 
 
-class _Batches:
-    """Batches of this process between the start of their decode and the end of their inference."""
-
-    running = 0
-    lock = threading.Lock()
-
-    @classmethod
-    @contextlib.contextmanager
-    def one(cls):
-        """Count a batch while the block runs; yields True when no other batch was running (it is alone)."""
-        with cls.lock:
-            alone = cls.running == 0
-            cls.running += 1
-        try:
-            yield alone
-        finally:
-            with cls.lock:
-                cls.running -= 1
+# Batches of this process between the start of their decode and the end of their inference.
+_BATCHES = RunningCount()
 
 
 @dataclass(frozen=True)
@@ -289,7 +271,7 @@ class ServedModel:
     def _run_in_lane(
         self, lane: _Lane, items: list[Item], alone: bool | None = None
     ) -> list[np.ndarray | BaseException]:
-        with _Batches.one() as first:
+        with _BATCHES.one() as first:
             alone = first if alone is None else alone
             if lane.stream is None:
                 return self._run_lane_items(lane, items, alone)

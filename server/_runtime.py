@@ -24,6 +24,7 @@ import contextlib
 import functools
 import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ import numpy as np
 from gpufeed.models import ModelCard
 from gpufeed.models._card import BATCH_DIM, ONNX_FILE
 
-__all__ = ["OnnxRunner", "RuntimeSetupError", "served_batch_sizes"]
+__all__ = ["OnnxRunner", "RunningCount", "RuntimeSetupError", "served_batch_sizes"]
 
 log = logging.getLogger("gpufeed.server")
 
@@ -100,6 +101,30 @@ def _with_cache_folder(providers: list, size: int) -> list:
     return out
 
 
+class RunningCount:
+    """How many units of some work this process is running now, over every thread that runs one.
+
+    The server's thread budgets follow it: work that starts while nothing else of its kind runs
+    may take every core (:meth:`OnnxRunner.run`'s sessions, the model's decoder for lone batches).
+    """
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def one(self) -> Iterator[bool]:
+        """Count one unit while the block runs; yields True when no other was running (it is alone)."""
+        with self._lock:
+            alone = self._count == 0
+            self._count += 1
+        try:
+            yield alone
+        finally:
+            with self._lock:
+                self._count -= 1
+
+
 class OnnxRunner:
     """onnxruntime sessions for a model folder, one per batch size, fed uint8 batches of those sizes.
 
@@ -125,8 +150,7 @@ class OnnxRunner:
     """
 
     # Batches in inference in this process, over every runner: the load that picks a session.
-    _running = 0
-    _running_lock = threading.Lock()
+    _in_inference = RunningCount()
 
     def __init__(
         self,
@@ -270,15 +294,8 @@ class OnnxRunner:
     def _host_session(self, size: int):
         """The session for a batch of ``size`` on the CPU, held while it runs: the all-cores one when no
         other batch of this process is in inference, else the shared one."""
-        cls = OnnxRunner
-        with cls._running_lock:
-            alone = cls._running == 0
-            cls._running += 1
-        try:
+        with OnnxRunner._in_inference.one() as alone:
             yield self.sessions_alone.get(size, self.sessions[size]) if alone else self.sessions[size]
-        finally:
-            with cls._running_lock:
-                cls._running -= 1
 
     def _run_on_host(self, size: int, batch: np.ndarray) -> np.ndarray:
         with self._host_session(size) as session:
