@@ -10,6 +10,7 @@ in :attr:`ServingState.inflight`) run to their answer, their batches no longer w
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 
@@ -90,6 +91,9 @@ class ServingState:
         except BaseException as err:
             self.load_error = err
             log.error("loading the models failed: %s", err)
+        else:
+            if not self.closing:
+                _freeze_long_lived()
         finally:
             self.loaded.set()
 
@@ -128,7 +132,20 @@ class ServingState:
         self.closing = True
         for model in self.models.values():
             model.close(drain=drain, timeout=timeout)
+        gc.unfreeze()  # what the server held may be collected again (a process that goes on, e.g. tests)
         log.info("server stopped: %d model(s) %s", len(self.models), "drained" if drain else "closed")
+
+
+def _freeze_long_lived() -> None:
+    """Take what exists once the models are warm out of the cyclic collector's sight.
+
+    torch, onnxruntime, DALI and the models leave about 200,000 tracked objects that live as long
+    as the server. Every full collection walked them all: a 100-150 ms pause of every thread that
+    needs the GIL, about once per 1,500 requests (measured on the 2-core CPU with ResNet-18). Frozen,
+    they are skipped; objects made while serving are collected as before.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 class NotReadyError(RequestError):
