@@ -182,7 +182,7 @@ class OnnxRunner:
         # onnxruntime session's pool size is fixed when it is made, so the lone case gets sessions
         # of its own (on a GPU the threads only launch kernels; one set of sessions is enough).
         alone = threads_alone > threads > 0 and not self.on_gpu
-        self.sessions_alone = {n: self._session(n, wanted, threads_alone, alone=True) for n in sizes} if alone else {}
+        self.sessions_alone = {n: self._session(n, wanted, threads_alone) for n in sizes} if alone else {}
         self.threads = {"alone": threads_alone if alone else threads, "shared": threads}
         self.output_name = self.sessions[sizes[-1]].get_outputs()[0].name
         self.num_classes = card.spec.num_classes
@@ -196,7 +196,7 @@ class OnnxRunner:
             self.threads["shared"] or "default",
         )
 
-    def _session(self, size: int, wanted: list, threads: int, alone: bool = False):
+    def _session(self, size: int, wanted: list, threads: int):
         import onnxruntime as ort
 
         card = self.card
@@ -204,15 +204,9 @@ class OnnxRunner:
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = threads
-        if alone:
-            # A lone batch has the cores to itself: its pool threads spin between operators instead
-            # of sleeping (a sleeping vCPU wakes slowly; 0.3-0.4 ms of ResNet-18's 17.5 ms and a
-            # shorter tail), and stop spinning when the run ends.
-            options.add_session_config_entry("session.force_spinning_stop", "1")
-        else:
-            # onnxruntime's pool spins after each run by default: on a busy CPU that steals the cores
-            # the decoder and the HTTP loop need between batches.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # onnxruntime's pool spins after each run by default: on a busy CPU that steals the cores the
+        # decoder and the HTTP loop need between batches.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if len(card.batch_sizes) > 1:  # a symbolic batch dimension: this session fixes it
             options.add_free_dimension_override_by_name(BATCH_DIM, size)
             wanted = _with_cache_folder(wanted, size)

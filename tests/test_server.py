@@ -392,11 +392,6 @@ def test_a_lone_batch_gets_every_core_and_batches_side_by_side_their_share():
     for n in runner.batch_sizes:
         assert runner.sessions_alone[n].get_session_options().intra_op_num_threads == 2
         assert runner.sessions[n].get_session_options().intra_op_num_threads == 1
-        # The lone batch's pool spins between operators and stops when its run ends; a shared one
-        # never spins (it would take the cores of the batch beside it).
-        alone, shared = runner.sessions_alone[n].get_session_options(), runner.sessions[n].get_session_options()
-        assert alone.get_session_config_entry("session.force_spinning_stop") == "1"
-        assert shared.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     with runner._host_session(2) as first:
         assert first is runner.sessions_alone[2], "no other batch in inference: every core"
         with runner._host_session(2) as second:
