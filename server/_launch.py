@@ -37,7 +37,7 @@ from pathlib import Path
 
 import uvicorn
 
-from gpufeed.config import Config
+from gpufeed.config import Config, ServeConfig
 from gpufeed.device import resolve_device
 from gpufeed.server._access import load_token
 from gpufeed.server._app import build_app
@@ -48,6 +48,31 @@ from gpufeed.server._state import ServingState
 __all__ = ["RunningServer", "ServerStartError", "serve_forever", "start_server"]
 
 log = logging.getLogger("gpufeed.server")
+
+# How much longer than serve.request_timeout_seconds the drain waits for requests in flight: a
+# request past its timeout has had its 504 by then, and this covers writing it out.
+DRAIN_SLACK_SECONDS = 5.0
+
+
+def graceful_shutdown_seconds(serve: ServeConfig) -> int:
+    """uvicorn's wait for open connections and tasks once the drain is done (``serve.request_timeout_seconds``)."""
+    return int(max(1, serve.request_timeout_seconds))
+
+
+def longest_drain_seconds(serve: ServeConfig) -> float:
+    """The longest a graceful shutdown waits, from the first SIGTERM to the models' release.
+
+    ``serve.shutdown_delay_seconds``, then the requests in flight (at most
+    ``request_timeout_seconds`` + :data:`DRAIN_SLACK_SECONDS`), then uvicorn's own graceful
+    shutdown (:func:`graceful_shutdown_seconds`). Releasing the models and the gRPC server's
+    one-second grace come after it. A supervisor that kills the process (Kubernetes'
+    ``terminationGracePeriodSeconds``) must allow more than this, or an answer may be cut off.
+
+    Args:
+        serve: The ``serve`` config section (:class:`gpufeed.config.ServeConfig`).
+    """
+    in_flight_s = serve.request_timeout_seconds + DRAIN_SLACK_SECONDS
+    return serve.shutdown_delay_seconds + in_flight_s + graceful_shutdown_seconds(serve)
 
 
 class ServerStartError(RuntimeError):
@@ -100,7 +125,7 @@ class DrainingServer(uvicorn.Server):
         cfg = self.state.cfg
         self.state.begin_drain()
         time.sleep(cfg.shutdown_delay_seconds)
-        deadline = time.monotonic() + cfg.request_timeout_seconds + 5.0
+        deadline = time.monotonic() + cfg.request_timeout_seconds + DRAIN_SLACK_SECONDS
         while self.state.inflight > 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         if self.state.inflight > 0:
@@ -162,7 +187,7 @@ def _prepare(repo, model, cfg, host, port, device, grpc_port=None, announce=None
         log_level="warning",
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=int(max(1, cfg.serve.request_timeout_seconds)),
+        timeout_graceful_shutdown=graceful_shutdown_seconds(cfg.serve),
         **http_protocol(
             cfg.serve.max_header_bytes,
             cfg.serve.header_timeout_seconds,
