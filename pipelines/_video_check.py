@@ -142,8 +142,8 @@ def check_dataset(dataset: VideoDataset, source: str, progress: bool = True) -> 
             decoded, total=len(readable), desc="decoding videos", unit="video", disable=not progress, leave=False
         )
         for info, (count, problem) in zip(readable, bar, strict=True):
-            if problem:
-                report.findings.append(Finding(info.path, f"damaged: {problem}", "video"))
+            if problem:  # a store's problem names its frame and says what is wrong with it
+                report.findings.append(Finding(info.path, problem if info.store else f"damaged: {problem}", "video"))
             elif count != info.num_frames:
                 report.findings.append(
                     Finding(info.path, f"damaged: {count} frames decode, the file holds {info.num_frames}", "video")
