@@ -73,7 +73,9 @@ def test_segmentation_trains_and_needs_its_classes(dense_dir, tmp_path):
     assert {"miou", "pixel_accuracy", "iou"} <= set(last) and 0 <= last["pixel_accuracy"] <= 1
     assert load_model(tmp_path / "seg").spec.task == "segmentation"
     # Mask ids 1..3 need 4 classes: 3 is a one-line error naming the id and the mask files, not a device assert.
-    with pytest.raises(TrainError, match=r"mask id 3 in \S+/mask/\S+\.png, .* \(the training split\) is outside the 3 classes 0\.\.2"):
+    with pytest.raises(
+        TrainError, match=r"mask id 3 in \S+/mask/\S+\.png, .* \(the training split\) is outside the 3 classes 0\.\.2"
+    ):
         train(_config(dense_dir, [*overrides, "model.num_classes=3"]), tmp_path / "three")
 
 
