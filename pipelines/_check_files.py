@@ -89,7 +89,8 @@ def check_one_video(path: Path, progress: bool = True) -> CheckReport:
     """Check one video file or frame store as a video folder checks each of its videos."""
     info = probe_video(path)
     csv, why = label_file(path)
-    labels, names = None, ()
+    labels = None
+    names: tuple[str, ...] = ()
     if csv is not None:
         labels, why, names = labels_for(path, info, csv)
     dataset = VideoDataset((str(path),), (info,), (labels,), names, {0: why} if why else {}, str(path))
