@@ -158,3 +158,21 @@ def test_check_help_names_every_kind_it_takes():
         "--config",
     ):
         assert kind in text, kind
+
+
+def test_training_on_the_folder_of_splits_warns_naming_them(synth, tmp_path, caplog):
+    from gpufeed.config import parse_config
+    from gpufeed.train._data import warn_split_folders
+
+    nested = tmp_path / "photos"
+    for split in ("train", "val"):
+        shutil.copytree(synth / "images" / split, nested / split)
+    cfg = parse_config({"data": {"train": {"root": str(nested)}, "val": {"root": str(nested / "val")}}})
+    expected = (
+        f"data.train.root {nested} holds the split folders train/, val/, which train as its classes; point "
+        "data.train.root and data.val.root at the split folders themselves"
+    )
+    caplog.set_level("WARNING", logger="gpufeed")
+    assert warn_split_folders(cfg) == [expected] and expected in caplog.text
+    fixed = parse_config({"data": {"train": {"root": str(nested / "train")}, "val": {"root": str(nested / "val")}}})
+    assert warn_split_folders(fixed) == []
