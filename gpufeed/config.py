@@ -150,6 +150,11 @@ def load_config(path: str | Path | None, overrides: tuple[str, ...] | list[str] 
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError("", f"cannot read config file {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        byte = err.object[err.start]
+        raise ConfigError(
+            "", f"config file {path} is not UTF-8 text: byte 0x{byte:02x} at offset {err.start}"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

@@ -111,8 +111,10 @@ class ModelCard:
             (float32 logits ``(n, num_classes)``; a dense model's ``(n, num_classes, H, W)`` maps) for a
             batch of n, one of ``batch_sizes``.
         parity: How the ONNX output compared with PyTorch's at export: ``max_abs_diff`` (the
-            worst over every batch size), ``per_batch_size`` (``{"n": {"max_abs_diff",
-            "top1_agreement"}}``), ``tolerance``, ``samples``, ``inputs`` (what was fed).
+            worst over every batch size), the task's agreement figure (``top1_agreement`` for
+            image and clip models, ``pixel_agreement`` for segmentation, ``depth_rel_diff`` for
+            depth: :mod:`gpufeed.models._parity`), ``per_batch_size`` (``{"n": {"max_abs_diff",
+            <that figure>}}``), ``tolerance``, ``samples``, ``inputs`` (what was fed).
         source_checkpoint: The checkpoint it was exported from, as given.
         onnx_sha256: Digest of ``model.onnx``, to tell exports apart.
         extra: Anything else recorded (versions, export time).

@@ -50,8 +50,10 @@ from gpufeed.models._card import (
 )
 from gpufeed.models._io import find_checkpoint, load_model
 from gpufeed.models._nets import GpufeedModel
+from gpufeed.models._parity import agreement_for, dense_inputs, valid_rows
 from gpufeed.models._spec import ModelSpec
 from gpufeed.pipelines import ImageDataset, ImageLoader
+from gpufeed.pipelines._pairs import is_paired_root
 from gpufeed.synth import SynthSpec, behaviour_labels, render_frame, write_synthetic_dataset
 
 __all__ = ["ExportError", "export_model", "parity_inputs", "parity_tolerance", "resolve_batch_sizes"]
@@ -89,6 +91,9 @@ def parity_tolerance(precision: str, reference: np.ndarray) -> float:
     return _RELATIVE_TOLERANCE[precision] * scale
 
 
+_CPU_PARITY = DeviceChoice("cpu", None, "export parity inputs")
+
+
 def _image_inputs(spec: ModelSpec, batch_size: int, batches: int, data: Path | None, device) -> tuple[np.ndarray, str]:
     with contextlib.ExitStack() as stack:
         if data is None:
@@ -96,6 +101,11 @@ def _image_inputs(spec: ModelSpec, batch_size: int, batches: int, data: Path | N
             per_class = -(-batch_size * batches // 4)
             write_synthetic_dataset(folder, SynthSpec(train_per_class=1, val_per_class=per_class, num_videos=0), False)
             dataset, what = ImageDataset.from_list(folder / "images" / "val.txt"), "synthetic JPEG/PNG images"
+        elif spec.task in ("depth", "segmentation") and is_paired_root(data):
+            # A dense model's own split: its RGB images, never its maps read as images of more classes.
+            size, crop = spec.size_px, spec.eval_crop_fraction
+            images, what = dense_inputs(data, size, crop, batch_size, batches, device or _CPU_PARITY)
+            return images, f"{what} through the evaluation pipeline (resize + centre crop, uint8 NCHW)"
         else:
             data = Path(data)
             dataset = ImageDataset.from_list(data) if data.is_file() else ImageDataset.from_folder(data)
@@ -105,13 +115,13 @@ def _image_inputs(spec: ModelSpec, batch_size: int, batches: int, data: Path | N
             train=False,
             image_cfg=ImagePipelineConfig(size_px=spec.size_px, eval_crop_fraction=spec.eval_crop_fraction),
             loader_cfg=LoaderConfig(batch_size=batch_size, last_batch="pad", num_threads=2, on_bad_sample="skip"),
-            device=device or DeviceChoice("cpu", None, "export parity inputs"),
+            device=device or _CPU_PARITY,
             shard_id=0,  # every parity input, whatever rank or process group this runs in
             num_shards=1,
         )
         out = []
         for batch in loader:
-            out.append(batch.images.contiguous().cpu().numpy())
+            out.append(valid_rows(batch))  # the images the data has: padding rows are not counted
             if len(out) == batches:
                 break
     return np.concatenate(out), f"{what} through the evaluation pipeline (resize + centre crop, uint8 NCHW)"
@@ -313,6 +323,7 @@ def export_model(
             _torch_export(exportable, torch.from_numpy(inputs[:largest]), tmp, opset, dynamic)
         _add_metadata(tmp, spec, sizes, precision)
         per_size, provider = {}, ""
+        agreement = agreement_for(spec.task)  # top-1 for classes, per pixel for masks, relative for depth
         for n in sizes:
             session = _onnx_session(tmp, device, n if dynamic else None)
             provider = session.get_providers()[0]
@@ -320,16 +331,16 @@ def export_model(
             del session
             per_size[n] = {
                 "max_abs_diff": float(np.abs(got - reference).max()),
-                "top1_agreement": float((got.argmax(1) == reference.argmax(1)).mean()),
+                agreement.key: agreement.measure(got, reference),
             }
         max_diff = max(p["max_abs_diff"] for p in per_size.values())  # NaN compares False: checked below
         if any(not np.isfinite(p["max_abs_diff"]) for p in per_size.values()):
             max_diff = float("nan")
-        top1 = min(p["top1_agreement"] for p in per_size.values())
+        agreed = agreement.worst(p[agreement.key] for p in per_size.values())
         figures = ", ".join(f"batch {n}: {p['max_abs_diff']:.3g}" for n, p in per_size.items())
         print(
             f"parity onnxruntime ({provider}, {precision}) vs PyTorch fp32 on {len(inputs)} {what}: "
-            f"max |diff| {max_diff:.3g} ({figures}; tolerance {tolerance:.3g}), top-1 agreement {top1:.0%}",
+            f"max |diff| {max_diff:.3g} ({figures}; tolerance {tolerance:.3g}), {agreement.describe(agreed)}",
             flush=True,
         )
         if not np.isfinite(max_diff) or max_diff > tolerance:
@@ -350,7 +361,7 @@ def export_model(
                 "max_abs_diff": max_diff,
                 "per_batch_size": {str(n): p for n, p in per_size.items()},
                 "tolerance": tolerance,
-                "top1_agreement": top1,
+                agreement.key: agreed,
                 "samples": len(inputs),
                 "inputs": what,
                 "reference": "PyTorch fp32 on the CPU",

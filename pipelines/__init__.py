@@ -44,6 +44,9 @@ from gpufeed.pipelines import _video_check  # noqa: F401  # isort: skip
 # Likewise the paired (dense-target) checker: split roots with rgb/ and depth/ or mask/.
 from gpufeed.pipelines import _pair_check  # noqa: F401  # isort: skip
 
+# And the checkers of one file: a video or frame store named directly, an image of another format.
+from gpufeed.pipelines import _check_files  # noqa: F401  # isort: skip
+
 __all__ = [
     "BadSampleError",
     "ClipBatch",

@@ -26,6 +26,7 @@ from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._image_verify import decode_problem
+from gpufeed.pipelines._split_folders import split_folders, split_warning
 
 __all__ = ["CHECKERS", "NOT_BAD", "CheckReport", "Finding", "check_images", "check_path"]
 
@@ -132,7 +133,11 @@ def check_path(path: str | Path, progress: bool = True, max_pixels: int = DEFAUL
     * a folder with ``*.txt`` list files beside split folders (``images/`` of ``gpufeed synth``):
       each list file;
     * a folder with ``images/``, ``videos/`` or ``dense/`` inside: each of those;
-    * a folder a registered checker recognises (e.g. videos);
+    * a folder a registered checker recognises (videos, frame stores, DeepEthogram projects, paired
+      splits), or a file one does (one video file or frame store, an image of a format gpufeed
+      does not read);
+    * a folder whose sub-folders are all split folders (``train/``, ``val/`` ...): each of them,
+      with a warning naming them (:mod:`gpufeed.pipelines._split_folders`);
     * otherwise: class folders.
 
     Args:
@@ -162,6 +167,12 @@ def check_path(path: str | Path, progress: bool = True, max_pixels: int = DEFAUL
     for recognise, check in CHECKERS:
         if recognise(path):
             return check(path, progress)
+    splits = split_folders(path)  # DATA/train/, DATA/val/: each split alone, and a warning
+    if splits:
+        report = CheckReport(findings=[Finding(str(path), split_warning(path, splits), "warning")])
+        for split in splits:
+            report.merge(check_path(split, progress, max_pixels))
+        return report
     if _holds_videos(path):
         return CheckReport(sources=[f"{path} (videos: no video checker is installed)"])
     lists = sorted(p for p in path.glob("*.txt") if p.name != "classes.txt")

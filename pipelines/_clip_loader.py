@@ -371,7 +371,8 @@ class ClipLoader(EpochLoader):
                 info = self.dataset.infos[video_id]
                 if info.store:
                     frames = self.geometry.frames(start)
-                    _, why, _ = decode_store_frames(info.path, info.store, info.frame_name, frames)
+                    size = (info.width, info.height)  # the clip's: a frame of another size is bad too
+                    _, why, _ = decode_store_frames(info.path, info.store, info.frame_name, frames, size=size)
                     if why:
                         problems[video_id] = why
                     continue

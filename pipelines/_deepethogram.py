@@ -72,6 +72,9 @@ def _load_yaml(path: Path, what: str) -> dict:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise DatasetError(f"{what} {path} cannot be read: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        byte = err.object[err.start]
+        raise DatasetError(f"{what} {path} is not UTF-8 text: byte 0x{byte:02x} at offset {err.start}") from None
     except yaml.YAMLError as err:
         raise DatasetError(f"{what} {path} is not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(data, dict):

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed.pipelines._frame_sizes import frame_size_problem
 from gpufeed.pipelines._image_facts import read_image_facts
 from gpufeed.pipelines._image_verify import decode_problem
 
@@ -270,13 +271,15 @@ def describe_bad_frame(data: bytes, where: str, problem: str) -> str:
 
 
 def decode_store_frames(
-    path: str, kind: str, frame_name: str, frames=None, *, pixels: bool = False
+    path: str, kind: str, frame_name: str, frames=None, *, pixels: bool = False, size: tuple[int, int] | None = None
 ) -> tuple[int, str | None, list[np.ndarray]]:
     """Decode frames of a store outside DALI (``gpufeed check``, and naming a bad file after a failure).
 
     Args:
         frames: Frame indices (default: every frame).
         pixels: Also return the decoded RGB frames (as vidio's readers give them).
+        size: (width, height) every frame must have (default: frame 0's): a frame of another size,
+            judged from its header, is a problem (:func:`~gpufeed.pipelines._frame_sizes.frame_size_problem`).
 
     Returns:
         (frames decoded, the first problem naming its frame or ``None``, the RGB frames if asked).
@@ -284,8 +287,10 @@ def decode_store_frames(
     reader = FrameBytesReader(max_open=1)
     out: list[np.ndarray] = []
     try:
-        if frames is None:
-            frames = range(probe_store(path).num_frames)
+        if frames is None or size is None:
+            probed = probe_store(path)
+            frames = range(probed.num_frames) if frames is None else frames
+            size = size or (probed.width, probed.height)
         count = 0
         for index in frames:
             where = frame_name.format(int(index)) if kind == "folder" else f"frame {int(index)}"
@@ -293,6 +298,9 @@ def decode_store_frames(
                 (data,) = reader.read(path, kind, frame_name, [index])
             except (OSError, ValueError, IndexError) as err:
                 return count, f"{where} cannot be read: {err}", out
+            problem = frame_size_problem(data.tobytes(), where, *size)
+            if problem:
+                return count, problem, out
             problem = decode_problem(data.tobytes())
             if problem:
                 return count, describe_bad_frame(data.tobytes(), where, problem), out

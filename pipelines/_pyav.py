@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpufeed._size import SizePx, parse_size_px
+from gpufeed.pipelines._frame_sizes import frame_label, frame_size_problem
 from gpufeed.pipelines._frame_stores import FrameBytesReader, decode_frame
 
 if TYPE_CHECKING:
@@ -209,6 +210,10 @@ class ClipDecoder:
                 rgb = decode_frame(data.tobytes(), video.store)
             except Exception as err:  # Pillow raises several types for damaged data
                 raise ClipDecodeError(f"{video.path}: frame {index} cannot be decoded: {err}") from None
+            if rgb.shape[:2] != (video.height, video.width):  # the fitter is set for the store's size
+                where = frame_label(video.store, video.frame_name, int(index))
+                why = frame_size_problem(data.tobytes(), where, video.width, video.height)
+                raise ClipDecodeError(f"{video.path}: {why or f'{where} is not {video.width}x{video.height}'}")
             self.frames_decoded += 1
             out.append(self.fitter(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
         return np.stack(out)

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed.pipelines._frame_sizes import frame_label, frame_size_problem
 from gpufeed.pipelines._frame_stores import HDF5_CHANNELS_REVERSED, FrameBytesReader, describe_bad_frame
 from gpufeed.pipelines._image_verify import decode_problem
 
@@ -62,16 +63,21 @@ _REVERSE = np.ascontiguousarray(_IDENTITY[::-1])
 
 
 class StoreRef:
-    """Where one frame store's frames are: ``path``, ``kind`` (``folder``/``hdf5``), ``frame_name``."""
+    """Where one frame store's frames are: ``path``, ``kind`` (``folder``/``hdf5``), ``frame_name``.
 
-    __slots__ = ("frame_name", "kind", "num_frames", "path")
+    ``width`` x ``height`` is the size of its frames (frame 0's; 0 when unknown), which names a
+    frame of another size when its decode fails.
+    """
 
-    def __init__(self, path: str, kind: str, frame_name: str, num_frames: int) -> None:
+    __slots__ = ("frame_name", "height", "kind", "num_frames", "path", "width")
+
+    def __init__(self, path: str, kind: str, frame_name: str, num_frames: int, width: int = 0, height: int = 0) -> None:
         self.path, self.kind, self.frame_name, self.num_frames = path, kind, frame_name, int(num_frames)
+        self.width, self.height = int(width), int(height)
 
     @classmethod
     def from_info(cls, info) -> StoreRef:
-        return cls(info.path, info.store, info.frame_name, info.num_frames)
+        return cls(info.path, info.store, info.frame_name, info.num_frames, info.width, info.height)
 
 
 def channel_mode(kinds: set[str]) -> str:
@@ -304,9 +310,13 @@ class ScaledJpegClips:
                 else:
                     clip[t] = _fallback_decode(encoded, colorspace, (width, height))
             except Exception as err:  # simplejpeg's ValueError, Pillow's errors, a frame of another size
-                where = store.frame_name.format(int(frames[t])) if store.kind == "folder" else f"frame {frames[t]}"
-                problem = decode_problem(encoded.tobytes()) or str(err)
-                raise RuntimeError(f"{store.path}: {describe_bad_frame(encoded.tobytes(), where, problem)}") from None
+                where = frame_label(store.kind, store.frame_name, int(frames[t]))
+                # Another size than the store's is named as such (libjpeg only says its buffer is too small).
+                why = frame_size_problem(encoded.tobytes(), where, store.width, store.height)
+                if why is None:
+                    problem = decode_problem(encoded.tobytes()) or str(err)
+                    why = describe_bad_frame(encoded.tobytes(), where, problem)
+                raise RuntimeError(f"{store.path}: {why}") from None
         return clip, np.array([k * self.batch_size + j], dtype=np.int64)
 
     def close(self) -> None:

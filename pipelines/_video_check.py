@@ -29,7 +29,7 @@ from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, decode_store_frames, is_frame_folder, label_path
 from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
 from gpufeed.pipelines._pyav import decode_all_frames
-from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, labels_for, list_videos, probe_video
+from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, list_videos
 
 __all__ = ["check_videos", "holds_videos"]
 
@@ -142,8 +142,8 @@ def check_dataset(dataset: VideoDataset, source: str, progress: bool = True) -> 
             decoded, total=len(readable), desc="decoding videos", unit="video", disable=not progress, leave=False
         )
         for info, (count, problem) in zip(readable, bar, strict=True):
-            if problem:
-                report.findings.append(Finding(info.path, f"damaged: {problem}", "video"))
+            if problem:  # a store's problem names its frame and says what is wrong with it
+                report.findings.append(Finding(info.path, problem if info.store else f"damaged: {problem}", "video"))
             elif count != info.num_frames:
                 report.findings.append(
                     Finding(info.path, f"damaged: {count} frames decode, the file holds {info.num_frames}", "video")
@@ -172,13 +172,6 @@ def is_single_store(path: Path) -> bool:
     return (path.is_file() and path.suffix.lower() in HDF5_EXTENSIONS) or (path.is_dir() and is_frame_folder(path))
 
 
-def _check_store(path: Path, progress: bool) -> CheckReport:
-    info = probe_video(path)
-    labels, why, names = labels_for(path, info)
-    dataset = VideoDataset((str(path),), (info,), (labels,), names, {0: why} if why else {}, str(path))
-    return check_dataset(dataset, f"frame store {path}", progress)
-
-
 def _check_folder(path: Path, progress: bool) -> CheckReport:
     try:
         return check_videos(path, progress)
@@ -187,5 +180,4 @@ def _check_folder(path: Path, progress: bool) -> CheckReport:
 
 
 CHECKERS.append((is_project, _check_project))
-CHECKERS.append((is_single_store, _check_store))
 CHECKERS.append((holds_videos, _check_folder))

@@ -17,6 +17,7 @@ from gpufeed.models import export_model, load_model
 from gpufeed.synth import write_paired_split
 from gpufeed.train import train
 from gpufeed.train._dense import DepthTask, SegmentationTask
+from gpufeed.train._errors import TrainError
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
@@ -71,8 +72,10 @@ def test_segmentation_trains_and_needs_its_classes(dense_dir, tmp_path):
     last = result.evaluations[-1]
     assert {"miou", "pixel_accuracy", "iou"} <= set(last) and 0 <= last["pixel_accuracy"] <= 1
     assert load_model(tmp_path / "seg").spec.task == "segmentation"
-    # Mask ids 1..3 need 4 classes: 3 is a clear error naming the id, not a device assert.
-    with pytest.raises(ValueError, match=r"mask id 3 .* outside the 3 classes"):
+    # Mask ids 1..3 need 4 classes: 3 is a one-line error naming the id and the mask files, not a device assert.
+    with pytest.raises(
+        TrainError, match=r"mask id 3 in \S+/mask/\S+\.png, .* \(the training split\) is outside the 3 classes 0\.\.2"
+    ):
         train(_config(dense_dir, [*overrides, "model.num_classes=3"]), tmp_path / "three")
 
 

@@ -38,12 +38,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "check",
-        help="list every unreadable, truncated, zero-byte or non-image file and unknown label",
-        description="Check a dataset before training: a list file, class folders, a video folder, a folder "
-        "holding images/ and videos/ (as written by 'gpufeed synth'), or single JPEG/PNG files. Exit status 1 "
-        "when problems are found.",
+        help="list every file that would stop or poison training (images, videos, frame stores, projects, pairs)",
+        description="Check data before training, naming every bad file and why. DATA may be: class folders or "
+        "an image list file; a paired (dense) split, rgb/ with depth/ and/or mask/, or a folder of such splits; "
+        "a video folder (video files, frame folders and .h5 frame files, each with its label CSV); one video file, "
+        "frame folder or .h5 frame file; a DeepEthogram project (project_config.yaml and DATA/); a folder of "
+        "split folders (train/, val/ ...: each checked as its own dataset, with a warning); 'gpufeed synth' "
+        "output (images/, videos/, dense/); or single JPEG/PNG images (other image formats, such as GIF, are "
+        "named as unsupported). Exit status 1 when problems are found.",
     )
-    p.add_argument("data", nargs="+", type=Path, help="dataset paths")
+    p.add_argument("data", nargs="+", type=Path, help="dataset paths (see above)")
     p.add_argument("--json", type=Path, help="also write the report as JSON here")
     p.add_argument(
         "--quarantine",
@@ -57,6 +61,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="images whose header declares more pixels are bad, never decoded (default: the config key "
         "data.max_image_pixels' default, 40,000,000)",
+    )
+    p.add_argument(
+        "--num-classes",
+        type=int,
+        default=None,
+        metavar="K",
+        help="also read every mask of the paired splits and name each holding a class id >= K (other than the "
+        "ignore id), which a K-class segmentation model refuses (default: --config's model.num_classes)",
+    )
+    p.add_argument(
+        "--mask-ignore-id",
+        type=int,
+        default=None,
+        metavar="ID",
+        help="the mask id excluded from training, allowed in any mask (default: --config's data.mask_ignore_id, 255)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="a training config: its model.num_classes (or data.classes), data.mask_ignore_id and "
+        "data.max_image_pixels are the defaults of the options above",
     )
     p.set_defaults(func=_check)
 
@@ -117,15 +143,41 @@ def _synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_limits(args: argparse.Namespace) -> tuple[int, int | None, int]:
+    """(max pixels, class count or None, mask ignore id) from the options, then --config, then the defaults."""
+    from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
+
+    max_pixels, num_classes, ignore_id = DEFAULT_MAX_IMAGE_PIXELS, None, 255
+    if args.config is not None:
+        from gpufeed.config import load_config
+
+        cfg = load_config(args.config)
+        max_pixels, ignore_id = cfg.data.max_image_pixels, cfg.data.mask_ignore_id
+        num_classes = cfg.model.num_classes or len(cfg.data.classes or ()) or None
+    if args.num_classes is not None:
+        if args.num_classes < 1:
+            raise argparse.ArgumentTypeError(f"--num-classes {args.num_classes} must be >= 1")
+        num_classes = args.num_classes
+    if args.mask_ignore_id is not None:
+        ignore_id = args.mask_ignore_id
+    return args.max_image_pixels or max_pixels, num_classes, ignore_id
+
+
 def _check(args: argparse.Namespace) -> int:
     from gpufeed.pipelines import check_path
     from gpufeed.pipelines._check import CheckReport
-    from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
+    from gpufeed.pipelines._mask_check import check_mask_ids
 
-    max_pixels = args.max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS
+    try:
+        max_pixels, num_classes, ignore_id = _check_limits(args)
+    except argparse.ArgumentTypeError as err:
+        print(f"gpufeed check: error: {err}", file=sys.stderr)
+        return 2
     report = CheckReport()
     for path in args.data:
         report.merge(check_path(path, max_pixels=max_pixels))
+        if num_classes is not None:
+            report.merge(check_mask_ids(path, num_classes, ignore_id=ignore_id, max_pixels=max_pixels))
     print(report.table())
     if args.json:
         args.json.write_text(report.to_json() + "\n", encoding="utf-8")

@@ -52,7 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="fp16: half precision for GPUs")
     p.add_argument("--name", help="model name in the card (default: the MODEL_DIR folder name)")
     p.add_argument("--opset", type=_positive, default=18, help="ONNX opset (default 18)")
-    p.add_argument("--parity-data", type=Path, help="images for the parity check: list file or class folders")
+    p.add_argument(
+        "--parity-data",
+        type=Path,
+        help="images for the parity check: list file or class folders (a dense model: also a paired split's rgb/)",
+    )
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="where parity inputs are made")
     p.set_defaults(func=_export)
 

@@ -9,6 +9,7 @@ and its clip length and size the ``video`` section's.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +18,14 @@ from gpufeed.pipelines import ClipLoader, DenseLoader, ImageDataset, ImageLoader
 from gpufeed.pipelines._deepethogram import project_dataset
 from gpufeed.pipelines._epochs import EpochLoader
 from gpufeed.pipelines._pairs import is_paired_root
+from gpufeed.pipelines._split_folders import split_folders
 from gpufeed.train._dense import DENSE_TASKS, DepthTask, SegmentationTask
 from gpufeed.train._distributed import DistInfo
 from gpufeed.train._tasks import ClipTask, ImageTask, Task
 
-__all__ = ["TrainData", "build_data"]
+__all__ = ["TrainData", "build_data", "warn_split_folders"]
+
+log = logging.getLogger("gpufeed")
 
 
 @dataclass
@@ -66,11 +70,32 @@ def _loader_args(cfg: Config, device, dist: DistInfo, augment, train: bool) -> d
     }
 
 
+def warn_split_folders(cfg: Config) -> list[str]:
+    """Warn (and return the warnings) for an image split root whose class folders are split folders.
+
+    ``data.train.root: photos`` with ``photos/train/`` and ``photos/val/`` trains a model of two
+    classes, "train" and "val": it runs, so it is a warning naming the folders, not an error.
+    """
+    said = []
+    for key, split in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
+        root = getattr(split, "root", None)
+        splits = split_folders(root) if root is not None else []
+        if splits:
+            names = ", ".join(f"{p.name}/" for p in splits)
+            said.append(
+                f"{key}.root {root} holds the split folders {names}, which train as its classes; point "
+                "data.train.root and data.val.root at the split folders themselves"
+            )
+            log.warning("%s", said[-1])
+    return said
+
+
 def _image_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
     if cfg.data.train is None:
         raise ConfigError(
             "data.train", "an image model needs a training split: set data.train.root or data.train.list_file"
         )
+    warn_split_folders(cfg)
     train_set = ImageDataset.from_config(cfg.data.train, cfg.data.classes, max_pixels=cfg.data.max_image_pixels)
     val_set = (
         ImageDataset.from_config(cfg.data.val, cfg.data.classes, max_pixels=cfg.data.max_image_pixels)

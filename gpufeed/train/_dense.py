@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from gpufeed.config import ConfigError
 from gpufeed.train._distributed import all_reduce_sum
+from gpufeed.train._mask_ids import find_bad_mask_ids
 from gpufeed.train._tasks import Task
 
 __all__ = [
@@ -173,14 +174,10 @@ class SegmentationTask(Task):
 
     def targets(self, batch) -> torch.Tensor:
         mask = batch.maps["mask"].long()
-        counted = mask[mask != self.ignore_id]
         # One reduction read back per batch: an id past the classes would be a device-side assert.
-        if counted.numel() and int(counted.max()) >= self.num_classes:
-            raise ValueError(
-                f"mask id {int(counted.max())} in a batch of samples {batch.sample_ids.tolist()} is outside the "
-                f"{self.num_classes} classes [0, {self.num_classes - 1}] (ignore id {self.ignore_id}); set "
-                "model.num_classes or data.classes to cover every id, or data.mask_ignore_id"
-            )
+        bad = find_bad_mask_ids(mask, batch.sample_ids, self.num_classes, self.ignore_id)
+        if bad is not None:
+            raise bad  # a MaskIdError: the loop names the mask files of its loader
         return mask
 
     def _ignored(self, targets: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufeed.config import Config
+from gpufeed.train._mask_ids import MaskIdError
 from gpufeed.train._profiling import ProfileWindow, StageRanges
 from gpufeed.train._step import PendingStep, Stepper
 from gpufeed.train._summary import StepStats
@@ -111,7 +112,10 @@ class Loop:
     def launch(self, batch, wait_s: float, started: float, epoch: int, batch_index: int) -> _Launched:
         """Queue one training step on ``batch``; :meth:`_record` turns it into its record later."""
         s = self.s
-        pending = self.stepper.launch(batch)
+        try:
+            pending = self.stepper.launch(batch)
+        except MaskIdError as err:
+            raise err.naming(s.data.train.dataset, "training") from None
         ids = None
         if self.cfg.telemetry.record_sample_ids:  # a device-to-host copy: opt-in, for tests and audits
             for name in ("sample_ids", "video_ids"):
@@ -236,7 +240,11 @@ class Loop:
         started = time.perf_counter()
         for batch in s.data.val:
             logits = self.stepper.predict(model, batch)
-            metric.update(logits, s.data.task.targets(batch), s.data.task.valid(batch))
+            try:
+                targets = s.data.task.targets(batch)
+            except MaskIdError as err:
+                raise err.naming(s.data.val.dataset, "validation") from None
+            metric.update(logits, targets, s.data.task.valid(batch))
         result = {"epoch": epoch, "step": s.step, **metric.compute(), "seconds": time.perf_counter() - started}
         model.train()
         self._last_eval_step = s.step

@@ -185,7 +185,7 @@ class Session:
         log.info(
             "training %s (%s task, %d classes) on %s, amp %s, %d rank(s), %d steps per epoch, run folder %s",
             cfg.model.name,
-            task_kind,
+            self.data.task.name,  # the task trained (a dense model's spec says depth until its data decide)
             self.data.task.num_classes,
             self.device.describe(),
             amp,

@@ -1,0 +1,44 @@
+"""One size per frame store: a frame whose header declares another size than frame 0's.
+
+Every frame of a clip is stacked into one (T, H, W, 3) array, and crop windows, scaled JPEG
+decodes and the PyAV fitter are all computed from frame 0's size (the index's). A frame of another
+size (a camera restarted at a new resolution, a frame replaced by hand) therefore cannot join a
+clip: DALI's ``fn.stack`` stops the pipeline without naming a file. This module judges it from the
+frame's header alone (:func:`~gpufeed.pipelines.read_image_facts`, no pixel decoded), so
+``gpufeed check`` finds it frame by frame and the loaders name the store and the frame, and apply
+``loader.on_bad_sample`` to it, like any other bad frame.
+"""
+
+from __future__ import annotations
+
+from gpufeed.pipelines._image_facts import read_image_facts
+
+__all__ = ["frame_label", "frame_size_problem"]
+
+
+def frame_label(kind: str, frame_name: str, index: int) -> str:
+    """How messages name frame ``index`` of a store: its file name in a folder, ``frame i`` in HDF5."""
+    return frame_name.format(int(index)) if kind == "folder" else f"frame {int(index)}"
+
+
+def frame_size_problem(data: bytes, where: str, width: int, height: int) -> str | None:
+    """Why a frame cannot join its store's clips: another size than ``width`` x ``height`` (frame 0's).
+
+    Args:
+        data: The frame's encoded bytes (only its header is read).
+        where: How to name the frame (:func:`frame_label`).
+        width, height: The store's frame size, as the index has it (frame 0's, oriented).
+
+    Returns:
+        The reason, naming the frame and both sizes; ``None`` when the size matches, or when the
+        header cannot be read (a damaged frame is named by its decode instead).
+    """
+    facts = read_image_facts(data)
+    if facts.problem or facts.format not in ("PNG", "JPEG") or not width or not height:
+        return None
+    if (facts.width, facts.height) == (width, height):
+        return None
+    return (
+        f"{where} is {facts.width}x{facts.height} but frame 0 is {width}x{height}: every frame of a store "
+        "must have one size"
+    )

@@ -1,0 +1,55 @@
+"""Split folders one level too high: ``DATA/train/`` and ``DATA/val/`` where a split was expected.
+
+People point ``gpufeed check`` (or a config) at the folder holding their splits. As class folders,
+``train/`` and ``val/`` would be read as two classes of one image dataset (and trained on as such);
+as a video folder it holds no video. :func:`split_folders` recognises the layout, so ``check``
+checks each split as its own dataset and warns (:func:`split_warning`), naming the split folders
+and the keys to point at them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["SPLIT_NAMES", "split_folders", "split_warning"]
+
+# Folder names that mean a split, not a class (compared in lower case).
+SPLIT_NAMES = ("train", "training", "val", "valid", "validation", "test", "testing", "eval", "evaluation")
+
+
+def _holds_data_below(folder: Path) -> bool:
+    """True when ``folder`` holds a sub-folder or a non-image file: a split, not a class of images."""
+    try:
+        entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    except OSError:
+        return False
+    return any(p.is_dir() or p.suffix.lower() not in (".jpg", ".jpeg", ".png", ".txt") for p in entries)
+
+
+def split_folders(path: str | Path) -> list[Path]:
+    """The split folders of ``path`` when every sub-folder is one (``train/``, ``val/`` ...), else ``[]``.
+
+    A split folder holds class folders, videos or frame stores; a folder of images directly inside
+    it is a class (of a dataset whose classes happen to be named so). Split folders beside list
+    files of the same names (``train.txt``: ``gpufeed synth``'s ``images/``) are that layout's.
+    """
+    path = Path(path)
+    try:
+        subs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
+    if not subs or any(p.name.lower() not in SPLIT_NAMES for p in subs):
+        return []
+    if any((path / f"{p.name}.txt").is_file() for p in subs):
+        return []
+    return subs if all(_holds_data_below(p) for p in subs) else []
+
+
+def split_warning(path: str | Path, splits: list[Path]) -> str:
+    """What ``check`` says about a folder of split folders: each is checked alone, and where to point the config."""
+    names = ", ".join(f"{p.name}/" for p in splits)
+    return (
+        f"holds the split folders {names}: each is checked as its own dataset. Point the config at each split "
+        "(data.train.root / data.val.root for images, video.train / video.val for videos), not at this folder: "
+        "read as one image dataset, its split folders would be its classes"
+    )
