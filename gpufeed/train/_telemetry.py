@@ -7,8 +7,11 @@ Every step is split into three timed stages plus the whole:
   DALI's output is already on the device when ``next`` returns.
 * **augment**: Kornia augmentation on the device.
 * **compute**: forward + backward + optimizer step (scaler and scheduler included).
-* **step**: host time from the start of this step's wait to the start of the next step's wait
-  (on the CPU, where work is synchronous, to the end of the step), the period training runs at.
+* **step**: host time from the end of the previous step's record to the end of this one's (the
+  first step of an epoch from the start of its wait): the steps of an epoch add up to its wall
+  time (see :mod:`gpufeed.train._timeline`). On the CPU a step's period holds its own wait,
+  augment and compute; on a GPU it holds the host's wait for the next batch, which overlaps the
+  step's device work, and ends when that work is done.
 
 On a GPU, augment and compute are measured with **CUDA events** recorded on the current stream
 around each stage (created once and reused), and the loss is copied to pinned memory without
@@ -65,8 +68,8 @@ class StepRecord:
         epoch: Epoch this step belongs to (0-based).
         batch: Batch index within the epoch (0-based).
         rank: The process's rank.
-        time_unix: Wall-clock time at the end of the step.
-        loader_wait_s, augment_s, compute_s, step_s: The stage timings (see the module docs).
+        time_unix: Wall-clock time at the end of the step's record (where its period ends).
+        loader_wait_s, augment_s, compute_s, step_s: The stage timings and the step's period (see the module docs).
         samples: Rows in the batch (padding rows included: they are computed on).
         loss: Training loss of the step.
         lr: Learning rate used by the step.
@@ -204,7 +207,7 @@ class TrainMetrics:
         self.loader_wait = hist("gpufeed_train_loader_wait_seconds", "Time blocked waiting for the next batch.")
         self.augment = hist("gpufeed_train_augment_seconds", "Kornia augmentation on the device.")
         self.compute = hist("gpufeed_train_compute_seconds", "Forward + backward + optimizer step.")
-        self.step = hist("gpufeed_train_step_seconds", "The whole step (wait + augment + compute).")
+        self.step = hist("gpufeed_train_step_seconds", "The step's period (an epoch's steps add up to its time).")
         self.samples = counter("gpufeed_train_samples_total", "Samples trained on (padding rows included).")
         self.steps = counter("gpufeed_train_steps_total", "Optimizer steps taken.")
         self.skipped = counter("gpufeed_train_skipped_samples_total", "Samples left out because they cannot be used.")
