@@ -172,16 +172,27 @@ class SegmentationTask(Task):
         return batch.images
 
     def targets(self, batch) -> torch.Tensor:
+        """The masks as int64 ids; an id outside the classes counts as the ignore id (see :meth:`target_fault`).
+
+        Nothing is read back here: an id past the classes would be a device-side assert in the
+        loss, so it is set aside on the device, and the step reports it when it is read.
+        """
         mask = batch.maps["mask"].long()
-        counted = mask[mask != self.ignore_id]
-        # One reduction read back per batch: an id past the classes would be a device-side assert.
-        if counted.numel() and int(counted.max()) >= self.num_classes:
-            raise ValueError(
-                f"mask id {int(counted.max())} in a batch of samples {batch.sample_ids.tolist()} is outside the "
-                f"{self.num_classes} classes [0, {self.num_classes - 1}] (ignore id {self.ignore_id}); set "
-                "model.num_classes or data.classes to cover every id, or data.mask_ignore_id"
-            )
-        return mask
+        outside = (mask >= self.num_classes) & (mask != self.ignore_id)
+        return torch.where(outside, self.ignore_id, mask)
+
+    def target_fault(self, batch) -> torch.Tensor:
+        """The largest mask id outside the classes (ignore id aside) as a device scalar, or -1 if there is none."""
+        mask = batch.maps["mask"].long()
+        largest = torch.where(mask != self.ignore_id, mask, -1).amax()
+        return torch.where(largest >= self.num_classes, largest, -1)
+
+    def fault_message(self, fault: int, sample_ids: list[int]) -> str:
+        return (
+            f"mask id {fault} in a batch of samples {sample_ids} is outside the {self.num_classes} classes "
+            f"[0, {self.num_classes - 1}] (ignore id {self.ignore_id}); set model.num_classes or data.classes to "
+            "cover every id, or data.mask_ignore_id"
+        )
 
     def _ignored(self, targets: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
         """Targets with padding rows set to the ignore id too."""

@@ -88,6 +88,13 @@ def _ids_on_the_way(ids: torch.Tensor) -> list[int] | torch.Tensor:
     return ids.to("cpu", non_blocking=True)
 
 
+def _check_targets(task, batch) -> None:
+    """Refuse an evaluation batch whose targets the task cannot use (evaluation reads its metrics per batch anyway)."""
+    fault = task.target_fault(batch)
+    if fault is not None and int(fault) >= 0:
+        raise ValueError(task.fault_message(int(fault), batch.sample_ids.tolist()))
+
+
 class Loop:
     """The per-step and per-epoch mechanics, on top of a prepared :class:`~gpufeed.train._session.Session`."""
 
@@ -251,6 +258,7 @@ class Loop:
         metric = s.data.task.new_metric()
         started = time.perf_counter()
         for batch in s.data.val:
+            _check_targets(s.data.task, batch)
             logits = self.stepper.predict(model, batch)
             metric.update(logits, s.data.task.targets(batch), s.data.task.valid(batch))
         result = {"epoch": epoch, "step": s.step, **metric.compute(), "seconds": time.perf_counter() - started}

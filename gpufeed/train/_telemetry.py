@@ -101,40 +101,54 @@ STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
 
 
 class StageMarks:
-    """One step's three marks (start, after augment, after compute) and its loss, read when done.
+    """One step's three marks (start, after augment, after compute), its loss and target fault, read when done.
 
-    Returned by :meth:`StageClock.start`; :meth:`read` gives ``(augment_s, compute_s, loss)`` and
-    hands the marks' CUDA events back to the clock for a later step.
+    Returned by :meth:`StageClock.start`; :meth:`read` gives ``(augment_s, compute_s, loss,
+    fault)`` and hands the marks' CUDA events back to the clock for a later step.
     """
 
-    __slots__ = ("_clock", "_loss", "_marks")
+    __slots__ = ("_clock", "_fault", "_loss", "_marks")
 
     def __init__(self, clock: StageClock, marks: list) -> None:
-        self._clock, self._marks, self._loss = clock, marks, None
+        self._clock, self._marks, self._loss, self._fault = clock, marks, None, None
 
     def mark(self, index: int) -> None:
         """Record mark ``index`` (1: after augment, 2: after compute) on the current stream."""
         self._clock.record(self._marks[index])
 
-    def keep_loss(self, loss) -> None:
-        """Keep the step's loss without waiting for it: an asynchronous copy into pinned memory on a GPU."""
+    def keep_loss(self, loss, fault=None) -> None:
+        """Keep the step's loss (and its task's target fault, a device scalar) without waiting for them.
+
+        On a GPU both go to pinned memory in one asynchronous copy.
+        """
         if self._clock.on_gpu:
-            self._marks[4].copy_(loss.detach().float(), non_blocking=True)
+            stored = self._marks[4]
+            if fault is None:
+                stored[0].copy_(loss.detach().float(), non_blocking=True)
+                stored[1].fill_(-1.0)  # pinned host memory: written here, no device access
+            else:
+                import torch
+
+                stored.copy_(torch.stack([loss.detach().float(), fault.float()]), non_blocking=True)
             self._clock.record(self._marks[3])  # the copy is done when this event is
         else:
-            self._loss = loss
+            self._loss, self._fault = loss, fault
 
-    def read(self) -> tuple[float, float, float]:
-        """(augment_s, compute_s, loss); on a GPU waits for this step's own end only (not the queued ones)."""
+    def read(self) -> tuple[float, float, float, int]:
+        """(augment_s, compute_s, loss, fault); on a GPU waits for this step's own end only (not the queued ones).
+
+        ``fault`` is -1 unless the task found targets it cannot train on.
+        """
         start, after_augment, after_compute, copied, stored = self._marks
         if not self._clock.on_gpu:  # perf_counter readings
             assert self._loss is not None, "keep_loss() comes before read()"
-            return after_augment - start, after_compute - after_augment, float(self._loss.detach())
+            fault = -1 if self._fault is None else int(self._fault)
+            return after_augment - start, after_compute - after_augment, float(self._loss.detach()), fault
         copied.synchronize()  # an event wait: the work queued after this step keeps the GPU busy
         timings = start.elapsed_time(after_augment) / 1e3, after_augment.elapsed_time(after_compute) / 1e3
-        loss = float(stored)  # pinned host memory, already written: no device access
+        loss, fault = stored.tolist()  # pinned host memory, already written: no device access
         self._clock.give_back(self._marks)
-        return (*timings, loss)
+        return (*timings, loss, int(fault))
 
 
 class StageClock:
@@ -161,7 +175,8 @@ class StageClock:
 
         if not self._pool:
             events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-            self._pool.append([*events, torch.empty((), dtype=torch.float32, pin_memory=True)])
+            # The step's loss and its target fault, copied together.
+            self._pool.append([*events, torch.empty(2, dtype=torch.float32, pin_memory=True)])
             self.events_created += 4
         return self._pool.pop()
 
