@@ -111,9 +111,12 @@ def test_a_mask_id_past_the_classes_names_the_mask_files(split):
     mask = torch.zeros(3, 4, 4, dtype=torch.uint8)
     mask[1, 0, 0] = 9
     batch = type("Batch", (), {"maps": {"mask": mask}, "sample_ids": torch.tensor([0, 2, 5])})()
-    with pytest.raises(MaskIdError) as err:
-        SegmentationTask(4, ignore_id=255).targets(batch)
-    named = err.value.naming(dataset, "training")
+    task = SegmentationTask(4, ignore_id=255)
+    fault = int(task.target_fault(batch))
+    assert fault == 9
+    err = task.fault_error(fault, batch.sample_ids.tolist(), task.fault_evidence(batch))
+    assert isinstance(err, MaskIdError) and err.sample_ids == [2], "only the row holding the id is named"
+    named = err.naming(dataset, "training")
     assert isinstance(named, TrainError) and "\n" not in str(named)
     assert str(named) == (
         f"mask id 9 in {split / 'mask' / '000002.png'} (the training split) is outside the 4 classes 0..3 "

@@ -148,11 +148,12 @@ def test_clip_loss_uses_the_centre_frame_and_ignores_padding(videos):
 @pytest.mark.parametrize("device", DEVICES)
 def test_clip_model_trains_end_to_end_through_the_clip_loader(synth_dir, tmp_path, device):
     """`train()` with a clip model: the real ClipLoader on the synthetic h264 videos (NVDEC on a GPU), eval F1."""
-    from train_support import train_config
+    from train_support import assert_steps_partition, train_config
 
     from gpufeed.models import load_model
     from gpufeed.synth import BEHAVIOURS
     from gpufeed.train import train
+    from gpufeed.train._telemetry import read_step_logs
 
     videos = str(synth_dir / "videos")
     cfg = train_config(
@@ -170,6 +171,7 @@ def test_clip_model_trains_end_to_end_through_the_clip_loader(synth_dir, tmp_pat
     )
     result = train(cfg, tmp_path / "run")
     assert ("cuda" in result.device) == (device == "gpu")
+    assert_steps_partition(read_step_logs(tmp_path / "run")[0], on_cpu=device == "cpu")
     assert result.step > 0 and result.checkpoint is not None
     model = load_model(result.checkpoint)
     assert model.spec.task == "clip" and model.spec.labels == BEHAVIOURS

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_support import assert_steps_partition
 
 from gpufeed.config import ConfigError, parse_config
 from gpufeed.models import export_model, load_model
@@ -55,6 +56,7 @@ def test_depth_trains_evaluates_and_reports_loader_vs_compute(dense_dir, tmp_pat
     assert {"abs_rel", "rmse", "delta1", "loss"} <= set(last) and 0 <= last["delta1"] <= 1
     records = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
     assert all(r["loader_wait_s"] >= 0 and r["compute_s"] > 0 for r in records)
+    assert_steps_partition(records, on_cpu=True)
     assert 0 < result.summary["loader_wait_share"] < 1
     model = load_model(tmp_path / "run")
     assert model.spec.task == "depth" and model.spec.num_classes == 1

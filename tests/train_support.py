@@ -47,3 +47,23 @@ def run_gpufeed(*args: str, timeout: float = 240, env: dict | None = None) -> su
     return subprocess.run(
         gpufeed_cmd(*args), capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
     )
+
+
+def assert_steps_partition(records: list[dict], on_cpu: bool) -> None:
+    """The step log's periods are back to back within each epoch, and on the CPU each holds its own parts.
+
+    A step's period ends where its record is taken (``time_unix``), so the periods of an epoch's
+    steps after its first add up to the time between its first and last records. On the CPU, which
+    reads each step as soon as it runs, a step's period holds its own wait, augment and compute.
+    """
+    for epoch in sorted({r["epoch"] for r in records}):
+        steps = [r for r in records if r["epoch"] == epoch]
+        span_s = steps[-1]["time_unix"] - steps[0]["time_unix"]
+        between_s = sum(r["step_s"] for r in steps[1:])
+        assert abs(between_s - span_s) <= 0.05 * span_s + 0.005, (
+            f"epoch {epoch}: steps 2..{len(steps)} add up to {between_s:.3f} s between records {span_s:.3f} s apart"
+        )
+    if on_cpu:
+        for r in records:
+            parts_s = r["loader_wait_s"] + r["augment_s"] + r["compute_s"]
+            assert r["step_s"] >= parts_s - 1e-4, f"step {r['step']}: {r['step_s']:.4f} s < its parts {parts_s:.4f} s"

@@ -121,7 +121,7 @@ def _targets(loaders: dict, on_gpu: bool, paired: dict) -> list[dict]:
 
 def _measured_text(device, settings: dict, cores: int) -> str:
     timing = (
-        "augment and compute with CUDA events, one synchronisation per step"
+        "augment and compute with CUDA events, each step read once the next is queued (as gpufeed train does)"
         if device.is_gpu
         else "augment and compute with time.perf_counter (the CPU runs synchronously)"
     )
@@ -138,7 +138,8 @@ def _measured_text(device, settings: dict, cores: int) -> str:
     return (
         f"everything on {device.describe()} with {cores} CPU cores. Loader wait: host time blocked waiting for the "
         f"next batch, loader start-up and epoch ends included{copy}. {timing[0].upper()}{timing[1:]}; step: from the "
-        f"start of the wait to the end of the optimizer step. {rounds}: {orders}."
+        f"end of the previous step's record (a chunk's first step: the start of its wait) to the end of its own, so "
+        f"the steps add up to the time trained. {rounds}: {orders}."
     )
 
 

@@ -27,16 +27,25 @@ import time
 import torch
 
 from gpufeed.bench._train_report import SIDES
+from gpufeed.train._timeline import Finished, StepTimeline
 
 __all__ = ["WARMUP_STEPS", "run_rounds", "warm_up"]
 
 WARMUP_STEPS = 2
 
 
-def _ids(batch, clips: bool) -> list:
-    if clips:
-        return list(zip(batch.video_ids.tolist(), batch.start_frames.tolist(), strict=True))
-    return batch.sample_ids.tolist()
+def _ids_on_the_way(batch, clips: bool) -> list:
+    """The batch's ids, as lists on the CPU; on a GPU, copies to the host that do not wait.
+
+    The copies are queued before the step, so they are complete once the step has been read.
+    """
+    fields = (batch.video_ids, batch.start_frames) if clips else (batch.sample_ids,)
+    return [f.tolist() if f.device.type == "cpu" else f.to("cpu", non_blocking=True) for f in fields]
+
+
+def _ids(fields: list, clips: bool) -> list:
+    lists = [f if isinstance(f, list) else f.tolist() for f in fields]
+    return list(zip(*lists, strict=True)) if clips else lists[0]
 
 
 class _Side:
@@ -46,6 +55,8 @@ class _Side:
         self.run, self.side, self.round = run, side, round_index
         self.stepper = run.stepper(augment)
         self.feed = run.feed(side)  # a generator: the loader starts on the first next, inside the first wait
+        # The trainer's timeline: steps queued one ahead on a GPU, periods that add up to the chunk's time.
+        self.timeline: StepTimeline[tuple] = StepTimeline(launch_ahead=run.device.is_gpu)
         self.steps: list[dict] = []
         self.seen: list[list] = [[] for _ in range(run.epochs)]
         self.wall_s = 0.0
@@ -55,6 +66,7 @@ class _Side:
         """Run up to ``count`` steps: (samples, seconds of step time); (0, 0.0) once the feed is done."""
         samples, step_total = 0, 0.0
         started_chunk = time.perf_counter()
+        self.timeline.begin(started_chunk)
         for _ in range(count):
             started = time.perf_counter()
             try:
@@ -63,25 +75,32 @@ class _Side:
                 self.done = True
                 break
             wait_s = time.perf_counter() - started
-            outcome = self.stepper(batch)
-            step_s = time.perf_counter() - started
-            self.steps.append(
-                {
-                    "round": self.round,
-                    "epoch": epoch,
-                    "batch": index,
-                    "loader_wait_s": wait_s,
-                    "augment_s": outcome.augment_s,
-                    "compute_s": outcome.compute_s,
-                    "step_s": step_s,
-                    "samples": outcome.samples,
-                }
-            )
-            self.seen[epoch].extend(_ids(batch, self.run.clips))  # after the step's timing: a device-to-host copy
-            samples, step_total = samples + outcome.samples, step_total + step_s
-            bar.update(1)
+            ids = _ids_on_the_way(batch, self.run.clips)
+            done = self.timeline.push(self.stepper.launch(batch), (epoch, index, wait_s, ids))
+            samples, step_total = self._keep(done, samples, step_total, bar)
+        samples, step_total = self._keep(self.timeline.finish(), samples, step_total, bar)
         self.wall_s += time.perf_counter() - started_chunk
         return samples, step_total
+
+    def _keep(self, done: Finished[tuple] | None, samples: int, step_total: float, bar) -> tuple[int, float]:
+        if done is None:
+            return samples, step_total
+        (epoch, index, wait_s, ids), outcome = done.info, done.outcome
+        self.steps.append(
+            {
+                "round": self.round,
+                "epoch": epoch,
+                "batch": index,
+                "loader_wait_s": wait_s,
+                "augment_s": outcome.augment_s,
+                "compute_s": outcome.compute_s,
+                "step_s": done.step_s,
+                "samples": outcome.samples,
+            }
+        )
+        self.seen[epoch].extend(_ids(ids, self.run.clips))
+        bar.update(1)
+        return samples + outcome.samples, step_total + done.step_s
 
     def block(self) -> dict:
         """What the report reads of this side's round; drops the loader and model."""

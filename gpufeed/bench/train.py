@@ -7,9 +7,10 @@ same samples in the same order. Only the feed differs (see :mod:`gpufeed.bench._
 gpufeed's :class:`~gpufeed.pipelines.ImageLoader` / :class:`~gpufeed.pipelines.ClipLoader`, or a
 DataLoader with PIL (images) or PyAV keyframe seeks (clips) doing the same work per sample.
 
-Each step is timed as the trainer times it: loader wait (host time blocked waiting for the next
-batch; the DataLoader's includes its copy to the GPU), augment and compute (CUDA events with one
-synchronisation per step on a GPU, ``perf_counter`` on the CPU) and the whole step. A *round*
+Each step is timed as the trainer times it (:mod:`gpufeed.train._timeline`): loader wait (host
+time blocked waiting for the next batch; the DataLoader's includes its copy to the GPU), augment
+and compute (CUDA events on a GPU, where each step is read once the next one is queued;
+``perf_counter`` on the CPU) and the step's period, which add up to the time trained. A *round*
 runs every epoch with both sides, each with a fresh loader and model: interleaved every few steps
 where the step is compute-bound by far (``--task depth`` on a CPU), else one side's whole round,
 then the other's, the order alternating by round (see :mod:`gpufeed.bench._train_rounds`). Each

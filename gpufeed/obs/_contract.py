@@ -83,7 +83,11 @@ METRICS: tuple[MetricSpec, ...] = (
     _train("gpufeed_train_loader_wait_seconds", "histogram", "time blocked waiting for the next batch"),
     _train("gpufeed_train_augment_seconds", "histogram", "Kornia augmentation on the device"),
     _train("gpufeed_train_compute_seconds", "histogram", "forward + backward + optimizer step"),
-    _train("gpufeed_train_step_seconds", "histogram", "the whole step (wait + augment + compute)"),
+    _train(
+        "gpufeed_train_step_seconds",
+        "histogram",
+        "the step's period: from the end of the previous step's record to the end of its own",
+    ),
     _train("gpufeed_train_samples_total", "counter", "training samples consumed"),
     _train("gpufeed_train_steps_total", "counter", "optimizer steps taken"),
     _train("gpufeed_train_skipped_samples_total", "counter", "samples skipped because they failed to decode"),

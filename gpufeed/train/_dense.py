@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from gpufeed.config import ConfigError
 from gpufeed.train._distributed import all_reduce_sum
-from gpufeed.train._mask_ids import find_bad_mask_ids
+from gpufeed.train._mask_ids import MaskIdError, find_bad_mask_ids
 from gpufeed.train._tasks import Task
 
 __all__ = [
@@ -173,12 +173,36 @@ class SegmentationTask(Task):
         return batch.images
 
     def targets(self, batch) -> torch.Tensor:
+        """The masks as int64 ids; an id outside the classes counts as the ignore id (see :meth:`target_fault`).
+
+        Nothing is read back here: an id past the classes would be a device-side assert in the
+        loss, so it is set aside on the device, and the step reports it when it is read.
+        """
         mask = batch.maps["mask"].long()
-        # One reduction read back per batch: an id past the classes would be a device-side assert.
-        bad = find_bad_mask_ids(mask, batch.sample_ids, self.num_classes, self.ignore_id)
-        if bad is not None:
-            raise bad  # a MaskIdError: the loop names the mask files of its loader
-        return mask
+        outside = (mask >= self.num_classes) & (mask != self.ignore_id)
+        return torch.where(outside, self.ignore_id, mask)
+
+    def target_fault(self, batch) -> torch.Tensor:
+        """The largest mask id outside the classes (ignore id aside) as a device scalar, or -1 if there is none."""
+        mask = batch.maps["mask"].long()
+        largest = torch.where(mask != self.ignore_id, mask, -1).amax()
+        return torch.where(largest >= self.num_classes, largest, -1)
+
+    def fault_evidence(self, batch) -> torch.Tensor:
+        """The batch's masks, kept until the step is read so a fault can name the rows that hold it."""
+        return batch.maps["mask"]
+
+    def fault_error(self, fault: int, sample_ids: list[int], evidence=None) -> Exception:
+        """A :class:`MaskIdError` naming the samples whose masks hold an id past the classes.
+
+        Only on this error path are the masks read back (``evidence``), to name exactly the rows
+        that hold such an id rather than the whole batch.
+        """
+        if evidence is not None and sample_ids:
+            found = find_bad_mask_ids(evidence.long(), torch.tensor(sample_ids), self.num_classes, self.ignore_id)
+            if found is not None:
+                return found
+        return MaskIdError(fault, sample_ids, self.num_classes, self.ignore_id)
 
     def _ignored(self, targets: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
         """Targets with padding rows set to the ignore id too."""

@@ -3,7 +3,8 @@
 :class:`Loop` runs what :func:`gpufeed.train.train` (and ``gpufeed train``) asks, on a prepared
 :class:`~gpufeed.train._session.Session`; per step: wait for the next batch (already
 augmented in the loader's graph where ``augment`` puts ops there), augment it on the device, forward + backward + AdamW step under autocast, then records the three timings
-(see :mod:`gpufeed.train._telemetry`). Each epoch ends with an evaluation and a checkpoint; a
+(see :mod:`gpufeed.train._telemetry`) and the step's period (:mod:`gpufeed.train._timeline`:
+the steps of an epoch add up to its wall time). Each epoch ends with an evaluation and a checkpoint; a
 summary table of loader wait against compute is printed at the end.
 
 Under ``torchrun`` each rank reads its own shard and DDP averages gradients; rank 0 writes the
@@ -27,12 +28,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from gpufeed.config import Config
 from gpufeed.train._mask_ids import MaskIdError
 from gpufeed.train._profiling import ProfileWindow, StageRanges
 from gpufeed.train._step import PendingStep, Stepper
 from gpufeed.train._summary import StepStats
 from gpufeed.train._telemetry import StepRecord
+from gpufeed.train._timeline import Finished, StepTimeline
 
 __all__ = ["Loop", "TrainResult"]
 
@@ -66,15 +70,30 @@ class TrainResult:
 
 @dataclass
 class _Launched:
-    """A queued step and what its record needs besides the device's figures."""
+    """What a queued step's record needs besides the device's figures and its period."""
 
-    pending: PendingStep
     step: int
     epoch: int
     batch: int
     wait_s: float
-    started: float
-    ids: list[int] | None
+    ids: list[int] | torch.Tensor | None  # the batch's ids on their way to the host (telemetry.record_sample_ids)
+
+
+def _ids_on_the_way(ids: torch.Tensor) -> list[int] | torch.Tensor:
+    """A batch's ids on their way to the host: a copy that does not wait on a GPU, the list on the CPU.
+
+    The GPU copy is queued before the step, so it is complete once the step's end has been read.
+    """
+    if ids.device.type == "cpu":
+        return ids.tolist()
+    return ids.to("cpu", non_blocking=True)
+
+
+def _check_targets(task, batch) -> None:
+    """Refuse an evaluation batch whose targets the task cannot use (evaluation reads its metrics per batch anyway)."""
+    fault = task.target_fault(batch)
+    if fault is not None and int(fault) >= 0:
+        raise task.fault_error(int(fault), batch.sample_ids.tolist(), task.fault_evidence(batch))
 
 
 class Loop:
@@ -105,28 +124,23 @@ class Loop:
         self._last_saved_step = s.step if s.resumed else -1
         self._last_eval_step = -1
 
-    def step(self, batch, wait_s: float, started: float, epoch: int, batch_index: int) -> StepRecord:
-        """One training step on ``batch``, waited for, as a :class:`StepRecord` with its timings."""
-        return self._record(self.launch(batch, wait_s, started, epoch, batch_index), time.perf_counter())
-
-    def launch(self, batch, wait_s: float, started: float, epoch: int, batch_index: int) -> _Launched:
-        """Queue one training step on ``batch``; :meth:`_record` turns it into its record later."""
-        s = self.s
-        try:
-            pending = self.stepper.launch(batch)
-        except MaskIdError as err:
-            raise err.naming(s.data.train.dataset, "training") from None
+    def launch(self, batch, wait_s: float, epoch: int, batch_index: int) -> tuple[PendingStep, _Launched]:
+        """Queue one training step on ``batch``; :meth:`_record` turns it into its record once it is read."""
         ids = None
-        if self.cfg.telemetry.record_sample_ids:  # a device-to-host copy: opt-in, for tests and audits
+        if self.cfg.telemetry.record_sample_ids:
             for name in ("sample_ids", "video_ids"):
                 if getattr(batch, name, None) is not None:
-                    ids = getattr(batch, name).tolist()
+                    # Copied before the step is queued, so reading the step's end finds it done
+                    # (no host wait on a GPU; on the CPU the list is read now).
+                    ids = _ids_on_the_way(getattr(batch, name))
                     break
-        return _Launched(pending, s.step + 1, epoch, batch_index, wait_s, started, ids)
+        pending = self.stepper.launch(batch)
+        return pending, _Launched(self.s.step + 1, epoch, batch_index, wait_s, ids)
 
-    def _record(self, launched: _Launched, until: float) -> StepRecord:
-        """The record of a queued step; reads its events and loss (waits for that step only)."""
-        outcome = launched.pending.result()
+    def _record(self, done: Finished[_Launched]) -> StepRecord:
+        """The record of a step that has been read."""
+        launched, outcome = done.info, done.outcome
+        ids = launched.ids
         return StepRecord(
             step=launched.step,
             epoch=launched.epoch,
@@ -136,11 +150,11 @@ class Loop:
             loader_wait_s=launched.wait_s,
             augment_s=outcome.augment_s,
             compute_s=outcome.compute_s,
-            step_s=until - launched.started,
+            step_s=done.step_s,
             samples=outcome.samples,
             loss=outcome.loss,
             lr=outcome.lr,
-            sample_ids=launched.ids,
+            sample_ids=ids.tolist() if isinstance(ids, torch.Tensor) else ids,
         )
 
     # -- one epoch ----------------------------------------------------------------------------
@@ -164,15 +178,19 @@ class Loop:
         waited = stepped = 0.0
         samples = 0
         iterator = iter(loader)
-        # The step queued last, recorded once the next one is queued (or the epoch ends), so the
-        # host never waits for the GPU with nothing queued behind it (see _telemetry).
-        queued = None
+        # On a GPU each step is read once the next one is queued (or the epoch ends), so the host
+        # never waits for the device with nothing queued behind it (see _telemetry, _timeline).
+        timeline: StepTimeline[_Launched] = StepTimeline(launch_ahead=self.on_gpu)
+        first = True
 
         def finish_queued() -> StepRecord | None:
-            nonlocal queued, waited, stepped, samples
-            if queued is None:
+            return show(timeline.finish())
+
+        def show(done: Finished[_Launched] | None) -> StepRecord | None:
+            nonlocal waited, stepped, samples
+            if done is None:
                 return None
-            record, queued = self._record(queued, time.perf_counter()), None
+            record = self._record(done)
             self._after_step(record)
             waited, stepped, samples = waited + record.loader_wait_s, stepped + record.step_s, samples + record.samples
             bar.update(1)
@@ -190,6 +208,9 @@ class Loop:
                     return False
                 self.profile.before_step(s.step + 1)
                 started = time.perf_counter()
+                if first:  # the epoch's first step runs from the start of its wait
+                    timeline.begin(started)
+                    first = False
                 with self.ranges("loader_wait"):
                     try:
                         batch = next(iterator)
@@ -197,13 +218,14 @@ class Loop:
                         finish_queued()
                         return True
                 wait_s = time.perf_counter() - started
-                launched = self.launch(batch, wait_s, started, epoch, batch_index)
-                finish_queued()
-                queued = launched
+                pending, launched = self.launch(batch, wait_s, epoch, batch_index)
                 s.step += 1
                 batch_index += 1
+                show(timeline.push(pending, launched))
                 if self._checkpoint_due(s.step) or self.profile.stops_at(s.step) or s.max_steps_reached():
                     finish_queued()  # a checkpoint, a trace or the last step needs this step finished
+        except MaskIdError as err:  # raised when a step is read: the loop knows the loader's files
+            raise err.naming(loader.dataset, "training") from None
         finally:
             bar.close()
 
@@ -239,12 +261,12 @@ class Loop:
         metric = s.data.task.new_metric()
         started = time.perf_counter()
         for batch in s.data.val:
-            logits = self.stepper.predict(model, batch)
             try:
-                targets = s.data.task.targets(batch)
+                _check_targets(s.data.task, batch)
             except MaskIdError as err:
                 raise err.naming(s.data.val.dataset, "validation") from None
-            metric.update(logits, targets, s.data.task.valid(batch))
+            logits = self.stepper.predict(model, batch)
+            metric.update(logits, s.data.task.targets(batch), s.data.task.valid(batch))
         result = {"epoch": epoch, "step": s.step, **metric.compute(), "seconds": time.perf_counter() - started}
         model.train()
         self._last_eval_step = s.step

@@ -1,7 +1,9 @@
 """``gpufeed report RUN_DIR``: a PNG of loader wait against compute over a run.
 
-Top panel: each step's time split into loader wait, augmentation and compute (rank 0), as
-stacked bars, so stalls show up where they happen (epoch starts, evaluations, slow files).
+Top panel: each step's time split into loader wait, augmentation, compute and the rest of its
+period (rank 0; on a GPU, where a step's device work overlaps the host's wait, the parts can add
+up to more than the period), as stacked bars, so stalls show up where they happen (epoch starts,
+evaluations, slow files).
 Bottom panel: the share of step time spent waiting for data, per rank, as a rolling mean; the
 dashed line is the 5% a well-fed GPU stays under.
 """
@@ -17,8 +19,8 @@ from gpufeed.train._telemetry import read_step_logs
 
 __all__ = ["draw_report"]
 
-_COLOURS = {"loader_wait_s": "#d62728", "augment_s": "#ff7f0e", "compute_s": "#1f77b4"}
-_LABELS = {"loader_wait_s": "loader wait", "augment_s": "augment", "compute_s": "compute"}
+_COLOURS = {"loader_wait_s": "#d62728", "augment_s": "#ff7f0e", "compute_s": "#1f77b4", "rest": "#bbbbbb"}
+_LABELS = {"loader_wait_s": "loader wait", "augment_s": "augment", "compute_s": "compute", "rest": "rest of the step"}
 
 
 def _rolling(values: np.ndarray, window: int) -> np.ndarray:
@@ -53,8 +55,11 @@ def draw_report(run_dir: str | Path, out: str | Path | None = None, window: int 
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     base = np.zeros(len(records))
-    for key in ("loader_wait_s", "augment_s", "compute_s"):
-        values = np.array([r[key] for r in records]) * 1e3
+    for key in ("loader_wait_s", "augment_s", "compute_s", "rest"):
+        if key == "rest":  # the step's period beyond its parts (logging, the host's own work)
+            values = np.maximum(np.array([r["step_s"] for r in records]) * 1e3 - base, 0.0)
+        else:
+            values = np.array([r[key] for r in records]) * 1e3
         top.bar(steps, values, bottom=base, width=1.0, color=_COLOURS[key], label=_LABELS[key], linewidth=0)
         base += values
     # A pipeline start-up can take 100x a normal step; clip it so the normal steps stay readable.

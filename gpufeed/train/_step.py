@@ -19,13 +19,41 @@ __all__ = ["PendingStep", "StepOutcome", "Stepper"]
 
 
 class PendingStep:
-    """A step queued on the device: :meth:`result` reads its timings and loss (waiting for it alone)."""
+    """A step queued on the device: :meth:`result` reads its timings and loss (waiting for it alone).
 
-    def __init__(self, marks, lr: float, samples: int) -> None:
+    Args:
+        marks: The step's :class:`~gpufeed.train._telemetry.StageMarks`.
+        lr: Learning rate the step used.
+        samples: Rows in the batch.
+        task, sample_ids: Where a target fault is explained (the task's message, the batch's ids);
+            ``None`` for a task whose targets are always usable.
+    """
+
+    def __init__(
+        self,
+        marks,
+        lr: float,
+        samples: int,
+        task: Task | None = None,
+        sample_ids: torch.Tensor | None = None,
+        evidence=None,
+    ) -> None:
         self._marks, self.lr, self.samples = marks, lr, samples
+        self._task, self._sample_ids, self._evidence = task, sample_ids, evidence
 
     def result(self) -> StepOutcome:
-        augment_s, compute_s, loss = self._marks.read()
+        """The step's outcome.
+
+        Raises:
+            ValueError: The task found targets in the batch it cannot train on (the task's
+                :meth:`~gpufeed.train._tasks.Task.fault_error`, e.g. a
+                :class:`~gpufeed.train._mask_ids.MaskIdError`); the step ignored them.
+        """
+        augment_s, compute_s, loss, fault = self._marks.read()
+        self._evidence, evidence = None, self._evidence  # released once read: the masks held until now
+        if fault >= 0 and self._task is not None:
+            ids = self._sample_ids.tolist() if self._sample_ids is not None else []
+            raise self._task.fault_error(fault, ids, evidence)
         return StepOutcome(loss, self.lr, augment_s, compute_s, self.samples)
 
 
@@ -98,6 +126,7 @@ class Stepper:
         with self.ranges("augment"):
             pixels = self.prepare(self.augment(task.inputs(batch)))
         marks.mark(1)
+        fault = task.target_fault(batch)  # read with the loss, after the step: no host wait here
         with self.autocast(), self.ranges("forward"):
             logits = self.model(pixels)
             loss = task.loss(logits, task.targets(batch), task.valid(batch))
@@ -113,8 +142,11 @@ class Stepper:
             lr = self.scheduler.get_last_lr()[0]
             self.scheduler.step()
         marks.mark(2)
-        marks.keep_loss(loss)
-        return PendingStep(marks, lr, int(pixels.shape[0]))
+        marks.keep_loss(loss, fault)
+        if fault is None:
+            return PendingStep(marks, lr, int(pixels.shape[0]))
+        ids = getattr(batch, "sample_ids", None)
+        return PendingStep(marks, lr, int(pixels.shape[0]), task, ids, task.fault_evidence(batch))
 
     @torch.no_grad()
     def predict(self, model: nn.Module, batch) -> torch.Tensor:

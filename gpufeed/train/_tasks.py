@@ -51,6 +51,28 @@ class Task:
     def targets(self, batch) -> torch.Tensor:
         raise NotImplementedError
 
+    def target_fault(self, batch) -> torch.Tensor | None:
+        """A device scalar, ``>= 0`` where the batch's targets cannot be trained on (``None``: they always can).
+
+        The step copies it to the host with its loss and reads both after the step, so checking
+        a batch never makes the host wait inside a step; :meth:`fault_error` says what is wrong.
+        """
+        return None
+
+    def fault_evidence(self, batch):
+        """What the step keeps until it is read, for :meth:`fault_error` to explain a fault (``None``: nothing)."""
+        return None
+
+    def fault_error(self, fault: int, sample_ids: list[int], evidence=None) -> Exception:
+        """The one-line error for a batch whose :meth:`target_fault` was ``fault``.
+
+        Args:
+            fault: The value :meth:`target_fault` gave (``>= 0``).
+            sample_ids: The batch's sample ids.
+            evidence: What :meth:`fault_evidence` kept of the batch.
+        """
+        return ValueError(f"the targets of the batch of samples {sample_ids} cannot be trained on (fault {fault})")
+
     def per_sample_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 

@@ -7,8 +7,11 @@ Every step is split into three timed stages plus the whole:
   DALI's output is already on the device when ``next`` returns.
 * **augment**: Kornia augmentation on the device.
 * **compute**: forward + backward + optimizer step (scaler and scheduler included).
-* **step**: host time from the start of this step's wait to the start of the next step's wait
-  (on the CPU, where work is synchronous, to the end of the step), the period training runs at.
+* **step**: host time from the end of the previous step's record to the end of this one's (the
+  first step of an epoch from the start of its wait): the steps of an epoch add up to its wall
+  time (see :mod:`gpufeed.train._timeline`). On the CPU a step's period holds its own wait,
+  augment and compute; on a GPU it holds the host's wait for the next batch, which overlaps the
+  step's device work, and ends when that work is done.
 
 On a GPU, augment and compute are measured with **CUDA events** recorded on the current stream
 around each stage (created once and reused), and the loss is copied to pinned memory without
@@ -65,8 +68,8 @@ class StepRecord:
         epoch: Epoch this step belongs to (0-based).
         batch: Batch index within the epoch (0-based).
         rank: The process's rank.
-        time_unix: Wall-clock time at the end of the step.
-        loader_wait_s, augment_s, compute_s, step_s: The stage timings (see the module docs).
+        time_unix: Wall-clock time at the end of the step's record (where its period ends).
+        loader_wait_s, augment_s, compute_s, step_s: The stage timings and the step's period (see the module docs).
         samples: Rows in the batch (padding rows included: they are computed on).
         loss: Training loss of the step.
         lr: Learning rate used by the step.
@@ -98,40 +101,54 @@ STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
 
 
 class StageMarks:
-    """One step's three marks (start, after augment, after compute) and its loss, read when done.
+    """One step's three marks (start, after augment, after compute), its loss and target fault, read when done.
 
-    Returned by :meth:`StageClock.start`; :meth:`read` gives ``(augment_s, compute_s, loss)`` and
-    hands the marks' CUDA events back to the clock for a later step.
+    Returned by :meth:`StageClock.start`; :meth:`read` gives ``(augment_s, compute_s, loss,
+    fault)`` and hands the marks' CUDA events back to the clock for a later step.
     """
 
-    __slots__ = ("_clock", "_loss", "_marks")
+    __slots__ = ("_clock", "_fault", "_loss", "_marks")
 
     def __init__(self, clock: StageClock, marks: list) -> None:
-        self._clock, self._marks, self._loss = clock, marks, None
+        self._clock, self._marks, self._loss, self._fault = clock, marks, None, None
 
     def mark(self, index: int) -> None:
         """Record mark ``index`` (1: after augment, 2: after compute) on the current stream."""
         self._clock.record(self._marks[index])
 
-    def keep_loss(self, loss) -> None:
-        """Keep the step's loss without waiting for it: an asynchronous copy into pinned memory on a GPU."""
+    def keep_loss(self, loss, fault=None) -> None:
+        """Keep the step's loss (and its task's target fault, a device scalar) without waiting for them.
+
+        On a GPU both go to pinned memory in one asynchronous copy.
+        """
         if self._clock.on_gpu:
-            self._marks[4].copy_(loss.detach().float(), non_blocking=True)
+            stored = self._marks[4]
+            if fault is None:
+                stored[0].copy_(loss.detach().float(), non_blocking=True)
+                stored[1].fill_(-1.0)  # pinned host memory: written here, no device access
+            else:
+                import torch
+
+                stored.copy_(torch.stack([loss.detach().float(), fault.float()]), non_blocking=True)
             self._clock.record(self._marks[3])  # the copy is done when this event is
         else:
-            self._loss = loss
+            self._loss, self._fault = loss, fault
 
-    def read(self) -> tuple[float, float, float]:
-        """(augment_s, compute_s, loss); on a GPU waits for this step's own end only (not the queued ones)."""
+    def read(self) -> tuple[float, float, float, int]:
+        """(augment_s, compute_s, loss, fault); on a GPU waits for this step's own end only (not the queued ones).
+
+        ``fault`` is -1 unless the task found targets it cannot train on.
+        """
         start, after_augment, after_compute, copied, stored = self._marks
         if not self._clock.on_gpu:  # perf_counter readings
             assert self._loss is not None, "keep_loss() comes before read()"
-            return after_augment - start, after_compute - after_augment, float(self._loss.detach())
+            fault = -1 if self._fault is None else int(self._fault)
+            return after_augment - start, after_compute - after_augment, float(self._loss.detach()), fault
         copied.synchronize()  # an event wait: the work queued after this step keeps the GPU busy
         timings = start.elapsed_time(after_augment) / 1e3, after_augment.elapsed_time(after_compute) / 1e3
-        loss = float(stored)  # pinned host memory, already written: no device access
+        loss, fault = stored.tolist()  # pinned host memory, already written: no device access
         self._clock.give_back(self._marks)
-        return (*timings, loss)
+        return (*timings, loss, int(fault))
 
 
 class StageClock:
@@ -158,7 +175,8 @@ class StageClock:
 
         if not self._pool:
             events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-            self._pool.append([*events, torch.empty((), dtype=torch.float32, pin_memory=True)])
+            # The step's loss and its target fault, copied together.
+            self._pool.append([*events, torch.empty(2, dtype=torch.float32, pin_memory=True)])
             self.events_created += 4
         return self._pool.pop()
 
@@ -204,7 +222,7 @@ class TrainMetrics:
         self.loader_wait = hist("gpufeed_train_loader_wait_seconds", "Time blocked waiting for the next batch.")
         self.augment = hist("gpufeed_train_augment_seconds", "Kornia augmentation on the device.")
         self.compute = hist("gpufeed_train_compute_seconds", "Forward + backward + optimizer step.")
-        self.step = hist("gpufeed_train_step_seconds", "The whole step (wait + augment + compute).")
+        self.step = hist("gpufeed_train_step_seconds", "The step's period (an epoch's steps add up to its time).")
         self.samples = counter("gpufeed_train_samples_total", "Samples trained on (padding rows included).")
         self.steps = counter("gpufeed_train_steps_total", "Optimizer steps taken.")
         self.skipped = counter("gpufeed_train_skipped_samples_total", "Samples left out because they cannot be used.")
