@@ -371,7 +371,8 @@ class ClipLoader(EpochLoader):
                 info = self.dataset.infos[video_id]
                 if info.store:
                     frames = self.geometry.frames(start)
-                    _, why, _ = decode_store_frames(info.path, info.store, info.frame_name, frames)
+                    limit = self.dataset.max_pixels
+                    _, why, _ = decode_store_frames(info.path, info.store, info.frame_name, frames, max_pixels=limit)
                     if why:
                         problems[video_id] = why
                     continue

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.pipelines._image_facts import read_image_facts
+from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, read_image_facts
 from gpufeed.pipelines._image_verify import decode_problem
 
 __all__ = [
@@ -264,19 +264,28 @@ def decode_frame(data: bytes, kind: str) -> np.ndarray:
 
 
 def describe_bad_frame(data: bytes, where: str, problem: str) -> str:
-    """``"<where> is not an image: <problem>"`` (or ``is damaged``, for a PNG/JPEG that fails to decode)."""
+    """``"<where> is not an image: <problem>"`` (or ``is damaged``, for a PNG/JPEG that fails to decode, or
+    ``is refused``, for one whose header declares too many pixels)."""
     what = "is not an image" if read_image_facts(data).format == "" else "is damaged"
+    what = "is refused" if problem.startswith("too many pixels") else what
     return f"{where} {what}: {problem}"
 
 
 def decode_store_frames(
-    path: str, kind: str, frame_name: str, frames=None, *, pixels: bool = False
+    path: str,
+    kind: str,
+    frame_name: str,
+    frames=None,
+    *,
+    pixels: bool = False,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> tuple[int, str | None, list[np.ndarray]]:
     """Decode frames of a store outside DALI (``gpufeed check``, and naming a bad file after a failure).
 
     Args:
         frames: Frame indices (default: every frame).
         pixels: Also return the decoded RGB frames (as vidio's readers give them).
+        max_pixels: A frame whose header declares more is a problem, never decoded.
 
     Returns:
         (frames decoded, the first problem naming its frame or ``None``, the RGB frames if asked).
@@ -293,7 +302,7 @@ def decode_store_frames(
                 (data,) = reader.read(path, kind, frame_name, [index])
             except (OSError, ValueError, IndexError) as err:
                 return count, f"{where} cannot be read: {err}", out
-            problem = decode_problem(data.tobytes())
+            problem = decode_problem(data.tobytes(), max_pixels=max_pixels)
             if problem:
                 return count, describe_bad_frame(data.tobytes(), where, problem), out
             if pixels:
