@@ -8,6 +8,7 @@ from typing import Literal
 
 from gpufeed._schema import ConfigError, check_ranges, option
 from gpufeed._size import SizePx, parse_size_px, size_px_value
+from gpufeed._text import quoted
 
 __all__ = ["DataConfig", "DatasetConfig", "ImagePipelineConfig", "LoaderConfig", "VideoConfig"]
 
@@ -53,6 +54,11 @@ class DataConfig:
         doc="an image whose header declares more pixels (width x height) is a bad file, refused before any "
         "decoding (decompression bombs); the same default as serve.max_image_pixels",
     )
+    allowed_roots: tuple[Path, ...] = option(
+        (),
+        doc="folders outside a DeepEthogram project (or a paired list file's folder) that its records (or "
+        "lines) may name; without them every named file must resolve inside, symbolic links included",
+    )
     # Dense targets (a split root with rgb/ and depth/ or mask/, or a list file of 'rgb map ...' lines).
     depth_scale: float = option(1.0, gt=0.0, doc="depth map value x this = the training target (e.g. 0.001: mm to m)")
     depth_no_data: int = option(
@@ -72,7 +78,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         for kind in self.map_kinds or ():
             if kind not in ("depth", "mask"):
-                raise ConfigError("map_kinds", f"value {kind!r} is not a map kind; allowed: depth, mask")
+                raise ConfigError("map_kinds", f"value {quoted(kind)} is not a map kind; allowed: depth, mask")
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,12 @@ class ServeConfig:
     )
     max_image_pixels: int = option(40_000_000, ge=1, doc="width x height above this is refused (decompression bombs)")
     max_images_per_request: int = option(64, ge=1, doc="images or tensor rows in one request")
+    max_json_map_pixels: int = option(
+        4_194_304,
+        ge=1,
+        doc="a dense model's JSON answer holding more map values (width x height, summed over its images) is "
+        "refused with 400 before inference; PNG answers (Accept: image/png) and ?size=model are the compact ways",
+    )
     top_k: int = option(5, ge=1, doc="labels returned by the REST endpoint unless ?top_k= says otherwise")
     execution_provider: ExecutionProvider = option(
         "auto", doc="onnxruntime provider: auto (CUDA on a GPU, else CPU), cpu, cuda, tensorrt"

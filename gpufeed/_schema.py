@@ -13,6 +13,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from gpufeed._text import quoted
+
 
 class ConfigError(ValueError):
     """A config value is missing, unknown, of the wrong type or out of range.
@@ -103,7 +105,7 @@ def _check_bounds(value: Any, meta: typing.Mapping[str, Any], key: str) -> None:
         items = value if isinstance(value, tuple) else (value,)
         for item in items:
             if isinstance(item, (int, float)) and not ok(item, limit):
-                raise ConfigError(key, f"value {value!r} is out of range: must be {words} {limit}")
+                raise ConfigError(key, f"value {quoted(value)} is out of range: must be {words} {limit}")
 
 
 def _convert(value: Any, tp: Any, key: str) -> Any:
@@ -111,7 +113,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
-            raise ConfigError(key, f"value {value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
+            raise ConfigError(key, f"value {quoted(value)} is not allowed; allowed: {', '.join(map(str, allowed))}")
         return value
     if origin in (Union, types.UnionType):
         args = get_args(tp)
@@ -129,11 +131,11 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
                 errors.append(err)
         if len(errors) == 1:
             raise errors[0]
-        raise ConfigError(key, f"value {value!r} is not a {_describe_type(tp)}")
+        raise ConfigError(key, f"value {quoted(value)} is not a {_describe_type(tp)}")
     if origin is tuple:
         args = get_args(tp)
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(key, f"expected {_describe_type(tp)}, got {value!r}")
+            raise ConfigError(key, f"expected {_describe_type(tp)}, got {quoted(value)}")
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
         if len(value) != len(args):
@@ -145,23 +147,23 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(key, f"null is not allowed; expected {_describe_type(tp)}")
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(key, f"expected true or false, got {value!r}")
+            raise ConfigError(key, f"expected true or false, got {quoted(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"expected an integer, got {value!r}")
+            raise ConfigError(key, f"expected an integer, got {quoted(value)}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(key, f"expected a number, got {value!r}")
+            raise ConfigError(key, f"expected a number, got {quoted(value)}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(key, f"expected a string, got {value!r}")
+            raise ConfigError(key, f"expected a string, got {quoted(value)}")
         return value
     if tp is Path:
         if not isinstance(value, (str, Path)) or str(value) == "":
-            raise ConfigError(key, f"expected a path, got {value!r}")
+            raise ConfigError(key, f"expected a path, got {quoted(value)}")
         return Path(value)
     raise TypeError(f"unsupported config field type {tp!r} at {key}")  # a schema bug, not user input
 
@@ -181,7 +183,7 @@ def from_mapping(cls: type, data: Any, key_path: str = "") -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(key_path, f"expected a mapping of keys to values, got {data!r}")
+        raise ConfigError(key_path, f"expected a mapping of keys to values, got {quoted(data)}")
     hints = get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(map(str, data)) - set(known))

@@ -1,11 +1,40 @@
-"""Plain-text tables for reports printed to a terminal (benchmarks, training summaries, checks).
+"""Plain-text tables for reports printed to a terminal (benchmarks, training summaries, checks), and bounded quotes.
 
 The bottom layer: anything in gpufeed may import it, and it imports nothing of gpufeed's.
 """
 
 from __future__ import annotations
 
-__all__ = ["format_table"]
+import reprlib
+
+__all__ = ["QUOTE_CHARS", "format_table", "quoted"]
+
+# How much of a value an error message quotes: enough to recognise a typo, never a file's worth.
+QUOTE_CHARS = 40
+
+
+def _repr_engine() -> reprlib.Repr:
+    engine = reprlib.Repr()  # bounded at every level: a billion-element list shows its first few
+    engine.maxlevel, engine.maxlist, engine.maxdict, engine.maxtuple, engine.maxset = 2, 4, 4, 4, 4
+    engine.maxstring, engine.maxlong, engine.maxother = QUOTE_CHARS, QUOTE_CHARS, QUOTE_CHARS
+    return engine
+
+
+_REPR = _repr_engine()
+
+
+def quoted(value: object, limit: int = QUOTE_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters (``...`` marks the cut).
+
+    Short values read exactly as ``repr`` writes them (``'abc'``, ``[1, 2]``); a long string, a deep
+    or long list, an integer of a million digits cost at most ``limit`` characters and a walk of a
+    few elements, however large the value (a YAML alias bomb's billion leaves are never visited).
+    """
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # an integer beyond Python's digit limit for str()
+        text = f"<{type(value).__name__} too long to print>"
+    return text if len(text) <= limit else f"{text[: max(limit - 3, 1)]}..."
 
 
 def format_table(headers: list[str], rows: list[list]) -> str:

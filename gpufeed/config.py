@@ -1,4 +1,4 @@
-"""gpufeed's configuration: YAML read with ``safe_load`` into frozen dataclasses.
+"""gpufeed's configuration: YAML read with a bounded safe loader (:mod:`gpufeed._yaml`) into frozen dataclasses.
 
 One :class:`Config` holds every section. Each section documents its keys; ``gpufeed config
 --describe`` prints them all with types and defaults. Unknown keys, wrong types and values out of
@@ -31,6 +31,7 @@ from gpufeed._config_train import (
 )
 from gpufeed._schema import ConfigError, describe, from_mapping, option, to_mapping
 from gpufeed._size import SizePx, parse_size_px
+from gpufeed._yaml import YamlError, parse_yaml, read_yaml
 
 __all__ = [
     "AUGMENT_OPS",
@@ -94,7 +95,7 @@ def parse_config(data: Any, overrides: tuple[str, ...] | list[str] = (), base_di
     Args:
         data: The mapping, e.g. from ``yaml.safe_load``; ``None`` for all defaults.
         overrides: ``dotted.key=value`` strings; each value is parsed as YAML (``32``, ``true``,
-            ``[1, 2]``).
+            ``[1, 2]``), within the same budgets as a config file.
         base_dir: Relative paths in the config are resolved against this folder (the config
             file's folder), so a config works from any working directory.
     """
@@ -107,7 +108,11 @@ def parse_config(data: Any, overrides: tuple[str, ...] | list[str] = (), base_di
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(item, "an override must look like 'section.key=value'")
-        _set_path(tree, key.strip(), yaml.safe_load(raw))
+        try:
+            value = parse_yaml(raw, f"the value of override {key.strip()}")
+        except YamlError as err:
+            raise ConfigError(key.strip(), str(err)) from None
+        _set_path(tree, key.strip(), value)
     cfg = from_mapping(Config, tree)
     return _resolve_paths(cfg, base_dir) if base_dir is not None else cfg
 
@@ -123,42 +128,36 @@ def _deep_copy(tree: Any) -> Any:
 def _resolve_paths(obj: Any, base: Path) -> Any:
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         return obj
-    changes = {}
+    changes: dict[str, Any] = {}
     for fld in dataclasses.fields(obj):
         value = getattr(obj, fld.name)
         if isinstance(value, Path) and not value.is_absolute():
             changes[fld.name] = (base / value).resolve()
+        elif isinstance(value, tuple) and any(isinstance(v, Path) for v in value):  # data.allowed_roots
+            changes[fld.name] = tuple((base / v).resolve() if isinstance(v, Path) else v for v in value)
         elif dataclasses.is_dataclass(value):
             changes[fld.name] = _resolve_paths(value, base)
     return dataclasses.replace(obj, **changes) if changes else obj
 
 
 def load_config(path: str | Path | None, overrides: tuple[str, ...] | list[str] = ()) -> Config:
-    """Read a YAML config file with ``yaml.safe_load`` and validate it.
+    """Read a YAML config file with the bounded safe loader (:func:`gpufeed._yaml.read_yaml`) and validate it.
 
     Args:
         path: The YAML file, or ``None`` for defaults plus overrides.
         overrides: ``dotted.key=value`` strings applied on top of the file.
 
     Raises:
-        ConfigError: For a missing or unparsable file and for every invalid key or value.
+        ConfigError: For a missing, unparsable or oversized file (or one past the alias budget) and
+            for every invalid key or value.
     """
     if path is None:
         return parse_config(None, overrides, base_dir=Path.cwd())
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError("", f"cannot read config file {path}: {err.strerror or err}") from None
-    except UnicodeDecodeError as err:
-        byte = err.object[err.start]
-        raise ConfigError(
-            "", f"config file {path} is not UTF-8 text: byte 0x{byte:02x} at offset {err.start}"
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError("", f"config file {path} is not valid YAML: {err}") from None
+        data = read_yaml(path, "config file")
+    except YamlError as err:
+        raise ConfigError("", str(err)) from None
     return parse_config(data, overrides, base_dir=path.resolve().parent)
 
 

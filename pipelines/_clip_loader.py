@@ -372,7 +372,10 @@ class ClipLoader(EpochLoader):
                 if info.store:
                     frames = self.geometry.frames(start)
                     size = (info.width, info.height)  # the clip's: a frame of another size is bad too
-                    _, why, _ = decode_store_frames(info.path, info.store, info.frame_name, frames, size=size)
+                    limit = self.dataset.max_pixels
+                    _, why, _ = decode_store_frames(
+                        info.path, info.store, info.frame_name, frames, size=size, max_pixels=limit
+                    )
                     if why:
                         problems[video_id] = why
                     continue

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._text import quoted
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
@@ -154,7 +155,7 @@ class ImageDataset:
             try:
                 entry = parse_list_line(line)
             except ValueError as err:
-                raise DatasetError(f"{list_file}:{number}: {err}, got {line!r}") from None
+                raise DatasetError(f"{list_file}:{number}: {err}, got {quoted(line)}") from None
             if entry is None:
                 continue
             rel, label_text = entry
@@ -163,7 +164,7 @@ class ImageDataset:
             if why:
                 if " #" in line:
                     why += " (comments go on lines of their own: '#' after an entry is read as part of it)"
-                problems[len(paths)] = f"unknown label {label_text!r} ({list_file}:{number}): {why}"
+                problems[len(paths)] = f"unknown label {quoted(label_text)} ({list_file}:{number}): {why}"
             paths.append(full)
             labels.append(label)
         names = tuple(classes) if classes else tuple(str(i) for i in range(max(labels, default=-1) + 1))

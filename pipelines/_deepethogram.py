@@ -12,16 +12,29 @@ Each record with a label file is one video; records are split into training and 
 seeded shuffle (``video.val_fraction``), the same split for the same seed. A record that cannot be
 used is a problem of its video naming the record and the key (``rgb``, ``label``): a missing video,
 a label file whose rows are not the video's frames, a class the project does not list.
+
+A project is input from anyone: its YAML files are read by the bounded loader
+(:func:`gpufeed._yaml.read_yaml`: size, alias and nesting budgets), every file a record names must
+resolve inside the project or a folder of ``data.allowed_roots``
+(:mod:`gpufeed.pipelines._containment`: no absolute path, ``..`` or symbolic link out, nor a frame
+store's links), and two records naming one video are one problem naming both (else one video
+could sit in training and validation at once).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from gpufeed._text import quoted
+from gpufeed._yaml import YamlError, read_yaml
+from gpufeed.pipelines._containment import Roots, store_link_problem
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._frame_stores import store_kind
+from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._videos import VideoDataset, VideoInfo, index_videos, labels_for
 
 __all__ = [
@@ -66,30 +79,26 @@ class DeepEthogramProject:
 
 
 def _load_yaml(path: Path, what: str) -> dict:
-    import yaml
-
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise DatasetError(f"{what} {path} cannot be read: {err.strerror or err}") from None
-    except UnicodeDecodeError as err:
-        byte = err.object[err.start]
-        raise DatasetError(f"{what} {path} is not UTF-8 text: byte 0x{byte:02x} at offset {err.start}") from None
-    except yaml.YAMLError as err:
-        raise DatasetError(f"{what} {path} is not valid YAML: {' '.join(str(err).split())}") from None
+        data = read_yaml(path, what)
+    except YamlError as err:
+        raise DatasetError(str(err)) from None
     if not isinstance(data, dict):
         raise DatasetError(f"{what} {path} must be a mapping of keys, got {type(data).__name__}")
     return data
 
 
-def _default_file(record: dict, folder: Path, entry: str, where: str) -> tuple[Path | None, str | None]:
-    """The ``default`` file of ``entry`` (``rgb``/``label``), or why there is none."""
+def _default_file(record: dict, folder: Path, entry: str, where: str, roots: Roots) -> tuple[Path | None, str | None]:
+    """The ``default`` file of ``entry`` (``rgb``/``label``), or why there is none (a path out of ``roots`` too)."""
     value = record.get(entry)
     default = value.get("default") if isinstance(value, dict) else None
     if not default:
         return None, f"{where}: key '{entry}.default' names no file (DeepEthogram writes [] until one is added)"
     if not isinstance(default, str):
-        return None, f"{where}: key '{entry}.default' must be a file name, got {default!r}"
+        return None, f"{where}: key '{entry}.default' must be a file name, got {quoted(default)}"
+    outside = roots.problem(default, folder)
+    if outside:
+        return None, f"{where}: key '{entry}.default' names {outside}"
     path = folder / default
     if not path.exists():
         return None, f"{where}: key '{entry}.default' names {default}, which is not in {folder}"
@@ -101,8 +110,11 @@ def is_project(path: Path) -> bool:
     return (path / "project_config.yaml").is_file() and (path / "DATA").is_dir()
 
 
-def read_project(root: str | Path) -> DeepEthogramProject:
+def read_project(root: str | Path, allowed_roots: tuple[str | Path, ...] = ()) -> DeepEthogramProject:
     """Read ``project_config.yaml`` and every ``DATA/<record>/record.yaml`` (see the module docs).
+
+    Args:
+        allowed_roots: Folders outside the project its records may name (``data.allowed_roots``).
 
     Raises:
         DatasetError: The folder is not a DeepEthogram project (no config, no ``class_names``, no ``DATA``).
@@ -117,11 +129,12 @@ def read_project(root: str | Path) -> DeepEthogramProject:
     if not isinstance(names, list) or len(names) < 2 or not all(isinstance(n, str) and n for n in names):
         raise DatasetError(
             f"{config_path}: key 'project.class_names' must list at least two class names (background first), "
-            f"got {names!r}"
+            f"got {quoted(names)}"
         )
     data = root / "DATA"
     if not data.is_dir():
         raise DatasetError(f"{root} is not a DeepEthogram project: it has no DATA folder")
+    roots = Roots.of(root, "the project", allowed_roots)
     records = []
     for folder in sorted(p for p in data.iterdir() if p.is_dir() and not p.name.startswith(".")):
         record_path = folder / "record.yaml"
@@ -134,12 +147,39 @@ def read_project(root: str | Path) -> DeepEthogramProject:
         except DatasetError as err:
             records.append(ProjectRecord(folder.name, None, None, f"{where}: {err}"))
             continue
-        video, why_video = _default_file(record, folder, "rgb", where)
-        labels, why_labels = _default_file(record, folder, "label", where)
-        records.append(ProjectRecord(folder.name, video, labels, why_video or why_labels))
+        video, why_video = _default_file(record, folder, "rgb", where, roots)
+        labels, why_labels = _default_file(record, folder, "label", where, roots)
+        inside = store_link_problem(video, store_kind(video), roots) if video else None
+        why_store = f"{where}: key 'rgb.default' ({video.name}): {inside}" if video and inside else None
+        records.append(ProjectRecord(folder.name, video, labels, why_video or why_store or why_labels))
     if not records:
         raise DatasetError(f"{data} holds no records (one folder per video, each with a record.yaml)")
-    return DeepEthogramProject(root, tuple(names), tuple(records))
+    return DeepEthogramProject(root, tuple(names), _without_duplicates(records, root))
+
+
+def _without_duplicates(records: list[ProjectRecord], root: Path) -> tuple[ProjectRecord, ...]:
+    """The records, each one naming a video an earlier record names given a problem naming them all.
+
+    The first record keeps its video: a video belongs to one record, so it sits in one split.
+    """
+    owners: dict[str, list[str]] = {}
+    for record in records:
+        if record.video is not None:
+            owners.setdefault(os.path.realpath(record.video), []).append(record.key)
+    out = []
+    for record in records:
+        keys = owners.get(os.path.realpath(record.video), []) if record.video is not None else []
+        if record.video is not None and record.problem is None and len(keys) > 1 and keys[0] != record.key:
+            video = os.path.relpath(os.path.realpath(record.video), os.path.realpath(root))
+            where = f"record {record.key} ({Path('DATA', record.key, 'record.yaml')})"
+            record = replace(  # no video: the record's folder stands for it, as for a missing one
+                record,
+                video=None,
+                problem=f"{where}: key 'rgb.default' names the video of record {keys[0]} ({video}); "
+                f"records {', '.join(keys)} all name it, and a video may belong to one record only",
+            )
+        out.append(record)
+    return tuple(out)
 
 
 def split_records(count: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -158,20 +198,30 @@ def split_records(count: int, val_fraction: float, seed: int) -> tuple[np.ndarra
 
 
 def project_dataset(
-    root: str | Path, *, split: str, val_fraction: float, seed: int, progress: bool = False
+    root: str | Path,
+    *,
+    split: str,
+    val_fraction: float,
+    seed: int,
+    progress: bool = False,
+    allowed_roots: tuple[str | Path, ...] = (),
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> VideoDataset:
     """The training or validation videos of a DeepEthogram project, as a :class:`VideoDataset`.
 
     Args:
         split: ``"train"``, ``"val"`` or ``"all"`` (every record: ``gpufeed check``).
         val_fraction, seed: The record split (:func:`split_records`).
+        allowed_roots: Folders outside the project its records may name (``data.allowed_roots``).
+        max_pixels: Frames of frame stores whose header declares more pixels are refused undecoded
+            (``data.max_image_pixels``).
 
     Raises:
         DatasetError: Not a project, or the split holds no record.
     """
     if split not in ("train", "val", "all"):
         raise ValueError(f"split {split!r} is not allowed; allowed: train, val, all")
-    project = read_project(root)
+    project = read_project(root, allowed_roots)
     train_ids, val_ids = split_records(len(project.records), val_fraction, seed)
     chosen = {"train": train_ids, "val": val_ids, "all": np.arange(len(project.records))}[split]
     records = [project.records[i] for i in chosen]
@@ -206,7 +256,13 @@ def project_dataset(
         else:
             labels[i] = rows
     return VideoDataset(
-        tuple(paths), tuple(infos), tuple(labels), project.class_names, problems, f"{project.root} ({split})"
+        tuple(paths),
+        tuple(infos),
+        tuple(labels),
+        project.class_names,
+        problems,
+        f"{project.root} ({split})",
+        max_pixels=max_pixels,
     )
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed.pipelines._frame_sizes import frame_size_problem
-from gpufeed.pipelines._image_facts import read_image_facts
+from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, read_image_facts
 from gpufeed.pipelines._image_verify import decode_problem
 
 __all__ = [
@@ -265,13 +265,22 @@ def decode_frame(data: bytes, kind: str) -> np.ndarray:
 
 
 def describe_bad_frame(data: bytes, where: str, problem: str) -> str:
-    """``"<where> is not an image: <problem>"`` (or ``is damaged``, for a PNG/JPEG that fails to decode)."""
+    """``"<where> is not an image: <problem>"`` (or ``is damaged``, for a PNG/JPEG that fails to decode, or
+    ``is refused``, for one whose header declares too many pixels)."""
     what = "is not an image" if read_image_facts(data).format == "" else "is damaged"
+    what = "is refused" if problem.startswith("too many pixels") else what
     return f"{where} {what}: {problem}"
 
 
 def decode_store_frames(
-    path: str, kind: str, frame_name: str, frames=None, *, pixels: bool = False, size: tuple[int, int] | None = None
+    path: str,
+    kind: str,
+    frame_name: str,
+    frames=None,
+    *,
+    pixels: bool = False,
+    size: tuple[int, int] | None = None,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> tuple[int, str | None, list[np.ndarray]]:
     """Decode frames of a store outside DALI (``gpufeed check``, and naming a bad file after a failure).
 
@@ -280,6 +289,7 @@ def decode_store_frames(
         pixels: Also return the decoded RGB frames (as vidio's readers give them).
         size: (width, height) every frame must have (default: frame 0's): a frame of another size,
             judged from its header, is a problem (:func:`~gpufeed.pipelines._frame_sizes.frame_size_problem`).
+        max_pixels: A frame whose header declares more is a problem, never decoded.
 
     Returns:
         (frames decoded, the first problem naming its frame or ``None``, the RGB frames if asked).
@@ -301,7 +311,7 @@ def decode_store_frames(
             problem = frame_size_problem(data.tobytes(), where, *size)
             if problem:
                 return count, problem, out
-            problem = decode_problem(data.tobytes())
+            problem = decode_problem(data.tobytes(), max_pixels=max_pixels)
             if problem:
                 return count, describe_bad_frame(data.tobytes(), where, problem), out
             if pixels:

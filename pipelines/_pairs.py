@@ -5,12 +5,17 @@ paired dataset: ``rgb/a/x.jpg`` pairs with ``depth/a/x.png`` and ``mask/a/x.png`
 relative path, any image extension). **List files** hold ``rgb_path map_path [map_path ...]``
 per line (paths relative to the list file, no spaces; ``#`` starts a comment line); each map
 column's kind is ``map_kinds`` when given, else the folder named ``depth`` or ``mask`` in its path.
+Every path a list names must resolve inside the list file's folder or a folder of
+``data.allowed_roots`` (no absolute path, ``..`` or symbolic link out:
+:mod:`gpufeed.pipelines._containment`); a line that breaks the rule stops the list, naming it.
 
 **Map kinds.** ``depth``: a single-channel (grayscale) PNG of 8 or 16 bits, its values kept
 exactly (a 16-bit map stays uint16; every depth map of a split has the same bit depth).
 ``mask``: a single-channel 8-bit PNG of class ids. A map's size must equal its RGB's decoded
 size (EXIF orientation applied to the RGB only: a PNG map is never re-oriented) unless
-``scale_maps`` is set, in which case the loader scales the map to the RGB's size.
+``scale_maps`` is set, in which case the loader scales the map to the RGB's size. A map is
+refused by its header when it declares more pixels than ``max_pixels`` (``data.max_image_pixels``),
+as an RGB is: a scaled map is decoded whole, so a small RGB does not bound it.
 
 Every problem names the RGB file and the map file: a missing partner, a size mismatch, a map that
 is not a single-channel PNG of an allowed bit depth, an unreadable or damaged file. A problem
@@ -27,7 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._text import quoted
 from gpufeed.pipelines._cache import usable_ids
+from gpufeed.pipelines._containment import Roots
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, index_image_facts
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
@@ -66,10 +73,13 @@ def png_layout(path: str) -> tuple[int, int, int, int] | None:
     return width, height, bits, colour
 
 
-def _map_problem(kind: str, rgb: str, path: str, rgb_size, facts, scale_maps: bool) -> tuple[str | None, int]:
+def _map_problem(
+    kind: str, rgb: str, path: str, rgb_size, facts, scale_maps: bool, max_pixels: int
+) -> tuple[str | None, int]:
     """(why the map cannot be used, naming both files; its bit depth)."""
-    if facts.problem:
-        return f"{kind} map {path} (of {rgb}): {facts.problem}", 0
+    refused = facts.refusal(max_pixels, "data.max_image_pixels")  # a map bomb, before any decode
+    if refused:
+        return f"{kind} map {path} (of {rgb}): {refused[1]}", 0
     try:
         layout = png_layout(path)
     except OSError as err:
@@ -187,22 +197,32 @@ class PairedDataset:
         map_kinds: tuple[str, ...] | None = None,
         scale_maps: bool = False,
         max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+        allowed_roots: tuple[str | Path, ...] = (),
     ) -> PairedDataset:
-        """Index a list file of ``rgb_path map_path [map_path ...]`` lines (see the module docs)."""
+        """Index a list file of ``rgb_path map_path [map_path ...]`` lines (see the module docs).
+
+        ``allowed_roots``: folders outside the list file's folder its lines may name (``data.allowed_roots``).
+        """
         list_file = Path(list_file)
         try:
             lines = list_file.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as err:
             raise DatasetError(f"cannot read list file {list_file}: {err}") from None
         base = list_file.parent
+        roots = Roots.of(base, "the list file's folder", allowed_roots)
         kinds, rows = map_kinds, []
         for number, line in enumerate(lines, start=1):
             words = line.split()
             if not words or words[0].startswith("#"):
                 continue
+            outside = next((why for why in (roots.problem(w, base) for w in words) if why), None)
+            if outside:
+                raise DatasetError(f"{list_file}:{number}: names {outside}")
             full = [w if os.path.isabs(w) else str(base / w) for w in words]
             if len(full) < 2:
-                raise DatasetError(f"{list_file}:{number}: expected 'rgb_path map_path [map_path ...]', got {line!r}")
+                raise DatasetError(
+                    f"{list_file}:{number}: expected 'rgb_path map_path [map_path ...]', got {quoted(line)}"
+                )
             line_kinds = (
                 tuple(map_kinds) if map_kinds else tuple(_kind_from_path(p, list_file, number) for p in full[1:])
             )
@@ -242,7 +262,7 @@ class PairedDataset:
             for i, path in enumerate(column):
                 if not path or i in problems:
                     continue
-                why, bits = _map_problem(kind, paths[i], path, sizes[i], facts[path], scale_maps)
+                why, bits = _map_problem(kind, paths[i], path, sizes[i], facts[path], scale_maps, max_pixels)
                 if why is None and bits_seen and bits not in bits_seen:
                     ((other_bits, other),) = bits_seen.items()
                     why = (

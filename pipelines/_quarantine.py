@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufeed._text import quoted
 from gpufeed.pipelines._errors import DatasetError
 
 __all__ = ["Quarantine", "quarantined_ids", "read_quarantine"]
@@ -94,7 +95,7 @@ def read_quarantine(path: str | Path) -> Quarantine:
         if not entry or entry.startswith("#"):
             continue
         if any(ord(c) < 32 for c in entry):
-            raise DatasetError(f"{path}:{number}: not a path (it holds a control character): {entry!r}")
+            raise DatasetError(f"{path}:{number}: not a path (it holds a control character): {quoted(entry)}")
         if _TABLE_LINE.match(line) and not os.path.exists(entry):
             raise DatasetError(
                 f"{path}:{number}: looks like a line of 'gpufeed check' output ({entry[:60]!r}), not a path; "

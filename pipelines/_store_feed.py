@@ -11,7 +11,9 @@ after the resize, a set of HDF5 stores reverses the channel axis; when folders a
 the feed adds a per-clip 3x3 channel matrix (identity or reversal) for ``fn.coord_transform``.
 
 The feed reads bytes only, in the pipeline's own thread: reading a few small files per clip costs
-far less than decoding them, which DALI's threads do.
+far less than decoding them, which DALI's threads do. Each frame's header is read before it is
+handed on, and a frame declaring more than ``max_pixels`` (``data.max_image_pixels``) is refused
+undecoded (:mod:`gpufeed.pipelines._frame_limit`): the store's probe saw frame 0 only.
 
 **On a CPU, stores of JPEG frames** take another decode stage (:class:`ScaledJpegClips`): DALI's
 Python worker processes (a parallel ``external_source``, as for PyAV) read each clip's frames and
@@ -39,8 +41,10 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed.pipelines._frame_limit import refuse_big_frames
 from gpufeed.pipelines._frame_sizes import frame_label, frame_size_problem
 from gpufeed.pipelines._frame_stores import HDF5_CHANNELS_REVERSED, FrameBytesReader, describe_bad_frame
+from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._image_verify import decode_problem
 
 __all__ = [
@@ -101,6 +105,7 @@ class StoreClipFeed:
         clip_length_frames, stride_frames: Which frames a clip holds from its start.
         batch_size: Rows per iteration.
         mode: :func:`channel_mode` of the stores read.
+        max_pixels: A frame whose header declares more is refused before decoding.
     """
 
     def __init__(
@@ -112,8 +117,9 @@ class StoreClipFeed:
         stride_frames: int,
         batch_size: int,
         mode: str,
+        max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
-        self.rows, self.stores = rows, stores
+        self.rows, self.stores, self.max_pixels = rows, stores, max_pixels
         self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
         self.batch_size, self.mode = batch_size, mode
         self.reader = FrameBytesReader()
@@ -135,6 +141,7 @@ class StoreClipFeed:
             data = self.reader.read(store.path, store.kind, store.frame_name, frames)
         except Exception as err:  # OSError, h5py's errors ...: name the store, the loader skips or reports it
             raise RuntimeError(f"{store.path}: cannot read frames {frames[0]}..{frames[-1]}: {err}") from None
+        refuse_big_frames(store, frames, data, self.max_pixels)
         self.frames_read += len(data)
         out = (*data, np.array([k * self.batch_size + j], dtype=np.int64))
         if self.mode == "per_clip":
@@ -242,6 +249,7 @@ class ScaledJpegClips:
         decoded_sizes: (videos, 2) (width, height) each video's frames are decoded to.
         clip_length_frames, stride_frames: Which frames a clip holds from its start.
         batch_size: Rows per iteration.
+        max_pixels: A frame whose header declares more is refused before decoding.
     """
 
     parallel = True  # built as a parallel external_source (see build_clip_pipeline)
@@ -255,8 +263,9 @@ class ScaledJpegClips:
         clip_length_frames: int,
         stride_frames: int,
         batch_size: int,
+        max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
-        self.rows, self.stores = rows, stores
+        self.rows, self.stores, self.max_pixels = rows, stores, max_pixels
         self.decoded_sizes = np.asarray(decoded_sizes, dtype=np.int64)
         self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
         self.batch_size = batch_size
@@ -285,6 +294,7 @@ class ScaledJpegClips:
             data = self._reader.read(store.path, store.kind, store.frame_name, frames)
         except Exception as err:  # OSError, h5py's errors ...: name the store, the loader skips or reports it
             raise RuntimeError(f"{store.path}: cannot read frames {frames[0]}..{frames[-1]}: {err}") from None
+        refuse_big_frames(store, frames, data, self.max_pixels)  # before Pillow's fallback decodes one whole
         width, height = (int(v) for v in self.decoded_sizes[video])
         # HDF5 frames hold reversed channels: libjpeg writes them back as BGR at no extra cost.
         colorspace = "BGR" if store.kind == "hdf5" and HDF5_CHANNELS_REVERSED else "RGB"

@@ -17,6 +17,7 @@ so ``gpufeed check DIR`` on a ``gpufeed synth`` folder checks ``videos/`` too.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -137,7 +138,7 @@ def check_dataset(dataset: VideoDataset, source: str, progress: bool = True) -> 
     # Frame stores decode as images (nvJPEG or DALI's CPU decoder): no video decoder to choose.
     report.findings += _decoder_findings(Path(dataset.source), [info for info in readable if not info.store])
     with ThreadPoolExecutor(max_workers=default_num_threads()) as pool:
-        decoded = pool.map(_decode_all, readable)
+        decoded = pool.map(partial(_decode_all, max_pixels=dataset.max_pixels), readable)
         bar = tqdm(
             decoded, total=len(readable), desc="decoding videos", unit="video", disable=not progress, leave=False
         )
@@ -151,11 +152,11 @@ def check_dataset(dataset: VideoDataset, source: str, progress: bool = True) -> 
     return report
 
 
-def _decode_all(info: VideoInfo) -> tuple[int, str | None]:
+def _decode_all(info: VideoInfo, max_pixels: int) -> tuple[int, str | None]:
     """Decode every frame of a video file, or every image of a frame store (naming the bad frame)."""
     if not info.store:
         return decode_all_frames(info.path)
-    count, problem, _ = decode_store_frames(info.path, info.store, info.frame_name)
+    count, problem, _ = decode_store_frames(info.path, info.store, info.frame_name, max_pixels=max_pixels)
     return count, problem
 
 

@@ -12,7 +12,6 @@ positions in the sorted list of video files.
 
 from __future__ import annotations
 
-import csv
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -23,6 +22,8 @@ import numpy as np
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, is_frame_folder, label_path, probe_store, store_kind
+from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
+from gpufeed.pipelines._label_csv import read_label_csv
 from gpufeed.pipelines._mp4 import mp4_box_problem
 
 __all__ = [
@@ -233,46 +234,6 @@ def _finish_info(info: VideoInfo) -> VideoInfo:
     return replace(info, fps=round(fps, 6), cfr=cfr, problem=info.problem or problem)
 
 
-def read_label_csv(path: str | Path) -> tuple[tuple[str, ...], np.ndarray]:
-    """Read a per-frame label CSV: header ``frame,<behaviour>...``, one 0/1 row per frame.
-
-    Returns:
-        (behaviour names, (num_frames, K) uint8 multi-hot matrix).
-
-    Raises:
-        ValueError: Naming the file, the line and what is wrong.
-    """
-    path = Path(path)
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = list(csv.reader(fh))
-    except OSError as err:
-        raise ValueError(f"label file {path} cannot be read: {err.strerror or err}") from None
-    # DeepEthogram writes its CSVs with pandas, whose index column has an empty header.
-    if not rows or len(rows[0]) < 2 or rows[0][0].strip() not in ("frame", ""):
-        raise ValueError(
-            f"label file {path}: the header must be 'frame,<behaviour>,...' (or DeepEthogram's ',<behaviour>,...'), "
-            f"got {rows[:1]}"
-        )
-    names = tuple(c.strip() for c in rows[0][1:])
-    body = [r for r in rows[1:] if r]
-    labels = np.zeros((len(body), len(names)), dtype=np.uint8)
-    for i, row in enumerate(body):
-        line = i + 2
-        if len(row) != len(names) + 1:
-            raise ValueError(f"label file {path}:{line}: expected {len(names) + 1} columns, got {len(row)}")
-        if row[0].strip() != str(i):
-            raise ValueError(f"label file {path}:{line}: frame column says {row[0]!r}, expected {i} (rows in order)")
-        try:
-            values = [int(v) for v in row[1:]]
-        except ValueError:
-            raise ValueError(f"label file {path}:{line}: labels must be 0 or 1, got {row[1:]}") from None
-        if any(v not in (0, 1) for v in values):
-            raise ValueError(f"label file {path}:{line}: labels must be 0 or 1, got {values}")
-        labels[i] = values
-    return names, labels
-
-
 def list_videos(root: Path) -> tuple[list[str], list[str]]:
     """(videos, other files) under ``root``, sorted, hidden files and folders skipped.
 
@@ -304,6 +265,8 @@ class VideoDataset:
         behaviours: The K label column names, shared by every video.
         problems: Video id -> why it cannot be used (bad file, missing or mismatched labels).
         source: The folder the dataset came from.
+        max_pixels: Frames of frame stores whose header declares more pixels are refused before
+            any decode (``data.max_image_pixels``).
     """
 
     paths: tuple[str, ...]
@@ -312,6 +275,7 @@ class VideoDataset:
     behaviours: tuple[str, ...]
     problems: dict[int, str] = field(default_factory=dict)
     source: str = ""
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -330,8 +294,18 @@ class VideoDataset:
         return {self.infos[i].codec for i in self.usable_ids}
 
     @classmethod
-    def from_folder(cls, root: str | Path, *, require_labels: bool = True, progress: bool = False) -> VideoDataset:
-        """Index every video under ``root`` (with its ``<name>.csv`` labels when ``require_labels``)."""
+    def from_folder(
+        cls,
+        root: str | Path,
+        *,
+        require_labels: bool = True,
+        progress: bool = False,
+        max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    ) -> VideoDataset:
+        """Index every video under ``root`` (with its ``<name>.csv`` labels when ``require_labels``).
+
+        ``max_pixels``: the frame pixel limit of its frame stores (``data.max_image_pixels``).
+        """
         root = Path(root)
         if not root.is_dir():
             raise DatasetError(f"video folder {root} does not exist or is not a folder")
@@ -357,7 +331,8 @@ class VideoDataset:
                         i, f"label columns {list(names)} differ from the other videos' {list(behaviours)}"
                     )
                     labels[i] = None
-        return cls(tuple(paths), tuple(infos), tuple(labels), behaviours, dict(sorted(problems.items())), str(root))
+        problems = dict(sorted(problems.items()))
+        return cls(tuple(paths), tuple(infos), tuple(labels), behaviours, problems, str(root), max_pixels)
 
 
 def labels_for(
@@ -367,12 +342,20 @@ def labels_for(
     csv_path = csv_path or label_path(path)
     if not csv_path.is_file():
         return None, f"no label file: expected {csv_path.name} beside the video", ()
+    if info.problem:  # the video cannot be used: its labels are not read (nor bounded by its frames)
+        return None, None, ()
     try:
-        names, labels = read_label_csv(csv_path)
+        names, labels = read_label_csv(csv_path, max_rows=info.num_frames)
     except ValueError as err:
         return None, str(err), ()
-    if not info.problem and len(labels) != info.num_frames:
-        return None, f"label file {csv_path.name} has {len(labels)} rows but the video has {info.num_frames} frames", ()
+    if len(labels) != info.num_frames:
+        more = "more than " if len(labels) > info.num_frames else ""
+        return (
+            None,
+            f"label file {csv_path.name} has {more}{min(len(labels), info.num_frames)} rows but the video has "
+            f"{info.num_frames} frames",
+            (),
+        )
     return labels, None, names
 
 

@@ -42,6 +42,7 @@ from typing import cast
 
 import numpy as np
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
@@ -51,7 +52,15 @@ from gpufeed import __version__
 from gpufeed.server._access import AccessGuard, route_of
 from gpufeed.server._accounting import Accounting
 from gpufeed.server._dataplane import DataPlane, Inference
-from gpufeed.server._dense import dense_document, dense_png, map_size_of, output_tensors, wants_png
+from gpufeed.server._dense import (
+    check_json_map_pixels,
+    dense_json,
+    dense_png,
+    map_pixels,
+    map_size_of,
+    output_tensors,
+    wants_png,
+)
 from gpufeed.server._errors import REASONS, RequestError, json_bytes, shown
 from gpufeed.server._http import JSONAnswer, compress_response, read_body, response_coding
 from gpufeed.server._kserve_response import encode_response
@@ -60,6 +69,7 @@ from gpufeed.server._offload import INLINE_PARSE_BYTES, ParsePool
 from gpufeed.server._openapi import openapi_document
 from gpufeed.server._requests import kserve_items, rest_items, top_k_of
 from gpufeed.server._state import ServingState
+from gpufeed.server._trim import TRIM_AFTER_BYTES, release_free_memory
 
 __all__ = ["build_app"]
 
@@ -138,15 +148,21 @@ async def _predict_maps(request: Request, call: Inference) -> Response:
     body = await _body(request, call)
     coding, kind = request.headers.get("content-encoding"), request.headers.get("content-type")
     items = await call.validate(rest_items, body, coding, kind, png)
-    logits = await call.infer(items)
     spec, sizes, pool = call.model.card.spec, [item.size for item in items], call.plane.pool
+    if not png:  # refused before inference: the answer's size is known from the headers
+        check_json_map_pixels(spec, sizes, where, call.plane.cfg.max_json_map_pixels)
+    logits = await call.infer(items)
     if png:
         payload = await pool.run(dense_png, logits[0], spec, sizes[0], where)
         headers = {"content-type": "image/png"}
     else:
-        payload = json_bytes(await pool.run(dense_document, call.model.name, logits, spec, sizes, where))
+        payload = await pool.run(dense_json, call.model.name, logits, spec, sizes, where)
         headers = {"content-type": "application/json"}
-    return await _answer(request, payload, headers)
+    response = await _answer(request, payload, headers)
+    if len(payload) >= TRIM_AFTER_BYTES or map_pixels(spec, sizes, "input") >= TRIM_AFTER_BYTES:
+        # Once the answer is sent, the pages its arrays used go back to the system (server/_trim.py).
+        response.background = BackgroundTask(pool.run, release_free_memory)
+    return response
 
 
 # -- health, metadata, Triton's extensions --------------------------------------------------------

@@ -73,13 +73,30 @@ def test_depth_is_fp32_n_h_w_and_a_16_bit_png_in_map_units(server, image):
     assert depth.shape == (1, SIZE, SIZE)
     png = _png(server, "depth", image, "model")
     assert png.dtype == np.uint16 and png.shape == (SIZE, SIZE)  # a 16-bit single-channel PNG
-    want = np.clip(np.rint(depth[0] / 0.001), 0, 65535)  # metres back to the maps' millimetres
+    # Metres back to the maps' millimetres; a prediction never takes the no-data code 0 (1 at the least).
+    want = np.clip(np.rint(depth[0] / 0.001), 1, 65535)
     np.testing.assert_array_equal(png, want.astype(np.uint16))
     at_input = _png(server, "depth", image, "input")
     assert at_input.shape == (H, W) and at_input.dtype == np.uint16
     assert (at_input[:, :X0] == 0).all() and (at_input[:, X0 + H :] == 0).all()  # no data outside the window
     inside = at_input[:, X0 : X0 + H].astype(np.int64)
     assert abs(inside.mean() - png.mean()) <= 0.02 * max(1.0, png.mean())  # the same map, resized back
+
+
+def test_a_json_map_past_the_cap_is_refused_and_the_png_answers(server):
+    big = encode(np.zeros((2100, 2100, 3), np.uint8))  # 4,410,000 values at ?size=input, over 4,194,304
+    answer = httpx.post(
+        f"{server.url}/v1/models/depth/predict?size=input", content=big, headers={"content-type": "image/jpeg"}
+    )
+    assert answer.status_code == 400 and answer.json()["reason"] == "too_many_pixels"
+    assert "a JSON answer of 4,410,000 map values (2100x2100 at ?size=input)" in answer.json()["error"]
+    assert "serve.max_json_map_pixels" in answer.json()["error"]
+    png = _png(server, "depth", big, "input")
+    assert png.shape == (2100, 2100) and (png > 0).all(), "every pixel is in the window: all predictions, none 0"
+    doc = httpx.post(
+        f"{server.url}/v1/models/depth/predict?size=model", content=big, headers={"content-type": "image/jpeg"}
+    ).json()
+    assert np.array(doc["predictions"][0]["depth"]).shape == (SIZE, SIZE)
 
 
 def test_segmentation_scores_and_an_8_bit_mask_png(server, image):

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufeed._text import quoted
 from gpufeed.config import Config, ConfigError
 from gpufeed.pipelines import ClipLoader, DenseLoader, ImageDataset, ImageLoader, PairedDataset, VideoDataset
 from gpufeed.pipelines._deepethogram import project_dataset
@@ -140,15 +141,22 @@ def _clip_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
     if cfg.video.train is None and project is None:
         raise ConfigError(
             "video.train",
-            f"model {cfg.model.name!r} is a clip model and needs a folder of training videos (or video.deepethogram)",
+            f"model {quoted(cfg.model.name)} is a clip model and needs a folder of training videos (or video.deepethogram)",
         )
 
     def loader(folder, train: bool) -> ClipLoader:
         if project is not None:
             split = "train" if train else "val"
-            dataset = project_dataset(project, split=split, val_fraction=cfg.video.val_fraction, seed=cfg.seed)
+            dataset = project_dataset(
+                project,
+                split=split,
+                val_fraction=cfg.video.val_fraction,
+                seed=cfg.seed,
+                allowed_roots=cfg.data.allowed_roots,
+                max_pixels=cfg.data.max_image_pixels,
+            )
         else:
-            dataset = VideoDataset.from_folder(folder)
+            dataset = VideoDataset.from_folder(folder, max_pixels=cfg.data.max_image_pixels)
         return ClipLoader(dataset, video_cfg=cfg.video, **_loader_args(cfg, device, dist, augment, train))
 
     train_loader = loader(cfg.video.train, True)
@@ -183,7 +191,9 @@ def _paired_set(cfg: Config, split_cfg, key: str) -> PairedDataset:
                 f"{key}.root", f"{split_cfg.root} is not a paired split: a dense model needs rgb/ with depth/ or mask/"
             )
         return PairedDataset.from_root(split_cfg.root, **common)
-    return PairedDataset.from_list(split_cfg.list_file, map_kinds=data.map_kinds, **common)
+    return PairedDataset.from_list(
+        split_cfg.list_file, map_kinds=data.map_kinds, allowed_roots=data.allowed_roots, **common
+    )
 
 
 def _dense_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
