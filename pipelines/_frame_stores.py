@@ -308,12 +308,14 @@ def decode_store_frames(
                 (data,) = reader.read(path, kind, frame_name, [index])
             except (OSError, ValueError, IndexError) as err:
                 return count, f"{where} cannot be read: {err}", out
-            problem = frame_size_problem(data.tobytes(), where, *size)
-            if problem:
-                return count, problem, out
+            # The pixel limit first (from the header, nothing decoded): a bomb is named as one, not
+            # as a frame of another size.
             problem = decode_problem(data.tobytes(), max_pixels=max_pixels)
             if problem:
                 return count, describe_bad_frame(data.tobytes(), where, problem), out
+            problem = frame_size_problem(data.tobytes(), where, *size)
+            if problem:
+                return count, problem, out
             if pixels:
                 out.append(decode_frame(data.tobytes(), kind))
             count += 1

@@ -133,7 +133,7 @@ def test_the_frame_limit_is_the_datasets(tmp_path):
     dataset = VideoDataset.from_folder(tmp_path, max_pixels=1000)  # 96 x 64 frames: 6,144 pixels each
     report = check_dataset(dataset, "test", progress=False)
     assert [f.reason for f in report.findings if f.kind == "video"] == [
-        "damaged: 000000000.png is refused: too many pixels: the header declares 96x64 = 6,144 pixels; the limit is "
+        "000000000.png is refused: too many pixels: the header declares 96x64 = 6,144 pixels; the limit is "
         "1,000 (data.max_image_pixels); refused without decoding"
     ]
     with pytest.raises(BadSampleError, match=r"000000000\.png is refused: too many pixels: .* the limit is 1,000"):

@@ -101,7 +101,7 @@ def test_check_of_the_whole_set_stays_small_and_says_each_rule(hostile, tmp_path
         "an absolute path outside the project",
         "bytes, more than 24 rows of 4 label(s) can take",
         "000000005.png is refused: too many pixels: the header declares 30000x30000",
-        "h1.h5: damaged: frame 5 is refused: too many pixels",
+        "h1.h5: frame 5 is refused: too many pixels",
         "depth map",
     ):
         assert words in out, (words, out[-3000:])

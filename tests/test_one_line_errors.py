@@ -53,7 +53,10 @@ def _with_byte(project: Path, tmp_path: Path, relative: str, data: bytes) -> tup
 
 def test_a_project_config_that_is_not_utf8_is_named_with_its_byte_offset(project, tmp_path, capsys):
     copy, config, offset = _with_byte(project, tmp_path, "project_config.yaml", b"# caf\xff\n")
-    expected = f"DeepEthogram project config {config} is not UTF-8 text: byte 0xff at offset {offset + 5}"
+    line = config.read_bytes().count(b"\n")  # the byte is on the file's last line
+    expected = (
+        f"DeepEthogram project config {config} is not UTF-8 text: byte 0xff at offset {offset + 5} (line {line})"
+    )
     with pytest.raises(DatasetError) as err:
         read_project(copy)
     assert str(err.value) == expected
@@ -66,8 +69,10 @@ def test_a_project_config_that_is_not_utf8_is_named_with_its_byte_offset(project
 def test_a_record_that_is_not_utf8_is_a_problem_of_its_record(project, tmp_path):
     copy, record, offset = _with_byte(project, tmp_path, "DATA/mouse01/record.yaml", b"\x80\n")
     dataset = project_dataset(copy, split="all", val_fraction=0.0, seed=0)
+    line = record.read_bytes().count(b"\n")  # the byte is on the file's last line
     assert dataset.problems == {
-        1: f"record mouse01 (DATA/mouse01/record.yaml): record {record} is not UTF-8 text: byte 0x80 at offset {offset}"
+        1: f"record mouse01 (DATA/mouse01/record.yaml): record {record} is not UTF-8 text: byte 0x80 at offset "
+        f"{offset} (line {line})"
     }
 
 
@@ -78,7 +83,7 @@ def test_a_training_config_that_is_not_utf8_is_one_line(tmp_path, capsys):
         load_config(path)
     assert main(["config", str(path)]) == 2
     assert _stderr_line(capsys) == (
-        f"gpufeed config: error: config key '<root>': config file {path} is not UTF-8 text: byte 0xe9 at offset 29"
+        f"gpufeed config: error: config key '<root>': config file {path} is not UTF-8 text: byte 0xe9 at offset 29 (line 2)"
     )
 
 
