@@ -54,9 +54,7 @@ def _with_byte(project: Path, tmp_path: Path, relative: str, data: bytes) -> tup
 def test_a_project_config_that_is_not_utf8_is_named_with_its_byte_offset(project, tmp_path, capsys):
     copy, config, offset = _with_byte(project, tmp_path, "project_config.yaml", b"# caf\xff\n")
     line = config.read_bytes().count(b"\n")  # the byte is on the file's last line
-    expected = (
-        f"DeepEthogram project config {config} is not UTF-8 text: byte 0xff at offset {offset + 5} (line {line})"
-    )
+    expected = f"DeepEthogram project config {config} is not UTF-8 text: byte 0xff at offset {offset + 5} (line {line})"
     with pytest.raises(DatasetError) as err:
         read_project(copy)
     assert str(err.value) == expected
