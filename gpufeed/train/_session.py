@@ -249,8 +249,11 @@ class Session:
         if rng:
             restore_rng(rng[rank] if len(rng) == self.dist.world_size else rng[0])
         self.step = int(state["step"])
-        self.epoch = int(loader_state["epoch"])
-        self.mid_epoch = int(loader_state.get("batch", 0)) > 0
+        # Read back from the loader: a checkpoint of an earlier version written after an epoch's last
+        # step says (epoch e, batch = all of them), which is where epoch e + 1 starts.
+        position = self.data.train.state_dict()
+        self.epoch = int(position["epoch"])
+        self.mid_epoch = int(position["batch"]) > 0
         self.resumed = True
         old = _flatten(state.get("config") or {})
         new = _flatten(json.loads(json.dumps(to_mapping(cfg))))
@@ -273,7 +276,7 @@ class Session:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "step": self.step,
-            "epoch": self.epoch,
+            "epoch": int(mine["loader"]["epoch"]),  # the loader's: the next epoch once this one's batches are done
             "loader": [g["loader"] for g in gathered],
             "rng": [g["rng"] for g in gathered],
             "world_size": self.dist.world_size,
