@@ -36,7 +36,7 @@ def _images(synth: Path, every: int) -> dict:
         "image": {"size_px": 32, "crop_area": [0.35, 1.0]},
         "loader": {"batch_size": 16, "num_threads": 2},
         "model": {"name": "smallcnn"},
-        "train": _train(2, 3),
+        "train": _train(2, every),
         "augment": {"ops": ["color_jitter", "gaussian_blur"]},  # in the loader's graph and on the device
     }
 
