@@ -17,8 +17,8 @@ frame stores, DeepEthogram projects, dense pairs) and:
    loader position, and checks that every process the killed run had started (DALI and PyAV
    workers, multiprocessing's helpers) is gone within :data:`ORPHAN_GRACE_S`;
 3. lets the last attempt finish and compares, with ``torch.equal``, its final weights and buffers,
-   its optimiser state and every step's loss with the reference's: exact resume means no
-   tolerance at all.
+   its optimiser state, every step's loss and every evaluation with the reference's: exact resume
+   means no tolerance at all.
 
 Both runs are separate processes started the same way, so they use the same threads; CPU kernels
 are deterministic for a fixed thread count (see ``docs/training-reliability.md``).
@@ -27,6 +27,7 @@ are deterministic for a fixed thread count (see ``docs/training-reliability.md``
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -83,6 +84,7 @@ class BoundaryReport(Checklist):
     weights_equal: bool
     optimizer_equal: bool
     losses_equal: bool
+    evaluations_equal: bool
     differing: list[str]
     seconds: float
 
@@ -110,6 +112,7 @@ class BoundaryReport(Checklist):
             ("final weights and buffers bit-identical to the uninterrupted run", self.weights_equal),
             ("optimizer state bit-identical", self.optimizer_equal),
             ("every step's loss identical", self.losses_equal),
+            ("every evaluation written once, identical", self.evaluations_equal),
         ]
 
     def table(self) -> str:
@@ -132,7 +135,8 @@ class BoundaryReport(Checklist):
                 f"weights {'bit-identical' if self.weights_equal else 'DIFFER'}"
                 + (f" ({', '.join(self.differing[:5])})" if self.differing else "")
                 + f"; optimizer {'identical' if self.optimizer_equal else 'DIFFERS'}; "
-                f"losses {'identical' if self.losses_equal else 'DIFFER'} over {len(self.steps_logged)} logged steps",
+                f"losses {'identical' if self.losses_equal else 'DIFFER'} over {len(self.steps_logged)} logged steps; "
+                f"evaluations {'identical' if self.evaluations_equal else 'DIFFER'}",
                 f"wall time {self.seconds:.1f} s",
                 self.verdict(),
             ]
@@ -166,6 +170,13 @@ def _differences(reference: Path, resumed: Path) -> tuple[list[str], bool]:
         for i in sa
     )
     return differing, same
+
+
+def _evaluations(run_dir: Path) -> list[dict]:
+    """The run's evaluation records without their timing (which no two runs share)."""
+    path = run_dir / "eval.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    return [{k: v for k, v in json.loads(line).items() if k != "seconds"} for line in lines]
 
 
 def _kill_when(proc: subprocess.Popen, ready: Callable[[], bool], timeout_s: float) -> list[int]:
@@ -308,6 +319,7 @@ def run_boundary_kills(
         weights_equal=not differing,
         optimizer_equal=optimizer_equal,
         losses_equal=[r["loss"] for r in records] == [r["loss"] for r in ref_records],
+        evaluations_equal=_evaluations(run_dir) == _evaluations(reference_dir),
         differing=differing,
         seconds=time.perf_counter() - started,
     )
