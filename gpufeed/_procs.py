@@ -110,7 +110,9 @@ def _arm_once(parent_pid: int, from_main_thread: bool) -> None:
 class WorkerCallback:
     """Base of callbacks pickled into spawned worker processes: unpickled there, they arm :func:`die_with_parent`.
 
-    A subclass that drops state for the trip (open files) extends ``__getstate__`` through ``super()``.
+    Unpickled in the process that pickled it (a copy) it does nothing; anywhere else it takes that
+    process for a worker of the pickling one, so it is meant for no other trip. A subclass that
+    drops state for the trip (open files) extends ``__getstate__`` through ``super()``.
     """
 
     def __getstate__(self) -> dict:
