@@ -57,6 +57,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gpufeed._procs import forked_children_die_with_me
 from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines._augment import StreamAugmentFeed
 from gpufeed.pipelines._store_feed import decode_store_clips
@@ -406,7 +407,10 @@ def build_clip_pipeline(
         exec_dynamic=True,
         **workers,
     )
-    pipe.build()
+    # build() starts the workers: forked ones die with this process (spawned ones arm themselves
+    # when their callback is unpickled, see gpufeed._procs), never left blocked on a dead pipeline.
+    with forked_children_die_with_me():
+        pipe.build()
     _check_outputs(pipe)
     return pipe
 

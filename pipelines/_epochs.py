@@ -301,10 +301,19 @@ class EpochLoader:
         self.epoch, self._start_batch = epoch, 0
 
     def state_dict(self) -> dict:
-        """Where the loader is: resume with :meth:`load_state_dict` on an identically built loader."""
+        """Where the loader is: resume with :meth:`load_state_dict` on an identically built loader.
+
+        ``epoch`` and ``batch`` name the next batch to read. Once every batch of an epoch has been
+        taken, that is the next epoch's first batch, even before the iterator has noticed the end
+        (a checkpoint written right after an epoch's last step): a resume then starts the next epoch,
+        never the finished one again.
+        """
+        epoch, batch = self.epoch, self._start_batch
+        if batch and batch >= len(self):
+            epoch, batch = epoch + 1, 0
         return {
-            "epoch": self.epoch,
-            "batch": self._start_batch,
+            "epoch": epoch,
+            "batch": batch,
             "seed": self.seed,
             "read_failures": sorted(self.read_failures),
         }

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpufeed._procs import WorkerCallback
 from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines._frame_sizes import frame_label, frame_size_problem
 from gpufeed.pipelines._frame_stores import FrameBytesReader, decode_frame
@@ -256,7 +257,7 @@ class ClipDecoder:
         return out
 
 
-class ClipSource:
+class ClipSource(WorkerCallback):
     """Per-sample callback for DALI's parallel ``external_source``: the clips of a plan stream.
 
     DALI's workers call it with ``sample_info``; sample ``idx_in_batch`` of pipeline iteration
@@ -286,7 +287,7 @@ class ClipSource:
         )  # (iteration, its rows): a worker reads many rows of one batch
 
     def __getstate__(self):
-        state = dict(self.__dict__)
+        state = super().__getstate__()
         state["_decoder"] = None  # open files do not travel to worker processes
         state["_batch"] = (None, None)
         return state

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed._procs import WorkerCallback
 from gpufeed.pipelines._frame_limit import refuse_big_frames
 from gpufeed.pipelines._frame_sizes import frame_label, frame_size_problem
 from gpufeed.pipelines._frame_stores import HDF5_CHANNELS_REVERSED, FrameBytesReader, describe_bad_frame
@@ -235,7 +236,7 @@ def _fallback_decode(data: np.ndarray, colorspace: str, size: tuple[int, int]) -
     return np.ascontiguousarray(out[..., ::-1]) if colorspace == "BGR" else out
 
 
-class ScaledJpegClips:
+class ScaledJpegClips(WorkerCallback):
     """Per-sample callback for DALI's parallel ``external_source``: clips of JPEG stores, decoded scaled.
 
     Sample ``j`` of iteration ``k`` is row ``j`` of ``rows(k)``; it returns the clip's ``T`` frames
@@ -273,7 +274,7 @@ class ScaledJpegClips:
         self._cached: tuple[int | None, tuple] = (None, ())
 
     def __getstate__(self):
-        state = dict(self.__dict__)
+        state = super().__getstate__()
         state["_reader"] = None  # open HDF5 files do not travel to worker processes
         state["_cached"] = (None, ())
         return state

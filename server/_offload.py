@@ -15,7 +15,9 @@ started on first use) that sends back the parsed request with its tensors as num
 server process spends only the time to copy the body over and the arrays back. If the worker
 dies (out of memory, killed), the pool is replaced and that request is parsed on a thread. The
 worker runs at a lower scheduling priority (nice 10), so on a busy machine a flood of large
-bodies slows their own parsing, not the answers to everyone else.
+bodies slows their own parsing, not the answers to everyone else. It exits when the server does,
+however the server ended (``kill -9`` included: :func:`gpufeed._procs.die_with_parent`), and with
+it multiprocessing's resource tracker, which ends when the last holder of its pipe is gone.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import os
 import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+
+from gpufeed._procs import ParentWatch
 
 __all__ = ["INLINE_JSON_BYTES", "INLINE_PARSE_BYTES", "PARSE_THREAD_PREFIX", "ParsePool"]
 
@@ -41,6 +45,12 @@ INLINE_JSON_BYTES = 256 * 1024
 # lock on a thread too. The largest such body keeps the loop well under a millisecond.
 INLINE_PARSE_BYTES = 256 * 1024
 WORKER_NICENESS = 10
+
+
+def _start_worker(watch: ParentWatch, niceness: int) -> None:
+    """First thing in a worker process: exit when the server does (even killed), then lower its priority."""
+    watch.arm()
+    os.nice(niceness)
 
 
 class ParsePool:
@@ -81,8 +91,12 @@ class ParsePool:
                 # spawn: a fresh interpreter, never a fork of this multi-threaded process
                 context = multiprocessing.get_context("spawn")
                 # Lower priority: on a busy machine, the event loop's process gets the CPU first.
+                # The workers are started from this thread, by submit(): they die with this process.
                 self._workers = ProcessPoolExecutor(
-                    self.processes, mp_context=context, initializer=os.nice, initargs=(WORKER_NICENESS,)
+                    self.processes,
+                    mp_context=context,
+                    initializer=_start_worker,
+                    initargs=(ParentWatch.here(), WORKER_NICENESS),
                 )
             return self._workers
 

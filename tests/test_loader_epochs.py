@@ -151,6 +151,26 @@ def test_the_pipeline_is_rebuilt_only_when_the_position_jumps(train_set):
     assert loader.pipeline_builds == 3 and loader.epoch == 7
 
 
+def test_a_finished_epoch_reads_as_the_next_ones_start(train_set):
+    """A checkpoint written after an epoch's last step, before its iterator ends, resumes at the next epoch."""
+    loader = _images(train_set, CPU, batch=16, seed=4)
+    iterator = iter(loader)
+    for _ in range(len(loader)):
+        next(iterator)  # every batch taken; the loop has not asked for the end yet
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batch"] == 0
+    second = [b.sample_ids for b in _epoch_of(_images(train_set, CPU, batch=16, seed=4), 1)]
+    resumed = _images(train_set, CPU, batch=16, seed=4)
+    resumed.load_state_dict({"epoch": 0, "batch": len(loader), "seed": 4})  # as older checkpoints hold it
+    assert resumed.state_dict()["epoch"] == 1 and resumed.state_dict()["batch"] == 0
+    got = [b.sample_ids for b in resumed]
+    assert len(got) == len(second) and all(torch.equal(a, b) for a, b in zip(got, second, strict=True))
+
+
+def _epoch_of(loader, epoch):
+    loader.set_epoch(epoch)
+    return list(loader)
+
+
 def _copy_split(synth_dir, tmp_path):
     root = tmp_path / "train"
     shutil.copytree(synth_dir / "images" / "train", root, ignore=shutil.ignore_patterns(".gpufeed"))

@@ -192,4 +192,6 @@ def test_a_loop_that_stops_after_len_batches_gets_the_next_epoch_next(synth_dir)
         epochs.append([next(batches).sample_ids.tolist() for _ in range(len(loader))])
         del batches  # left before StopIteration
     assert [len(e) for e in epochs] == [3, 3, 3] and epochs[0] != epochs[1] != epochs[2]
-    assert loader.state_dict()["epoch"] == 2 and loader.pipeline_builds == 1
+    # Every batch of the third epoch taken: a checkpoint now resumes at the fourth epoch's start.
+    assert loader.state_dict()["epoch"] == 3 and loader.state_dict()["batch"] == 0
+    assert loader.pipeline_builds == 1

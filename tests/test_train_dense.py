@@ -86,16 +86,49 @@ def test_a_flip_on_the_device_is_refused_for_dense_models(dense_dir, tmp_path):
         train(_config(dense_dir, ["augment.horizontal_flip.where=torch"]), tmp_path / "run")
 
 
+def _same_bits(a_path, b_path) -> list[str]:
+    """Names of the weights and buffers that differ in any bit between two checkpoints."""
+    a = torch.load(a_path, map_location="cpu", weights_only=True)["model"]
+    b = torch.load(b_path, map_location="cpu", weights_only=True)["model"]
+    return [name for name in a if not torch.equal(a[name], b[name])]
+
+
 def test_dense_resume_continues_exactly_like_a_straight_run(dense_dir, tmp_path):
     straight = train(_config(dense_dir, ["train.max_steps=5"]), tmp_path / "straight")
     train(_config(dense_dir, ["train.max_steps=2"]), tmp_path / "split")
     second = train(_config(dense_dir, ["train.max_steps=5"]), tmp_path / "split", resume=True)
     assert second.step == 5 and second.summary["steps"] == 3
+    assert _same_bits(straight.checkpoint, second.checkpoint) == [], "bit for bit, not within a tolerance"
     a = torch.load(straight.checkpoint, map_location="cpu", weights_only=True)
     b = torch.load(second.checkpoint, map_location="cpu", weights_only=True)
-    for name, value in a["model"].items():
-        torch.testing.assert_close(value, b["model"][name], rtol=1e-5, atol=1e-6)
-    assert a["loader"] == b["loader"]
+    assert a["loader"] == b["loader"] and a["threads"] == b["threads"] == [torch.get_num_threads()]
+
+
+def test_two_identical_dense_runs_give_bit_identical_weights(dense_dir, tmp_path):
+    """Data order, crops, flips, colour draws and CPU kernels at a fixed thread count: nothing left to chance."""
+    small = ["train.max_steps=4", "image.size_px=32"]
+    first = train(_config(dense_dir, small), tmp_path / "a")
+    second = train(_config(dense_dir, small), tmp_path / "b")
+    assert _same_bits(first.checkpoint, second.checkpoint) == []
+    losses = [
+        [json.loads(line)["loss"] for line in (run / "steps.jsonl").read_text().splitlines()]
+        for run in (tmp_path / "a", tmp_path / "b")
+    ]
+    assert losses[0] == losses[1] and len(losses[0]) == 4
+
+
+def test_a_resume_with_another_cpu_thread_count_is_warned_of(dense_dir, tmp_path, caplog):
+    """Another thread count changes a CPU step's last bits: the resume says so, and how to avoid it."""
+    run = tmp_path / "run"
+    train(_config(dense_dir, ["train.max_steps=1", "image.size_px=32"]), run)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        train(_config(dense_dir, ["train.max_steps=2", "image.size_px=32"]), run, resume=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert f"computing with {threads} CPU threads, this one has {threads + 1}" in caplog.text
+    assert f"OMP_NUM_THREADS={threads}" in caplog.text
 
 
 def test_depth_metrics_and_loss_leave_out_no_data_and_padding():

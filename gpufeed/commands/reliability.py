@@ -1,6 +1,6 @@
 """``gpufeed reliability ...``: pass/fail fault and load runs that print figures.
 
-Training: kill-resume, bad-data, disk. Serving, each against a real ``gpufeed serve``: soak,
+Training: kill-resume, resume-boundaries, bad-data, disk. Serving, each against a real ``gpufeed serve``: soak,
 overload, drain, fuzz (until the next release also ``gpufeed bench soak|overload|drain|fuzz``).
 """
 
@@ -63,6 +63,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_kill_resume)
 
     p = kinds.add_parser(
+        "resume-boundaries",
+        help="kill -9 a training run of your config at each boundary, resume, compare bit for bit",
+        description="Train --config once without interruption, then as 'gpufeed train' processes killed with "
+        "SIGKILL before the first checkpoint, in the middle of an epoch after a checkpoint, and right after an "
+        "end-of-epoch checkpoint, resumed with --resume each time. Prints where each resume started (the "
+        "checkpoint's loader position) and whether any process of a killed run outlived it, and compares the "
+        "final weights, optimizer state and every step's loss with the uninterrupted run's, bit for bit. The "
+        "config needs train.checkpoint_every_steps of 2 or more that is not a multiple of the steps per epoch, "
+        "and 2 or more epochs. Exit status 1 when a promise failed.",
+    )
+    p.add_argument("--config", type=Path, required=True, help="the training config (YAML)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument(
+        "--out", type=Path, default=Path("runs/reliability/resume-boundaries"), help="work folder (replaced)"
+    )
+    p.add_argument("--json", type=Path, help="also write the figures here")
+    p.set_defaults(func=_resume_boundaries)
+
+    p = kinds.add_parser(
         "bad-data",
         help="corrupt images and a truncated video: check lists them; training stops, skips or quarantines them",
         description="Damage a copy of the synthetic data (truncated JPEG, zero-byte file, non-image, corrupt PNG "
@@ -99,6 +118,15 @@ def _kill_resume(args: argparse.Namespace) -> int:
         data=args.data,
     )
     return finish(report, args.json)
+
+
+def _resume_boundaries(args: argparse.Namespace) -> int:
+    from gpufeed._schema import to_mapping
+    from gpufeed.config import load_config
+    from gpufeed.reliability import run_boundary_kills
+
+    mapping = to_mapping(load_config(args.config, args.set))  # paths resolved: the runs start elsewhere
+    return finish(run_boundary_kills(mapping, args.out, name=str(args.config)), args.json)
 
 
 def _bad_data(args: argparse.Namespace) -> int:

@@ -1,9 +1,12 @@
 """gpufeed.reliability: pass/fail fault and load runs that prove what training and serving promise.
 
-Training (``gpufeed reliability kill-resume|bad-data|disk``):
+Training (``gpufeed reliability kill-resume|resume-boundaries|bad-data|disk``):
 
 * :func:`run_kill_resume`: kill -9 a CPU training run at random moments, resume each time,
   compare the final weights with an uninterrupted run's.
+* :func:`run_boundary_kills`: kill -9 a run of any config before its first checkpoint,
+  mid-epoch and right after an end-of-epoch checkpoint, resume each time, compare bit for bit,
+  and check that no process of a killed run outlives it.
 * :func:`run_bad_data`: a dataset with corrupt images and a truncated video through ``gpufeed
   check`` and training with each bad-sample policy and a quarantine list.
 * :func:`run_disk_faults`: unwritable and full run folders, and a disk filling up mid-run.
@@ -21,6 +24,7 @@ Each returns a report in the shape of every run that passes or fails
 """
 
 from gpufeed.reliability._bad_data import BadDataReport, run_bad_data
+from gpufeed.reliability._boundaries import BoundaryReport, run_boundary_kills
 from gpufeed.reliability._disk import DiskReport, run_disk_faults
 from gpufeed.reliability._drain import DrainReport, run_drain
 from gpufeed.reliability._fuzz import FuzzReport, run_fuzz
@@ -30,6 +34,7 @@ from gpufeed.reliability._soak import SoakReport, run_soak
 
 __all__ = [
     "BadDataReport",
+    "BoundaryReport",
     "DiskReport",
     "DrainReport",
     "FuzzReport",
@@ -37,6 +42,7 @@ __all__ = [
     "OverloadReport",
     "SoakReport",
     "run_bad_data",
+    "run_boundary_kills",
     "run_disk_faults",
     "run_drain",
     "run_fuzz",

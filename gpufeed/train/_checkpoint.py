@@ -15,6 +15,8 @@ key                what
 ``epoch``          epoch in progress (or next to start) when written
 ``loader``         one ``loader.state_dict()`` per rank, in rank order (where reading resumes)
 ``rng``            one dict per rank: python, numpy, torch CPU and current-GPU generator states
+``threads``        each rank's CPU threads (``torch.get_num_threads()``): a resume with another
+                   count is warned of, as its CPU results differ in the last bits
 ``world_size``     ranks that wrote it
 ``config``         the resolved config (a mapping, as ``config.yaml`` holds it)
 ``gpufeed``        the gpufeed version
@@ -61,6 +63,7 @@ __all__ = [
     "restore_rng",
     "save_checkpoint",
     "temp_path",
+    "threads_mismatch",
 ]
 
 log = logging.getLogger("gpufeed")
@@ -172,6 +175,28 @@ def restore_rng(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])  # the current device's, as captured
+
+
+def threads_mismatch(path: Path, saved: list[int] | None, rank: int, world_size: int) -> str | None:
+    """Why a CPU resume from ``path`` will not be bit-identical, or ``None``: another CPU thread count.
+
+    CPU kernels split their reductions (convolution and batch-norm gradients) by thread count, so
+    one step computed with another count gives other last bits; the default count follows the
+    cores the process may use (its CPU affinity), so a run moved to other cores changes it.
+
+    Args:
+        saved: The checkpoint's ``threads`` (one per rank), or ``None`` for an older checkpoint.
+    """
+    if not saved:
+        return None
+    theirs = saved[rank] if len(saved) == world_size else saved[0]
+    ours = torch.get_num_threads()
+    if theirs == ours:
+        return None
+    return (
+        f"{path} was written by a run computing with {theirs} CPU threads, this one has {ours}: the results will "
+        f"differ from an uninterrupted run's in the last bits (set OMP_NUM_THREADS={theirs} to continue it exactly)"
+    )
 
 
 def param_digest(model: torch.nn.Module) -> str:

@@ -33,6 +33,7 @@ import torch
 from gpufeed.config import Config
 from gpufeed.train._mask_ids import MaskIdError
 from gpufeed.train._profiling import ProfileWindow, StageRanges
+from gpufeed.train._resume import missed_evaluation
 from gpufeed.train._step import PendingStep, Stepper
 from gpufeed.train._summary import StepStats
 from gpufeed.train._telemetry import StepRecord
@@ -311,6 +312,9 @@ class Loop:
             )
         self._count_skipped()
         try:
+            missed = missed_evaluation(s)
+            if missed is not None:  # killed between an epoch's last checkpoint and its evaluation
+                self.evaluate(missed)
             while s.epoch < self.cfg.train.epochs and not s.max_steps_reached():
                 if not s.mid_epoch:
                     s.data.train.set_epoch(s.epoch)

@@ -31,6 +31,7 @@ from gpufeed.train._checkpoint import (
     remove_stale_temp_files,
     restore_rng,
     save_checkpoint,
+    threads_mismatch,
 )
 from gpufeed.train._data import build_data
 from gpufeed.train._dense import DENSE_TASKS, refuse_device_geometry
@@ -249,8 +250,15 @@ class Session:
         if rng:
             restore_rng(rng[rank] if len(rng) == self.dist.world_size else rng[0])
         self.step = int(state["step"])
-        self.epoch = int(loader_state["epoch"])
-        self.mid_epoch = int(loader_state.get("batch", 0)) > 0
+        if not self.device.is_gpu and (
+            mismatch := threads_mismatch(path, state.get("threads"), rank, self.dist.world_size)
+        ):
+            log.warning(mismatch)
+        # Read back from the loader: a checkpoint of an earlier version written after an epoch's last
+        # step says (epoch e, batch = all of them), which is where epoch e + 1 starts.
+        position = self.data.train.state_dict()
+        self.epoch = int(position["epoch"])
+        self.mid_epoch = int(position["batch"]) > 0
         self.resumed = True
         old = _flatten(state.get("config") or {})
         new = _flatten(json.loads(json.dumps(to_mapping(cfg))))
@@ -263,7 +271,8 @@ class Session:
 
     def save_checkpoint(self) -> Path | None:
         """Gather every rank's loader and RNG state; rank 0 writes the checkpoint atomically."""
-        mine = {"loader": self.data.train.state_dict(), "rng": capture_rng()}
+        position = self.data.train.state_dict()
+        mine = {"loader": position, "rng": capture_rng(), "threads": torch.get_num_threads()}
         gathered = all_gather_objects(mine)
         if not self.dist.is_main:
             return None
@@ -273,9 +282,10 @@ class Session:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "step": self.step,
-            "epoch": self.epoch,
+            "epoch": int(position["epoch"]),  # the loader's: the next epoch once this one's batches are done
             "loader": [g["loader"] for g in gathered],
             "rng": [g["rng"] for g in gathered],
+            "threads": [g["threads"] for g in gathered],
             "world_size": self.dist.world_size,
             "config": to_mapping(self.cfg),
             "gpufeed": __version__,
