@@ -8,9 +8,23 @@ rather than an ImportError halfway through.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import re
 
-__all__ = ["MissingExtraError", "missing_from_extra", "require_extra"]
+__all__ = [
+    "STACK_EXTRAS",
+    "STACK_MODULES",
+    "MissingExtraError",
+    "missing_from_extra",
+    "missing_stack_modules",
+    "require_extra",
+    "require_stack",
+]
+
+# DALI and onnxruntime are built per CUDA major, so they come with one of these extras (pyproject.toml),
+# not with gpufeed itself; every command but synth, config, obs and doctor imports them.
+STACK_EXTRAS = ("cpu", "cuda12", "cuda13")
+STACK_MODULES = ("nvidia.dali", "onnxruntime")
 
 
 class MissingExtraError(RuntimeError):
@@ -65,4 +79,32 @@ def require_extra(extra: str, command: str) -> None:
         raise MissingExtraError(
             f"'{command}' needs gpufeed's '{extra}' extra, which is not installed (missing: {', '.join(missing)}); "
             f"install it with: pip install 'gpufeed[{extra}]'"
+        )
+
+
+def missing_stack_modules() -> list[str]:
+    """The modules of :data:`STACK_MODULES` that cannot be imported (found without importing them)."""
+    missing = []
+    for module in STACK_MODULES:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package (nvidia) is absent too
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
+
+
+def require_stack(command: str) -> None:
+    """Check before any work starts that DALI and onnxruntime (a CUDA stack extra) are installed.
+
+    Raises:
+        MissingExtraError: One line naming what is missing and the three extras to choose from.
+    """
+    missing = missing_stack_modules()
+    if missing:
+        raise MissingExtraError(
+            f"'{command}' needs DALI and onnxruntime, which come with one of gpufeed's CUDA stack extras "
+            f"(missing: {', '.join(missing)}); install one: pip install 'gpufeed[cpu]' without a GPU, "
+            "'gpufeed[cuda12]' or 'gpufeed[cuda13]' with one ('gpufeed doctor' says which the driver takes)"
         )

@@ -72,22 +72,34 @@ def _copy_source(dest: Path) -> Path:
 
 
 def _extras_only_distributions() -> set[str]:
-    """Distributions named by gpufeed's extras and not by its runtime dependencies."""
+    """Distributions named by gpufeed's extras and not by its runtime dependencies or the cpu stack extra.
+
+    The cpu extra (DALI and onnxruntime for a machine without a GPU) counts as runtime: every
+    command past synth needs one CUDA stack extra, and this is the one a CPU user installs.
+    """
 
     def name(requirement: str) -> str:
         return re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement).group(1)
 
     requires = importlib.metadata.requires("gpufeed") or []
-    runtime = {name(r).lower() for r in requires if "extra ==" not in r}
+    cpu_stack = re.compile(r"extra\s*==\s*['\"]cpu['\"]")
+    runtime = {name(r).lower() for r in requires if "extra ==" not in r or cpu_stack.search(r)}
     extras = {name(r).lower() for r in requires if re.search(r"extra\s*==", r)}
     return extras - runtime - {"gpufeed"}
 
 
-def _runtime_view(view: Path) -> set[str]:
-    """Links to the test venv's packages, minus gpufeed itself and the extras' packages; returns those left out."""
+def _runtime_view(view: Path, also_without: tuple[str, ...] = ()) -> set[str]:
+    """Links to the test venv's packages, minus gpufeed itself, the extras' packages and the top-level
+    entries of the ``also_without`` distributions; returns those left out."""
     left_out = {p for p in os.listdir(sysconfig.get_paths()["purelib"]) if p.startswith(("gpufeed", "__editable__"))}
-    for dist_name in _extras_only_distributions():
+    for dist_name in also_without:
         dist = importlib.metadata.distribution(dist_name)
+        left_out |= {Path(str(f)).parts[0] for f in dist.files or () if not str(f).startswith("..")}
+    for dist_name in _extras_only_distributions():
+        try:
+            dist = importlib.metadata.distribution(dist_name)
+        except importlib.metadata.PackageNotFoundError:  # another stack's package (nvidia-dali-cuda130)
+            continue
         left_out |= {Path(str(f)).parts[0] for f in dist.files or () if not str(f).startswith("..")}
     site = Path(sysconfig.get_paths()["purelib"])
     view.mkdir()
@@ -356,5 +368,27 @@ def test_with_every_extra_installed_no_command_is_stopped():
 
     assert missing_from_extra("bench") == [] and missing_from_extra("demo") == [] and missing_from_extra("grpc") == []
     require_extra("bench", "gpufeed bench server")
-    with pytest.raises(ValueError, match="no extra 'gpu'; it has: bench, demo, grpc, docs, test"):
+    with pytest.raises(ValueError, match="no extra 'gpu'; it has: bench, demo, grpc, docs, test, cpu, cuda12, cuda13"):
         missing_from_extra("gpu")
+
+
+def test_without_a_cuda_stack_extra_gpufeed_installs_and_says_which_extra_to_add(installed, tmp_path):
+    """`pip install .` alone: DALI and onnxruntime come with a stack extra; the commands that need them stop in one line."""
+    venv = tmp_path / "venv"
+    _ok(_run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path))
+    python = venv / "bin" / "python"
+    site = _ok(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path)).stdout
+    left_out = _runtime_view(tmp_path / "view", also_without=("nvidia-dali-cuda120", "onnxruntime-gpu"))
+    assert {"nvidia", "onnxruntime"} <= left_out
+    (Path(site.strip()) / "gpufeed-test-runtime-deps.pth").write_text(f"{tmp_path / 'view'}\n")
+    _ok(_run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q",
+              installed["wheel"]], tmp_path, timeout=300))  # fmt: skip
+    gpufeed = venv / "bin" / "gpufeed"
+    proc = _run([gpufeed, "check", tmp_path], installed["cwd"], installed["env"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("gpufeed check: error: 'gpufeed check' needs DALI and onnxruntime"), line
+    assert "(missing: nvidia.dali, onnxruntime)" in line and "pip install 'gpufeed[cpu]'" in line, line
+    _ok(_run([gpufeed, "synth", "--out", tmp_path / "data"], installed["cwd"], installed["env"], timeout=300))
+    doctor = _run([gpufeed, "doctor"], installed["cwd"], installed["env"])
+    assert doctor.returncode == 1 and "DALI is not installed" in doctor.stdout, doctor.stdout + doctor.stderr
