@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "gpufeed.commands.bench",
     "gpufeed.commands.obs",
     "gpufeed.commands.reliability",
+    "gpufeed.commands.doctor",
 )
 
 
