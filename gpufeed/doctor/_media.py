@@ -34,8 +34,9 @@ def source_frame(index: int, height_px: int = SIDE_PX, width_px: int = SIDE_PX) 
     return np.stack([red, green, blue], axis=-1).astype(np.uint8)
 
 
-def jpeg_bytes(height_px: int = 48, width_px: int = 64) -> bytes:
-    """A baseline 4:2:0 JPEG of :func:`source_frame` (what the hardware JPEG decoder takes)."""
+def jpeg_bytes(height_px: int = 240, width_px: int = 320) -> bytes:
+    """A baseline 4:2:0 JPEG of :func:`source_frame` (what the hardware JPEG decoder takes), 320x240:
+    well above the smallest image a decoder might leave to another."""
     from PIL import Image
 
     out = io.BytesIO()

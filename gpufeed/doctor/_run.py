@@ -23,7 +23,15 @@ from pathlib import Path
 from gpufeed.doctor._child import MARKER
 from gpufeed.doctor._media import VIDEO_CODECS
 from gpufeed.doctor._report import DoctorReport, ProbeResult
-from gpufeed.stack import DriverInfo, StackChoiceError, check_installed, choose_stack, cuda_builds_of, read_driver
+from gpufeed.stack import (
+    STACKS,
+    DriverInfo,
+    StackChoiceError,
+    check_installed,
+    choose_stack,
+    cuda_builds_of,
+    read_driver,
+)
 from gpufeed.stack._sets import InstalledSet
 
 __all__ = ["DEFAULT_TIMEOUT_S", "run_doctor", "run_isolated"]
@@ -83,40 +91,45 @@ def _packages(files: InstalledSet, driver: DriverInfo | None, gpu: bool) -> tupl
     main = {k: builds.get(k) for k in ("torch", "DALI", "onnxruntime")}
     builds_line = ", ".join(f"{k} {v or 'CPU build'}" for k, v in main.items())
     summary = f"{', '.join(f'{k} {v}' for k, v in shown.items())}; CUDA builds: {builds_line}; stack {stack or '?'}"
-    details = {"versions": shown, "cuda_builds": builds, "stack": stack}
+    details: dict = {"versions": shown, "cuda_builds": builds, "stack": stack}
     majors = {v.split(".")[0] for v in builds.values() if v}
-    warnings = []
     if len(majors) > 1:
         problems.append(
             f"CUDA majors {', '.join(sorted(majors))} are mixed (two CUDA runtimes in one process): {_STACK_HINT}"
         )
+    notes: list[str] = []
     if driver is not None:
         for name, version in main.items():
             if not version:
                 continue
             built = tuple(int(p) for p in version.split(".")[:2])
+            driver_cuda = f"{driver.cuda_version[0]}.{driver.cuda_version[1]}"
             if built[0] > driver.cuda_version[0]:
-                problems.append(f"{name} is built for CUDA {version}, newer than the driver's CUDA "
-                                f"{driver.cuda_version[0]}.{driver.cuda_version[1]}: update the driver, or install the "
-                                f"cuda{driver.cuda_version[0]} stack")  # fmt: skip
-            elif built > driver.cuda_version:
-                warnings.append(f"{name} is built for CUDA {version}, the driver supports "
-                                f"{driver.cuda_version[0]}.{driver.cuda_version[1]}: it runs through CUDA's minor-version "
-                                "compatibility, except code compiled at run time (PTX)")  # fmt: skip
+                problems.append(f"{name} is built for CUDA {version}, newer than the driver's CUDA {driver_cuda}: update the "
+                                f"driver, or install the cuda{driver.cuda_version[0]} stack")  # fmt: skip
+            elif built > driver.cuda_version:  # CUDA's minor-version compatibility runs it (PTX JIT aside)
+                notes.append(
+                    f"{name} {built[0]}.{built[1]} runs on the driver's CUDA {driver_cuda} by minor-version compatibility"
+                )
+        if stack is not None:
+            low, high = STACKS[stack].compute_capabilities
+            for gpu_info in driver.gpus:
+                if not low <= gpu_info.compute_capability <= high:
+                    cc = ".".join(map(str, gpu_info.compute_capability))
+                    problems.append(f"the {stack} stack has no kernels for {gpu_info.name} (compute capability {cc})")
         try:
             wanted, why = choose_stack(driver)
             details["driver_stack"] = wanted.name
             if stack is None:
                 problems.append(f"the driver takes the {wanted.name} stack: pip install 'gpufeed[{wanted.name}]'")
-            elif wanted.name != stack:
-                warnings.append(
-                    f"this machine's driver would choose the {wanted.name} stack ({why}); {stack} is installed"
-                )
+            elif wanted.name != stack:  # an older major still runs (cuda12 on a CUDA 13 driver): a note, not a fault
+                notes.append(f"the driver would pick {wanted.name} ({why})")
         except StackChoiceError as err:
             problems.append(str(err))
-    status = "fail" if problems and (gpu or stack is None) else "warn" if problems or warnings else "pass"
-    if problems or warnings:
-        summary += "; " + "; ".join(problems + warnings)
+    details["notes"] = notes
+    status = "fail" if problems and (gpu or stack is None) else "warn" if problems else "pass"
+    if problems or notes:
+        summary += "; " + "; ".join(problems + notes)
     return ProbeResult(
         "packages", status, summary, details=details, seconds=round(time.monotonic() - started, 3)
     ), stack
