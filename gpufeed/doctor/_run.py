@@ -37,7 +37,7 @@ from gpufeed.stack._sets import InstalledSet
 __all__ = ["DEFAULT_TIMEOUT_S", "run_doctor", "run_isolated"]
 
 # Each child imports torch or DALI (a few seconds) and decodes a few kB: 60 s is slack, and the
-# children run at once, so the whole doctor stays well inside shared/gpu-host's 120 s.
+# children run at once, so the whole doctor stays well inside the 120 s the GPU host procedure gives it.
 DEFAULT_TIMEOUT_S = 60.0
 """Each child probe's time limit, in seconds (``gpufeed doctor --timeout-s``)."""
 _DALI = ("nvidia-dali-cuda120", "nvidia-dali-cuda130")
@@ -145,7 +145,7 @@ def _libraries(files: InstalledSet, stack: str | None, gpu: bool) -> ProbeResult
         return ProbeResult(
             "libraries", status, summary + (f": {_STACK_HINT}" if gpu else " (none needed without a GPU)")
         )
-    report = check_installed(files.root, int(stack[4:]))
+    report = check_installed(files, int(stack[4:]))
     packages = {f.package for f in report.found if f.package}
     absent = sorted({f.name for f in report.found if f.how == "missing" and not f.required})
     summary = (f"{len({f.where for f in report.found if f.how == 'package'})} libraries from {len(packages)} packages, "

@@ -280,17 +280,18 @@ def check_stack(
     return report
 
 
-def check_installed(site_packages: Path, cuda_major: int, python_tag: str | None = None) -> StackReport:
+def check_installed(site_packages: Path | FileSet, cuda_major: int, python_tag: str | None = None) -> StackReport:
     """The same checks over an installed environment (no network): what ``gpufeed doctor`` reports.
 
     Args:
-        site_packages: The environment's site-packages folder.
+        site_packages: The environment's site-packages folder (or its files, already read).
         cuda_major: The CUDA major its GPU packages should share.
         python_tag: DALI's extension tag (``cpython-311``); default this interpreter's.
     """
     started = time.monotonic()
     tag = python_tag or f"cpython-{sys.version_info.major}{sys.version_info.minor}"
     report = StackReport(f"installed (CUDA {cuda_major})")
-    _check_set(report, InstalledSet(site_packages), cuda_major, tag)
+    files = site_packages if isinstance(site_packages, FileSet) else InstalledSet(site_packages)
+    _check_set(report, files, cuda_major, tag)
     report.seconds = time.monotonic() - started
     return report
