@@ -1,18 +1,19 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test`.
-# Both create .venv, install the torch build that suits the machine, then gpufeed (editable) with
-# the extras the demo and the tests use and the CUDA stack's extra. The container images use
-# `make deps` then `make install` instead: the runtime dependencies and the stack's extra alone (read
-# from pyproject.toml, so that layer survives source changes), then gpufeed itself, not editable.
+# Both create .venv, install the torch build of the machine's CUDA stack, then gpufeed (editable)
+# with the extras the demo and the tests use and the stack's packages. The container images use
+# `make deps` then `make install` instead: the stack's runtime requirement set alone (read from
+# pyproject.toml, so that layer survives source changes), then gpufeed itself, not editable.
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP = $(VENV)/.gpufeed-installed-$(CUDA_STACK)
 # The CUDA stack: torch, DALI and onnxruntime built for one CUDA major (docs/gpu.md, "CUDA stacks").
-# cpu without an NVIDIA driver, cuda13 where the driver supports CUDA 13 (580+) and every GPU is
-# Turing or newer, cuda12 on a CUDA 12.x driver; read from the driver through NVML by
+# cpu without an NVIDIA driver; cuda12 (the runtime dependencies' own CUDA 12 builds, on any driver
+# with CUDA 12.0 or later) where torch's cu126 build has kernels for every GPU, Maxwell to Hopper;
+# cuda13 for a newer GPU (Blackwell) on a CUDA 13 driver. Read from the driver through NVML by
 # gpufeed/stack/_choice.py (standard library only, so the system's Python runs it). Override with
-# `make CUDA_STACK=cuda12` (a container build has no driver to read).
+# `make CUDA_STACK=cuda13` (a container build has no driver to read).
 ifndef CUDA_STACK
 CUDA_STACK := $(shell $(PYTHON) gpufeed/stack/_choice.py)
 endif
@@ -25,6 +26,7 @@ endif
 # The first setuptools that builds pyproject's license field; the wheel test builds with the
 # venv's own setuptools (no build isolation), so the venv needs it too.
 SETUPTOOLS_SPEC := setuptools>=77.0.1
+comma := ,
 PYTEST_ARGS ?=
 SITE_DIR := .cache/site
 
@@ -44,28 +46,34 @@ define make_venv
 	$(BIN)/python -m pip install --quiet $(TORCH_ARGS)
 endef
 
-# Prints pyproject.toml's [project] dependencies and those of the extra named by argv[1], one per line.
-define PYPROJECT_DEPENDENCIES
-import sys
-toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli")
-with open("pyproject.toml", "rb") as f:
-    project = toml.load(f)["project"]
-print("\n".join(project["dependencies"] + project["optional-dependencies"][sys.argv[1]]))
+# Writes the stack's requirement set to $(VENV)/requirements.txt and installs it: pyproject.toml's
+# runtime dependencies (cuda12: and its cuda12 extra; cuda13: with the CUDA 13 builds of DALI and
+# onnxruntime in place of the CUDA 12 ones) and those of the extras named by $(1).
+define install_stack_requirements
+	$(BIN)/python gpufeed/stack/_choice.py requirements $(CUDA_STACK) $(1) --pyproject pyproject.toml > $(VENV)/requirements.txt
+	$(BIN)/python -m pip install --quiet -r $(VENV)/requirements.txt
 endef
-export PYPROJECT_DEPENDENCIES
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py Makefile
+# cpu and cuda12 are gpufeed's own dependencies (and the cuda12 extra); cuda13 replaces two of them,
+# which no extra can do: its set is installed first, then gpufeed without dependencies (in that order,
+# so pip does not warn that gpufeed's own CUDA 12 lines are unmet).
+$(STAMP): pyproject.toml setup.py Makefile gpufeed/stack/_choice.py
 	$(make_venv)
-	$(BIN)/python -m pip install --quiet -e ".[test,$(CUDA_STACK)]"
+ifeq ($(CUDA_STACK),cuda13)
+	$(call install_stack_requirements,test)
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+else
+	$(BIN)/python -m pip install --quiet -e ".[test$(if $(filter cuda12,$(CUDA_STACK)),$(comma)cuda12)]"
+endif
 	touch $@
 
-# Runtime dependencies and the CUDA stack's extra, from pyproject.toml alone (no source needed).
+# The stack's runtime requirement set, from pyproject.toml and gpufeed/stack/_choice.py alone (no
+# other source needed): for cpu, exactly pyproject's runtime dependencies.
 deps:
 	$(make_venv)
-	$(BIN)/python -c "$$PYPROJECT_DEPENDENCIES" $(CUDA_STACK) > $(VENV)/requirements.txt
-	$(BIN)/python -m pip install --quiet -r $(VENV)/requirements.txt
+	$(call install_stack_requirements,)
 	touch $(STAMP)
 
 # gpufeed itself into an existing venv (after `make deps`): not editable, no dependencies.

@@ -1,16 +1,17 @@
 # The gpufeed inference server: `gpufeed serve` with DALI GPU decoding and onnxruntime's CUDA provider.
 #
 #   docker build -f docker/server.Dockerfile -t gpufeed-server .        (from the repository root)
-#   docker build -f docker/server.Dockerfile --build-arg CUDA_STACK=cuda13 -t gpufeed-server .
+#   docker build -f docker/server.Dockerfile --build-arg CUDA_STACK=cuda13 -t gpufeed-server .   (Blackwell)
 #   docker run --gpus all -p 127.0.0.1:8000:8000 -v "$PWD/models:/models:ro" gpufeed-server
 #
 # Same rules as the training image (docker/train.Dockerfile): plain Ubuntu, one CUDA stack named by
-# CUDA_STACK (cuda12 by default, cuda13 for driver 580+), every CUDA library from wheels, cuDNN and
-# cuBLAS included through onnxruntime-gpu's cuda and cudnn extras (onnxruntime.preload_dlls() loads
-# them, as the server does before its first CUDA session). Installed the same two steps: `make deps`
-# (torch, the runtime dependencies and the stack's extra, from pyproject.toml alone: a layer that
-# survives source changes), then the source and `make install` (gpufeed, not editable, no other
-# extras); the source copy is removed afterwards.
+# CUDA_STACK (cuda12 by default, on CUDA 12 and 13 drivers; cuda13 for Blackwell GPUs, driver 580+),
+# every CUDA library from wheels, cuDNN and cuBLAS included through onnxruntime-gpu's cuda and cudnn
+# extras (onnxruntime.preload_dlls() loads them, as the server does before its first CUDA session).
+# Installed the same two steps: `make deps` (torch and the stack's requirement set, from
+# pyproject.toml and gpufeed/stack/_choice.py alone: a layer that survives source changes), then the
+# source and `make install` (gpufeed, not editable, no dependencies, no other extras); the source
+# copy is removed afterwards.
 FROM ubuntu:24.04
 
 # NVDEC (video decoding) and the hardware JPEG decoder need the `video` driver capability; `compute`

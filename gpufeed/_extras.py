@@ -12,7 +12,6 @@ import importlib.util
 import re
 
 __all__ = [
-    "STACK_EXTRAS",
     "STACK_MODULES",
     "MissingExtraError",
     "missing_from_extra",
@@ -21,9 +20,9 @@ __all__ = [
     "require_stack",
 ]
 
-# DALI and onnxruntime are built per CUDA major, so they come with one of these extras (pyproject.toml),
-# not with gpufeed itself; every command but synth, config, obs and doctor imports them.
-STACK_EXTRAS = ("cpu", "cuda12", "cuda13")
+# DALI and onnxruntime: runtime dependencies, yet absent from an install made with --no-deps without
+# its CUDA stack's set (docs/gpu.md, "CUDA stacks"); every command but synth, config, obs and doctor
+# imports them.
 STACK_MODULES = ("nvidia.dali", "onnxruntime")
 
 
@@ -95,16 +94,30 @@ def missing_stack_modules() -> list[str]:
     return missing
 
 
+def _stack_packages() -> list[str]:
+    """gpufeed's own DALI and onnxruntime requirement lines (the CUDA 12 builds), from its metadata."""
+    try:
+        requires = importlib.metadata.requires("gpufeed") or []
+    except importlib.metadata.PackageNotFoundError:
+        requires = []
+    lines = [r for r in requires if "extra" not in r and r.lower().startswith(("nvidia-dali", "onnxruntime"))]
+    return lines or ["nvidia-dali-cuda120", "onnxruntime-gpu"]
+
+
 def require_stack(command: str) -> None:
-    """Check before any work starts that DALI and onnxruntime (a CUDA stack extra) are installed.
+    """Check before any work starts that DALI and onnxruntime are installed.
+
+    They are gpufeed's runtime dependencies, so only an install made with ``--no-deps`` (the CUDA 13
+    stack's route, half done) or a removal lacks them.
 
     Raises:
-        MissingExtraError: One line naming what is missing and the three extras to choose from.
+        MissingExtraError: One line naming what is missing and the packages to install.
     """
     missing = missing_stack_modules()
     if missing:
+        packages = " ".join(f"'{line}'" for line in _stack_packages())
         raise MissingExtraError(
-            f"'{command}' needs DALI and onnxruntime, which come with one of gpufeed's CUDA stack extras "
-            f"(missing: {', '.join(missing)}); install one: pip install 'gpufeed[cpu]' without a GPU, "
-            "'gpufeed[cuda12]' or 'gpufeed[cuda13]' with one ('gpufeed doctor' says which the driver takes)"
+            f"'{command}' needs DALI and onnxruntime, which are not installed (missing: {', '.join(missing)}): "
+            f"pip install {packages} (gpufeed's own dependencies), or for the CUDA 13 stack "
+            "pip install -r <(python -m gpufeed.stack requirements cuda13)"
         )

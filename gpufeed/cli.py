@@ -18,7 +18,8 @@ from gpufeed.device import DeviceUnavailableError
 
 __all__ = ["build_parser", "main"]
 
-# Commands that run without DALI and onnxruntime (a CUDA stack extra); the others check for them first.
+# Commands that run without DALI and onnxruntime; the others check for them first (an install made
+# with --no-deps may lack them).
 WITHOUT_STACK = ("synth", "config", "obs", "doctor")
 
 # Order here is the order in `gpufeed --help`.

@@ -140,8 +140,7 @@ def cuda_builds_line(builds: dict[str, str | None] | None = None) -> tuple[str, 
         return f"CUDA builds: {shown}", False
     return (
         f"CUDA builds: {shown}: CUDA majors {', '.join(sorted(majors))} are mixed; install one CUDA stack "
-        "(pip install 'gpufeed[cuda12]' or 'gpufeed[cuda13]' with the matching torch, docs/gpu.md 'CUDA stacks'); "
-        "'gpufeed doctor' checks it",
+        "(make clean && make in a checkout, or the pip lines of docs/gpu.md 'CUDA stacks'); 'gpufeed doctor' checks it",
         True,
     )
 

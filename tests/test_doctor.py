@@ -142,10 +142,13 @@ def test_a_newer_minor_build_is_a_note_and_a_gpu_without_kernels_in_the_stack_a_
         "torch": "2.13.0",
         "onnxruntime-gpu": "1.31.1",
     }
-    h100 = (GpuInfo(0, "H100", (9, 0)),)
-    result, stack = _packages(_Set(versions, texts), DriverInfo("580.1", (13, 0), h100), gpu=True)
+    b200 = (GpuInfo(0, "B200", (10, 0)),)
+    result, stack = _packages(_Set(versions, texts), DriverInfo("580.1", (13, 0), b200), gpu=True)
     assert (result.status, stack) == ("pass", "cuda13"), result.summary
     assert result.details["notes"] == ["DALI 13.4 runs on the driver's CUDA 13.0 by minor-version compatibility"]
+    h100 = (GpuInfo(0, "H100", (9, 0)),)  # the cuda13 stack runs on it; make would have picked cuda12: a note
+    result, _ = _packages(_Set(versions, texts), DriverInfo("580.1", (13, 0), h100), gpu=True)
+    assert result.status == "pass" and result.details["notes"][1].startswith("the driver would pick cuda12")
     v100 = (GpuInfo(0, "V100", (7, 0)),)  # CUDA 13 builds have no Volta kernels: the driver's choice is cuda12
     result, _ = _packages(_Set(versions, texts), DriverInfo("580.1", (13, 0), v100), gpu=True)
     assert result.details["driver_stack"] == "cuda12" and result.status == "fail"

@@ -1,9 +1,9 @@
 """The container images and the compose stack's jobs.
 
-The images install in two layers with the Makefile's recipes: `make deps` (the CUDA stack's torch,
-the runtime dependencies and the stack's extra, from pyproject.toml, the Makefile and the stack
-table alone, so source edits never reinstall them), then the source and `make install` (gpufeed,
-not editable, no other extras). The compose trainer's real
+The images install in two layers with the Makefile's recipes: `make deps` (the CUDA stack's torch
+and its requirement set, from pyproject.toml, the Makefile and the stack table alone, so source
+edits never reinstall them), then the source and `make install` (gpufeed, not editable, no
+dependencies, no extras). The compose trainer's real
 command runs twice against one run folder, as two `docker compose up` would run it.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -59,7 +60,7 @@ def test_dependencies_install_before_the_source_is_copied(image):
     ]
     assert [steps[i][1] for i in copies if deps[0] < i] == [". /opt/gpufeed/src"]
     assert install[0] > max(copies)
-    # Nothing else installs packages, and no extra ([test], [bench] ...) gets in but the stack's, by name.
+    # Nothing else installs packages, and no extra ([test], [bench] ...) gets in.
     installers = [args for _, args in runs if re.search(r"\bpip install\b|^make ", args)]
     assert len(installers) == 2 and not any("[" in args for args in installers), installers
     # The install step removes the source and proves the installed CLI starts.
@@ -70,25 +71,51 @@ def test_dependencies_install_before_the_source_is_copied(image):
 
 def test_the_makefile_recipes_the_images_use():
     deps, install, setup = _recipe("deps"), _recipe("install"), _recipe("$(STAMP)")
-    assert "$(make_venv)" in deps and "PYPROJECT_DEPENDENCIES" in deps and "-r $(VENV)/requirements.txt" in deps
-    assert '"$$PYPROJECT_DEPENDENCIES" $(CUDA_STACK)' in deps, "deps: the runtime dependencies and the stack's extra"
-    assert "-e " not in deps and "[" not in deps, "deps: no other extra"
+    makefile = (ROOT / "Makefile").read_text()
+    requirements = makefile.split("define install_stack_requirements\n", 1)[1].split("endef", 1)[0]
+    assert (
+        "_choice.py requirements $(CUDA_STACK) $(1) --pyproject pyproject.toml > $(VENV)/requirements.txt"
+        in requirements
+    )
+    assert "pip install --quiet -r $(VENV)/requirements.txt" in requirements
+    assert deps.split("\n")[:2] == ["\t$(make_venv)", "\t$(call install_stack_requirements,)"], "deps: no extra"
+    assert "-e " not in deps and "[" not in deps, "deps: no extra"
     assert re.search(r"pip install --quiet --no-deps --no-build-isolation \.$", install.strip()), install
-    assert '-e ".[test,$(CUDA_STACK)]"' in setup and "$(make_venv)" in setup
-    make_venv = (ROOT / "Makefile").read_text().split("define make_venv\n", 1)[1].split("endef", 1)[0]
+    assert "$(make_venv)" in setup
+    # cpu and cuda12 through pip's extras; cuda13 (no extra can replace a dependency) by its set, then --no-deps.
+    stamp = makefile.split("\n$(STAMP):", 1)[1].split("\ttouch $@", 1)[0]
+    cuda13, other = stamp.split("\nifeq ($(CUDA_STACK),cuda13)\n", 1)[1].split("\nelse\n", 1)
+    assert cuda13.split("\n")[:2] == [
+        "\t$(call install_stack_requirements,test)",
+        "\t$(BIN)/python -m pip install --quiet --no-deps -e .",
+    ]
+    assert '-e ".[test$(if $(filter cuda12,$(CUDA_STACK)),$(comma)cuda12)]"' in other.split("endif", 1)[0]
+    make_venv = makefile.split("define make_venv\n", 1)[1].split("endef", 1)[0]
     assert "pip install --quiet $(TORCH_ARGS)" in make_venv and '"$(SETUPTOOLS_SPEC)"' in make_venv
 
 
 @pytest.mark.parametrize("stack", ["cpu", "cuda12", "cuda13"])
-def test_make_deps_reads_exactly_the_runtime_dependencies_and_the_stacks_extra(stack):
+def test_make_deps_reads_exactly_the_stacks_set_from_pyproject(stack, tmp_path):
+    """What `make deps` installs, printed as the image runs it: from pyproject.toml and the stack table alone."""
     import tomllib
 
-    makefile = (ROOT / "Makefile").read_text()
-    script = makefile.split("define PYPROJECT_DEPENDENCIES\n", 1)[1].split("\nendef", 1)[0]
-    proc = subprocess.run([sys.executable, "-c", script, stack], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    (tmp_path / "gpufeed" / "stack").mkdir(parents=True)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    shutil.copy(ROOT / "gpufeed" / "stack" / "_choice.py", tmp_path / "gpufeed" / "stack")
+    command = [sys.executable, "-I", "gpufeed/stack/_choice.py", "requirements", stack, "--pyproject", "pyproject.toml"]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert proc.stdout.splitlines() == project["dependencies"] + project["optional-dependencies"][stack]
+    runtime, extras = project["dependencies"], project["optional-dependencies"]
+    lines = proc.stdout.splitlines()
+    if stack == "cpu":  # the CPU machine's set, as before the stacks: the runtime dependencies, exactly
+        assert lines == runtime
+    elif stack == "cuda12":
+        assert lines == runtime + extras["cuda12"]
+    else:
+        replaced = {"nvidia-dali-cuda120>=2.4": "nvidia-dali-cuda130>=2.4",
+                    "onnxruntime-gpu>=1.20,<1.27": "onnxruntime-gpu[cuda,cudnn]>=1.27"}  # fmt: skip
+        assert lines == [replaced.get(line, line) for line in runtime]
 
 
 def test_the_setuptools_floor_is_the_same_for_the_build_and_the_venv():

@@ -72,18 +72,13 @@ def _copy_source(dest: Path) -> Path:
 
 
 def _extras_only_distributions() -> set[str]:
-    """Distributions named by gpufeed's extras and not by its runtime dependencies or the cpu stack extra.
-
-    The cpu extra (DALI and onnxruntime for a machine without a GPU) counts as runtime: every
-    command past synth needs one CUDA stack extra, and this is the one a CPU user installs.
-    """
+    """Distributions named by gpufeed's extras and not by its runtime dependencies."""
 
     def name(requirement: str) -> str:
         return re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement).group(1)
 
     requires = importlib.metadata.requires("gpufeed") or []
-    cpu_stack = re.compile(r"extra\s*==\s*['\"]cpu['\"]")
-    runtime = {name(r).lower() for r in requires if "extra ==" not in r or cpu_stack.search(r)}
+    runtime = {name(r).lower() for r in requires if "extra ==" not in r}
     extras = {name(r).lower() for r in requires if re.search(r"extra\s*==", r)}
     return extras - runtime - {"gpufeed"}
 
@@ -96,10 +91,7 @@ def _runtime_view(view: Path, also_without: tuple[str, ...] = ()) -> set[str]:
         dist = importlib.metadata.distribution(dist_name)
         left_out |= {Path(str(f)).parts[0] for f in dist.files or () if not str(f).startswith("..")}
     for dist_name in _extras_only_distributions():
-        try:
-            dist = importlib.metadata.distribution(dist_name)
-        except importlib.metadata.PackageNotFoundError:  # another stack's package (nvidia-dali-cuda130)
-            continue
+        dist = importlib.metadata.distribution(dist_name)
         left_out |= {Path(str(f)).parts[0] for f in dist.files or () if not str(f).startswith("..")}
     site = Path(sysconfig.get_paths()["purelib"])
     view.mkdir()
@@ -368,12 +360,38 @@ def test_with_every_extra_installed_no_command_is_stopped():
 
     assert missing_from_extra("bench") == [] and missing_from_extra("demo") == [] and missing_from_extra("grpc") == []
     require_extra("bench", "gpufeed bench server")
-    with pytest.raises(ValueError, match="no extra 'gpu'; it has: bench, demo, grpc, docs, test, cpu, cuda12, cuda13"):
+    with pytest.raises(ValueError, match="no extra 'gpu'; it has: bench, demo, grpc, docs, test, cuda12"):
         missing_from_extra("gpu")
 
 
-def test_without_a_cuda_stack_extra_gpufeed_installs_and_says_which_extra_to_add(installed, tmp_path):
-    """`pip install .` alone: DALI and onnxruntime come with a stack extra; the commands that need them stop in one line."""
+_CUDA12 = re.compile(r"^(nvidia-dali-cuda120|nvidia-[a-z-]+-cu12\b)")
+
+
+@pytest.mark.parametrize("extras", [[], ["test"]])
+def test_each_stacks_requirements_read_from_the_installed_wheel_match_pyproject(installed, extras):
+    """The wheel user's CUDA 13 route reads the installed gpufeed's metadata; it must say what pyproject says."""
+    from packaging.requirements import Requirement
+
+    from gpufeed.stack import read_pyproject_requirements, stack_requirements
+
+    declared = read_pyproject_requirements(str(ROOT / "pyproject.toml"))
+    for stack in ("cpu", "cuda12", "cuda13"):
+        command = [installed["python"], "-m", "gpufeed.stack", "requirements", stack, *extras]
+        lines = _ok(_run(command, installed["cwd"], installed["env"])).stdout.splitlines()
+        want = stack_requirements(stack, extras, declared=declared)
+        # setuptools rewrites a line's form (quotes, the order of specifiers), not its meaning.
+        assert sorted(map(str, map(Requirement, lines))) == sorted(map(str, map(Requirement, want))), stack
+        if stack == "cuda13":
+            assert not [line for line in lines if _CUDA12.match(line)] and len(lines) == len(set(lines)), lines
+            ort = [Requirement(line) for line in lines if line.startswith("onnxruntime")]
+            assert [(r.name, r.extras, str(r.specifier)) for r in ort] == [
+                ("onnxruntime-gpu", {"cuda", "cudnn"}, ">=1.27")
+            ]
+            assert [line for line in lines if line.startswith("nvidia-dali")] == ["nvidia-dali-cuda130>=2.4"]
+
+
+def test_without_dali_and_onnxruntime_a_command_names_the_packages_in_one_line(installed, tmp_path):
+    """An install made with --no-deps and no stack set after it: DALI and onnxruntime are missing."""
     venv = tmp_path / "venv"
     _ok(_run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path))
     python = venv / "bin" / "python"
@@ -388,7 +406,7 @@ def test_without_a_cuda_stack_extra_gpufeed_installs_and_says_which_extra_to_add
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("gpufeed check: error: 'gpufeed check' needs DALI and onnxruntime"), line
-    assert "(missing: nvidia.dali, onnxruntime)" in line and "pip install 'gpufeed[cpu]'" in line, line
-    _ok(_run([gpufeed, "synth", "--out", tmp_path / "data"], installed["cwd"], installed["env"], timeout=300))
+    assert "(missing: nvidia.dali, onnxruntime)" in line, line
+    assert "pip install 'nvidia-dali-cuda120>=2.4' 'onnxruntime-gpu" in line and "requirements cuda13" in line, line
     doctor = _run([gpufeed, "doctor"], installed["cwd"], installed["env"])
     assert doctor.returncode == 1 and "DALI is not installed" in doctor.stdout, doctor.stdout + doctor.stderr

@@ -1,4 +1,4 @@
-"""The CUDA stack: the ELF reader, the load replay and the stack choice, on real files of this venv.
+"""The CUDA stack: the ELF reader, the load replay, the stack choice and its requirement sets.
 
 The ELF files are the shared libraries DALI, nvImageCodec and onnxruntime-gpu installed here (the
 cpu stack: their CUDA 12 builds without the CUDA library wheels), so nothing is downloaded. The
@@ -12,6 +12,7 @@ import dataclasses
 import http.server
 import os
 import posixpath
+import re
 import struct
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from typing import ClassVar
 import pytest
 
 from gpufeed.stack import (
+    CUDA13_REPLACEMENTS,
     STACKS,
     DriverInfo,
     ElfError,
@@ -35,6 +37,8 @@ from gpufeed.stack import (
     cuda_builds_of,
     read_driver,
     read_elf,
+    read_pyproject_requirements,
+    stack_requirements,
 )
 from gpufeed.stack._loader import onnxruntime_preload_paths
 from gpufeed.stack._sets import InstalledSet, elf_from_json, elf_to_json
@@ -219,37 +223,83 @@ def _driver(cuda: tuple[int, int], *capabilities: tuple[int, int]) -> DriverInfo
     ("driver", "stack"),
     [
         (None, "cpu"),
-        (_driver((13, 0), (9, 0)), "cuda13"),  # H100 on driver 580
-        (_driver((13, 1), (12, 0), (8, 6)), "cuda13"),
+        (_driver((13, 0), (9, 0)), "cuda12"),  # H100 on driver 580: torch's cu126 build has Hopper kernels
         (_driver((12, 8), (9, 0)), "cuda12"),  # H100 on driver 570
         (_driver((12, 0), (8, 0)), "cuda12"),
-        (_driver((13, 0), (7, 0)), "cuda12"),  # V100: CUDA 13 dropped Volta
+        (_driver((13, 0), (7, 0)), "cuda12"),  # V100
+        (_driver((13, 0), (10, 0)), "cuda13"),  # B200: no kernels in cu126
+        (_driver((13, 1), (12, 0), (8, 6)), "cuda13"),  # RTX 5090 beside an A6000
     ],
 )
-def test_the_stack_follows_the_drivers_cuda_and_the_gpus(driver, stack):
+def test_the_stack_is_cuda12_unless_a_gpu_needs_cuda13(driver, stack):
     assert choose_stack(driver)[0].name == stack
 
 
-def test_no_stack_fits_an_old_driver_or_a_blackwell_on_a_cuda_12_driver():
+def test_no_stack_fits_an_old_driver_a_blackwell_on_a_cuda_12_driver_or_a_blackwell_beside_a_volta():
     with pytest.raises(StackChoiceError, match=r"supports CUDA 11\.8; DALI and onnxruntime need CUDA 12\.0"):
         choose_stack(_driver((11, 8), (8, 0)))
-    with pytest.raises(StackChoiceError, match=r"GPU0 \(compute capability 10\.0\) needs the CUDA 13 builds"):
+    with pytest.raises(StackChoiceError, match=r"GPU0 \(compute capability 10\.0\) needs the CUDA 13 builds .* update"):
         choose_stack(_driver((12, 8), (10, 0)))
+    with pytest.raises(
+        StackChoiceError, match=r"no kernels for GPU1 \(compute capability 7\.0\): no one stack runs both"
+    ):
+        choose_stack(_driver((13, 0), (10, 0), (7, 0)))
+    with pytest.raises(StackChoiceError, match=r"GPU0 \(compute capability 3\.7\) is older than every stack's kernels"):
+        choose_stack(_driver((12, 4), (3, 7)))
 
 
-def test_each_stack_is_an_extra_of_pyproject_with_its_torch():
-    import tomllib
+# --- the requirement sets ----------------------------------------------------------------------
 
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert extras["cpu"] == [
-        "nvidia-dali-cuda120>=2.4",
-        "onnxruntime-gpu>=1.20,<1.27",
-    ]  # the CPU machine's set, as before
-    assert any(r.startswith("nvidia-dali-cuda120") for r in extras["cuda12"])
-    assert any(r.startswith("nvidia-dali-cuda130") for r in extras["cuda13"])
-    assert all("onnxruntime-gpu[cuda,cudnn]" in " ".join(extras[s]) for s in ("cuda12", "cuda13"))
+DECLARED = read_pyproject_requirements(str(ROOT / "pyproject.toml"))
+_CUDA12_NAMES = re.compile(r"^(nvidia-dali-cuda120|nvidia-[a-z-]+-cu12|onnxruntime-gpu\S*<1\.27)")
+
+
+def _names(lines: list[str]) -> list[str]:
+    return [re.match(r"[A-Za-z0-9._-]+", line).group(0).lower() for line in lines]
+
+
+def test_the_cuda_12_builds_are_the_runtime_dependencies_and_cuda12_the_only_stack_extra():
+    runtime, extras = DECLARED
+    assert "nvidia-dali-cuda120>=2.4" in runtime and "onnxruntime-gpu>=1.20,<1.27" in runtime
+    assert extras["cuda12"] == ["onnxruntime-gpu[cuda,cudnn]>=1.21,<1.27"]
+    assert not {"cpu", "cuda13"} & set(extras), "an extra can only add: a cuda13 extra would install both DALIs"
     assert STACKS["cpu"].torch_args == ("torch==2.13.0",) and STACKS["cuda13"].torch_args == ("torch==2.13.0",)
     assert STACKS["cuda12"].torch_args[-1] == "https://download.pytorch.org/whl/cu126"
+
+
+def test_the_cpu_set_is_the_runtime_dependencies_and_cuda12_adds_its_extra():
+    runtime, extras = DECLARED
+    assert stack_requirements("cpu", declared=DECLARED) == runtime
+    assert stack_requirements("cuda12", declared=DECLARED) == runtime + extras["cuda12"]
+
+
+@pytest.mark.parametrize("extras", [(), ("test",)])
+def test_the_cuda13_set_replaces_the_cuda_12_builds_and_repeats_nothing(extras):
+    runtime, _ = DECLARED
+    lines = stack_requirements("cuda13", extras, declared=DECLARED)
+    assert not [line for line in lines if _CUDA12_NAMES.match(line)], lines
+    names = _names(lines)
+    assert names.count("nvidia-dali-cuda130") == 1 and names.count("onnxruntime-gpu") == 1, lines
+    assert "onnxruntime-gpu[cuda,cudnn]>=1.27" in lines and "gpufeed" not in names
+    assert len(lines) == len(set(lines)), "a line repeated"
+    assert lines[: len(runtime)] == [CUDA13_REPLACEMENTS.get(_names([r])[0], r) for r in runtime]
+    if extras:  # gpufeed[bench,demo,grpc,docs] inside test: their packages, once each
+        assert {"pytest", "httpx", "litserve", "grpcio", "mkdocs"} <= set(names) and names.count("httpx") == 1
+
+
+def test_the_cuda13_dali_keeps_the_runtime_dependencys_floor():
+    (dali,) = [line for line in DECLARED[0] if line.startswith("nvidia-dali-cuda120")]
+    assert CUDA13_REPLACEMENTS["nvidia-dali-cuda120"] == dali.replace("cuda120", "cuda130")
+
+
+def test_an_unknown_stack_or_extra_or_cuda12_with_another_stack_is_refused():
+    with pytest.raises(ValueError, match="unknown CUDA stack 'cuda11'; allowed: cpu, cuda12, cuda13"):
+        stack_requirements("cuda11", declared=DECLARED)
+    with pytest.raises(ValueError, match="gpufeed has no extra 'gpu'; it has: bench, demo, grpc, docs, test, cuda12"):
+        stack_requirements("cpu", ["gpu"], declared=DECLARED)
+    for stack in ("cpu", "cuda13"):
+        with pytest.raises(ValueError, match=f"the cuda12 extra .* does not go with {stack}"):
+            stack_requirements(stack, ["test", "cuda12"], declared=DECLARED)
 
 
 def test_without_a_driver_nvml_is_not_found_and_says_so():
@@ -270,6 +320,12 @@ def test_the_makefile_runs_the_choice_with_the_systems_python_before_any_venv():
     assert args == "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126\n"
     bad = subprocess.run([*run, "torch-args", "cuda11"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "usage:" in bad.stderr
+    pyproject = ["--pyproject", str(ROOT / "pyproject.toml")]
+    printed = subprocess.run([*run, "requirements", "cuda13", "test", *pyproject], capture_output=True, text=True,
+                             env=env, check=True).stdout  # fmt: skip
+    assert printed.splitlines() == stack_requirements("cuda13", ["test"], declared=DECLARED)
+    bad = subprocess.run([*run, "requirements", "cpu", "cuda12", *pyproject], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and bad.stderr.strip().endswith("it does not go with cpu"), bad.stderr
 
 
 # --- the remote wheel reader -------------------------------------------------------------------

@@ -41,7 +41,7 @@ __all__ = ["DEFAULT_TIMEOUT_S", "run_doctor", "run_isolated"]
 DEFAULT_TIMEOUT_S = 60.0
 """Each child probe's time limit, in seconds (``gpufeed doctor --timeout-s``)."""
 _DALI = ("nvidia-dali-cuda120", "nvidia-dali-cuda130")
-_STACK_HINT = "pip install 'gpufeed[cuda12]' or 'gpufeed[cuda13]' (docs/gpu.md, CUDA stacks), or 'make' in a checkout"
+_STACK_HINT = "make clean && make in a checkout, or the pip lines of docs/gpu.md 'CUDA stacks'"
 
 
 def _driver() -> tuple[ProbeResult, DriverInfo | None, bool]:
@@ -63,7 +63,7 @@ def _installed_stack(files: InstalledSet) -> tuple[str | None, list[str]]:
     dali = [name for name in _DALI if name in files.versions]
     problems = []
     if not dali:
-        problems.append(f"DALI is not installed: {_STACK_HINT} ('gpufeed[cpu]' without a GPU)")
+        problems.append(f"DALI is not installed (gpufeed was installed with --no-deps?): {_STACK_HINT}")
     if len(dali) > 1:
         problems.append(
             f"{' and '.join(dali)} are both installed and overwrite each other's files: uninstall both, then {_STACK_HINT}"
@@ -121,7 +121,7 @@ def _packages(files: InstalledSet, driver: DriverInfo | None, gpu: bool) -> tupl
             wanted, why = choose_stack(driver)
             details["driver_stack"] = wanted.name
             if stack is None:
-                problems.append(f"the driver takes the {wanted.name} stack: pip install 'gpufeed[{wanted.name}]'")
+                problems.append(f"the driver takes the {wanted.name} stack: {wanted.install}")
             elif wanted.name != stack:  # an older major still runs (cuda12 on a CUDA 13 driver): a note, not a fault
                 notes.append(f"the driver would pick {wanted.name} ({why})")
         except StackChoiceError as err:
@@ -142,9 +142,8 @@ def _libraries(files: InstalledSet, stack: str | None, gpu: bool) -> ProbeResult
     if stack == "cpu":
         status = "fail" if gpu else "skip"
         summary = "the cpu stack installs no CUDA libraries, so onnxruntime's CUDA provider cannot load"
-        return ProbeResult(
-            "libraries", status, summary + (f": {_STACK_HINT}" if gpu else " (none needed without a GPU)")
-        )
+        hint = f": install the cuda12 stack ({STACKS['cuda12'].install}) or {_STACK_HINT}"
+        return ProbeResult("libraries", status, summary + (hint if gpu else " (none needed without a GPU)"))
     report = check_installed(files, int(stack[4:]))
     packages = {f.package for f in report.found if f.package}
     absent = sorted({f.name for f in report.found if f.how == "missing" and not f.required})

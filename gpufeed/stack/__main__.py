@@ -1,8 +1,11 @@
-"""``python -m gpufeed.stack``: the CUDA stack check, and the stack this machine gets.
+"""``python -m gpufeed.stack``: the CUDA stack check, the stack this machine gets, and a stack's requirements.
 
 ``check`` resolves and checks each GPU stack's install set (:func:`gpufeed.stack.check_stack`);
-``choose`` prints the stack for this machine's driver (what the Makefile installs). The check exits
-1 when any stack has a problem, 0 otherwise.
+``choose`` prints the stack for this machine's driver (what the Makefile installs);
+``requirements STACK [EXTRA ...]`` prints what to install beside gpufeed for a stack
+(:func:`gpufeed.stack.stack_requirements`, read from the installed gpufeed or ``--pyproject``):
+``pip install --no-deps gpufeed && pip install -r <(python -m gpufeed.stack requirements cuda13)``.
+The check exits 1 when any stack has a problem, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import sys
 from pathlib import Path
 
 from gpufeed._files import write_json
-from gpufeed.stack._choice import STACKS, StackChoiceError, choose_stack, read_driver
+from gpufeed.stack._choice import STACKS, StackChoiceError, _requirements_main, choose_stack, read_driver
 from gpufeed.stack.check import StackReport, check_stack
 
 
@@ -66,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--json", type=Path, help="also write the full reports to this JSON file")
     check.add_argument("-v", "--verbose", action="store_true", help="list every library and where it comes from")
     sub.add_parser("choose", help="the stack for this machine's driver, and why")
+    sub.add_parser(
+        "requirements", add_help=False, help="what to install beside gpufeed (--no-deps) for a stack: STACK [EXTRA ...]"
+    )
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["requirements"]:  # its own parser (gpufeed/stack/_choice.py, which the Makefile runs as a file)
+        return _requirements_main(argv[1:], prog="python -m gpufeed.stack requirements")
     args = parser.parse_args(argv)
     if args.command == "choose":
         driver, found = read_driver()

@@ -4,8 +4,9 @@ For each GPU stack (``cuda12``, ``cuda13``; see :mod:`gpufeed.stack._choice`) th
 
 1. resolves the install set pip would choose on Linux x86-64 (``pip install --dry-run --report``
    for a manylinux platform, binary wheels only, this machine's pip configuration ignored): torch
-   as the Makefile installs it, gpufeed's runtime dependencies and the stack's extra, read from
-   ``pyproject.toml``;
+   as the Makefile installs it and the stack's requirement set as ``make deps`` installs it
+   (:func:`gpufeed.stack._choice.stack_requirements` over ``pyproject.toml``: the runtime
+   dependencies and the ``cuda12`` extra, or the runtime dependencies with the CUDA 13 builds);
 2. checks that every CUDA build in the set has the stack's CUDA major (DALI's package name,
    onnxruntime's ``build_and_package_info.py``, torch's ``version.py``, the ``nvidia-*`` packages'
    names and folders), and that no two packages install the same shared library;
@@ -30,7 +31,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpufeed.stack._choice import STACKS, TORCH_VERSION
+from gpufeed.stack._choice import STACKS, TORCH_VERSION, _name, read_pyproject_requirements, stack_requirements
 from gpufeed.stack._loader import Found, LoadReplay, onnxruntime_preload_paths
 from gpufeed.stack._sets import FileSet, InstalledSet, RemoteSet
 
@@ -92,15 +93,9 @@ class StackReport:
         return data
 
 
-def _pyproject_requirements(root: Path, extra: str, *, runtime: bool = True) -> list[str]:
-    """The runtime dependencies (unless ``runtime`` is false) and the extra's, from ``pyproject.toml``."""
-    import tomllib  # Python 3.11+; the check runs from a checkout with the project's venv
-
-    project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    extras = project.get("optional-dependencies", {})
-    if extra not in extras:
-        raise ValueError(f"pyproject.toml has no extra {extra!r}; it has: {', '.join(extras)}")
-    return [*(project["dependencies"] if runtime else []), *extras[extra]]
+def _stack_requirements(root: Path, stack: str) -> list[str]:
+    """The stack's runtime requirement set, from the checkout's ``pyproject.toml`` (as ``make deps`` installs it)."""
+    return stack_requirements(stack, declared=read_pyproject_requirements(str(root / "pyproject.toml")))
 
 
 def _reachable(url: str) -> bool:
@@ -244,7 +239,7 @@ def check_stack(
     spec = STACKS[stack]
     cuda_major = int(spec.cuda_major or 0)
     report = StackReport(stack)
-    requirements = _pyproject_requirements(root, stack)
+    requirements = _stack_requirements(root, stack)
     args = list(spec.torch_args)
     index = args[args.index("--index-url") + 1] if "--index-url" in args else None
     extra_index: tuple[str, ...] = ()
@@ -256,14 +251,14 @@ def check_stack(
         extra_index = (index,)
     else:
         # Without torch's index, torch cannot be in the set; and gpufeed's other dependencies would pull
-        # PyPI's torch (a CUDA 13 build) in its place. So the set is the stack's extra alone, with the
-        # pins torch would impose on the libraries it shares with onnxruntime.
-        requirements = _pyproject_requirements(root, stack, runtime=False)
+        # PyPI's torch (a CUDA 13 build) in its place. So the set is the stack's DALI and onnxruntime
+        # lines alone, with the pins torch would impose on the libraries it shares with onnxruntime.
+        requirements = [r for r in requirements if _name(r).startswith(("nvidia-dali-", "onnxruntime"))]
         constraints = TORCH_CU126_PINS
         report.notes.append(
-            f"{index} did not answer: the set is the '{stack}' extra alone (DALI, onnxruntime and its CUDA "
-            f"libraries), with torch {TORCH_VERSION}+cu126's pins of the libraries it shares with onnxruntime "
-            f"standing in for torch ({', '.join(TORCH_CU126_PINS)})"
+            f"{index} did not answer: the set is the stack's DALI and onnxruntime lines alone ({'; '.join(requirements)}), "
+            f"with torch {TORCH_VERSION}+cu126's pins of the libraries it shares with onnxruntime standing in "
+            f"for torch ({', '.join(TORCH_CU126_PINS)})"
         )
     try:
         wheels = resolve(
