@@ -1,52 +1,80 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test`.
-# Both create .venv, install the torch build that suits the machine, then gpufeed (editable) with
-# the extras the demo and the tests use. The container images use `make deps` then `make install`
-# instead: the runtime dependencies alone (read from pyproject.toml, so that layer survives source
-# changes), then gpufeed itself, not editable.
+# Both create .venv, install the torch build of the machine's CUDA stack, then gpufeed (editable)
+# with the extras the demo and the tests use and the stack's packages. The container images use
+# `make deps` then `make install` instead: the stack's runtime requirement set alone (read from
+# pyproject.toml, so that layer survives source changes), then gpufeed itself, not editable.
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.gpufeed-installed
-# A CPU-only machine gets the CPU build of torch; one with an NVIDIA driver gets the CUDA build.
-TORCH_SPEC ?= $(shell if nvidia-smi -L >/dev/null 2>&1; then echo torch; else echo torch==2.13.0; fi)
+STAMP = $(VENV)/.gpufeed-installed-$(CUDA_STACK)
+# The CUDA stack: torch, DALI and onnxruntime built for one CUDA major (docs/gpu.md, "CUDA stacks").
+# cpu without an NVIDIA driver; cuda12 (the runtime dependencies' own CUDA 12 builds, on any driver
+# with CUDA 12.0 or later) where torch's cu126 build has kernels for every GPU, Maxwell to Hopper;
+# cuda13 for a newer GPU (Blackwell) on a CUDA 13 driver. Read from the driver through NVML by
+# gpufeed/stack/_choice.py (standard library only, so the system's Python runs it). Override with
+# `make CUDA_STACK=cuda13` (a container build has no driver to read).
+ifndef CUDA_STACK
+CUDA_STACK := $(shell $(PYTHON) gpufeed/stack/_choice.py)
+endif
+# pip arguments that install the stack's torch: torch==2.13.0 for cpu and cuda13 (PyPI: the CPU
+# machine's local wheel, and PyPI's Linux build, which is CUDA 13.0), and the cu126 build from
+# PyTorch's index for cuda12. Override with `make TORCH_ARGS="torch==... --index-url ..."`.
+ifndef TORCH_ARGS
+TORCH_ARGS := $(shell $(PYTHON) gpufeed/stack/_choice.py torch-args $(CUDA_STACK))
+endif
 # The first setuptools that builds pyproject's license field; the wheel test builds with the
 # venv's own setuptools (no build isolation), so the venv needs it too.
 SETUPTOOLS_SPEC := setuptools>=77.0.1
+comma := ,
 PYTEST_ARGS ?=
 SITE_DIR := .cache/site
 
-.PHONY: setup deps install demo docs test test-unit typecheck lint format bench clean
+.PHONY: setup deps install demo docs test test-unit typecheck lint format bench check-cuda-stack clean
 
-# A venv with pip, setuptools and the torch build for this machine (tomli reads pyproject.toml
-# on Python 3.10, which has no tomllib).
+# A venv with pip, setuptools and the stack's torch build (tomli reads pyproject.toml on Python
+# 3.10, which has no tomllib). A venv holds one stack: DALI's cuda120 and cuda130 wheels install
+# the same files, so switching stacks starts from `make clean`.
 define make_venv
+	@case "$(CUDA_STACK)" in cpu|cuda12|cuda13) ;; *) echo "make: CUDA_STACK is '$(CUDA_STACK)', not cpu, cuda12 or cuda13 (an error above says why none was chosen); set it" >&2; exit 2;; esac
+	@for other in $(VENV)/.gpufeed-installed-*; do \
+		if [ -e "$$other" ] && [ "$$other" != "$(STAMP)" ]; then \
+			echo "make: $(VENV) holds the $${other##*-} stack, not $(CUDA_STACK); run 'make clean' first" >&2; exit 2; fi; done
+	@echo "CUDA stack: $(CUDA_STACK) (torch: $(TORCH_ARGS))"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip "$(SETUPTOOLS_SPEC)" "tomli>=2; python_version < '3.11'"
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet $(TORCH_ARGS)
 endef
 
-# Prints pyproject.toml's [project] dependencies, one per line.
-define PYPROJECT_DEPENDENCIES
-import sys
-toml = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli")
-with open("pyproject.toml", "rb") as f:
-    print("\n".join(toml.load(f)["project"]["dependencies"]))
+# Writes the stack's requirement set to $(VENV)/requirements.txt and installs it: pyproject.toml's
+# runtime dependencies (cuda12: and its cuda12 extra; cuda13: with the CUDA 13 builds of DALI and
+# onnxruntime in place of the CUDA 12 ones) and those of the extras named by $(1).
+define install_stack_requirements
+	$(BIN)/python gpufeed/stack/_choice.py requirements $(CUDA_STACK) $(1) --pyproject pyproject.toml > $(VENV)/requirements.txt
+	$(BIN)/python -m pip install --quiet -r $(VENV)/requirements.txt
 endef
-export PYPROJECT_DEPENDENCIES
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py Makefile
+# cpu and cuda12 are gpufeed's own dependencies (and the cuda12 extra); cuda13 replaces two of them,
+# which no extra can do: its set is installed first, then gpufeed without dependencies (in that order,
+# so pip does not warn that gpufeed's own CUDA 12 lines are unmet).
+$(STAMP): pyproject.toml setup.py Makefile gpufeed/stack/_choice.py
 	$(make_venv)
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+ifeq ($(CUDA_STACK),cuda13)
+	$(call install_stack_requirements,test)
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+else
+	$(BIN)/python -m pip install --quiet -e ".[test$(if $(filter cuda12,$(CUDA_STACK)),$(comma)cuda12)]"
+endif
 	touch $@
 
-# Runtime dependencies only, from pyproject.toml alone (no source needed, no extras).
+# The stack's runtime requirement set, from pyproject.toml and gpufeed/stack/_choice.py alone (no
+# other source needed): for cpu, exactly pyproject's runtime dependencies.
 deps:
 	$(make_venv)
-	$(BIN)/python -c "$$PYPROJECT_DEPENDENCIES" > $(VENV)/requirements.txt
-	$(BIN)/python -m pip install --quiet -r $(VENV)/requirements.txt
+	$(call install_stack_requirements,)
+	touch $(STAMP)
 
 # gpufeed itself into an existing venv (after `make deps`): not editable, no dependencies.
 install:
@@ -81,6 +109,12 @@ lint: setup
 
 bench: setup
 	$(BIN)/gpufeed bench loader --json runs/bench/loader.json
+
+# Each GPU stack's install set for Linux x86-64, resolved and checked without a GPU: one CUDA major
+# throughout, and every library onnxruntime's CUDA provider, DALI and nvImageCodec load is in the set
+# (or is the driver's or the system's). Reads about 4 GB of wheels the first time, cached in .cache/.
+check-cuda-stack: setup
+	$(BIN)/python -m gpufeed.stack check --json .cache/cuda-stack/report.json
 
 clean:
 	rm -rf $(VENV) runs .cache build

@@ -1,16 +1,21 @@
-# The gpufeed inference server: `gpufeed serve` with DALI GPU decoding and onnxruntime-gpu.
+# The gpufeed inference server: `gpufeed serve` with DALI GPU decoding and onnxruntime's CUDA provider.
 #
 #   docker build -f docker/server.Dockerfile -t gpufeed-server .        (from the repository root)
+#   docker build -f docker/server.Dockerfile --build-arg CUDA_STACK=cuda13 -t gpufeed-server .   (Blackwell)
 #   docker run --gpus all -p 127.0.0.1:8000:8000 -v "$PWD/models:/models:ro" gpufeed-server
 #
-# Same base rules as the training image: a CUDA 12 runtime (DALI's cuda120 wheels, torch's and
-# onnxruntime-gpu's CUDA 12 builds) with cuDNN for onnxruntime's CUDA provider. Installed the same
-# two steps: `make deps` (torch and the runtime dependencies, from pyproject.toml alone: a layer
-# that survives source changes), then the source and `make install` (gpufeed, not editable, no
-# extras); the source copy is removed afterwards.
-FROM nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
+# Same rules as the training image (docker/train.Dockerfile): plain Ubuntu, one CUDA stack named by
+# CUDA_STACK (cuda12 by default, on CUDA 12 and 13 drivers; cuda13 for Blackwell GPUs, driver 580+),
+# every CUDA library from wheels, cuDNN and cuBLAS included through onnxruntime-gpu's cuda and cudnn
+# extras (onnxruntime.preload_dlls() loads them, as the server does before its first CUDA session).
+# Installed the same two steps: `make deps` (torch and the stack's requirement set, from
+# pyproject.toml and gpufeed/stack/_choice.py alone: a layer that survives source changes), then the
+# source and `make install` (gpufeed, not editable, no dependencies, no other extras); the source
+# copy is removed afterwards.
+FROM ubuntu:24.04
 
-# NVDEC (video decoding) needs the `video` driver capability; `compute` runs CUDA, `utility` gives nvidia-smi.
+# NVDEC (video decoding) and the hardware JPEG decoder need the `video` driver capability; `compute`
+# runs CUDA, `utility` gives nvidia-smi and NVML.
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,video,utility \
     DEBIAN_FRONTEND=noninteractive \
@@ -23,13 +28,13 @@ RUN apt-get update \
 
 WORKDIR /opt/gpufeed
 COPY pyproject.toml Makefile ./
-# There is no driver at build time, so the CUDA build of torch is named instead of detected with nvidia-smi.
-ARG TORCH_SPEC=torch
-RUN make deps TORCH_SPEC="${TORCH_SPEC}" PYTHON=python3
+COPY gpufeed/stack/_choice.py ./gpufeed/stack/
+ARG CUDA_STACK=cuda12
+RUN make deps CUDA_STACK="${CUDA_STACK}" PYTHON=python3
 
 COPY . /opt/gpufeed/src
 RUN make -C src install VENV=/opt/gpufeed/.venv \
-    && rm -rf src \
+    && rm -rf src gpufeed \
     && .venv/bin/gpufeed --help >/dev/null
 
 ENV PATH=/opt/gpufeed/.venv/bin:$PATH

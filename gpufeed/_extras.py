@@ -8,9 +8,22 @@ rather than an ImportError halfway through.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import re
 
-__all__ = ["MissingExtraError", "missing_from_extra", "require_extra"]
+__all__ = [
+    "STACK_MODULES",
+    "MissingExtraError",
+    "missing_from_extra",
+    "missing_stack_modules",
+    "require_extra",
+    "require_stack",
+]
+
+# DALI and onnxruntime: runtime dependencies, yet absent from an install made with --no-deps without
+# its CUDA stack's set (docs/gpu.md, "CUDA stacks"); every command but synth, config, obs and doctor
+# imports them.
+STACK_MODULES = ("nvidia.dali", "onnxruntime")
 
 
 class MissingExtraError(RuntimeError):
@@ -65,4 +78,46 @@ def require_extra(extra: str, command: str) -> None:
         raise MissingExtraError(
             f"'{command}' needs gpufeed's '{extra}' extra, which is not installed (missing: {', '.join(missing)}); "
             f"install it with: pip install 'gpufeed[{extra}]'"
+        )
+
+
+def missing_stack_modules() -> list[str]:
+    """The modules of :data:`STACK_MODULES` that cannot be imported (found without importing them)."""
+    missing = []
+    for module in STACK_MODULES:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package (nvidia) is absent too
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
+
+
+def _stack_packages() -> list[str]:
+    """gpufeed's own DALI and onnxruntime requirement lines (the CUDA 12 builds), from its metadata."""
+    try:
+        requires = importlib.metadata.requires("gpufeed") or []
+    except importlib.metadata.PackageNotFoundError:
+        requires = []
+    lines = [r for r in requires if "extra" not in r and r.lower().startswith(("nvidia-dali", "onnxruntime"))]
+    return lines or ["nvidia-dali-cuda120", "onnxruntime-gpu"]
+
+
+def require_stack(command: str) -> None:
+    """Check before any work starts that DALI and onnxruntime are installed.
+
+    They are gpufeed's runtime dependencies, so only an install made with ``--no-deps`` (the CUDA 13
+    stack's route, half done) or a removal lacks them.
+
+    Raises:
+        MissingExtraError: One line naming what is missing and the packages to install.
+    """
+    missing = missing_stack_modules()
+    if missing:
+        packages = " ".join(f"'{line}'" for line in _stack_packages())
+        raise MissingExtraError(
+            f"'{command}' needs DALI and onnxruntime, which are not installed (missing: {', '.join(missing)}): "
+            f"pip install {packages} (gpufeed's own dependencies), or for the CUDA 13 stack "
+            "pip install -r <(python -m gpufeed.stack requirements cuda13)"
         )

@@ -13,10 +13,14 @@ import logging
 import sys
 
 from gpufeed import __version__
-from gpufeed.commands import MissingExtraError
+from gpufeed.commands import MissingExtraError, require_stack
 from gpufeed.device import DeviceUnavailableError
 
 __all__ = ["build_parser", "main"]
+
+# Commands that run without DALI and onnxruntime; the others check for them first (an install made
+# with --no-deps may lack them).
+WITHOUT_STACK = ("synth", "config", "obs", "doctor")
 
 # Order here is the order in `gpufeed --help`.
 COMMAND_MODULES = (
@@ -27,6 +31,7 @@ COMMAND_MODULES = (
     "gpufeed.commands.bench",
     "gpufeed.commands.obs",
     "gpufeed.commands.reliability",
+    "gpufeed.commands.doctor",
 )
 
 
@@ -69,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     try:
+        if args.command not in WITHOUT_STACK:
+            require_stack(f"gpufeed {args.command}")
         return int(args.func(args) or 0)
     except MissingExtraError as err:  # caught first: listing the other user errors imports torch and DALI
         print(f"gpufeed {args.command}: error: {err}", file=sys.stderr)

@@ -139,8 +139,8 @@ def cuda_builds_line(builds: dict[str, str | None] | None = None) -> tuple[str, 
     if len(majors) <= 1:
         return f"CUDA builds: {shown}", False
     return (
-        f"CUDA builds: {shown}: CUDA majors {', '.join(sorted(majors))} are mixed; install the builds of one "
-        "major (nvidia-dali-cuda120 with onnxruntime-gpu<1.27 and a cu12 torch, or the cuda130/CUDA 13 builds)",
+        f"CUDA builds: {shown}: CUDA majors {', '.join(sorted(majors))} are mixed; install one CUDA stack "
+        "(make clean && make in a checkout, or the pip lines of docs/gpu.md 'CUDA stacks'); 'gpufeed doctor' checks it",
         True,
     )
 

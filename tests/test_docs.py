@@ -39,6 +39,8 @@ PACKAGES = {
     "gpufeed.obs": "gpufeed/obs",
     "gpufeed.reliability": "gpufeed/reliability",
     "gpufeed.synth": "gpufeed/synth",
+    "gpufeed.stack": "gpufeed/stack",
+    "gpufeed.doctor": "gpufeed/doctor",
 }
 
 

@@ -1,8 +1,9 @@
 """The container images and the compose stack's jobs.
 
-The images install in two layers with the Makefile's recipes: `make deps` (torch and the runtime
-dependencies, from pyproject.toml and the Makefile alone, so source edits never reinstall them),
-then the source and `make install` (gpufeed, not editable, no extras). The compose trainer's real
+The images install in two layers with the Makefile's recipes: `make deps` (the CUDA stack's torch
+and its requirement set, from pyproject.toml, the Makefile and the stack table alone, so source
+edits never reinstall them), then the source and `make install` (gpufeed, not editable, no
+dependencies, no extras). The compose trainer's real
 command runs twice against one run folder, as two `docker compose up` would run it.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,36 +52,70 @@ def test_dependencies_install_before_the_source_is_copied(image):
     deps = [i for i, args in runs if args.startswith("make deps ")]
     install = [i for i, args in runs if args.startswith("make -C src install ")]
     assert len(deps) == 1 and len(install) == 1, runs
-    # Only pyproject.toml and the Makefile are in the image when the dependencies install.
-    assert [steps[i][1] for i in copies if i < deps[0]] == ["pyproject.toml Makefile ./"]
+    # Only pyproject.toml, the Makefile and the stack table (standard library only) are in the image
+    # when the dependencies install.
+    assert [steps[i][1] for i in copies if i < deps[0]] == [
+        "pyproject.toml Makefile ./",
+        "gpufeed/stack/_choice.py ./gpufeed/stack/",
+    ]
     assert [steps[i][1] for i in copies if deps[0] < i] == [". /opt/gpufeed/src"]
     assert install[0] > max(copies)
     # Nothing else installs packages, and no extra ([test], [bench] ...) gets in.
     installers = [args for _, args in runs if re.search(r"\bpip install\b|^make ", args)]
     assert len(installers) == 2 and not any("[" in args for args in installers), installers
     # The install step removes the source and proves the installed CLI starts.
-    assert "rm -rf src" in steps[install[0]][1] and "gpufeed --help" in steps[install[0]][1]
+    assert "rm -rf src gpufeed" in steps[install[0]][1] and "gpufeed --help" in steps[install[0]][1]
+    assert steps[deps[0]][1] == 'make deps CUDA_STACK="${CUDA_STACK}" PYTHON=python3'
+    assert ("ARG", "CUDA_STACK=cuda12") in steps[: deps[0]], "the default stack runs on CUDA 12 and 13 drivers"
 
 
 def test_the_makefile_recipes_the_images_use():
     deps, install, setup = _recipe("deps"), _recipe("install"), _recipe("$(STAMP)")
-    assert "$(make_venv)" in deps and "PYPROJECT_DEPENDENCIES" in deps and "-r $(VENV)/requirements.txt" in deps
-    assert "-e " not in deps and "[" not in deps, "deps: runtime dependencies only"
+    makefile = (ROOT / "Makefile").read_text()
+    requirements = makefile.split("define install_stack_requirements\n", 1)[1].split("endef", 1)[0]
+    assert (
+        "_choice.py requirements $(CUDA_STACK) $(1) --pyproject pyproject.toml > $(VENV)/requirements.txt"
+        in requirements
+    )
+    assert "pip install --quiet -r $(VENV)/requirements.txt" in requirements
+    assert deps.split("\n")[:2] == ["\t$(make_venv)", "\t$(call install_stack_requirements,)"], "deps: no extra"
+    assert "-e " not in deps and "[" not in deps, "deps: no extra"
     assert re.search(r"pip install --quiet --no-deps --no-build-isolation \.$", install.strip()), install
-    assert '-e ".[test]"' in setup and "$(make_venv)" in setup
-    make_venv = (ROOT / "Makefile").read_text().split("define make_venv\n", 1)[1].split("endef", 1)[0]
-    assert '"$(TORCH_SPEC)"' in make_venv and '"$(SETUPTOOLS_SPEC)"' in make_venv
+    assert "$(make_venv)" in setup
+    # cpu and cuda12 through pip's extras; cuda13 (no extra can replace a dependency) by its set, then --no-deps.
+    stamp = makefile.split("\n$(STAMP):", 1)[1].split("\ttouch $@", 1)[0]
+    cuda13, other = stamp.split("\nifeq ($(CUDA_STACK),cuda13)\n", 1)[1].split("\nelse\n", 1)
+    assert cuda13.split("\n")[:2] == [
+        "\t$(call install_stack_requirements,test)",
+        "\t$(BIN)/python -m pip install --quiet --no-deps -e .",
+    ]
+    assert '-e ".[test$(if $(filter cuda12,$(CUDA_STACK)),$(comma)cuda12)]"' in other.split("endif", 1)[0]
+    make_venv = makefile.split("define make_venv\n", 1)[1].split("endef", 1)[0]
+    assert "pip install --quiet $(TORCH_ARGS)" in make_venv and '"$(SETUPTOOLS_SPEC)"' in make_venv
 
 
-def test_make_deps_reads_exactly_the_runtime_dependencies_of_pyproject(tmp_path):
+@pytest.mark.parametrize("stack", ["cpu", "cuda12", "cuda13"])
+def test_make_deps_reads_exactly_the_stacks_set_from_pyproject(stack, tmp_path):
+    """What `make deps` installs, printed as the image runs it: from pyproject.toml and the stack table alone."""
     import tomllib
 
-    makefile = (ROOT / "Makefile").read_text()
-    script = makefile.split("define PYPROJECT_DEPENDENCIES\n", 1)[1].split("\nendef", 1)[0]
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    (tmp_path / "gpufeed" / "stack").mkdir(parents=True)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    shutil.copy(ROOT / "gpufeed" / "stack" / "_choice.py", tmp_path / "gpufeed" / "stack")
+    command = [sys.executable, "-I", "gpufeed/stack/_choice.py", "requirements", stack, "--pyproject", "pyproject.toml"]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert proc.stdout.splitlines() == declared
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime, extras = project["dependencies"], project["optional-dependencies"]
+    lines = proc.stdout.splitlines()
+    if stack == "cpu":  # the CPU machine's set, as before the stacks: the runtime dependencies, exactly
+        assert lines == runtime
+    elif stack == "cuda12":
+        assert lines == runtime + extras["cuda12"]
+    else:
+        replaced = {"nvidia-dali-cuda120>=2.4": "nvidia-dali-cuda130>=2.4",
+                    "onnxruntime-gpu>=1.20,<1.27": "onnxruntime-gpu[cuda,cudnn]>=1.27"}  # fmt: skip
+        assert lines == [replaced.get(line, line) for line in runtime]
 
 
 def test_the_setuptools_floor_is_the_same_for_the_build_and_the_venv():
@@ -104,11 +140,11 @@ def test_the_build_context_leaves_out_environments_tests_and_outputs(image):
 
 
 @pytest.mark.parametrize("image", sorted(IMAGES))
-def test_the_images_are_cuda_12_runtimes_with_video_decoding_and_gpufeed_as_entrypoint(image):
+def test_the_images_hold_one_cuda_stack_with_video_decoding_and_gpufeed_as_entrypoint(image):
     steps = _instructions(IMAGES[image].read_text())
     base = next(args for word, args in steps if word == "FROM")
-    assert re.fullmatch(r"nvidia/cuda:12\.\d+\.\d+-(cudnn-)?runtime-ubuntu\d\d\.\d\d", base), base
-    assert "nvidia-dali-cuda120" in (ROOT / "pyproject.toml").read_text(), "DALI's CUDA 12 build matches the base"
+    # No CUDA in the base: every CUDA library is a wheel of the stack, so there is one copy, of one major.
+    assert re.fullmatch(r"ubuntu:\d\d\.\d\d", base), base
     env = " ".join(args for word, args in steps if word == "ENV")
     caps = re.search(r"NVIDIA_DRIVER_CAPABILITIES=(\S+)", env).group(1)
     assert set(caps.split(",")) == {"compute", "video", "utility"}, "NVDEC needs the video capability"

@@ -83,9 +83,13 @@ def _extras_only_distributions() -> set[str]:
     return extras - runtime - {"gpufeed"}
 
 
-def _runtime_view(view: Path) -> set[str]:
-    """Links to the test venv's packages, minus gpufeed itself and the extras' packages; returns those left out."""
+def _runtime_view(view: Path, also_without: tuple[str, ...] = ()) -> set[str]:
+    """Links to the test venv's packages, minus gpufeed itself, the extras' packages and the top-level
+    entries of the ``also_without`` distributions; returns those left out."""
     left_out = {p for p in os.listdir(sysconfig.get_paths()["purelib"]) if p.startswith(("gpufeed", "__editable__"))}
+    for dist_name in also_without:
+        dist = importlib.metadata.distribution(dist_name)
+        left_out |= {Path(str(f)).parts[0] for f in dist.files or () if not str(f).startswith("..")}
     for dist_name in _extras_only_distributions():
         dist = importlib.metadata.distribution(dist_name)
         left_out |= {Path(str(f)).parts[0] for f in dist.files or () if not str(f).startswith("..")}
@@ -356,5 +360,53 @@ def test_with_every_extra_installed_no_command_is_stopped():
 
     assert missing_from_extra("bench") == [] and missing_from_extra("demo") == [] and missing_from_extra("grpc") == []
     require_extra("bench", "gpufeed bench server")
-    with pytest.raises(ValueError, match="no extra 'gpu'; it has: bench, demo, grpc, docs, test"):
+    with pytest.raises(ValueError, match="no extra 'gpu'; it has: bench, demo, grpc, docs, test, cuda12"):
         missing_from_extra("gpu")
+
+
+_CUDA12 = re.compile(r"^(nvidia-dali-cuda120|nvidia-[a-z-]+-cu12\b)")
+
+
+@pytest.mark.parametrize("extras", [[], ["test"]])
+def test_each_stacks_requirements_read_from_the_installed_wheel_match_pyproject(installed, extras):
+    """The wheel user's CUDA 13 route reads the installed gpufeed's metadata; it must say what pyproject says."""
+    from packaging.requirements import Requirement
+
+    from gpufeed.stack import read_pyproject_requirements, stack_requirements
+
+    declared = read_pyproject_requirements(str(ROOT / "pyproject.toml"))
+    for stack in ("cpu", "cuda12", "cuda13"):
+        command = [installed["python"], "-m", "gpufeed.stack", "requirements", stack, *extras]
+        lines = _ok(_run(command, installed["cwd"], installed["env"])).stdout.splitlines()
+        want = stack_requirements(stack, extras, declared=declared)
+        # setuptools rewrites a line's form (quotes, the order of specifiers), not its meaning.
+        assert sorted(map(str, map(Requirement, lines))) == sorted(map(str, map(Requirement, want))), stack
+        if stack == "cuda13":
+            assert not [line for line in lines if _CUDA12.match(line)] and len(lines) == len(set(lines)), lines
+            ort = [Requirement(line) for line in lines if line.startswith("onnxruntime")]
+            assert [(r.name, r.extras, str(r.specifier)) for r in ort] == [
+                ("onnxruntime-gpu", {"cuda", "cudnn"}, ">=1.27")
+            ]
+            assert [line for line in lines if line.startswith("nvidia-dali")] == ["nvidia-dali-cuda130>=2.4"]
+
+
+def test_without_dali_and_onnxruntime_a_command_names_the_packages_in_one_line(installed, tmp_path):
+    """An install made with --no-deps and no stack set after it: DALI and onnxruntime are missing."""
+    venv = tmp_path / "venv"
+    _ok(_run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path))
+    python = venv / "bin" / "python"
+    site = _ok(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path)).stdout
+    left_out = _runtime_view(tmp_path / "view", also_without=("nvidia-dali-cuda120", "onnxruntime-gpu"))
+    assert {"nvidia", "onnxruntime"} <= left_out
+    (Path(site.strip()) / "gpufeed-test-runtime-deps.pth").write_text(f"{tmp_path / 'view'}\n")
+    _ok(_run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q",
+              installed["wheel"]], tmp_path, timeout=300))  # fmt: skip
+    gpufeed = venv / "bin" / "gpufeed"
+    proc = _run([gpufeed, "check", tmp_path], installed["cwd"], installed["env"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("gpufeed check: error: 'gpufeed check' needs DALI and onnxruntime"), line
+    assert "(missing: nvidia.dali, onnxruntime)" in line, line
+    assert "pip install 'nvidia-dali-cuda120>=2.4' 'onnxruntime-gpu" in line and "requirements cuda13" in line, line
+    doctor = _run([gpufeed, "doctor"], installed["cwd"], installed["env"])
+    assert doctor.returncode == 1 and "DALI is not installed" in doctor.stdout, doctor.stdout + doctor.stderr

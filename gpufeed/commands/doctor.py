@@ -1,0 +1,48 @@
+"""``gpufeed doctor``: what works on the GPU path, what falls back to the CPU, and why."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from gpufeed._files import write_json
+
+# Deferred imports: every gpufeed call imports this module to register its arguments; the doctor's
+# library (NVML through ctypes, the installed packages' files) loads only when it runs.
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="check the GPU path: driver, CUDA builds, libraries, nvJPEG, NVDEC, onnxruntime's CUDA provider",
+        description="Probe every part of the GPU path on tiny media made in memory: the driver and its CUDA "
+        "version, each package's CUDA build, the libraries the GPU code loads, torch on CUDA, DALI's GPU "
+        "operators, nvJPEG, the hardware JPEG decoder, NVDEC per codec (h264, hevc, av1, vp9) and onnxruntime's "
+        "CUDA provider; say what falls back to the CPU and why. Exit status 1 when the GPU path is broken "
+        "(or, with --require-gpu, missing); 0 otherwise, including on a machine without a GPU.",
+    )
+    p.add_argument("--require-gpu", action="store_true", help="a machine without a usable GPU is an error (exit 1)")
+    p.add_argument("--json", dest="json_out", nargs="?", const="-", metavar="FILE",
+                   help="write the report as JSON to FILE (or to stdout with no FILE) instead of text")  # fmt: skip
+    p.add_argument("--device-id", type=int, default=0, help="the CUDA device to probe (default 0)")
+    p.add_argument("--timeout-s", type=float, default=None, help="time limit of each probe's process (default 60)")
+    p.set_defaults(func=_doctor)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from gpufeed.doctor import DEFAULT_TIMEOUT_S, run_doctor
+
+    if args.device_id < 0:
+        raise SystemExit(f"gpufeed doctor: error: --device-id {args.device_id} is negative; give a CUDA device index")
+    timeout_s = DEFAULT_TIMEOUT_S if args.timeout_s is None else args.timeout_s
+    if timeout_s <= 0:
+        raise SystemExit(f"gpufeed doctor: error: --timeout-s {timeout_s:g} must be positive")
+    report = run_doctor(require_gpu=args.require_gpu, device_id=args.device_id, timeout_s=timeout_s)
+    if args.json_out == "-":
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        if args.json_out:
+            write_json(Path(args.json_out), report.to_json())
+        print(report.format_text())
+    return report.exit_code
