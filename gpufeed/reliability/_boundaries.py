@@ -87,6 +87,7 @@ class BoundaryReport(Checklist):
     evaluations_equal: bool
     differing: list[str]
     seconds: float
+    first_loss_difference: str = ""
 
     def checks(self) -> list[tuple[str, bool]]:
         """Each expectation of the module docs, and whether it held."""
@@ -135,7 +136,9 @@ class BoundaryReport(Checklist):
                 f"weights {'bit-identical' if self.weights_equal else 'DIFFER'}"
                 + (f" ({', '.join(self.differing[:5])})" if self.differing else "")
                 + f"; optimizer {'identical' if self.optimizer_equal else 'DIFFERS'}; "
-                f"losses {'identical' if self.losses_equal else 'DIFFER'} over {len(self.steps_logged)} logged steps; "
+                f"losses {'identical' if self.losses_equal else 'DIFFER'} over {len(self.steps_logged)} logged steps"
+                + (f" ({self.first_loss_difference})" if self.first_loss_difference else "")
+                + "; "
                 f"evaluations {'identical' if self.evaluations_equal else 'DIFFER'}",
                 f"wall time {self.seconds:.1f} s",
                 self.verdict(),
@@ -322,4 +325,15 @@ def run_boundary_kills(
         evaluations_equal=_evaluations(run_dir) == _evaluations(reference_dir),
         differing=differing,
         seconds=time.perf_counter() - started,
+        first_loss_difference=_first_loss_difference(records, ref_records),
     )
+
+
+def _first_loss_difference(records: list[dict], reference: list[dict]) -> str:
+    """Where the resumed run's losses first part from the reference's, in words ("" where they never do)."""
+    theirs = {r["step"]: r["loss"] for r in reference}
+    for record in records:
+        step, loss = record["step"], record["loss"]
+        if theirs.get(step) != loss:
+            return f"first at step {step}: {loss!r} against {theirs.get(step)!r}"
+    return ""
