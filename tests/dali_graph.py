@@ -68,3 +68,13 @@ def operators(pipe) -> list[Operator]:
 def image_decoders(pipe) -> list[Operator]:
     """The image decoders of ``pipe`` (``fn.decoders.image`` and ``fn.decoders.image_slice``)."""
     return [op for op in operators(pipe) if op.schema.startswith("decoders__Image")]
+
+
+def external_sources(pipe) -> list[Operator]:
+    """One :class:`Operator` per ``fn.external_source`` call (DALI makes one operator per output of each)."""
+    seen, found = set(), []
+    for op in operators(pipe):
+        if op.schema == "ExternalSource" and id(op.callback) not in seen:
+            seen.add(id(op.callback))
+            found.append(op)
+    return found

@@ -101,6 +101,7 @@ def test_frame_stores_decode_to_the_frames_vidio_wrote(stores):
                 assert np.array_equal(got, reader.read(index)), f"{form} frame {index}"
 
 
+@pytest.mark.process  # frame-store files are read in DALI's worker processes
 def test_resume_mid_epoch_continues_exactly(stores):
     dataset = VideoDataset.from_folder(stores / "hdf5")
 
@@ -122,6 +123,7 @@ def test_resume_mid_epoch_continues_exactly(stores):
     assert got == reference
 
 
+@pytest.mark.process  # frame-store files are read in DALI's worker processes
 def test_two_shards_split_the_clips(stores):
     dataset = VideoDataset.from_folder(stores / "folder")
     shards = [_read(_loader(dataset, False, shard_id=k, num_shards=2), stride=1) for k in range(2)]
@@ -144,6 +146,7 @@ def test_the_sequential_reader_reads_every_frame_in_order(stores, form, device):
     assert tags == [(i, 2) for i in range(FRAMES[2])] and indices == list(range(FRAMES[2]))
 
 
+@pytest.mark.process  # frame-store files are read in DALI's worker processes
 def test_mixed_folders_and_hdf5_read_with_the_right_channels(stores, tmp_path):
     shutil.copytree(stores / "folder" / "mouse_0", tmp_path / "mouse_0")
     shutil.copy(stores / "folder" / "mouse_0.csv", tmp_path)
@@ -210,6 +213,7 @@ def test_check_names_each_bad_store_and_frame(stores, tmp_path):
     assert check_path(folder / "mouse_2", progress=False).ok
 
 
+@pytest.mark.process  # frame-store files are read in DALI's worker processes
 def test_a_bad_frame_met_while_loading_is_named_or_skipped(stores, tmp_path):
     folder = _bad_copy(stores, tmp_path)
     dataset = VideoDataset.from_folder(folder)
