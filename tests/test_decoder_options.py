@@ -148,4 +148,5 @@ def test_a_served_image_equals_evaluation_bit_for_bit_wherever_it_sits_in_a_batc
         blob = Path(path).read_bytes()
         out = torch.zeros((1, 3, 48, 48), dtype=torch.uint8, device="cuda")
         assert decoder.decode_into([blob], np.array([loader.dataset.sizes[k]]), out) == [None]
+        # exact: one decoder for every JPEG (eval_decoder_options), one device
         assert torch.equal(out[0].cpu(), batch.images[k].cpu()), f"image {k} of the evaluation batch"

@@ -67,6 +67,7 @@ def _read(loader, stride):
             frames = start + np.arange(11) * stride
             assert frame_tags(batch.clips[k], "CTHW") == [(int(f), video) for f in frames], "exactly those frames"
             expected = torch.as_tensor(loader.dataset.labels[video][frames], dtype=torch.float32)
+            # exact: labels read from the CSV, not pixels
             assert torch.equal(batch.frame_labels[k].cpu(), expected)
             clips.append((video, start))
     return clips
@@ -237,6 +238,7 @@ def test_a_bad_frame_met_while_loading_is_named_or_skipped(stores, tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.process  # frame-store files are read (CPU: JPEGs decoded) in DALI's worker processes
 def test_nvjpeg_reads_the_same_clips_as_the_cpu_decoder(stores):
     for form in ("folder", "hdf5", "folder_jpg_hand"):
         dataset = VideoDataset.from_folder(stores / form)
