@@ -42,6 +42,7 @@ from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import decode_store_frames
 from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._nvdec import choose_source, gpu_capability
+from gpufeed.pipelines._nvdec_reader import ReaderBuild
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
@@ -107,6 +108,9 @@ class ClipLoader(EpochLoader):
         augment: Colour jitter, grayscale and flips applied inside the DALI graph when training, one
             draw per clip slot and epoch, the same on every frame; ``None`` or empty: none.
 
+    Attributes:
+        reader_builds: Each DALI video reader built: :class:`~gpufeed.pipelines._nvdec_reader.ReaderBuild`.
+
     Raises:
         ValueError: An argument is out of range or not allowed, or a shortcut disagrees with its
             config field (the message names the argument and what is allowed).
@@ -161,6 +165,7 @@ class ClipLoader(EpochLoader):
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
         self.geometry = ClipGeometry(video_cfg.clip_length_frames, video_cfg.stride_frames)
+        self.reader_builds: list[ReaderBuild] = []
         self.behaviours = data.behaviours
         self.quarantined = quarantined_ids(data.paths, getattr(loader_cfg, "quarantine_file", None), data.source)
         bad = {v: why for v, why in data.problems.items() if v not in self.quarantined}

@@ -17,6 +17,7 @@ built pipeline whose outputs are ``clips`` (uint8 ``(N, T, H, W, C)``, resized, 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ from gpufeed.pipelines._clip_pipeline import (
     write_stream_list,
 )
 from gpufeed.pipelines._epochs import worker_start_method
-from gpufeed.pipelines._nvdec_reader import log_reader_budget
+from gpufeed.pipelines._nvdec_reader import ReaderBuild, log_reader_budget, log_reader_build
 from gpufeed.pipelines._pyav import ClipSource
 from gpufeed.pipelines._sampler import PlanStream
 from gpufeed.pipelines._store_feed import (
@@ -85,6 +86,7 @@ def reader_pipeline(loader, stream: PlanStream, common: dict, rows) -> tuple:
         work folder holding the list (removed with the session).
     """
     work = new_work_dir()
+    started = time.perf_counter()
     try:
         listed = write_stream_list(
             Path(work.name),
@@ -95,6 +97,7 @@ def reader_pipeline(loader, stream: PlanStream, common: dict, rows) -> tuple:
             seed=loader.seed,
             batch_size=loader.batch_size,
         )
+        written = time.perf_counter()
         fused = log_reader_budget(
             loader.dataset.infos, listed, loader.batch_size, loader.geometry, loader.device.is_gpu
         )
@@ -108,6 +111,9 @@ def reader_pipeline(loader, stream: PlanStream, common: dict, rows) -> tuple:
     except Exception:
         work.cleanup()
         raise
+    build = ReaderBuild(len(listed.videos), listed.capped, written - started, time.perf_counter() - written)
+    loader.reader_builds.append(build)
+    log_reader_build(build, len(loader.reader_builds), loader.device.is_gpu)
     return pipe, listed.iterations, [work]
 
 

@@ -101,6 +101,24 @@ def test_a_capped_reader_reads_every_epoch_exactly_across_its_rebuilds(vp9_dir, 
     assert "building it constructs 8 frame decoders (one per line)" in capped[0]
 
 
+def test_every_reader_build_is_timed_and_logged_when_lists_are_capped(vp9_dir, monkeypatch, caplog):
+    """What each build cost, list and DALI build apart: kept by the loader, logged when a list is capped."""
+    dataset = VideoDataset.from_folder(vp9_dir)
+    monkeypatch.setattr(_clip_pipeline, "LIST_LINES", 8)
+    caplog.set_level(logging.INFO, logger="gpufeed")
+    loader = _clips(dataset, CPU, seed=2)
+    batches = sum(1 for _ in loader)
+    builds = loader.reader_builds
+    assert len(builds) == loader.pipeline_builds == -(-batches // 2) >= 3
+    assert [b.lines for b in builds[:-1]] == [8] * (len(builds) - 1) and 0 < builds[-1].lines <= 8
+    assert all(b.list_s > 0 and b.build_s > 0 and b.total_s == b.list_s + b.build_s for b in builds)
+    timed = [r.getMessage() for r in caplog.records if " s for " in r.getMessage() and "clip reader" in r.getMessage()]
+    assert len(timed) == len(builds), timed
+    assert timed[0].startswith("DALI clip reader built in ") and "for 8 lines: list " in timed[0]
+    assert timed[1].startswith("DALI clip reader rebuilt (build 2) in ") and ", DALI build " in timed[1]
+    assert "the training thread waits through both" in timed[1]
+
+
 def test_rebuilds_leave_one_live_pipeline_per_loader(vp9_dir, monkeypatch):
     """A replaced reader (its decoders, NVDEC sessions and full-size buffers) goes when the loader drops it."""
     dataset = VideoDataset.from_folder(vp9_dir)
@@ -211,6 +229,9 @@ def test_nvdec_reads_exactly_with_a_capped_list_and_logs_its_budget(synth_dir, m
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("NVDEC clip reader: a list of 8 clips for 2 batches (capped") for m in messages)
     assert any(m.startswith("NVDEC memory: 1 video format(s), so 1 hardware decoder(s)") for m in messages)
+    # What each NVDEC build took, for this GPU's log: the figure no CPU run can give.
+    assert any(m.startswith("NVDEC clip reader rebuilt (build 2) in ") for m in messages)
+    assert len(loader.reader_builds) == loader.pipeline_builds >= 2
 
 
 @pytest.mark.gpu
