@@ -167,3 +167,18 @@ def test_store_clips_are_exactly_their_frames_and_the_loader_thread_reads_no_fil
         (source,) = [op for op in external_sources(pipe) if isinstance(op.callback, StoreFrameFeed)]
         assert source.parallel and source.callback._reader is None, "this process read no frame"
     assert clips == 2 * len(loader.table) and loader.pipeline_builds == 1
+
+
+@pytest.mark.process  # spawned worker processes
+def test_store_clips_read_through_spawned_workers(jpeg_stores):
+    """On a GPU, CUDA makes DALI spawn its workers: the feed and its plan travel pickled, and read the same clips."""
+    dataset = VideoDataset.from_folder(jpeg_stores / "mixed")
+    cpu = DeviceChoice("cpu", None, "test")
+    loader = _loader(dataset, cpu, worker_start_method="spawn")
+    seen = []
+    for batch in loader:
+        for k in range(len(batch)):
+            video, start = int(batch.video_ids[k]), int(batch.start_frames[k])
+            assert frame_tags(batch.clips[k], "CTHW") == [(start + t, video) for t in range(T)]
+            seen.append((video, start))
+    assert seen == list(zip(*(a.tolist() for a in loader.epoch_clips(0)), strict=True))
