@@ -36,11 +36,9 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-TESTS = Path(__file__).parent
+from _gpu_source import Module, Scope, dotted, is_fixture, qualified, reachable
 
 # Calls that start a child process: what _tiers.py patches, and the usual ways to reach it.
 PROCESS_STARTS = frozenset(
@@ -94,121 +92,6 @@ DECODERS = ("dali", "pyav")
 DEVICE_NAMES = ("cpu", "gpu")
 
 
-@dataclass
-class Module:
-    """What the checks need of one parsed file."""
-
-    path: Path
-    tree: ast.Module
-    lines: list[str]
-    imports: dict[str, str] = field(default_factory=dict)  # local name -> dotted target
-    functions: dict[str, ast.FunctionDef] = field(default_factory=dict)
-    constants: dict[str, ast.expr] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, source: str, path: Path) -> Module:
-        tree = ast.parse(source)
-        module = cls(path, tree, source.splitlines())
-        for node in ast.walk(tree):  # imports anywhere: tests import inside their bodies too
-            module.imports.update(_imports_of(node))
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                module.functions[node.name] = node  # type: ignore[assignment]  # async defs read alike
-            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                module.constants[node.targets[0].id] = node.value
-        return module
-
-
-def _imports_of(node: ast.AST) -> dict[str, str]:
-    if isinstance(node, ast.Import):
-        return {(a.asname or a.name.split(".")[0]): (a.name if a.asname else a.name.split(".")[0]) for a in node.names}
-    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-        return {(a.asname or a.name): f"{node.module}.{a.name}" for a in node.names}
-    return {}
-
-
-@functools.cache
-def _support_module(name: str) -> Module | None:
-    """A test-support module of this folder (``_serving``, ``videohelp``, ``conftest``), parsed once."""
-    path = TESTS / f"{name}.py"
-    if not path.is_file():
-        return None
-    return Module.parse(path.read_text(encoding="utf-8"), path)
-
-
-def _dotted(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
-
-
-_ALIASES = {"np": "numpy", "mp": "multiprocessing"}
-
-
-def qualified(module: Module, node: ast.expr) -> str | None:
-    """The dotted name a call's function refers to, through the module's imports (``np`` is numpy)."""
-    dotted = _dotted(node)
-    if dotted is None:
-        return None
-    head, _, rest = dotted.partition(".")
-    target = module.imports.get(head, _ALIASES.get(head, head))
-    return f"{target}.{rest}" if rest else target
-
-
-@dataclass
-class Scope:
-    """One function whose code the checks read, and the module it is in."""
-
-    module: Module
-    function: ast.FunctionDef
-
-    def nodes(self) -> Iterator[ast.AST]:
-        yield from ast.walk(self.function)
-
-
-def reachable(module: Module, test: ast.FunctionDef, limit: int = 40) -> list[Scope]:
-    """The test, the module helpers and test-support functions it calls, and the fixtures it asks for."""
-    conftest = _support_module("conftest")
-    seen: set[tuple[str, str]] = set()
-    out: list[Scope] = []
-    queue = [Scope(module, test)]
-    while queue and len(out) < limit:
-        scope = queue.pop(0)
-        key = (str(scope.module.path), scope.function.name)
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(scope)
-        fixtures = [a.arg for a in scope.function.args.args]
-        for name in fixtures:
-            for owner in (scope.module, conftest):
-                if owner is not None and name in owner.functions and _is_fixture(owner.functions[name]):
-                    queue.append(Scope(owner, owner.functions[name]))
-                    break
-        for node in scope.nodes():
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                name = node.func.id
-                if name in scope.module.functions:
-                    queue.append(Scope(scope.module, scope.module.functions[name]))
-                    continue
-                target = scope.module.imports.get(name, "")
-                support = _support_module(target.rpartition(".")[0]) if "." in target else None
-                if support is not None and target.rpartition(".")[2] in support.functions:
-                    queue.append(Scope(support, support.functions[target.rpartition(".")[2]]))
-    return out
-
-
-def _is_fixture(function: ast.FunctionDef) -> bool:
-    for decorator in function.decorator_list:
-        node = decorator.func if isinstance(decorator, ast.Call) else decorator
-        if (_dotted(node) or "").endswith("fixture"):
-            return True
-    return False
-
-
 # -- 1. tier marks --------------------------------------------------------------------------------
 
 
@@ -250,10 +133,10 @@ def tier_problems(scopes: list[Scope], marks: set[str], fixtures: list[str]) -> 
 
 def _resolve(module: Module, node: ast.expr):
     """The object an expression names through the module's imports (``_clip_loader``, ``os.path``), or raise."""
-    dotted = qualified(module, node)
-    if dotted is None:
+    name = qualified(module, node)
+    if name is None:
         raise LookupError("not a dotted name")
-    parts = dotted.split(".")
+    parts = name.split(".")
     for cut in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
@@ -262,7 +145,7 @@ def _resolve(module: Module, node: ast.expr):
         for attr in parts[cut:]:
             obj = getattr(obj, attr)
         return obj
-    raise LookupError(f"{dotted} cannot be imported")
+    raise LookupError(f"{name} cannot be imported")
 
 
 def patch_problems(scopes: list[Scope]) -> list[str]:
@@ -274,7 +157,7 @@ def patch_problems(scopes: list[Scope]) -> list[str]:
         for node in scope.nodes():
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
-            if node.func.attr not in ("setattr", "delattr") or _dotted(node.func.value) != "monkeypatch":
+            if node.func.attr not in ("setattr", "delattr") or dotted(node.func.value) != "monkeypatch":
                 continue
             if any(k.arg == "raising" for k in node.keywords) or not node.args:
                 continue
@@ -347,7 +230,7 @@ def _device_of(module: Module, node: ast.expr | None) -> str | None:
         return node.value
     if isinstance(node, ast.Name) and node.id in module.constants:
         node = module.constants[node.id]
-    if isinstance(node, ast.Call) and (_dotted(node.func) or "").endswith("DeviceChoice") and node.args:
+    if isinstance(node, ast.Call) and (dotted(node.func) or "").endswith("DeviceChoice") and node.args:
         first = node.args[0]
         if isinstance(first, ast.Constant) and first.value in DEVICE_NAMES:
             return first.value
@@ -379,7 +262,7 @@ def _codec_of(scope: Scope, node: ast.expr | None, depth: int = 0) -> str | None
         return SYNTH_VIDEO_CODEC
     for name in names:
         fixture = scope.module.functions.get(name)
-        if fixture is not None and _is_fixture(fixture):
+        if fixture is not None and is_fixture(fixture):
             codec = _keyword_literal(fixture, "codec")
             if codec:
                 return codec
@@ -401,7 +284,10 @@ def _default(function: ast.FunctionDef, parameter: str) -> ast.expr | None:
     """The default value of a parameter (positional or keyword-only)."""
     args = function.args
     positional = args.args[len(args.args) - len(args.defaults) :]
-    for arg, default in [*zip(positional, args.defaults), *zip(args.kwonlyargs, args.kw_defaults)]:
+    for arg, default in [
+        *zip(positional, args.defaults, strict=True),
+        *zip(args.kwonlyargs, args.kw_defaults, strict=True),
+    ]:
         if arg.arg == parameter:
             return default
     return None
@@ -460,7 +346,7 @@ def exact_problems(scopes: list[Scope]) -> list[str]:
             span = range(max(0, node.lineno - 3), min(len(lines), (node.end_lineno or node.lineno)))
             if not any(EXACT_NOTE in lines[i] for i in span):
                 problems.append(
-                    f"{scope.function.name}() line {node.lineno} compares exactly ({_dotted(node.func)}) with no "
+                    f"{scope.function.name}() line {node.lineno} compares exactly ({dotted(node.func)}) with no "
                     f"`{EXACT_NOTE} <why>` note: pixels from two decoders differ by a level; compare them with a "
                     "tolerance, or say why both sides are bit-equal"
                 )
