@@ -292,11 +292,15 @@ class StreamAugmentFeed:
             batch is filled by repeating its last row, as the clip sources fill theirs).
         row_order: ``row_order(k)`` -> the plan row of each output row of iteration ``k``, when the
             pipeline's rows are not in plan order; ``None``: plan order.
+        repeat: Samples per row: each row's parameters that many times (frame stores lay a clip
+            out as ``T`` samples, one per frame).
     """
 
-    def __init__(self, stream, augment: LoaderAugment, seed: int, fill_to: int | None = None, row_order=None) -> None:
+    def __init__(
+        self, stream, augment: LoaderAugment, seed: int, fill_to: int | None = None, row_order=None, repeat: int = 1
+    ) -> None:
         self.stream, self.augment, self.seed, self.fill_to = stream, augment, int(seed), fill_to
-        self.row_order = row_order
+        self.row_order, self.repeat = row_order, repeat
         self.iteration = 0
 
     def __call__(self):
@@ -310,9 +314,9 @@ class StreamAugmentFeed:
         rows = self.augment.rows(self.seed, batch.epoch, ids)
         columns = []
         if rows.colour is not None:
-            columns.append(list(rows.colour.astype(np.float32)))
+            columns.append(list(np.repeat(rows.colour.astype(np.float32), self.repeat, axis=0)))
         if rows.flip is not None:
-            columns.append(list(rows.flip.astype(np.int32)))
+            columns.append(list(np.repeat(rows.flip.astype(np.int32), self.repeat)))
         return columns
 
     def apply(self, frames):

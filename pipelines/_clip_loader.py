@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import decode_store_frames
 from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._nvdec import choose_source, gpu_capability
+from gpufeed.pipelines._nvdec_reader import ReaderBuild
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
@@ -107,6 +108,9 @@ class ClipLoader(EpochLoader):
         augment: Colour jitter, grayscale and flips applied inside the DALI graph when training, one
             draw per clip slot and epoch, the same on every frame; ``None`` or empty: none.
 
+    Attributes:
+        reader_builds: Each DALI video reader built: :class:`~gpufeed.pipelines._nvdec_reader.ReaderBuild`.
+
     Raises:
         ValueError: An argument is out of range or not allowed, or a shortcut disagrees with its
             config field (the message names the argument and what is allowed).
@@ -161,6 +165,7 @@ class ClipLoader(EpochLoader):
             train=train, loader_cfg=loader_cfg, device=device, shard_id=shard_id, num_shards=num_shards, seed=seed
         )
         self.geometry = ClipGeometry(video_cfg.clip_length_frames, video_cfg.stride_frames)
+        self.reader_builds: list[ReaderBuild] = []
         self.behaviours = data.behaviours
         self.quarantined = quarantined_ids(data.paths, getattr(loader_cfg, "quarantine_file", None), data.source)
         bad = {v: why for v, why in data.problems.items() if v not in self.quarantined}
@@ -245,9 +250,13 @@ class ClipLoader(EpochLoader):
     def _excluded_plan_ids(self) -> np.ndarray:
         return self.table.slots_of(self.read_failures)
 
-    def _open_session(self, stream: PlanStream) -> Session:
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+    @property
+    def _frames_flat(self) -> bool:
+        """Whether the pipeline outputs each clip as ``T`` consecutive frames (frame stores, see ``_store_pipeline``)."""
+        return self.source == "frames" and not self._scaled_jpeg
 
+    def _pipeline_args(self, stream: PlanStream) -> tuple[dict, Any]:
+        """(the arguments every clip pipeline over ``stream`` shares, ``rows(k)`` in reader order)."""
         common = {
             "clip_length_frames": self.geometry.clip_length_frames,
             "stride_frames": self.geometry.stride_frames,
@@ -264,7 +273,7 @@ class ClipLoader(EpochLoader):
         def rows(k: int):  # DALI's reader gets each batch's rows in reader_order (see _clip_pipeline)
             return reader_rows(stream, table, train=train, seed=seed, batch_size=size, iteration=k)
 
-        # Augmentation: one parameter row per clip, from the same stream of plan batches.
+        # Augmentation: one parameter row per clip (per frame of it for frame stores), from the same stream.
         common["augment"] = (
             None
             if self.augment is None
@@ -274,8 +283,15 @@ class ClipLoader(EpochLoader):
                 self.seed,
                 fill_to=self.batch_size,
                 row_order=(lambda k: rows(k)[2]) if self.source == "dali" else None,
+                repeat=self.geometry.clip_length_frames if self._frames_flat else 1,
             )
         )
+        return common, rows
+
+    def _open_session(self, stream: PlanStream) -> Session:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+        common, rows = self._pipeline_args(stream)
         limit: int | None = None
         resources: list = []
         if self.source == "frames":
@@ -303,6 +319,11 @@ class ClipLoader(EpochLoader):
                 if out["clips"].is_cuda:  # pinned, so the small copy does not wait for the device
                     back = back.pin_memory().to(out["clips"].device, non_blocking=True)
                 clips = out["clips"].index_select(0, back)
+        elif self._frames_flat:  # clip j is frames j*T .. j*T+T-1: every frame's tag is its clip's
+            t = self.geometry.clip_length_frames
+            self._check_tags(out["tags"].view(-1)[: n * t], np.repeat(iteration * self.batch_size + np.arange(n), t))
+            frames = out["clips"]
+            clips = frames.view(-1, t, *frames.shape[1:])[:n]  # (N*T, H, W, 3) -> (N, T, H, W, 3), a view
         else:
             self._check_tags(out["tags"].view(-1)[:n], iteration * self.batch_size + np.arange(n))
             clips = out["clips"][:n]

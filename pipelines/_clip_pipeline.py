@@ -35,11 +35,11 @@ filled with rows the loader drops), and the tag of plan row ``j`` of iteration `
   (one worker process per thread, started once), seeking with PyAV to the keyframe at or before
   each clip.
 * ``"pyav_sequential"``: :class:`gpufeed.pipelines._pyav.SequentialFeed`, one video front to back.
-* ``"frames"``: frame folders and HDF5 files, one image decode per frame
-  (:mod:`gpufeed.pipelines._store_feed`); crop window and resize as for the DALI reader. On a CPU,
-  stores of JPEG frames are decoded DCT-scaled by a
+* ``"frames"``: on a CPU, stores of JPEG frames decoded DCT-scaled by a
   :class:`~gpufeed.pipelines._store_feed.ScaledJpegClips` in a parallel ``external_source``
-  (worker processes, as for PyAV), and the crop window is a region relative to the frame.
+  (worker processes, as for PyAV), the crop window a region relative to the frame. Every other
+  frame store has a graph of its own, every frame of a batch through one image decoder
+  (:mod:`gpufeed.pipelines._store_pipeline`).
 
 Why a file list and not ``fn.decoders.video`` on in-memory files: that decoder needs each clip's
 whole file as its input and indexes it per sample; measured on a CPU (VP9, 256x256, 1,800
@@ -60,7 +60,7 @@ import numpy as np
 from gpufeed._procs import forked_children_die_with_me
 from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines._augment import StreamAugmentFeed
-from gpufeed.pipelines._store_feed import decode_store_clips
+from gpufeed.pipelines._store_feed import ScaledJpegClips
 
 __all__ = [
     "LIST_LINES",
@@ -110,6 +110,8 @@ class RoiFeed:
         output_aspect: The output's width / height (see :func:`centre_rois`).
         relative: Give the regions as fractions of the frame's height and width (for frames
             decoded at another size than the stored one, see ``ScaledJpegClips``).
+        repeat: Samples per row: each row's region that many times (frame stores lay a clip out
+            as ``T`` samples, see :mod:`gpufeed.pipelines._store_pipeline`).
     """
 
     def __init__(
@@ -119,8 +121,9 @@ class RoiFeed:
         output_aspect: float = 1.0,
         *,
         relative: bool = False,
+        repeat: int = 1,
     ) -> None:
-        self.rows, self.relative = rows, relative
+        self.rows, self.relative, self.repeat = rows, relative, repeat
         self.starts, self.ends = centre_rois(np.asarray(frame_sizes), output_aspect)
         if relative:
             hw = np.asarray(frame_sizes, dtype=np.float32)[:, ::-1]
@@ -128,7 +131,7 @@ class RoiFeed:
         self.iteration = 0
 
     def __call__(self):
-        videos = self.rows(self.iteration)
+        videos = np.repeat(self.rows(self.iteration), self.repeat)
         self.iteration += 1
         return list(self.starts[videos]), list(self.ends[videos])
 
@@ -290,8 +293,8 @@ def build_clip_pipeline(
             (``clip_input`` is a :class:`~gpufeed.pipelines._pyav.ClipSource`, run by one worker
             process per thread), ``"pyav_sequential"`` (a
             :class:`~gpufeed.pipelines._pyav.SequentialFeed`, in this process) or ``"frames"``
-            (a :class:`~gpufeed.pipelines._store_feed.StoreClipFeed` of frame-store clips,
-            decoded by DALI's image decoder).
+            (a :class:`~gpufeed.pipelines._store_feed.ScaledJpegClips`; other frame stores go
+            through :func:`gpufeed.pipelines._store_pipeline.build_store_pipeline`).
         size_px: Output frame size, (width_px, height_px) or one number for a square.
         fit: ``"stretch"`` (whole frame) or ``"centre_crop"`` (central region of the output's
             aspect ratio; the ``"dali"`` and ``"frames"``
@@ -322,13 +325,13 @@ def build_clip_pipeline(
     on_gpu = device_id is not None
     if fused_resize and not (source == "dali" and on_gpu):
         raise ValueError("fused_resize is for the dali source on a GPU (NVDEC's reader) only")
-
     # Frame stores whose feed decodes in DALI's worker processes (ScaledJpegClips, CPU only).
-    parallel_frames = source == "frames" and getattr(clip_input, "parallel", False)
+    parallel_frames = source == "frames"
+    if parallel_frames and not isinstance(clip_input, ScaledJpegClips):
+        raise ValueError("the frames source takes a ScaledJpegClips; other stores: build_store_pipeline")
 
     @pipeline_def(enable_conditionals=False)
     def clip_graph():
-        restore_channels = None  # HDF5 frames decoded by DALI get their channels put back after the resize
         resize_args = {
             "resize_x": out.width_px,  # DALI names the sides: x is the width, y the height
             "resize_y": out.height_px,
@@ -359,8 +362,6 @@ def build_clip_pipeline(
                 frames, tag = fn.experimental.readers.video_resize(device="gpu", **reader_args, **resize_args)
             else:
                 frames, tag = fn.experimental.readers.video(device="gpu" if on_gpu else "cpu", **reader_args)
-        elif source == "frames" and not parallel_frames:
-            frames, tag, restore_channels = decode_store_clips(clip_input, on_gpu)
         else:
             parallel = source == "pyav" or parallel_frames
             extra = {"parallel": True, "prefetch_queue_depth": max(2, prefetch_queue_depth)} if parallel else {}
@@ -372,13 +373,10 @@ def build_clip_pipeline(
                 dtype=[types.UINT8, types.INT64 if parallel else types.INT32],
                 **extra,
             )
-        if on_gpu and source not in ("dali", "frames"):
+        if on_gpu and source != "dali":
             frames = frames.gpu()
-        if source in ("dali", "frames"):
-            if not (source == "dali" and fused_resize):
-                frames = fn.resize(frames, **resize_args)
-            if restore_channels is not None:
-                frames = restore_channels(frames)
+        if source in ("dali", "frames") and not (source == "dali" and fused_resize):
+            frames = fn.resize(frames, **resize_args)
         # Augmentation seam: per-clip colour matrix and flip, on every frame of the clip.
         if augment is not None:
             frames = augment.apply(frames)

@@ -9,13 +9,15 @@ built pipeline whose outputs are ``clips`` (uint8 ``(N, T, H, W, C)``, resized, 
   and videos NVDEC cannot take);
 - :func:`reader_pipeline`: DALI's video reader (NVDEC on a GPU) over a file list written per
   stream, its rows in reader order;
-- :func:`frames_pipeline`: frame folders and HDF5 frame files, one image decode per frame (DCT-scaled
-  JPEG decodes in worker processes on a CPU).
+- :func:`frames_pipeline`: frame folders and HDF5 frame files, every frame of a batch through one
+  image decoder, the files read in worker processes (DCT-scaled JPEG decodes in worker processes
+  on a CPU).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +32,17 @@ from gpufeed.pipelines._clip_pipeline import (
     write_stream_list,
 )
 from gpufeed.pipelines._epochs import worker_start_method
-from gpufeed.pipelines._nvdec_reader import log_reader_budget
+from gpufeed.pipelines._nvdec_reader import ReaderBuild, log_reader_budget, log_reader_build
 from gpufeed.pipelines._pyav import ClipSource
 from gpufeed.pipelines._sampler import PlanStream
-from gpufeed.pipelines._store_feed import ScaledJpegClips, StoreClipFeed, StoreRef, channel_mode, jpeg_decode_sizes
+from gpufeed.pipelines._store_feed import (
+    ScaledJpegClips,
+    StoreFrameFeed,
+    StoreRef,
+    channel_mode,
+    jpeg_decode_sizes,
+)
+from gpufeed.pipelines._store_pipeline import build_store_pipeline, store_read_workers
 
 __all__ = ["frames_pipeline", "pyav_pipeline", "reader_pipeline", "worker_pids"]
 
@@ -77,6 +86,7 @@ def reader_pipeline(loader, stream: PlanStream, common: dict, rows) -> tuple:
         work folder holding the list (removed with the session).
     """
     work = new_work_dir()
+    started = time.perf_counter()
     try:
         listed = write_stream_list(
             Path(work.name),
@@ -87,6 +97,7 @@ def reader_pipeline(loader, stream: PlanStream, common: dict, rows) -> tuple:
             seed=loader.seed,
             batch_size=loader.batch_size,
         )
+        written = time.perf_counter()
         fused = log_reader_budget(
             loader.dataset.infos, listed, loader.batch_size, loader.geometry, loader.device.is_gpu
         )
@@ -100,30 +111,46 @@ def reader_pipeline(loader, stream: PlanStream, common: dict, rows) -> tuple:
     except Exception:
         work.cleanup()
         raise
+    build = ReaderBuild(len(listed.videos), listed.capped, written - started, time.perf_counter() - written)
+    loader.reader_builds.append(build)
+    log_reader_build(build, len(loader.reader_builds), loader.device.is_gpu)
     return pipe, listed.iterations, [work]
 
 
-def frames_pipeline(loader, stream: PlanStream, common: dict):
-    """The clip pipeline over frame stores: the stream's clips, one image decode per frame."""
+def frames_pipeline(loader, stream: PlanStream, common: dict, *, build: bool = True):
+    """The clip pipeline over frame stores: the stream's clips, one image decode per frame.
+
+    On a CPU with JPEG stores, DCT-scaled decodes in worker processes (clips out); otherwise
+    :func:`~gpufeed.pipelines._store_pipeline.build_store_pipeline`, every frame of a batch through
+    one image decoder (``batch_size x T`` frames out, which the loader regroups), the files read in
+    worker processes. ``build=False``: defined only (the tests read its graph).
+    """
     rows = StreamRows(stream, loader.table, train=loader.train, seed=loader.seed, batch_size=loader.batch_size)
     infos = loader.dataset.infos
     stores = [StoreRef.from_info(info) if info.store else None for info in infos]
     shape = {"clip_length_frames": loader.geometry.clip_length_frames, "stride_frames": loader.geometry.stride_frames}
     out, fit = loader.video_cfg.output_size, loader.video_cfg.fit
     sizes = np.array([(info.width, info.height) for info in infos])
+    scaled, t = loader._scaled_jpeg, loader.geometry.clip_length_frames
     roi, regions = None, sizes  # regions: (width, height) of the part of each frame the resize reads
-    if fit == "centre_crop":
-        roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px, relative=loader._scaled_jpeg)
+    if fit == "centre_crop":  # store frames are samples of their own: a clip's region once per frame
+        roi = RoiFeed(
+            lambda k: rows(k)[0], sizes, out.width_px / out.height_px, relative=scaled, repeat=1 if scaled else t
+        )
         starts, ends = centre_rois(sizes, out.width_px / out.height_px)
         regions = (ends - starts)[:, ::-1]
-    if loader._scaled_jpeg:
+    method, why = worker_start_method(getattr(loader.cfg, "worker_start_method", "auto"))
+    if scaled:
         decoded = jpeg_decode_sizes(sizes, regions, out)
         limit = {"max_pixels": loader.dataset.max_pixels}
-        scaled = ScaledJpegClips(rows, stores, decoded, batch_size=loader.batch_size, **shape, **limit)
-        method, why = worker_start_method(getattr(loader.cfg, "worker_start_method", "auto"))
+        clips = ScaledJpegClips(rows, stores, decoded, batch_size=loader.batch_size, **shape, **limit)
         log.info("starting %d JPEG decoding worker process(es) with %s (%s)", loader.num_threads, method, why)
-        return build_clip_pipeline(source="frames", clip_input=scaled, roi_feed=roi, start_method=method, **common)
+        return build_clip_pipeline(source="frames", clip_input=clips, roi_feed=roi, start_method=method, **common)
     used = {infos[v].store for v in np.unique(loader.table.slot_video)}
     limit = {"max_pixels": loader.dataset.max_pixels}
-    feed = StoreClipFeed(rows, stores, batch_size=loader.batch_size, mode=channel_mode(used), **shape, **limit)
-    return build_clip_pipeline(source="frames", clip_input=feed, roi_feed=roi, **common)
+    feed = StoreFrameFeed(rows, stores, batch_size=loader.batch_size, mode=channel_mode(used), **shape, **limit)
+    if build:
+        workers = store_read_workers(loader.num_threads)
+        log.info("starting %d frame-reading worker process(es) with %s (%s)", workers, method, why)
+    args = {k: v for k, v in common.items() if k not in ("clip_length_frames", "stride_frames")}
+    return build_store_pipeline(feed, roi_feed=roi, start_method=method, build=build, **args)

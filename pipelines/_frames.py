@@ -28,7 +28,8 @@ from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._nvdec import choose_source, gpu_capability
 from gpufeed.pipelines._nvdec_reader import fused_reader_resize
 from gpufeed.pipelines._pyav import SequentialFeed, VideoRef
-from gpufeed.pipelines._store_feed import StoreClipFeed, StoreRef, channel_mode
+from gpufeed.pipelines._store_feed import StoreFrameFeed, StoreRef, channel_mode
+from gpufeed.pipelines._store_pipeline import build_store_pipeline
 from gpufeed.pipelines._videos import VideoInfo, probe_video
 
 if TYPE_CHECKING:
@@ -108,51 +109,20 @@ class VideoFrameReader:
         work = new_work_dir()
         try:
             rows = len(self._starts)
-            if self.source == "dali":
-                clip_input = write_file_list(
-                    Path(work.name), [self.info.path], np.zeros(rows, dtype=np.int64), self._starts, self.chunk_frames
-                )
-            elif self.source == "frames":
-                last = rows - 1  # DALI may prefetch past the end: repeat the last range
-                clip_input = StoreClipFeed(
-                    lambda k: (np.zeros(1, dtype=np.int64), self._starts[min(k, last) : min(k, last) + 1]),
-                    [StoreRef.from_info(self.info)],
-                    clip_length_frames=self.chunk_frames,
-                    stride_frames=1,
-                    batch_size=1,
-                    mode=channel_mode({self.info.store}),
-                )
-            else:
-                clip_input = SequentialFeed(
-                    VideoRef.from_info(self.info), self.chunk_frames, size_px=self.size, fit=self.fit
-                )
-            pipe = build_clip_pipeline(
-                source=self.source if self.source in ("dali", "frames") else "pyav_sequential",
-                clip_input=clip_input,
-                clip_length_frames=self.chunk_frames,
-                stride_frames=1,
-                size_px=self.size,
-                fit=self.fit,
-                batch_size=1,
-                device_id=self.device.device_id,
-                num_threads=self.num_threads,
-                prefetch_queue_depth=2,
-                seed=0,
-                roi_feed=self._roi_feed(),
-                frames_first=True,
-                fused_resize=self.source == "dali" and fused_reader_resize(self.device.is_gpu)[0],
-            )
+            pipe = self._pipeline(Path(work.name))
             # Exactly one output per range: the reader's list and the feed both wrap or repeat after it.
             iterator = DALIGenericIterator(pipe, ["frames", "rows"], auto_reset=False)
             done = 0  # frames already yielded: the end-aligned last range overlaps them
             torch_device = self.device.torch_device
             for expected in range(rows):
                 out = next(iterator)[0]
-                row = int(out["rows"].view(-1)[0])
-                if row != expected:
-                    raise RuntimeError(f"{self.info.path}: frame range {row} arrived where {expected} was expected")
-                frames = out["frames"][0]
-                first = int(self._starts[row])
+                tags = out["rows"].view(-1)  # one per range, or one per frame of it (frame stores)
+                if int(tags.min()) != expected or int(tags.max()) != expected:
+                    raise RuntimeError(
+                        f"{self.info.path}: frame range {int(tags.min())} arrived where {expected} was expected"
+                    )
+                frames = out["frames"] if self.source == "frames" else out["frames"][0]
+                first = int(self._starts[expected])
                 skip = max(0, done - first)
                 frames = frames[skip:]
                 indices = torch.arange(first + skip, first + skip + len(frames), device=torch_device)
@@ -163,8 +133,65 @@ class VideoFrameReader:
         finally:
             work.cleanup()
 
-    def _roi_feed(self):
+    def _pipeline(self, work: Path, build: bool = True):
+        """The pipeline of one pass: one output per range (the reader's list and the feeds wrap or repeat).
+
+        ``build=False`` (frame stores only): defined, not built (the tests read its graph).
+        """
+        rows = len(self._starts)
+        if self.source == "frames":  # a range's frames are one batch of images through one decoder
+            last = rows - 1  # DALI may prefetch past the end: repeat the last range
+            feed = StoreFrameFeed(
+                lambda k: (np.zeros(1, dtype=np.int64), self._starts[min(k, last) : min(k, last) + 1]),
+                [StoreRef.from_info(self.info)],
+                clip_length_frames=self.chunk_frames,
+                stride_frames=1,
+                batch_size=1,
+                mode=channel_mode({self.info.store}),
+            )
+            # Read in this thread: worker processes for one pass over one video cost more than its reads.
+            return build_store_pipeline(
+                feed,
+                size_px=self.size,
+                fit=self.fit,
+                batch_size=1,
+                device_id=self.device.device_id,
+                num_threads=self.num_threads,
+                prefetch_queue_depth=2,
+                seed=0,
+                roi_feed=self._roi_feed(repeat=self.chunk_frames),
+                parallel=False,
+                frames_first=True,
+                build=build,
+            )
+        clip_input: Path | SequentialFeed
+        if self.source == "dali":
+            zeros = np.zeros(rows, dtype=np.int64)
+            clip_input = write_file_list(work, [self.info.path], zeros, self._starts, self.chunk_frames)
+        else:
+            clip_input = SequentialFeed(
+                VideoRef.from_info(self.info), self.chunk_frames, size_px=self.size, fit=self.fit
+            )
+        return build_clip_pipeline(
+            source=self.source if self.source == "dali" else "pyav_sequential",
+            clip_input=clip_input,
+            clip_length_frames=self.chunk_frames,
+            stride_frames=1,
+            size_px=self.size,
+            fit=self.fit,
+            batch_size=1,
+            device_id=self.device.device_id,
+            num_threads=self.num_threads,
+            prefetch_queue_depth=2,
+            seed=0,
+            roi_feed=self._roi_feed(),
+            frames_first=True,
+            fused_resize=self.source == "dali" and fused_reader_resize(self.device.is_gpu)[0],
+        )
+
+    def _roi_feed(self, repeat: int = 1):
         if self.source not in ("dali", "frames") or self.fit != "centre_crop":
             return None
         sizes = np.array([[self.info.width, self.info.height]])
-        return RoiFeed(lambda _k: np.zeros(1, dtype=np.int64), sizes, self.size.width_px / self.size.height_px)
+        aspect = self.size.width_px / self.size.height_px
+        return RoiFeed(lambda _k: np.zeros(1, dtype=np.int64), sizes, aspect, repeat=repeat)

@@ -44,8 +44,10 @@ __all__ = [
     "PathTable",
     "build_image_pipeline",
     "decode_window",
+    "eval_decoder_options",
     "feed_windows",
     "gpu_decoder_options",
+    "percentile_pick",
     "read_encoded",
 ]
 
@@ -65,19 +67,65 @@ BUFFER_PERCENTILE = 99.0
 _CAP_PIXELS = 4096 * 4096
 
 
+def percentile_pick(pixels, percentile: float = BUFFER_PERCENTILE) -> int:
+    """Index of the image at ``percentile`` of ``pixels``: the order statistic at ``floor(p (n - 1))``.
+
+    numpy's ``percentile(..., method="lower")``, so the chosen image is always one of the data's
+    own, never an interpolation. The largest image is chosen only when every image is as large
+    (or there is one), never because a set is small: a nearest-rank ``ceil(p n)`` would pick the
+    largest image of any set of up to 100 images at the 99th percentile, and one outlier would
+    size every thread's buffers again.
+
+    Args:
+        pixels: Pixel count of every image (at least one).
+        percentile: In [0, 100].
+    """
+    pixels = np.asarray(pixels).reshape(-1)
+    if not len(pixels):
+        raise ValueError("percentile_pick: no images")
+    if not 0.0 <= percentile <= 100.0:
+        raise ValueError(f"percentile_pick: percentile {percentile} is outside [0, 100]")
+    rank = int(np.floor(percentile / 100.0 * (len(pixels) - 1) + 1e-9))
+    return int(np.argsort(pixels, kind="stable")[rank])
+
+
+def eval_decoder_options(hw_decoder_load: float) -> dict:
+    """The ``mixed`` decoder's arguments for evaluation and serving: the one place both take them from.
+
+    The evaluation loader (:func:`gpu_decoder_options` with ``train=False``) and the server's
+    decoder (:class:`gpufeed.server._preprocess.ImageDecoder`, given ``loader.hw_decoder_load`` of
+    the serving config) both call this, so an image takes the same decoder in both and serving
+    gives evaluation's pixels bit for bit.
+
+    * ``hw_decoder_load``: 1.0 when ``hw_decoder_load`` > 0, else 0.0, never a share in between.
+      nvImageCodec (DALI's decoder) hands the hardware JPEG decoder the first
+      ``round(share x batch size)`` JPEGs of each batch it can take (rounded up to whole engines)
+      and the rest to nvJPEG's CUDA decoder (``canDecode`` in its ``nvjpeg/hw_decoder.cpp``): with
+      a share between 0 and 1 the decoder of an image depends on its place in the batch and the
+      batch's size, which differ between an evaluation batch and a served one. At 1.0 every JPEG
+      the hardware decoder takes goes to it, at 0.0 none does, whatever the batch.
+    * ``affine``: off (see :func:`gpu_decoder_options`).
+
+    Args:
+        hw_decoder_load: ``loader.hw_decoder_load``, the training share.
+    """
+    return {"hw_decoder_load": 1.0 if hw_decoder_load > 0 else 0.0, "affine": False}
+
+
 def gpu_decoder_options(sizes, hw_decoder_load: float, *, train: bool = True, num_threads: int = 1) -> tuple[dict, str]:
     """Arguments for the ``mixed`` (nvJPEG) decoder, sized for the data, and what they reserve, in words.
 
     * ``hw_decoder_load``: share of JPEGs sent to the hardware JPEG decoder (A100, H100); the rest
-      go through nvJPEG's CUDA/hybrid path, which also uses CPU threads.
+      go through nvJPEG's CUDA/hybrid path, which also uses CPU threads. Training takes the share
+      as given; evaluation takes all or nothing (:func:`eval_decoder_options`).
     * ``affine``: off. DALI pins thread i to core i by default, so every rank of a torchrun job,
       and its train and val pipelines, would pin the same first cores.
     * Training only (evaluation keeps DALI's defaults, 16 MiB device and 8 MiB pinned per thread):
       ``preallocate_width_hint`` / ``preallocate_height_hint`` for the hardware decoder, and
       ``device_memory_padding`` / ``host_memory_padding``, nvJPEG's per-thread device buffer and
       its two pinned host buffers, each one decoded RGB copy of the image at the
-      :data:`BUFFER_PERCENTILE` th percentile of pixel count (at most 4096 x 4096), never less
-      than DALI's defaults.
+      :data:`BUFFER_PERCENTILE` th percentile of pixel count (:func:`percentile_pick`; at most
+      4096 x 4096), never less than DALI's defaults.
 
     Args:
         sizes: (N, 2) (width, height) of the images the pipeline reads.
@@ -86,13 +134,15 @@ def gpu_decoder_options(sizes, hw_decoder_load: float, *, train: bool = True, nu
 
     Only the ``mixed`` backend accepts these: CPU pipelines never get them.
     """
-    options = {"hw_decoder_load": float(hw_decoder_load), "affine": False}
+    options = (
+        {"hw_decoder_load": float(hw_decoder_load), "affine": False} if train else eval_decoder_options(hw_decoder_load)
+    )
     device_pad, host_pad = _DEVICE_PADDING_BYTES, _HOST_PADDING_BYTES
     basis = "DALI's defaults (evaluation)"
     if train:
         sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
         pixels = sizes[:, 0] * sizes[:, 1]
-        pick = int(np.argsort(pixels, kind="stable")[int(np.ceil(BUFFER_PERCENTILE / 100 * len(pixels))) - 1])
+        pick = percentile_pick(pixels)
         width, height = (int(v) for v in sizes[pick])
         if width * height > _CAP_PIXELS:
             scale = (_CAP_PIXELS / (width * height)) ** 0.5
@@ -292,6 +342,7 @@ def build_image_pipeline(
     prefetch_queue_depth: int,
     seed: int,
     gpu_options: dict | None = None,
+    build: bool = True,
 ):
     """Build (not yet run) the loader's DALI pipeline over ``feed``'s stream of plan batches.
 
@@ -300,6 +351,9 @@ def build_image_pipeline(
         size_px: Output size, (width_px, height_px) or one number for a square.
         device_id: CUDA device for nvJPEG decoding and GPU resize; ``None`` runs on the CPU.
         gpu_options: Extra ``mixed`` decoder arguments (see :func:`gpu_decoder_options`).
+        build: ``False`` returns the pipeline defined but not built: nothing is allocated and no
+            device is needed, so its graph can be read on any machine (the tests read a GPU
+            graph's operators on a CPU).
 
     Returns:
         A built ``nvidia.dali.Pipeline`` with outputs ``(images HWC uint8, meta int64 (5,))`` and,
@@ -335,5 +389,6 @@ def build_image_pipeline(
         seed=seed,
         exec_dynamic=True,
     )
-    pipe.build()
+    if build:
+        pipe.build()
     return pipe

@@ -80,8 +80,8 @@ def _marker_name(code: int) -> str:
 class JpegWalk:
     """One walk over a JPEG's markers (see the module docs)."""
 
-    def __init__(self, data) -> None:
-        self.data, self.size = data, len(data)
+    def __init__(self, data, header_only: bool = False) -> None:
+        self.data, self.size, self.header_only = data, len(data), header_only
         self.frame: tuple[int, int, int, int, list[tuple[int, int, int]]] | None = None  # sof, bits, h, w, comps
         self.orientation = 0  # 0: no Exif orientation seen yet
         self.restart_interval = 0
@@ -135,6 +135,11 @@ class JpegWalk:
             if problem:
                 return self._fail(problem)
             pos = end
+            if code == 0xDA and self.header_only:  # the header ends where the first scan's data begins
+                _sof, _bits, height, width, _comps = self.frame or (0, 0, 0, 0, [])
+                if width == 0 or height == 0:
+                    return self._facts(f"damaged JPEG: the header declares an empty size {width}x{height}", DAMAGED)
+                return self._facts()
             if code == 0xDA:
                 pos, problem, truncated = self._scan(pos, at)
                 if problem:
@@ -229,7 +234,7 @@ class JpegWalk:
 # -- PNG ----------------------------------------------------------------------------------------
 
 
-def walk_png(data) -> Walk:
+def walk_png(data, header_only: bool = False) -> Walk:
     size, pos = len(data), 8
     view = memoryview(data)
     width = height = 0
@@ -270,6 +275,8 @@ def walk_png(data) -> Walk:
                     return fail(f"the header declares bit depth {depth}, colour type {colour}, interlace {interlace}")
                 first = False
             elif kind == b"IDAT":
+                if header_only:  # the header is every chunk before the image data
+                    return "PNG", width, height, orientation, None, None, 0
                 idat += 1
             elif kind == b"eXIf" and orientation == 1:
                 orientation = exif_orientation(bytes(body))

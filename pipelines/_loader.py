@@ -160,7 +160,8 @@ class ImageLoader(SampleLoader):
             log.info("%s loader: %s", "train" if self.train else "eval", self.decoder_memory)
         return options
 
-    def _open_session(self, stream: PlanStream) -> Session:
+    def _pipeline(self, stream: PlanStream, *, build: bool = True):
+        """(pipeline, feed) over ``stream``; ``build=False``: defined only (see ``build_image_pipeline``)."""
         feed = ImageFeed(stream, self._path_table, self._labels, self.crops, augment=self.augment, seed=self.seed)
         pipe = build_image_pipeline(
             feed,
@@ -171,7 +172,12 @@ class ImageLoader(SampleLoader):
             prefetch_queue_depth=self.cfg.prefetch_queue_depth,
             seed=self.seed,
             gpu_options=self._decoder_options(),
+            build=build,
         )
+        return pipe, feed
+
+    def _open_session(self, stream: PlanStream) -> Session:
+        pipe, feed = self._pipeline(stream)
         return self._iterator_session(pipe, stream, feed)
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ImageBatch:

@@ -21,6 +21,24 @@ Read from DALI's own source (``video_reader_decoder_op.h``, ``frames_decoder_gpu
 
 :func:`reader_budget` turns a list and the dataset's index into these figures, and
 :meth:`ReaderBudget.lines` says them in the log when a reader is built.
+
+**Rebuilds stay on the training thread, timed.** A reader's list covers whole epochs (up to 32)
+or :data:`~gpufeed.pipelines._clip_pipeline.LIST_LINES` lines; when it is used up the next one is
+written and built where the old one ended. Building it on another thread would not take it off
+the training thread's path: DALI's Python binding of ``Pipeline.Build`` (``backend_impl.cc``)
+does not release Python's lock, so the thread that trains waits through the whole build whichever
+thread runs it (measured on the CPU, 8,192 lines of a VP9 list: builds of 0.49-0.79 s in a second
+thread stopped the main thread for 485-789 ms, the whole build, load 3.7). Each build is timed
+instead (:class:`ReaderBuild`, logged on a GPU, kept in ``ClipLoader.reader_builds``) so a GPU run
+shows what its rebuilds cost.
+
+**One reader per rank.** DALI's GPU reader decodes the samples of a batch one after another in
+its prefetch thread (``VideoReaderDecoderGpu::Prefetch`` calls each sample's ``Decode`` in turn),
+so a reader keeps one NVDEC session, about one engine, busy; an H100 has 7. Several readers per
+rank would each need their own list, pipeline and DALI threads, and a batch split among them and
+joined again; whether decode, not the rest of the step, bounds a clip run is unmeasured (no GPU
+was lent to this work), so it is left until a GPU run shows NVDEC as the bottleneck (``nvidia-smi
+dmon -s u``: one ``dec`` engine near 100% while the step waits on the loader).
 """
 
 from __future__ import annotations
@@ -34,9 +52,11 @@ from gpufeed.pipelines._nvdec import pix_fmt_facts
 
 __all__ = [
     "ReaderBudget",
+    "ReaderBuild",
     "decoder_opens",
     "fused_reader_resize",
     "log_reader_budget",
+    "log_reader_build",
     "nvdec_formats",
     "reader_budget",
 ]
@@ -229,3 +249,39 @@ def log_reader_budget(infos, listed, batch_size: int, geometry, on_gpu: bool) ->
     elif budget.capped:
         log.info("%s", decoders.replace("NVDEC clip reader", "DALI clip reader", 1))
     return fused
+
+
+@dataclass(frozen=True)
+class ReaderBuild:
+    """How long one DALI video reader took to make (see the module docs, *Rebuilds*).
+
+    Attributes:
+        lines: Lines of its file list (frame decoders the build constructs).
+        capped: Whether the list stops inside an epoch (another build follows it there).
+        list_s: Writing the list (planning each batch's rows, in Python).
+        build_s: DALI's ``Pipeline.build``, the reader's index and per-line decoders included.
+    """
+
+    lines: int
+    capped: bool
+    list_s: float
+    build_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.list_s + self.build_s
+
+    def text(self, number: int, on_gpu: bool) -> str:
+        """The log line of build ``number`` (1: the loader's first)."""
+        what = "NVDEC clip reader" if on_gpu else "DALI clip reader"
+        kind = "built" if number == 1 else f"rebuilt (build {number})"
+        return (
+            f"{what} {kind} in {self.total_s:.2f} s for {self.lines} lines: list {self.list_s:.2f} s, DALI build "
+            f"{self.build_s:.2f} s (the training thread waits through both: DALI's build holds Python's lock)"
+        )
+
+
+def log_reader_build(build: ReaderBuild, number: int, on_gpu: bool) -> None:
+    """Log how long a reader took to make: on a GPU every time, on the CPU when lists are capped."""
+    if on_gpu or build.capped or number > 1:
+        log.info("%s", build.text(number, on_gpu))

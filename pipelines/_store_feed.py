@@ -1,19 +1,26 @@
-"""Clips from frame stores: encoded frames in, DALI's image decoder, frames stacked into a clip.
+"""Clips from frame stores: encoded frames in, one image decoder for every frame of every clip.
 
-The graph has the images' shape, once per frame of a clip: an ``external_source`` hands over the
-encoded bytes of each of the clip's ``T`` frames as ``T`` outputs, each goes through
-``fn.decoders.image`` (``mixed``: nvJPEG / the hardware JPEG decoder on a GPU; ``cpu`` otherwise)
-and ``fn.stack`` makes the (T, H, W, 3) "FHWC" clip the rest of the clip graph (crop window,
-resize, augment, layout) takes. A clip of 11 frames costs 11 image decodes and no seeking.
+:class:`StoreFrameFeed` hands a plan batch's clips to DALI frame by frame: the pipeline's batch
+is ``batch_size x T`` encoded images, clip after clip, and one ``fn.decoders.image`` (``mixed``:
+nvJPEG / the hardware JPEG decoder on a GPU; ``cpu`` otherwise) decodes them all; the loader puts
+every ``T`` consecutive frames back together as a (T, H, W, 3) clip, a view, no copy (the graph is
+in :mod:`gpufeed.pipelines._store_pipeline`). A clip of 11 frames costs 11 image decodes and no
+seeking. Before, the graph stacked ``T`` outputs of ``T`` decoders, one per frame slot: on a GPU
+each ``mixed`` decoder owns a thread pool and nvJPEG's per-thread device and pinned buffers
+(read in DALI's ``imgcodec/image_decoder.h``), so an 11-frame clip built 11 of them.
+
+The feed runs in DALI's Python worker processes (a parallel ``external_source``) for the clip
+loader, so the files are read beside the training thread, not on it; the sequential reader
+(:class:`gpufeed.pipelines.VideoFrameReader`, one pipeline per pass over one video) reads them
+in its own thread, where starting worker processes for every video would cost more than the reads.
 
 HDF5 stores hold their frames' channels reversed (see :mod:`gpufeed.pipelines._frame_stores`):
 after the resize, a set of HDF5 stores reverses the channel axis; when folders and HDF5 files mix,
 the feed adds a per-clip 3x3 channel matrix (identity or reversal) for ``fn.coord_transform``.
 
-The feed reads bytes only, in the pipeline's own thread: reading a few small files per clip costs
-far less than decoding them, which DALI's threads do. Each frame's header is read before it is
-handed on, and a frame declaring more than ``max_pixels`` (``data.max_image_pixels``) is refused
-undecoded (:mod:`gpufeed.pipelines._frame_limit`): the store's probe saw frame 0 only.
+Each frame's header is read before it is handed on, and a frame declaring more than
+``max_pixels`` (``data.max_image_pixels``) is refused undecoded
+(:mod:`gpufeed.pipelines._frame_limit`): the store's probe saw frame 0 only.
 
 **On a CPU, stores of JPEG frames** take another decode stage (:class:`ScaledJpegClips`): DALI's
 Python worker processes (a parallel ``external_source``, as for PyAV) read each clip's frames and
@@ -30,14 +37,13 @@ frequencies of its 8x8 block, an ideal low-pass of the block rather than the ful
 by the bilinear antialiased resize, so pixels differ from the GPU path's (nvJPEG, full size) by a
 few levels at edges and not at all in flat areas; the frames, their order and the crop window are
 the same (the tests check the frame tags and bound the pixel difference). PNG frames, and every
-store on a GPU, keep the image-decoder graph above.
+store on a GPU, take the image-decoder graph above.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -45,15 +51,14 @@ from gpufeed._procs import WorkerCallback
 from gpufeed.pipelines._frame_limit import refuse_big_frames
 from gpufeed.pipelines._frame_sizes import frame_label, frame_size_problem
 from gpufeed.pipelines._frame_stores import HDF5_CHANNELS_REVERSED, FrameBytesReader, describe_bad_frame
-from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
+from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, read_image_facts
 from gpufeed.pipelines._image_verify import decode_problem
 
 __all__ = [
     "JPEG_SCALE_EIGHTHS",
     "ScaledJpegClips",
-    "StoreClipFeed",
+    "StoreFrameFeed",
     "StoreRef",
-    "decode_store_clips",
     "jpeg_decode_sizes",
     "jpeg_scale_eighths",
     "scaled_jpeg_decode",
@@ -93,18 +98,25 @@ def channel_mode(kinds: set[str]) -> str:
     return "bgr" if reversed_kinds == kinds else "per_clip"
 
 
-class StoreClipFeed:
-    """Per-sample ``external_source`` callback: the encoded frames of each planned clip.
+class StoreFrameFeed(WorkerCallback):
+    """Per-sample ``external_source`` callback: one encoded frame of a planned clip per sample.
 
-    Sample ``j`` of iteration ``k`` is row ``j`` of ``rows(k)``; it returns the ``T`` frames'
-    bytes, the tag ``k * batch_size + j`` (int64) and, in ``per_clip`` channel mode, the clip's
-    channel matrix.
+    The pipeline's batch is the plan batch's clips laid out frame by frame (``batch_size x T``
+    samples): sample ``i`` of iteration ``k`` is frame ``t = i % T`` of clip ``j = i // T``, row ``j``
+    of ``rows(k)``. It returns that frame's bytes, the clip's tag ``k * batch_size + j`` (int64)
+    and, in ``per_clip`` channel mode, the clip's channel matrix. A clip's frames are read together
+    (one h5py read of an HDF5 clip's span) when its first frame is asked for and kept until another
+    clip's is: DALI hands each worker process a contiguous run of a batch's samples, so a clip is
+    read once, or twice where a run ends inside it.
+
+    Picklable (``rows`` must be), so DALI's worker processes may be forked or spawned; stores are
+    opened in each process that reads them.
 
     Args:
         rows: ``rows(k) -> (video ids, starts)`` of iteration ``k``, ``batch_size`` rows.
-        stores: :class:`StoreRef` per video id.
+        stores: :class:`StoreRef` per video id (``None`` for videos the loader does not read).
         clip_length_frames, stride_frames: Which frames a clip holds from its start.
-        batch_size: Rows per iteration.
+        batch_size: Clips per iteration.
         mode: :func:`channel_mode` of the stores read.
         max_pixels: A frame whose header declares more is refused before decoding.
     """
@@ -123,66 +135,62 @@ class StoreClipFeed:
         self.rows, self.stores, self.max_pixels = rows, stores, max_pixels
         self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
         self.batch_size, self.mode = batch_size, mode
-        self.reader = FrameBytesReader()
-        self._cached: tuple[int | None, tuple] = (None, ())
-        self.frames_read = 0
+        self._reader: FrameBytesReader | None = None
+        self._rows: tuple[int | None, tuple] = (None, ())
+        # (iteration, row), the clip's frames, its channel matrix
+        self._clip: tuple[tuple[int, int] | None, list, np.ndarray] = (None, [], _IDENTITY)
+
+    def __getstate__(self):
+        state = super().__getstate__()  # the worker that unpickles it dies with this process
+        state["_reader"] = None  # open HDF5 files do not travel to worker processes
+        state["_rows"], state["_clip"] = (None, ()), (None, [], _IDENTITY)
+        return state
+
+    @property
+    def clip_length_frames(self) -> int:
+        return len(self.offsets)
 
     @property
     def num_outputs(self) -> int:
-        return len(self.offsets) + (2 if self.mode == "per_clip" else 1)
+        return 3 if self.mode == "per_clip" else 2
 
-    def __call__(self, sample_info):
-        k, j = int(sample_info.iteration), int(sample_info.idx_in_batch)
-        if self._cached[0] != k:
-            self._cached = (k, self.rows(k))
-        videos, starts = self._cached[1]
+    def _read_clip(self, k: int, j: int) -> tuple[tuple[int, int], list, np.ndarray]:
+        if self._rows[0] != k:
+            self._rows = (k, self.rows(k))
+        videos, starts = self._rows[1]
         store = self.stores[int(videos[j])]
+        assert store is not None, "the plan only names videos the loader reads, each a store"
         frames = int(starts[j]) + self.offsets
+        if self._reader is None:
+            self._reader = FrameBytesReader()
         try:
-            data = self.reader.read(store.path, store.kind, store.frame_name, frames)
+            data = self._reader.read(store.path, store.kind, store.frame_name, frames)
         except Exception as err:  # OSError, h5py's errors ...: name the store, the loader skips or reports it
             raise RuntimeError(f"{store.path}: cannot read frames {frames[0]}..{frames[-1]}: {err}") from None
         refuse_big_frames(store, frames, data, self.max_pixels)
-        self.frames_read += len(data)
-        out = (*data, np.array([k * self.batch_size + j], dtype=np.int64))
-        if self.mode == "per_clip":
-            out += (_REVERSE if store.kind == "hdf5" and HDF5_CHANNELS_REVERSED else _IDENTITY,)
-        return out
+        for index, encoded in zip(frames, data, strict=True):
+            # DALI 2.4's image decoder parses the headers of a batch of more than 4 x (threads + 1)
+            # images on its thread pool, and a header it cannot parse there crashed the process
+            # (measured: 2 runs in 3 with one garbage sample in a batch of 44 at 2 threads) instead of
+            # raising; damaged image data after a good header fails the batch cleanly. So every
+            # frame's header is checked here first.
+            problem = read_image_facts(encoded.tobytes(), header_only=True).problem
+            if problem:
+                where = store.frame_name.format(int(index)) if store.kind == "folder" else f"frame {index}"
+                raise RuntimeError(f"{store.path}: {describe_bad_frame(encoded.tobytes(), where, problem)}")
+        return (k, j), data, (_REVERSE if store.kind == "hdf5" and HDF5_CHANNELS_REVERSED else _IDENTITY)
+
+    def __call__(self, sample_info):
+        k = int(sample_info.iteration)
+        j, t = divmod(int(sample_info.idx_in_batch), self.clip_length_frames)
+        if self._clip[0] != (k, j):
+            self._clip = self._read_clip(k, j)
+        out = (self._clip[1][t], np.array([k * self.batch_size + j], dtype=np.int64))
+        return (*out, self._clip[2]) if self.mode == "per_clip" else out
 
     def close(self) -> None:
-        self.reader.close()
-
-
-def decode_store_clips(feed: StoreClipFeed, on_gpu: bool):
-    """The decode stage for frame stores, inside a pipeline definition.
-
-    Returns:
-        (frames "FHWC", tag, restore): ``restore(frames)`` puts HDF5 channels back; the graph calls
-        it after the resize, where a clip holds far fewer pixels (decoding straight to BGR costs
-        the CPU decoder 20-50% of its throughput, measured).
-    """
-    from nvidia.dali import fn, types
-
-    t = len(feed.offsets)
-    dtypes = [types.UINT8] * t + [types.INT64] + ([types.FLOAT] if feed.mode == "per_clip" else [])
-    outputs = fn.external_source(source=feed, num_outputs=feed.num_outputs, batch=False, dtype=dtypes)
-    # libjpeg-turbo's fast integer IDCT: measured 1.5x the CPU decoder's JPEG throughput (256x256,
-    # quality 95, shared 2-core machine) for pixels within a level or two of the exact IDCT.
-    fast: dict[str, Any] = {} if on_gpu else {"use_fast_idct": True}
-    decoded = [
-        fn.decoders.image(encoded, device="mixed" if on_gpu else "cpu", output_type=types.RGB, **fast)
-        for encoded in outputs[:t]
-    ]
-    frames = fn.stack(*decoded, axis=0, axis_name="F")
-
-    def restore(fitted):
-        if feed.mode == "bgr":
-            return fitted[:, :, :, ::-1]
-        if feed.mode == "per_clip":
-            return fn.coord_transform(fitted, M=outputs[t + 1], dtype=types.UINT8)
-        return fitted
-
-    return frames, outputs[t], restore
+        if self._reader is not None:
+            self._reader.close()
 
 
 def scaled_jpeg_decode(on_gpu: bool, infos) -> bool:
@@ -252,8 +260,6 @@ class ScaledJpegClips(WorkerCallback):
         batch_size: Rows per iteration.
         max_pixels: A frame whose header declares more is refused before decoding.
     """
-
-    parallel = True  # built as a parallel external_source (see build_clip_pipeline)
 
     def __init__(
         self,

@@ -164,7 +164,7 @@ def _prepare(repo, model, cfg, host, port, device, grpc_port=None, announce=None
     except ValueError as err:
         raise ServerStartError(str(err)) from None
     choice = device if device is not None else resolve_device(cfg.device)
-    state = ServingState(entries, cfg.serve, choice)
+    state = ServingState.from_config(entries, cfg, choice)
     host = host or cfg.serve.host
     port = cfg.serve.port if port is None else port
     sock = _bind(host, port)

@@ -133,9 +133,14 @@ class ServedModel:
         cfg: :class:`gpufeed.config.ServeConfig`.
         device: :class:`gpufeed.device.DeviceChoice`.
         metrics: The server's metrics.
+        decoder_options: The image decoders' ``mixed`` arguments, the evaluation loader's
+            (:func:`gpufeed.pipelines._image_pipeline.eval_decoder_options`); ``None``: those of
+            the default config.
     """
 
-    def __init__(self, name: str, model_dir: Path, card: ModelCard, cfg, device, metrics: ServerMetrics) -> None:
+    def __init__(
+        self, name: str, model_dir: Path, card: ModelCard, cfg, device, metrics: ServerMetrics, decoder_options=None
+    ) -> None:
         self.name, self.dir, self.card, self.cfg, self.metrics = name, Path(model_dir), card, cfg, metrics
         self.ready = False
         # One lane (decoder + input buffer) per batcher worker, so batches can overlap: on a GPU one
@@ -178,13 +183,19 @@ class ServedModel:
                     card.batch_size,
                     device.device_id if self.on_gpu else None,
                     self.decode_threads,
+                    decoder_options,
                 )
             self._lanes.put(_Lane(decoder, self.runner.new_batch(), _lane_stream(device) if self.on_gpu else None))
         self.accepts_encoded = card.spec.task != "clip"
         self._decoder_alone = None  # used by one batch at a time: only one can start alone
         if self.accepts_encoded and not self.on_gpu and decode_alone > self.decode_threads:
             self._decoder_alone = ImageDecoder(
-                card.spec.size, card.spec.eval_crop_fraction, max(card.batch_size, decode_alone), None, decode_alone
+                card.spec.size,
+                card.spec.eval_crop_fraction,
+                max(card.batch_size, decode_alone),
+                None,
+                decode_alone,
+                decoder_options,
             )
         self.batcher = Batcher(
             self.run_batch,

@@ -32,7 +32,9 @@ transpose           uint8 (3, H, W) "CHW"; the batch is (k, 3, H, W) NCHW       
 The crop window is :func:`gpufeed.pipelines._windows.eval_windows` (scale until the model's
 ``W x H / eval_crop_fraction`` just fits, centre-crop ``W x H``; for a square model: resize the
 shorter side to ``S / eval_crop_fraction``, centre-crop ``S``) over the oriented size, with the very operators and
-arguments of the evaluation loader, so the server feeds the model exactly what evaluation did. If
+arguments of the evaluation loader, its decoder options included (on a GPU: one function,
+:func:`gpufeed.pipelines._image_pipeline.eval_decoder_options`, of the config's
+``loader.hw_decoder_load``, gives both theirs), so the server feeds the model exactly what evaluation did. If
 DALI fails on a batch (an image that passed validation but whose data is damaged), each image is
 decoded alone so only the bad ones fail.
 
@@ -59,12 +61,13 @@ import re
 import numpy as np
 
 from gpufeed._size import SizePx, parse_size_px
+from gpufeed.config import LoaderConfig
 from gpufeed.pipelines import read_image_facts
-from gpufeed.pipelines._image_pipeline import decode_window
+from gpufeed.pipelines._image_pipeline import decode_window, eval_decoder_options
 from gpufeed.pipelines._windows import Windows, eval_windows
 from gpufeed.server._errors import RequestError
 
-__all__ = ["MAX_BANDS", "ImageDecoder", "ImageInfo", "inspect_image"]
+__all__ = ["MAX_BANDS", "ImageDecoder", "ImageInfo", "inspect_image", "serve_pipeline"]
 
 log = logging.getLogger("gpufeed.server")
 
@@ -73,6 +76,8 @@ MAX_PIXELS_KEY = "serve.max_image_pixels"
 # more bands gain less; 2 is what a 2-core machine measured (more cores: unmeasured).
 MAX_BANDS = 2
 MIN_BAND_ROWS = 16
+# loader.hw_decoder_load's default: a decoder made without the server's config decodes as evaluation does by default.
+_DEFAULT_HW_LOAD = LoaderConfig().hw_decoder_load
 # ImageFacts problem kinds -> the request's failure reason.
 _REASONS = {"unsupported": "unsupported_media_type", "too_many_pixels": "too_many_pixels"}
 
@@ -110,6 +115,55 @@ def inspect_image(data: bytes, max_pixels: int, where: str = "the image") -> Ima
     return ImageInfo(facts.format, facts.width, facts.height, facts.orientation)
 
 
+def serve_pipeline(
+    size_px: SizePx | int, max_batch: int, device_id: int | None, num_threads: int, gpu_options: dict | None = None
+):
+    """The server's decode graph, defined but not built (:meth:`ImageDecoder` builds it).
+
+    Args:
+        size_px: Output size.
+        max_batch: Most samples per call.
+        device_id: CUDA device, or ``None`` for the CPU.
+        num_threads: DALI CPU threads.
+        gpu_options: The ``mixed`` decoder's arguments: the evaluation loader's
+            (:func:`gpufeed.pipelines._image_pipeline.eval_decoder_options`).
+    """
+    from nvidia.dali import fn, pipeline_def, types
+
+    on_gpu = device_id is not None
+
+    @pipeline_def(enable_conditionals=False)
+    def serve_graph():
+        encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
+        anchor = fn.external_source(name="anchor", dtype=types.INT32, ndim=1)
+        shape = fn.external_source(name="shape", dtype=types.INT32, ndim=1)
+        roi_start = fn.external_source(name="roi_start", dtype=types.FLOAT, ndim=1)
+        roi_end = fn.external_source(name="roi_end", dtype=types.FLOAT, ndim=1)
+        out_size = fn.external_source(name="out_size", dtype=types.FLOAT, ndim=1)
+        # The evaluation loader's own fragment and decoder options: serving decodes, crops and
+        # resamples exactly as evaluation.
+        images = decode_window(
+            encoded,
+            anchor,
+            shape,
+            roi_start,
+            roi_end,
+            size_px=size_px,
+            on_gpu=on_gpu,
+            gpu_options=gpu_options,
+            out_size=out_size,
+        )
+        return fn.transpose(images, perm=[2, 0, 1], output_layout="CHW")
+
+    return serve_graph(
+        batch_size=max_batch,
+        num_threads=num_threads,
+        device_id=device_id,
+        prefetch_queue_depth=1,
+        exec_dynamic=True,
+    )
+
+
 class ImageDecoder:
     """DALI decode + centre crop + resize of encoded images into a uint8 NCHW batch.
 
@@ -119,42 +173,29 @@ class ImageDecoder:
         max_batch: Most samples per DALI call (images, or bands of images); smaller batches are fine.
         device_id: CUDA device for nvJPEG and GPU resize; ``None`` decodes on the CPU.
         num_threads: DALI CPU threads.
+        gpu_options: The ``mixed`` decoder's arguments; default: the evaluation loader's under the
+            default ``loader.hw_decoder_load``
+            (:func:`~gpufeed.pipelines._image_pipeline.eval_decoder_options`). The server passes
+            those of its config's ``loader.hw_decoder_load``.
     """
 
     def __init__(
-        self, size_px: SizePx | int, crop_fraction: float, max_batch: int, device_id: int | None, num_threads: int
+        self,
+        size_px: SizePx | int,
+        crop_fraction: float,
+        max_batch: int,
+        device_id: int | None,
+        num_threads: int,
+        gpu_options: dict | None = None,
     ):
         self.size, self.crop_fraction, self.max_batch = parse_size_px(size_px), crop_fraction, max_batch
         self.device_id, self.num_threads = device_id, num_threads
+        self.gpu_options = dict(gpu_options) if gpu_options is not None else eval_decoder_options(_DEFAULT_HW_LOAD)
         self.bands_used = 1  # bands per image of the last decode_into call
         self._pipe = self._build()
 
     def _build(self):
-        from nvidia.dali import fn, pipeline_def, types
-
-        size, on_gpu = self.size, self.device_id is not None
-
-        @pipeline_def(enable_conditionals=False)
-        def serve_graph():
-            encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
-            anchor = fn.external_source(name="anchor", dtype=types.INT32, ndim=1)
-            shape = fn.external_source(name="shape", dtype=types.INT32, ndim=1)
-            roi_start = fn.external_source(name="roi_start", dtype=types.FLOAT, ndim=1)
-            roi_end = fn.external_source(name="roi_end", dtype=types.FLOAT, ndim=1)
-            out_size = fn.external_source(name="out_size", dtype=types.FLOAT, ndim=1)
-            # The evaluation loader's own fragment: serving crops and resamples exactly as evaluation.
-            images = decode_window(
-                encoded, anchor, shape, roi_start, roi_end, size_px=size, on_gpu=on_gpu, out_size=out_size
-            )
-            return fn.transpose(images, perm=[2, 0, 1], output_layout="CHW")
-
-        pipe = serve_graph(
-            batch_size=self.max_batch,
-            num_threads=self.num_threads,
-            device_id=self.device_id,
-            prefetch_queue_depth=1,
-            exec_dynamic=True,
-        )
+        pipe = serve_pipeline(self.size, self.max_batch, self.device_id, self.num_threads, self.gpu_options)
         pipe.build()
         return pipe
 

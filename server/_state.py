@@ -14,6 +14,7 @@ import gc
 import logging
 import threading
 
+from gpufeed.pipelines._image_pipeline import eval_decoder_options
 from gpufeed.server._errors import RequestError
 from gpufeed.server._metrics import ServerMetrics
 from gpufeed.server._model import ServedModel
@@ -31,14 +32,17 @@ class ServingState:
         entries: From :func:`gpufeed.server._repo.load_repository`.
         cfg: :class:`gpufeed.config.ServeConfig`.
         device: :class:`gpufeed.device.DeviceChoice`.
+        decoder_options: The image decoders' ``mixed`` arguments: the evaluation loader's, from
+            :func:`gpufeed.pipelines._image_pipeline.eval_decoder_options` (the server passes its
+            config's ``loader.hw_decoder_load``); ``None``: those of the default config.
     """
 
-    def __init__(self, entries: list[ModelEntry], cfg, device) -> None:
+    def __init__(self, entries: list[ModelEntry], cfg, device, decoder_options: dict | None = None) -> None:
         names = [e.name for e in entries]
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
         self.entries = {e.name: e for e in entries}
-        self.cfg, self.device = cfg, device
+        self.cfg, self.device, self.decoder_options = cfg, device, decoder_options
         self.metrics = ServerMetrics({e.name: e.card.batch_size for e in entries})
         self.models: dict[str, ServedModel] = {}
         self.load_error: BaseException | None = None
@@ -46,6 +50,16 @@ class ServingState:
         self.closing = False
         self.inflight = 0  # inference requests being handled, not yet answered (event loop thread only)
         self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_config(cls, entries: list[ModelEntry], cfg, device) -> ServingState:
+        """The state a server of :class:`gpufeed.config.Config` ``cfg`` serves from.
+
+        Its ``serve`` section, and the decoder options evaluation takes from its ``loader``
+        section (:func:`~gpufeed.pipelines._image_pipeline.eval_decoder_options`), so an image
+        served takes the decoder it took in evaluation.
+        """
+        return cls(entries, cfg.serve, device, eval_decoder_options(cfg.loader.hw_decoder_load))
 
     @property
     def ready(self) -> bool:
@@ -84,7 +98,9 @@ class ServingState:
         """Load and warm up every model (blocking); a failure is kept in ``load_error``."""
         try:
             for name, entry in self.entries.items():
-                model = ServedModel(name, entry.dir, entry.card, self.cfg, self.device, self.metrics)
+                model = ServedModel(
+                    name, entry.dir, entry.card, self.cfg, self.device, self.metrics, self.decoder_options
+                )
                 model.warm_up()
                 self.models[name] = model
                 log.info("model %s (%s) ready: %s", name, entry.card.spec.name, model.describe())

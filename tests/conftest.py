@@ -2,7 +2,9 @@
 
 A test marked ``gpu`` (or parametrised with ``DEVICES``' "gpu" entry) is skipped when CUDA or
 DALI's GPU operators are not usable, unless ``GPUFEED_REQUIRE_GPU=1``: then it fails instead, so
-a GPU run can never pass by skipping.
+a GPU run can never pass by skipping. Before that, on every machine, it fails if reading its source
+at collection found what would fail it on a GPU (a start without its tier mark, a patch of a missing
+attribute, a decoder its input has not, an exact comparison of two decoders: ``_gpu_checks.py``).
 
 Tiers (markers in pyproject.toml): a test is ``unit`` unless it, its class or its module is marked
 ``process`` (starts child processes) or ``live`` (starts a server and talks to it). ``pytest -m unit``
@@ -23,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _gpu_checks import item_problems
 from _tiers import TIERS, unit_guard
 
 from gpufeed.device import DeviceChoice, cuda_status
@@ -33,9 +36,15 @@ REQUIRE_GPU = os.environ.get("GPUFEED_REQUIRE_GPU", "") == "1"
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
 
+_GPU_PROBLEMS = pytest.StashKey[list]()
+
+
 def _gpu_rules(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is None:
         return
+    problems = item.stash.get(_GPU_PROBLEMS, [])
+    if problems:  # found reading its source at collection (_gpu_checks.py): fail on every machine, GPU or not
+        pytest.fail(f"{item.nodeid} would fail on a GPU: " + "; ".join(problems), pytrace=False)
     ok, why = cuda_status(0)
     if ok:
         return
@@ -118,6 +127,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.live)
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
+        item.stash[_GPU_PROBLEMS] = item_problems(item)  # after the tier marks: the checks read them
     if "slow" in (config.getoption("markexpr") or ""):
         return
     slow = [item for item in items if item.get_closest_marker("slow") is not None]

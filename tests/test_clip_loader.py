@@ -72,6 +72,7 @@ def _check_batch(batch, dataset, stride, size, device):
         assert frames[-1] < dataset.infos[video].num_frames, "never past the end of the video"
         assert frame_tags(batch.clips[k], "CTHW") == [(int(f), video) for f in frames], "exactly the named frames"
         expected = torch.as_tensor(dataset.labels[video][frames], dtype=torch.float32)
+        # exact: labels read from the CSV and ids, not pixels
         assert torch.equal(batch.frame_labels[k].cpu(), expected), "labels of exactly those frames"
         assert torch.equal(batch.centre_labels[k].cpu(), expected[5])
         clips.append((video, start))
@@ -147,6 +148,7 @@ def test_nvdec_reads_the_same_clips_as_the_cpu_path(synth_dir):
             torch.cat([torch.stack([b.video_ids.cpu(), b.start_frames.cpu()], 1) for b in batches]),
             torch.cat([b.clips.cpu() for b in batches]).float(),
         )
+    # exact: video ids and start frames
     assert torch.equal(runs["nvdec"][0], runs["cpu"][0]), "the same clips, whichever decoder"
     assert (runs["nvdec"][1] - runs["cpu"][1]).abs().mean() < 3.0
 

@@ -96,6 +96,7 @@ def test_a_rank_without_its_gpu_fails_loudly_in_a_job_of_several(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.process  # the task runs as a child process
 def test_a_task_shown_one_gpu_uses_it_whatever_its_local_rank():
     import os
     import subprocess

@@ -132,6 +132,7 @@ def test_server_crops_equal_the_eval_loaders(photos, device):
     assert decoder.decode_into(blobs, sizes, out) == [None] * 16
     served = torch.as_tensor(out).cpu()
     (batch,) = list(_loader(photos, device, train=False))
+    # exact: the server's decoder has the eval loader's options (eval_decoder_options), same device
     assert torch.equal(served, batch.images.cpu().contiguous()), "serving and evaluation crop the same window"
     want = _reference_crops(photos, range(16), eval_windows(sizes, FRACTION))
     assert np.abs(_hwc(served) - want).mean(axis=(1, 2, 3)).max() < 1.5

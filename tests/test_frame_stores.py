@@ -67,6 +67,7 @@ def _read(loader, stride):
             frames = start + np.arange(11) * stride
             assert frame_tags(batch.clips[k], "CTHW") == [(int(f), video) for f in frames], "exactly those frames"
             expected = torch.as_tensor(loader.dataset.labels[video][frames], dtype=torch.float32)
+            # exact: labels read from the CSV, not pixels
             assert torch.equal(batch.frame_labels[k].cpu(), expected)
             clips.append((video, start))
     return clips
@@ -101,6 +102,7 @@ def test_frame_stores_decode_to_the_frames_vidio_wrote(stores):
                 assert np.array_equal(got, reader.read(index)), f"{form} frame {index}"
 
 
+@pytest.mark.process  # frame-store files are read in DALI's worker processes
 def test_resume_mid_epoch_continues_exactly(stores):
     dataset = VideoDataset.from_folder(stores / "hdf5")
 
@@ -122,6 +124,7 @@ def test_resume_mid_epoch_continues_exactly(stores):
     assert got == reference
 
 
+@pytest.mark.process  # frame-store files are read in DALI's worker processes
 def test_two_shards_split_the_clips(stores):
     dataset = VideoDataset.from_folder(stores / "folder")
     shards = [_read(_loader(dataset, False, shard_id=k, num_shards=2), stride=1) for k in range(2)]
@@ -144,6 +147,7 @@ def test_the_sequential_reader_reads_every_frame_in_order(stores, form, device):
     assert tags == [(i, 2) for i in range(FRAMES[2])] and indices == list(range(FRAMES[2]))
 
 
+@pytest.mark.process  # frame-store files are read in DALI's worker processes
 def test_mixed_folders_and_hdf5_read_with_the_right_channels(stores, tmp_path):
     shutil.copytree(stores / "folder" / "mouse_0", tmp_path / "mouse_0")
     shutil.copy(stores / "folder" / "mouse_0.csv", tmp_path)
@@ -210,6 +214,7 @@ def test_check_names_each_bad_store_and_frame(stores, tmp_path):
     assert check_path(folder / "mouse_2", progress=False).ok
 
 
+@pytest.mark.process  # frame-store files are read in DALI's worker processes
 def test_a_bad_frame_met_while_loading_is_named_or_skipped(stores, tmp_path):
     folder = _bad_copy(stores, tmp_path)
     dataset = VideoDataset.from_folder(folder)
@@ -233,6 +238,7 @@ def test_a_bad_frame_met_while_loading_is_named_or_skipped(stores, tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.process  # frame-store files are read (CPU: JPEGs decoded) in DALI's worker processes
 def test_nvjpeg_reads_the_same_clips_as_the_cpu_decoder(stores):
     for form in ("folder", "hdf5", "folder_jpg_hand"):
         dataset = VideoDataset.from_folder(stores / form)

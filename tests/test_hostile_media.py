@@ -25,7 +25,7 @@ from gpufeed.device import DeviceChoice
 from gpufeed.models._spec import ModelSpec
 from gpufeed.pipelines import BadSampleError, ClipLoader, PairedDataset, VideoDataset
 from gpufeed.pipelines._frame_limit import frame_refusal, header_size
-from gpufeed.pipelines._store_feed import ScaledJpegClips, StoreClipFeed, StoreRef
+from gpufeed.pipelines._store_feed import ScaledJpegClips, StoreFrameFeed, StoreRef
 from gpufeed.pipelines._video_check import check_dataset
 from gpufeed.server._dense import check_json_map_pixels, dense_json, dense_map, dense_png, depth_codes
 from gpufeed.server._errors import RequestError
@@ -77,7 +77,7 @@ def test_the_feed_refuses_a_bomb_frame_before_any_decoder(bomb_store):
     folder, where = bomb_store
     dataset = VideoDataset.from_folder(folder)
     stores = [StoreRef.from_info(info) for info in dataset.infos]
-    feed = StoreClipFeed(_one_clip, stores, mode="rgb", clip_length_frames=4, stride_frames=1, batch_size=1)
+    feed = StoreFrameFeed(_one_clip, stores, mode="rgb", clip_length_frames=4, stride_frames=1, batch_size=1)
     with pytest.raises(RuntimeError) as info:
         feed(SimpleNamespace(iteration=0, idx_in_batch=0))
     assert str(info.value) == (

@@ -90,6 +90,7 @@ def test_same_seed_same_order_and_pixels(train_set, device):
     ids_a, px_a = run(1)
     ids_b, px_b = run(1)
     ids_c, _ = run(2)
+    # exact: one loader's setup run twice: the same batches decoded by the same decoder
     assert torch.equal(ids_a, ids_b) and torch.equal(px_a, px_b)
     assert not torch.equal(ids_a, ids_c)
     assert sorted(ids_a.tolist()) == list(range(len(train_set)))
@@ -157,6 +158,7 @@ def test_resume_mid_epoch_continues_exactly(train_set, device):
     got += [(b.sample_ids.cpu(), b.images.cpu()) for b in resumed]
     assert len(got) == len(reference)
     for (ids_a, px_a), (ids_b, px_b) in zip(got, reference, strict=True):
+        # exact: the resumed loader decodes the same batches as the reference, on the same decoder
         assert torch.equal(ids_a, ids_b) and torch.equal(px_a, px_b)
 
 

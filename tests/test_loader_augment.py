@@ -203,6 +203,7 @@ def test_clip_loader_applies_one_colour_and_flip_to_every_frame(synth_dir, tmp_p
 
     slots, plain = clips(None)
     slots_again, augmented = clips(augment)
+    # exact: sample ids
     assert np.array_equal(slots, slots_again) and plain.shape == augmented.shape
     rows = augment.rows(7, 0, slots)
     assert 0 < rows.flip.sum() < len(slots)

@@ -99,6 +99,7 @@ def test_image_loader_builds_one_pipeline_for_three_epochs(train_set, device, la
         expected = _epoch(fresh)
         assert len(got) == len(expected) == len(loader)
         for (ids, px, valid), (ids_e, px_e, valid_e) in zip(got, expected, strict=True):
+            # exact: the same batches on the same decoder and device, one pipeline or a fresh one
             assert torch.equal(ids, ids_e) and torch.equal(px, px_e) and torch.equal(valid, valid_e)
         sizes = [len(ids) for ids, _, _ in got]
         if last_batch == "partial":
@@ -238,6 +239,7 @@ def _exact_clips(batch, dataset, stride=2):
         frames = start + np.arange(11) * stride
         assert frame_tags(batch.clips[k], "CTHW") == [(int(f), video) for f in frames], "exactly the named frames"
         expected = torch.as_tensor(dataset.labels[video][frames], dtype=torch.float32)
+        # exact: labels read from the CSV, not pixels
         assert torch.equal(batch.frame_labels[k].cpu(), expected)
         clips.append((video, start))
     return clips
@@ -312,6 +314,7 @@ def test_a_dead_pyav_worker_is_a_pipeline_error_not_bad_data(synth_dir):
 
 
 @pytest.mark.gpu
+@pytest.mark.process  # PyAV decodes in DALI's worker processes
 def test_pyav_clips_work_after_cuda_is_initialised(synth_dir):
     torch.zeros(1, device="cuda")  # as a model already on the GPU, or device: auto's probe, does
     assert cuda_initialised()

@@ -56,6 +56,7 @@ def test_eval_centre_crop_keeps_the_output_shape(tmp_path, device):
     root = _write(tmp_path, {"a.png": _coords(400, 256)})
     (batch,) = list(_loader(root, False, device, eval_crop_fraction=0.88))
     assert tuple(batch.images.shape) == (1, 3, HEIGHT, WIDTH)
+    # exact: a lossless PNG at scale 1
     np.testing.assert_array_equal(_hwc(batch)[0], _coords(400, 256)[16 : 16 + HEIGHT, 24 : 24 + WIDTH])
 
 
@@ -68,6 +69,7 @@ def test_eval_downscale_maps_each_output_pixel_to_its_source_block(tmp_path, dev
     got, want = _hwc(batch)[0].astype(int), _coords(WIDTH, HEIGHT).astype(int)
     keep = np.ones(WIDTH, dtype=bool)
     keep[[255, 256]] = False
+    # exact: lossless PNG, 2x2 blocks of one value: every weight and sum is exact in float32
     np.testing.assert_array_equal(got[:, keep], want[:, keep])
     np.testing.assert_array_equal(got[:, ~keep, 1:], want[:, ~keep, 1:])  # green (row) is exact there too
 
@@ -84,6 +86,7 @@ def test_train_window_of_the_output_aspect_is_not_distorted(tmp_path, device):
     assert 0 < flips.sum() < len(ids), "the seed gives both flipped and unflipped samples"
     for k, sample_id in enumerate(ids):
         want = _coords(WIDTH, HEIGHT, ident=int(sample_id))
+        # exact: a lossless PNG at scale 1, mirrored or not
         np.testing.assert_array_equal(_hwc(batch)[k], want[:, ::-1] if flips[k] else want)
 
 

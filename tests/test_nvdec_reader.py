@@ -17,7 +17,6 @@ import weakref
 
 import numpy as np
 import pytest
-import torch
 from videohelp import frame_tags
 
 from gpufeed.config import LoaderConfig, VideoConfig
@@ -48,11 +47,11 @@ def vp9_dir(synth_dir, tmp_path_factory):
     return out
 
 
-def _clips(dataset, device, *, batch=4, seed=0, fit="stretch", train=True):
+def _clips(dataset, device, *, batch=4, seed=0, fit="stretch", train=True, decoder="dali"):
     return ClipLoader(
         dataset,
         train=train,
-        video_cfg=VideoConfig(clip_length_frames=11, stride_frames=2, size_px=32, fit=fit, decoder="dali"),
+        video_cfg=VideoConfig(clip_length_frames=11, stride_frames=2, size_px=32, fit=fit, decoder=decoder),
         loader_cfg=LoaderConfig(batch_size=batch, num_threads=2, last_batch="partial"),
         device=device,
         seed=seed,
@@ -100,6 +99,24 @@ def test_a_capped_reader_reads_every_epoch_exactly_across_its_rebuilds(vp9_dir, 
         "DALI clip reader: a list of 8 clips for 2 batches (capped at 8 lines, inside the epoch"
     )
     assert "building it constructs 8 frame decoders (one per line)" in capped[0]
+
+
+def test_every_reader_build_is_timed_and_logged_when_lists_are_capped(vp9_dir, monkeypatch, caplog):
+    """What each build cost, list and DALI build apart: kept by the loader, logged when a list is capped."""
+    dataset = VideoDataset.from_folder(vp9_dir)
+    monkeypatch.setattr(_clip_pipeline, "LIST_LINES", 8)
+    caplog.set_level(logging.INFO, logger="gpufeed")
+    loader = _clips(dataset, CPU, seed=2)
+    batches = sum(1 for _ in loader)
+    builds = loader.reader_builds
+    assert len(builds) == loader.pipeline_builds == -(-batches // 2) >= 3
+    assert [b.lines for b in builds[:-1]] == [8] * (len(builds) - 1) and 0 < builds[-1].lines <= 8
+    assert all(b.list_s > 0 and b.build_s > 0 and b.total_s == b.list_s + b.build_s for b in builds)
+    timed = [r.getMessage() for r in caplog.records if " s for " in r.getMessage() and "clip reader" in r.getMessage()]
+    assert len(timed) == len(builds), timed
+    assert timed[0].startswith("DALI clip reader built in ") and "for 8 lines: list " in timed[0]
+    assert timed[1].startswith("DALI clip reader rebuilt (build 2) in ") and ", DALI build " in timed[1]
+    assert "the training thread waits through both" in timed[1]
 
 
 def test_rebuilds_leave_one_live_pipeline_per_loader(vp9_dir, monkeypatch):
@@ -200,8 +217,10 @@ def test_the_cpu_reader_never_fuses_and_a_fused_cpu_pipeline_is_refused(tmp_path
 
 @pytest.mark.gpu
 def test_nvdec_reads_exactly_with_a_capped_list_and_logs_its_budget(synth_dir, monkeypatch, caplog):
-    dataset = VideoDataset.from_folder(synth_dir / "videos")  # h264: NVDEC
-    expected = list(zip(*(a.tolist() for a in _clips(dataset, CPU, seed=4).epoch_clips(0)), strict=True))
+    dataset = VideoDataset.from_folder(synth_dir / "videos")  # h264: NVDEC, and no DALI decoder on the CPU
+    # The plan does not depend on the decoder: the CPU loader (PyAV under auto) is only asked for it.
+    reference = _clips(dataset, CPU, seed=4, decoder="auto")
+    expected = list(zip(*(a.tolist() for a in reference.epoch_clips(0)), strict=True))
     monkeypatch.setattr(_clip_pipeline, "LIST_LINES", 8)
     caplog.set_level(logging.INFO, logger="gpufeed")
     loader = _clips(dataset, GPU, seed=4, fit="centre_crop")
@@ -210,19 +229,27 @@ def test_nvdec_reads_exactly_with_a_capped_list_and_logs_its_budget(synth_dir, m
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("NVDEC clip reader: a list of 8 clips for 2 batches (capped") for m in messages)
     assert any(m.startswith("NVDEC memory: 1 video format(s), so 1 hardware decoder(s)") for m in messages)
+    # What each NVDEC build took, for this GPU's log: the figure no CPU run can give.
+    assert any(m.startswith("NVDEC clip reader rebuilt (build 2) in ") for m in messages)
+    assert len(loader.reader_builds) == loader.pipeline_builds >= 2
 
 
 @pytest.mark.gpu
 def test_the_fused_reader_resize_matches_the_separate_resize(synth_dir, monkeypatch):
-    from gpufeed.pipelines import _clip_loader
+    """The same clips, exactly their frames, either way; pixels within a level (two resize implementations)."""
+    from gpufeed.pipelines import _clip_sources
 
     if not fused_reader_resize(True)[0]:
         pytest.skip(fused_reader_resize(True)[1])
     dataset = VideoDataset.from_folder(synth_dir / "videos")
     runs = {}
     for fused in (True, False):
-        monkeypatch.setattr(_clip_loader, "log_reader_budget", lambda *args, fused=fused: fused)
+        # The reader's builder asks log_reader_budget whether to fuse (it says what it chose).
+        monkeypatch.setattr(_clip_sources, "log_reader_budget", lambda *args, fused=fused: fused)
         loader = _clips(dataset, GPU, seed=6, fit="centre_crop", train=False)
-        runs[fused] = [batch.clips.cpu() for batch in loader]
+        runs[fused] = [(_exact(batch, dataset), batch.clips.cpu().int()) for batch in loader]
         loader.close()
-    assert all(torch.equal(a, b) for a, b in zip(runs[True], runs[False], strict=True))
+    for (clips_fused, fused_px), (clips_plain, plain_px) in zip(runs[True], runs[False], strict=True):
+        assert clips_fused == clips_plain, "the same clips"
+        diff = (fused_px - plain_px).abs()
+        assert diff.float().mean() < 1.0 and diff.max() <= 8, (diff.float().mean(), diff.max())

@@ -1,6 +1,7 @@
 """The GPU serving path: nvJPEG decode into a CUDA batch, onnxruntime CUDA provider with IOBinding.
 
-Needs CUDA and DALI's GPU operators (skipped otherwise; failing under GPUFEED_REQUIRE_GPU=1).
+Needs CUDA and DALI's GPU operators (skipped otherwise; failing under GPUFEED_REQUIRE_GPU=1). The
+tests that start a server are in the ``live`` tier, as the unit-tier guard requires of any server.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def _images(synth_dir, count=6):
     return triton.InferInput("image", [len(blobs)], "BYTES").set_data_from_numpy(np.array(blobs, dtype=object))
 
 
+@pytest.mark.live
 def test_gpu_server_decodes_on_the_device_and_agrees_with_the_cpu_server(synth_dir):
     gpu, cpu = _serve(GPU), _serve(CPU)
     try:
@@ -60,6 +62,7 @@ def test_gpu_server_decodes_on_the_device_and_agrees_with_the_cpu_server(synth_d
         cpu.stop()
 
 
+@pytest.mark.live
 def test_tensorrt_provider_by_option_serves_or_says_why(synth_dir):
     try:
         server = _serve(GPU, "tensorrt")
@@ -98,6 +101,7 @@ def test_cuda_runner_binds_every_batch_size_and_agrees_with_the_cpu_runner():
         gpu.run(batch[:3])
 
 
+@pytest.mark.live
 def test_parallel_requests_run_on_separate_lane_streams_with_tf32_off(synth_dir):
     """Each lane has its own CUDA stream (not torch's legacy default one); parallel requests agree with serial ones."""
     from concurrent.futures import ThreadPoolExecutor

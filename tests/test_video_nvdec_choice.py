@@ -145,6 +145,7 @@ def test_the_pyav_fallback_reads_every_format_exactly(odd_formats):
 
 
 @pytest.mark.gpu
+@pytest.mark.process  # the videos NVDEC cannot take go to PyAV's worker processes
 def test_nvdec_fallback_reads_av1_and_high10_exactly_on_a_gpu(odd_formats):
     """On a GPU, a folder with AV1 and h264 High 10/4:4:4 trains through PyAV instead of failing in DALI."""
     loader = _loader(VideoDataset.from_folder(odd_formats), DeviceChoice("gpu", 0, "test"))
