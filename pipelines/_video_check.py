@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._progress import progress_bar
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
 from gpufeed.pipelines._deepethogram import is_project, project_dataset
@@ -119,7 +120,6 @@ def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
 
 def check_dataset(dataset: VideoDataset, source: str, progress: bool = True) -> CheckReport:
     """Check every video of an indexed dataset: index problems, label problems, a full decode."""
-    from tqdm import tqdm
 
     report = CheckReport(sources=[source], checked=len(dataset))
     infos = dataset.infos
@@ -138,7 +138,7 @@ def check_dataset(dataset: VideoDataset, source: str, progress: bool = True) -> 
     report.findings += _decoder_findings(Path(dataset.source), [info for info in readable if not info.store])
     with ThreadPoolExecutor(max_workers=default_num_threads()) as pool:
         decoded = pool.map(_decode_all, readable)
-        bar = tqdm(
+        bar = progress_bar(
             decoded, total=len(readable), desc="decoding videos", unit="video", disable=not progress, leave=False
         )
         for info, (count, problem) in zip(readable, bar, strict=True):

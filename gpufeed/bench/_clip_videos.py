@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._progress import progress_bar
 from gpufeed.pipelines import PrepareOptions, prepare_videos
 from gpufeed.synth._tags import tag_blocks
 from gpufeed.synth._videos import behaviour_labels, write_label_csv
@@ -41,14 +42,13 @@ def make_bench_videos(folder: Path, count=4, seconds=120, fps=30, size=256, gop=
     from fractions import Fraction
 
     import av
-    from tqdm import tqdm
 
     target = Path(folder) / f"clips-{count}x{seconds}s-{fps}fps-{size}px-gop{gop}-{seed}" / "videos"
     if (target / ".complete").exists():
         return target
     target.mkdir(parents=True, exist_ok=True)
     frames = seconds * fps
-    with tqdm(total=count * frames, desc="bench videos", unit="frame", leave=False) as bar:
+    with progress_bar(total=count * frames, desc="bench videos", unit="frame", leave=False) as bar:
         for video_id in range(count):
             rng = np.random.default_rng([seed, video_id])
             texture = np.clip(rng.normal(128, 40, (size, size, 3)), 0, 255).astype(np.uint8)
