@@ -118,10 +118,12 @@ def frames_pipeline(loader, stream: PlanStream, common: dict):
         regions = (ends - starts)[:, ::-1]
     if loader._scaled_jpeg:
         decoded = jpeg_decode_sizes(sizes, regions, out)
-        scaled = ScaledJpegClips(rows, stores, decoded, batch_size=loader.batch_size, **shape)
+        fast = loader.video_cfg.jpeg_idct == "fast"
+        scaled = ScaledJpegClips(rows, stores, decoded, batch_size=loader.batch_size, fast_idct=fast, **shape)
         method, why = worker_start_method(getattr(loader.cfg, "worker_start_method", "auto"))
         log.info("starting %d JPEG decoding worker process(es) with %s (%s)", loader.num_threads, method, why)
         return build_clip_pipeline(source="frames", clip_input=scaled, roi_feed=roi, start_method=method, **common)
     used = {infos[v].store for v in np.unique(loader.table.slot_video)}
-    feed = StoreClipFeed(rows, stores, batch_size=loader.batch_size, mode=channel_mode(used), **shape)
+    fast = loader.video_cfg.jpeg_idct == "fast"
+    feed = StoreClipFeed(rows, stores, batch_size=loader.batch_size, mode=channel_mode(used), fast_idct=fast, **shape)
     return build_clip_pipeline(source="frames", clip_input=feed, roi_feed=roi, **common)

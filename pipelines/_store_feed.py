@@ -95,6 +95,8 @@ class StoreClipFeed:
         clip_length_frames, stride_frames: Which frames a clip holds from its start.
         batch_size: Rows per iteration.
         mode: :func:`channel_mode` of the stores read.
+        fast_idct: JPEG frames with libjpeg-turbo's fast IDCT on a CPU (``video.jpeg_idct: fast``);
+            by default the exact decode, as Pillow's and OpenCV's.
     """
 
     def __init__(
@@ -106,10 +108,11 @@ class StoreClipFeed:
         stride_frames: int,
         batch_size: int,
         mode: str,
+        fast_idct: bool = False,
     ) -> None:
         self.rows, self.stores = rows, stores
         self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
-        self.batch_size, self.mode = batch_size, mode
+        self.batch_size, self.mode, self.fast_idct = batch_size, mode, fast_idct
         self.reader = FrameBytesReader()
         self._cached: tuple[int | None, tuple] = (None, ())
         self.frames_read = 0
@@ -152,9 +155,9 @@ def decode_store_clips(feed: StoreClipFeed, on_gpu: bool):
     t = len(feed.offsets)
     dtypes = [types.UINT8] * t + [types.INT64] + ([types.FLOAT] if feed.mode == "per_clip" else [])
     outputs = fn.external_source(source=feed, num_outputs=feed.num_outputs, batch=False, dtype=dtypes)
-    # libjpeg-turbo's fast integer IDCT: measured 1.5x the CPU decoder's JPEG throughput (256x256,
-    # quality 95, shared 2-core machine) for pixels within a level or two of the exact IDCT.
-    fast: dict[str, Any] = {} if on_gpu else {"use_fast_idct": True}
+    # The CPU decoder's default IDCT is the exact one (bit-equal to Pillow's and OpenCV's decode); the
+    # fast one (video.jpeg_idct: fast) decoded 1.5x faster but about a level off on average, up to 12.
+    fast: dict[str, Any] = {"use_fast_idct": True} if feed.fast_idct and not on_gpu else {}
     decoded = [
         fn.decoders.image(encoded, device="mixed" if on_gpu else "cpu", output_type=types.RGB, **fast)
         for encoded in outputs[:t]
@@ -236,6 +239,8 @@ class ScaledJpegClips:
         decoded_sizes: (videos, 2) (width, height) each video's frames are decoded to.
         clip_length_frames, stride_frames: Which frames a clip holds from its start.
         batch_size: Rows per iteration.
+        fast_idct: libjpeg-turbo's fast IDCT (``video.jpeg_idct: fast``); by default the exact
+            decode, bit-equal to Pillow's at the same scale.
     """
 
     parallel = True  # built as a parallel external_source (see build_clip_pipeline)
@@ -249,8 +254,10 @@ class ScaledJpegClips:
         clip_length_frames: int,
         stride_frames: int,
         batch_size: int,
+        fast_idct: bool = False,
     ) -> None:
         self.rows, self.stores = rows, stores
+        self.fast_idct = fast_idct
         self.decoded_sizes = np.asarray(decoded_sizes, dtype=np.int64)
         self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
         self.batch_size = batch_size
@@ -286,12 +293,14 @@ class ScaledJpegClips:
         for t, encoded in enumerate(data):
             try:
                 if encoded[:2].tobytes() == b"\xff\xd8":
-                    # min_* pick the scale exactly (see jpeg_scale_eighths); the fast integer IDCT is
-                    # within a level or two of the exact one; buffer= decodes straight into the clip.
+                    # min_* pick the scale exactly (see jpeg_scale_eighths); fastdct=False, fastupsample=False
+                    # is libjpeg's default decode (accurate integer IDCT, fancy upsampling), bit-equal to
+                    # Pillow's (its draft() when scaled) and OpenCV's; buffer= decodes straight into the clip.
                     got = simplejpeg.decode_jpeg(
                         encoded,
                         colorspace=colorspace,
-                        fastdct=True,
+                        fastdct=self.fast_idct,
+                        fastupsample=False,
                         min_width=width,
                         min_height=height,
                         strict=False,
