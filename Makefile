@@ -98,7 +98,7 @@ $(PEERS_VENV)/.gpufeed-peers: pyproject.toml setup.py Makefile
 	$(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip "$(SETUPTOOLS_SPEC)"
 	$(PEERS_VENV)/bin/python -m pip install --quiet "$(PEERS_TORCH_SPEC)" "$(TORCHCODEC_SPEC)"
-	$(PEERS_VENV)/bin/python -m pip install --quiet -e ".[bench]"
+	$(PEERS_VENV)/bin/python -m pip install --quiet -e ".[bench]" "pytest>=8" "pytest-timeout>=2.3" "vidio>=0.0.4"
 	$(PEERS_VENV)/bin/python -c "import torchcodec.decoders"
 	touch $@
 
