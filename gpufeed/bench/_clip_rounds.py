@@ -38,13 +38,16 @@ class RoundTime:
         clips: Clips read.
         seconds: From before the reader was opened to its last clip.
         first_batch_s: From before the reader was opened to its first batch (its start-up).
-        first_batch_clips: Clips in that first batch.
+        warm_s, warm_clips: When the first wave of batches was in (one batch per worker process:
+            a DataLoader's workers each deliver their first batch at about the same time), and the
+            clips it held; ``steady`` figures start there.
     """
 
     clips: int
     seconds: float
     first_batch_s: float
-    first_batch_clips: int
+    warm_s: float
+    warm_clips: int
 
     @property
     def clips_per_second(self) -> float:
@@ -53,9 +56,9 @@ class RoundTime:
 
     @property
     def steady_clips_per_second(self) -> float:
-        """Clips per second after the first batch (start-up left out)."""
-        after = self.seconds - self.first_batch_s
-        return (self.clips - self.first_batch_clips) / after if after > 0 else 0.0
+        """Clips per second after the first wave of batches (start-up left out); NaN if none came after it."""
+        after = self.seconds - self.warm_s
+        return (self.clips - self.warm_clips) / after if after > 0 and self.clips > self.warm_clips else float("nan")
 
 
 def child_pids(pid: int | None = None) -> set[int]:
@@ -104,6 +107,7 @@ def timed_round(
     *,
     size_of: Callable[[Any], int] = len,
     keep: bool = False,
+    warm_batches: int = 1,
     children: Callable[[], set[int]] = child_pids,
 ) -> tuple[RoundTime, list]:
     """One round of one reader (see the module docs): its times, and its batches when ``keep``.
@@ -114,17 +118,21 @@ def timed_round(
         want: Clips to read; the round ends at the batch that reaches them.
         size_of: Clips in a batch.
         keep: Keep the batches (the untimed exactness pass); timed rounds drop them.
+        warm_batches: Batches in the first wave (see :class:`RoundTime`): the reader's worker processes.
     """
     before = children()
     batches: list = []
-    got, first_s, first_clips = 0, 0.0, 0
+    got, count, first_s, warm_s, warm_clips = 0, 0, 0.0, 0.0, 0
     start = time.perf_counter()
     end = start
     with open_reader() as reader:
         for batch in reader:
             got += size_of(batch)
-            if not first_clips:
-                first_s, first_clips = time.perf_counter() - start, got
+            count += 1
+            if count == 1:
+                first_s = time.perf_counter() - start
+            if count == warm_batches:
+                warm_s, warm_clips = time.perf_counter() - start, got
             if keep:  # a copy: a pipeline may reuse its output buffers for later batches
                 batches.append(batch.clone() if hasattr(batch, "clone") else copy.deepcopy(batch))
             if got >= want:
@@ -134,7 +142,9 @@ def timed_round(
     wait_for_exit(before, children=children)
     if got < want:
         raise RuntimeError(f"the reader stopped after {got} of {want} clips")
-    return RoundTime(got, end - start, first_s, first_clips), batches
+    if count < warm_batches:
+        warm_s, warm_clips = end - start, got
+    return RoundTime(got, end - start, first_s, warm_s, warm_clips), batches
 
 
 def interleaved(jobs: Sequence, round_index: int) -> list:
@@ -143,5 +153,5 @@ def interleaved(jobs: Sequence, round_index: int) -> list:
 
 
 def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
-    """Median over rounds of ``a[r] / b[r]``."""
-    return median([x / y for x, y in zip(a, b, strict=True) if y > 0])
+    """Median over rounds of ``a[r] / b[r]`` (rounds without both figures left out; NaN if none has)."""
+    return median([x / y for x, y in zip(a, b, strict=True) if y > 0 and x == x and y == y])

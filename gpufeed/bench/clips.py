@@ -190,7 +190,8 @@ def run_clip_bench(
     with progress_bar(total=rounds * len(jobs), desc="timed rounds", unit="round", leave=True) as bar:
         for r in range(rounds):
             for s, c in interleaved(jobs, r):
-                times[s.name][c].append(timed_round(_opener(s, c, r, counts[c], a), counts[c])[0])
+                opener = _opener(s, c, r, counts[c], a)
+                times[s.name][c].append(timed_round(opener, counts[c], warm_batches=a.workers)[0])
                 bar.update(1)
             loads.append(os.getloadavg()[0])
     settings = {
