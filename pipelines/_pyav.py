@@ -14,6 +14,7 @@ numpy, PyAV and ``gpufeed._size`` (standard library only), and the sources are p
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -141,7 +142,7 @@ class _OpenVideo:
 
     def __init__(self, container, stream) -> None:
         self.container, self.stream = container, stream
-        self.packets = None
+        self.packets: Iterator | None = None
         self.pending: list = []
         self.last = -1
 
@@ -319,6 +320,8 @@ class ClipDecoder:
         context = hit.stream.codec_context
         while hit.pending:
             yield hit.pending.pop(0)
+        if hit.packets is None:
+            return
         for packet in hit.packets:
             if context.skip_frame != "DEFAULT" and (packet.pts is None or packet.pts >= target):
                 context.skip_frame = "DEFAULT"

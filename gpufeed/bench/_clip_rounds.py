@@ -64,7 +64,7 @@ class RoundTime:
 def child_pids(pid: int | None = None) -> set[int]:
     """Live (not zombie) child processes of ``pid`` (default: this process), from ``/proc``."""
     parent = os.getpid() if pid is None else pid
-    found = set()
+    found: set[int] = set()
     try:
         entries = os.listdir("/proc")
     except OSError:  # not Linux: nothing to wait for

@@ -9,6 +9,7 @@ to print what that option saves and how far its pixels are from the exact decode
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ __all__ = ["store_figures"]
 _SAMPLE_FRAMES = 200
 
 
-def _sample(dataset, count: int, seed: int = 0) -> list[tuple[object, np.ndarray]]:
+def _sample(dataset, count: int, seed: int = 0) -> list[tuple[Any, np.ndarray]]:
     """(info, encoded bytes) of ``count`` frames drawn across the set's stores."""
     rng = np.random.default_rng(seed)
     reader = FrameBytesReader()

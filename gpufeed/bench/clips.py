@@ -177,12 +177,15 @@ def run_clip_bench(
             sets, cache=cache, videos=videos, seconds=seconds, video_size=video_size, gop=gop, seed=seed,
             clip_length=clip_length, stride=stride,
         )  # fmt: skip
-    kw = {"clip_length": clip_length, "stride": stride, "size": size_px_value(size), "batch_size": batch_size}
-    bench_sets = [BenchSet(spec, workers=a.workers, seed=seed, device=choice, **kw) for spec in specs]
+    bench_sets = [
+        BenchSet(spec, clip_length=clip_length, stride=stride, size=size_px_value(size), batch_size=batch_size,
+                 workers=a.workers, seed=seed, device=choice)
+        for spec in specs
+    ]  # fmt: skip
     readers, missing = _readers(bench_sets, tuple(contenders))
     counts = {c: naive_clips if c == "decode_from_start" else clips for c in CONTENDERS}
     jobs = [(s, c) for s in bench_sets for c in readers[s.name]]
-    exact = {s.name: {} for s in bench_sets}
+    exact: dict[str, dict[str, float | None]] = {s.name: {} for s in bench_sets}
     for s, c in progress_bar(jobs, desc="exactness pass", unit="reader", leave=True):
         exact[s.name][c] = _exact_share(s, c, min(counts[c], verify_clips), a)
     times: dict[str, dict[str, list[RoundTime]]] = {s.name: {c: [] for c in readers[s.name]} for s in bench_sets}
