@@ -1,11 +1,13 @@
-"""PyAV decoding for the CPU clip path: seek to the keyframe at or before a clip, decode forward.
+"""PyAV decoding for the CPU clip path: from where the decoder stands, or from the keyframe before a clip.
 
 DALI's CPU video decoder does not handle h264/hevc, so on a machine without NVDEC these readers
 feed the same DALI graph (resize, layout) through ``external_source``. They never decode from the
-start of a file: :class:`ClipDecoder` seeks to the keyframe at or before the clip's first frame
-(known from the video index) and decodes forward only as far as the clip's last frame; open files
-stay open between clips of the same video (per process), because reopening costs more than a
-short seek.
+start of a file: :class:`ClipDecoder` continues from where a file's decoder stands when the clip
+is further on in the same GOP, else seeks to the keyframe at or before the clip's first frame
+(known from the video index), and decodes forward only as far as the clip's last frame; open
+files stay open between clips of the same video (per process), because reopening costs more
+than a short seek. :class:`ClipSource` reads each batch by (video, start) so that a worker meets
+a video's clips in order. The sequential reader's decoding is :mod:`gpufeed.pipelines._pyav_sequential`.
 
 This module is imported by DALI's parallel ``external_source`` worker processes, so it stays light:
 numpy, PyAV and ``gpufeed._size`` (standard library only), and the sources are plain picklable objects.
@@ -30,11 +32,8 @@ __all__ = [
     "ClipDecoder",
     "ClipSource",
     "FrameFitter",
-    "SequentialFeed",
     "VideoRef",
     "clip_read_order",
-    "decode_all_frames",
-    "iter_frame_chunks",
 ]
 
 
@@ -401,71 +400,3 @@ class ClipSource:
             self._decoder = ClipDecoder(fitter=FrameFitter(self.size, self.fit))
         clip = self._decoder.read(self.videos[int(videos[j])], geometry.frames(int(starts[j])))
         return clip, tag
-
-
-class SequentialFeed:
-    """Per-sample iterable for a (non-parallel) ``external_source``: consecutive frame chunks.
-
-    Yields ``(frames (C, H, W, 3) uint8, chunk number (1,) int32)``, then repeats the last chunk
-    (DALI may prefetch past the end; the reader's iterator stops at the chunk count).
-    """
-
-    def __init__(
-        self, video: VideoRef, chunk_frames: int, size_px: SizePx | int | None = None, fit: str = "stretch"
-    ) -> None:
-        self.video, self.chunk_frames = video, chunk_frames
-        self.fitter = FrameFitter(size_px, fit)
-
-    def __iter__(self):
-        last = None
-        for number, (_, chunk) in enumerate(iter_frame_chunks(self.video, self.chunk_frames, fitter=self.fitter)):
-            last = (chunk, np.array([number], dtype=np.int32))
-            yield last
-        while last is not None:
-            yield last
-
-
-def iter_frame_chunks(video: VideoRef, chunk_frames: int, threads: int = 0, fitter: FrameFitter | None = None):
-    """Decode a whole video once, in order, yielding ``(first index, (C, H, W, 3) uint8)`` chunks.
-
-    No seeks: this is the sequential reader's CPU path (inference, feature extraction).
-    """
-    import av
-
-    fitter = fitter or FrameFitter()
-    chunk: list[np.ndarray] = []
-    first = 0
-    count = 0
-    try:
-        with av.open(video.path) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            stream.thread_count = threads
-            for frame in container.decode(stream):
-                chunk.append(fitter(frame))
-                count += 1
-                if len(chunk) == chunk_frames:
-                    yield first, np.stack(chunk)
-                    first, chunk = first + len(chunk), []
-    except av.FFmpegError as err:
-        raise ClipDecodeError(f"{video.path}: decoding stopped after {count} frames: {err}") from None
-    if chunk:
-        yield first, np.stack(chunk)
-    if count != video.num_frames:
-        raise ClipDecodeError(f"{video.path}: decoded {count} frames but the index lists {video.num_frames}")
-
-
-def decode_all_frames(path: str) -> tuple[int, str | None]:
-    """Decode every frame of a file: (frames decoded, problem or ``None``). For ``gpufeed check``."""
-    import av
-
-    count = 0
-    try:
-        with av.open(path) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            for _ in container.decode(stream):
-                count += 1
-    except av.FFmpegError as err:
-        return count, f"decoding fails after {count} frames: {err}"
-    return count, None

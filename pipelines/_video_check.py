@@ -29,7 +29,7 @@ from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, decode_store_frames, is_frame_folder, label_path
 from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
-from gpufeed.pipelines._pyav import decode_all_frames
+from gpufeed.pipelines._pyav_sequential import decode_all_frames
 from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, labels_for, list_videos, probe_video
 
 __all__ = ["check_videos", "holds_videos"]

@@ -16,7 +16,8 @@ from collections.abc import Callable
 import numpy as np
 
 from gpufeed._size import SizePx
-from gpufeed.pipelines._pyav import FrameFitter, VideoRef, iter_frame_chunks
+from gpufeed.pipelines._pyav import FrameFitter, VideoRef
+from gpufeed.pipelines._pyav_sequential import iter_frame_chunks
 from gpufeed.synth import TagError, read_tag
 
 __all__ = ["reference_share", "sampler_tag_share", "sequential_frames", "tag_share"]

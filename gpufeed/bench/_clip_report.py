@@ -105,7 +105,9 @@ def summarise(settings: dict, bench_sets: list, times: dict, exact: dict, stores
     """The result dict of ``run_clip_bench``: settings, per-set figures, ratios, targets."""
     result: dict[str, Any] = {"benchmark": "clips", **settings, "sets": {}}
     for bench_set in bench_sets:
-        figures = _set_figures(bench_set, times[bench_set.name], exact[bench_set.name], settings["clip_length_frames"])
+        figures = _set_figures(
+            bench_set, times.get(bench_set.name, {}), exact[bench_set.name], settings["clip_length_frames"]
+        )
         if bench_set.name in stores:
             figures["store"] = stores[bench_set.name]
         result["sets"][bench_set.name] = figures

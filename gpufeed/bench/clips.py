@@ -124,6 +124,22 @@ def _readers(sets: list[BenchSet], contenders: tuple[str, ...]) -> tuple[dict[st
     return {s.name: [c for c in run if c == "gpufeed" or not s.is_store] for s in sets}, missing
 
 
+def _timed_rounds(jobs: list, rounds: int, counts: dict[str, int], a: _Settings):
+    """Every (set, reader) job once a round, order reversed every other round; the load average around each."""
+    times: dict[str, dict[str, list[RoundTime]]] = {}
+    loads = [os.getloadavg()[0]]
+    with progress_bar(total=rounds * len(jobs), desc="timed rounds", unit="round", leave=True) as bar:
+        for r in range(rounds):
+            for s, c in interleaved(jobs, r):
+                opener = _opener(s, c, r, counts[c], a)
+                times.setdefault(s.name, {}).setdefault(c, []).append(
+                    timed_round(opener, counts[c], warm_batches=a.workers)[0]
+                )
+                bar.update(1)
+            loads.append(os.getloadavg()[0])
+    return times, loads
+
+
 def run_clip_bench(
     *,
     data: Path | None = None,
@@ -188,15 +204,7 @@ def run_clip_bench(
     exact: dict[str, dict[str, float | None]] = {s.name: {} for s in bench_sets}
     for s, c in progress_bar(jobs, desc="exactness pass", unit="reader", leave=True):
         exact[s.name][c] = _exact_share(s, c, min(counts[c], verify_clips), a)
-    times: dict[str, dict[str, list[RoundTime]]] = {s.name: {c: [] for c in readers[s.name]} for s in bench_sets}
-    loads = [os.getloadavg()[0]]
-    with progress_bar(total=rounds * len(jobs), desc="timed rounds", unit="round", leave=True) as bar:
-        for r in range(rounds):
-            for s, c in interleaved(jobs, r):
-                opener = _opener(s, c, r, counts[c], a)
-                times[s.name][c].append(timed_round(opener, counts[c], warm_batches=a.workers)[0])
-                bar.update(1)
-            loads.append(os.getloadavg()[0])
+    times, loads = _timed_rounds(jobs, rounds, counts, a)
     settings = {
         "clip_length_frames": clip_length,
         "stride_frames": stride,
