@@ -38,7 +38,7 @@ def test_a_gpufeed_round_leaves_no_worker_decoding_behind(videos):
     before = child_pids()
     for epoch in range(2):
         times, _ = timed_round(lambda e=epoch: gpufeed_reader(bench_set.loader, e), 24)
-        assert times.clips == 24 and child_pids() == before
+        assert times.clips == 24 and child_pids() <= before, "no process the round started is left"
     assert bench_set.loader.pipeline_builds == 2, "each round starts its own pipeline: start-up is in every round"
 
 
