@@ -258,6 +258,8 @@ class ScaledJpegClips:
     ) -> None:
         self.rows, self.stores = rows, stores
         self.fast_idct = fast_idct
+        import simplejpeg  # noqa: F401  # imported by the loader's process: forked workers inherit it
+
         self.decoded_sizes = np.asarray(decoded_sizes, dtype=np.int64)
         self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
         self.batch_size = batch_size
