@@ -30,7 +30,7 @@ comma := ,
 PYTEST_ARGS ?=
 SITE_DIR := .cache/site
 
-.PHONY: setup deps install demo docs test test-unit typecheck lint format bench check-cuda-stack clean
+.PHONY: setup deps install demo docs test test-unit typecheck lint format bench check-cuda-stack peers clean
 
 # A venv with pip, setuptools and the stack's torch build (tomli reads pyproject.toml on Python
 # 3.10, which has no tomllib). A venv holds one stack: DALI's cuda120 and cuda130 wheels install
@@ -116,5 +116,25 @@ bench: setup
 check-cuda-stack: setup
 	$(BIN)/python -m gpufeed.stack check --json .cache/cuda-stack/report.json
 
+# The peers' venv: `gpufeed bench clips` there also runs torchcodec (exact and approximate seeks,
+# and its own clip sampler). torchcodec's registry wheel links the CUDA build of torch, which runs
+# on a CPU too, and loads the system's FFmpeg libraries (Debian's ffmpeg package when missing).
+# Kept apart from .venv (the CUDA build of torch is about 5 GB) and never needed by `make test`.
+PEERS_VENV ?= .venv-peers
+PEERS_TORCH_SPEC ?= torch==2.14.1
+TORCHCODEC_SPEC ?= torchcodec==0.17.0
+peers: $(PEERS_VENV)/.gpufeed-peers
+
+$(PEERS_VENV)/.gpufeed-peers: pyproject.toml setup.py Makefile
+	@ldconfig -p | grep -q 'libavcodec\.so\.' || { \
+		echo "installing FFmpeg's libraries (Debian's ffmpeg package) for torchcodec"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ffmpeg; }
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip "$(SETUPTOOLS_SPEC)"
+	$(PEERS_VENV)/bin/python -m pip install --quiet "$(PEERS_TORCH_SPEC)" "$(TORCHCODEC_SPEC)"
+	$(PEERS_VENV)/bin/python -m pip install --quiet -e ".[bench]" "pytest>=8" "pytest-timeout>=2.3" "vidio>=0.0.4"
+	$(PEERS_VENV)/bin/python -c "import torchcodec.decoders"
+	touch $@
+
 clean:
-	rm -rf $(VENV) runs .cache build
+	rm -rf $(VENV) $(PEERS_VENV) runs .cache build

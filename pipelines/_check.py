@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpufeed._progress import progress_bar
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, ImageDataset
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
@@ -91,7 +92,6 @@ def check_images(dataset: ImageDataset, progress: bool = True) -> CheckReport:
     Files the index refused (damaged structure, too many pixels, unknown label) are reported as
     it found them and never decoded.
     """
-    from tqdm import tqdm
 
     report = CheckReport(sources=[dataset.source], checked=len(dataset))
     for sample_id, reason in dataset.problems.items():
@@ -100,7 +100,7 @@ def check_images(dataset: ImageDataset, progress: bool = True) -> CheckReport:
     todo = [dataset.paths[i] for i in dataset.usable_ids]
     with ThreadPoolExecutor(max_workers=default_num_threads()) as pool:
         results = pool.map(lambda p: decode_problem(p, max_pixels=dataset.max_pixels), todo, chunksize=16)
-        bar = tqdm(results, total=len(todo), desc="decoding", unit="img", disable=not progress, leave=False)
+        bar = progress_bar(results, total=len(todo), desc="decoding", unit="img", disable=not progress, leave=False)
         report.findings += [Finding(p, why, "image") for p, why in zip(todo, bar, strict=True) if why]
     report.findings += [
         Finding(p, "not a .jpg/.jpeg/.png file; the loader ignores it", "ignored") for p in dataset.ignored

@@ -43,7 +43,7 @@ from gpufeed.pipelines._frame_stores import decode_store_frames
 from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._nvdec import choose_source, gpu_capability
 from gpufeed.pipelines._nvdec_reader import ReaderBuild
-from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
+from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef, clip_read_order
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
 from gpufeed.pipelines._store_feed import (
@@ -282,7 +282,7 @@ class ClipLoader(EpochLoader):
                 self.augment,
                 self.seed,
                 fill_to=self.batch_size,
-                row_order=(lambda k: rows(k)[2]) if self.source == "dali" else None,
+                row_order=self._augment_row_order(stream, rows),
                 repeat=self.geometry.clip_length_frames if self._frames_flat else 1,
             )
         )
@@ -309,16 +309,17 @@ class ClipLoader(EpochLoader):
         n = len(batch)
         videos, starts = self.table.clips(batch.sample_ids, train=self.train, seed=self.seed, epoch=batch.epoch)
         torch_device = self.device.torch_device
-        if self.source == "dali":  # rows came in reader_order: check them as such, then put them in plan order
-            order = reader_order(*fill_rows(videos, starts, self.batch_size))
+        order = self._read_order(videos, starts)
+        if order is not None:  # rows came in the source's read order: check them as such, then put them in plan order
             self._check_tags(out["tags"].view(-1), iteration * self.batch_size + order)
             if np.array_equal(order[:n], np.arange(n)):  # already in plan order (evaluation): no gather
                 clips = out["clips"][:n]
-            else:
-                back = torch.as_tensor(np.argsort(order)[:n])
-                if out["clips"].is_cuda:  # pinned, so the small copy does not wait for the device
-                    back = back.pin_memory().to(out["clips"].device, non_blocking=True)
+            elif out["clips"].is_cuda:  # one on-device gather; the small index copy is pinned, so it does not wait
+                back = torch.as_tensor(np.argsort(order)[:n]).pin_memory().to(out["clips"].device, non_blocking=True)
                 clips = out["clips"].index_select(0, back)
+            else:  # NumPy's single-threaded copy: torch's CPU copies of a batch (index_select, stack) wait on
+                # its intra-op threads, 15-140 ms a batch of 8 while the decoding workers hold the cores (1 ms here)
+                clips = torch.from_numpy(np.take(out["clips"].numpy(), np.argsort(order)[:n], axis=0))
         elif self._frames_flat:  # clip j is frames j*T .. j*T+T-1: every frame's tag is its clip's
             t = self.geometry.clip_length_frames
             self._check_tags(out["tags"].view(-1)[: n * t], np.repeat(iteration * self.batch_size + np.arange(n), t))
@@ -349,6 +350,33 @@ class ClipLoader(EpochLoader):
             valid=to_device(batch.valid, torch.bool),
             behaviours=self.behaviours,
         )
+
+    def _read_order(self, videos: np.ndarray, starts: np.ndarray) -> np.ndarray | None:
+        """The plan row of each output row of a batch, when the source reads rows out of plan order.
+
+        DALI's reader and the PyAV workers read a batch by (video, start), so each file is read
+        forward (``reader_order``, ``clip_read_order``); frame stores read in plan order (``None``).
+        """
+        if self.source == "dali":
+            return reader_order(*fill_rows(videos, starts, self.batch_size))
+        if self.source == "pyav":
+            return clip_read_order(videos, starts, self.batch_size)
+        return None
+
+    def _augment_row_order(self, stream: PlanStream, rows):
+        """``row_order(k)`` for the augmentation feed: its rows in the order the source outputs them."""
+        if self.source == "dali":
+            return lambda k: rows(k)[2]
+        if self.source != "pyav":
+            return None
+        table, train, seed = self.table, self.train, self.seed
+
+        def pyav_order(k: int) -> np.ndarray:
+            batch = stream[k]
+            videos, starts = table.clips(batch.sample_ids, train=train, seed=seed, epoch=batch.epoch)
+            return clip_read_order(videos, starts, self.batch_size)
+
+        return pyav_order
 
     def _check_tags(self, tags, expected: np.ndarray) -> None:
         """Check the rows' tags against the plan; NVDEC's tags (on the GPU) a batch or two later.

@@ -140,15 +140,14 @@ def frames_pipeline(loader, stream: PlanStream, common: dict, *, build: bool = T
         starts, ends = centre_rois(sizes, out.width_px / out.height_px)
         regions = (ends - starts)[:, ::-1]
     method, why = worker_start_method(getattr(loader.cfg, "worker_start_method", "auto"))
+    decode = {"max_pixels": loader.dataset.max_pixels, "fast_idct": loader.video_cfg.jpeg_idct == "fast"}
     if scaled:
         decoded = jpeg_decode_sizes(sizes, regions, out)
-        limit = {"max_pixels": loader.dataset.max_pixels}
-        clips = ScaledJpegClips(rows, stores, decoded, batch_size=loader.batch_size, **shape, **limit)
+        clips = ScaledJpegClips(rows, stores, decoded, batch_size=loader.batch_size, **shape, **decode)
         log.info("starting %d JPEG decoding worker process(es) with %s (%s)", loader.num_threads, method, why)
         return build_clip_pipeline(source="frames", clip_input=clips, roi_feed=roi, start_method=method, **common)
     used = {infos[v].store for v in np.unique(loader.table.slot_video)}
-    limit = {"max_pixels": loader.dataset.max_pixels}
-    feed = StoreFrameFeed(rows, stores, batch_size=loader.batch_size, mode=channel_mode(used), **shape, **limit)
+    feed = StoreFrameFeed(rows, stores, batch_size=loader.batch_size, mode=channel_mode(used), **shape, **decode)
     if build:
         workers = store_read_workers(loader.num_threads)
         log.info("starting %d frame-reading worker process(es) with %s (%s)", workers, method, why)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._progress import progress_bar
 from gpufeed._text import quoted
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
@@ -248,12 +249,12 @@ def index_image_facts(base: Path, stem: str, paths: list[str], progress: bool = 
         else:
             results[i] = ImageFacts.from_row(hit[2:])
     if todo:
-        from tqdm import tqdm
-
         # Reading is I/O-bound (the structure walk runs at memory speed): threads overlap the reads.
         with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 2) * 2)) as pool:
             probed = pool.map(read_image_facts, (paths[i] for i in todo))
-            bar = tqdm(probed, total=len(todo), desc="indexing images", unit="file", disable=not progress, leave=False)
+            bar = progress_bar(
+                probed, total=len(todo), desc="indexing images", unit="file", disable=not progress, leave=False
+            )
             for i, facts in zip(todo, bar, strict=True):
                 results[i] = facts
         fresh = {

@@ -27,7 +27,8 @@ from gpufeed.pipelines._clip_pipeline import RoiFeed, build_clip_pipeline, new_w
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._nvdec import choose_source, gpu_capability
 from gpufeed.pipelines._nvdec_reader import fused_reader_resize
-from gpufeed.pipelines._pyav import SequentialFeed, VideoRef
+from gpufeed.pipelines._pyav import VideoRef
+from gpufeed.pipelines._pyav_sequential import SequentialFeed
 from gpufeed.pipelines._store_feed import StoreFrameFeed, StoreRef, channel_mode
 from gpufeed.pipelines._store_pipeline import build_store_pipeline
 from gpufeed.pipelines._videos import VideoInfo, probe_video

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
+from gpufeed._progress import progress_bar
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._image_verify import decode_problem
@@ -35,7 +36,6 @@ def holds_pairs(path: Path) -> bool:
 
 def check_pairs(path: Path, progress: bool = True, scale_maps: bool = False) -> CheckReport:
     """Check a paired split root, or every paired split directly under ``path``."""
-    from tqdm import tqdm
 
     report = CheckReport()
     for root in _splits(path):
@@ -48,7 +48,9 @@ def check_pairs(path: Path, progress: bool = True, scale_maps: bool = False) -> 
         todo += [(int(i), dataset.maps[kind][i]) for kind in dataset.kinds for i in ids]
         with ThreadPoolExecutor(max_workers=default_num_threads()) as pool:
             results = pool.map(partial(decode_problem, max_pixels=dataset.max_pixels), [file for _, file in todo])
-            bar = tqdm(results, total=len(todo), desc="decoding", unit="file", disable=not progress, leave=False)
+            bar = progress_bar(
+                results, total=len(todo), desc="decoding", unit="file", disable=not progress, leave=False
+            )
             for (i, file), why in zip(todo, bar, strict=True):
                 if why:
                     rgb = dataset.paths[i]

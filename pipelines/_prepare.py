@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._files import atomic_path
+from gpufeed._progress import progress_bar
 from gpufeed._text import format_table
 from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._errors import DatasetError
@@ -252,7 +253,6 @@ def prepare_videos(src: str | Path, dst: str | Path, options: PrepareOptions = P
     Raises:
         DatasetError: ``src`` is missing or holds no videos, or ``dst`` is ``src``.
     """
-    from tqdm import tqdm
 
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
@@ -266,7 +266,7 @@ def prepare_videos(src: str | Path, dst: str | Path, options: PrepareOptions = P
     report = PrepareReport(options)
     total = sum(i.num_frames for i in infos if not i.problem)
     _, ext = _CODECS[options.codec]
-    with tqdm(total=total, desc="prepare", unit="frame", disable=not progress, leave=False) as bar:
+    with progress_bar(total=total, desc="prepare", unit="frame", disable=not progress, leave=False) as bar:
         for path, info in zip(paths, infos, strict=True):
             item = PreparedVideo(source=path, gop_before=round(info.gop_frames, 1))
             report.videos.append(item)
@@ -312,7 +312,7 @@ def prepare_videos(src: str | Path, dst: str | Path, options: PrepareOptions = P
                 item.labels = "copied, one row per frame"
     if options.probe_clips:
         done = [v for v in report.videos if not v.problem]
-        for v in tqdm(done, desc="seek cost", unit="video", disable=not progress, leave=False):
+        for v in progress_bar(done, desc="seek cost", unit="video", disable=not progress, leave=False):
             try:
                 v.ms_per_clip_before = measure_seek_cost(v.source, options.probe_clips, options.geometry, options.seed)
                 measure = measure_seek_cost if options.store == "video" else measure_store_seek_cost

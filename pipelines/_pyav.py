@@ -1,11 +1,13 @@
-"""PyAV decoding for the CPU clip path: seek to the keyframe at or before a clip, decode forward.
+"""PyAV decoding for the CPU clip path: from where the decoder stands, or from the keyframe before a clip.
 
 DALI's CPU video decoder does not handle h264/hevc, so on a machine without NVDEC these readers
 feed the same DALI graph (resize, layout) through ``external_source``. They never decode from the
-start of a file: :class:`ClipDecoder` seeks to the keyframe at or before the clip's first frame
-(known from the video index) and decodes forward only as far as the clip's last frame; open files
-stay open between clips of the same video (per process), because reopening costs more than a
-short seek.
+start of a file: :class:`ClipDecoder` continues from where a file's decoder stands when the clip
+is further on in the same GOP, else seeks to the keyframe at or before the clip's first frame
+(known from the video index), and decodes forward only as far as the clip's last frame; open
+files stay open between clips of the same video (per process), because reopening costs more
+than a short seek. :class:`ClipSource` reads each batch by (video, start) so that a worker meets
+a video's clips in order. The sequential reader's decoding is :mod:`gpufeed.pipelines._pyav_sequential`.
 
 This module is imported by DALI's parallel ``external_source`` worker processes, so it stays light:
 numpy, PyAV and ``gpufeed._size`` (standard library only), and the sources are plain picklable objects.
@@ -14,6 +16,7 @@ numpy, PyAV and ``gpufeed._size`` (standard library only), and the sources are p
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,10 +34,8 @@ __all__ = [
     "ClipDecoder",
     "ClipSource",
     "FrameFitter",
-    "SequentialFeed",
     "VideoRef",
-    "decode_all_frames",
-    "iter_frame_chunks",
+    "clip_read_order",
 ]
 
 
@@ -128,13 +129,45 @@ class FrameFitter:
         return rgb
 
 
+class _OpenVideo:
+    """One open file and where its decoder stands, so that the next clip can continue from there.
+
+    Attributes:
+        packets: The demuxer's packet iterator since the last seek (``None``: seek before decoding).
+        pending: Frames the decoder already returned that no read has taken yet (one packet can
+            give several), in output order.
+        last: Index of the last frame taken from the decoder (-1 after a seek).
+    """
+
+    __slots__ = ("container", "last", "packets", "pending", "stream")
+
+    def __init__(self, container, stream) -> None:
+        self.container, self.stream = container, stream
+        self.packets: Iterator | None = None
+        self.pending: list = []
+        self.last = -1
+
+    def invalidate(self) -> None:
+        self.packets, self.pending, self.last = None, [], -1
+
+
 class ClipDecoder:
-    """Decode frames by index with keyframe seeks, keeping a few files open.
+    """Decode frames by index, keeping a few files open; each clip forward from the decoder or from a keyframe.
+
+    A read continues from where the file's decoder stands when that is before the clip's first
+    frame and no keyframe lies between (the same GOP): the frames between are fewer than from the
+    keyframe, and nothing is decoded twice. Otherwise it seeks to the keyframe at or before the
+    clip. Either way the frames are the ones asked for: each frame's index comes from its
+    timestamp, and a read that would not start at or before the clip falls back to a seek.
 
     Args:
         max_open: Files kept open (least recently used closed first).
         threads: FFmpeg decoding threads per file; 1 suits one decoder per core.
         fitter: Converts each wanted frame (default: RGB at the decoded size).
+
+    Attributes:
+        frames_decoded: Frames the decoder produced, wanted or not (the cost of the reads).
+        forward_reads, seek_reads: Reads that continued from the decoder, and those that seeked.
     """
 
     def __init__(self, max_open: int = 8, threads: int = 1, fitter: FrameFitter | None = None) -> None:
@@ -142,10 +175,12 @@ class ClipDecoder:
         self.threads = threads
         self.fitter = fitter or FrameFitter()
         self._stores: FrameBytesReader | None = None  # frame stores' open HDF5 files
-        self._open: OrderedDict[str, tuple] = OrderedDict()
-        self.frames_decoded = 0  # frames the decoder produced, wanted or not (seek cost)
+        self._open: OrderedDict[str, _OpenVideo] = OrderedDict()
+        self.frames_decoded = 0
+        self.forward_reads = 0
+        self.seek_reads = 0
 
-    def _container(self, path: str):
+    def _container(self, path: str) -> _OpenVideo:
         import av
 
         hit = self._open.pop(path, None)
@@ -153,15 +188,15 @@ class ClipDecoder:
             container = av.open(path)
             stream = container.streams.video[0]
             stream.thread_count = self.threads
-            hit = (container, stream)
+            hit = _OpenVideo(container, stream)
             while len(self._open) >= self.max_open:
-                self._open.popitem(last=False)[1][0].close()
+                self._open.popitem(last=False)[1].container.close()
         self._open[path] = hit
         return hit
 
     def close(self) -> None:
         while self._open:
-            self._open.popitem()[1][0].close()
+            self._open.popitem()[1].container.close()
         if self._stores is not None:
             self._stores.close()
 
@@ -180,7 +215,9 @@ class ClipDecoder:
             return self._read_store(video, frames)
         key = video.keyframe_before(int(frames[0]))
         try:
-            got = self._decode_from(video, key, frames)
+            got = self._decode_forward(video, key, frames)
+            if got is None:
+                got = self._decode_from(video, key, frames)
             if got is None and key > 0:
                 got = self._decode_from(video, 0, frames)  # the seek landed late: start from the top
         except av.FFmpegError as err:
@@ -222,51 +259,108 @@ class ClipDecoder:
     def _drop(self, path: str) -> None:
         hit = self._open.pop(path, None)
         if hit is not None:
-            hit[0].close()
+            hit.container.close()
+
+    def _decode_forward(self, video: VideoRef, key: int, frames: np.ndarray) -> list[np.ndarray] | None:
+        """The clip decoded on from where the file's decoder stands; ``None`` when a seek is the cheaper way.
+
+        Cheaper means: the decoder has not passed the clip's first frame, and the clip's keyframe
+        is at or before the next frame it will give (no keyframe between, which a seek would start from).
+        """
+        hit = self._open.get(video.path)
+        if hit is None or hit.packets is None or not key <= hit.last + 1 <= int(frames[0]):
+            return None
+        self._open.move_to_end(video.path)
+        got = self._take(hit, video, frames)
+        if got is None:
+            hit.invalidate()
+        else:
+            self.forward_reads += 1
+        return got
 
     def _decode_from(self, video: VideoRef, key: int, frames: np.ndarray) -> list[np.ndarray] | None:
-        """Decode from keyframe ``key``; ``None`` if the first frame decoded lies after ``frames[0]``.
+        """Decode from keyframe ``key``; ``None`` if the first frame decoded lies after ``frames[0]``."""
+        hit = self._container(video.path)
+        hit.container.seek(int(video.pts[key]), stream=hit.stream, backward=True, any_frame=False)
+        hit.invalidate()
+        hit.packets = hit.container.demux(hit.stream)
+        self.seek_reads += 1
+        got = self._take(hit, video, frames)
+        if got is None:
+            hit.invalidate()
+        return got
+
+    def _take(self, hit: _OpenVideo, video: VideoRef, frames: np.ndarray) -> list[np.ndarray] | None:
+        """The wanted frames from the decoder's next output on; ``None`` if that output is past ``frames[0]``.
 
         Until the first packet (in decode order) whose timestamp reaches the clip, the decoder
         skips non-reference frames: they show before the clip and nothing later depends on them,
-        so with B-frames this saves a large share of the decoding between keyframe and clip.
+        so with B-frames this saves a large share of the decoding before the clip. Frames a packet
+        gave beyond the clip's last stay in ``hit.pending`` for the next read.
         """
-        container, stream = self._container(video.path)
-        context = stream.codec_context
-        container.seek(int(video.pts[key]), stream=stream, backward=True, any_frame=False)
+        context = hit.stream.codec_context
         target = int(video.pts[frames[0]])
-        context.skip_frame = "NONREF" if key < frames[0] else "DEFAULT"
+        first_index = int(frames[0])
+        context.skip_frame = "NONREF" if hit.last + 1 < first_index and not hit.pending else "DEFAULT"
         wanted = set(frames.tolist())
         last = int(frames[-1])
         out: list[np.ndarray] = []
         first = True
-        for packet in container.demux(stream):
+        for frame in self._frames(hit, target):
+            index = video.index_of(frame.pts) if frame.pts is not None else -1
+            if first:
+                first = False
+                if index < 0 or index > first_index:
+                    return None
+            hit.last = max(hit.last, index)
+            if index in wanted:
+                out.append(self.fitter(frame))
+            if index >= last:
+                return out
+        hit.invalidate()  # the stream ended: the decoder is drained, the next read seeks
+        return out
+
+    def _frames(self, hit: _OpenVideo, target: int):
+        """The decoder's frames in output order: those pending first, then from the next packets."""
+        context = hit.stream.codec_context
+        while hit.pending:
+            yield hit.pending.pop(0)
+        if hit.packets is None:
+            return
+        for packet in hit.packets:
             if context.skip_frame != "DEFAULT" and (packet.pts is None or packet.pts >= target):
                 context.skip_frame = "DEFAULT"
-            for frame in packet.decode():
-                self.frames_decoded += 1
-                index = video.index_of(frame.pts) if frame.pts is not None else -1
-                if first:
-                    first = False
-                    if index < 0 or index > frames[0]:
-                        return None
-                if index in wanted:
-                    out.append(self.fitter(frame))
-                if index >= last:
-                    return out
-        return out
+            hit.pending.extend(packet.decode())
+            self.frames_decoded += len(hit.pending)
+            while hit.pending:
+                yield hit.pending.pop(0)
+
+
+def clip_read_order(videos: np.ndarray, starts: np.ndarray, batch_size: int) -> np.ndarray:
+    """The order :class:`ClipSource` reads one batch's rows in: by (video, start), plan rows as positions.
+
+    DALI hands each worker process a contiguous run of a batch's samples, so in this order a
+    worker reads the clips of a video one after another, forward, and :class:`ClipDecoder`
+    continues from one clip to the next when they share a GOP instead of seeking back. Rows past
+    a short batch (``len(videos) < batch_size``) keep their places. Output row ``r`` is plan row
+    ``order[r]``; its tag says so and the loader puts the rows back in plan order.
+    """
+    n = len(videos)
+    return np.concatenate([np.lexsort((np.asarray(starts), np.asarray(videos))), np.arange(n, batch_size)])
 
 
 class ClipSource(WorkerCallback):
     """Per-sample callback for DALI's parallel ``external_source``: the clips of a plan stream.
 
     DALI's workers call it with ``sample_info``; sample ``idx_in_batch`` of pipeline iteration
-    ``iteration`` is row ``idx_in_batch`` of plan batch ``stream[iteration]``, so the workers start
-    once and read epoch after epoch with no message from the loader: everything is a pure
-    function of the (picklable) stream, clip table and video facts. Returns
-    ``(frames (T, H, W, 3) uint8, tag (1,) int64)``, frames fitted to ``size_px`` (see
-    :class:`FrameFitter`), tag ``iteration * batch_size + idx_in_batch``. Rows past a short plan
-    batch (DALI's batches here are always full) are black frames the loader drops.
+    ``iteration`` is row ``order[idx_in_batch]`` of plan batch ``stream[iteration]`` (the
+    :func:`clip_read_order`), so the workers start once and read epoch after epoch with no message
+    from the loader: everything is a pure function of the (picklable) stream, clip table and
+    video facts. Returns ``(frames (T, H, W, 3) uint8, tag (1,) int64)``, frames fitted to
+    ``size_px`` (see :class:`FrameFitter`), tag ``iteration * batch_size + order[idx_in_batch]``.
+    Rows past a short plan batch (DALI's batches here are always full) are black frames the
+    loader drops. Each worker keeps its :class:`ClipDecoder` (open files, decoder positions) for
+    as long as the pipeline lives, epoch after epoch.
 
     Args:
         stream: The plan batches (:class:`gpufeed.pipelines._sampler.PlanStream`).
@@ -281,10 +375,10 @@ class ClipSource(WorkerCallback):
         self.train, self.seed, self.batch_size = train, seed, batch_size
         self.size, self.fit = parse_size_px(size_px), fit
         self._decoder: ClipDecoder | None = None
-        self._batch: tuple[int | None, tuple | None] = (
-            None,
-            None,
-        )  # (iteration, its rows): a worker reads many rows of one batch
+        self._batch: tuple[int | None, tuple | None] = (None, None)  # (iteration, its rows): a worker reads many
+        # PyAV imported here, in the loader's process, so that forked workers inherit it instead of each
+        # importing it inside its first clip (first batch 0.16-0.35 s against 0.24-0.6 s, prepared h264, load 5).
+        import av.video.reformatter  # noqa: F401
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -293,18 +387,21 @@ class ClipSource(WorkerCallback):
         return state
 
     def _rows(self, iteration: int):
+        """(video ids, starts, plan row of each) of ``iteration`` in :func:`clip_read_order`."""
         cached, rows = self._batch
         if cached != iteration:
             batch = self.stream[iteration]
             videos, starts = self.table.clips(batch.sample_ids, train=self.train, seed=self.seed, epoch=batch.epoch)
-            rows = (videos, starts)
+            order = clip_read_order(videos, starts, self.batch_size)
+            n = len(videos)
+            rows = (videos[order[:n]], starts[order[:n]], order)
             self._batch = (iteration, rows)
         return rows
 
     def __call__(self, sample_info):
         k, j = int(sample_info.iteration), int(sample_info.idx_in_batch)
-        tag = np.array([k * self.batch_size + j], dtype=np.int64)
-        videos, starts = self._rows(k)
+        videos, starts, order = self._rows(k)
+        tag = np.array([k * self.batch_size + int(order[j])], dtype=np.int64)
         geometry = self.table.geometry
         if j >= len(videos):
             return np.zeros((geometry.clip_length_frames, *self.size.hw, 3), dtype=np.uint8), tag
@@ -312,71 +409,3 @@ class ClipSource(WorkerCallback):
             self._decoder = ClipDecoder(fitter=FrameFitter(self.size, self.fit))
         clip = self._decoder.read(self.videos[int(videos[j])], geometry.frames(int(starts[j])))
         return clip, tag
-
-
-class SequentialFeed:
-    """Per-sample iterable for a (non-parallel) ``external_source``: consecutive frame chunks.
-
-    Yields ``(frames (C, H, W, 3) uint8, chunk number (1,) int32)``, then repeats the last chunk
-    (DALI may prefetch past the end; the reader's iterator stops at the chunk count).
-    """
-
-    def __init__(
-        self, video: VideoRef, chunk_frames: int, size_px: SizePx | int | None = None, fit: str = "stretch"
-    ) -> None:
-        self.video, self.chunk_frames = video, chunk_frames
-        self.fitter = FrameFitter(size_px, fit)
-
-    def __iter__(self):
-        last = None
-        for number, (_, chunk) in enumerate(iter_frame_chunks(self.video, self.chunk_frames, fitter=self.fitter)):
-            last = (chunk, np.array([number], dtype=np.int32))
-            yield last
-        while last is not None:
-            yield last
-
-
-def iter_frame_chunks(video: VideoRef, chunk_frames: int, threads: int = 0, fitter: FrameFitter | None = None):
-    """Decode a whole video once, in order, yielding ``(first index, (C, H, W, 3) uint8)`` chunks.
-
-    No seeks: this is the sequential reader's CPU path (inference, feature extraction).
-    """
-    import av
-
-    fitter = fitter or FrameFitter()
-    chunk: list[np.ndarray] = []
-    first = 0
-    count = 0
-    try:
-        with av.open(video.path) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            stream.thread_count = threads
-            for frame in container.decode(stream):
-                chunk.append(fitter(frame))
-                count += 1
-                if len(chunk) == chunk_frames:
-                    yield first, np.stack(chunk)
-                    first, chunk = first + len(chunk), []
-    except av.FFmpegError as err:
-        raise ClipDecodeError(f"{video.path}: decoding stopped after {count} frames: {err}") from None
-    if chunk:
-        yield first, np.stack(chunk)
-    if count != video.num_frames:
-        raise ClipDecodeError(f"{video.path}: decoded {count} frames but the index lists {video.num_frames}")
-
-
-def decode_all_frames(path: str) -> tuple[int, str | None]:
-    """Decode every frame of a file: (frames decoded, problem or ``None``). For ``gpufeed check``."""
-    import av
-
-    count = 0
-    try:
-        with av.open(path) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            for _ in container.decode(stream):
-                count += 1
-    except av.FFmpegError as err:
-        return count, f"decoding fails after {count} frames: {err}"
-    return count, None

@@ -119,6 +119,8 @@ class StoreFrameFeed(WorkerCallback):
         batch_size: Clips per iteration.
         mode: :func:`channel_mode` of the stores read.
         max_pixels: A frame whose header declares more is refused before decoding.
+        fast_idct: JPEG frames with libjpeg-turbo's fast IDCT on a CPU (``video.jpeg_idct: fast``);
+            by default the exact decode, as Pillow's and OpenCV's.
     """
 
     def __init__(
@@ -131,10 +133,11 @@ class StoreFrameFeed(WorkerCallback):
         batch_size: int,
         mode: str,
         max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+        fast_idct: bool = False,
     ) -> None:
         self.rows, self.stores, self.max_pixels = rows, stores, max_pixels
         self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
-        self.batch_size, self.mode = batch_size, mode
+        self.batch_size, self.mode, self.fast_idct = batch_size, mode, fast_idct
         self._reader: FrameBytesReader | None = None
         self._rows: tuple[int | None, tuple] = (None, ())
         # (iteration, row), the clip's frames, its channel matrix
@@ -259,6 +262,8 @@ class ScaledJpegClips(WorkerCallback):
         clip_length_frames, stride_frames: Which frames a clip holds from its start.
         batch_size: Rows per iteration.
         max_pixels: A frame whose header declares more is refused before decoding.
+        fast_idct: libjpeg-turbo's fast IDCT (``video.jpeg_idct: fast``); by default the exact
+            decode, bit-equal to Pillow's at the same scale.
     """
 
     def __init__(
@@ -271,8 +276,12 @@ class ScaledJpegClips(WorkerCallback):
         stride_frames: int,
         batch_size: int,
         max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+        fast_idct: bool = False,
     ) -> None:
         self.rows, self.stores, self.max_pixels = rows, stores, max_pixels
+        self.fast_idct = fast_idct
+        import simplejpeg  # noqa: F401  # imported by the loader's process: forked workers inherit it
+
         self.decoded_sizes = np.asarray(decoded_sizes, dtype=np.int64)
         self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
         self.batch_size = batch_size
@@ -309,12 +318,14 @@ class ScaledJpegClips(WorkerCallback):
         for t, encoded in enumerate(data):
             try:
                 if encoded[:2].tobytes() == b"\xff\xd8":
-                    # min_* pick the scale exactly (see jpeg_scale_eighths); the fast integer IDCT is
-                    # within a level or two of the exact one; buffer= decodes straight into the clip.
+                    # min_* pick the scale exactly (see jpeg_scale_eighths); fastdct=False, fastupsample=False
+                    # is libjpeg's default decode (accurate integer IDCT, fancy upsampling), bit-equal to
+                    # Pillow's (its draft() when scaled) and OpenCV's; buffer= decodes straight into the clip.
                     got = simplejpeg.decode_jpeg(
                         encoded,
                         colorspace=colorspace,
-                        fastdct=True,
+                        fastdct=self.fast_idct,
+                        fastupsample=False,
                         min_width=width,
                         min_height=height,
                         strict=False,

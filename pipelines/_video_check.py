@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._progress import progress_bar
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
 from gpufeed.pipelines._deepethogram import is_project, project_dataset
@@ -29,7 +30,7 @@ from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, decode_store_frames, is_frame_folder, label_path
 from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
-from gpufeed.pipelines._pyav import decode_all_frames
+from gpufeed.pipelines._pyav_sequential import decode_all_frames
 from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, list_videos
 
 __all__ = ["check_videos", "holds_videos"]
@@ -120,7 +121,6 @@ def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
 
 def check_dataset(dataset: VideoDataset, source: str, progress: bool = True) -> CheckReport:
     """Check every video of an indexed dataset: index problems, label problems, a full decode."""
-    from tqdm import tqdm
 
     report = CheckReport(sources=[source], checked=len(dataset))
     infos = dataset.infos
@@ -139,7 +139,7 @@ def check_dataset(dataset: VideoDataset, source: str, progress: bool = True) -> 
     report.findings += _decoder_findings(Path(dataset.source), [info for info in readable if not info.store])
     with ThreadPoolExecutor(max_workers=default_num_threads()) as pool:
         decoded = pool.map(partial(_decode_all, max_pixels=dataset.max_pixels), readable)
-        bar = tqdm(
+        bar = progress_bar(
             decoded, total=len(readable), desc="decoding videos", unit="video", disable=not progress, leave=False
         )
         for info, (count, problem) in zip(readable, bar, strict=True):

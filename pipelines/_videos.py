@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._progress import progress_bar
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, is_frame_folder, label_path, probe_store, store_kind
@@ -380,11 +381,11 @@ def index_videos(root: Path, paths: list[str], progress: bool = False) -> list[V
         else:
             todo.append(i)
     if todo:
-        from tqdm import tqdm
-
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2)) as pool:
             probed = pool.map(probe_video, (paths[i] for i in todo))
-            bar = tqdm(probed, total=len(todo), desc="indexing videos", unit="video", disable=not progress, leave=False)
+            bar = progress_bar(
+                probed, total=len(todo), desc="indexing videos", unit="video", disable=not progress, leave=False
+            )
             for i, info in zip(todo, bar, strict=True):
                 infos[i] = info
         fresh = {

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gpufeed._progress import progress_bar
 from gpufeed._size import parse_size_px
 from gpufeed._text import format_table
 from gpufeed.bench._augment_graph import GraphTimer, graph_variants
@@ -185,7 +186,6 @@ def run_augment_bench(
     64 px, batch 16).
     """
     import torch
-    from tqdm import tqdm
 
     choice = resolve_device(device)
     defaults = GPU_DEFAULTS if choice.is_gpu else CPU_DEFAULTS
@@ -233,7 +233,7 @@ def run_augment_bench(
     step_times: list[float] = []
     device_times: dict = {key: [] for key in device_variants}
     graph_times: dict = {name: [] for name in variants}
-    for _ in tqdm(range(rounds), desc="rounds (step, device ops, graph ops)", leave=False):
+    for _ in progress_bar(range(rounds), desc="rounds (step, device ops, graph ops)", leave=False):
         step_times.append(stepper(batch).compute_s)
         for key, augmenter in device_variants.items():
             device_times[key].extend(clock.measure(lambda a=augmenter: a(pixels), 1))

@@ -1,52 +1,55 @@
-"""``gpufeed bench clips``: random 11-frame clips from h264, gpufeed against the usual readers.
+"""``gpufeed bench clips``: random 11-frame clips, gpufeed against the readers video users pick.
 
-Contenders, each with the same number of processes, reading the *same* random clips (the clip
-loader's own epoch plan) and producing the same thing (uint8 clips resized to ``size``, laid out
-(N, 3, T, S, S), batched; on a GPU machine, on the GPU):
+Contenders (:mod:`gpufeed.bench._clip_readers`), each with the same number of processes, reading the
+*same* random clips (the clip loader's own epoch plan) and producing the same thing (uint8 clips
+resized to ``size``, laid out (N, 3, T, H, W), batched): gpufeed's :class:`~gpufeed.pipelines.ClipLoader`,
+decoding every clip from the start, OpenCV's seek, torchcodec's exact and approximate seeks, and,
+on its own random clips, torchcodec's ``clips_at_random_indices`` sampler. torchcodec runs where it
+imports and decodes (``make peers`` builds a venv where it does, on a CPU too).
 
-* ``gpufeed``: :class:`gpufeed.pipelines.ClipLoader` (NVDEC on a GPU; PyAV keyframe seeks in DALI
-  worker processes on a CPU).
-* ``decode_from_start``: a torch DataLoader whose workers open the file and decode from frame 0 up
-  to the clip for every clip (the naive approach).
-* ``opencv_seek``: a torch DataLoader whose workers keep ``cv2.VideoCapture`` objects open and
-  seek with ``CAP_PROP_POS_FRAMES`` (what many behaviour-video loaders do), one FFmpeg thread each
-  like the other contenders.
-* ``torchcodec``: torchcodec's CUDA decoder with exact seeks (GPU machines only; its registry
-  wheel needs a CUDA build of torch).
-
-Data: synthetic 2-minute, 30 fps, 256x256 h264 videos with a long GOP (250; textured, noisy, with
-a moving blob, so decoding costs what camera video costs), generated once into a cache folder, and
-the same videos after ``gpufeed prepare``, and (``--stores``) as frame folders and HDF5 files of
-JPEG frames (``gpufeed prepare --store``), which only gpufeed reads: one image decode per frame.
-Every frame carries its index in its pixels, so each
-contender is also checked for returning exactly the frames asked for (an untimed pass).
-Rounds are interleaved across contenders; medians and ratios are reported.
+Sets (:mod:`gpufeed.bench._clip_sets`): generated h264 (long GOP, prepared, one GOP per video,
+camera-like with B-frames) and JPEG frame stores, or the user's own (``data``). Every round opens,
+times and closes each reader the same way (:mod:`gpufeed.bench._clip_rounds`); an untimed pass
+checks that each returned exactly the frames asked for (:mod:`gpufeed.bench._clip_exact`).
+Medians and paired ratios are reported, and the targets with what they were measured against.
 """
 
 from __future__ import annotations
 
-import time
+import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from gpufeed._progress import progress_bar
 from gpufeed._size import SizePx, parse_size_px, size_px_value
-from gpufeed._text import format_table
-from gpufeed.bench._clip_videos import make_bench_videos, prepared_bench_videos, stored_bench_videos
-from gpufeed.bench._common import machine_facts, median
-from gpufeed.config import LoaderConfig, VideoConfig
-from gpufeed.device import DeviceChoice, resolve_device
-from gpufeed.pipelines import ClipLoader, VideoDataset
+from gpufeed.bench._clip_exact import reference_share, sampler_tag_share, tag_share
+from gpufeed.bench._clip_names import GENERATED_SETS
+from gpufeed.bench._clip_readers import (
+    CONTENDERS,
+    DecodeFromStartClips,
+    OpenCvSeekClips,
+    TorchcodecClips,
+    TorchcodecSamplerCalls,
+    dataloader_reader,
+    gpufeed_reader,
+    unavailable_reason,
+)
+from gpufeed.bench._clip_report import print_clip_result, summarise
+from gpufeed.bench._clip_rounds import RoundTime, interleaved, timed_round
+from gpufeed.bench._clip_sets import BenchSet, generated_sets, user_sets
+from gpufeed.bench._clip_videos import make_bench_videos, prepared_bench_videos
+from gpufeed.bench._common import machine_facts
+from gpufeed.bench._store_figures import store_figures
+from gpufeed.device import resolve_device
 from gpufeed.pipelines._epochs import default_num_threads
-from gpufeed.synth import TagError, read_tag
+from gpufeed.pipelines._pyav import VideoRef
 
-__all__ = ["make_bench_videos", "prepared_bench_videos", "run_clip_bench"]
+__all__ = ["CONTENDERS", "make_bench_videos", "prepared_bench_videos", "print_clip_result", "run_clip_bench"]
 
-_DEEPETHOGRAM_FRAMES_PER_SECOND = 1200  # the loading rate DeepEthogram's authors say training needs
-_STORE_SETS = {"folder": "frame_folder", "hdf5": "hdf5"}
-CONTENDERS = ("gpufeed", "decode_from_start", "opencv_seek", "torchcodec")
+DEFAULT_SETS = GENERATED_SETS
+_VERIFY_EPOCH = 10_000  # the untimed exactness pass reads clips no timed round reads
 
 
 @dataclass(frozen=True)
@@ -55,226 +58,92 @@ class _Settings:
 
     clip_length: int
     stride: int
-    size: int | tuple[int, int]  # as a config holds it (VideoConfig.size_px)
+    size: SizePx
     batch_size: int
     workers: int
+    sampler_clips: int
     seed: int
 
 
-class DecodeFromStartClips:
-    """Map-style dataset: every clip opens its file and decodes from frame 0 (the naive reader)."""
-
-    def __init__(self, clips: list[tuple[str, int]], length: int, stride: int, size: SizePx | int) -> None:
-        self.clips, self.length, self.stride, self.size = clips, length, stride, parse_size_px(size)
-
-    def __len__(self) -> int:
-        return len(self.clips)
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        import av
-        from av.video.reformatter import VideoReformatter
-
-        path, start = self.clips[i]
-        wanted = set(range(start, start + self.length * self.stride, self.stride))
-        out = []
-        scale = VideoReformatter()
-        with av.open(path) as container:
-            stream = container.streams.video[0]
-            stream.thread_count = 1
-            for index, frame in enumerate(container.decode(stream)):
-                if index in wanted:
-                    out.append(
-                        scale.reformat(
-                            frame, width=self.size.width_px, height=self.size.height_px, format="rgb24"
-                        ).to_ndarray()
-                    )
-                    if len(out) == self.length:
-                        break
-        return np.stack(out)
-
-
-class OpenCvSeekClips:
-    """Map-style dataset: ``cv2.VideoCapture`` kept open per worker, ``CAP_PROP_POS_FRAMES`` seeks."""
-
-    def __init__(self, clips: list[tuple[str, int]], length: int, stride: int, size: SizePx | int) -> None:
-        self.clips, self.length, self.stride, self.size = clips, length, stride, parse_size_px(size)
-        self._captures: dict = {}
-
-    def __len__(self) -> int:
-        return len(self.clips)
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        import cv2
-
-        path, start = self.clips[i]
-        capture = self._captures.get(path)
-        if capture is None:
-            # One decoding thread per process, as every other contender (OpenCV's default is one per core).
-            capture = cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
-            self._captures[path] = capture
-        capture.set(cv2.CAP_PROP_POS_FRAMES, start)
-        out = []
-        for k in range(self.length * self.stride - self.stride + 1):
-            ok, frame = capture.read()
-            if not ok:
-                raise RuntimeError(f"{path}: OpenCV could not read frame {start + k}")
-            if k % self.stride == 0:
-                small = cv2.resize(frame, tuple(self.size), interpolation=cv2.INTER_AREA)
-                out.append(cv2.cvtColor(small, cv2.COLOR_BGR2RGB))
-        return np.stack(out)
-
-
-def _dataloader_epoch(dataset, batch_size: int, workers: int, device) -> tuple[float, int, list]:
-    import torch
-
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, num_workers=workers, pin_memory=device.is_gpu, shuffle=False
-    )
-    start = time.perf_counter()
-    count, batches = 0, []
-    for batch in loader:
-        clips = batch.permute(0, 4, 1, 2, 3).contiguous()  # (N, T, H, W, 3) -> (N, 3, T, H, W)
-        if device.is_gpu:
-            clips = clips.to(device.torch_device, non_blocking=True)
-        count += int(clips.shape[0])
-        batches.append(clips)
-    if device.is_gpu:
-        torch.cuda.synchronize(device.torch_device)
-    return time.perf_counter() - start, count, batches
-
-
-def _gpufeed_epoch(loader, epoch: int, clips: int) -> tuple[float, int, list]:
-    import torch
-
-    loader.set_epoch(epoch)
-    start = time.perf_counter()
-    count, batches = 0, []
-    for batch in loader:
-        count += len(batch)
-        batches.append(batch.clips)
-        if count >= clips:
-            break
-    if loader.device.is_gpu:
-        torch.cuda.synchronize(loader.device.torch_device)
-    return time.perf_counter() - start, count, batches
-
-
-def _torchcodec_epoch(clips: list[tuple[str, int]], length: int, stride: int, size: SizePx | int, device):
-    import torch
-    from torchcodec.decoders import VideoDecoder
-
-    decoders: dict = {}
-    start = time.perf_counter()
-    out = []
-    for path, first in clips:
-        decoder = decoders.get(path)
-        if decoder is None:
-            decoder = decoders[path] = VideoDecoder(path, device=str(device.torch_device), seek_mode="exact")
-        frames = decoder.get_frames_at(indices=list(range(first, first + length * stride, stride))).data
-        frames = torch.nn.functional.interpolate(
-            frames.float(), size=parse_size_px(size).hw, mode="bilinear", antialias=True
+def _opener(bench_set: BenchSet, contender: str, epoch: int, count: int, a: _Settings):
+    """A function opening ``contender`` on round ``epoch``'s ``count`` clips of ``bench_set``."""
+    if contender == "gpufeed":
+        return functools.partial(gpufeed_reader, bench_set.loader, epoch)
+    paths = bench_set.paths_of(bench_set.clips(epoch, count))
+    batch = a.batch_size
+    if contender == "decode_from_start":
+        dataset: Any = DecodeFromStartClips(paths, a.clip_length, a.stride, a.size)
+    elif contender == "opencv_seek":
+        dataset = OpenCvSeekClips(paths, a.clip_length, a.stride, a.size)
+    elif contender == "torchcodec_sampler":
+        calls = -(-count // a.sampler_clips)
+        dataset = TorchcodecSamplerCalls(
+            list(bench_set.dataset.paths), calls, a.sampler_clips, a.clip_length, a.stride, a.size, a.seed + epoch
         )
-        out.append(frames.round().clamp(0, 255).to(torch.uint8).permute(1, 0, 2, 3))
-    torch.cuda.synchronize(device.torch_device)
-    return time.perf_counter() - start, len(clips), [torch.stack(out)]
+        batch = max(1, a.batch_size // a.sampler_clips)
+    else:
+        dataset = TorchcodecClips(paths, a.clip_length, a.stride, a.size, contender.removeprefix("torchcodec_"))
+    return functools.partial(dataloader_reader, dataset, batch, a.workers)
 
 
-def _as_square(frame):
-    """A (3, H, W) frame resampled (nearest) to (3, H, H): the bench videos are square, and their
-    tag's flat squares sit where :func:`read_tag` looks only when the frame has their proportions."""
-    arr = frame.detach().cpu().numpy() if hasattr(frame, "detach") else np.asarray(frame)
-    height, width = arr.shape[1:]
-    if height == width:
-        return arr
-    return arr[:, :, (np.arange(height) * width + width // 2) // height]
+def _exact_share(bench_set: BenchSet, contender: str, count: int, a: _Settings) -> float | None:
+    """Untimed: the share of clips with exactly the frames asked for (``None``: not checkable)."""
+    _, batches = timed_round(_opener(bench_set, contender, _VERIFY_EPOCH, count, a), count, keep=True)
+    clips = bench_set.clips(_VERIFY_EPOCH, count)
+    videos = len(bench_set.dataset.paths)
+    if contender == "torchcodec_sampler":
+        if not bench_set.tagged:
+            return None
+
+        def video_of(c: int) -> int:
+            return (c // a.sampler_clips) % videos
+
+        return sampler_tag_share(batches, video_of, a.clip_length, a.stride)
+    if bench_set.tagged:
+        return tag_share(batches, clips, a.clip_length, a.stride)
+    if bench_set.is_store or contender == "decode_from_start":
+        return None  # stores: every frame is its own image; decoding from the start is the reference itself
+    refs = {
+        path: VideoRef.from_info(info)
+        for path, info in zip(bench_set.dataset.paths, bench_set.dataset.infos, strict=True)
+    }
+    return reference_share(contender, batches, bench_set.paths_of(clips), refs, a.clip_length, a.stride, a.size)
 
 
-def _exactness(batches: list, clips: list[tuple[int, int]], length: int, stride: int) -> float:
-    """Share of clips whose every frame carries the (frame index, video id) asked for."""
-    stacked = [c for b in batches for c in b]
-    good = 0
-    for clip, (video, start) in zip(stacked, clips, strict=False):
-        try:
-            tags = [read_tag(_as_square(clip[:, t]), "CHW") for t in range(length)]
-        except TagError:
-            continue
-        good += all((tag.ident, tag.aux) == (start + t * stride, video) for t, tag in enumerate(tags))
-    return good / max(1, min(len(stacked), len(clips)))
+def _readers(sets: list[BenchSet], contenders: tuple[str, ...]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The contenders each set runs (stores: gpufeed only) and the unavailable ones with why."""
+    probe = next((s.dataset.paths[0] for s in sets if not s.is_store), None)
+    missing = {}
+    for name in contenders:
+        if name not in CONTENDERS:
+            raise ValueError(f"bench clips contender {name!r} is not known; known: {', '.join(CONTENDERS)}")
+        why = unavailable_reason(name, probe)
+        if why:
+            missing[name] = f"unavailable: {why}"
+    run = [c for c in contenders if c not in missing]
+    return {s.name: [c for c in run if c == "gpufeed" or not s.is_store] for s in sets}, missing
 
 
-def _contenders(requested: tuple[str, ...], device) -> tuple[list[str], dict[str, str]]:
-    available, missing = [], {}
-    for name in requested:
-        try:
-            if name == "opencv_seek":
-                try:
-                    import cv2  # noqa: F401
-                except ImportError:
-                    raise RuntimeError("OpenCV is not installed: pip install 'gpufeed[bench]'") from None
-            elif name == "torchcodec":
-                if not device.is_gpu:
-                    raise RuntimeError("needs a GPU machine (its registry wheel needs a CUDA build of torch)")
-                import torchcodec  # noqa: F401
-        except Exception as err:  # ImportError, or a native library failing to load
-            missing[name] = f"unavailable: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
-            continue
-        available.append(name)
-    return available, missing
-
-
-class _BenchSet:
-    """One folder of videos, its clip loader, and a runner per contender (same clips for all)."""
-
-    def __init__(self, folder: Path, args: _Settings, choice: DeviceChoice) -> None:
-        self.args, self.choice = args, choice
-        self.dataset = VideoDataset.from_folder(folder, progress=True)
-        video_cfg = VideoConfig(clip_length_frames=args.clip_length, stride_frames=args.stride, size_px=args.size)
-        loader_cfg = LoaderConfig(batch_size=args.batch_size, num_threads=args.workers, last_batch="drop")
-        self.loader = ClipLoader(
-            self.dataset, train=True, video_cfg=video_cfg, loader_cfg=loader_cfg, device=choice, seed=args.seed
-        )
-
-    def clips(self, epoch: int, count: int) -> list[tuple[int, int]]:
-        """The first ``count`` (video id, start) pairs the loader reads in ``epoch``."""
-        videos, starts = self.loader.epoch_clips(epoch)
-        return list(zip(videos[:count].tolist(), starts[:count].tolist(), strict=True))
-
-    def run(self, contender: str, epoch: int, count: int) -> tuple[float, int, list]:
-        """(seconds, clips, batches) for ``count`` clips of ``epoch``."""
-        a = self.args
-        if contender == "gpufeed":
-            return _gpufeed_epoch(self.loader, epoch, count)
-        paths = [(self.dataset.paths[v], s) for v, s in self.clips(epoch, count)]
-        size = parse_size_px(a.size)
-        if contender == "decode_from_start":
-            naive = DecodeFromStartClips(paths, a.clip_length, a.stride, size)
-            return _dataloader_epoch(naive, a.batch_size, a.workers, self.choice)
-        if contender == "opencv_seek":
-            seeking = OpenCvSeekClips(paths, a.clip_length, a.stride, size)
-            return _dataloader_epoch(seeking, a.batch_size, a.workers, self.choice)
-        return _torchcodec_epoch(paths, a.clip_length, a.stride, size, self.choice)
-
-    def exactness(self, contender: str, count: int) -> float:
-        """Untimed (also the warm-up): share of clips with exactly the frames asked for."""
-        _, got, batches = self.run(contender, 10_000, count)
-        return _exactness(batches, self.clips(10_000, got), self.args.clip_length, self.args.stride)
-
-
-def _disk_bytes_per_frame(dataset) -> float:
-    """Bytes the set's videos (files, or every file of a frame folder) take on disk, per frame."""
-    total = 0
-    for path in map(Path, dataset.paths):
-        total += sum(f.stat().st_size for f in path.iterdir()) if path.is_dir() else path.stat().st_size
-    return total / max(1, sum(int(info.num_frames) for info in dataset.infos))
-
-
-def _paired_ratio(a: list[float], b: list[float]) -> float:
-    """Median over rounds of a[r] / b[r]: rounds run back to back share the machine's load."""
-    return median([x / y for x, y in zip(a, b, strict=True) if y > 0])
+def _timed_rounds(jobs: list, rounds: int, counts: dict[str, int], a: _Settings):
+    """Every (set, reader) job once a round, order reversed every other round; the load average around each."""
+    times: dict[str, dict[str, list[RoundTime]]] = {}
+    loads = [os.getloadavg()[0]]
+    with progress_bar(total=rounds * len(jobs), desc="timed rounds", unit="round", leave=True) as bar:
+        for r in range(rounds):
+            for s, c in interleaved(jobs, r):
+                opener = _opener(s, c, r, counts[c], a)
+                times.setdefault(s.name, {}).setdefault(c, []).append(
+                    timed_round(opener, counts[c], warm_batches=a.workers)[0]
+                )
+                bar.update(1)
+            loads.append(os.getloadavg()[0])
+    return times, loads
 
 
 def run_clip_bench(
     *,
+    data: Path | None = None,
+    sets: tuple[str, ...] = DEFAULT_SETS,
     videos: int = 4,
     seconds: int = 120,
     video_size: int = 256,
@@ -285,8 +154,8 @@ def run_clip_bench(
     batch_size: int = 8,
     clips: int = 256,
     naive_clips: int = 12,
+    sampler_clips: int = 8,
     verify_clips: int = 24,
-    stores: tuple[str, ...] = ("folder", "hdf5"),
     rounds: int = 5,
     workers: int = 0,
     contenders: tuple[str, ...] = CONTENDERS,
@@ -294,110 +163,62 @@ def run_clip_bench(
     device: str = "auto",
     cache: Path = Path(".cache/bench"),
 ) -> dict:
-    """Run every available contender on the long-GOP and the prepared videos; return the figures.
+    """Run every available contender on every set; return the figures (see the module docs).
 
-    Each round runs every (video set, contender) once, alternating the order between rounds;
-    ratios are medians of per-round ratios, which cancels most of a shared machine's drift.
+    Each round runs every (set, contender) once, alternating the order between rounds; ratios are
+    medians of per-round ratios, which cancels most of a shared machine's drift.
 
     Args:
-        videos: Generated videos, each ``seconds`` long at 30 fps, ``video_size`` px square, a
-            keyframe every ``gop`` frames (cached in ``cache``).
+        data: The user's folder of videos / frame stores, or DeepEthogram project; ``None``: the
+            generated ``sets`` (of :data:`gpufeed.bench._clip_sets.GENERATED_SETS`).
+        videos: Generated videos per set, long-GOP ones ``seconds`` long at 30 fps, ``video_size`` px
+            square, a keyframe every ``gop`` frames (cached in ``cache``).
         clip_length: Frames per clip, ``stride`` apart, resized to ``size`` (N or (width, height)).
-        clips: Clips per timed round (``naive_clips`` for decode-from-start); ``verify_clips``
-            are checked for exact frames, untimed.
-        stores: Also read the videos as ``folder`` (frame folders) and ``hdf5`` files of JPEG frames.
+        clips: Clips per timed round (``naive_clips`` for decode-from-start); ``verify_clips`` are
+            checked for exact frames, untimed. ``sampler_clips``: clips per torchcodec sampler call.
         rounds: Timed rounds per reader, interleaved.
-        workers: Processes/threads per reader; 0 means one per core.
+        workers: Processes per reader; 0 means one per core.
         contenders: Readers to run (of :data:`CONTENDERS`); those unavailable here are listed, not run.
     """
     choice = resolve_device(device)
-    args = _Settings(clip_length, stride, size_px_value(size), batch_size, workers or default_num_threads(), seed)
-    contenders_run, missing = _contenders(tuple(contenders), choice)
-    source = make_bench_videos(cache, videos, seconds, 30, video_size, gop, seed)
-    prepared = prepared_bench_videos(source, clip_length, stride)
-    sets = {"long_gop": _BenchSet(source, args, choice), "prepared": _BenchSet(prepared, args, choice)}
-    # The same videos as frame folders and HDF5 files of JPEG frames: only gpufeed reads those.
-    readers = {name: contenders_run for name in sets}
-    for store in stores:
-        sets[_STORE_SETS[store]] = _BenchSet(stored_bench_videos(source, store), args, choice)
-        readers[_STORE_SETS[store]] = [c for c in contenders_run if c == "gpufeed"]
-    counts = {c: naive_clips if c == "decode_from_start" else clips for c in contenders_run}
-    exact = {name: {c: s.exactness(c, min(counts[c], verify_clips)) for c in readers[name]} for name, s in sets.items()}
-    rates: dict[str, dict[str, list[float]]] = {name: {c: [] for c in readers[name]} for name in sets}
-    jobs = [(name, c) for name in sets for c in readers[name]]
-    for r in range(rounds):
-        for name, contender in jobs if r % 2 == 0 else reversed(jobs):
-            elapsed_s, got, _ = sets[name].run(contender, r, counts[contender])
-            rates[name][contender].append(got / elapsed_s)
-    result: dict[str, Any] = {
-        "benchmark": "clips",
-        "clip_length_frames": args.clip_length,
-        "stride_frames": args.stride,
-        "size_px": args.size,
-        "width_px": parse_size_px(args.size).width_px,
-        "height_px": parse_size_px(args.size).height_px,
-        "batch_size": args.batch_size,
-        "workers": args.workers,
-        "rounds": rounds,
-        "clips_per_round": counts,
-        "unavailable": missing,
-        "machine": machine_facts(choice),
-        "sets": {},
-    }
-    for name, bench_set in sets.items():
-        cps = {c: median(v) for c, v in rates[name].items()}
-        result["sets"][name] = {
-            "videos": len(bench_set.dataset),
-            "frames_per_video": int(bench_set.dataset.infos[0].num_frames),
-            "gop_frames": bench_set.dataset.infos[0].gop_frames,
-            "disk_bytes_per_frame": _disk_bytes_per_frame(bench_set.dataset),
-            "decoder": f"{bench_set.loader.source} ({bench_set.loader.decoder_reason})",
-            "clips_per_second": cps,
-            "frames_per_second": {c: v * args.clip_length for c, v in cps.items()},
-            "clips_per_second_rounds": rates[name],
-            "exact_share": exact[name],
-        }
-    ratios = {}
-    for other in ("decode_from_start", "opencv_seek", "torchcodec"):
-        for name in sets:
-            if other in rates[name]:
-                ratios[f"gpufeed / {other} ({name})"] = _paired_ratio(rates[name]["gpufeed"], rates[name][other])
-    ratios["gpufeed prepared / long GOP"] = _paired_ratio(rates["prepared"]["gpufeed"], rates["long_gop"]["gpufeed"])
-    for name in sets:
-        if name in _STORE_SETS.values() and "gpufeed" in rates[name]:
-            ratios[f"gpufeed {name} / prepared"] = _paired_ratio(rates[name]["gpufeed"], rates["prepared"]["gpufeed"])
-    result["ratios"] = ratios
-    result["frames_per_second_vs_deepethogram_need"] = {
-        name: figures["frames_per_second"]["gpufeed"] / _DEEPETHOGRAM_FRAMES_PER_SECOND
-        for name, figures in result["sets"].items()
-        if "gpufeed" in figures["frames_per_second"]
-    }
-    return result
-
-
-def print_clip_result(result: dict) -> None:
-    print(
-        f"clip benchmark: {result['clip_length_frames']}-frame clips (stride {result['stride_frames']}) resized to "
-        f"{result['width_px']}x{result['height_px']}px, batch {result['batch_size']}, {result['workers']} processes/threads each, "
-        f"{result['rounds']} rounds of {result['clips_per_round']} clips, {result['machine']['device']}"
+    cores = default_num_threads()
+    a = _Settings(
+        clip_length, stride, parse_size_px(size_px_value(size)), batch_size, workers or cores, sampler_clips, seed
     )
-    rows = []
-    for name, figures in result["sets"].items():
-        for contender, cps in figures["clips_per_second"].items():
-            exact = f"{100 * figures['exact_share'][contender]:.0f}%"
-            gop = f"{figures['gop_frames']:.0f}"
-            disk = f"{figures['disk_bytes_per_frame'] / 1000:.1f}"
-            rows.append([name, gop, disk, contender, cps, figures["frames_per_second"][contender], exact])
-    headers = ["videos", "GOP", "kB/frame on disk", "reader", "clips/s (median)", "frames/s", "exact clips"]
-    print(format_table(headers, rows))
-    for name, why in result["unavailable"].items():
-        print(f"{name}: {why}")
-    print("ratios (median of per-round ratios; rounds interleave every reader and video set):")
-    for name, value in result["ratios"].items():
-        print(f"  {name}: {value:.2f}x")
-    for name, share in result["frames_per_second_vs_deepethogram_need"].items():
-        fps = result["sets"][name]["frames_per_second"]["gpufeed"]
-        print(
-            f"gpufeed on {name}: {fps:,.0f} frames/s, {share:.2f}x DeepEthogram's stated need of "
-            f"{_DEEPETHOGRAM_FRAMES_PER_SECOND:,} frames/s"
-        )
+    left_out: dict[str, str] = {}
+    if data is not None:
+        specs, left_out = user_sets(Path(data))
+    else:
+        specs = generated_sets(
+            sets, cache=cache, videos=videos, seconds=seconds, video_size=video_size, gop=gop, seed=seed,
+            clip_length=clip_length, stride=stride,
+        )  # fmt: skip
+    bench_sets = [
+        BenchSet(spec, clip_length=clip_length, stride=stride, size=size_px_value(size), batch_size=batch_size,
+                 workers=a.workers, seed=seed, device=choice)
+        for spec in specs
+    ]  # fmt: skip
+    readers, missing = _readers(bench_sets, tuple(contenders))
+    counts = {c: naive_clips if c == "decode_from_start" else clips for c in CONTENDERS}
+    jobs = [(s, c) for s in bench_sets for c in readers[s.name]]
+    exact: dict[str, dict[str, float | None]] = {s.name: {} for s in bench_sets}
+    for s, c in progress_bar(jobs, desc="exactness pass", unit="reader", leave=True):
+        exact[s.name][c] = _exact_share(s, c, min(counts[c], verify_clips), a)
+    times, loads = _timed_rounds(jobs, rounds, counts, a)
+    settings = {
+        "clip_length_frames": clip_length,
+        "stride_frames": stride,
+        "width_px": a.size.width_px,
+        "height_px": a.size.height_px,
+        "batch_size": batch_size,
+        "workers": a.workers,
+        "sampler_clips_per_call": sampler_clips,
+        "rounds": rounds,
+        "clips_per_round": {c: counts[c] for c in {c for r in readers.values() for c in r}},
+        "data": str(data) if data is not None else "generated",
+        "left_out": left_out,
+        "unavailable": missing,
+        "machine": {**machine_facts(choice), "load_average_1min": loads},
+    }
+    stores = {s.name: store_figures(s.dataset, a.size) for s in bench_sets if s.is_store}
+    return summarise(settings, bench_sets, times, exact, stores)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._progress import progress_bar
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts
 from gpufeed.device import DeviceChoice, resolve_device
@@ -110,7 +111,6 @@ def run_image_checks(*, device: str = "auto") -> dict:
     Args:
         device: Where the server's decoder runs: ``auto``, ``gpu`` or ``cpu``.
     """
-    from tqdm import tqdm
 
     choice = resolve_device(device)
 
@@ -118,7 +118,7 @@ def run_image_checks(*, device: str = "auto") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         cases = [(w, h, fmt) for w, h in SIZES for fmt in ("JPEG", "PNG")]
-        for width, height, fmt in tqdm(cases, desc="images", unit="case", leave=False):
+        for width, height, fmt in progress_bar(cases, desc="images", unit="case", leave=False):
             data = encode_image(photo_pixels(width, height), fmt)
             path = folder / f"{width}x{height}.{fmt.lower()}"
             path.write_bytes(data)

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed._progress import progress_bar
 from gpufeed._size import parse_size_px
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts, median
@@ -202,7 +203,6 @@ def run_server_bench(
         raise ValueError(f"protocol {protocol!r} is not known; known: rest, grpc")
     if loadgen not in LOADGENS:
         raise ValueError(f"loadgen {loadgen!r} is not known; known: {', '.join(LOADGENS)}")
-    from tqdm import tqdm
 
     choice = resolve_device(device)
     models = export_bench_models(cache, architecture, size_px, batch_size, checkpoint)
@@ -217,7 +217,7 @@ def run_server_bench(
             running[name] = (proc, port, path)
         points: dict[str, dict[int, list]] = {n: {c: [] for c in concurrency} for n in contenders}
         steps = rounds * len(concurrency) * len(contenders)
-        with tqdm(total=steps, desc=f"bench server {architecture}", unit="point", leave=False) as bar:
+        with progress_bar(total=steps, desc=f"bench server {architecture}", unit="point", leave=False) as bar:
             for r in range(rounds):
                 for c in concurrency:
                     order = list(contenders[r % len(contenders) :] + contenders[: r % len(contenders)])

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from gpufeed._files import write_atomic
+from gpufeed._progress import progress_bar
 from gpufeed._size import parse_size_px
 from gpufeed.bench._dense_feeds import DEPTH_SCALE, PilDensePairs, dense_batch, depth_bench_pairs
 from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, clip_batch, dataloader_feed, gpufeed_feed
@@ -341,13 +342,12 @@ def run_train_bench(
 ) -> dict:
     """Run the benchmark (arguments: :class:`~gpufeed.bench._train_options.TrainBenchOptions`); return the figures."""
     options = TrainBenchOptions(**locals())  # the arguments, exactly: nothing else is defined yet
-    from tqdm import tqdm
 
     run = _Run(options)
     augmenters = {side: plan.augmenter for side, plan in run.plans.items()}
     warm_up(run, augmenters)
     total = run.rounds * len(SIDES) * run.epochs * run.steps_per_epoch
-    with tqdm(total=total, desc="bench train", unit="step", dynamic_ncols=True) as bar:
+    with progress_bar(total=total, desc="bench train", unit="step", leave=True, dynamic_ncols=True) as bar:
         blocks, pairs, orders = run_rounds(run, augmenters, bar, int(run.pick["chunk_steps"]))
     # Every round, every epoch: the same samples on both sides (and the same clip starts).
     same = all(

@@ -12,6 +12,8 @@ from pathlib import Path
 from gpufeed._files import write_json
 from gpufeed._schema import ConfigError
 from gpufeed._size import parse_size_px, size_px_value
+from gpufeed.bench._clip_names import CONTENDERS as CLIP_CONTENDERS
+from gpufeed.bench._clip_names import GENERATED_SETS
 from gpufeed.commands import require_extra
 from gpufeed.commands.reliability import register_server_runs
 
@@ -96,16 +98,32 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = kinds.add_parser(
         "clips",
-        help="random h264 clips: gpufeed vs decode-from-start, OpenCV seeking (and torchcodec on a GPU)",
-        description="Random clips from generated 2-minute 30 fps h264 videos with a long GOP, then the same videos "
-        "after 'gpufeed prepare', and (--stores) as frame folders and HDF5 files of JPEG frames read by gpufeed. "
-        "Same clips, same process count, same output for every reader; prints clips/s, frames/s (against "
-        "DeepEthogram's 1,200), whether each returned exactly the frames asked for, and ratios.",
+        help="random clips: gpufeed vs torchcodec (exact and approximate seeks, its sampler), OpenCV seeking, "
+        "decode-from-start; on generated sets or your own (--data)",
+        description="Random clips from generated h264 sets (long GOP, after 'gpufeed prepare', one GOP per video, "
+        "camera-like with B-frames) and JPEG frame stores, or from your own videos, frame stores or DeepEthogram "
+        "project (--data). Same clips, same process count, same output for every reader; each reader started, "
+        "timed and stopped the same way. Prints clips/s (whole round and steady), start-up, frames/s (against "
+        "DeepEthogram's 1,200), whether each returned exactly the frames asked for, ratios and targets. torchcodec "
+        "runs where it imports and decodes: 'make peers' builds .venv-peers, whose gpufeed runs it.",
     )
-    p.add_argument("--videos", type=int, default=4, help="generated videos (default 4)")
-    p.add_argument("--seconds", type=int, default=120, help="length of each video in seconds (default 120)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        help="your own folder of videos (label CSVs optional), frame folders and HDF5 files, or a DeepEthogram "
+        "project; each kind found is one set (default: generated sets)",
+    )
+    p.add_argument(
+        "--sets",
+        nargs="+",
+        choices=GENERATED_SETS,
+        default=list(GENERATED_SETS),
+        help="generated sets to read (default: all)",
+    )
+    p.add_argument("--videos", type=int, default=4, help="generated videos per set (default 4)")
+    p.add_argument("--seconds", type=int, default=120, help="length of each long-GOP video in seconds (default 120)")
     p.add_argument("--video-size", type=int, default=256, help="generated frame width and height (default 256)")
-    p.add_argument("--gop", type=int, default=250, help="keyframe interval of the generated videos (default 250)")
+    p.add_argument("--gop", type=int, default=250, help="keyframe interval of the long-GOP videos (default 250)")
     p.add_argument("--clip-length", type=int, default=11, help="frames per clip (default 11)")
     p.add_argument("--stride", type=int, default=1, help="frame stride within a clip (default 1)")
     p.add_argument(
@@ -117,21 +135,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--clips", type=int, default=256, help="clips per timed round (default 256)")
     p.add_argument("--naive-clips", type=int, default=12, help="clips per round for decode-from-start (default 12)")
-    p.add_argument("--verify-clips", type=int, default=24, help="clips checked for exact frames (default 24)")
     p.add_argument(
-        "--stores",
-        nargs="*",
-        choices=("folder", "hdf5"),
-        default=["folder", "hdf5"],
-        help="also read the videos as frame folders / HDF5 files of JPEG frames (default both; none: --stores)",
+        "--sampler-clips", type=int, default=8, help="clips per torchcodec sampler call, from one video (default 8)"
     )
+    p.add_argument("--verify-clips", type=int, default=24, help="clips checked for exact frames (default 24)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds per reader, interleaved (default 5)")
-    p.add_argument("--workers", type=int, default=0, help="processes/threads per reader; 0 = one per core")
+    p.add_argument("--workers", type=int, default=0, help="processes per reader; 0 = one per core")
     p.add_argument(
         "--contenders",
         nargs="+",
-        default=["gpufeed", "decode_from_start", "opencv_seek", "torchcodec"],
-        choices=["gpufeed", "decode_from_start", "opencv_seek", "torchcodec"],
+        default=list(CLIP_CONTENDERS),
+        choices=list(CLIP_CONTENDERS),
         help="readers to run (default: all that are available)",
     )
     p.add_argument("--seed", type=int, default=0)
@@ -298,6 +312,8 @@ def _clips(args: argparse.Namespace) -> int:
     from gpufeed.bench.clips import print_clip_result, run_clip_bench
 
     result = run_clip_bench(
+        data=args.data,
+        sets=tuple(args.sets),
         videos=args.videos,
         seconds=args.seconds,
         video_size=args.video_size,
@@ -308,8 +324,8 @@ def _clips(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         clips=args.clips,
         naive_clips=args.naive_clips,
+        sampler_clips=args.sampler_clips,
         verify_clips=args.verify_clips,
-        stores=tuple(args.stores),
         rounds=args.rounds,
         workers=args.workers,
         contenders=tuple(args.contenders),

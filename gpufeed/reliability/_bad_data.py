@@ -37,6 +37,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufeed._progress import progress_bar
 from gpufeed._report import Checklist
 from gpufeed._text import format_table
 from gpufeed.pipelines._check import NOT_BAD
@@ -276,7 +277,6 @@ def run_bad_data(out: str | Path, *, data: str | Path | None = None, progress: b
         data: An existing ``gpufeed synth`` folder to copy.
         progress: Show a progress bar over the cases.
     """
-    from tqdm import tqdm
 
     out = Path(out)
     bad = write_bad_dataset(ensure_synth(Path(data) if data else out / "data"), out / "bad")
@@ -311,7 +311,7 @@ def run_bad_data(out: str | Path, *, data: str | Path | None = None, progress: b
         ("clip, quarantine", [*clip_set, f"loader.quarantine_file={quarantine}"]),
     ]
     results = []
-    for name, overrides in tqdm(cases, desc="bad data", unit="case", disable=not progress):
+    for name, overrides in progress_bar(cases, desc="bad data", unit="case", disable=not progress, leave=True):
         run_dir = runs / name.replace(", ", "-")
         results.append(_train_case(name, config, run_dir, overrides, bad.damaged))
     return BadDataReport(bad, check.status, listed, lines, results)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._progress import progress_bar
 from gpufeed._report import Check
 from gpufeed._text import format_table
 from gpufeed.config import parse_config
@@ -206,7 +207,6 @@ def run_corpus(
     progress: bool = True,
 ) -> FuzzReport:
     """Send every probe, judge every answer, run the ``checks`` after each category; return the figures."""
-    from tqdm import tqdm
 
     before, requests_before = _metric_totals(host, port, headers)
     checked_before = sum((c.answers for c in checks), Counter())
@@ -220,7 +220,7 @@ def run_corpus(
     valid_checks = 0
     started = time.perf_counter()
     order = list(dict.fromkeys(p.category for p in probes))
-    bar = tqdm(total=len(probes), desc="fuzz corpus", unit="req", leave=False, disable=not progress)
+    bar = progress_bar(total=len(probes), desc="fuzz corpus", unit="req", leave=False, disable=not progress)
     for category in order:
         tally = categories.setdefault(category, {"sent": 0, "statuses": Counter(), "decoded": 0, "failures": 0})
         for probe in (p for p in probes if p.category == category):

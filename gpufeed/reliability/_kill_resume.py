@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufeed._progress import progress_bar
 from gpufeed._report import Checklist
 from gpufeed._text import format_table
 from gpufeed.config import load_config
@@ -283,7 +284,6 @@ def run_kill_resume(
         data: An existing ``gpufeed synth`` folder to train on.
         progress: Show a progress bar over the attempts.
     """
-    from tqdm import tqdm
 
     out = Path(out)
     data_dir = ensure_synth(Path(data) if data else out / "data")
@@ -308,7 +308,7 @@ def run_kill_resume(
     base = ["train", "--config", str(config), "--out", str(run_dir)]
     results: list[Kill] = []
     resumed_from, completed = 0, False
-    bar = tqdm(total=kills + 1, desc="kill -9 and resume", unit="start", disable=not progress)
+    bar = progress_bar(total=kills + 1, desc="kill -9 and resume", unit="start", disable=not progress, leave=True)
     started = time.perf_counter()
     for attempt in range(kills + 1):
         argv = gpufeed_argv(*base, *(["--resume"] if attempt else []))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._progress import progress_bar
 from gpufeed._report import Check
 from gpufeed.bench._loadgen import run_load
 from gpufeed.models import read_model_card
@@ -63,7 +64,6 @@ def run_soak(
         The figures, judged with ``max_growth`` as the largest RSS growth that passes.
     """
     import httpx
-    from tqdm import tqdm
 
     card = read_model_card(model_dir)
     path = f"/v1/models/{card.name}/predict"
@@ -72,7 +72,7 @@ def run_soak(
         rss_start = server.rss_bytes()
         stop = threading.Event()
         total = round(warmup_s + seconds)
-        bar = tqdm(total=total, desc=f"soak: {clients} clients", unit="s", leave=False) if progress else None
+        bar = progress_bar(total=total, desc=f"soak: {clients} clients", unit="s", leave=False) if progress else None
         t0 = time.perf_counter()
         sampler = threading.Thread(
             target=_sample_rss, args=(server, samples, stop, t0, sample_every_s, bar), daemon=True

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpufeed._files import write_json
+from gpufeed._progress import progress_bar
 from gpufeed.synth._images import CLASS_NAMES, IMAGE_SIZES, render_image, write_image_split
 from gpufeed.synth._pairs import render_pair, synth_depth, write_paired_split
 from gpufeed.synth._tags import CLASS_WORDS, Tag, TagError, draw_tag, read_tag
@@ -78,9 +79,8 @@ class SynthSpec:
 def write_synthetic_dataset(out: str | Path, spec: SynthSpec = SynthSpec(), progress: bool = True) -> Path:
     """Write the synthetic dataset into ``out`` (created if missing) and return ``out``.
 
-    Deterministic: the same spec writes the same pixels. A tqdm bar shows progress.
+    Deterministic: the same spec writes the same pixels. A progress display (gpufeed._progress) shows how far it is.
     """
-    from tqdm import tqdm
 
     out = Path(out)
     images = out / "images"
@@ -89,7 +89,7 @@ def write_synthetic_dataset(out: str | Path, spec: SynthSpec = SynthSpec(), prog
     frames = [spec.video_frames[k % len(spec.video_frames)] for k in range(spec.num_videos)]
     total = spec.num_classes * (spec.train_per_class + spec.val_per_class) + sum(frames)
     total += spec.paired_train + spec.paired_val
-    with tqdm(total=total, desc="synth", unit="file", disable=not progress, leave=False) as bar:
+    with progress_bar(total=total, desc="synth", unit="file", disable=not progress, leave=False) as bar:
         (images / "classes.txt").write_text("\n".join(classes) + "\n", encoding="utf-8")
         for split, per_class in (("train", spec.train_per_class), ("val", spec.val_per_class)):
             rows = write_image_split(images, split, classes, per_class, spec.seed, progress=bar)

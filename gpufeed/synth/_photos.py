@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._progress import progress_bar
+
 __all__ = ["encode_image", "format_samples", "make_bench_images", "photo_pixels"]
 
 
@@ -31,7 +33,6 @@ def make_bench_images(folder: Path, count: int, width: int, height: int, seed: i
         The folder holding ``photos/``.
     """
     from PIL import Image
-    from tqdm import tqdm
 
     target = Path(folder) / f"bench-{width}x{height}-{count}-{seed}"
     photos = target / "photos"
@@ -41,7 +42,7 @@ def make_bench_images(folder: Path, count: int, width: int, height: int, seed: i
     photos.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-    for i in tqdm(range(count), desc="bench images", unit="img", leave=False):
+    for i in progress_bar(range(count), desc="bench images", unit="img", leave=False):
         base = np.zeros((height, width, 3), np.float32)
         for _ in range(6):
             cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(0.1, 0.5) * width

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from gpufeed._progress import progress_bar
 from gpufeed.config import Config
 from gpufeed.train._mask_ids import MaskIdError
 from gpufeed.train._profiling import ProfileWindow, StageRanges
@@ -161,13 +162,12 @@ class Loop:
     # -- one epoch ----------------------------------------------------------------------------
     def run_epoch(self, epoch: int) -> bool:
         """Train until the epoch ends (True) or ``train.max_steps`` is reached (False)."""
-        from tqdm import tqdm
 
         s = self.s
         loader = s.data.train
         total = len(loader)
         batch_index = int(loader.state_dict().get("batch", 0))
-        bar = tqdm(
+        bar = progress_bar(
             total=total,
             initial=batch_index,
             desc=f"epoch {epoch + 1}/{self.cfg.train.epochs}",

@@ -1,0 +1,157 @@
+"""Fair timed rounds for ``gpufeed bench clips``: every reader started, timed and stopped the same way.
+
+A round of one reader (contender) on one video set:
+
+1. the clock starts, then the reader is opened: its worker processes, pipelines, decoders and
+   index scans start inside the round, for every reader alike (start-up counts the same way);
+2. the reader yields batches until the round's clips are in; the clock stops at the last one
+   (the time to the first batch is kept too: the start-up, reported on its own);
+3. the reader is closed and the round waits, untimed, until every process it started has
+   exited, so no reader keeps decoding ahead into the next reader's round (a DALI pipeline's
+   workers would otherwise go on filling its prefetch queue while another reader is timed).
+
+Rounds interleave the (set, reader) jobs, alternating their order from round to round, and a
+ratio is the median of per-round ratios: rounds run back to back share the machine's load.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from gpufeed.bench._common import median
+
+__all__ = ["RoundTime", "child_pids", "interleaved", "paired_ratio", "timed_round", "wait_for_exit"]
+
+
+@dataclass(frozen=True)
+class RoundTime:
+    """What one timed round measured.
+
+    Attributes:
+        clips: Clips read.
+        seconds: From before the reader was opened to its last clip.
+        first_batch_s: From before the reader was opened to its first batch (its start-up).
+        warm_s, warm_clips: When the first wave of batches was in (one batch per worker process:
+            a DataLoader's workers each deliver their first batch at about the same time), and the
+            clips it held; ``steady`` figures start there.
+    """
+
+    clips: int
+    seconds: float
+    first_batch_s: float
+    warm_s: float
+    warm_clips: int
+
+    @property
+    def clips_per_second(self) -> float:
+        """Clips per second over the whole round, start-up included."""
+        return self.clips / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def steady_clips_per_second(self) -> float:
+        """Clips per second after the first wave of batches (start-up left out); NaN if none came after it."""
+        after = self.seconds - self.warm_s
+        return (self.clips - self.warm_clips) / after if after > 0 and self.clips > self.warm_clips else float("nan")
+
+
+def child_pids(pid: int | None = None) -> set[int]:
+    """Live (not zombie) child processes of ``pid`` (default: this process), from ``/proc``."""
+    parent = os.getpid() if pid is None else pid
+    found: set[int] = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # not Linux: nothing to wait for
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == parent and fields[0] not in ("Z", "X"):
+            found.add(int(entry))
+    return found
+
+
+def wait_for_exit(before: set[int], timeout_s: float = 60.0, children: Callable[[], set[int]] = child_pids) -> set[int]:
+    """Wait until no child process outside ``before`` is alive; the ones still alive at the timeout.
+
+    Raises:
+        RuntimeError: Processes a reader started were still running after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = children() - before
+        if not left:
+            return left
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"processes {sorted(left)} a reader started still run {timeout_s:.0f} s after it was closed"
+            )
+        gc.collect()  # a pipeline or iterator whose last reference sits in a cycle stops only when collected
+        time.sleep(0.05)
+
+
+def timed_round(
+    open_reader: Callable[[], AbstractContextManager[Iterable[Any]]],
+    want: int,
+    *,
+    size_of: Callable[[Any], int] = len,
+    keep: bool = False,
+    warm_batches: int = 1,
+    children: Callable[[], set[int]] = child_pids,
+) -> tuple[RoundTime, list]:
+    """One round of one reader (see the module docs): its times, and its batches when ``keep``.
+
+    Args:
+        open_reader: Returns a context manager that starts the reader and yields its batches;
+            leaving it stops the reader.
+        want: Clips to read; the round ends at the batch that reaches them.
+        size_of: Clips in a batch.
+        keep: Keep the batches (the untimed exactness pass); timed rounds drop them.
+        warm_batches: Batches in the first wave (see :class:`RoundTime`): the reader's worker processes.
+    """
+    before = children()
+    batches: list = []
+    got, count, first_s, warm_s, warm_clips = 0, 0, 0.0, 0.0, 0
+    start = time.perf_counter()
+    end = start
+    with open_reader() as reader:
+        for batch in reader:
+            got += size_of(batch)
+            count += 1
+            if count == 1:
+                first_s = time.perf_counter() - start
+            if count == warm_batches:
+                warm_s, warm_clips = time.perf_counter() - start, got
+            if keep:  # a copy: a pipeline may reuse its output buffers for later batches
+                batches.append(batch.clone() if hasattr(batch, "clone") else copy.deepcopy(batch))
+            if got >= want:
+                break
+        end = time.perf_counter()
+    del reader
+    wait_for_exit(before, children=children)
+    if got < want:
+        raise RuntimeError(f"the reader stopped after {got} of {want} clips")
+    if count < warm_batches:
+        warm_s, warm_clips = end - start, got
+    return RoundTime(got, end - start, first_s, warm_s, warm_clips), batches
+
+
+def interleaved(jobs: Sequence, round_index: int) -> list:
+    """The jobs in the order round ``round_index`` runs them: as given in even rounds, reversed in odd ones."""
+    return list(jobs) if round_index % 2 == 0 else list(reversed(jobs))
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+    """Median over rounds of ``a[r] / b[r]`` (rounds without both figures left out; NaN if none has)."""
+    return median([x / y for x, y in zip(a, b, strict=True) if y > 0 and x == x and y == y])
