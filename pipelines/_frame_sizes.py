@@ -21,19 +21,21 @@ def frame_label(kind: str, frame_name: str, index: int) -> str:
     return frame_name.format(int(index)) if kind == "folder" else f"frame {int(index)}"
 
 
-def frame_size_problem(data: bytes, where: str, width: int, height: int) -> str | None:
+def frame_size_problem(data: bytes, where: str, width: int, height: int, facts=None) -> str | None:
     """Why a frame cannot join its store's clips: another size than ``width`` x ``height`` (frame 0's).
 
     Args:
         data: The frame's encoded bytes (only its header is read).
         where: How to name the frame (:func:`frame_label`).
         width, height: The store's frame size, as the index has it (frame 0's, oriented).
+        facts: The frame's :class:`~gpufeed.pipelines._image_facts.ImageFacts`, where the caller
+            has read them already (``data`` is not read again).
 
     Returns:
         The reason, naming the frame and both sizes; ``None`` when the size matches, or when the
         header cannot be read (a damaged frame is named by its decode instead).
     """
-    facts = read_image_facts(data)
+    facts = read_image_facts(data) if facts is None else facts
     if facts.problem or facts.format not in ("PNG", "JPEG") or not width or not height:
         return None
     if (facts.width, facts.height) == (width, height):

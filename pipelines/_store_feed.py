@@ -177,10 +177,14 @@ class StoreFrameFeed(WorkerCallback):
             # (measured: 2 runs in 3 with one garbage sample in a batch of 44 at 2 threads) instead of
             # raising; damaged image data after a good header fails the batch cleanly. So every
             # frame's header is checked here first.
-            problem = read_image_facts(encoded.tobytes(), header_only=True).problem
-            if problem:
-                where = store.frame_name.format(int(index)) if store.kind == "folder" else f"frame {index}"
-                raise RuntimeError(f"{store.path}: {describe_bad_frame(encoded.tobytes(), where, problem)}")
+            # A frame of another size would be resized on its own into the clip: named instead.
+            facts = read_image_facts(encoded.tobytes(), header_only=True)
+            where = frame_label(store.kind, store.frame_name, int(index))
+            if facts.problem:
+                raise RuntimeError(f"{store.path}: {describe_bad_frame(encoded.tobytes(), where, facts.problem)}")
+            other_size = frame_size_problem(encoded.tobytes(), where, store.width, store.height, facts=facts)
+            if other_size:
+                raise RuntimeError(f"{store.path}: {other_size}")
         return (k, j), data, (_REVERSE if store.kind == "hdf5" and HDF5_CHANNELS_REVERSED else _IDENTITY)
 
     def __call__(self, sample_info):

@@ -86,6 +86,7 @@ def test_check_names_the_store_and_the_frame_of_another_size(stores, form):
         assert not report.ok
 
 
+@pytest.mark.process  # frame stores are read in DALI's worker processes
 @pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("form", ["folder", "hdf5"])
 def test_dali_decoder_failure_is_named_or_skipped_by_on_bad_sample(stores, form, device):
@@ -146,6 +147,7 @@ def test_the_pyav_decoder_names_the_frame_of_another_size(stores):
     assert str(err.value) == f"{path}: {MESSAGE.format(where=where)}"
 
 
+@pytest.mark.process  # frame stores are read in DALI's worker processes
 def test_a_store_without_the_odd_frame_reads_and_checks_clean(stores, tmp_path):
     path, _ = stores["folder"]
     good = tmp_path / "good" / "mouse"

@@ -116,6 +116,7 @@ def _loader(dataset, **loader):
     )
 
 
+@pytest.mark.process  # frame stores are read in DALI's worker processes
 def test_a_bomb_frame_met_while_loading_is_named_or_skipped(bomb_store):
     folder, where = bomb_store
     dataset = VideoDataset.from_folder(folder)
@@ -128,6 +129,7 @@ def test_a_bomb_frame_met_while_loading_is_named_or_skipped(bomb_store):
     assert BOMB in skipping.skipped[1]
 
 
+@pytest.mark.process  # frame stores are read in DALI's worker processes
 def test_the_frame_limit_is_the_datasets(tmp_path):
     write_tagged_store(tmp_path / "v0", 0, 12, by="hand")
     dataset = VideoDataset.from_folder(tmp_path, max_pixels=1000)  # 96 x 64 frames: 6,144 pixels each
