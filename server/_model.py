@@ -32,12 +32,12 @@ from typing import Any
 import numpy as np
 
 from gpufeed.models import ModelCard
-from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.server._batcher import Batch, Batcher
 from gpufeed.server._errors import RequestError
 from gpufeed.server._metrics import ServerMetrics
 from gpufeed.server._preprocess import ImageDecoder
-from gpufeed.server._runtime import OnnxRunner, RunningCount, served_batch_sizes
+from gpufeed.server._runtime import OnnxRunner, served_batch_sizes
+from gpufeed.server._threads import ThreadBudget
 
 __all__ = ["Item", "ServedModel", "scores_from_logits"]
 
@@ -61,10 +61,6 @@ class _Lane:
     # A CUDA stream of its own on a GPU: on torch's legacy default stream, which every thread
     # shares and which waits for all other work, one lane's synchronisation waited for the other's.
     stream: Any = None  # torch.cuda.Stream
-
-
-# Batches of this process between the start of their decode and the end of their inference.
-_BATCHES = RunningCount()
 
 
 @dataclass(frozen=True)
@@ -133,28 +129,30 @@ class ServedModel:
         cfg: :class:`gpufeed.config.ServeConfig`.
         device: :class:`gpufeed.device.DeviceChoice`.
         metrics: The server's metrics.
+        budget: The server's thread budget, shared by its models (default: one of its own,
+            :meth:`ThreadBudget.resolve` of ``cfg`` and ``device``).
     """
 
-    def __init__(self, name: str, model_dir: Path, card: ModelCard, cfg, device, metrics: ServerMetrics) -> None:
+    def __init__(
+        self,
+        name: str,
+        model_dir: Path,
+        card: ModelCard,
+        cfg,
+        device,
+        metrics: ServerMetrics,
+        budget: ThreadBudget | None = None,
+    ) -> None:
         self.name, self.dir, self.card, self.cfg, self.metrics = name, Path(model_dir), card, cfg, metrics
         self.ready = False
         # One lane (decoder + input buffer) per batcher worker, so batches can overlap: on a GPU one
-        # decodes while another runs the model; on the CPU two batches side by side each run on
-        # their share of the cores, which costs less CPU per row than one batch split over all of
-        # them (measured for ResNet-18 on two cores: about 10 % less). A batch that starts while no
-        # other is in inference (a lone client) gets every core instead (OnnxRunner.run), so low
-        # load does not pay the split in latency.
-        self.workers = cfg.workers_per_model or 2
-        on_cpu = not device.is_gpu or cfg.execution_provider == "cpu"
-        cores = default_num_threads()
-        share = max(1, cores // self.workers)
-        threads = cfg.inference_threads or (share if on_cpu else 0)
-        threads_alone = (cfg.inference_threads_alone or cores) if on_cpu else 0
-        # Lanes decoding side by side each keep to their share of the cores. A batch that starts
-        # alone decodes on every core instead, its images cut into bands where that gives the same
-        # pixels (server/_preprocess.py): one DALI thread per image would leave the others idle.
-        self.decode_threads = cfg.decode_threads or share
-        decode_alone = cfg.decode_threads_alone or cores
+        # decodes while another runs the model; on the CPU each keeps to its share of the cores, and
+        # a batch that starts alone takes every core (server/_threads.py).
+        self.budget = budget = budget or ThreadBudget.resolve(cfg, device)
+        self.workers = budget.workers
+        threads, threads_alone = budget.inference_shared, budget.inference_alone
+        self.decode_threads = budget.decode_shared
+        decode_alone = budget.decode_alone
         self.runner = OnnxRunner(
             model_dir,
             card,
@@ -165,6 +163,7 @@ class ServedModel:
             served_batch_sizes(card, cfg.batch_sizes),
             tf32=cfg.cuda_tf32,
             threads_alone=threads_alone,
+            inferences=budget.inferences,
         )
         self.batch_sizes = self.runner.batch_sizes
         self.on_gpu = self.runner.on_gpu
@@ -271,7 +270,7 @@ class ServedModel:
     def _run_in_lane(
         self, lane: _Lane, items: list[Item], alone: bool | None = None
     ) -> list[np.ndarray | BaseException]:
-        with _BATCHES.one() as first:
+        with self.budget.batches.one() as first:
             alone = first if alone is None else alone
             if lane.stream is None:
                 return self._run_lane_items(lane, items, alone)

@@ -18,6 +18,7 @@ from gpufeed.server._errors import RequestError
 from gpufeed.server._metrics import ServerMetrics
 from gpufeed.server._model import ServedModel
 from gpufeed.server._repo import ModelEntry
+from gpufeed.server._threads import ThreadBudget
 
 __all__ = ["ServingState"]
 
@@ -31,6 +32,9 @@ class ServingState:
         entries: From :func:`gpufeed.server._repo.load_repository`.
         cfg: :class:`gpufeed.config.ServeConfig`.
         device: :class:`gpufeed.device.DeviceChoice`.
+
+    Attributes:
+        budget: The thread budget, resolved once here and handed to every model.
     """
 
     def __init__(self, entries: list[ModelEntry], cfg, device) -> None:
@@ -39,6 +43,7 @@ class ServingState:
             raise ValueError(f"model names must be unique, got {names}")
         self.entries = {e.name: e for e in entries}
         self.cfg, self.device = cfg, device
+        self.budget = ThreadBudget.resolve(cfg, device)
         self.metrics = ServerMetrics({e.name: e.card.batch_size for e in entries})
         self.models: dict[str, ServedModel] = {}
         self.load_error: BaseException | None = None
@@ -84,7 +89,7 @@ class ServingState:
         """Load and warm up every model (blocking); a failure is kept in ``load_error``."""
         try:
             for name, entry in self.entries.items():
-                model = ServedModel(name, entry.dir, entry.card, self.cfg, self.device, self.metrics)
+                model = ServedModel(name, entry.dir, entry.card, self.cfg, self.device, self.metrics, self.budget)
                 model.warm_up()
                 self.models[name] = model
                 log.info("model %s (%s) ready: %s", name, entry.card.spec.name, model.describe())

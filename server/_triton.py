@@ -181,7 +181,7 @@ def model_config_of(state: ServingState, name: str) -> dict[str, Any]:
     """Triton's model configuration of served model ``name`` (JSON form), loaded or not yet."""
     cfg, model = state.cfg, state.models.get(name)
     on_gpu = model.on_gpu if model is not None else state.device.is_gpu
-    workers = model.workers if model is not None else cfg.workers_per_model or 2
+    workers = model.workers if model is not None else state.budget.workers
     sizes = model.batch_sizes if model is not None else None
     card = state.entries[name].card
     return model_config(
