@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 from typing import cast
 
-import numpy as np
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
@@ -46,22 +45,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gpufeed import __version__
+from gpufeed.models import ClassifierHead, DenseHead
 from gpufeed.server._access import AccessGuard, route_of
 from gpufeed.server._accounting import Accounting, count_refusal
 from gpufeed.server._dataplane import DataPlane, Inference
-from gpufeed.server._dense import (
-    check_json_map_pixels,
-    dense_json,
-    dense_png,
-    map_pixels,
-    map_size_of,
-    output_tensors,
-    wants_png,
-)
+from gpufeed.server._dense import check_json_map_pixels, dense_json, dense_png, map_pixels, map_size_of, wants_png
 from gpufeed.server._errors import RequestError, json_bytes, shown
 from gpufeed.server._http import JSONAnswer, compress_response, read_body, response_coding
 from gpufeed.server._kserve_response import encode_response
-from gpufeed.server._model import scores_from_logits
 from gpufeed.server._offload import INLINE_PARSE_BYTES, ParsePool
 from gpufeed.server._openapi import openapi_document
 from gpufeed.server._requests import kserve_items, rest_items, top_k_of
@@ -109,32 +100,26 @@ async def infer(request: Request) -> Response:
         parsed, items = await call.prepare(
             kserve_items(call.plane.pool, call.model, call.plane.cfg, body, coding, header_length)
         )
-        logits = await call.infer(items)
-        tensors = output_tensors(logits, call.model.card.spec, parsed.outputs)
-        payload, response_headers = encode_response(call.model.name, parsed, tensors, call.model.card.labels)
+        outputs = await call.infer(items, parsed.outputs)
+        payload, response_headers = encode_response(call.model.name, parsed, outputs, call.model.card.labels)
         return await _answer(request, payload, response_headers)
 
 
 async def predict(request: Request) -> Response:
     """``POST /v1/models/{name}/predict``: images -> top-k labels and scores (or a dense model's maps)."""
     async with plane_of(request).inference(request.path_params["name"]) as call:
-        spec = call.model.card.spec
-        if spec.is_dense:
+        head = call.model.head
+        if isinstance(head, DenseHead):
             return await _predict_maps(request, call)
         body = await _body(request, call)
-        top_k = top_k_of(request.query_params.get("top_k"), call.plane.cfg.top_k, spec.num_classes)
+        top_k = top_k_of(request.query_params.get("top_k"), call.plane.cfg.top_k, call.model.card.spec.num_classes)
         coding, kind = request.headers.get("content-encoding"), request.headers.get("content-type")
         inline = coding in (None, "identity") and len(body) <= INLINE_PARSE_BYTES
         items = await call.validate(rest_items, body, coding, kind, inline=inline)
-        scores = scores_from_logits(await call.infer(items), spec.multilabel)
-        labels = call.model.card.labels
-        predictions = []
-        for i, row in enumerate(scores):
-            top = np.argsort(-row, kind="stable")[:top_k]
-            predictions.append(
-                {"image": i, "top_k": [{"label": labels[j], "index": int(j), "score": float(row[j])} for j in top]}
-            )
-        document = {"model": call.model.name, "multilabel": spec.multilabel, "predictions": predictions}
+        outputs = await call.infer(items)
+        document = cast(ClassifierHead, head).rest_answer(
+            call.model.name, outputs["scores"], top_k, call.model.card.labels
+        )
         return await _answer(request, json_bytes(document), {"content-type": "application/json"})
 
 
@@ -148,7 +133,7 @@ async def _predict_maps(request: Request, call: Inference) -> Response:
     spec, sizes, pool = call.model.card.spec, [item.size for item in items], call.plane.pool
     if not png:  # refused before inference: the answer's size is known from the headers
         check_json_map_pixels(spec, sizes, where, call.plane.cfg.max_json_map_pixels)
-    logits = await call.infer(items)
+    logits = (await call.infer(items)).logits
     if png:
         payload = await pool.run(dense_png, logits[0], spec, sizes[0], where)
         headers = {"content-type": "image/png"}

@@ -6,7 +6,8 @@ stub modules are the generated ones that ship in ``tritonclient[grpc]`` (``servi
 (``grpc.aio``) is started and stopped beside the HTTP front, as its peer, by
 :class:`~gpufeed.server._server.ModelServer`, on the one event loop, so both front ends share the
 model batchers, the parser threads, the limits, the token, the metrics and the drain, through the
-one :class:`~gpufeed.server._dataplane.DataPlane`. Implemented: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
+one :class:`~gpufeed.server._dataplane.DataPlane`; the data plane makes the output tensors and this
+front only encodes them as protobuf. Implemented: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
 ModelInfer, and Triton's ModelConfig, ModelStatistics and RepositoryIndex; any other method
 answers UNIMPLEMENTED.
 
@@ -38,7 +39,6 @@ from typing import Any
 from gpufeed.server._access import AccessGuard
 from gpufeed.server._accounting import RequestAccount
 from gpufeed.server._dataplane import DataPlane
-from gpufeed.server._dense import output_tensors
 from gpufeed.server._errors import RequestError
 from gpufeed.server._grpc_tensors import infer_response
 from gpufeed.server._requests import grpc_items
@@ -268,6 +268,5 @@ class _Service(_service_base()):  # type: ignore[misc]  # a base class made at i
     async def _infer(self, request, started: float):
         async with self.plane.inference(request.model_name, request.model_version, started) as call:
             parsed, items = await call.validate(grpc_items, request)
-            logits = await call.infer(items)
-            tensors = output_tensors(logits, call.model.card.spec, parsed.outputs)
-            return infer_response(self.pb2, call.model.name, parsed, tensors, call.model.card.labels)
+            outputs = await call.infer(items, parsed.outputs)
+            return infer_response(self.pb2, call.model.name, parsed, outputs, call.model.card.labels)

@@ -39,7 +39,7 @@ from gpufeed.server._preprocess import ImageDecoder
 from gpufeed.server._runtime import OnnxRunner, served_batch_sizes
 from gpufeed.server._threads import ThreadBudget
 
-__all__ = ["Item", "ServedModel", "scores_from_logits"]
+__all__ = ["Item", "ServedModel"]
 
 log = logging.getLogger("gpufeed.server")
 
@@ -99,16 +99,6 @@ def _split_rows(items: list[Item], live: list[int]) -> tuple[list[int], list[byt
     return encoded, blobs, decoded, pixels
 
 
-def scores_from_logits(logits: np.ndarray, multilabel: bool) -> np.ndarray:
-    """Probabilities from logits: sigmoid per class (multilabel) or softmax over classes."""
-    logits = np.asarray(logits, dtype=np.float32)
-    if multilabel:
-        return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    e = np.exp(shifted)
-    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
-
-
 def _warmup_image(width_px: int, height_px: int) -> bytes:
     from PIL import Image
 
@@ -144,6 +134,7 @@ class ServedModel:
         budget: ThreadBudget | None = None,
     ) -> None:
         self.name, self.dir, self.card, self.cfg, self.metrics = name, Path(model_dir), card, cfg, metrics
+        self.head = card.spec.head
         self.ready = False
         # One lane (decoder + input buffer) per batcher worker, so batches can overlap: on a GPU one
         # decodes while another runs the model; on the CPU each keeps to its share of the cores, and
@@ -170,7 +161,7 @@ class ServedModel:
         self._lanes: queue.SimpleQueue[_Lane] = queue.SimpleQueue()
         for _ in range(self.workers):
             decoder = None
-            if card.spec.task != "clip":  # image and dense models decode JPEG/PNG themselves
+            if self.head.accepts_encoded:  # image and dense models decode JPEG/PNG themselves
                 decoder = ImageDecoder(
                     card.spec.size,
                     card.spec.eval_crop_fraction,
@@ -179,9 +170,8 @@ class ServedModel:
                     self.decode_threads,
                 )
             self._lanes.put(_Lane(decoder, self.runner.new_batch(), _lane_stream(device) if self.on_gpu else None))
-        self.accepts_encoded = card.spec.task != "clip"
         self._decoder_alone = None  # used by one batch at a time: only one can start alone
-        if self.accepts_encoded and not self.on_gpu and decode_alone > self.decode_threads:
+        if self.head.accepts_encoded and not self.on_gpu and decode_alone > self.decode_threads:
             self._decoder_alone = ImageDecoder(
                 card.spec.size, card.spec.eval_crop_fraction, max(card.batch_size, decode_alone), None, decode_alone
             )
@@ -328,7 +318,7 @@ class ServedModel:
 
     def warm_up(self) -> None:
         """Run ``serve.warmup_batches`` full batches of every batch size end to end, then mark the model ready."""
-        if self.accepts_encoded:
+        if self.head.accepts_encoded:
             width, height = self.card.spec.size
             image = _warmup_image(width, height)
             size = (width * 2, height * 2)
