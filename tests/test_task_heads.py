@@ -50,12 +50,17 @@ TASK_SWITCH_EXCEPTIONS = {
 }
 
 
+def _named_task(node: ast.AST) -> bool:
+    if isinstance(node, ast.Name):
+        return "task" in node.id.lower()
+    if isinstance(node, ast.Attribute):
+        return "task" in node.attr.lower()
+    key = node.slice if isinstance(node, ast.Subscript) else None  # doc["task"]
+    return isinstance(key, ast.Constant) and isinstance(key.value, str) and "task" in key.value.lower()
+
+
 def _mentions_task(node: ast.AST) -> bool:
-    return any(
-        (isinstance(n, ast.Name) and "task" in n.id.lower())
-        or (isinstance(n, ast.Attribute) and "task" in n.attr.lower())
-        for n in ast.walk(node)
-    )
+    return any(_named_task(n) for n in ast.walk(node))
 
 
 def _is_text(node: ast.AST) -> bool:
@@ -123,6 +128,7 @@ def test_no_task_is_switched_on_by_name_outside_the_heads():
         'if spec.task == "clip": pass',
         'x = card.spec.task != "clip"',
         'ok = task_kind in ("depth", "segmentation")',
+        'ok = result["task"] == "clips"',
         "ok = task_kind in DENSE_TASKS",
         'match spec.task:\n    case "depth": pass',
         'SCORES = {"depth": 1, "segmentation": 2}',
