@@ -2,7 +2,9 @@
 
 ``create_model(name, num_classes=...)`` builds any registered network; ``model.spec`` (a
 :class:`ModelSpec`) holds mean, std, input size, layout and clip length, and is what checkpoints,
-ONNX model cards and the server read. :func:`export_model` writes ``model.onnx`` (uint8 in,
+ONNX model cards and the server read. ``spec.head`` (a :class:`TaskHead`, one class per task,
+registered with :func:`register_head`) says what the task accepts, what it outputs and answers,
+and how export checks it. :func:`export_model` writes ``model.onnx`` (uint8 in,
 normalisation inside, run at a set of fixed batch sizes) and ``model_card.json`` (:class:`ModelCard`).
 
 Only what users call is exported here, each name listed in the API reference (``docs/api/``);
@@ -11,25 +13,36 @@ modules, which the other gpufeed packages import directly.
 """
 
 from gpufeed.models._card import ModelCard, ModelCardError, read_model_card
+from gpufeed.models._dense_heads import DenseHead
 from gpufeed.models._export import ExportError, export_model
+from gpufeed.models._head import Outputs, OutputTensor, TaskHead
+from gpufeed.models._heads import ClassifierHead, head_for, list_tasks, register_head
 from gpufeed.models._io import checkpoint_path, find_checkpoint, load_model, model_state
 from gpufeed.models._nets import GpufeedModel
 from gpufeed.models._registry import create_model, list_models, register_model
 from gpufeed.models._spec import ModelSpec
 
 __all__ = [
+    "ClassifierHead",
+    "DenseHead",
     "ExportError",
     "GpufeedModel",
     "ModelCard",
     "ModelCardError",
     "ModelSpec",
+    "OutputTensor",
+    "Outputs",
+    "TaskHead",
     "checkpoint_path",
     "create_model",
     "export_model",
     "find_checkpoint",
+    "head_for",
     "list_models",
+    "list_tasks",
     "load_model",
     "model_state",
     "read_model_card",
+    "register_head",
     "register_model",
 ]

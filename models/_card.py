@@ -46,11 +46,6 @@ ONNX_FILE = "model.onnx"
 CARD_FORMAT = "gpufeed-model-card"
 CARD_VERSION = 1
 PRECISIONS = ("fp32", "fp16")
-# What a dense model's output maps mean, per task (classifiers: softmax or sigmoid per class).
-_SCORES = {
-    "depth": "depth per pixel, in the training target's unit (map value x data.depth_scale)",
-    "segmentation": "class scores per pixel: softmax over classes, argmax is the mask id",
-}
 # The symbolic batch dimension of a graph exported for several batch sizes: each onnxruntime
 # session fixes it to one of them (SessionOptions.add_free_dimension_override_by_name).
 BATCH_DIM = "batch"
@@ -204,7 +199,7 @@ class ModelCard:
                 f"decode RGB, scale so that {spec.size.width_px}x{spec.size.height_px} (width x height) / "
                 f"eval_crop_fraction just fits inside the image, centre-crop width_px x height_px, uint8 {spec.input_layout}"
             ),
-            "scores": _SCORES.get(spec.task, "sigmoid per class" if spec.multilabel else "softmax over classes"),
+            "scores": spec.head.scores,
             "parity": dict(self.parity),
             "source_checkpoint": self.source_checkpoint,
             "onnx_file": ONNX_FILE,

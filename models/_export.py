@@ -23,12 +23,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import json
 import logging
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -38,8 +36,6 @@ import torch
 from torch import nn
 
 from gpufeed._files import atomic_path
-from gpufeed.config import ImagePipelineConfig, LoaderConfig
-from gpufeed.device import DeviceChoice
 from gpufeed.models._card import (
     BATCH_DIM,
     ONNX_FILE,
@@ -50,11 +46,7 @@ from gpufeed.models._card import (
 )
 from gpufeed.models._io import find_checkpoint, load_model
 from gpufeed.models._nets import GpufeedModel
-from gpufeed.models._parity import agreement_for, dense_inputs, valid_rows
 from gpufeed.models._spec import ModelSpec
-from gpufeed.pipelines import ImageDataset, ImageLoader
-from gpufeed.pipelines._pairs import is_paired_root
-from gpufeed.synth import SynthSpec, behaviour_labels, render_frame, write_synthetic_dataset
 
 __all__ = ["ExportError", "export_model", "parity_inputs", "parity_tolerance", "resolve_batch_sizes"]
 
@@ -91,64 +83,11 @@ def parity_tolerance(precision: str, reference: np.ndarray) -> float:
     return _RELATIVE_TOLERANCE[precision] * scale
 
 
-_CPU_PARITY = DeviceChoice("cpu", None, "export parity inputs")
-
-
-def _image_inputs(spec: ModelSpec, batch_size: int, batches: int, data: Path | None, device) -> tuple[np.ndarray, str]:
-    with contextlib.ExitStack() as stack:
-        if data is None:
-            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpufeed-parity-")))
-            per_class = -(-batch_size * batches // 4)
-            write_synthetic_dataset(folder, SynthSpec(train_per_class=1, val_per_class=per_class, num_videos=0), False)
-            dataset, what = ImageDataset.from_list(folder / "images" / "val.txt"), "synthetic JPEG/PNG images"
-        elif spec.task in ("depth", "segmentation") and is_paired_root(data):
-            # A dense model's own split: its RGB images, never its maps read as images of more classes.
-            size, crop = spec.size_px, spec.eval_crop_fraction
-            images, what = dense_inputs(data, size, crop, batch_size, batches, device or _CPU_PARITY)
-            return images, f"{what} through the evaluation pipeline (resize + centre crop, uint8 NCHW)"
-        else:
-            data = Path(data)
-            dataset = ImageDataset.from_list(data) if data.is_file() else ImageDataset.from_folder(data)
-            what = f"images from {data}"
-        loader = ImageLoader(
-            dataset,
-            train=False,
-            image_cfg=ImagePipelineConfig(size_px=spec.size_px, eval_crop_fraction=spec.eval_crop_fraction),
-            loader_cfg=LoaderConfig(batch_size=batch_size, last_batch="pad", num_threads=2, on_bad_sample="skip"),
-            device=device or _CPU_PARITY,
-            shard_id=0,  # every parity input, whatever rank or process group this runs in
-            num_shards=1,
-        )
-        out = []
-        for batch in loader:
-            out.append(valid_rows(batch))  # the images the data has: padding rows are not counted
-            if len(out) == batches:
-                break
-    return np.concatenate(out), f"{what} through the evaluation pipeline (resize + centre crop, uint8 NCHW)"
-
-
-def _clip_inputs(spec: ModelSpec, batch_size: int, batches: int) -> tuple[np.ndarray, str]:
-    # The clip loader is built elsewhere; rendered synthetic behaviour frames (tags, bands, a
-    # moving bar) are the same pixels the synthetic videos hold, before h264.
-    t, (w, h) = spec.clip_length_frames, spec.size
-    assert t is not None, "ModelSpec refuses a clip model without clip_length_frames"
-    width = w * 3 // 2
-    labels = behaviour_labels(batch_size * batches + t, seed=0)
-    clips = np.empty((batch_size * batches, 3, t, h, w), dtype=np.uint8)
-    for k in range(len(clips)):
-        left = (width - w) // 2
-        frames = [render_frame(k + j, k % 7, labels[k + j], width, h)[:, left : left + w] for j in range(t)]
-        clips[k] = np.stack(frames).transpose(3, 0, 1, 2)
-    return clips, "rendered synthetic behaviour-video frames (uint8 NCTHW)"
-
-
 def parity_inputs(
     spec: ModelSpec, batch_size: int, batches: int = 2, data: str | Path | None = None, device=None
 ) -> tuple[np.ndarray, str]:
-    """Real uint8 inputs for the parity check, ``batches * batch_size`` rows, and what they are."""
-    if spec.task != "clip":  # image and dense models take the evaluation pipeline's images
-        return _image_inputs(spec, batch_size, batches, Path(data) if data else None, device)
-    return _clip_inputs(spec, batch_size, batches)
+    """Real uint8 inputs for the parity check, ``batches * batch_size`` rows, and what they are (the head's)."""
+    return spec.head.parity_inputs(batch_size, batches, data, device)
 
 
 def _onnx_session(path: Path, device, batch_size: int | None = None):
@@ -323,7 +262,7 @@ def export_model(
             _torch_export(exportable, torch.from_numpy(inputs[:largest]), tmp, opset, dynamic)
         _add_metadata(tmp, spec, sizes, precision)
         per_size, provider = {}, ""
-        agreement = agreement_for(spec.task)  # top-1 for classes, per pixel for masks, relative for depth
+        agreement = spec.head.agreement  # top-1 for classes, per pixel for masks, relative for depth
         for n in sizes:
             session = _onnx_session(tmp, device, n if dynamic else None)
             provider = session.get_providers()[0]

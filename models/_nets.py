@@ -21,7 +21,7 @@ class GpufeedModel(nn.Module):
     def __init__(self, spec: ModelSpec, backbone: nn.Module) -> None:
         super().__init__()
         self.spec = spec
-        self.normalize = Normalize(spec.mean, spec.std, spatial_dims=3 if spec.task == "clip" else 2)
+        self.normalize = Normalize(spec.mean, spec.std, spatial_dims=spec.head.spatial_dims)
         self.backbone = backbone
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:

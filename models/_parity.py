@@ -1,8 +1,8 @@
-"""The export parity check's inputs and figures, in each task's own terms.
+"""The export parity check's inputs: real uint8 rows of each kind a head takes.
 
 The check compares onnxruntime's outputs with PyTorch's on real inputs (:mod:`gpufeed.models._export`);
-besides the max absolute difference it prints one agreement figure, which must mean something for
-the task (:func:`agreement_for`):
+each task head says which inputs it takes (:meth:`~gpufeed.models._head.TaskHead.parity_inputs`)
+and which agreement figure means something for it (:attr:`~gpufeed.models._head.TaskHead.agreement`):
 
 ==============  ===================  ======================================================================
 task            card key             figure
@@ -12,59 +12,32 @@ segmentation    ``pixel_agreement``  share of pixels whose highest-scoring class
 depth           ``depth_rel_diff``   mean |onnx - torch| over every pixel, relative to the mean |depth|
 ==============  ===================  ======================================================================
 
-A depth model has one output channel, so a "top-1 class" of it agrees by construction. Inputs
-count only the rows the data has: padding rows of the last batch are dropped
-(:func:`valid_rows`), and a paired split (``rgb/`` with ``depth/`` or ``mask/``) gives a dense
-model its RGB images through the dense evaluation pipeline (:func:`dense_inputs`), never its maps.
+Image and dense models get images through gpufeed's evaluation pipeline (exactly what the server
+feeds): synthetic JPEG/PNG files, the images given, or, for a dense model given its paired split
+(``rgb/`` with ``depth/`` or ``mask/``), its RGB images through the dense evaluation pipeline,
+never its maps (:func:`image_inputs`). Clip models get rendered behaviour-video frames
+(:func:`clip_inputs`). Inputs count only the rows the data has: padding rows of the last batch are
+dropped (:func:`valid_rows`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
-from gpufeed.pipelines import DenseLoader, PairedDataset
+from gpufeed.device import DeviceChoice
+from gpufeed.pipelines import DenseLoader, ImageDataset, ImageLoader, PairedDataset
+from gpufeed.pipelines._pairs import is_paired_root
+from gpufeed.synth import SynthSpec, behaviour_labels, render_frame, write_synthetic_dataset
 
-__all__ = ["Agreement", "agreement_for", "dense_inputs", "valid_rows"]
+__all__ = ["clip_inputs", "dense_inputs", "image_inputs", "valid_rows"]
 
-
-@dataclass(frozen=True)
-class Agreement:
-    """One task's agreement figure: its card ``key``, its words, and whether higher is better."""
-
-    key: str
-    words: str
-    higher_is_better: bool = True
-
-    def measure(self, got: np.ndarray, reference: np.ndarray) -> float:
-        """The figure for ``got`` (onnxruntime) against ``reference`` (PyTorch), both (N, C, ...) float."""
-        if self.key == "depth_rel_diff":
-            scale = float(np.abs(reference).mean())
-            return float(np.abs(got - reference).mean() / max(scale, 1e-12))
-        return float((got.argmax(1) == reference.argmax(1)).mean())
-
-    def worst(self, values) -> float:
-        """The worst of several batch sizes' figures."""
-        return min(values) if self.higher_is_better else max(values)
-
-    def describe(self, value: float) -> str:
-        """The figure as printed after the max difference (``top-1 agreement 100%``)."""
-        return f"{self.words} {value:.0%}" if self.higher_is_better else f"{self.words} {value:.3g}"
-
-
-_AGREEMENTS = {
-    "segmentation": Agreement("pixel_agreement", "pixel class agreement"),
-    "depth": Agreement("depth_rel_diff", "depth mean |diff| / mean |depth|", higher_is_better=False),
-}
-_TOP1 = Agreement("top1_agreement", "top-1 agreement")
-
-
-def agreement_for(task: str) -> Agreement:
-    """The agreement figure of a model's ``task`` (``image``, ``clip``, ``depth``, ``segmentation``)."""
-    return _AGREEMENTS.get(task, _TOP1)
+_CPU_PARITY = DeviceChoice("cpu", None, "export parity inputs")
+_EVAL_PIPELINE = "through the evaluation pipeline (resize + centre crop, uint8 NCHW)"
 
 
 def valid_rows(batch) -> np.ndarray:
@@ -73,24 +46,77 @@ def valid_rows(batch) -> np.ndarray:
     return images[batch.valid.cpu().numpy().astype(bool)]
 
 
+def _loader_args(size, eval_crop_fraction: float, batch_size: int, device) -> dict:
+    return {
+        "train": False,
+        "image_cfg": ImagePipelineConfig(size_px=size, eval_crop_fraction=eval_crop_fraction),
+        "loader_cfg": LoaderConfig(batch_size=batch_size, last_batch="pad", num_threads=2, on_bad_sample="skip"),
+        "device": device or _CPU_PARITY,
+        "shard_id": 0,  # every parity input, whatever rank or process group this runs in
+        "num_shards": 1,
+    }
+
+
+def _first_batches(loader, batches: int) -> np.ndarray:
+    out = []
+    for batch in loader:
+        out.append(valid_rows(batch))  # the images the data has: padding rows are not counted
+        if len(out) == batches:
+            break
+    return np.concatenate(out)
+
+
 def dense_inputs(root: Path, size, eval_crop_fraction: float, batch_size: int, batches: int, device):
     """Up to ``batch_size * batches`` RGB images of a paired split, through the dense evaluation pipeline.
 
     Returns:
         (uint8 NCHW images, what they are), only the images the split has.
     """
-    loader = DenseLoader(
-        PairedDataset.from_root(root),
-        train=False,
-        image_cfg=ImagePipelineConfig(size_px=size, eval_crop_fraction=eval_crop_fraction),
-        loader_cfg=LoaderConfig(batch_size=batch_size, last_batch="pad", num_threads=2, on_bad_sample="skip"),
-        device=device,
-        shard_id=0,
-        num_shards=1,
-    )
-    out = []
-    for batch in loader:
-        out.append(valid_rows(batch))
-        if len(out) == batches:
-            break
-    return np.concatenate(out), f"RGB images of the paired split {root}"
+    loader = DenseLoader(PairedDataset.from_root(root), **_loader_args(size, eval_crop_fraction, batch_size, device))
+    return _first_batches(loader, batches), f"RGB images of the paired split {root}"
+
+
+def image_inputs(
+    spec, batch_size: int, batches: int, data: str | Path | None, device, *, paired: bool = False
+) -> tuple[np.ndarray, str]:
+    """Up to ``batch_size * batches`` images through the evaluation pipeline, and what they are.
+
+    Args:
+        spec: The model's :class:`~gpufeed.models.ModelSpec` (size, crop).
+        data: A list file or class folders; ``None``: synthetic JPEG/PNG images.
+        paired: ``data`` may be a paired split (a dense model's): its RGB images are fed then.
+    """
+    size, crop = spec.size_px, spec.eval_crop_fraction
+    data = Path(data) if data else None
+    if paired and data is not None and is_paired_root(data):
+        images, what = dense_inputs(data, size, crop, batch_size, batches, device)
+        return images, f"{what} {_EVAL_PIPELINE}"
+    with contextlib.ExitStack() as stack:
+        if data is None:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpufeed-parity-")))
+            per_class = -(-batch_size * batches // 4)
+            write_synthetic_dataset(folder, SynthSpec(train_per_class=1, val_per_class=per_class, num_videos=0), False)
+            dataset, what = ImageDataset.from_list(folder / "images" / "val.txt"), "synthetic JPEG/PNG images"
+        else:
+            dataset = ImageDataset.from_list(data) if data.is_file() else ImageDataset.from_folder(data)
+            what = f"images from {data}"
+        images = _first_batches(ImageLoader(dataset, **_loader_args(size, crop, batch_size, device)), batches)
+    return images, f"{what} {_EVAL_PIPELINE}"
+
+
+def clip_inputs(spec, batch_size: int, batches: int) -> tuple[np.ndarray, str]:
+    """``batch_size * batches`` clips of rendered synthetic behaviour frames (uint8 NCTHW), and what they are.
+
+    The clip loader is built elsewhere; the rendered frames (tags, bands, a moving bar) are the
+    same pixels the synthetic videos hold, before h264.
+    """
+    t, (w, h) = spec.clip_length_frames, spec.size
+    assert t is not None, "ModelSpec refuses a clip model without clip_length_frames"
+    width = w * 3 // 2
+    labels = behaviour_labels(batch_size * batches + t, seed=0)
+    clips = np.empty((batch_size * batches, 3, t, h, w), dtype=np.uint8)
+    for k in range(len(clips)):
+        left = (width - w) // 2
+        frames = [render_frame(k + j, k % 7, labels[k + j], width, h)[:, left : left + w] for j in range(t)]
+        clips[k] = np.stack(frames).transpose(3, 0, 1, 2)
+    return clips, "rendered synthetic behaviour-video frames (uint8 NCTHW)"

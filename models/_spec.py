@@ -3,15 +3,17 @@
 A model's :class:`ModelSpec` says what it takes (uint8, layout, size, clip length), how it
 normalises (mean and std, applied *inside* the model), and what it outputs (classes, single- or
 multi-label). ``ModelSpec.to_dict`` is what checkpoints and ONNX model cards carry, so nobody
-re-derives these numbers.
+re-derives these numbers. What a task means (its input layout, its outputs, what a server answers)
+is its head's to say: ``spec.head`` (:mod:`gpufeed.models._heads`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal
 
 from gpufeed._size import SizePx, parse_size_px, size_px_value
+from gpufeed.models._head import TaskHead
+from gpufeed.models._heads import head_for
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ModelSpec"]
 
@@ -26,7 +28,8 @@ class ModelSpec:
     Attributes:
         name: Registry name, e.g. ``resnet18``.
         task: ``image`` (input ``N,3,H,W``), ``clip`` (input ``N,3,T,H,W``), or a dense task,
-            ``depth`` or ``segmentation`` (input ``N,3,H,W``, output maps ``N,C,H,W``).
+            ``depth`` or ``segmentation`` (input ``N,3,H,W``, output maps ``N,C,H,W``): a task a
+            head is registered for (:attr:`head`, :func:`~gpufeed.models.register_head`).
         num_classes: Output logits per sample.
         multilabel: Sigmoid per class (behaviour clips) rather than softmax over classes.
         mean, std: Per-channel normalisation on [0, 1] pixels, applied inside the model.
@@ -44,7 +47,7 @@ class ModelSpec:
     """
 
     name: str
-    task: Literal["image", "clip", "depth", "segmentation"]
+    task: str
     num_classes: int
     multilabel: bool = False
     mean: tuple[float, float, float] = IMAGENET_MEAN
@@ -62,8 +65,7 @@ class ModelSpec:
             object.__setattr__(self, "size_px", size_px_value(self.size_px))
         except ValueError as err:  # ConfigError: its message names the value and the allowed sizes
             raise ValueError(f"model {self.name!r}: size_px: {getattr(err, 'message', err)}") from None
-        if self.task == "clip" and not self.clip_length_frames:
-            raise ValueError(f"model {self.name!r}: a clip model needs clip_length_frames")
+        self.head.check()  # an unknown task, or a fact the task needs (a clip model's length)
         if self.labels and len(self.labels) != self.num_classes:
             raise ValueError(f"model {self.name!r}: {len(self.labels)} labels for {self.num_classes} classes")
         if any(s <= 0 for s in self.std):
@@ -75,28 +77,22 @@ class ModelSpec:
         return parse_size_px(self.size_px)
 
     @property
+    def head(self) -> TaskHead:
+        """The model's task head: what its task takes, outputs and answers (:func:`~gpufeed.models.head_for`)."""
+        return head_for(self)
+
+    @property
     def input_layout(self) -> str:
         """``NCHW`` for images, ``NCTHW`` for clips."""
-        return "NCTHW" if self.task == "clip" else "NCHW"
+        return self.head.input_layout
 
     def input_shape(self, batch_size: int) -> tuple[int, ...]:
         """The uint8 input shape for ``batch_size`` samples."""
-        height, width = self.size.hw
-        if self.task != "clip":  # image and dense models take (N, 3, H, W)
-            return (batch_size, 3, height, width)
-        assert self.clip_length_frames is not None, "__post_init__ refuses a clip model without it"
-        return (batch_size, 3, self.clip_length_frames, height, width)
-
-    @property
-    def is_dense(self) -> bool:
-        """A dense model (``depth``, ``segmentation``): image in, one map per output channel out."""
-        return self.task in ("depth", "segmentation")
+        return self.head.input_shape(batch_size)
 
     def output_shape(self, batch_size: int) -> tuple[int, ...]:
         """The float32 output shape for ``batch_size`` samples: ``(N, C)``, or ``(N, C, H, W)`` when dense."""
-        if self.is_dense:
-            return (batch_size, self.num_classes, *self.size.hw)
-        return (batch_size, self.num_classes)
+        return self.head.output_shape(batch_size)
 
     def with_updates(self, **changes) -> ModelSpec:
         return replace(self, **changes)

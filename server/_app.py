@@ -28,19 +28,15 @@ does. Bodies are read with the limits of :mod:`._http` and turned into batch ite
 reason (one handler for :class:`RequestError` on every route; 404/405 included); every answer to
 an inference path is counted and timed by :class:`._accounting.Accounting`, which also turns
 anything unexpected into a JSON 500. With a bearer token configured, every route but the two
-health probes needs it (:mod:`._access`). With ``grpc_port`` the lifespan also runs KServe v2 over
-gRPC (:mod:`._grpc`) on the same event loop, sharing all of the above.
+health probes needs it (:mod:`._access`). The app is one front of the server, beside gRPC
+(:mod:`._grpc`): both are started, over one data plane, by :class:`~gpufeed.server._server.ModelServer`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
 from typing import cast
 
-import numpy as np
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
@@ -49,22 +45,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gpufeed import __version__
+from gpufeed.models import ClassifierHead, DenseHead
 from gpufeed.server._access import AccessGuard, route_of
-from gpufeed.server._accounting import Accounting
+from gpufeed.server._accounting import Accounting, count_refusal
 from gpufeed.server._dataplane import DataPlane, Inference
-from gpufeed.server._dense import (
-    check_json_map_pixels,
-    dense_json,
-    dense_png,
-    map_pixels,
-    map_size_of,
-    output_tensors,
-    wants_png,
-)
-from gpufeed.server._errors import REASONS, RequestError, json_bytes, shown
+from gpufeed.server._dense import check_json_map_pixels, dense_json, dense_png, map_pixels, map_size_of, wants_png
+from gpufeed.server._errors import RequestError, json_bytes, shown
 from gpufeed.server._http import JSONAnswer, compress_response, read_body, response_coding
 from gpufeed.server._kserve_response import encode_response
-from gpufeed.server._model import scores_from_logits
 from gpufeed.server._offload import INLINE_PARSE_BYTES, ParsePool
 from gpufeed.server._openapi import openapi_document
 from gpufeed.server._requests import kserve_items, rest_items, top_k_of
@@ -112,32 +100,26 @@ async def infer(request: Request) -> Response:
         parsed, items = await call.prepare(
             kserve_items(call.plane.pool, call.model, call.plane.cfg, body, coding, header_length)
         )
-        logits = await call.infer(items)
-        tensors = output_tensors(logits, call.model.card.spec, parsed.outputs)
-        payload, response_headers = encode_response(call.model.name, parsed, tensors, call.model.card.labels)
+        outputs = await call.infer(items, parsed.outputs)
+        payload, response_headers = encode_response(call.model.name, parsed, outputs, call.model.card.labels)
         return await _answer(request, payload, response_headers)
 
 
 async def predict(request: Request) -> Response:
     """``POST /v1/models/{name}/predict``: images -> top-k labels and scores (or a dense model's maps)."""
     async with plane_of(request).inference(request.path_params["name"]) as call:
-        spec = call.model.card.spec
-        if spec.is_dense:
+        head = call.model.head
+        if isinstance(head, DenseHead):
             return await _predict_maps(request, call)
         body = await _body(request, call)
-        top_k = top_k_of(request.query_params.get("top_k"), call.plane.cfg.top_k, spec.num_classes)
+        top_k = top_k_of(request.query_params.get("top_k"), call.plane.cfg.top_k, call.model.card.spec.num_classes)
         coding, kind = request.headers.get("content-encoding"), request.headers.get("content-type")
         inline = coding in (None, "identity") and len(body) <= INLINE_PARSE_BYTES
         items = await call.validate(rest_items, body, coding, kind, inline=inline)
-        scores = scores_from_logits(await call.infer(items), spec.multilabel)
-        labels = call.model.card.labels
-        predictions = []
-        for i, row in enumerate(scores):
-            top = np.argsort(-row, kind="stable")[:top_k]
-            predictions.append(
-                {"image": i, "top_k": [{"label": labels[j], "index": int(j), "score": float(row[j])} for j in top]}
-            )
-        document = {"model": call.model.name, "multilabel": spec.multilabel, "predictions": predictions}
+        outputs = await call.infer(items)
+        document = cast(ClassifierHead, head).rest_answer(
+            call.model.name, outputs["scores"], top_k, call.model.card.labels
+        )
         return await _answer(request, json_bytes(document), {"content-type": "application/json"})
 
 
@@ -151,7 +133,7 @@ async def _predict_maps(request: Request, call: Inference) -> Response:
     spec, sizes, pool = call.model.card.spec, [item.size for item in items], call.plane.pool
     if not png:  # refused before inference: the answer's size is known from the headers
         check_json_map_pixels(spec, sizes, where, call.plane.cfg.max_json_map_pixels)
-    logits = await call.infer(items)
+    logits = (await call.infer(items)).logits
     if png:
         payload = await pool.run(dense_png, logits[0], spec, sizes[0], where)
         headers = {"content-type": "image/png"}
@@ -244,9 +226,8 @@ async def openapi(request: Request) -> Response:
 async def refused(request: Request, exc: Exception) -> Response:
     """Every RequestError a route raises: counted by reason (a model still loading is not), then JSON."""
     err = cast(RequestError, exc)  # registered for RequestError only (Starlette types handlers for Exception)
-    if err.reason in REASONS:
-        name = request.path_params.get("name") or route_of(request.url.path)[0]
-        plane_of(request).metrics.count_error(name, err.reason)
+    name = request.path_params.get("name") or route_of(request.url.path)[0]
+    count_refusal(plane_of(request).metrics, name, err)
     return JSONAnswer(err.to_json(), status_code=err.status, headers=err.headers)
 
 
@@ -299,63 +280,23 @@ def _routes() -> list[Route]:
     return routes
 
 
-def build_app(
-    state: ServingState,
-    on_shutdown: Callable[[], None] | None = None,
-    token: str | None = None,
-    *,
-    grpc_port: int | None = None,
-    grpc_host: str = "127.0.0.1",
-    announce: Callable[[str], None] | None = None,
-) -> Starlette:
-    """The ASGI app over ``state``; model loading starts when the app starts (lifespan).
+def build_app(state: ServingState, token: str | None = None, plane: DataPlane | None = None) -> Starlette:
+    """The HTTP front: the ASGI app over a data plane (loading, gRPC and the stop are :mod:`._server`'s).
 
     Args:
         state: The models and their life cycle.
-        on_shutdown: Called after the models are drained and released.
         token: Bearer token every route but the health probes requires; ``None``: open access.
-        grpc_port: Also serve KServe v2 over gRPC on this port (0: a free one; ``None``: no gRPC),
-            started and stopped with the app on its event loop (:mod:`._grpc`); the bound port is
-            ``app.state.grpc.port`` once the app has started.
-        grpc_host: Address the gRPC server binds.
-        announce: Called with a line naming the gRPC address once it is bound.
+        plane: The data plane to answer from (shared with the gRPC front); ``None``: one of its own
+            over a new :class:`~gpufeed.server._offload.ParsePool` (``app.state.parse_pool``, the
+            caller's to close).
     """
-    pool = ParsePool()
-    plane = DataPlane(state, pool)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        front = None
-        if grpc_port is not None:
-            # Deferred: gpufeed.server._grpc imports the optional grpc extra (grpcio, tritonclient[grpc]).
-            from gpufeed.server._grpc import GrpcFront
-
-            front = GrpcFront(plane, token, grpc_host, grpc_port, announce)
-            try:
-                await front.start()
-            except Exception as err:  # kept for start_server's error; uvicorn then reports a failed startup
-                app.state.grpc_error = err
-                raise
-            app.state.grpc = front
-        state.start_loading()
-        yield
-        # Graceful shutdown: no new requests, queued ones finish, then the models go. The drain
-        # has already waited for gRPC requests in flight (they count in state.inflight).
-        if front is not None:
-            await front.stop(grace=1.0)
-        await asyncio.get_running_loop().run_in_executor(None, state.close)
-        pool.close()
-        if on_shutdown is not None:
-            on_shutdown()
-
+    plane = plane or DataPlane(state, ParsePool())
     app = Starlette(
         routes=_routes(),
-        lifespan=lifespan,
         exception_handlers={RequestError: refused, 404: no_route, 405: no_route},
         middleware=[Middleware(Accounting, metrics=state.metrics), Middleware(AccessGuard, state=state, token=token)],
     )
     # No 307 from "/v2/models/x/" to "/v2/models/x": a path that does not exist is a 404 naming it.
     app.router.redirect_slashes = False
-    app.state.plane, app.state.parse_pool, app.state.token_required = plane, pool, token is not None
-    app.state.grpc, app.state.grpc_error = None, None
+    app.state.plane, app.state.parse_pool, app.state.token_required = plane, plane.pool, token is not None
     return app

@@ -9,10 +9,12 @@ metrics and refusals, word for word:
   draining); :meth:`Inference.validate` runs the front's parser (:mod:`._requests`) on a
   :class:`~gpufeed.server._offload.ParsePool` thread (:meth:`Inference.prepare`: a parser that
   moves its own steps, KServe HTTP's), timed as the ``preprocess`` stage;
-  :meth:`Inference.infer` queues the items on the model's batcher and waits for their logits (the
+  :meth:`Inference.infer` queues the items on the model's batcher, waits for their logits (the
   only place in the server that submits to a batcher: queue-full, timeout and cancellation behave
-  the same for every protocol); leaving the block records the answer (``postprocess`` stage and
-  Triton's statistics) once the front has encoded it;
+  the same for every protocol) and returns the model's output tensors, made by its task head
+  (:class:`~gpufeed.models.Outputs`: KServe's ``logits`` and ``scores``, or a dense model's maps);
+  the front only encodes them in its protocol, and leaving the block records the answer
+  (``postprocess`` stage and Triton's statistics);
 * **readiness and documents**: server and model readiness (one rule,
   :meth:`~gpufeed.server._state.ServingState.model_state`), server and model metadata, Triton's
   model configuration, statistics and repository index.
@@ -26,15 +28,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
 from gpufeed import __version__
+from gpufeed.models import Outputs
 from gpufeed.server._batcher import BatcherClosedError, QueueFullError
-from gpufeed.server._dense import output_metadata
 from gpufeed.server._errors import RequestError, shown
+from gpufeed.server._kserve import RequestedOutput
 from gpufeed.server._model import Item, ServedModel
 from gpufeed.server._offload import ParsePool
 from gpufeed.server._requests import kserve_inputs
@@ -90,12 +93,21 @@ class Inference:
         self.plane.metrics.observe_stage(self.model.name, "preprocess", time.perf_counter() - t0)
         return result
 
-    async def infer(self, items: list[Item]) -> np.ndarray:
-        """Queue validated items on the model's batcher and wait for their logits, one row per item.
+    async def infer(self, items: list[Item], requested: Sequence[RequestedOutput] | None = None) -> Outputs:
+        """Queue validated items on the model's batcher, wait for their logits and return the head's output tensors.
+
+        Args:
+            items: The request's validated rows.
+            requested: The outputs a KServe request names (``None``: all, as REST).
+
+        Returns:
+            The model's output tensors by name, one row per item (each made when first read;
+            ``outputs.logits`` is the graph's output).
 
         Raises:
-            RequestError: ``queue_full`` (503 + Retry-After) or ``timeout`` (504, after
-                ``serve.request_timeout_seconds`` from :attr:`started`).
+            RequestError: ``queue_full`` (503 + Retry-After), ``timeout`` (504, after
+                ``serve.request_timeout_seconds`` from :attr:`started`), or ``malformed_request``
+                (the classification extension asked of a model whose outputs are not class scores).
             NotReadyError: The batcher is closed (the server is stopping).
         """
         model, cfg = self.model, self.plane.cfg
@@ -122,7 +134,12 @@ class Inference:
             raise
         logits = np.stack(rows)
         self.items, self._answering_since = items, time.perf_counter()
-        return logits
+        head = model.head
+        if not head.classifies and any(out.classification for out in requested or ()):
+            raise RequestError(
+                "malformed_request", f"a {head.kind} model answers maps: it has no classification output"
+            )
+        return head.output_tensors(logits)
 
     def _answered(self) -> None:
         if self._answering_since is not None:
@@ -208,7 +225,7 @@ class DataPlane:
             "versions": ["1"],
             "platform": "onnxruntime_onnx",
             "inputs": kserve_inputs(card),
-            "outputs": [{"name": n, "datatype": "FP32", "shape": shape} for n, shape in output_metadata(spec)],
+            "outputs": [tensor.kserve() for tensor in spec.head.outputs()],
             "parameters": facts,
         }
 

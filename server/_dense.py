@@ -1,31 +1,23 @@
-"""Answers of dense models (depth, segmentation): KServe tensors, PNG maps and JSON.
+"""The REST answers of dense models (depth, segmentation): PNG maps and JSON, at the model's or the input's size.
 
-==============  ===========================================  =======================================
-task            KServe v2 outputs (FP32)                     REST ``Accept: image/png``
-==============  ===========================================  =======================================
-depth           ``depth`` ``[N, H, W]`` in the training      16-bit grayscale PNG of ``depth /
-                target's unit                                depth_scale``: the training maps' values,
-                                                             never the no-data value (below)
-segmentation    ``scores`` ``[N, C, H, W]`` (softmax over    8-bit grayscale PNG of the argmax class
-                C) and ``logits`` ``[N, C, H, W]``           ids
-==============  ===========================================  =======================================
+The head (:class:`~gpufeed.models.DenseHead`) says what a map holds (:meth:`~gpufeed.models.DenseHead.map_values`:
+16-bit depth codes that never take the no-data value, or 8-bit class ids), how it is resized and
+what a reader needs beside it; this module places it and writes it out. Over KServe (HTTP or gRPC)
+a dense model answers its head's output tensors, as every model does.
+
+==============  ===========================================
+task            REST ``Accept: image/png``
+==============  ===========================================
+depth           16-bit grayscale PNG of ``depth / depth_scale``: the training maps' values
+segmentation    8-bit grayscale PNG of the argmax class ids
+==============  ===========================================
 
 The model sees the evaluation crop of the image (:func:`gpufeed.pipelines._windows.eval_windows`),
 so its map covers that window. ``?size=model`` answers the map as the model made it (H x W of
 the model's input); ``?size=input`` (the default) places it back at the input image's own size
-(EXIF orientation applied): resized to the window (nearest for masks, window pixel u taking map
-pixel ``floor((u + 0.5) * model / window)``; bilinear for depth) and
+(EXIF orientation applied): resized to the window (:meth:`~gpufeed.models.DenseHead.resize_map`) and
 written into a canvas of the input's size whose pixels outside the window hold the model's
 "nothing here" value (``data.depth_no_data`` or ``data.mask_ignore_id`` of its training).
-
-**Depth codes.** A depth map's values are ``round(depth / depth_scale)`` clipped to 0..65535,
-and the no-data value (``data.depth_no_data``, 0 unless set) means "not measured". A prediction
-never takes it (:func:`depth_codes`): one that would is written as the next code away from it
-(towards the prediction; inwards at the ends of the range), so with no-data 0 every negative
-or sub-half-unit prediction reads 1, the smallest measured depth; a NaN prediction reads no-data.
-A reader can take 0 (the no-data value) as "outside the model's window or no prediction" and
-every other code as a prediction. The KServe ``depth`` tensor is the model's raw output,
-negative values included.
 
 **JSON answers** hold one number per map pixel; one that would hold more than
 ``serve.max_json_map_pixels`` values in all (a large photo at ``?size=input``) is refused
@@ -39,10 +31,10 @@ import io
 
 import numpy as np
 
+from gpufeed.models import DenseHead
 from gpufeed.pipelines._windows import eval_windows
 from gpufeed.server._errors import RequestError, json_bytes, shown
 from gpufeed.server._map_json import int_map_json
-from gpufeed.server._model import scores_from_logits
 
 __all__ = [
     "MAP_SIZES",
@@ -50,49 +42,12 @@ __all__ = [
     "dense_json",
     "dense_map",
     "dense_png",
-    "dense_tensors",
-    "depth_codes",
     "map_pixels",
     "map_size_of",
-    "output_metadata",
-    "output_tensors",
     "wants_png",
 ]
 
 MAP_SIZES = ("input", "model")
-
-
-def dense_tensors(logits: np.ndarray, spec) -> dict[str, np.ndarray]:
-    """The KServe output tensors of a dense model's ``(N, C, H, W)`` logits (see the module docs)."""
-    logits = np.asarray(logits, dtype=np.float32)
-    if spec.task == "depth":
-        return {"depth": logits[:, 0]}
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return {"scores": (shifted / shifted.sum(axis=1, keepdims=True)).astype(np.float32), "logits": logits}
-
-
-def output_tensors(logits: np.ndarray, spec, requested=()) -> dict[str, np.ndarray]:
-    """Every model's KServe output tensors: a classifier's ``logits`` and ``scores``, or a dense model's maps.
-
-    Args:
-        requested: The request's outputs (KServe ``outputs``); a dense model refuses the
-            ``classification`` extension on any of them.
-    """
-    if not spec.is_dense:
-        return {"logits": logits, "scores": scores_from_logits(logits, spec.multilabel)}
-    if any(getattr(out, "classification", None) for out in requested or ()):
-        raise RequestError("malformed_request", f"a {spec.task} model answers maps: it has no classification output")
-    return dense_tensors(logits, spec)
-
-
-def output_metadata(spec) -> list[tuple[str, list[int]]]:
-    """``(name, shape)`` of each KServe output (``-1``: any number of rows), for the metadata routes."""
-    if not spec.is_dense:
-        return [(name, [-1, spec.num_classes]) for name in ("logits", "scores")]
-    shape = list(spec.output_shape(-1))
-    if spec.task == "depth":
-        return [("depth", [shape[0], *shape[2:]])]
-    return [("scores", shape), ("logits", shape)]
 
 
 def wants_png(accept: str | None) -> bool:
@@ -110,58 +65,27 @@ def map_size_of(raw: str | None) -> str:
     return value
 
 
-def depth_codes(depth_units: np.ndarray, no_data: int) -> np.ndarray:
-    """Depth in map units (``depth / depth_scale``) as uint16 map codes that never equal ``no_data``.
-
-    ``round`` and clip to 0..65535; a code equal to ``no_data`` moves one code away from it,
-    towards the prediction (up at 0, down at 65535); NaN becomes ``no_data`` (see the module docs).
-    """
-    units = np.asarray(depth_units, dtype=np.float32)
-    # No-data at an end of the range (0, the default, or 65535): the clip's range leaves it out, in one pass.
-    low, high = (1, 65535) if no_data == 0 else (0, 65534) if no_data == 65535 else (0, 65535)
-    codes = np.rint(units)
-    np.clip(codes, low, high, out=codes)
-    if low == 0 and high == 65535:
-        hit = codes == no_data
-        if hit.any():
-            codes[hit] = np.where(units[hit] >= no_data, no_data + 1, no_data - 1)
-    nan = np.isnan(units)
-    if nan.any():
-        codes[nan] = no_data
-    return codes.astype(np.uint16)
-
-
-def _map_values(row: np.ndarray, spec) -> np.ndarray:
-    """One output row as the map's stored values: uint16 depth codes in map units, or uint8 class ids."""
-    if spec.task == "depth":
-        return depth_codes(row[0] / spec.depth_scale, spec.map_fill)
-    return row.argmax(axis=0).astype(np.uint8)
+def _head(spec) -> DenseHead:
+    head = spec.head
+    if not isinstance(head, DenseHead):
+        raise TypeError(f"model {spec.name!r} is a {head.kind} model: it answers no maps")
+    return head
 
 
 def _at_input_size(values: np.ndarray, spec, size: tuple[int, int]) -> np.ndarray:
     """``values`` resized to the model's crop window in the input and placed on an input-sized canvas."""
-    from PIL import Image
-
     aspect = spec.size.width_px / spec.size.height_px
     window = eval_windows(np.array([size], dtype=np.int64), spec.eval_crop_fraction, aspect)
     (x, y), (w, h) = window.anchor[0], window.shape[0]
-    if spec.task == "depth":  # bilinear in float, then back to the map's integer values
-        resized = np.asarray(
-            Image.fromarray(values.astype(np.float32), mode="F").resize((w, h), Image.Resampling.BILINEAR)
-        )
-        resized = depth_codes(resized, spec.map_fill)  # a blend of two codes never lands on no-data
-    else:  # class ids: nearest, never a blend of two ids; output pixel u takes floor((u + 0.5) * in / out)
-        rows = ((2 * np.arange(h) + 1) * values.shape[0]) // (2 * h)
-        cols = ((2 * np.arange(w) + 1) * values.shape[1]) // (2 * w)
-        resized = values[np.ix_(rows, cols)]
+    resized = _head(spec).resize_map(values, int(w), int(h))
     canvas = np.full((size[1], size[0]), spec.map_fill, dtype=values.dtype)
     canvas[y : y + h, x : x + w] = resized
     return canvas
 
 
 def dense_map(row: np.ndarray, spec, size: tuple[int, int], where: str) -> np.ndarray:
-    """The map of one output row at the model's size, or at the input's ``size`` (width, height)."""
-    values = _map_values(row, spec)
+    """The map of one output row ``(C, H, W)`` at the model's size, or at the input's ``size`` (width, height)."""
+    values = _head(spec).map_values(row)
     return values if where == "model" else _at_input_size(values, spec, size)
 
 
@@ -206,10 +130,10 @@ def dense_json(model_name: str, logits: np.ndarray, spec, sizes: list[tuple[int,
     "height", "depth" | "mask": [[...], ...]}, ...]}``; each map's text comes from
     :func:`~gpufeed.server._map_json.int_map_json`.
     """
-    key = "depth" if spec.task == "depth" else "mask"
-    unit = {"depth_scale": spec.depth_scale} if spec.task == "depth" else {"labels": list(spec.labels)}
-    head = json_bytes({"model": model_name, "task": spec.task, "size": where, **unit})
-    parts = [head[:-1], b',"predictions":[']
+    dense = _head(spec)
+    key = dense.map_key
+    opening = json_bytes({"model": model_name, "task": spec.task, "size": where, **dense.map_facts()})
+    parts = [opening[:-1], b',"predictions":[']
     for i, (row, size) in enumerate(zip(logits, sizes, strict=True)):
         values = dense_map(row, spec, size, where)
         facts = json_bytes({"image": i, "width": int(values.shape[1]), "height": int(values.shape[0])})

@@ -3,9 +3,11 @@
 The service is the one Triton and KServe speak (their protos are wire-compatible); the message and
 stub modules are the generated ones that ship in ``tritonclient[grpc]`` (``service_pb2``,
 ``service_pb2_grpc``, ``model_config_pb2``), installed by the ``grpc`` extra. grpcio's asyncio server
-(``grpc.aio``) is started and stopped by the HTTP app's lifespan, on uvicorn's event loop, so both
-front ends share the model batchers, the parser threads, the limits, the token, the metrics and
-the drain, through the one :class:`~gpufeed.server._dataplane.DataPlane`. Implemented: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
+(``grpc.aio``) is started and stopped beside the HTTP front, as its peer, by
+:class:`~gpufeed.server._server.ModelServer`, on the one event loop, so both front ends share the
+model batchers, the parser threads, the limits, the token, the metrics and the drain, through the
+one :class:`~gpufeed.server._dataplane.DataPlane`; the data plane makes the output tensors and this
+front only encodes them as protobuf. Implemented: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
 ModelInfer, and Triton's ModelConfig, ModelStatistics and RepositoryIndex; any other method
 answers UNIMPLEMENTED.
 
@@ -31,21 +33,17 @@ vocabulary), and timed in ``gpufeed_server_request_seconds{protocol="grpc"}``.
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpufeed.server._access import AccessGuard
+from gpufeed.server._accounting import RequestAccount
 from gpufeed.server._dataplane import DataPlane
-from gpufeed.server._dense import output_tensors
-from gpufeed.server._errors import REASONS, RequestError
+from gpufeed.server._errors import RequestError
 from gpufeed.server._grpc_tensors import infer_response
 from gpufeed.server._requests import grpc_items
 
 __all__ = ["EXTRA_HINT", "GrpcFront", "require_grpc"]
-
-log = logging.getLogger("gpufeed.server")
 
 EXTRA_HINT = "pip install 'gpufeed[grpc]' (grpcio and tritonclient[grpc])"
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})
@@ -80,7 +78,7 @@ class GrpcFront:
     """The gRPC server: built, bound and started by :meth:`start` on the running event loop.
 
     Args:
-        plane: The HTTP app's :class:`~gpufeed.server._dataplane.DataPlane` (models, parser threads, metrics).
+        plane: The server's :class:`~gpufeed.server._dataplane.DataPlane` (models, parser threads, metrics), shared with HTTP.
         token: The bearer token, or ``None`` for open access.
         host, port: Where to listen (port 0: a free one; :attr:`port` is the bound one after start).
         announce: Called with one line once the port is bound.
@@ -146,9 +144,7 @@ class _Service(_service_base()):  # type: ignore[misc]  # a base class made at i
 
     # -- plumbing ---------------------------------------------------------------------------------
 
-    def _refusal(self, err: RequestError, model: str) -> _Abort:
-        if err.reason in REASONS:  # as the HTTP side counts (a model still loading is not a refusal)
-            self.plane.metrics.count_error(model, err.reason)
+    def _abort_of(self, err: RequestError) -> _Abort:
         trailers = [("retry-after", v) for k, v in err.headers.items() if k.lower() == "retry-after"]
         code = self.front.codes.get(err.status, self.front.grpc.StatusCode.INTERNAL)
         return _Abort(code, err.message, err.status, trailers)
@@ -164,28 +160,27 @@ class _Service(_service_base()):  # type: ignore[misc]  # a base class made at i
             raise _Abort(self.front.grpc.StatusCode.UNAUTHENTICATED, message.replace("header", "metadata"), 401)
 
     async def _answer(
-        self, context, method: str, model: str, handler: Callable[[], Awaitable[Any]], status: list[int] | None = None
+        self, context, method: str, account: RequestAccount, handler: Callable[[], Awaitable[Any]]
     ) -> Any:
         """Run ``handler()``; turn refusals into their status and anything unexpected into INTERNAL.
 
-        ``status[0]``, when given, gets the HTTP equivalent of the answer (for the request metrics).
+        ``account`` (:mod:`._accounting`, as the HTTP front keeps it) counts the refusal or the
+        failure and gets the HTTP equivalent of the answer as its status.
         """
         try:
-            self._check_token(context, method, model)
+            self._check_token(context, method, account.model)
             response = await handler()
-            if status is not None:
-                status[0] = 200
+            account.status = 200
             return response
         except _Abort as err:
             abort = err
         except RequestError as err:
-            abort = self._refusal(err, model)
+            account.refused(err)
+            abort = self._abort_of(err)
         except Exception as err:
-            log.exception("internal error handling gRPC %s", method)
-            self.plane.metrics.count_error(model, "internal")
+            account.failed(f"gRPC {method}")
             abort = _Abort(self.front.grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}", 500)
-        if status is not None:
-            status[0] = abort.status
+        account.status = abort.status
         if abort.trailers:
             context.set_trailing_metadata(abort.trailers)
         await context.abort(abort.code, abort.message)
@@ -196,7 +191,7 @@ class _Service(_service_base()):  # type: ignore[misc]  # a base class made at i
         async def handler() -> Any:
             return make()
 
-        return await self._answer(context, method, model, handler)
+        return await self._answer(context, method, RequestAccount(self.plane.metrics, model, None), handler)
 
     # -- health and metadata ----------------------------------------------------------------------
 
@@ -263,16 +258,15 @@ class _Service(_service_base()):  # type: ignore[misc]  # a base class made at i
     # -- inference --------------------------------------------------------------------------------
 
     async def ModelInfer(self, request, context):
-        started, name = time.perf_counter(), request.model_name
-        status = [499]  # stays so when the client cancels (or its deadline passes) mid-request
+        account = RequestAccount(self.plane.metrics, request.model_name, "grpc")
+        account.status = 499  # stays so when the client cancels (or its deadline passes) mid-request
         try:
-            return await self._answer(context, "ModelInfer", name, lambda: self._infer(request, started), status)
+            return await self._answer(context, "ModelInfer", account, lambda: self._infer(request, account.started))
         finally:
-            self.plane.metrics.observe_request(name, "grpc", status[0], time.perf_counter() - started)
+            account.close()
 
     async def _infer(self, request, started: float):
         async with self.plane.inference(request.model_name, request.model_version, started) as call:
             parsed, items = await call.validate(grpc_items, request)
-            logits = await call.infer(items)
-            tensors = output_tensors(logits, call.model.card.spec, parsed.outputs)
-            return infer_response(self.pb2, call.model.name, parsed, tensors, call.model.card.labels)
+            outputs = await call.infer(items, parsed.outputs)
+            return infer_response(self.pb2, call.model.name, parsed, outputs, call.model.card.labels)

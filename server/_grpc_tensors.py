@@ -16,6 +16,7 @@ Nothing here imports grpc; the message classes come from tritonclient's generate
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -165,7 +166,7 @@ def infer_request(message, max_elements: int | None = None) -> InferRequest:
     return InferRequest(id=message.id or None, inputs=inputs, outputs=outputs, parameters=request_params)
 
 
-def infer_response(pb2, model_name: str, request: InferRequest, tensors: dict[str, np.ndarray], labels) -> object:
+def infer_response(pb2, model_name: str, request: InferRequest, tensors: Mapping[str, np.ndarray], labels) -> object:
     """A ``ModelInferResponse`` with the requested outputs (all by default) as ``raw_output_contents``.
 
     Raises:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ def classification(values: np.ndarray, k: int, labels: tuple[str, ...]) -> np.nd
 def encode_response(
     model_name: str,
     request: InferRequest,
-    tensors: dict[str, np.ndarray],
+    tensors: Mapping[str, np.ndarray],
     labels: tuple[str, ...],
 ) -> tuple[bytes, dict[str, str]]:
     """Body and headers of an infer response holding the requested ``tensors`` (name -> array)."""

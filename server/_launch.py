@@ -11,7 +11,7 @@ Graceful shutdown (SIGTERM or SIGINT, or ``RunningServer.stop()``), by :class:`D
    load balancers can see it; responses carry ``Connection: close``;
 2. after ``serve.shutdown_delay_seconds``, once every admitted request has its answer (bounded
    by ``serve.request_timeout_seconds``: a request that waits longer has had its 504), uvicorn
-   stops accepting, closes idle connections and the lifespan hook releases the models;
+   stops accepting, closes idle connections, and the model server (:mod:`._server`) releases the models;
 3. the process exits 0. uvicorn would re-raise the signal after a graceful shutdown (exit status
    143 for SIGTERM); a drain that answered everything is a success, so it exits 0 instead. A
    second signal forces the exit at once (status 128 + the signal), and a drain that timed out
@@ -19,9 +19,9 @@ Graceful shutdown (SIGTERM or SIGINT, or ``RunningServer.stop()``), by :class:`D
 
 The socket is bound before uvicorn starts, so port 0 (a free port) works and the bound address is
 known (and printed) before the first request. With a gRPC port (``serve.grpc_port``, ``--grpc-port``)
-the app's lifespan also starts KServe v2 over gRPC (:mod:`._grpc`) on uvicorn's event loop; it is
-drained with HTTP (new calls UNAVAILABLE, calls in flight answered) and stopped before the models
-are released.
+KServe v2 over gRPC (:mod:`._grpc`) is started beside HTTP, as its peer, by
+:class:`~gpufeed.server._server.ModelServer` on the same event loop; it is drained with HTTP (new
+calls UNAVAILABLE, calls in flight answered) and stopped before the models are released.
 """
 
 from __future__ import annotations
@@ -41,8 +41,11 @@ from gpufeed.config import Config, ServeConfig
 from gpufeed.device import resolve_device
 from gpufeed.server._access import load_token
 from gpufeed.server._app import build_app
+from gpufeed.server._dataplane import DataPlane
+from gpufeed.server._offload import ParsePool
 from gpufeed.server._protocol import http_protocol
 from gpufeed.server._repo import load_repository
+from gpufeed.server._server import ModelServer
 from gpufeed.server._state import ServingState
 
 __all__ = ["RunningServer", "ServerStartError", "serve_forever", "start_server"]
@@ -181,7 +184,8 @@ def _prepare(repo, model, cfg, host, port, device, grpc_port=None, announce=None
             "(set serve.auth_token_file or GPUFEED_SERVE_TOKEN)",
             host,
         )
-    app = build_app(state, token=token, grpc_port=grpc_port, grpc_host=host, announce=announce)
+    plane = DataPlane(state, ParsePool())
+    app = build_app(state, token=token, plane=plane)
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -195,7 +199,9 @@ def _prepare(repo, model, cfg, host, port, device, grpc_port=None, announce=None
         ),
     )
     url_host = f"[{host}]" if ":" in host else host
-    return state, DrainingServer(config, state), sock, f"http://{url_host}:{bound}", bound, app
+    server = DrainingServer(config, state)
+    peers = ModelServer(state, plane, server, grpc_port=grpc_port, grpc_host=host, token=token, announce=announce)
+    return state, server, sock, f"http://{url_host}:{bound}", bound, peers
 
 
 def _is_loopback(host: str) -> bool:
@@ -229,10 +235,10 @@ class RunningServer:
         self.sock.close()
 
 
-def _run_in_thread(server, sock) -> None:
-    # uvicorn answers a failed startup (the gRPC port taken) with SystemExit; start_server reports why.
+def _run_in_thread(peers: ModelServer, sock) -> None:
+    # uvicorn answers a failed startup with SystemExit; start_server reports why.
     with contextlib.suppress(SystemExit):
-        server.run(sockets=[sock])
+        peers.run([sock])
 
 
 def _watch_loading(state, server) -> None:
@@ -267,16 +273,16 @@ def start_server(
         gpufeed.server.ModelRepoError: The repository or a model card is invalid.
     """
     cfg = cfg or Config()
-    state, server, sock, url, bound, app = _prepare(repo, model, cfg, host, port, device, grpc_port)
-    thread = threading.Thread(target=_run_in_thread, args=(server, sock), name="gpufeed-uvicorn", daemon=True)
+    state, server, sock, url, bound, peers = _prepare(repo, model, cfg, host, port, device, grpc_port)
+    thread = threading.Thread(target=_run_in_thread, args=(peers, sock), name="gpufeed-uvicorn", daemon=True)
     thread.start()
     running = RunningServer(url, bound, state, server, thread, sock)
     deadline = time.monotonic() + ready_timeout
     while not state.loaded.wait(0.05):
-        # The app's startup failed (the gRPC port could not be bound): loading never starts.
-        if app.state.grpc_error is not None or not thread.is_alive():
+        # The server's start failed (the gRPC port could not be bound): loading never starts.
+        if peers.start_error is not None or not thread.is_alive():
             running.stop()
-            raise ServerStartError(str(app.state.grpc_error or "uvicorn stopped before the models were loaded"))
+            raise ServerStartError(str(peers.start_error or "uvicorn stopped before the models were loaded"))
         if time.monotonic() > deadline:
             running.stop()
             raise ServerStartError(f"the models were not loaded within {ready_timeout:g} s")
@@ -287,11 +293,11 @@ def start_server(
         time.sleep(0.01)
     if not server.started:
         running.stop()
-        if app.state.grpc_error is not None:
-            raise ServerStartError(str(app.state.grpc_error))
+        if peers.start_error is not None:
+            raise ServerStartError(str(peers.start_error))
         raise ServerStartError("uvicorn did not start")
-    if app.state.grpc is not None:
-        running.grpc_port = app.state.grpc.port
+    if peers.grpc is not None:
+        running.grpc_port = peers.grpc.port
     return running
 
 
@@ -315,19 +321,16 @@ def serve_forever(
         ServerStartError: As :func:`start_server`.
     """
     cfg = cfg or Config()
-    state, server, sock, url, _, app = _prepare(repo, model, cfg, host, port, None, grpc_port, announce)
+    state, server, sock, url, _, peers = _prepare(repo, model, cfg, host, port, None, grpc_port, announce)
     names = ", ".join(state.entries)
     announce(f"gpufeed serve: listening on {url} (models: {names}); ready at {url}/v2/health/ready once warmed up")
     threading.Thread(target=_watch_loading, args=(state, server), daemon=True).start()
     try:
-        server.run(sockets=[sock])
-    except SystemExit:  # uvicorn exits 3 when the app's startup fails: say why, in one line
-        if app.state.grpc_error is None:
-            raise
+        peers.run([sock])
     finally:
         sock.close()
     if state.load_error is not None:
         raise ServerStartError(f"a model failed to load: {state.load_error}") from state.load_error
-    if app.state.grpc_error is not None:
-        raise ServerStartError(str(app.state.grpc_error))
+    if peers.start_error is not None:
+        raise ServerStartError(str(peers.start_error))
     return server.exit_status

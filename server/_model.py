@@ -32,14 +32,14 @@ from typing import Any
 import numpy as np
 
 from gpufeed.models import ModelCard
-from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.server._batcher import Batch, Batcher
 from gpufeed.server._errors import RequestError
 from gpufeed.server._metrics import ServerMetrics
 from gpufeed.server._preprocess import ImageDecoder
-from gpufeed.server._runtime import OnnxRunner, RunningCount, served_batch_sizes
+from gpufeed.server._runtime import OnnxRunner, served_batch_sizes
+from gpufeed.server._threads import ThreadBudget
 
-__all__ = ["Item", "ServedModel", "scores_from_logits"]
+__all__ = ["Item", "ServedModel"]
 
 log = logging.getLogger("gpufeed.server")
 
@@ -61,10 +61,6 @@ class _Lane:
     # A CUDA stream of its own on a GPU: on torch's legacy default stream, which every thread
     # shares and which waits for all other work, one lane's synchronisation waited for the other's.
     stream: Any = None  # torch.cuda.Stream
-
-
-# Batches of this process between the start of their decode and the end of their inference.
-_BATCHES = RunningCount()
 
 
 @dataclass(frozen=True)
@@ -103,16 +99,6 @@ def _split_rows(items: list[Item], live: list[int]) -> tuple[list[int], list[byt
     return encoded, blobs, decoded, pixels
 
 
-def scores_from_logits(logits: np.ndarray, multilabel: bool) -> np.ndarray:
-    """Probabilities from logits: sigmoid per class (multilabel) or softmax over classes."""
-    logits = np.asarray(logits, dtype=np.float32)
-    if multilabel:
-        return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    e = np.exp(shifted)
-    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
-
-
 def _warmup_image(width_px: int, height_px: int) -> bytes:
     from PIL import Image
 
@@ -133,33 +119,35 @@ class ServedModel:
         cfg: :class:`gpufeed.config.ServeConfig`.
         device: :class:`gpufeed.device.DeviceChoice`.
         metrics: The server's metrics.
+        budget: The server's thread budget, shared by its models (default: one of its own,
+            :meth:`ThreadBudget.resolve` of ``cfg`` and ``device``).
         decoder_options: The image decoders' ``mixed`` arguments, the evaluation loader's
             (:func:`gpufeed.pipelines._image_pipeline.eval_decoder_options`); ``None``: those of
             the default config.
     """
 
     def __init__(
-        self, name: str, model_dir: Path, card: ModelCard, cfg, device, metrics: ServerMetrics, decoder_options=None
+        self,
+        name: str,
+        model_dir: Path,
+        card: ModelCard,
+        cfg,
+        device,
+        metrics: ServerMetrics,
+        budget: ThreadBudget | None = None,
+        decoder_options=None,
     ) -> None:
         self.name, self.dir, self.card, self.cfg, self.metrics = name, Path(model_dir), card, cfg, metrics
+        self.head = card.spec.head
         self.ready = False
         # One lane (decoder + input buffer) per batcher worker, so batches can overlap: on a GPU one
-        # decodes while another runs the model; on the CPU two batches side by side each run on
-        # their share of the cores, which costs less CPU per row than one batch split over all of
-        # them (measured for ResNet-18 on two cores: about 10 % less). A batch that starts while no
-        # other is in inference (a lone client) gets every core instead (OnnxRunner.run), so low
-        # load does not pay the split in latency.
-        self.workers = cfg.workers_per_model or 2
-        on_cpu = not device.is_gpu or cfg.execution_provider == "cpu"
-        cores = default_num_threads()
-        share = max(1, cores // self.workers)
-        threads = cfg.inference_threads or (share if on_cpu else 0)
-        threads_alone = (cfg.inference_threads_alone or cores) if on_cpu else 0
-        # Lanes decoding side by side each keep to their share of the cores. A batch that starts
-        # alone decodes on every core instead, its images cut into bands where that gives the same
-        # pixels (server/_preprocess.py): one DALI thread per image would leave the others idle.
-        self.decode_threads = cfg.decode_threads or share
-        decode_alone = cfg.decode_threads_alone or cores
+        # decodes while another runs the model; on the CPU each keeps to its share of the cores, and
+        # a batch that starts alone takes every core (server/_threads.py).
+        self.budget = budget = budget or ThreadBudget.resolve(cfg, device)
+        self.workers = budget.workers
+        threads, threads_alone = budget.inference_shared, budget.inference_alone
+        self.decode_threads = budget.decode_shared
+        decode_alone = budget.decode_alone
         self.runner = OnnxRunner(
             model_dir,
             card,
@@ -170,13 +158,14 @@ class ServedModel:
             served_batch_sizes(card, cfg.batch_sizes),
             tf32=cfg.cuda_tf32,
             threads_alone=threads_alone,
+            inferences=budget.inferences,
         )
         self.batch_sizes = self.runner.batch_sizes
         self.on_gpu = self.runner.on_gpu
         self._lanes: queue.SimpleQueue[_Lane] = queue.SimpleQueue()
         for _ in range(self.workers):
             decoder = None
-            if card.spec.task != "clip":  # image and dense models decode JPEG/PNG themselves
+            if self.head.accepts_encoded:  # image and dense models decode JPEG/PNG themselves
                 decoder = ImageDecoder(
                     card.spec.size,
                     card.spec.eval_crop_fraction,
@@ -186,9 +175,8 @@ class ServedModel:
                     decoder_options,
                 )
             self._lanes.put(_Lane(decoder, self.runner.new_batch(), _lane_stream(device) if self.on_gpu else None))
-        self.accepts_encoded = card.spec.task != "clip"
         self._decoder_alone = None  # used by one batch at a time: only one can start alone
-        if self.accepts_encoded and not self.on_gpu and decode_alone > self.decode_threads:
+        if self.head.accepts_encoded and not self.on_gpu and decode_alone > self.decode_threads:
             self._decoder_alone = ImageDecoder(
                 card.spec.size,
                 card.spec.eval_crop_fraction,
@@ -282,7 +270,7 @@ class ServedModel:
     def _run_in_lane(
         self, lane: _Lane, items: list[Item], alone: bool | None = None
     ) -> list[np.ndarray | BaseException]:
-        with _BATCHES.one() as first:
+        with self.budget.batches.one() as first:
             alone = first if alone is None else alone
             if lane.stream is None:
                 return self._run_lane_items(lane, items, alone)
@@ -340,7 +328,7 @@ class ServedModel:
 
     def warm_up(self) -> None:
         """Run ``serve.warmup_batches`` full batches of every batch size end to end, then mark the model ready."""
-        if self.accepts_encoded:
+        if self.head.accepts_encoded:
             width, height = self.card.spec.size
             image = _warmup_image(width, height)
             size = (width * 2, height * 2)

@@ -16,7 +16,8 @@ image or tensor fails its own request with a 4xx and never reaches a batch.
 
 KServe inputs a model accepts (``GET /v2/models/{name}`` lists them):
 
-* ``image``: BYTES, shape ``[k]`` or ``[k, 1]``, encoded JPEG/PNG (image models only): raw bytes
+* ``image``: BYTES, shape ``[k]`` or ``[k, 1]``, encoded JPEG/PNG (models whose head accepts
+  them: image and dense models): raw bytes
   (binary tensor data, gRPC), or base64 text (``parameters.content_type: "base64"``; a JSON string
   with no content type is read as base64 too, since UTF-8 text is never a JPEG or PNG);
 * the model card's input name (``pixels``): UINT8, shape ``[k, *sample_shape]``, already decoded
@@ -60,7 +61,7 @@ IMAGE_TYPES = ("image/jpeg", "image/jpg", "image/png")
 def kserve_inputs(card: ModelCard) -> list[dict]:
     """A model's inputs in KServe model-metadata form (``-1``: any number of rows)."""
     inputs = [{"name": card.input_name, "datatype": "UINT8", "shape": [-1, *card.sample_shape]}]
-    if card.spec.task != "clip":  # image and dense models also decode JPEG/PNG themselves
+    if card.spec.head.accepts_encoded:  # image and dense models also decode JPEG/PNG themselves
         inputs.insert(0, {"name": ENCODED_INPUT, "datatype": "BYTES", "shape": [-1, 1]})
     return inputs
 
@@ -76,10 +77,10 @@ def _check_count(count: int, limit: int, where: str) -> None:
 
 def items_from_images(model: ServedModel, blobs: list[bytes], max_pixels: int, limit: int, where: str) -> list[Item]:
     """Validate encoded images (``where`` names them in errors, e.g. ``"input 'image'"``)."""
-    if not model.accepts_encoded:
+    if not model.head.accepts_encoded:
         raise RequestError(
             "unsupported_media_type",
-            f"model {model.name!r} is a clip model: it takes decoded UINT8 tensors "
+            f"model {model.name!r} is a {model.head.kind} model: it takes decoded UINT8 tensors "
             f"{[-1, *model.card.sample_shape]} as input {model.card.input_name!r} of POST /v2/models/{model.name}/infer",
         )
     _check_count(len(blobs), limit, where)
@@ -102,7 +103,7 @@ def items_from_kserve(model: ServedModel, request: InferRequest, max_pixels: int
         )
     tensor = request.inputs[0]
     where = f"input '{tensor.name}'"
-    if tensor.name == ENCODED_INPUT and model.accepts_encoded:
+    if tensor.name == ENCODED_INPUT and model.head.accepts_encoded:
         if tensor.datatype != "BYTES":
             raise RequestError("bad_dtype", f"{where} must be BYTES (encoded JPEG/PNG), got {tensor.datatype}")
         if len(tensor.shape) not in (1, 2) or (len(tensor.shape) == 2 and tensor.shape[1] != 1):
@@ -134,7 +135,7 @@ def items_from_kserve(model: ServedModel, request: InferRequest, max_pixels: int
     if tensor.name == ENCODED_INPUT:
         raise RequestError(
             "bad_dtype",
-            f"model {model.name!r} is a clip model: it takes UINT8 input {card.input_name!r} "
+            f"model {model.name!r} is a {model.head.kind} model: it takes UINT8 input {card.input_name!r} "
             f"{[-1, *card.sample_shape]}, not encoded images",
         )
     raise RequestError("malformed_request", f"model {model.name!r} has no input {tensor.name!r}; inputs: {allowed}")

@@ -24,15 +24,15 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from gpufeed.models import ModelCard
 from gpufeed.models._card import BATCH_DIM, ONNX_FILE
+from gpufeed.server._threads import RunningCount
 
-__all__ = ["OnnxRunner", "RunningCount", "RuntimeSetupError", "served_batch_sizes"]
+__all__ = ["OnnxRunner", "RuntimeSetupError", "served_batch_sizes"]
 
 log = logging.getLogger("gpufeed.server")
 
@@ -101,30 +101,6 @@ def _with_cache_folder(providers: list, size: int) -> list:
     return out
 
 
-class RunningCount:
-    """How many units of some work this process is running now, over every thread that runs one.
-
-    The server's thread budgets follow it: work that starts while nothing else of its kind runs
-    may take every core (:meth:`OnnxRunner.run`'s sessions, the model's decoder for lone batches).
-    """
-
-    def __init__(self) -> None:
-        self._count = 0
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def one(self) -> Iterator[bool]:
-        """Count one unit while the block runs; yields True when no other was running (it is alone)."""
-        with self._lock:
-            alone = self._count == 0
-            self._count += 1
-        try:
-            yield alone
-        finally:
-            with self._lock:
-                self._count -= 1
-
-
 class OnnxRunner:
     """onnxruntime sessions for a model folder, one per batch size, fed uint8 batches of those sizes.
 
@@ -135,11 +111,13 @@ class OnnxRunner:
         provider: ``auto``, ``cpu``, ``cuda`` or ``tensorrt`` (``serve.execution_provider``).
         threads: onnxruntime intra-op threads of a batch that runs beside others (the shared budget
             of one lane); 0 keeps onnxruntime's default.
-        threads_alone: Intra-op threads of a batch that starts while no other batch of this process
+        threads_alone: Intra-op threads of a batch that starts while no other batch of the server
             is in inference (see :meth:`run`); 0 or not above ``threads``: no second set of sessions.
         tensorrt_cache_dir: Engine cache for the TensorRT provider (``None``: no cache).
         batch_sizes: The sizes to load, a subset of the card's that holds its largest (see
             :func:`served_batch_sizes`); default: every size of the card.
+        inferences: The server's batches in inference, over every runner (its
+            :class:`~gpufeed.server._threads.ThreadBudget`'s); default: a count of this runner's own.
 
     Attributes:
         batch_sizes: The sizes this runner runs, ascending; the last is the card's largest.
@@ -148,9 +126,6 @@ class OnnxRunner:
         threads: ``{"alone": n, "shared": m}``: the intra-op threads each kind of batch gets (0:
             onnxruntime's default).
     """
-
-    # Batches in inference in this process, over every runner: the load that picks a session.
-    _in_inference = RunningCount()
 
     def __init__(
         self,
@@ -163,8 +138,10 @@ class OnnxRunner:
         batch_sizes: tuple[int, ...] | None = None,
         tf32: bool = False,
         threads_alone: int = 0,
+        inferences: RunningCount | None = None,
     ) -> None:
         self.card = card
+        self.inferences = inferences or RunningCount()  # the load that picks a session
         self.device = device
         self.path = Path(model_dir) / ONNX_FILE
         sizes = tuple(batch_sizes or card.batch_sizes)
@@ -293,8 +270,8 @@ class OnnxRunner:
     @contextlib.contextmanager
     def _host_session(self, size: int):
         """The session for a batch of ``size`` on the CPU, held while it runs: the all-cores one when no
-        other batch of this process is in inference, else the shared one."""
-        with OnnxRunner._in_inference.one() as alone:
+        other batch of the server is in inference, else the shared one."""
+        with self.inferences.one() as alone:
             yield self.sessions_alone.get(size, self.sessions[size]) if alone else self.sessions[size]
 
     def _run_on_host(self, size: int, batch: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ from gpufeed.server._errors import RequestError
 from gpufeed.server._metrics import ServerMetrics
 from gpufeed.server._model import ServedModel
 from gpufeed.server._repo import ModelEntry
+from gpufeed.server._threads import ThreadBudget
 
 __all__ = ["ServingState"]
 
@@ -35,6 +36,9 @@ class ServingState:
         decoder_options: The image decoders' ``mixed`` arguments: the evaluation loader's, from
             :func:`gpufeed.pipelines._image_pipeline.eval_decoder_options` (the server passes its
             config's ``loader.hw_decoder_load``); ``None``: those of the default config.
+
+    Attributes:
+        budget: The thread budget, resolved once here and handed to every model.
     """
 
     def __init__(self, entries: list[ModelEntry], cfg, device, decoder_options: dict | None = None) -> None:
@@ -43,6 +47,7 @@ class ServingState:
             raise ValueError(f"model names must be unique, got {names}")
         self.entries = {e.name: e for e in entries}
         self.cfg, self.device, self.decoder_options = cfg, device, decoder_options
+        self.budget = ThreadBudget.resolve(cfg, device)
         self.metrics = ServerMetrics({e.name: e.card.batch_size for e in entries})
         self.models: dict[str, ServedModel] = {}
         self.load_error: BaseException | None = None
@@ -99,7 +104,14 @@ class ServingState:
         try:
             for name, entry in self.entries.items():
                 model = ServedModel(
-                    name, entry.dir, entry.card, self.cfg, self.device, self.metrics, self.decoder_options
+                    name,
+                    entry.dir,
+                    entry.card,
+                    self.cfg,
+                    self.device,
+                    self.metrics,
+                    self.budget,
+                    self.decoder_options,
                 )
                 model.warm_up()
                 self.models[name] = model

@@ -7,8 +7,10 @@ it (perf_analyzer, model analyzer) see what the server really does:
 
 * ``max_batch_size``: the largest batch the model executes (the card's largest batch size); a
   request may carry up to ``serve.max_images_per_request`` rows, which the server splits;
-* ``input``: ``image`` (``TYPE_STRING``, encoded JPEG/PNG, image models) and the card's UINT8
-  input, each ``optional`` when there are two (a request sends exactly one of them);
+* ``input``: ``image`` (``TYPE_STRING``, encoded JPEG/PNG, for a model whose head accepts them)
+  and the card's UINT8 input, each ``optional`` when there are two (a request sends exactly one);
+* ``output``: the head's output tensors (``logits`` and ``scores`` of a classifier, a dense
+  model's maps), as the KServe model metadata lists them;
 * ``dynamic_batching``: the batch sizes the model runs at as ``preferred_batch_size``, ``serve.max_delay_ms``
   as the queue delay, ``serve.queue_capacity`` (images) and ``serve.request_timeout_seconds`` as
   the queue policy;
@@ -22,6 +24,8 @@ load and unload are refused, and ``model_repository`` is not among the advertise
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from gpufeed.models import OutputTensor
 
 if TYPE_CHECKING:
     from gpufeed.server._state import ServingState
@@ -62,11 +66,11 @@ def _input(name: str, data_type: str, dims: list[int], fmt: str, optional: bool,
     return entry
 
 
-def _output(name: str, classes: int) -> dict:
+def _output(tensor: OutputTensor) -> dict:
     return {
-        "name": name,
-        "data_type": "TYPE_FP32",
-        "dims": [classes],
+        "name": tensor.name,
+        "data_type": f"TYPE_{tensor.datatype}",
+        "dims": list(tensor.shape),
         "label_filename": "",
         "is_shape_tensor": False,
         "is_non_linear_format_io": False,
@@ -87,7 +91,8 @@ def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, w
     """
     spec = card.spec
     sizes = tuple(sorted(batch_sizes)) if batch_sizes else batch_sizes_of(card)
-    encoded = spec.task != "clip"
+    head = spec.head
+    encoded = head.accepts_encoded
     sample = [int(d) for d in card.sample_shape]
     inputs = [
         _input(card.input_name, "TYPE_UINT8", sample, "FORMAT_NCHW" if len(sample) == 3 else "FORMAT_NONE", encoded)
@@ -114,7 +119,7 @@ def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, w
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": sizes[-1],
         "input": inputs,
-        "output": [_output("logits", spec.num_classes), _output("scores", spec.num_classes)],
+        "output": [_output(tensor) for tensor in head.outputs()],
         "batch_input": [],
         "batch_output": [],
         "optimization": {
@@ -181,7 +186,7 @@ def model_config_of(state: ServingState, name: str) -> dict[str, Any]:
     """Triton's model configuration of served model ``name`` (JSON form), loaded or not yet."""
     cfg, model = state.cfg, state.models.get(name)
     on_gpu = model.on_gpu if model is not None else state.device.is_gpu
-    workers = model.workers if model is not None else cfg.workers_per_model or 2
+    workers = model.workers if model is not None else state.budget.workers
     sizes = model.batch_sizes if model is not None else None
     card = state.entries[name].card
     return model_config(

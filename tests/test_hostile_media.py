@@ -22,12 +22,13 @@ from videohelp import write_tagged_store
 
 from gpufeed.config import LoaderConfig, VideoConfig
 from gpufeed.device import DeviceChoice
+from gpufeed.models._dense_heads import depth_codes
 from gpufeed.models._spec import ModelSpec
 from gpufeed.pipelines import BadSampleError, ClipLoader, PairedDataset, VideoDataset
 from gpufeed.pipelines._frame_limit import frame_refusal, header_size
 from gpufeed.pipelines._store_feed import ScaledJpegClips, StoreFrameFeed, StoreRef
 from gpufeed.pipelines._video_check import check_dataset
-from gpufeed.server._dense import check_json_map_pixels, dense_json, dense_map, dense_png, depth_codes
+from gpufeed.server._dense import check_json_map_pixels, dense_json, dense_map, dense_png
 from gpufeed.server._errors import RequestError
 from gpufeed.server._map_json import int_map_json
 

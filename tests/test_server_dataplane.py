@@ -92,6 +92,19 @@ def test_both_fronts_take_requests_through_the_data_plane():
         assert "gpufeed.server._batcher" not in imported, front
 
 
+def test_the_fronts_are_peers_and_keep_one_request_accounting():
+    """HTTP does not start gRPC: the model server starts both, and the models' loading; every front
+    counts and times its answers through one RequestAccount."""
+    assert {c[0] for c in _callers("observe_request")} == {"_accounting.py"}, _callers("observe_request")
+    assert {c for c in _callers("start_loading")} == {("_server.py", "ModelServer.serve")}
+    app = ast.parse((SERVER / "_app.py").read_text())
+    imported = {n.module for n in ast.walk(app) if isinstance(n, ast.ImportFrom)}
+    assert "gpufeed.server._grpc" not in imported, "the HTTP app neither imports nor starts the gRPC front"
+    grpc_made = {(path.name, node.lineno) for path in SERVER.glob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "GrpcFront"}  # fmt: skip
+    assert {name for name, _ in grpc_made} == {"_server.py"}, grpc_made
+
+
 def test_http_handlers_are_module_level_functions():
     import gpufeed.server._app as app_module
     from gpufeed.server._app import build_app
@@ -192,7 +205,7 @@ def test_every_protocol_reaches_the_batcher_through_the_data_plane(server, monke
     doc = {"inputs": [image], "outputs": [{"name": "logits"}]}
     kserve = httpx.post(f"{server.url}/v2/models/{IMAGE_MODEL}/infer", json=doc)
     assert kserve.status_code == 200, kserve.text
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.server.config.app.state.grpc.port}")
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     tensor = tgrpc.InferInput("image", [1], "BYTES")
     tensor.set_data_from_numpy(np.array([JPEG], dtype=object))
     logits = client.infer(IMAGE_MODEL, [tensor]).as_numpy("logits")

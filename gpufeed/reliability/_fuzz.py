@@ -157,7 +157,8 @@ class ValidRequestCheck:
         self.client = RawClient(host, port, headers)
         self.predict = f"/v1/models/{card.name}/predict?top_k={card.spec.num_classes}"
         self.answers: Counter[int] = Counter()
-        self.reference = self._jpeg_scores() if jpeg is not None and card.spec.task == "image" else None
+        head = card.spec.head  # the reference is a REST top-k answer: an image classifier's
+        self.reference = self._jpeg_scores() if jpeg is not None and head.accepts_encoded and head.classifies else None
 
     def _send(self, method, path, body=b"", headers=()) -> tuple[int, bytes]:
         status, _, data = self.client.request(method, path, body, headers)

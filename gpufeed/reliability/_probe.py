@@ -27,7 +27,8 @@ class Target:
 
     @classmethod
     def from_card(cls, card) -> Target:
-        return cls(card.name, card.input_name, tuple(card.sample_shape), card.spec.task == "image")
+        head = card.spec.head  # an image classifier: JPEG/PNG in, top-k classes out over REST
+        return cls(card.name, card.input_name, tuple(card.sample_shape), head.accepts_encoded and head.classifies)
 
 
 @dataclass(frozen=True)

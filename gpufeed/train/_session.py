@@ -34,7 +34,7 @@ from gpufeed.train._checkpoint import (
     threads_mismatch,
 )
 from gpufeed.train._data import build_data
-from gpufeed.train._dense import DENSE_TASKS, refuse_device_geometry
+from gpufeed.train._dense import refuse_device_geometry
 from gpufeed.train._distributed import (
     all_gather_objects,
     broadcast_object,
@@ -136,16 +136,16 @@ class Session:
         port = telemetry.metrics_port + self.dist.local_rank if telemetry.metrics_port else 0
         self.server = MetricsServer(self.metrics.registry, telemetry.metrics_host, port, self.run_dir, rank)
         try:
-            task_kind = default_spec(cfg.model.name).task
+            head = default_spec(cfg.model.name).head  # the network's task, before the data may refine it
         except ValueError as err:
             raise ConfigError("model.name", str(err)) from None
 
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         # One plan decides where each op runs, so none runs both in the loader and on the device.
-        augment = plan_augmentation(cfg.augment, clips=task_kind == "clip", dtype=self.amp_dtype)
-        if task_kind in DENSE_TASKS:
+        augment = plan_augmentation(cfg.augment, clips=head.takes_clips, dtype=self.amp_dtype)
+        if head.dense:
             refuse_device_geometry(augment.placement)
-        self.data = build_data(cfg, task_kind, self.device, self.dist, augment=augment.loader)
+        self.data = build_data(cfg, head.task, self.device, self.dist, augment=augment.loader)
         spec = dict(self.data.spec_overrides, mean=cfg.model.mean, std=cfg.model.std)
         model = create_model(cfg.model.name, **spec).to(self.device.torch_device)
         self.input_format = None

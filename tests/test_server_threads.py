@@ -1,0 +1,54 @@
+"""One thread budget, resolved when the server starts from ``serve`` and the device and handed to every model.
+
+The budget holds the shares (each lane's decoder and onnxruntime threads, and every core for a
+batch alone) and the two counts of the server's batches that say when a batch is alone; the
+models of one server share them, as the process-wide counters they replace were shared.
+"""
+
+from __future__ import annotations
+
+from _serving import IMAGE_MODEL, exported_repo
+
+from gpufeed.config import parse_config
+from gpufeed.device import DeviceChoice
+
+CPU = DeviceChoice("cpu", None, "test")
+
+
+def test_the_thread_budget_is_resolved_once_from_serve_and_the_device():
+    from gpufeed.server._threads import ThreadBudget
+
+    serve = parse_config(None).serve
+    assert ThreadBudget.resolve(serve, CPU, cores=8) == ThreadBudget(8, 2, 4, 8, 4, 8)
+    gpu = DeviceChoice("gpu", 0, "test")
+    assert ThreadBudget.resolve(serve, gpu, cores=8) == ThreadBudget(8, 2, 0, 0, 4, 8), (
+        "on a GPU: onnxruntime's threads"
+    )
+    given = parse_config(
+        {"serve": {"workers_per_model": 4, "inference_threads": 3, "decode_threads": 1, "decode_threads_alone": 2}}
+    ).serve
+    assert ThreadBudget.resolve(given, CPU, cores=8) == ThreadBudget(8, 4, 3, 8, 1, 2)
+
+
+def test_the_models_of_a_server_share_one_budget_and_its_load():
+    """A batch of one model in inference makes another model's batch take the shared session."""
+    from gpufeed.server._model import ServedModel
+    from gpufeed.server._repo import load_repository
+    from gpufeed.server._state import ServingState
+
+    cfg = parse_config({"serve": {"decode_threads": 1, "inference_threads": 1, "inference_threads_alone": 2}}).serve
+    state = ServingState(load_repository(exported_repo()), cfg, CPU)
+    entry = state.entries[IMAGE_MODEL]
+    first, second = (
+        ServedModel(entry.name, entry.dir, entry.card, cfg, CPU, state.metrics, state.budget) for _ in "ab"
+    )
+    try:
+        assert first.budget is second.budget is state.budget
+        runner = second.runner
+        with runner._host_session(2) as session:
+            assert session is runner.sessions_alone[2], "nothing else in inference: every core"
+        with first.runner.inferences.one(), runner._host_session(2) as session:
+            assert session is runner.sessions[2], "the other model's batch counts: the lane's share"
+    finally:
+        first.close()
+        second.close()
