@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from gpufeed.pipelines._errors import BAD_FILE_HINT, BadSampleError, DatasetError, PipelineError, dali_reason
-from gpufeed.pipelines._sampler import EpochPlan, PlanSpec, PlanStream, StreamBatch, plan_epoch
+from gpufeed.pipelines._sampler import EpochHistory, EpochPlan, PlanSpec, PlanStream, Segment, StreamBatch, plan_epoch
+from gpufeed.pipelines._shares import own_state, position_state
 
 __all__ = [
     "EpochLoader",
@@ -210,6 +211,7 @@ class EpochLoader:
         self.num_threads = loader_cfg.num_threads or loader_num_threads(train)
         self.epoch = 0
         self._start_batch = 0
+        self._history: EpochHistory | None = None  # segments other world sizes read (a resharded resume)
         self.skipped: dict[int, str] = {}
         self.read_failures: dict[int, str] = {}
         self.pipeline_builds = 0
@@ -265,6 +267,7 @@ class EpochLoader:
             batch_size=self.batch_size,
             last_batch=self.last_batch,
             excluded=self._excluded_plan_ids(),
+            history=self._history,
         )
 
     def _plan(self, start_batch: int) -> EpochPlan:
@@ -279,7 +282,12 @@ class EpochLoader:
             last_batch=self.last_batch,
             start_batch=start_batch,
             excluded=self._excluded_plan_ids(),
+            history=self.history_of(self.epoch),
         )
+
+    def history_of(self, epoch: int) -> tuple[Segment, ...]:
+        """The segments of ``epoch`` read by other world sizes before this loader's (none unless resumed so)."""
+        return self._history.of(epoch) if self._history is not None else ()
 
     def _epoch_plan(self, spec: PlanSpec, epoch: int) -> EpochPlan:
         """``spec``'s plan of ``epoch``, from the running pipeline's stream when it has it.
@@ -297,8 +305,9 @@ class EpochLoader:
         return self._epoch_plan(self._spec(), self.epoch).num_batches
 
     def set_epoch(self, epoch: int) -> None:
-        """Start the next iteration at the beginning of ``epoch``."""
-        self.epoch, self._start_batch = epoch, 0
+        """Start the next iteration at the beginning of ``epoch`` (of what remains of it, in a resharded resume)."""
+        history = self.history_of(epoch)
+        self.epoch, self._start_batch = epoch, history[-1].batch if history else 0
 
     def state_dict(self) -> dict:
         """Where the loader is: resume with :meth:`load_state_dict` on an identically built loader.
@@ -307,6 +316,10 @@ class EpochLoader:
         taken, that is the next epoch's first batch, even before the iterator has noticed the end
         (a checkpoint written right after an epoch's last step): a resume then starts the next epoch,
         never the finished one again.
+
+        ``shard``, ``consumed`` and ``history`` say how far this rank's share of the epoch got
+        (:mod:`gpufeed.pipelines._shares`): every rank's state together lets the epoch continue on
+        another number of ranks.
         """
         epoch, batch = self.epoch, self._start_batch
         if batch and batch >= len(self):
@@ -316,12 +329,26 @@ class EpochLoader:
             "batch": batch,
             "seed": self.seed,
             "read_failures": sorted(self.read_failures),
+            **position_state(self, epoch, batch),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("seed", self.seed) != self.seed:
-            raise ValueError(f"loader state was saved with seed {state['seed']}, this loader uses seed {self.seed}")
+    def load_state_dict(self, state: dict | list[dict]) -> None:
+        """Continue where :meth:`state_dict` said.
+
+        Args:
+            state: This rank's state (saved by the same shard of the same number of ranks), or
+                every rank's state in rank order, saved on any number of ranks: the epoch then
+                continues with each remaining sample read once across this loader's shards (see
+                :mod:`gpufeed.pipelines._sampler`).
+
+        Raises:
+            ValueError: Another seed, another shard's state alone, or rank states that do not
+                stand at one place.
+        """
+        state = own_state(self, state)
         self.epoch, self._start_batch = int(state["epoch"]), int(state["batch"])
+        segments = tuple(Segment.from_dict(d) for d in state.get("history", []))
+        self._history = EpochHistory(self.epoch, segments) if segments else None
         for sample_id in state.get("read_failures", []):
             why = "failed to decode before the resume"
             self.read_failures.setdefault(int(sample_id), why)

@@ -27,7 +27,7 @@ def test_training_learns_and_leaves_a_complete_run_folder(synth_dir, tmp_path, d
     assert result.step == 36 and result.epoch == 6, "6 epochs of 96 images in batches of 16"
     records = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 37))
-    assert set(STEP_FIELDS) - {"sample_ids"} == set(records[0])
+    assert set(STEP_FIELDS) - {"sample_ids", "padding_rows"} == set(records[0])
     first, last = records[:6], records[-6:]
     assert sum(r["loss"] for r in last) < 0.5 * sum(r["loss"] for r in first), "the loss falls"
     for r in records:

@@ -10,6 +10,12 @@ Before the process group starts, every rank says which device it drives (:func:`
 a rank that fell back to the CPU (a node without a visible GPU) while the others start NCCL would
 otherwise leave the whole job waiting in ``init_process_group`` until its timeout, with no word
 of why. Disagreeing ranks all stop with one error naming every rank, its host and its device.
+Once the loaders are built, the ranks compare their view of the data the same way
+(:mod:`gpufeed.train._agreement`): :func:`exchange_reports` is the mechanism both use.
+
+The rank and world size that pick each rank's share of the data are the process group's
+(:func:`group_dist_info`) whenever one is running, so a run inside a group the caller started
+shards by that group, not by environment variables.
 """
 
 from __future__ import annotations
@@ -35,7 +41,10 @@ __all__ = [
     "all_reduce_sum",
     "broadcast_object",
     "env_dist_info",
+    "exchange_reports",
+    "group_dist_info",
     "init_distributed",
+    "job_store",
     "shutdown_distributed",
 ]
 
@@ -79,19 +88,88 @@ def env_dist_info() -> DistInfo:
     return info
 
 
+def group_dist_info(env: DistInfo | None = None) -> DistInfo:
+    """This process's rank and world size from the running process group, else from the environment.
+
+    The local rank (which GPU, which metrics port) is always the launcher's ``LOCAL_RANK``.
+    """
+    env = env if env is not None else env_dist_info()
+    if not (dist.is_available() and dist.is_initialized()):
+        return env
+    return DistInfo(dist.get_rank(), dist.get_world_size(), env.local_rank)
+
+
 # How long a rank waits for the others to say which device they drive. Every rank reaches the
 # check right after the rendezvous (which already waited for all of them), so this only has to
 # cover the time between two ranks' rendezvous returning, not a slow start.
 AGREE_TIMEOUT_S = 120.0
 
 
-def _device_key(rank: int) -> str:
+def _report_key(topic: str, rank: int) -> str:
     # A torchrun restart (--max-restarts) may reuse the store: keys carry the attempt.
-    return f"gpufeed/device/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/rank{rank}"
+    return f"gpufeed/{topic}/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/rank{rank}"
 
 
 def _describe(report: dict) -> str:
     return f"rank {report['rank']} on {report['host']}: {report['device']}"
+
+
+class ReportTimeout(RuntimeError):
+    """Some ranks did not write their report to the store in time (``missing`` names them)."""
+
+    def __init__(self, message: str, missing: list[int]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+def exchange_reports(store, info: DistInfo, topic: str, report: dict, timeout_s: float = AGREE_TIMEOUT_S) -> list[dict]:
+    """Every rank's ``report`` on ``topic``, in rank order, through the job's store.
+
+    Each rank writes its report (JSON, with its ``rank`` and ``host`` added), waits for every
+    other rank's and reads them all. The store answers even where the process group would hang
+    (before it starts, or when a rank never reaches a collective), and a wait that times out
+    names the ranks that did not report.
+
+    Raises:
+        ReportTimeout: Ranks did not report within ``timeout_s`` (naming them).
+    """
+    mine = {"rank": info.rank, "host": socket.gethostname(), **report}
+    store.set(_report_key(topic, info.rank), json.dumps(mine))
+    keys = [_report_key(topic, rank) for rank in range(info.world_size)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    except Exception as err:  # the store raises DistStoreError (a RuntimeError) on a timeout
+        missing = [rank for rank in range(info.world_size) if not store.check([_report_key(topic, rank)])]
+        raise ReportTimeout(
+            f"rank {info.rank} waited {timeout_s:g} s for every rank's {topic.split('/')[0]}; rank(s) "
+            f"{', '.join(map(str, missing)) or '?'} did not report it ({str(err).splitlines()[0]})",
+            missing,
+        ) from err
+    return [json.loads(store.get(key)) for key in keys]
+
+
+def linger_for_readers(store, info: DistInfo, topic: str, timeout_s: float) -> None:
+    """Before every rank raises over a disagreement: rank 0 waits (briefly) until all have read the reports.
+
+    Rank 0 usually hosts the store, so the others stop with the disagreement's message rather
+    than a lost connection. A rank that died meanwhile ends the wait early.
+    """
+    store.set(_report_key(topic, info.rank) + "/read", "1")
+    if info.rank == 0:
+        with contextlib.suppress(Exception):
+            keys = [_report_key(topic, rank) + "/read" for rank in range(info.world_size)]
+            store.wait(keys, datetime.timedelta(seconds=min(timeout_s, 30.0)))
+
+
+def job_store():
+    """The running process group's store (``None`` without one): where ranks exchange reports."""
+    if not dist.is_initialized():
+        return None
+    try:
+        # A private torch helper, the only way to reach the store of a group someone else started.
+        return dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
 
 
 def agree_on_device(store, info: DistInfo, device: str, on_gpu: bool, timeout_s: float = AGREE_TIMEOUT_S) -> None:
@@ -112,28 +190,15 @@ def agree_on_device(store, info: DistInfo, device: str, on_gpu: bool, timeout_s:
         DeviceUnavailableError: The ranks disagree (every rank raises, naming each rank, its host
             and device), or some ranks did not report within ``timeout_s`` (naming them).
     """
-    report = {"rank": info.rank, "host": socket.gethostname(), "kind": "gpu" if on_gpu else "cpu", "device": device}
-    store.set(_device_key(info.rank), json.dumps(report))
-    keys = [_device_key(rank) for rank in range(info.world_size)]
+    report = {"kind": "gpu" if on_gpu else "cpu", "device": device}
     try:
-        store.wait(keys, datetime.timedelta(seconds=timeout_s))
-    except Exception as err:  # the store raises DistStoreError (a RuntimeError) on a timeout
-        missing = [rank for rank in range(info.world_size) if not store.check([_device_key(rank)])]
-        raise DeviceUnavailableError(
-            f"rank {info.rank} waited {timeout_s:g} s for every rank's device; rank(s) "
-            f"{', '.join(map(str, missing)) or '?'} did not report it ({str(err).splitlines()[0]})"
-        ) from err
-    reports = [json.loads(store.get(key)) for key in keys]
+        reports = exchange_reports(store, info, "device", report, timeout_s)
+    except ReportTimeout as err:
+        raise DeviceUnavailableError(str(err)) from err
     kinds = {r["kind"] for r in reports}
     if len(kinds) == 1:
         return
-    # Rank 0 usually hosts the store: it waits (briefly) until every rank has read the reports, so
-    # the others stop with this message rather than a lost connection.
-    store.set(_device_key(info.rank) + "/read", "1")
-    if info.rank == 0:
-        # A rank that died meanwhile ends the wait early; this rank's error says what is wrong anyway.
-        with contextlib.suppress(Exception):
-            store.wait([key + "/read" for key in keys], datetime.timedelta(seconds=min(timeout_s, 30.0)))
+    linger_for_readers(store, info, "device", timeout_s)
     on_cpu = [str(r["rank"]) for r in reports if r["kind"] == "cpu"]
     raise DeviceUnavailableError(
         "the ranks disagree on the device, so NCCL would wait forever for the CPU rank(s): "
@@ -151,7 +216,7 @@ def init_distributed(
     *,
     device: str | None = None,
     agree_timeout_s: float = AGREE_TIMEOUT_S,
-) -> None:
+) -> Any:
     """Join the process group when there is more than one rank (NCCL on GPUs, gloo on CPUs).
 
     The rendezvous store (``MASTER_ADDR``/``MASTER_PORT``, or torchrun's agent store) is made
@@ -166,11 +231,14 @@ def init_distributed(
             :meth:`gpufeed.device.DeviceChoice.describe` gives it with the reason.
         agree_timeout_s: Longest wait for the other ranks' devices.
 
+    Returns:
+        The job's store (``None`` for a single process; the running group's when one was started already).
+
     Raises:
         DeviceUnavailableError: As :func:`agree_on_device`.
     """
     if not info.enabled or dist.is_initialized():
-        return
+        return job_store()
     index = info.local_rank if device_index is None else device_index
     store, _, _ = next(
         dist.rendezvous(
@@ -189,6 +257,7 @@ def init_distributed(
         timeout=datetime.timedelta(seconds=timeout_s),
         device_id=torch.device("cuda", index) if on_gpu else None,
     )
+    return store
 
 
 def shutdown_distributed() -> None:

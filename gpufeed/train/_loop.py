@@ -79,6 +79,7 @@ class _Launched:
     batch: int
     wait_s: float
     ids: list[int] | torch.Tensor | None  # the batch's ids on their way to the host (telemetry.record_sample_ids)
+    valid: list[int] | torch.Tensor | None = None  # and which of its rows are real (not padding)
 
 
 def _ids_on_the_way(ids: torch.Tensor) -> list[int] | torch.Tensor:
@@ -128,7 +129,7 @@ class Loop:
 
     def launch(self, batch, wait_s: float, epoch: int, batch_index: int) -> tuple[PendingStep, _Launched]:
         """Queue one training step on ``batch``; :meth:`_record` turns it into its record once it is read."""
-        ids = None
+        ids = valid = None
         if self.cfg.telemetry.record_sample_ids:
             for name in ("sample_ids", "video_ids"):
                 if getattr(batch, name, None) is not None:
@@ -136,13 +137,17 @@ class Loop:
                     # (no host wait on a GPU; on the CPU the list is read now).
                     ids = _ids_on_the_way(getattr(batch, name))
                     break
+            if getattr(batch, "valid", None) is not None:
+                valid = _ids_on_the_way(batch.valid)
         pending = self.stepper.launch(batch)
-        return pending, _Launched(self.s.step + 1, epoch, batch_index, wait_s, ids)
+        return pending, _Launched(self.s.step + 1, epoch, batch_index, wait_s, ids, valid)
 
     def _record(self, done: Finished[_Launched]) -> StepRecord:
         """The record of a step that has been read."""
         launched, outcome = done.info, done.outcome
-        ids = launched.ids
+        ids, valid = launched.ids, launched.valid
+        valid = valid.tolist() if isinstance(valid, torch.Tensor) else valid
+        padding = [row for row, real in enumerate(valid) if not real] if valid is not None else None
         return StepRecord(
             step=launched.step,
             epoch=launched.epoch,
@@ -157,6 +162,7 @@ class Loop:
             loss=outcome.loss,
             lr=outcome.lr,
             sample_ids=ids.tolist() if isinstance(ids, torch.Tensor) else ids,
+            padding_rows=padding or None,
         )
 
     # -- one epoch ----------------------------------------------------------------------------

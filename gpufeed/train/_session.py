@@ -23,6 +23,7 @@ from gpufeed.device import resolve_device
 from gpufeed.models import ModelSpec, checkpoint_path, create_model, model_state
 from gpufeed.models._io import CHECKPOINT_DIR, list_checkpoints
 from gpufeed.models._registry import default_spec
+from gpufeed.train._agreement import agree_on_data
 from gpufeed.train._augment import plan_augmentation
 from gpufeed.train._checkpoint import (
     capture_rng,
@@ -38,7 +39,7 @@ from gpufeed.train._dense import refuse_device_geometry
 from gpufeed.train._distributed import (
     all_gather_objects,
     broadcast_object,
-    env_dist_info,
+    group_dist_info,
     init_distributed,
     shutdown_distributed,
 )
@@ -56,7 +57,13 @@ from gpufeed.train._preflight import (
 from gpufeed.train._skipped import merge_skipped, report_skipped, skipped_files, skipped_line
 from gpufeed.train._summary import format_summary
 from gpufeed.train._tasks import to_channels_last
-from gpufeed.train._telemetry import MetricsServer, StepLog, TrainMetrics, step_log_path
+from gpufeed.train._telemetry import (
+    MetricsServer,
+    StepLog,
+    TrainMetrics,
+    cut_logs_of_missing_ranks,
+    step_log_path,
+)
 
 __all__ = ["Session", "train"]
 
@@ -79,7 +86,8 @@ class Session:
         self.cfg = cfg
         self.resume_requested = resume
         self.profile_steps = profile_steps
-        self.dist = env_dist_info()
+        # The launcher's variables, or the process group's rank and world size when one is running.
+        self.dist = group_dist_info()
         if self.dist.enabled and cfg.loader.last_batch == "partial":
             raise ConfigError(
                 "loader.last_batch",
@@ -90,9 +98,10 @@ class Session:
             torch.cuda.set_device(self.device.device_id)  # events, RNG state and DDP use the current device
         self.amp_dtype = resolve_amp(cfg.train.amp, self.device)
         self._owns_group = self.dist.enabled and not torch.distributed.is_initialized()
-        init_distributed(
+        self._store = init_distributed(
             self.dist, self.device.is_gpu, device_index=self.device.device_id, device=self.device.describe()
         )
+        self.dist = group_dist_info(self.dist)  # each rank's share of the data is the process group's
         self.run_dir = self._choose_run_dir(run_dir)
         self.step = 0
         self.epoch = 0
@@ -172,6 +181,9 @@ class Session:
         else:
             torch.manual_seed(cfg.seed + 1 + rank)  # each rank draws its own augmentations
         self._check_space()
+        # Every rank's view of the data and its share, compared before any step (after a resume:
+        # the shares of what remains of the epoch).
+        agree_on_data(self._store, self.dist, {"train": self.data.train, "val": self.data.val})
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -179,6 +191,8 @@ class Session:
             self.model = DistributedDataParallel(model, device_ids=ids)
         resume_step = self.step if self.resumed else None
         self.step_log = StepLog(step_log_path(self.run_dir, rank), resume_step)
+        if rank == 0 and resume_step is not None:
+            cut_logs_of_missing_ranks(self.run_dir, self.dist.world_size, resume_step)
         if rank == 0:
             self.eval_log = StepLog(self.run_dir / "eval.jsonl", resume_step)
             save_config(cfg, self.run_dir / "config.yaml")
@@ -229,26 +243,32 @@ class Session:
             ]
             raise TrainError(f"{path} holds a different model than this config builds ({'; '.join(diff)})")
         saved_world = int(state.get("world_size", 1))
-        loader_states = state["loader"]
-        loader_state = loader_states[rank] if saved_world == self.dist.world_size else dict(loader_states[0])
-        if saved_world != self.dist.world_size:
-            if int(loader_state.get("batch", 0)) != 0:
-                raise TrainError(
-                    f"{path} was written by {saved_world} rank(s) in the middle of an epoch; resume it with "
-                    f"{saved_world} rank(s) (this run has {self.dist.world_size}), or from an epoch-end checkpoint"
-                )
-            loader_state = {"epoch": loader_state["epoch"], "batch": 0, "seed": loader_state.get("seed", cfg.seed)}
-        if int(loader_state.get("seed", cfg.seed)) != cfg.seed:
-            raise ConfigError("seed", f"value {cfg.seed} differs from the seed {loader_state['seed']} of {path}")
+        loader_states = list(state["loader"])
+        if int(loader_states[0].get("seed", cfg.seed)) != cfg.seed:
+            raise ConfigError("seed", f"value {cfg.seed} differs from the seed {loader_states[0]['seed']} of {path}")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(state["scaler"])
-        self.data.train.load_state_dict(loader_state)
+        try:
+            # Every rank's state: on another number of ranks the epoch's remaining samples are re-split.
+            self.data.train.load_state_dict(loader_states)
+        except ValueError as err:
+            raise TrainError(f"{path} cannot be resumed on {self.dist.world_size} rank(s): {err}") from None
+        if saved_world != self.dist.world_size:
+            log.info(
+                "resuming %s, written by %d rank(s), on %d: the rest of epoch %d is re-split over the new ranks",
+                path,
+                saved_world,
+                self.dist.world_size,
+                int(loader_states[0]["epoch"]) + 1,
+            )
         rng = state.get("rng") or []
         if rng:
-            restore_rng(rng[rank] if len(rng) == self.dist.world_size else rng[0])
+            restore_rng(rng[rank] if rank < len(rng) else rng[0])
+            if rank >= len(rng):  # a rank the checkpoint has no generators for draws its own, not rank 0's
+                torch.manual_seed(cfg.seed + 1 + rank + (int(state["step"]) << 20))
         self.step = int(state["step"])
         if not self.device.is_gpu and (
             mismatch := threads_mismatch(path, state.get("threads"), rank, self.dist.world_size)

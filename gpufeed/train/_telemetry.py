@@ -53,6 +53,7 @@ __all__ = [
     "StepRecord",
     "TrainMetrics",
     "addr_file",
+    "cut_logs_of_missing_ranks",
     "step_log_path",
 ]
 
@@ -74,6 +75,9 @@ class StepRecord:
         loss: Training loss of the step.
         lr: Learning rate used by the step.
         sample_ids: The batch's sample ids, only with ``telemetry.record_sample_ids``.
+        padding_rows: Positions in ``sample_ids`` of padding rows (``last_batch: pad``: repeats
+            that even out the ranks' steps, not counted as reads), only with
+            ``telemetry.record_sample_ids`` and when the batch has any.
     """
 
     step: int
@@ -89,11 +93,13 @@ class StepRecord:
     loss: float
     lr: float
     sample_ids: list[int] | None = field(default=None)
+    padding_rows: list[int] | None = field(default=None)
 
     def to_json(self) -> str:
         data = asdict(self)
-        if data["sample_ids"] is None:
-            del data["sample_ids"]
+        for optional in ("sample_ids", "padding_rows"):
+            if data[optional] is None:
+                del data[optional]
         return json.dumps(data, separators=(",", ":"))
 
 
@@ -248,6 +254,21 @@ def addr_file(run_dir: Path, rank: int) -> Path:
 def step_log_path(run_dir: Path, rank: int) -> Path:
     """Rank 0 logs to ``steps.jsonl``, rank r > 0 to ``steps-rank<r>.jsonl``."""
     return Path(run_dir) / ("steps.jsonl" if rank == 0 else f"steps-rank{rank}.jsonl")
+
+
+def cut_logs_of_missing_ranks(run_dir: Path, world_size: int, step: int) -> list[Path]:
+    """Cut the step logs of ranks ``>= world_size`` back to ``step`` (a resume on fewer ranks).
+
+    Those ranks are not there to cut their own logs, and the steps they logged after the
+    checkpoint are run again by the remaining ranks. Returns the logs cut.
+    """
+    cut = []
+    for path in sorted(Path(run_dir).glob("steps-rank*.jsonl")):
+        suffix = path.stem.removeprefix("steps-rank")
+        if suffix.isdigit() and int(suffix) >= world_size:
+            StepLog.truncate_after(path, step)
+            cut.append(path)
+    return cut
 
 
 class MetricsServer:
