@@ -1,6 +1,6 @@
 """The test tiers hold: a unit test that starts a child process or a server fails, naming what it started.
 
-Each case runs this suite's own conftest.py and _tiers.py in a separate pytest process (pytester),
+Each case runs this suite's own conftest.py and the modules it imports in a separate pytest process (pytester),
 over test files written here, and reads the outcome that run reports.
 """
 
@@ -16,6 +16,8 @@ pytestmark = pytest.mark.process  # each case runs pytest in a child process
 pytest_plugins = ["pytester"]
 
 HERE = Path(__file__).resolve().parent
+# What conftest.py needs beside it: the tier guard and the GPU tests' collection checks.
+SUPPORT = ("conftest.py", "_tiers.py", "_gpu_checks.py", "_gpu_source.py")
 
 CASES = """
 import multiprocessing
@@ -88,7 +90,7 @@ def test_the_next_test_sees_the_state_from_before():
 
 @pytest.fixture
 def outcome(pytester):
-    for name in ("conftest.py", "_tiers.py"):
+    for name in SUPPORT:
         shutil.copy(HERE / name, pytester.path / name)
     pytester.makeini(
         "[pytest]\nmarkers =\n    gpu: g\n    slow: s\n    unit: u\n    process: p\n    live: l\naddopts = -p no:randomly\n"
@@ -119,7 +121,7 @@ def test_unit_tests_that_start_processes_or_servers_fail_by_name(outcome):
 
 
 def test_the_tier_markers_select_apart(pytester):
-    for name in ("conftest.py", "_tiers.py"):
+    for name in SUPPORT:
         shutil.copy(HERE / name, pytester.path / name)
     pytester.makeini("[pytest]\nmarkers =\n    gpu: g\n    slow: s\n    unit: u\n    process: p\n    live: l\n")
     pytester.makepyfile(

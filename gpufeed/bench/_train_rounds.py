@@ -59,7 +59,8 @@ class _Side:
         self.timeline: StepTimeline[tuple] = StepTimeline(launch_ahead=run.device.is_gpu)
         self.steps: list[dict] = []
         self.seen: list[list] = [[] for _ in range(run.epochs)]
-        self.wall_s = 0.0
+        self.wall_s = 0.0  # time the steps partition, summed over chunks
+        self.closing_s = 0.0  # time after a chunk's last step: the feed's end of iteration
         self.done = False
 
     def chunk(self, count: int, bar) -> tuple[int, float]:
@@ -79,7 +80,11 @@ class _Side:
             done = self.timeline.push(self.stepper.launch(batch), (epoch, index, wait_s, ids))
             samples, step_total = self._keep(done, samples, step_total, bar)
         samples, step_total = self._keep(self.timeline.finish(), samples, step_total, bar)
-        self.wall_s += time.perf_counter() - started_chunk
+        # The chunk trained until its last step's record ended; what follows is the exhausted feed
+        # closing (a DataLoader joining its workers), which no step holds: counted apart.
+        ended = time.perf_counter()
+        self.wall_s += self.timeline.last_end - started_chunk
+        self.closing_s += ended - self.timeline.last_end
         return samples, step_total
 
     def _keep(self, done: Finished[tuple] | None, samples: int, step_total: float, bar) -> tuple[int, float]:
@@ -109,6 +114,7 @@ class _Side:
         return {
             "steps": self.steps,
             "wall_s": self.wall_s,
+            "feed_closing_s": self.closing_s,
             "samples_per_epoch": [len(ids) for ids in self.seen],
             "ids": self.seen,
         }

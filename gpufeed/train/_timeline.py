@@ -66,6 +66,11 @@ class StepTimeline(Generic[InfoT]):
         """The next step's period starts at ``at`` (a ``time.perf_counter`` reading; default: now)."""
         self._since = time.perf_counter() if at is None else at
 
+    @property
+    def last_end(self) -> float:
+        """Where the next period starts: the end of the last step's record, or :meth:`begin`'s moment."""
+        return self._since
+
     def push(self, pending: PendingStep, info: InfoT) -> Finished[InfoT] | None:
         """Queue a launched step; returns the step read now (the previous one on a GPU, this one on the CPU)."""
         if self.launch_ahead:
