@@ -23,8 +23,9 @@ import numpy as np
 
 from gpufeed._procs import WorkerCallback
 from gpufeed._size import SizePx, parse_size_px
-from gpufeed.pipelines._frame_sizes import frame_label, frame_size_problem
+from gpufeed.pipelines._frame_sizes import frame_size_problem
 from gpufeed.pipelines._frame_stores import FrameBytesReader, decode_frame
+from gpufeed.pipelines._store_kinds import frame_store
 
 if TYPE_CHECKING:
     from av.video.reformatter import VideoReformatter
@@ -249,7 +250,7 @@ class ClipDecoder:
             except Exception as err:  # Pillow raises several types for damaged data
                 raise ClipDecodeError(f"{video.path}: frame {index} cannot be decoded: {err}") from None
             if rgb.shape[:2] != (video.height, video.width):  # the fitter is set for the store's size
-                where = frame_label(video.store, video.frame_name, int(index))
+                where = frame_store(video.store).frame_label(video.frame_name, int(index))
                 why = frame_size_problem(data.tobytes(), where, video.width, video.height)
                 raise ClipDecodeError(f"{video.path}: {why or f'{where} is not {video.width}x{video.height}'}")
             self.frames_decoded += 1
