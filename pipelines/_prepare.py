@@ -40,9 +40,10 @@ from gpufeed._progress import progress_bar
 from gpufeed._text import format_table
 from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._frame_fit import FrameFitter
 from gpufeed.pipelines._frame_stores import label_path
 from gpufeed.pipelines._prepare_stores import IMAGE_FORMATS, VIDEO, measure_store_seek_cost, store_choices, write_store
-from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, FrameFitter, VideoRef
+from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._store_kinds import FrameStore, frame_store
 from gpufeed.pipelines._videos import list_videos, probe_video, read_label_csv
 

@@ -62,7 +62,6 @@ __all__ = [
     "StoreRef",
     "jpeg_decode_sizes",
     "jpeg_scale_eighths",
-    "scaled_jpeg_decode",
 ]
 
 # libjpeg-turbo scales by n/8, n = 1..16; only 1/8, 1/4, 1/2 and 1 are faster than a full decode
@@ -205,11 +204,6 @@ class StoreFrameFeed(WorkerCallback):
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
-
-
-def scaled_jpeg_decode(on_gpu: bool, infos) -> bool:
-    """Whether a set of frame stores decodes with :class:`ScaledJpegClips`: CPU, every store JPEG."""
-    return not on_gpu and bool(infos) and all(info.store and info.codec == "jpeg" for info in infos)
 
 
 def jpeg_scale_eighths(width: int, height: int, min_width: int, min_height: int) -> int:

@@ -74,8 +74,8 @@ def _decoder_findings(folder: Path, infos: list[VideoInfo]) -> list[Finding]:
     choice = choose_decoder("auto", True, infos, capability)
     findings, nvdec = [], []
     for info in infos:
-        decoder, why = choice.per_video[info.path]
-        if decoder == "pyav":
+        why = choice.refused.get(info.path)
+        if why:
             findings.append(
                 Finding(
                     info.path,
@@ -88,7 +88,7 @@ def _decoder_findings(folder: Path, infos: list[VideoInfo]) -> list[Finding]:
     kinds = sorted({f"{info.codec} {info.profile or '?'} {info.pix_fmt or '?'}".strip() for info in nvdec})
     summary = f"on a GPU {len(nvdec)} of {len(infos)} video(s) decode on NVDEC"
     summary += f" ({'; '.join(kinds)})" if kinds else ""
-    summary += f"; {choice.reason}" if choice.source == "pyav" else ""
+    summary += f"; {choice.reason}" if choice.refused else ""
     findings.append(Finding(str(folder), summary, "decoder"))
     return findings
 
