@@ -33,7 +33,7 @@ from gpufeed.config import LoaderConfig, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment, StreamAugmentFeed
 from gpufeed.pipelines._clip_batch import ClipBatch
-from gpufeed.pipelines._clip_plan import ClipDraw, ClipPlan
+from gpufeed.pipelines._clip_plan import ClipDraw, ClipPlan, PlanRows
 from gpufeed.pipelines._clip_source import ClipJob, ClipSource, worker_pids
 from gpufeed.pipelines._clip_sources import choose_clip_source
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
@@ -299,7 +299,7 @@ class ClipLoader(EpochLoader):
             behaviours=self.behaviours,
         )
 
-    def _plan_order(self, out: dict, rows) -> torch.Tensor:
+    def _plan_order(self, out: dict, rows: PlanRows) -> torch.Tensor:
         """The batch's clips, (N, 3, T, H, W), in plan order, their tags checked against the plan.
 
         The source says how its rows come: in its read order (DALI's reader and the PyAV workers
