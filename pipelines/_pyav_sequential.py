@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from gpufeed._size import SizePx
-from gpufeed.pipelines._pyav import ClipDecodeError, FrameFitter, VideoRef
+from gpufeed.pipelines._frame_fit import FrameFitter
+from gpufeed.pipelines._pyav import ClipDecodeError, VideoRef
 
 __all__ = ["SequentialFeed", "decode_all_frames", "iter_frame_chunks"]
 
