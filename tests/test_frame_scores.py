@@ -159,3 +159,27 @@ def test_tagged_video_through_the_sequential_reader(tmp_path, length, stride, ho
     assert starts.tolist() == plan.starts(frames).tolist()
     windows = np.concatenate([b.window_probabilities for b in blocks])
     np.testing.assert_array_equal(windows, sigmoid(window_logits(starts)))
+
+
+@pytest.mark.gpu
+def test_tagged_video_through_nvdec(tmp_path):
+    """The GPU twin: NVDEC frames (CUDA tensors), windows cut on the device, the rule exact."""
+    from gpufeed.device import DeviceChoice
+
+    frames = 57
+    path = tmp_path / "tagged.mp4"
+    encode_tagged_video(path, 3, frames, options={"bf": "2", "g": "12"}, labels=False)
+    gpu = DeviceChoice("gpu", 0, "test")
+    reader = VideoFrameReader(path, size_px=40, chunk_frames=16, device=gpu, decoder="dali")
+    model = TagModel(frames, 2, video_id=3)
+    plan = WindowPlan(5, 2, 3)
+    seen_devices = set()
+
+    def score(clips):
+        seen_devices.add(clips.device.type)
+        return model(clips).numpy()
+
+    blocks = list(score_frames(reader, frames, plan, score, sigmoid, 4))
+    assert seen_devices == {"cuda"}, "windows are cut from the frames on the GPU"
+    # exact: the model's logits come from the integer tags it reads, the same numbers whichever decoder
+    np.testing.assert_array_equal(np.concatenate([b.probabilities for b in blocks]), expected_frames(plan, frames))
