@@ -36,8 +36,10 @@ health probes needs it (:mod:`._access`). The app is one front of the server, be
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import cast
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
@@ -112,6 +114,7 @@ async def infer(request: Request) -> Response:
         parsed, items = await call.prepare(
             kserve_items(call.plane.pool, call.model, call.plane.cfg, body, coding, header_length)
         )
+        outputs: Mapping[str, np.ndarray]
         if isinstance(items, VideoUpload):  # a clip model's encoded video (server/_video.py)
             outputs = await kserve_video(call, parsed, items)
         else:

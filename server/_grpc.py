@@ -33,8 +33,10 @@ vocabulary), and timed in ``gpufeed_server_request_seconds{protocol="grpc"}``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+import numpy as np
 
 from gpufeed.server._access import AccessGuard
 from gpufeed.server._accounting import RequestAccount
@@ -271,6 +273,7 @@ class _Service(_service_base()):  # type: ignore[misc]  # a base class made at i
     async def _infer(self, request, started: float):
         async with self.plane.inference(request.model_name, request.model_version, started) as call:
             parsed, items = await call.validate(grpc_items, request)
+            outputs: Mapping[str, np.ndarray]
             if isinstance(items, VideoUpload):  # a clip model's encoded video (server/_video.py)
                 outputs = await kserve_video(call, parsed, items)
             else:

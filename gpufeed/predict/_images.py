@@ -83,11 +83,11 @@ def predict_images(
             if blobs:
                 out_rows = buffer[: len(blobs)] if buffer is not None else host[: len(blobs)]
                 outcome = decoder.decode_into(blobs, np.array(sizes, dtype=np.int64), out_rows)
-                batch_in = out_rows if buffer is not None else torch.from_numpy(out_rows)
-                probabilities = predictor.head.class_scores(predictor.logits(batch_in))
-                for name, row, err in zip(names, probabilities, outcome, strict=True):
-                    if err is not None:
-                        report.results.append(_failed(name, path, err))
+                batch_in = buffer[: len(blobs)] if buffer is not None else torch.from_numpy(host[: len(blobs)])
+                probabilities = predictor.class_scores(predictor.logits(batch_in))
+                for name, row, problem in zip(names, probabilities, outcome, strict=True):
+                    if problem is not None:
+                        report.results.append(_failed(name, path, problem))
                         continue
                     rows.append(",".join([_cell(name), *(f"{v:.9g}" for v in row)]))
                     report.results.append(VideoResult(name, "scored", path, frames=1))

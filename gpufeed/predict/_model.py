@@ -21,7 +21,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpufeed.models import ModelCard, ModelSpec, TaskHead, find_checkpoint, load_model, read_model_card
+from gpufeed.models import (
+    ClassifierHead,
+    ModelCard,
+    ModelSpec,
+    TaskHead,
+    find_checkpoint,
+    load_model,
+    read_model_card,
+)
 from gpufeed.models._card import CARD_FILE
 from gpufeed.models._frame_scores import ClipSampling
 from gpufeed.pipelines._errors import DatasetError
@@ -60,6 +68,17 @@ class Predictor:
     @property
     def head(self) -> TaskHead:
         return self.spec.head
+
+    def class_scores(self, logits: np.ndarray) -> np.ndarray:
+        """Probabilities from logits, as the model's head makes them (sigmoid per class, or softmax).
+
+        Raises:
+            ValueError: The model is not a classifier (a depth or segmentation model).
+        """
+        head = self.spec.head
+        if not isinstance(head, ClassifierHead):
+            raise ValueError(f"{self.spec.name} is a {head.kind} model; predict scores classifiers")
+        return head.class_scores(logits)
 
     def logits(self, batch: torch.Tensor) -> np.ndarray:
         """float32 logits ``(N, C)`` on the host for a uint8 batch (any N)."""

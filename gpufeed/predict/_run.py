@@ -207,7 +207,7 @@ def _score_one(
         )
         chunks = prefetch(read_in_order(reader, target.name))
         blocks = score_frames(
-            chunks, info.num_frames, plan, predictor.logits, predictor.head.class_scores, predictor.batch_size
+            chunks, info.num_frames, plan, predictor.logits, predictor.class_scores, predictor.batch_size
         )
         if fmt == "csv":
             sink_context = csv_sink(path, predictor.labels, info.num_frames)
