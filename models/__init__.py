@@ -15,9 +15,10 @@ modules, which the other gpufeed packages import directly.
 """
 
 from gpufeed.models._card import ModelCard, ModelCardError, read_model_card
+from gpufeed.models._clip_sampling import ClipSampling
 from gpufeed.models._dense_heads import DenseHead
 from gpufeed.models._export import ExportError, export_model
-from gpufeed.models._frame_scores import ClipSampling, FrameScores, WindowBatch, WindowPlan, WindowScorer, score_frames
+from gpufeed.models._frame_scores import FrameScores, WindowBatch, WindowPlan, WindowScorer, score_frames
 from gpufeed.models._head import Outputs, OutputTensor, TaskHead
 from gpufeed.models._heads import ClassifierHead, head_for, list_tasks, register_head
 from gpufeed.models._io import checkpoint_path, find_checkpoint, load_model, model_state

@@ -44,7 +44,7 @@ from gpufeed.models._card import (
     check_batch_sizes,
     default_batch_sizes,
 )
-from gpufeed.models._frame_scores import ClipSampling
+from gpufeed.models._clip_sampling import ClipSampling
 from gpufeed.models._io import find_checkpoint, load_model
 from gpufeed.models._nets import GpufeedModel
 from gpufeed.models._spec import ModelSpec

@@ -40,7 +40,7 @@ import numpy as np
 
 from gpufeed._prefetch import prefetch
 from gpufeed.models import ModelCard, WindowPlan, score_frames
-from gpufeed.models._frame_scores import ClipSampling
+from gpufeed.models._clip_sampling import ClipSampling
 from gpufeed.pipelines import VideoFrameReader
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._video_bytes import CONTAINERS, VideoBytes, read_in_order

@@ -17,7 +17,7 @@ from torch import nn
 
 from gpufeed.device import DeviceChoice
 from gpufeed.models import ModelSpec, WindowPlan
-from gpufeed.models._frame_scores import ClipSampling
+from gpufeed.models._clip_sampling import ClipSampling
 from gpufeed.predict import Predictor
 from gpufeed.synth import read_tag
 

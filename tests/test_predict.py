@@ -173,7 +173,7 @@ def test_an_image_model_writes_one_row_per_image(tmp_path):
     (folder / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     torch.manual_seed(0)
     model = create_model("smallcnn", num_classes=4, size_px=48, labels=("w", "x", "y", "z")).eval()
-    from gpufeed.models._frame_scores import ClipSampling
+    from gpufeed.models._clip_sampling import ClipSampling
 
     predictor = Predictor(Path("m"), "checkpoint", model.spec, model.spec.labels, ClipSampling(), 2, CPU, _module=model)
     report = predict_images(folder, predictor, progress=False)
@@ -193,7 +193,7 @@ def test_an_image_model_writes_one_row_per_image(tmp_path):
 
 def test_the_rule_needs_a_clip_model():
     model = create_model("smallcnn", num_classes=2, size_px=32)
-    from gpufeed.models._frame_scores import ClipSampling
+    from gpufeed.models._clip_sampling import ClipSampling
     from gpufeed.predict._run import window_plan
 
     predictor = Predictor(Path("m"), "checkpoint", model.spec, ("a", "b"), ClipSampling(), 2, CPU, _module=model)

@@ -15,6 +15,7 @@ from gpufeed._size import parse_size_px, size_px_value
 from gpufeed.bench._clip_names import CONTENDERS as CLIP_CONTENDERS
 from gpufeed.bench._clip_names import GENERATED_SETS
 from gpufeed.commands import require_extra
+from gpufeed.commands.predict import register_predict_bench
 from gpufeed.commands.reliability import register_server_runs
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
@@ -154,29 +155,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_clips)
 
-    p = kinds.add_parser(
-        "predict",
-        help="gpufeed predict vs a careful user's PyAV + PyTorch loop: frames/s scoring the same video, same "
-        "model, same windows",
-        description="Score the same video (a generated camera-like h264 file, or your own with --data) with the same "
-        "clip model and windows three ways, rounds interleaved: a careful user's loop (PyAV decode in order, "
-        "to_ndarray resize, a rolling frame buffer, PyTorch inference_mode), gpufeed predict with the checkpoint "
-        "(PyTorch) and with its export (onnxruntime). Prints frames/s, ratios, the agreement of the outputs, the "
-        "load average and the verdicts (>= 1.5x on a CPU; >= 5,000 frames/s for a clip ResNet-18 at 112 px on an H100).",
-    )
-    p.add_argument("--data", type=Path, help="your own video file or folder of videos (default: a generated video)")
-    p.add_argument("--seconds", type=int, default=8, help="length of the generated video in seconds (default 8)")
-    p.add_argument("--video-size", type=int, default=256, help="generated frame width and height (default 256)")
-    p.add_argument("--model", default="clip_resnet18", help="clip network (default clip_resnet18)")
-    p.add_argument("--size-px", type=int, default=112, help="model input size (default 112)")
-    p.add_argument("--clip-length", type=int, default=11, help="frames per window (default 11)")
-    p.add_argument("--hop-frames", type=int, default=1, help="frames between window starts (default 1)")
-    p.add_argument("--batch-size", type=int, default=8, help="windows per model call (default 8)")
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds per contender, interleaved (default 3)")
-    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
-    p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where the video and model are kept")
-    p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=_predict)
+    register_predict_bench(kinds)  # gpufeed/commands/predict.py, beside the command it measures
 
     p = kinds.add_parser(
         "server",
@@ -359,26 +338,6 @@ def _clips(args: argparse.Namespace) -> int:
     )
     print_clip_result(result)
     return _written(result, args.json)
-
-
-def _predict(args: argparse.Namespace) -> int:
-    from gpufeed.bench.predict import print_predict_result, run_predict_bench
-
-    result = run_predict_bench(
-        data=args.data,
-        seconds=args.seconds,
-        video_size=args.video_size,
-        architecture=args.model,
-        size_px=args.size_px,
-        clip_length=args.clip_length,
-        hop_frames=args.hop_frames,
-        batch_size=args.batch_size,
-        rounds=args.rounds,
-        device=args.device,
-        cache=args.cache,
-    )
-    print_predict_result(result)
-    return _written(result.to_json(), args.json)
 
 
 def _server(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpufeed._files import write_json
 from gpufeed.commands.serve import _positive
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so the handler
@@ -106,3 +107,52 @@ def _predict(args: argparse.Namespace) -> int:
         print(f"gpufeed predict: error: {result.error}", file=sys.stderr)
     print(f"predict: {report.summary()}", flush=True)
     return 1 if report.failed else 0
+
+
+def register_predict_bench(kinds: argparse._SubParsersAction) -> None:
+    """``gpufeed bench predict`` (registered by :mod:`gpufeed.commands.bench` among the benchmarks)."""
+    p = kinds.add_parser(
+        "predict",
+        help="gpufeed predict vs a careful user's PyAV + PyTorch loop: frames/s scoring the same video, same "
+        "model, same windows",
+        description="Score the same video (a generated camera-like h264 file, or your own with --data) with the same "
+        "clip model and windows three ways, rounds interleaved: a careful user's loop (PyAV decode in order, "
+        "to_ndarray resize, a rolling frame buffer, PyTorch inference_mode), gpufeed predict with the checkpoint "
+        "(PyTorch) and with its export (onnxruntime). Prints frames/s, ratios, the agreement of the outputs, the "
+        "load average and the verdicts (>= 1.5x on a CPU; >= 5,000 frames/s for a clip ResNet-18 at 112 px on an H100).",
+    )
+    p.add_argument("--data", type=Path, help="your own video file or folder of videos (default: a generated video)")
+    p.add_argument("--seconds", type=int, default=8, help="length of the generated video in seconds (default 8)")
+    p.add_argument("--video-size", type=int, default=256, help="generated frame width and height (default 256)")
+    p.add_argument("--model", default="clip_resnet18", help="clip network (default clip_resnet18)")
+    p.add_argument("--size-px", type=int, default=112, help="model input size (default 112)")
+    p.add_argument("--clip-length", type=int, default=11, help="frames per window (default 11)")
+    p.add_argument("--hop-frames", type=int, default=1, help="frames between window starts (default 1)")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per model call (default 8)")
+    p.add_argument("--rounds", type=int, default=3, help="timed rounds per contender, interleaved (default 3)")
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
+    p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where the video and model are kept")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.set_defaults(func=_bench_predict)
+
+
+def _bench_predict(args: argparse.Namespace) -> int:
+    from gpufeed.bench.predict import print_predict_result, run_predict_bench
+
+    result = run_predict_bench(
+        data=args.data,
+        seconds=args.seconds,
+        video_size=args.video_size,
+        architecture=args.model,
+        size_px=args.size_px,
+        clip_length=args.clip_length,
+        hop_frames=args.hop_frames,
+        batch_size=args.batch_size,
+        rounds=args.rounds,
+        device=args.device,
+        cache=args.cache,
+    )
+    print_predict_result(result)
+    if args.json:
+        write_json(args.json, result.to_json())
+    return 0

@@ -31,7 +31,7 @@ from gpufeed.models import (
     read_model_card,
 )
 from gpufeed.models._card import CARD_FILE
-from gpufeed.models._frame_scores import ClipSampling
+from gpufeed.models._clip_sampling import ClipSampling
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.server._runtime import OnnxRunner
 
