@@ -223,3 +223,15 @@ def test_a_checkpoint_keeps_its_training_sampling(tmp_path):
     np.testing.assert_allclose(loaded.logits(clips), want, atol=1e-6)
     np.testing.assert_allclose(exported.logits(clips), want, atol=1e-4)
     shutil.rmtree(tmp_path / "exported")
+
+
+def test_a_camera_like_video_of_an_odd_size(tmp_path):
+    """97 x 61 (odd both ways, so 4:4:4), B-frames, short irregular GOPs, a variable frame rate: every frame exact."""
+    path = tmp_path / "odd" / "camera.mp4"
+    options = {"bf": "3", "g": "13", "keyint_min": "3", "sc_threshold": "40", "crf": "12"}
+    encode_tagged_video(
+        path, 5, 40, width=97, height=61, pix_fmt="yuv444p", options=options, durations_ms=(33, 34, 41), labels=False
+    )
+    report = predict_videos(path, tag_predictor({5: 40}, clip_length_frames=4), out=tmp_path / "out", progress=False)
+    assert [r.status for r in report.results] == ["scored"], report.results
+    _check_rows(tmp_path / "out" / "camera_predictions.csv", WindowPlan(4), 40)

@@ -219,3 +219,27 @@ def test_a_gpu_server_answers_as_predict_on_the_gpu(camera, tmp_path):
         running.stop()
     assert answer.status_code == 200, answer.text
     assert np.abs(np.array(answer.json()["scores"], np.float32) - expected).max() < 1e-5
+
+
+def test_an_image_folder_gets_the_servers_scores(kserve_server, tmp_path):
+    """``gpufeed predict`` with the served image model's export: each row is what the server answers for that file."""
+    from _serving import encode, kserve_image_outputs
+
+    from gpufeed.predict import predict_images
+
+    rng = np.random.default_rng(11)
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    blobs = {
+        "a.jpg": encode(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)),
+        "b.png": encode(rng.integers(0, 256, (48, 48, 3), dtype=np.uint8), "PNG"),
+    }
+    for name, blob in blobs.items():
+        (folder / name).write_bytes(blob)
+    report = predict_images(folder, load_predictor(exported_repo() / IMAGE_MODEL, CPU), progress=False)
+    assert [r.status for r in report.results] == ["scored", "scored"]
+    lines = (folder / "predictions.csv").read_text().splitlines()[1:]
+    for line, (name, blob) in zip(lines, sorted(blobs.items()), strict=True):
+        cells = line.split(",")
+        served = kserve_image_outputs(kserve_server.url, IMAGE_MODEL, blob)["scores"][1][0]
+        assert cells[0] == name and np.abs(np.array(cells[1:], np.float32) - served).max() < 1e-5
