@@ -25,7 +25,7 @@ from gpufeed.models import WindowPlan, score_frames
 from gpufeed.pipelines import VideoFrameReader
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._video_bytes import first_line, read_in_order
-from gpufeed.pipelines._videos import VideoInfo, probe_video
+from gpufeed.pipelines._videos import VideoInfo, index_videos
 from gpufeed.predict._inputs import FORMATS, Target, find_videos, output_path
 from gpufeed.predict._model import Predictor
 from gpufeed.predict._outputs import csv_sink, h5_sink, is_done
@@ -153,18 +153,23 @@ def predict_videos(
     targets = find_videos(source, out, allowed_roots)
     group = _group_name(predictor, latent_name)
     report = PredictReport()
-    todo: list[tuple[Target, Path, VideoInfo]] = []
+    todo: list[tuple[Target, Path]] = []
     for target in targets:
         path = output_path(target, fmt)
         if not overwrite and target.problem is None and is_done(path, fmt, group):
             report.results.append(VideoResult(target.name, "skipped", path))
             continue
-        info = VideoInfo(str(target.path), problem=target.problem) if target.problem else probe_video(target.path)
-        todo.append((target, path, info))
-    total = sum(info.num_frames for _, _, info in todo if not info.problem)
+        todo.append((target, path))
+    # Every video's facts (frames for the progress total): demuxed on threads, cached beside the data
+    # as the training index caches them, so a resumed run over hundreds of hours does not demux again.
+    probe = [t for t, _ in todo if t.problem is None]
+    root = Path(source) if Path(source).is_dir() else Path(source).parent
+    probed = dict(zip((t.name for t in probe), index_videos(root, [str(t.path) for t in probe]), strict=True))
+    infos = [probed.get(t.name) or VideoInfo(str(t.path), problem=t.problem) for t, _ in todo]
+    total = sum(info.num_frames for info in infos if not info.problem)
     bar = progress_bar(total=total, desc="predict", unit="frame", disable=not progress, leave=True)
     try:
-        for target, path, info in todo:
+        for (target, path), info in zip(todo, infos, strict=True):
             report.results.append(
                 _score_one(target, path, info, predictor, plan, fmt, group, chunk_frames, decoder, bar)
             )
