@@ -160,9 +160,9 @@ def test_score_video_own_loop_writes_what_predict_writes(data, tmp_path):
     video = sorted((data / "videos").glob("*.mp4"))[0]
     out = _example("score_video_own_loop.py", checkpoint, video, "--hop-frames", 2, cwd=tmp_path)
     rows = re.findall(r"^frame (\d+): (\w+) ([\d.]+)$", out, re.M)
+    command = [sys.executable, "-m", "gpufeed", "predict", str(checkpoint), str(video), "--out", str(tmp_path / "p")]
     done = subprocess.run(
-        [sys.executable, "-m", "gpufeed", "predict", str(checkpoint), str(video), "--out", str(tmp_path / "p")]
-        + ["--hop-frames", "2", "--quiet", "--device", "cpu"],
+        [*command, "--hop-frames", "2", "--quiet", "--device", "cpu"],
         capture_output=True,
         text=True,
         timeout=240,
@@ -172,4 +172,4 @@ def test_score_video_own_loop_writes_what_predict_writes(data, tmp_path):
     assert [int(r[0]) for r in rows] == list(range(len(values))) and len(values) == 24, out
     assert [r[1] for r in rows] == [names[i] for i in values.argmax(1)]
     np.testing.assert_allclose([float(r[2]) for r in rows], values.max(1), atol=2e-6)
-    assert re.search(rf"^scored 24 frames in 11 windows of 4: \{{", out, re.M), out
+    assert re.search(r"^scored 24 frames in 11 windows of 4: \{", out, re.M), out
