@@ -60,6 +60,7 @@ from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines._augment import StreamAugmentFeed
 from gpufeed.pipelines._clip_plan import ClipPlan
 from gpufeed.pipelines._crop_windows import RoiFeed
+from gpufeed.pipelines._executor import executor_args
 
 __all__ = [
     "LIST_LINES",
@@ -360,7 +361,7 @@ def _pipeline_args(workers: bool, on_gpu: bool, build: bool, start_method: str, 
     # On a CPU, worker-process sources already decode max(2, depth) batches ahead; a pipeline queue on
     # top made the first batch wait for that many more (prepared h264: first batch 0.40-0.45 s instead
     # of 0.47-0.61 s, steady clips/s the same within noise, load 4-6).
-    return {"prefetch_queue_depth": 1 if workers and not on_gpu else depth, "exec_dynamic": True, **pool}
+    return {"prefetch_queue_depth": 1 if workers and not on_gpu else depth, **executor_args(on_gpu), **pool}
 
 
 def _built(pipe):

@@ -40,6 +40,7 @@ from gpufeed._size import SizePx
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
+from gpufeed.pipelines._executor import executor_args
 from gpufeed.pipelines._image_pipeline import PathTable, decode_window, feed_windows, read_encoded
 from gpufeed.pipelines._image_verify import find_bad_files
 from gpufeed.pipelines._loader_args import loader_args
@@ -210,7 +211,7 @@ def build_dense_pipeline(
         device_id=device_id,
         prefetch_queue_depth=prefetch_queue_depth,
         seed=seed,
-        exec_dynamic=True,
+        **executor_args(on_gpu),
     )
     pipe.build()
     return pipe

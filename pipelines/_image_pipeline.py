@@ -35,6 +35,7 @@ import numpy as np
 
 from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
+from gpufeed.pipelines._executor import executor_args
 from gpufeed.pipelines._sampler import PlanStream
 from gpufeed.pipelines._windows import Windows
 
@@ -387,7 +388,7 @@ def build_image_pipeline(
         device_id=device_id,
         prefetch_queue_depth=prefetch_queue_depth,
         seed=seed,
-        exec_dynamic=True,
+        **executor_args(on_gpu),
     )
     if build:
         pipe.build()

@@ -22,16 +22,19 @@ from gpufeed.pipelines._videos import DALI_CPU_CODECS
 
 __all__ = ["DecoderChoice", "choose_decoder", "gpu_capability", "nvdec_problem", "pix_fmt_facts"]
 
-# Per codec: (chroma formats, bit depths, largest width/height) NVDEC decodes, from NVIDIA's NVDEC
-# support matrix for Turing to Hopper. 4:2:2 only arrives with Blackwell, so it is left out.
+# Per codec: (chroma formats, bit depths, smallest (width, height), largest width/height) NVDEC
+# decodes, from NVIDIA's NVDEC support matrix for Turing to Hopper. 4:2:2 only arrives with Blackwell,
+# so it is left out. The smallest sizes are the decoder capabilities' minimums: below one, DALI's
+# reader fails the whole pipeline at its first clip (a 96x64 hevc video on an H200: "Video is too
+# small in at least one dimension ... supported: 144x144").
 _NVDEC = {
-    "h264": (("420", "400"), (8,), 4096),
-    "hevc": (("420", "444", "400"), (8, 10, 12), 8192),
-    "vp8": (("420",), (8,), 4096),
-    "vp9": (("420",), (8, 10, 12), 8192),
-    "av1": (("420", "400"), (8, 10), 8192),
-    "mpeg4": (("420",), (8,), 2032),
-    "mjpeg": (("420", "422", "444", "400"), (8,), 32768),
+    "h264": (("420", "400"), (8,), (48, 16), 4096),
+    "hevc": (("420", "444", "400"), (8, 10, 12), (144, 144), 8192),
+    "vp8": (("420",), (8,), (48, 16), 4096),
+    "vp9": (("420",), (8, 10, 12), (128, 128), 8192),
+    "av1": (("420", "400"), (8, 10), (128, 128), 8192),
+    "mpeg4": (("420",), (8,), (48, 16), 2032),
+    "mjpeg": (("420", "422", "444", "400"), (8,), (64, 64), 32768),
 }
 # h264 profiles NVDEC decodes (FFmpeg's names); High 10/4:2:2/4:4:4 and the intra profiles it does not.
 _H264_PROFILES = ("Baseline", "Constrained Baseline", "Main", "Extended", "High", "")
@@ -77,7 +80,7 @@ def nvdec_problem(info, capability: tuple[int, int] | None = None) -> str | None
     codec = info.codec
     if codec not in _NVDEC:
         return f"NVDEC has no {codec} decoder"
-    chromas, depths, largest = _NVDEC[codec]
+    chromas, depths, smallest, largest = _NVDEC[codec]
     chroma, bits = pix_fmt_facts(info.pix_fmt) if info.pix_fmt else ("420", 8)
     profile = getattr(info, "profile", "") or ""
     if codec == "av1" and (capability is None or tuple(capability) not in _AV1_CAPABILITIES):
@@ -89,6 +92,8 @@ def nvdec_problem(info, capability: tuple[int, int] | None = None) -> str | None
         return f"{codec} {info.pix_fmt}: NVDEC decodes {codec} as 4:{'/'.join(c[1:] for c in chromas)} chroma only"
     if bits not in depths:
         return f"{codec} {info.pix_fmt}: {bits}-bit; NVDEC decodes {codec} at {'/'.join(map(str, depths))} bits"
+    if info.width < smallest[0] or info.height < smallest[1]:
+        return f"{codec} {info.width}x{info.height}: smaller than NVDEC's {smallest[0]}x{smallest[1]} for {codec}"
     if max(info.width, info.height) > largest:
         return f"{codec} {info.width}x{info.height}: larger than NVDEC's {largest}x{largest} for {codec}"
     return None

@@ -24,6 +24,7 @@ clip, and checks every frame's tag against its clip's.
 from __future__ import annotations
 
 from gpufeed._size import SizePx, parse_size_px
+from gpufeed.pipelines._executor import executor_args
 
 __all__ = ["STORE_READ_WORKERS", "build_store_pipeline", "store_read_workers"]
 
@@ -134,7 +135,7 @@ def build_store_pipeline(
         device_id=device_id,
         prefetch_queue_depth=prefetch_queue_depth,
         seed=seed,
-        exec_dynamic=True,
+        **executor_args(device_id is not None),
         **workers,
     )
     if build:

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from gpufeed.doctor._media import VIDEO_CODECS, psnr_db, source_frame
 from gpufeed.doctor._probes import MIN_PSNR_DB, probe_dali_image, probe_nvdec, probe_onnxruntime
 from gpufeed.doctor._run import _installed_stack, _packages, run_isolated
 from gpufeed.stack import DriverInfo, GpuInfo
-from gpufeed.stack._sets import FileSet
+from gpufeed.stack._sets import FileSet, InstalledSet
 
 GPU_PROBES = [
     "torch-cuda",
@@ -179,12 +180,14 @@ def test_a_probe_child_reports_through_its_marker():
 
 
 @pytest.mark.process
-def test_the_cli_on_a_cpu_machine():
-    proc = subprocess.run([sys.executable, "-m", "gpufeed", "doctor"], capture_output=True, text=True, timeout=120)
+def test_the_cli_on_a_cpu_machine(tmp_path):
+    # From a folder of its own, as a user runs it: in the checkout, `-m` would import its gpufeed/ folder.
+    proc = subprocess.run([sys.executable, "-m", "gpufeed", "doctor"], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("gpufeed doctor\n") and "result: no NVIDIA GPU on this machine" in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "gpufeed", "doctor", "--json", "--require-gpu"], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+                          text=True, timeout=120, cwd=tmp_path)  # fmt: skip
     report = json.loads(proc.stdout)
     assert proc.returncode == 1 and report["exit_code"] == 1 and report["gpu"] is False
 
@@ -194,12 +197,12 @@ def test_the_cli_on_a_cpu_machine():
 
 @pytest.mark.gpu
 @pytest.mark.process
-def test_every_probe_passes_on_a_gpu_machine():
+def test_every_probe_passes_on_a_gpu_machine(tmp_path):
     """On a GPU: exit 0 well within the GPU host procedure's 120 s, and every probe passes, or is absent where the
     hardware lacks it (AV1 on an A100/H100, the hardware JPEG decoder off the data-centre parts)."""
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "gpufeed", "doctor", "--json", "--require-gpu"], capture_output=True,
-                          text=True, timeout=150)  # fmt: skip
+                          text=True, timeout=150, cwd=tmp_path)  # fmt: skip
     elapsed_s = time.monotonic() - started
     report = json.loads(proc.stdout)
     results = {r["name"]: r for r in report["results"]}
@@ -212,3 +215,32 @@ def test_every_probe_passes_on_a_gpu_machine():
     for name in ["nvjpeg-hw", *(f"nvdec-{c}" for c in VIDEO_CODECS)]:
         status = results[name]["status"]
         assert status == "pass" or (status == "absent" and name in absent_ok and results[name]["fallback"]), lines
+
+
+def _site(root: Path, name: str, version: str, files: list[str]) -> Path:
+    dist = root / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    for path in files:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("")
+    record = [*files, f"{dist.name}/METADATA", f"{dist.name}/RECORD"]
+    (dist / "RECORD").write_text("".join(f"{p},,\n" for p in record))
+    return root
+
+
+def test_the_doctor_reads_the_packages_python_imports_from_every_folder_on_its_path(tmp_path):
+    """A --target folder on PYTHONPATH before the venv: its onnxruntime-gpu is the one imported, the venv's
+    onnxruntime is passed over (not a clash), and DALI installed only there is found."""
+    target = _site(tmp_path / "target", "onnxruntime-gpu", "1.31.1", ["onnxruntime/__init__.py"])
+    _site(target, "nvidia-dali-cuda120", "2.4.0", ["nvidia/dali/__init__.py"])
+    venv = _site(tmp_path / "venv", "onnxruntime", "1.30.0", ["onnxruntime/__init__.py", "onnxruntime/capi/x.py"])
+    files = InstalledSet([target, venv])
+    assert files.versions == {"onnxruntime-gpu": "1.31.1", "nvidia-dali-cuda120": "2.4.0"}
+    assert files.shadowed == [f"onnxruntime 1.30.0 ({venv})"] and not files.collisions
+    stack, problems = _installed_stack(files)
+    assert stack == "cpu" and problems == []  # no CUDA libraries in either folder
+    result, _ = _packages(files, None, gpu=False)
+    assert "not imported (an earlier folder on the import path holds the package): onnxruntime 1.30.0" in result.summary
+    alone = InstalledSet(venv)  # the venv alone: its onnxruntime, no DALI
+    assert alone.versions == {"onnxruntime": "1.30.0"} and "DALI is not installed" in _installed_stack(alone)[1][0]

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import http.server
+import importlib.util
 import os
 import posixpath
 import re
 import struct
 import subprocess
 import sys
-import sysconfig
 import threading
 import zipfile
 from pathlib import Path
@@ -45,7 +45,9 @@ from gpufeed.stack._sets import InstalledSet, elf_from_json, elf_to_json
 from gpufeed.stack._wheels import RemoteWheel, wheel_path
 
 ROOT = Path(__file__).resolve().parents[1]
-SITE = Path(sysconfig.get_paths()["purelib"])
+# The folder the installed DALI is imported from: the venv's site-packages, or a --target folder on
+# PYTHONPATH (as on the GPU host), not necessarily this interpreter's own.
+SITE = Path(importlib.util.find_spec("nvidia.dali").origin).parents[2]
 PROVIDER = "onnxruntime/capi/libonnxruntime_providers_cuda.so"
 OPERATORS = "nvidia/dali/libdali_operators.so"
 NVJPEG_EXT = next(

@@ -133,11 +133,13 @@ def test_segmentation_targets_leave_out_ids_past_the_classes():
 def test_a_segmentation_step_never_synchronises_on_a_gpu():
     stepper = _stepper("cuda")
     stepper(_batch(_masks(CLASSES - 1), "cuda"))  # first step: lazy set-up (optimizer state, events) may sync
+    # The batches arrive on the device as the loader hands them over: copying them there is not the step's.
+    good_batch, bad_batch = _batch(_masks(CLASSES - 1), "cuda"), _batch(_masks(7), "cuda")
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        good = stepper.launch(_batch(_masks(CLASSES - 1), "cuda"))
-        bad = stepper.launch(_batch(_masks(7), "cuda"))
+        good = stepper.launch(good_batch)
+        bad = stepper.launch(bad_batch)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert good.result().loss > 0

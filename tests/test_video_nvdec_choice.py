@@ -42,8 +42,21 @@ FORMATS = {
 def odd_formats(tmp_path_factory):
     folder = tmp_path_factory.mktemp("nvdec") / "videos"
     for video_id, (name, (kwargs, _, _)) in enumerate(FORMATS.items()):
-        encode_tagged_video(folder / name, video_id, 30, **kwargs)
+        # 160x144: at least NVDEC's smallest hevc (144x144) and VP9 (128x128) frames.
+        encode_tagged_video(folder / name, video_id, 30, width=160, height=144, **kwargs)
     return folder
+
+
+def test_nvdec_refuses_videos_below_its_smallest_size():
+    from types import SimpleNamespace
+
+    def info(codec, width, height):
+        return SimpleNamespace(codec=codec, pix_fmt="yuv420p", profile="High", width=width, height=height)
+
+    assert nvdec_problem(info("hevc", 96, 64), (9, 0)) == "hevc 96x64: smaller than NVDEC's 144x144 for hevc"
+    assert nvdec_problem(info("hevc", 144, 144), (9, 0)) is None
+    assert nvdec_problem(info("vp9", 160, 120), (9, 0)) == "vp9 160x120: smaller than NVDEC's 128x128 for vp9"
+    assert nvdec_problem(info("h264", 96, 64), (9, 0)) is None
 
 
 def test_pixel_format_facts():

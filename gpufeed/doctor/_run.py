@@ -32,7 +32,7 @@ from gpufeed.stack import (
     cuda_builds_of,
     read_driver,
 )
-from gpufeed.stack._sets import InstalledSet
+from gpufeed.stack._sets import InstalledSet, import_path_folders
 
 __all__ = ["DEFAULT_TIMEOUT_S", "run_doctor", "run_isolated"]
 
@@ -98,6 +98,10 @@ def _packages(files: InstalledSet, driver: DriverInfo | None, gpu: bool) -> tupl
             f"CUDA majors {', '.join(sorted(majors))} are mixed (two CUDA runtimes in one process): {_STACK_HINT}"
         )
     notes: list[str] = []
+    key = ("torch", *_DALI, "onnxruntime", "onnxruntime-gpu")
+    passed_over = [d for d in getattr(files, "shadowed", []) if d.split(" ", 1)[0] in key]
+    if passed_over:
+        notes.append(f"not imported (an earlier folder on the import path holds the package): {', '.join(passed_over)}")
     if driver is not None:
         for name, version in main.items():
             if not version:
@@ -211,7 +215,7 @@ def run_doctor(*, require_gpu: bool = False, device_id: int = 0, timeout_s: floa
     """
     driver_result, driver, gpu = _driver()
     report = DoctorReport(gpu=gpu, require_gpu=require_gpu, results=[driver_result])
-    files = InstalledSet(Path(sysconfig.get_paths()["purelib"]))
+    files = InstalledSet(import_path_folders() or [Path(sysconfig.get_paths()["purelib"])])
     packages, stack = _packages(files, driver, gpu)
     report.results += [packages, _libraries(files, stack, gpu)]
     if not gpu:

@@ -29,7 +29,7 @@ from pathlib import Path
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS
 from gpufeed.pipelines._deepethogram import is_project, read_project
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, is_frame_folder
+from gpufeed.pipelines._store_kinds import is_frame_folder, store_extensions
 from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, list_videos
 
 __all__ = ["FORMATS", "OUTPUT_SUFFIXES", "Target", "find_images", "find_videos", "output_path"]
@@ -68,7 +68,7 @@ def _stem(path: Path) -> str:
 
 
 def _is_video_file(path: Path) -> bool:
-    return path.name.lower().endswith(VIDEO_EXTENSIONS + HDF5_EXTENSIONS)
+    return path.name.lower().endswith(VIDEO_EXTENSIONS + store_extensions())
 
 
 def _own_output(path: str) -> bool:
@@ -95,7 +95,7 @@ def find_videos(source: str | Path, out: str | Path | None = None, allowed_roots
     if source.is_file() or is_frame_folder(source):
         if source.is_file() and not _is_video_file(source):
             raise DatasetError(
-                f"{source} is not a video: expected {', '.join(VIDEO_EXTENSIONS + HDF5_EXTENSIONS)}, a frame folder, "
+                f"{source} is not a video: expected {', '.join(VIDEO_EXTENSIONS + store_extensions())}, a frame folder, "
                 "a folder of videos or a DeepEthogram project"
             )
         base = (out_dir or source.parent) / _stem(source)
@@ -104,7 +104,7 @@ def find_videos(source: str | Path, out: str | Path | None = None, allowed_roots
     paths = [p for p in paths if not _own_output(p)]
     if not paths:
         raise DatasetError(
-            f"no videos ({', '.join(VIDEO_EXTENSIONS + HDF5_EXTENSIONS)} files or folders of numbered frames) in "
+            f"no videos ({', '.join(VIDEO_EXTENSIONS + store_extensions())} files or folders of numbered frames) in "
             f"{source}"
         )
     targets = []

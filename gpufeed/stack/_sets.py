@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -76,27 +77,56 @@ class FileSet:
 
 
 class InstalledSet(FileSet):
-    """The distributions installed in one site-packages folder, read from their RECORD files.
+    """The distributions installed in site-packages folders, read from their RECORD files.
+
+    With several folders (Python's import path: a ``PYTHONPATH`` or ``pip install --target`` folder
+    before the venv's own), a distribution, or a file, in an earlier folder shadows one of the same
+    name in a later folder, as it does at import; :attr:`shadowed` names what was passed over.
 
     Args:
-        site_packages: The folder (a venv's ``lib/pythonX.Y/site-packages``).
+        site_packages: The folder (a venv's ``lib/pythonX.Y/site-packages``), or the folders in
+            import order.
     """
 
-    def __init__(self, site_packages: Path):
+    def __init__(self, site_packages: Path | Sequence[Path]):
         super().__init__()
-        self.root = Path(site_packages)
-        for dist in importlib.metadata.distributions(path=[str(self.root)]):
-            name = dist.metadata["Name"]
-            self.versions[name] = dist.version
-            paths = [str(f).replace("\\", "/") for f in dist.files or () if not str(f).startswith("..")]
-            self._add(name, paths)
+        roots = [Path(site_packages)] if isinstance(site_packages, (str, Path)) else [Path(p) for p in site_packages]
+        self.root = roots[0]
+        self.shadowed: list[str] = []  # "name version (folder)" passed over for an earlier folder's
+        self.location: dict[str, Path] = {}  # distribution name -> its folder
+        self._root_of: dict[str, Path] = {}
+        for root in roots:
+            for dist in importlib.metadata.distributions(path=[str(root)]):
+                name = dist.metadata["Name"]
+                if name in self.versions:
+                    self.shadowed.append(f"{name} {dist.version} ({root})")
+                    continue
+                paths = [str(f).replace("\\", "/") for f in dist.files or () if not str(f).startswith("..")]
+                packages = sorted((p for p in paths if p.endswith("/__init__.py")), key=len)
+                if packages and self._root_of.get(packages[0], root) != root:
+                    # Its package is imported from an earlier folder (onnxruntime there, onnxruntime-gpu here).
+                    self.shadowed.append(f"{name} {dist.version} ({root})")
+                    continue
+                self.versions[name] = dist.version
+                self.location[name] = root
+                paths = [p for p in paths if self._root_of.setdefault(p, root) == root]
+                self._add(name, paths)
 
     def _read_elf(self, path: str) -> ElfInfo:
-        with open(self.root / path, "rb") as f:
+        with open(self._root_of.get(path, self.root) / path, "rb") as f:
             return read_elf(f)
 
     def text(self, path: str) -> str:
-        return (self.root / path).read_text(encoding="utf-8")
+        return (self._root_of.get(path, self.root) / path).read_text(encoding="utf-8")
+
+
+def import_path_folders() -> list[Path]:
+    """The folders Python imports from, in order, that exist (the current folder left out)."""
+    seen: list[Path] = []
+    for entry in sys.path:
+        if entry and Path(entry).is_dir() and Path(entry) not in seen:
+            seen.append(Path(entry))
+    return seen
 
 
 class RemoteSet(FileSet):

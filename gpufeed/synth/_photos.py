@@ -24,32 +24,60 @@ from gpufeed._progress import progress_bar
 __all__ = ["encode_image", "format_samples", "make_bench_images", "photo_pixels"]
 
 
+def _bench_photo(index: int, width: int, height: int, seed: int) -> np.ndarray:
+    """Photo ``index`` of a bench set: six soft blobs plus sensor-like noise, seeded by (seed, index)."""
+    rng = np.random.default_rng((seed, index))
+    y = np.arange(height, dtype=np.float32)[:, None]
+    x = np.arange(width, dtype=np.float32)[None, :]
+    base = np.zeros((height, width, 3), np.float32)
+    for _ in range(6):
+        cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(0.1, 0.5) * width
+        # exp(-(dx^2 + dy^2) / 2r^2) as the outer product of its two axes: one pass over the image.
+        blob = np.exp(-((y - cy) ** 2) / (2 * r * r)) * np.exp(-((x - cx) ** 2) / (2 * r * r))
+        base += blob[..., None] * rng.uniform(0, 255, 3).astype(np.float32)
+    base = base / max(float(base.max()), 1.0) * 220 + rng.normal(0, 6, base.shape).astype(np.float32)
+    return np.clip(base, 0, 255).astype(np.uint8)
+
+
+def _write_bench_photos(photos: Path, indices: range, width: int, height: int, seed: int) -> int:
+    from PIL import Image
+
+    for i in indices:
+        Image.fromarray(_bench_photo(i, width, height, seed)).save(photos / f"{i:06d}.jpg", quality=90)
+    return len(indices)
+
+
 def make_bench_images(folder: Path, count: int, width: int, height: int, seed: int = 0) -> Path:
     """Photo-like JPEGs (smooth shapes plus sensor-like noise, quality 90) in ``<returned>/photos/``.
 
-    Written under ``folder`` once per (size, count, seed) and reused when already complete.
+    Written under ``folder`` once per (size, count, seed) and reused when already complete. Each
+    photo is seeded by its index, so processes on every core write them (a GPU machine's first
+    ``bench train`` wrote its 4,096 640x480 photos at 18 a second on one core of sixteen).
 
     Returns:
         The folder holding ``photos/``.
     """
-    from PIL import Image
+    import os
+    from concurrent.futures import ProcessPoolExecutor
 
-    target = Path(folder) / f"bench-{width}x{height}-{count}-{seed}"
+    target = Path(folder) / f"bench-{width}x{height}-{count}-{seed}-v2"
     photos = target / "photos"
     done = target / ".complete"
     if done.exists():
         return target
     photos.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-    for i in progress_bar(range(count), desc="bench images", unit="img", leave=False):
-        base = np.zeros((height, width, 3), np.float32)
-        for _ in range(6):
-            cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(0.1, 0.5) * width
-            blob = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * r * r))
-            base += blob[..., None] * rng.uniform(0, 255, 3)
-        base = base / max(base.max(), 1.0) * 220 + rng.normal(0, 6, base.shape)
-        Image.fromarray(np.clip(base, 0, 255).astype(np.uint8)).save(photos / f"{i:06d}.jpg", quality=90)
+    chunk = 64
+    chunks = [range(start, min(start + chunk, count)) for start in range(0, count, chunk)]
+    workers = max(1, min(len(chunks), len(os.sched_getaffinity(0))))
+    with progress_bar(total=count, desc="bench images", unit="img", leave=False) as bar:
+        if workers == 1:
+            for indices in chunks:
+                bar.update(_write_bench_photos(photos, indices, width, height, seed))
+        else:
+            with ProcessPoolExecutor(workers) as pool:
+                jobs = [pool.submit(_write_bench_photos, photos, indices, width, height, seed) for indices in chunks]
+                for job in jobs:
+                    bar.update(job.result())
     done.touch()
     return target
 

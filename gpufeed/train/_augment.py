@@ -71,6 +71,44 @@ class _DrawsOnItsDevice:
             return super().forward_parameters(batch_shape)
 
 
+def _blur_on_device(input: torch.Tensor, kernel_size, sigma: torch.Tensor, border_type: str, separable: bool):
+    """``kornia.filters.gaussian_blur2d`` on a GPU without its check that every sigma is positive.
+
+    That check reads the sigmas back to the host (``bool(tensor)``), a synchronisation per step once
+    they are drawn on the device (seen on an H200 with CUDA's sync debug mode). The sigmas come from
+    ``augment.gaussian_blur.sigma``, a range the config already requires to be positive. Kornia's
+    own kernels and separable filter do the rest; on a CPU Kornia's function runs unchanged.
+    """
+    from kornia.filters import gaussian_blur2d
+
+    if input.device.type == "cpu":
+        return gaussian_blur2d(input, kernel_size, sigma, border_type, separable)
+    return _kernels_blur(input, kernel_size, sigma, border_type, separable)
+
+
+def _kernels_blur(input: torch.Tensor, kernel_size, sigma: torch.Tensor, border_type: str, separable: bool):
+    """Kornia's Gaussian kernels and filters applied as ``gaussian_blur2d`` does, reading nothing back."""
+    from kornia.filters import filter2d, filter2d_separable, get_gaussian_kernel1d
+    from kornia.filters.kernels import get_gaussian_kernel2d
+
+    ky, kx = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
+    bs = sigma.shape[0]
+    if not separable:
+        return filter2d(input, get_gaussian_kernel2d((ky, kx), sigma), border_type)
+    kernel_x = get_gaussian_kernel1d(kx, sigma[:, 1].view(bs, 1))
+    kernel_y = get_gaussian_kernel1d(ky, sigma[:, 0].view(bs, 1))
+    return filter2d_separable(input, kernel_x, kernel_y, border_type)
+
+
+def _device_blur(kernel, sigma, p: float) -> nn.Module:
+    """Kornia's ``RandomGaussianBlur`` drawing on its device and blurring without a host read."""
+    import kornia.augmentation as K
+
+    blur = _on_its_device(K.RandomGaussianBlur)(kernel, sigma, p=p)
+    blur._gaussian_blur2d_fn = _blur_on_device
+    return blur
+
+
 @functools.cache
 def _on_its_device(op: type) -> type:
     """``op`` with :class:`_DrawsOnItsDevice` mixed in (same name, still an ``op``)."""
@@ -94,7 +132,7 @@ def build_op(name: str, cfg: AugmentConfig) -> nn.Module:
     if name == "gaussian_blur":
         blur = cfg.gaussian_blur
         kernel = (blur.kernel_size_px, blur.kernel_size_px)
-        return _on_its_device(K.RandomGaussianBlur)(kernel, blur.sigma, p=blur.p)
+        return _device_blur(kernel, blur.sigma, p=blur.p)
     if name == "rotation":
         return _on_its_device(K.RandomRotation)(cfg.rotation.degrees, p=cfg.rotation.p)
     if name == "erasing":
