@@ -150,13 +150,17 @@ def test_video_check_verdicts(corpus):
     for video in videos:
         if video.verdict == "warning":
             assert video.words in warnings[str(video.path)]
-    # h264 4:4:4 (High 4:4:4 Predictive) is the one NVDEC cannot take: PyAV decodes it on a GPU.
+    # NVDEC cannot take h264 4:4:4 (High 4:4:4 Predictive), nor the 95x63 VP9 and 96x64 hevc videos, smaller
+    # than its smallest frame for those codecs (128x128, 144x144): PyAV decodes them on a GPU.
     decoders = {f.path: f.reason for f in good.findings if f.kind == "decoder"}
-    (odd,) = [v for v in videos if "444" in v.path.name]
-    assert "PyAV, not NVDEC" in decoders[str(odd.path)] and "High 4:4:4" in decoders[str(odd.path)]
+    refused = {v.path.name.split("_", 1)[0]: v for v in videos if v.path.name.startswith(("b_", "c_", "f_"))}
+    assert "PyAV, not NVDEC" in decoders[str(refused["b"].path)] and "High 4:4:4" in decoders[str(refused["b"].path)]
+    assert "smaller than NVDEC's 128x128 for vp9" in decoders[str(refused["c"].path)]
+    assert "smaller than NVDEC's 144x144 for hevc" in decoders[str(refused["f"].path)]
+    folder = str(refused["b"].path.parent)
     shown = [v for v in videos if v.verdict != "bad"]
-    assert f"on a GPU {len(shown) - 1} of {len(shown)} video(s) decode on NVDEC" in decoders[str(odd.path.parent)]
-    assert set(decoders) == {str(odd.path), str(odd.path.parent)}
+    assert f"on a GPU {len(shown) - 3} of {len(shown)} video(s) decode on NVDEC" in decoders[folder]
+    assert set(decoders) == {*(str(v.path) for v in refused.values()), folder}
     assert {f.kind for f in good.findings} <= {"warning", "decoder"}
 
     bad = check_path(root / "videos" / "bad", progress=False)
