@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gpufeed._blob_cache import BlockCache
-    from gpufeed._object_path import ObjectPath
 
-__all__ = ["DEFAULT_BLOCK_BYTES", "RangedFile", "open_ranged"]
+__all__ = ["DEFAULT_BLOCK_BYTES", "RangedFile"]
 
 DEFAULT_BLOCK_BYTES = 256 << 10
 _READ_AHEAD_BYTES = 8 << 20
@@ -182,24 +181,3 @@ class RangedFile(io.RawIOBase):
         self._blocks.move_to_end(index)
         while len(self._blocks) > self.max_blocks:
             self._blocks.popitem(last=False)
-
-
-def open_ranged(path: ObjectPath) -> RangedFile:
-    """A :class:`RangedFile` of an S3 object, with this process's storage settings (block size, cache).
-
-    Raises:
-        OSError: The object does not exist or cannot be reached (the message names its URL).
-    """
-    from gpufeed import _s3
-    from gpufeed._storage import storage_cache, storage_settings
-
-    found = _s3.stat(path)
-    settings = storage_settings()
-    return RangedFile(
-        str(path),
-        found.st_size,
-        lambda start, length: _s3.read_range(path, start, length),
-        block_bytes=settings.block_bytes,
-        cache=storage_cache(),
-        cache_key=f"{path}\n{found.st_size}\n{found.etag or found.st_mtime_ns}",
-    )

@@ -22,28 +22,37 @@ inherit them (:func:`storage_settings` reads them back).
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
+from gpufeed._blob_cache import BlockCache
 from gpufeed._config_storage import StorageConfig
-from gpufeed._object_path import ObjectPath, is_object_url
+from gpufeed._object_path import OBJECT_SCHEMES, ObjectPath, is_object_url, url_scheme
+from gpufeed._ranged import RangedFile
+from gpufeed._text import quoted
 
 if TYPE_CHECKING:
-    from gpufeed._blob_cache import BlockCache
+    from gpufeed._s3 import ObjectStat
 
 __all__ = [
+    "DataPath",
+    "S3Path",
     "StorageSettings",
     "configure_storage",
+    "data_path",
     "file_size",
     "is_remote",
     "join",
+    "listdir",
     "local_file",
     "media_source",
     "open_binary",
+    "prime_listing",
     "read_bytes",
     "stat_key",
     "storage_cache",
@@ -56,6 +65,8 @@ ENV_CACHE_MAX_BYTES = "GPUFEED_STORAGE_CACHE_MAX_BYTES"
 ENV_BLOCK_BYTES = "GPUFEED_STORAGE_BLOCK_BYTES"
 
 PathArg = str | PurePath | ObjectPath
+# What open_binary returns: a local file, or an object's ranged-read file; both read, seek and close.
+BinaryFile: TypeAlias = io.BufferedReader | RangedFile
 
 
 @dataclass(frozen=True)
@@ -109,14 +120,125 @@ def storage_cache() -> BlockCache | None:
     settings = storage_settings()
     if settings.cache_dir is None:
         return None
-    from gpufeed._blob_cache import BlockCache
-
     key = (os.getpid(), settings.cache_dir, settings.cache_max_bytes)
     with _cache_lock:
         cache = _caches.get(key)
         if cache is None:
             cache = _caches[key] = BlockCache(settings.cache_dir, settings.cache_max_bytes)
         return cache
+
+
+class S3Path(ObjectPath):
+    """An :class:`~gpufeed._object_path.ObjectPath` that reads its bucket: what the indexes ask of a ``Path``.
+
+    ``is_dir()``: some key continues this one with ``/``; ``is_file()``: an object has exactly this
+    key; ``iterdir()``: one level below the prefix; ``open("rb")``: a ranged-read file
+    (:class:`~gpufeed._ranged.RangedFile`). Every failure is an ``OSError`` naming the URL, never a
+    credential (:mod:`gpufeed._s3`).
+    """
+
+    __slots__ = ()
+
+    def stat(self) -> ObjectStat:
+        """Size and version (``st_size``, ``st_mtime_ns``, ``etag``); ``FileNotFoundError``-like ``OSError`` when absent."""
+        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
+
+        return _s3.stat(self)
+
+    def exists(self) -> bool:
+        return self.is_file() or self.is_dir()
+
+    def is_file(self) -> bool:
+        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
+
+        return bool(self.key) and _s3.lookup(self) is not None
+
+    def is_dir(self) -> bool:
+        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
+
+        return _s3.has_children(self)
+
+    def iterdir(self) -> Iterator[S3Path]:
+        """The keys and sub-prefixes one level below this prefix, sorted."""
+        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
+
+        folders, files = _s3.list_level(self)
+        return iter(sorted([self / name for name in folders] + [self / name for name in files]))
+
+    def glob(self, pattern: str) -> Iterator[S3Path]:
+        """The keys one level below this prefix whose names match ``pattern`` (no ``/`` in it)."""
+        if "/" in pattern:
+            raise ValueError(f"{self}: glob pattern {pattern!r} spans levels; only one level is read here")
+        import fnmatch
+
+        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
+
+        _folders, files = _s3.list_level(self)
+        return iter(self / name for name in sorted(files) if fnmatch.fnmatchcase(name, pattern))
+
+    def read_bytes(self) -> bytes:
+        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
+
+        return _s3.read_object(self)
+
+    def read_text(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return self.read_bytes().decode(encoding, errors)
+
+    def open(self, mode: str = "rb") -> RangedFile:
+        """A read-only, seekable binary file read by ranges, with this process's block size and cache.
+
+        Raises:
+            ValueError: A mode other than ``"rb"``: objects are read, never written here.
+            OSError: The object does not exist or cannot be reached.
+        """
+        if mode != "rb":
+            raise ValueError(f"{self}: mode {mode!r} is not allowed; objects open read-only ('rb')")
+        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
+
+        found = _s3.stat(self)
+        settings = storage_settings()
+        return RangedFile(
+            str(self),
+            found.st_size,
+            lambda start, length: _s3.read_range(self, start, length),
+            block_bytes=settings.block_bytes,
+            cache=storage_cache(),
+            cache_key=f"{self}\n{found.st_size}\n{found.etag or found.st_mtime_ns}",
+        )
+
+
+# Where a dataset can be: a local path or a key prefix in a bucket.
+DataPath: TypeAlias = Path | S3Path
+
+
+def data_path(value: str | PurePath | ObjectPath) -> DataPath:
+    """``value`` as an :class:`S3Path` when it is an ``s3://`` URL (or an ``ObjectPath``), else as a ``Path``.
+
+    Raises:
+        ValueError: A URL of a scheme gpufeed does not read (``gs://``, ``http://``), or a bad S3 URL.
+    """
+    if isinstance(value, S3Path):
+        return value
+    if isinstance(value, ObjectPath):
+        return S3Path(str(value))
+    if isinstance(value, PurePath):
+        return Path(value)
+    text = str(value)
+    scheme = url_scheme(text)
+    if scheme is None:
+        return Path(text)
+    if scheme in OBJECT_SCHEMES:
+        return S3Path(text)
+    raise ValueError(f"{quoted(text)}: {scheme}:// is not read here; supported: local paths and s3://bucket/prefix")
+
+
+def _split(path: PathArg) -> tuple[S3Path | None, str]:
+    """``(the object, "")`` for an object, ``(None, the local path as text)`` otherwise."""
+    if isinstance(path, ObjectPath):
+        return (path if isinstance(path, S3Path) else S3Path(str(path))), ""
+    if isinstance(path, str) and is_object_url(path):
+        return S3Path(path), ""
+    return None, os.fspath(path)
 
 
 def is_remote(path: object) -> bool:
@@ -126,9 +248,8 @@ def is_remote(path: object) -> bool:
 
 def join(base: PathArg, *names: str) -> str:
     """``os.path.join`` for a local ``base``, key joining for a URL; the result as text."""
-    if is_object_url(base):
-        return str(ObjectPath(str(base)).joinpath(*names))
-    return os.path.join(base, *names)
+    obj, local = _split(base)
+    return str(obj.joinpath(*names)) if obj is not None else os.path.join(local, *names)
 
 
 def walk(root: PathArg) -> Iterator[tuple[str, list[str], list[str]]]:
@@ -140,12 +261,12 @@ def walk(root: PathArg) -> Iterator[tuple[str, list[str], list[str]]]:
     Raises:
         OSError: The bucket cannot be listed (the message names the URL).
     """
-    if not is_object_url(root):
-        yield from os.walk(root)
+    top, local = _split(root)
+    if top is None:
+        yield from os.walk(local)
         return
     from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
 
-    top = ObjectPath(str(root))
     children: dict[str, tuple[set[str], list[str]]] = {"": (set(), [])}
     base = f"{top.key}/" if top.key else ""
     for found in _s3.list_tree(top):
@@ -164,16 +285,42 @@ def walk(root: PathArg) -> Iterator[tuple[str, list[str], list[str]]]:
         pending.extend(f"{rel}/{name}" if rel else name for name in reversed(dirnames))
 
 
+def prime_listing(path: PathArg) -> None:
+    """List a bucket prefix once, so the questions an index asks about its keys for the next minute
+    are answered from that listing (:mod:`gpufeed._s3`); nothing for a local folder."""
+    obj, _ = _split(path)
+    if obj is not None:
+        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
+
+        _s3.list_tree(obj)
+
+
+def listdir(path: PathArg) -> list[str]:
+    """:func:`os.listdir`: the names of the files and folders in a folder or one level below a prefix.
+
+    Raises:
+        OSError: It cannot be listed.
+    """
+    obj, local = _split(path)
+    if obj is not None:
+        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
+
+        folders, files = _s3.list_level(obj)
+        return folders + files
+    return os.listdir(local)
+
+
 def stat_key(path: PathArg) -> tuple[int, int]:
     """``(size, version)`` of a file or object: what the index caches compare to know it is unchanged.
 
     Raises:
         OSError: It does not exist or cannot be read.
     """
-    if is_object_url(path):
-        found = ObjectPath(str(path)).stat()
+    obj, local = _split(path)
+    if obj is not None:
+        found = obj.stat()
         return found.st_size, found.st_mtime_ns
-    st = os.stat(path)
+    st = os.stat(local)
     return st.st_size, st.st_mtime_ns
 
 
@@ -182,33 +329,34 @@ def file_size(path: PathArg) -> int:
     return stat_key(path)[0]
 
 
-def open_binary(path: PathArg) -> IO[bytes]:
+def open_binary(path: PathArg) -> BinaryFile:
     """``open(path, "rb")``; an object opens as a ranged-read file (see the module docs)."""
-    if is_object_url(path):
-        return ObjectPath(str(path)).open("rb")
-    return open(path, "rb")  # the caller closes it, as it would close open()'s
+    obj, local = _split(path)
+    if obj is not None:
+        return obj.open("rb")
+    return open(local, "rb")  # the caller closes it, as it would close open()'s
 
 
-def media_source(path: PathArg) -> str | IO[bytes]:
+def media_source(path: PathArg) -> str | RangedFile:
     """What ``av.open`` and ``h5py.File`` are given: the local path as text, or an object's ranged-read file."""
-    if is_object_url(path):
-        return open_binary(path)
-    return os.fspath(path) if isinstance(path, PurePath) else str(path)
+    obj, local = _split(path)
+    return obj.open("rb") if obj is not None else local
 
 
 def read_bytes(path: PathArg, max_bytes: int | None = None) -> bytes:
     """The whole file or object; ``max_bytes`` refuses a larger one unread (``OSError``, ``EFBIG``)."""
-    if is_object_url(path):
+    obj, local = _split(path)
+    if obj is not None:
         from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
 
-        return _s3.read_object(ObjectPath(str(path)), max_bytes)
+        return _s3.read_object(obj, max_bytes)
     if max_bytes is not None:
-        size = os.stat(path).st_size
+        size = os.stat(local).st_size
         if size > max_bytes:
             import errno
 
-            raise OSError(errno.EFBIG, f"{path}: {size:,} bytes, more than the {max_bytes:,} allowed here")
-    return Path(path).read_bytes()
+            raise OSError(errno.EFBIG, f"{local}: {size:,} bytes, more than the {max_bytes:,} allowed here")
+    return Path(local).read_bytes()
 
 
 def local_file(path: PathArg) -> str:
@@ -217,8 +365,9 @@ def local_file(path: PathArg) -> str:
     Raises:
         OSError: An object, but no ``storage.cache_dir`` to copy it into, or it cannot be read.
     """
-    if not is_object_url(path):
-        return os.fspath(path) if isinstance(path, PurePath) else str(path)
+    obj, local = _split(path)
+    if obj is None:
+        return local
     cache = storage_cache()
     if cache is None:
         import errno
@@ -228,4 +377,4 @@ def local_file(path: PathArg) -> str:
             f"{path}: this reader opens local files only; set storage.cache_dir to copy objects into a local "
             "cache first (or use video.decoder: pyav, which reads objects by ranges)",
         )
-    return str(cache.materialize(ObjectPath(str(path))))
+    return str(cache.materialize(obj))

@@ -33,6 +33,7 @@ from gpufeed.pipelines._clip_pipeline import (
 )
 from gpufeed.pipelines._epochs import worker_start_method
 from gpufeed.pipelines._nvdec_reader import ReaderBuild, log_reader_budget, log_reader_build
+from gpufeed.pipelines._object_media import reader_local_paths
 from gpufeed.pipelines._pyav import ClipSource
 from gpufeed.pipelines._sampler import PlanStream
 from gpufeed.pipelines._store_feed import (
@@ -90,7 +91,7 @@ def reader_pipeline(loader, stream: PlanStream, common: dict, rows) -> tuple:
     try:
         listed = write_stream_list(
             Path(work.name),
-            list(loader.dataset.paths),
+            reader_local_paths(loader.dataset.paths),  # s3://: cached copies (DALI's reader opens local files)
             stream,
             loader.table,
             train=loader.train,

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._object_path import ObjectPath, is_object_url
 from gpufeed._progress import progress_bar
+from gpufeed._storage import DataPath, data_path, join, stat_key, walk
 from gpufeed._text import quoted
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
@@ -91,17 +93,18 @@ class ImageDataset:
     @classmethod
     def from_folder(
         cls,
-        root: str | Path,
+        root: str | Path | ObjectPath,
         classes: tuple[str, ...] | None = None,
         progress: bool = False,
         max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ):
-        """Index ``root/<class>/<image>`` (hidden files and folders are skipped)."""
-        root = Path(root)
+        """Index ``root/<class>/<image>`` (hidden files and folders are skipped); ``root`` may be ``s3://bucket/prefix``."""
+        root = data_path(root)
         if not root.is_dir():
             raise DatasetError(f"dataset folder {root} does not exist or is not a folder")
-        folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-        stray = sorted(str(p) for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
+        _top, subfolders, top_files = next(walk(root))
+        folders = sorted(name for name in subfolders if not name.startswith("."))
+        stray = sorted(join(root, name) for name in top_files if not name.startswith("."))
         names = tuple(classes) if classes else tuple(folders)
         paths: list[str]
         labels: list[int]
@@ -109,12 +112,12 @@ class ImageDataset:
         paths, labels, problems, ignored = [], [], {}, list(stray)
         for folder in folders:
             label = names.index(folder) if folder in names else -1
-            for dirpath, dirnames, filenames in os.walk(root / folder):
+            for dirpath, dirnames, filenames in walk(root / folder):
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
                 for name in sorted(filenames):
                     if name.startswith("."):
                         continue
-                    full = os.path.join(dirpath, name)
+                    full = join(dirpath, name)
                     if not name.lower().endswith(IMAGE_EXTENSIONS):
                         ignored.append(full)
                         continue
@@ -130,13 +133,14 @@ class ImageDataset:
     @classmethod
     def from_list(
         cls,
-        list_file: str | Path,
+        list_file: str | Path | ObjectPath,
         classes: tuple[str, ...] | None = None,
         progress: bool = False,
         max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ):
-        """Index a list file of ``path label`` lines (grammar in the module docs)."""
-        list_file = Path(list_file)
+        """Index a list file of ``path label`` lines (grammar in the module docs); it may be ``s3://bucket/key``,
+        its relative paths then keys beside it."""
+        list_file = data_path(list_file)
         try:
             lines = list_file.read_text(encoding="utf-8").splitlines()
         except OSError as err:
@@ -160,7 +164,7 @@ class ImageDataset:
             if entry is None:
                 continue
             rel, label_text = entry
-            full = rel if os.path.isabs(rel) else str(base / rel)
+            full = rel if os.path.isabs(rel) or is_object_url(rel) else str(base / rel)
             label, why = _parse_label(label_text, classes)
             if why:
                 if " #" in line:
@@ -229,7 +233,7 @@ def _parse_label(text: str, classes: tuple[str, ...] | None) -> tuple[int, str |
     return value, None
 
 
-def index_image_facts(base: Path, stem: str, paths: list[str], progress: bool = False) -> list[ImageFacts]:
+def index_image_facts(base: DataPath, stem: str, paths: list[str], progress: bool = False) -> list[ImageFacts]:
     """:func:`read_image_facts` for every path, reusing the cache beside the data for unchanged files."""
     cache_path = index_cache_path(base, f"{stem}-index.json")
     cached = read_json_cache(cache_path) or {}
@@ -239,8 +243,7 @@ def index_image_facts(base: Path, stem: str, paths: list[str], progress: bool = 
     todo = []
     for i, path in enumerate(paths):
         try:
-            st = os.stat(path)
-            stats.append((st.st_size, st.st_mtime_ns))
+            stats.append(stat_key(path))
         except OSError:
             stats.append(None)
         hit = entries.get(path)

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._object_path import ObjectPath, is_object_url
+from gpufeed._storage import DataPath, data_path, file_size, join, listdir, media_source, read_bytes
 from gpufeed.pipelines._frame_sizes import frame_size_problem
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, read_image_facts
 from gpufeed.pipelines._image_verify import decode_problem
@@ -57,22 +59,21 @@ HDF5_CHANNELS_REVERSED = True
 _NUMBERED = re.compile(r"^(\d+)(\.[A-Za-z]+)$")
 
 
-def is_frame_folder(path: str | Path) -> bool:
+def is_frame_folder(path: str | Path | ObjectPath) -> bool:
     """True for a folder whose files include numbered images (``000000000.png`` ...)."""
     try:
-        with os.scandir(path) as entries:
-            for entry in entries:
-                match = _NUMBERED.match(entry.name)
-                if match and match.group(2).lower() in FRAME_FOLDER_EXTENSIONS:
-                    return True
+        for name in listdir(path):  # s3: one level of the prefix
+            match = _NUMBERED.match(name)
+            if match and match.group(2).lower() in FRAME_FOLDER_EXTENSIONS:
+                return True
     except OSError:
         return False
     return False
 
 
-def store_kind(path: str | Path) -> str:
+def store_kind(path: str | Path | ObjectPath) -> str:
     """``"folder"``, ``"hdf5"`` or ``""`` (an encoded video file, or nothing gpufeed reads)."""
-    path = Path(path)
+    path = data_path(path)
     if path.suffix.lower() in HDF5_EXTENSIONS:
         return "hdf5"
     if path.is_dir():
@@ -80,9 +81,9 @@ def store_kind(path: str | Path) -> str:
     return ""
 
 
-def label_path(video: str | Path) -> Path:
+def label_path(video: str | Path | ObjectPath) -> DataPath:
     """The label CSV of a video file or frame store: ``<name>.csv`` beside it."""
-    video = Path(video)
+    video = data_path(video)
     if video.is_dir():  # a folder's name may hold dots ("mouse.day1"): keep all of it
         return video.with_name(video.name + ".csv")
     return video.with_suffix(".csv")
@@ -118,10 +119,10 @@ def _facts_of_first(kind: str, data_or_path, count: int, frame_name: str, what: 
     return StoreFacts(kind, facts.format.lower(), facts.width, facts.height, count, frame_name)
 
 
-def _probe_folder(path: Path) -> StoreFacts:
+def _probe_folder(path: DataPath) -> StoreFacts:
     numbered: dict[int, str] = {}
     try:
-        names = sorted(os.listdir(path))
+        names = sorted(listdir(path))
     except OSError as err:
         return StoreFacts("folder", problem=f"unreadable folder: {err.strerror or err}")
     extensions = set()
@@ -160,19 +161,19 @@ def _probe_folder(path: Path) -> StoreFacts:
                 "every frame needs the same number of digits",
             )
         try:
-            if os.stat(path / name).st_size == 0:
+            if file_size(path / name) == 0:
                 return StoreFacts("folder", num_frames=count, problem=f"zero-byte frame {name} (frame {number})")
         except OSError as err:
             return StoreFacts("folder", num_frames=count, problem=f"frame {name} is unreadable: {err.strerror or err}")
     return _facts_of_first("folder", path / first_name, count, pattern, f"frame 0 ({first_name})")
 
 
-def _open_frames(path: Path):
+def _open_frames(path: DataPath):
     """(h5py file, its ``frame`` dataset); raises ``ValueError`` naming what is wrong."""
     import h5py
 
     try:
-        handle = h5py.File(path, "r")
+        handle = h5py.File(media_source(path), "r")
     except OSError as err:
         raise ValueError(f"cannot be read as HDF5: {err}") from None
     dataset = handle.get(HDF5_DATASET)
@@ -187,9 +188,9 @@ def _open_frames(path: Path):
     return handle, dataset
 
 
-def _probe_hdf5(path: Path) -> StoreFacts:
+def _probe_hdf5(path: DataPath) -> StoreFacts:
     try:
-        if os.stat(path).st_size == 0:
+        if file_size(path) == 0:
             return StoreFacts("hdf5", problem="zero-byte file")
         handle, dataset = _open_frames(path)
     except (OSError, ValueError) as err:
@@ -203,18 +204,20 @@ def _probe_hdf5(path: Path) -> StoreFacts:
         handle.close()
 
 
-def probe_store(path: str | Path) -> StoreFacts:
+def probe_store(path: str | Path | ObjectPath) -> StoreFacts:
     """Learn a frame store's format, size and frame count (frame 0's header only; no decoding).
 
     Problems are described, not raised: a missing frame number, a zero-byte frame, frame names of
     different widths, an HDF5 file without a ``frame`` dataset, a frame 0 that is not PNG/JPEG.
     """
-    path = Path(path)
+    path = data_path(path)
     return _probe_folder(path) if store_kind(path) == "folder" else _probe_hdf5(path)
 
 
 def _file_bytes(path: str) -> np.ndarray:
     """A file's bytes as a writable uint8 array: half the time of ``np.fromfile`` on 50 kB frames (measured)."""
+    if is_object_url(path):
+        return np.frombuffer(bytearray(read_bytes(path)), dtype=np.uint8)
     with open(path, "rb", buffering=0) as file:
         data = bytearray(os.fstat(file.fileno()).st_size)
         got = file.readinto(data)
@@ -239,10 +242,10 @@ class FrameBytesReader:
             OSError, ValueError: The store or a frame cannot be read (the message names it).
         """
         if kind == "folder":
-            return [_file_bytes(os.path.join(path, frame_name.format(int(i)))) for i in frames]
+            return [_file_bytes(join(path, frame_name.format(int(i)))) for i in frames]
         hit = self._open.pop(path, None)
         if hit is None:
-            hit = _open_frames(Path(path))
+            hit = _open_frames(data_path(path))
             while len(self._open) >= self.max_open:
                 self._open.popitem(last=False)[1][0].close()
         self._open[path] = hit

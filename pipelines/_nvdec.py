@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._object_media import object_source_choice
 from gpufeed.pipelines._videos import DALI_CPU_CODECS
 
 __all__ = ["DecoderChoice", "choose_decoder", "choose_source", "gpu_capability", "nvdec_problem", "pix_fmt_facts"]
@@ -198,6 +199,9 @@ def choose_source(
         decoder = "nvJPEG / the hardware JPEG decoder" if on_gpu else "DALI's CPU image decoder"
         named = " and ".join(sorted({"frame folders" if k == "folder" else "HDF5 files" for k in kinds}))
         return "frames", f"{named}: one image decode per frame with {decoder}"
+    remote = object_source_choice(requested, infos, where)  # s3:// videos without a cache: PyAV's ranged reads
+    if remote is not None and len(kinds) == 1:
+        return remote
     if len(kinds) > 1:
         # One graph reads one kind: PyAV's workers take both (Pillow decodes the stores' frames).
         if requested == "dali":

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._object_path import ObjectPath
 from gpufeed._progress import progress_bar
+from gpufeed._storage import DataPath, data_path, join, media_source, stat_key, walk
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, is_frame_folder, label_path, probe_store, store_kind
@@ -116,11 +118,14 @@ class VideoInfo:
         return cls(**data)
 
 
-def probe_video(path: str | Path) -> VideoInfo:
-    """Demux a video (no decoding) and return its :class:`VideoInfo`; problems are described, not raised."""
+def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
+    """Demux a video (no decoding) and return its :class:`VideoInfo`; problems are described, not raised.
+
+    An object (``s3://...``) is demuxed through ranged reads: the index reads it once, and caches what it learns.
+    """
     import av
 
-    path = Path(path)
+    path = data_path(path)
     if store_kind(path):
         return _store_info(path)
     try:
@@ -134,7 +139,7 @@ def probe_video(path: str | Path) -> VideoInfo:
         if boxed:
             return VideoInfo(str(path), problem=boxed)
     try:
-        with av.open(str(path)) as container:
+        with av.open(media_source(path), "r") as container:
             if not container.streams.video:
                 what = "audio only" if container.streams.audio else "no stream at all"
                 return VideoInfo(str(path), problem=f"no video stream in the file ({what})")
@@ -174,7 +179,7 @@ def probe_video(path: str | Path) -> VideoInfo:
     return _finish_info(info)
 
 
-def _store_info(path: Path) -> VideoInfo:
+def _store_info(path: Path | ObjectPath) -> VideoInfo:
     """A frame store's :class:`VideoInfo`: frame ``i`` has timestamp ``i`` and is a keyframe."""
     facts = probe_store(path)
     frames = tuple(range(facts.num_frames))
@@ -235,7 +240,7 @@ def _finish_info(info: VideoInfo) -> VideoInfo:
     return replace(info, fps=round(fps, 6), cfr=cfr, problem=info.problem or problem)
 
 
-def list_videos(root: Path) -> tuple[list[str], list[str]]:
+def list_videos(root: Path | ObjectPath) -> tuple[list[str], list[str]]:
     """(videos, other files) under ``root``, sorted, hidden files and folders skipped.
 
     Videos are video files, HDF5 frame files and frame folders (a folder of numbered images is one
@@ -244,13 +249,13 @@ def list_videos(root: Path) -> tuple[list[str], list[str]]:
     videos: list[str]
     others: list[str]
     videos, others = [], []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        stores = [d for d in dirnames if is_frame_folder(os.path.join(dirpath, d))]
+        stores = [d for d in dirnames if is_frame_folder(join(dirpath, d))]
         dirnames[:] = [d for d in dirnames if d not in stores]
         here = [(n, True) for n in stores] + [(n, False) for n in filenames if not n.startswith(".")]
         for name, is_store in sorted(here):
-            full = os.path.join(dirpath, name)
+            full = join(dirpath, name)
             (videos if is_store or name.lower().endswith(VIDEO_EXTENSIONS + HDF5_EXTENSIONS) else others).append(full)
     return videos, others
 
@@ -297,7 +302,7 @@ class VideoDataset:
     @classmethod
     def from_folder(
         cls,
-        root: str | Path,
+        root: str | Path | ObjectPath,
         *,
         require_labels: bool = True,
         progress: bool = False,
@@ -307,7 +312,7 @@ class VideoDataset:
 
         ``max_pixels``: the frame pixel limit of its frame stores (``data.max_image_pixels``).
         """
-        root = Path(root)
+        root = data_path(root)
         if not root.is_dir():
             raise DatasetError(f"video folder {root} does not exist or is not a folder")
         paths, _ = list_videos(root)
@@ -321,7 +326,7 @@ class VideoDataset:
         behaviours: tuple[str, ...] = ()
         if require_labels:
             for i, path in enumerate(paths):
-                labels[i], why, names = labels_for(Path(path), infos[i])
+                labels[i], why, names = labels_for(data_path(path), infos[i])
                 if why:
                     problems.setdefault(i, why)
                     continue
@@ -337,7 +342,7 @@ class VideoDataset:
 
 
 def labels_for(
-    path: Path, info: VideoInfo, csv_path: Path | None = None
+    path: DataPath, info: VideoInfo, csv_path: DataPath | None = None
 ) -> tuple[np.ndarray | None, str | None, tuple[str, ...]]:
     """(labels, why they cannot be used, column names) of a video; ``csv_path`` defaults to ``<name>.csv`` beside it."""
     csv_path = csv_path or label_path(path)
@@ -360,7 +365,7 @@ def labels_for(
     return labels, None, names
 
 
-def index_videos(root: Path, paths: list[str], progress: bool = False) -> list[VideoInfo]:
+def index_videos(root: Path | ObjectPath, paths: list[str], progress: bool = False) -> list[VideoInfo]:
     """:func:`probe_video` for every path, reusing the cache beside the data when a file is unchanged."""
     cache_path = index_cache_path(root, "videos-index.json")
     cached = read_json_cache(cache_path) or {}
@@ -369,8 +374,7 @@ def index_videos(root: Path, paths: list[str], progress: bool = False) -> list[V
     stats, todo, infos = [], [], {}
     for i, path in enumerate(paths):
         try:
-            st = os.stat(path)
-            stats.append([st.st_size, st.st_mtime_ns])
+            stats.append(list(stat_key(path)))
         except OSError:
             stats.append(None)
         # A frame store is probed every time: a folder's own timestamp misses a frame rewritten in

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed._object_path import ObjectPath
+from gpufeed._storage import S3Path
 
 _START_S = 60.0
 
@@ -109,16 +109,16 @@ _buckets = iter(range(1, 1_000_000))
 
 
 @pytest.fixture
-def s3_bucket(s3_server) -> ObjectPath:
+def s3_bucket(s3_server) -> S3Path:
     """A new, empty bucket on the session's server."""
     from gpufeed import _s3
 
-    bucket = ObjectPath(f"s3://gpufeed-test-{os.getpid()}-{next(_buckets)}")
+    bucket = S3Path(f"s3://gpufeed-test-{os.getpid()}-{next(_buckets)}")
     _s3.client().create_bucket(Bucket=bucket.bucket)
     return bucket
 
 
-def upload_tree(local: Path, dest: ObjectPath) -> list[ObjectPath]:
+def upload_tree(local: Path, dest: S3Path) -> list[S3Path]:
     """Copy every file under ``local`` to the same relative keys under ``dest``; the keys written."""
     from gpufeed import _s3
 

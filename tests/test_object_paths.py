@@ -9,9 +9,10 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from gpufeed._blob_cache import BlockCache
-from gpufeed._object_path import ObjectPath, data_path, is_object_url
+from gpufeed._object_path import ObjectPath, is_object_url
 from gpufeed._ranged import RangedFile
 from gpufeed._schema import ConfigError
+from gpufeed._storage import data_path
 from gpufeed.config import parse_config
 
 

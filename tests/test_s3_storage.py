@@ -10,8 +10,7 @@ import pytest
 from _s3server import upload_tree
 
 from gpufeed import _s3
-from gpufeed._object_path import ObjectPath
-from gpufeed._storage import local_file, open_binary, stat_key, walk
+from gpufeed._storage import S3Path, local_file, open_binary, stat_key, walk
 
 pytestmark = pytest.mark.live
 
@@ -28,7 +27,9 @@ def _tree(root):
 def test_walk_of_a_bucket_is_os_walk_of_the_same_files(tmp_path, s3_bucket):
     _tree(tmp_path / "data")
     upload_tree(tmp_path / "data", s3_bucket / "data")
-    local = [(os.path.relpath(d, tmp_path / "data"), sorted(ds), sorted(fs)) for d, ds, fs in os.walk(tmp_path / "data")]
+    local = [
+        (os.path.relpath(d, tmp_path / "data"), sorted(ds), sorted(fs)) for d, ds, fs in os.walk(tmp_path / "data")
+    ]
     remote = [(d, ds, fs) for d, ds, fs in walk(s3_bucket / "data")]
     prefix = str(s3_bucket / "data")
     remote_rel = [("." if d == prefix else d[len(prefix) + 1 :], ds, fs) for d, ds, fs in remote]
@@ -61,13 +62,13 @@ def test_a_missing_object_and_an_unreachable_store_are_one_line_without_the_secr
         open_binary(str(missing))
     assert caught.value.errno == errno.ENOENT
     assert str(missing) in str(caught.value) and "\n" not in str(caught.value)
-    with pytest.raises(OSError, match="set storage.cache_dir"):
+    with pytest.raises(OSError, match=r"set storage\.cache_dir"):
         local_file(str(s3_bucket / "x.mp4"))
     closed = f"http://127.0.0.1:{_closed_port()}"
     monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     with pytest.raises(OSError, match=r"cannot reach the object store at http://127\.0\.0\.1") as unreachable:
-        ObjectPath(str(missing)).stat()
+        S3Path(str(missing)).stat()
     for err in (caught.value, unreachable.value):
         assert s3_server.secret not in str(err) and s3_server.secret not in repr(err)
         assert err.__cause__ is None and (err.__context__ is None or err.__suppress_context__)  # no botocore traceback
