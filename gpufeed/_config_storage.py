@@ -32,5 +32,5 @@ class StorageConfig:
         ge=4096,
         le=64 << 20,
         doc="unit of ranged reads of videos, HDF5 files and shards: a clip fetches the blocks around its GOP, "
-        "not the file; sequential reads fetch ahead, up to 8 MiB at once",
+        "not the file; sequential reads fetch ahead, up to 4 MiB at once",
     )

@@ -9,7 +9,7 @@ blocks, whatever the file's size (``gpufeed bench storage`` prints both).
   other are fetched in one request. The last ``max_blocks`` blocks stay in memory.
 * **Read-ahead.** Reads that keep continuing where the last fetch ended (a demuxer walking the
   file, the index probing every packet) fetch 1, 1, 2, 4 ... blocks at a time, up to
-  ``read_ahead_bytes``; a seek elsewhere goes back to one block. So a whole-file pass costs a few dozen requests, and a clip
+  ``read_ahead_bytes`` (4 MiB); a seek elsewhere goes back to one block. So a whole-file pass costs a few dozen requests, and a clip
   the blocks of its GOP.
 * **Disk cache.** With ``storage.cache_dir`` set, fetched blocks are also kept on local disk
   (:class:`gpufeed._blob_cache.BlockCache`, bounded by ``storage.cache_max_bytes``) and read from
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_BLOCK_BYTES", "RangedFile"]
 
 DEFAULT_BLOCK_BYTES = 256 << 10
-_READ_AHEAD_BYTES = 8 << 20
+_READ_AHEAD_BYTES = 4 << 20
 
 
 class RangedFile(io.RawIOBase):
@@ -67,7 +67,7 @@ class RangedFile(io.RawIOBase):
         self.name, self.size, self._fetch = name, int(size), fetch
         self.block_bytes = int(block_bytes)
         self.max_run = max(1, read_ahead_bytes // self.block_bytes)
-        self.max_blocks = max(max_blocks, 2 * self.max_run, 8)
+        self.max_blocks = max(max_blocks, self.max_run + 2, 8)  # a read-ahead run, and the blocks it follows
         self._cache, self._cache_key = cache, cache_key or name
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
         self._pos = 0

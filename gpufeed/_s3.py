@@ -58,10 +58,14 @@ _MAX_CONNECTIONS = 64
 _SNAPSHOT_S = 60.0
 _lock = threading.Lock()
 _clients: dict[tuple, object] = {}
+_sessions: dict[tuple, object] = {}
 
 
 class StorageError(OSError):
     """An object-store read failed; ``strerror`` is one line naming the URL and why (no credential ever)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)  # the line itself, without OSError's "[Errno N]"
 
 
 @dataclass(frozen=True)
@@ -121,13 +125,19 @@ def endpoint_label() -> str:
 
 
 def client():
-    """This process's S3 client for the current AWS settings (see the module docs)."""
-    key = (
-        os.getpid(),
+    """This process's S3 client for the current AWS settings (see the module docs).
+
+    The botocore session behind it is kept per settings, not per process: a worker forked from a
+    process that made one builds its own client (its own connections) from the session's
+    already-loaded service model, a few milliseconds instead of the few hundred that loading
+    botocore's model files costs a fresh session.
+    """
+    settings = (
         *(os.environ.get(name, "") for name in ENDPOINT_VARIABLES),
         os.environ.get("AWS_PROFILE", ""),
         os.environ.get("AWS_ACCESS_KEY_ID", ""),
     )
+    key = (os.getpid(), *settings)
     with _lock:
         hit = _clients.get(key)
     if hit is not None:
@@ -144,7 +154,11 @@ def client():
         read_timeout=60,
     )
     try:
-        made = boto3.session.Session().client("s3", config=config)
+        with _lock:
+            session = _sessions.get(settings)
+            if session is None:
+                session = _sessions[settings] = boto3.session.Session()
+        made = session.client("s3", config=config)
     except Exception as err:  # a malformed profile or endpoint setting; botocore names which
         raise StorageError(errno.EINVAL, f"the AWS settings cannot make an S3 client: {type(err).__name__}") from None
     with _lock:

@@ -53,7 +53,7 @@ def mask_ids(path: str | Path) -> np.ndarray | None:
 
 
 def check_mask_ids(
-    path: str | Path,
+    path: str | Path | ObjectPath,
     num_classes: int,
     *,
     ignore_id: int = 255,

@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "output (images/, videos/, dense/); or single JPEG/PNG images (other image formats, such as GIF, are "
         "named as unsupported). Exit status 1 when problems are found.",
     )
-    p.add_argument("data", nargs="+", type=Path, help="dataset paths (see above)")
+    # Text, not Path: a dataset may be s3://bucket/prefix, which pathlib would read as s3:/bucket/prefix.
+    p.add_argument("data", nargs="+", help="dataset paths, local or s3://bucket/prefix (see above)")
     p.add_argument("--json", type=Path, help="also write the report as JSON here")
     p.add_argument(
         "--quarantine",
@@ -149,9 +150,11 @@ def _check_limits(args: argparse.Namespace) -> tuple[int, int | None, int]:
 
     max_pixels, num_classes, ignore_id = DEFAULT_MAX_IMAGE_PIXELS, None, 255
     if args.config is not None:
+        from gpufeed._storage import configure_storage
         from gpufeed.config import load_config
 
         cfg = load_config(args.config)
+        configure_storage(cfg.storage)  # its storage section reads s3:// data (cache, block size)
         max_pixels, ignore_id = cfg.data.max_image_pixels, cfg.data.mask_ignore_id
         num_classes = cfg.model.num_classes or len(cfg.data.classes or ()) or None
     if args.num_classes is not None:
@@ -164,6 +167,7 @@ def _check_limits(args: argparse.Namespace) -> tuple[int, int | None, int]:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from gpufeed._object_path import is_object_url
     from gpufeed.pipelines import check_path
     from gpufeed.pipelines._check import CheckReport
     from gpufeed.pipelines._mask_check import check_mask_ids
@@ -184,7 +188,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.quarantine:
         # Absolute, so the list means the same files from any working directory (training resolves
         # relative entries against the list's own folder instead).
-        bad = sorted({os.path.abspath(p) for p in report.bad_paths()})
+        bad = sorted({p if is_object_url(p) else os.path.abspath(p) for p in report.bad_paths()})
         args.quarantine.write_text("".join(p + "\n" for p in bad), encoding="utf-8")
     return 0 if report.ok else 1
 
