@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,9 +52,12 @@ __all__ = [
     "listdir",
     "local_file",
     "media_source",
+    "member_ref",
     "open_binary",
     "prime_listing",
     "read_bytes",
+    "read_range",
+    "split_member",
     "stat_key",
     "storage_cache",
     "storage_settings",
@@ -343,8 +347,50 @@ def media_source(path: PathArg) -> str | RangedFile:
     return obj.open("rb") if obj is not None else local
 
 
+# A member of a tar shard, named by its byte range: "<tar>#<offset>:<size>:<member name>".
+_MEMBER = re.compile(r"^(?P<tar>.+\.tar)#(?P<offset>\d+):(?P<size>\d+):(?P<name>[^/#:]+)$")
+
+
+def member_ref(tar: PathArg, offset: int, size: int, name: str) -> str:
+    """The text naming ``size`` bytes at ``offset`` of the tar file ``tar`` (a shard member, or a clip's span)."""
+    return f"{tar}#{int(offset)}:{int(size)}:{name}"
+
+
+def split_member(text: object) -> tuple[str, int, int, str] | None:
+    """``(tar path, offset, size, name)`` of a :func:`member_ref`, or ``None`` for any other path."""
+    match = _MEMBER.match(text) if isinstance(text, str) else None
+    if match is None:
+        return None
+    return match["tar"], int(match["offset"]), int(match["size"]), match["name"]
+
+
+def read_range(path: PathArg, start: int, length: int) -> bytes:
+    """``length`` bytes from byte ``start`` of a file or object (fewer at its end): one ranged read."""
+    obj, local = _split(path)
+    if obj is not None:
+        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
+
+        return _s3.read_range(obj, start, length)
+    with open(local, "rb", buffering=0) as fh:
+        return os.pread(fh.fileno(), length, start)
+
+
 def read_bytes(path: PathArg, max_bytes: int | None = None) -> bytes:
-    """The whole file or object; ``max_bytes`` refuses a larger one unread (``OSError``, ``EFBIG``)."""
+    """The whole file or object; ``max_bytes`` refuses a larger one unread (``OSError``, ``EFBIG``).
+
+    A shard member (:func:`member_ref`) is its byte range of the tar file, one ranged read.
+    """
+    member = split_member(path)
+    if member is not None:
+        tar, offset, size, _name = member
+        if max_bytes is not None and size > max_bytes:
+            import errno
+
+            raise OSError(errno.EFBIG, f"{path}: {size:,} bytes, more than the {max_bytes:,} allowed here")
+        data = read_range(tar, offset, size)
+        if len(data) != size:
+            raise OSError(f"{path}: the shard ends {size - len(data):,} bytes before the member does")
+        return data
     obj, local = _split(path)
     if obj is not None:
         from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read

@@ -32,6 +32,7 @@ from gpufeed._text import quoted
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
+from gpufeed.pipelines._shards import is_shard_dir, read_manifest
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageDataset", "parse_list_line"]
 
@@ -98,8 +99,14 @@ class ImageDataset:
         progress: bool = False,
         max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ):
-        """Index ``root/<class>/<image>`` (hidden files and folders are skipped); ``root`` may be ``s3://bucket/prefix``."""
+        """Index ``root/<class>/<image>`` (hidden files and folders are skipped); ``root`` may be ``s3://bucket/prefix``.
+
+        A shard folder (``shards.json``, written by ``gpufeed prepare --shards``) is read as its
+        manifest says (:meth:`from_shards`).
+        """
         root = data_path(root)
+        if is_shard_dir(root):
+            return cls.from_shards(root, classes, max_pixels)
         if not root.is_dir():
             raise DatasetError(f"dataset folder {root} does not exist or is not a folder")
         _top, subfolders, top_files = next(walk(root))
@@ -129,6 +136,50 @@ class ImageDataset:
                     labels.append(label)
         source = f"class folders under {root}"
         return cls._finish(root, source, paths, labels, names, problems, ignored, progress, max_pixels)
+
+    @classmethod
+    def from_shards(
+        cls,
+        root: str | Path | ObjectPath,
+        classes: tuple[str, ...] | None = None,
+        max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    ) -> ImageDataset:
+        """Index a shard folder of images (:mod:`gpufeed.pipelines._shards`): its manifest's rows, in order.
+
+        Paths are the members' byte ranges (``shard-000000.tar#<offset>:<size>:<key>.jpg``); sizes,
+        orientations and labels come from the manifest, nothing is read from the tars. With
+        ``classes``, labels are mapped by class name (a class the shards hold but ``classes`` does not
+        name is a problem of its samples).
+        """
+        manifest = read_manifest(root, "images")
+        names = tuple(classes) if classes else manifest.names
+        problems: dict[int, str] = {}
+        paths, labels, sizes, orientations = [], [], [], []
+        for i, row in enumerate(manifest.rows):
+            paths.append(manifest.ref(i))
+            name = manifest.names[row["label"]] if 0 <= row["label"] < len(manifest.names) else str(row["label"])
+            label = names.index(name) if name in names else -1
+            if label < 0:
+                problems[i] = f"unknown label: class {quoted(name)} is not one of the classes {list(names)}"
+            width, height = int(row["width"]), int(row["height"])
+            if width * height > max_pixels:
+                problems[i] = (
+                    f"too many pixels: {width}x{height} is more than {MAX_PIXELS_KEY} ({max_pixels:,}); refused"
+                )
+                width = height = 0
+            labels.append(label)
+            sizes.append((width, height))
+            orientations.append(int(row["orientation"]))
+        return cls(
+            paths=tuple(paths),
+            labels=np.asarray(labels, dtype=np.int64),
+            sizes=np.asarray(sizes, dtype=np.int64).reshape(-1, 2),
+            classes=names,
+            problems=problems,
+            source=f"image shards in {manifest.root}",
+            orientations=np.asarray(orientations, dtype=np.uint8),
+            max_pixels=max_pixels,
+        )
 
     @classmethod
     def from_list(

@@ -34,6 +34,7 @@ from gpufeed._storage import DataPath, data_path, file_size, join, listdir, medi
 from gpufeed.pipelines._frame_sizes import frame_size_problem
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, read_image_facts
 from gpufeed.pipelines._image_verify import decode_problem
+from gpufeed.pipelines._shards import read_shard_frames
 
 __all__ = [
     "FRAME_FOLDER_EXTENSIONS",
@@ -243,6 +244,8 @@ class FrameBytesReader:
         """
         if kind == "folder":
             return [_file_bytes(join(path, frame_name.format(int(i)))) for i in frames]
+        if kind == "shard":  # a clip in a tar shard: its span, one ranged read (gpufeed.pipelines._shards)
+            return read_shard_frames(path, frame_name, frames)
         hit = self._open.pop(path, None)
         if hit is None:
             hit = _open_frames(data_path(path))

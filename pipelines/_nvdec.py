@@ -197,7 +197,8 @@ def choose_source(
     kinds = {info.store for info in infos}
     if kinds and "" not in kinds:
         decoder = "nvJPEG / the hardware JPEG decoder" if on_gpu else "DALI's CPU image decoder"
-        named = " and ".join(sorted({"frame folders" if k == "folder" else "HDF5 files" for k in kinds}))
+        words = {"folder": "frame folders", "hdf5": "HDF5 files", "shard": "clips in tar shards"}
+        named = " and ".join(sorted({words.get(k, k) for k in kinds}))
         return "frames", f"{named}: one image decode per frame with {decoder}"
     remote = object_source_choice(requested, infos, where)  # s3:// videos without a cache: PyAV's ranged reads
     if remote is not None and len(kinds) == 1:

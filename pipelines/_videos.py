@@ -28,6 +28,7 @@ from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, is_frame_folder, la
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._label_csv import read_label_csv
 from gpufeed.pipelines._mp4 import mp4_box_problem
+from gpufeed.pipelines._shards import is_shard_dir, read_manifest
 
 __all__ = [
     "DALI_CPU_CODECS",
@@ -310,9 +311,12 @@ class VideoDataset:
     ) -> VideoDataset:
         """Index every video under ``root`` (with its ``<name>.csv`` labels when ``require_labels``).
 
-        ``max_pixels``: the frame pixel limit of its frame stores (``data.max_image_pixels``).
+        ``max_pixels``: the frame pixel limit of its frame stores (``data.max_image_pixels``). A
+        shard folder of clips (``gpufeed prepare --shards``) is read as its manifest says (:meth:`from_shards`).
         """
         root = data_path(root)
+        if is_shard_dir(root):
+            return cls.from_shards(root, max_pixels=max_pixels)
         if not root.is_dir():
             raise DatasetError(f"video folder {root} does not exist or is not a folder")
         paths, _ = list_videos(root)
@@ -339,6 +343,53 @@ class VideoDataset:
                     labels[i] = None
         problems = dict(sorted(problems.items()))
         return cls(tuple(paths), tuple(infos), tuple(labels), behaviours, problems, str(root), max_pixels)
+
+    @classmethod
+    def from_shards(cls, root: str | Path | ObjectPath, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> VideoDataset:
+        """Index a shard folder of clips (:mod:`gpufeed.pipelines._shards`): one "video" per stored clip.
+
+        Each clip is a frame store of kind ``shard``: its frames are tar members, all read in one
+        ranged read of the clip's span; its labels come from the manifest. A clip loader over it
+        with the shards' clip length reads each stored clip whole (one clip slot per sample id).
+        """
+        return _shard_clips(cls, root, max_pixels)
+
+
+def _shard_clips(cls, root: str | Path | ObjectPath, max_pixels: int) -> VideoDataset:
+    """:meth:`VideoDataset.from_shards` (kept out of the class body: the class stays short to read)."""
+    manifest = read_manifest(root, "clips")
+    paths, infos, problems = [], [], {}
+    labels: list[np.ndarray | None] = []
+    for i, row in enumerate(manifest.rows):
+        frames = tuple(range(int(row["frames"])))
+        path = manifest.ref(i)
+        width, height = int(row["width"]), int(row["height"])
+        info = VideoInfo(
+            path,
+            codec="jpeg" if row["ext"] == "jpg" else "png",
+            width=width,
+            height=height,
+            num_frames=len(frames),
+            pts=frames,
+            keyframes=frames,
+            declared_frames=len(frames),
+            store="shard",
+            frame_name=f"{row['key']}.f{{:04d}}.{row['ext']}",
+        )
+        if width * height > max_pixels:
+            problems[i] = f"too many pixels: {width}x{height} frames, more than data.max_image_pixels ({max_pixels:,})"
+        bits = row["labels"]
+        if len(bits) != len(frames) or any(len(b) != len(manifest.names) for b in bits):
+            problems[i] = (
+                f"the manifest's labels of clip {row['key']} are not {len(frames)} rows of {len(manifest.names)}"
+            )
+            labels.append(None)
+        else:
+            labels.append(np.array([[c == "1" for c in b] for b in bits], dtype=np.uint8).reshape(len(frames), -1))
+        paths.append(path)
+        infos.append(info)
+    source = f"clip shards in {manifest.root}"
+    return cls(tuple(paths), tuple(infos), tuple(labels), manifest.names, problems, source, max_pixels)
 
 
 def labels_for(

@@ -95,8 +95,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Label CSVs are copied after checking one row per frame. Ends with a table of random-seek cost "
         "per clip before and after. Exit status 1 when a video fails (the others are still prepared).",
     )
-    p.add_argument("src", type=Path, help="folder of videos (and <name>.csv label files)")
-    p.add_argument("--out", required=True, type=Path, help="folder to write into (must not be SRC)")
+    # Text, not Path: with --shards, SRC may be s3://bucket/prefix.
+    p.add_argument("src", help="folder of videos (and <name>.csv label files); with --shards, an image split too")
+    p.add_argument("--out", type=Path, help="folder to write into (must not be SRC); not with --shards")
+    p.add_argument(
+        "--shards",
+        metavar="DIR",
+        help="write SRC as WebDataset-style tar shards in DIR (local or s3://) instead: an image split (class "
+        "folders or a list file) as images with labels, a video folder or DeepEthogram project as its clips' "
+        "frames with per-frame labels (--clip-length-frames, --stride-frames, --image-format, --jpeg-quality)",
+    )
+    p.add_argument(
+        "--shard-kind",
+        choices=("auto", "images", "clips"),
+        default="auto",
+        help="what SRC holds (default auto: clips when it holds videos, frame stores or a DeepEthogram project)",
+    )
+    p.add_argument("--shard-bytes", type=int, default=256 << 20, help="close a shard past this size (default 256 MiB)")
     p.add_argument("--codec", choices=("h264", "vp9"), default="h264", help="h264 (NVDEC; default) or vp9 (DALI CPU)")
     p.add_argument("--gop", type=int, default=0, help="keyframe interval in frames (default 0: twice the clip span)")
     p.add_argument("--crf", type=int, default=23, help="constant quality, lower is better (default 23)")
@@ -196,6 +211,19 @@ def _check(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> int:
     from gpufeed.pipelines import PrepareOptions, prepare_videos
 
+    if args.shards is not None:
+        if args.out is not None:
+            print(
+                "gpufeed prepare: error: give --out (re-encoded videos) or --shards (tar shards), not both",
+                file=sys.stderr,
+            )
+            return 2
+        from gpufeed.commands._prepare_shards import prepare_shards  # Deferred: DALI and PyAV load with it
+
+        return prepare_shards(args)
+    if args.out is None:
+        print("gpufeed prepare: error: the following arguments are required: --out (or --shards DIR)", file=sys.stderr)
+        return 2
     try:
         options = PrepareOptions(
             codec=args.codec,
@@ -214,7 +242,7 @@ def _prepare(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"gpufeed prepare: error: {err}", file=sys.stderr)
         return 2
-    report = prepare_videos(args.src, args.out, options)
+    report = prepare_videos(Path(args.src), args.out, options)
     print(f"prepared {sum(v.problem is None for v in report.videos)} of {len(report.videos)} video(s) into {args.out}")
     if options.store == "video":
         tune = f", tune {options.tune}" if options.codec == "h264" else ""
