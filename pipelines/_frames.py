@@ -27,6 +27,7 @@ from gpufeed.pipelines._clip_pipeline import RoiFeed, build_clip_pipeline, new_w
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._nvdec import choose_source, gpu_capability
 from gpufeed.pipelines._nvdec_reader import fused_reader_resize
+from gpufeed.pipelines._object_media import reader_local_paths
 from gpufeed.pipelines._pyav import VideoRef
 from gpufeed.pipelines._pyav_sequential import SequentialFeed
 from gpufeed.pipelines._store_feed import StoreFrameFeed, StoreRef, channel_mode
@@ -82,7 +83,7 @@ class VideoFrameReader:
         decoder="auto",
         num_threads=1,
     ):
-        info = video if isinstance(video, VideoInfo) else probe_video(Path(video))
+        info = video if isinstance(video, VideoInfo) else probe_video(video)  # a path, or s3://
         if info.problem:
             raise DatasetError(f"{info.path}: {info.problem}")
         if chunk_frames < 1:
@@ -168,7 +169,9 @@ class VideoFrameReader:
         clip_input: Path | SequentialFeed
         if self.source == "dali":
             zeros = np.zeros(rows, dtype=np.int64)
-            clip_input = write_file_list(work, [self.info.path], zeros, self._starts, self.chunk_frames)
+            clip_input = write_file_list(
+                work, reader_local_paths([self.info.path]), zeros, self._starts, self.chunk_frames
+            )
         else:
             clip_input = SequentialFeed(
                 VideoRef.from_info(self.info), self.chunk_frames, size_px=self.size, fit=self.fit

@@ -183,3 +183,21 @@ def test_check_of_a_bucket_finds_what_check_of_the_folder_finds(synth_dir, s3_sy
     assert sorted(f.path[len(str(s3_synth)) :] for f in remote.findings) == sorted(
         f.path[len(str(synth_dir)) :] for f in local.findings
     )
+
+
+def test_the_sequential_reader_reads_a_video_in_a_bucket_frame_for_frame(s3_stores):
+    """VideoFrameReader (whole videos in order: inference, feature extraction) on an s3:// video."""
+    from gpufeed.pipelines import VideoFrameReader
+
+    from gpufeed.device import resolve_device
+
+    local_root, remote_root = s3_stores
+    args = {"size_px": [48, 32], "chunk_frames": 16, "device": resolve_device("cpu")}
+    local = list(VideoFrameReader(local_root / "mp4" / "mouse_1.mp4", **args))
+    remote_reader = VideoFrameReader(f"{remote_root}/mp4/mouse_1.mp4", **args)
+    assert remote_reader.source == "pyav"
+    remote = list(remote_reader)
+    assert len(remote) == len(local) == 3
+    for mine, theirs in zip(remote, local, strict=True):
+        assert torch.equal(mine.frame_indices, theirs.frame_indices)  # exact: integer frame indices
+        assert torch.equal(mine.frames, theirs.frames)  # exact: the same decoder on the same bytes
