@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "RangedFile"]
 
-DEFAULT_BLOCK_BYTES = 256 << 10
+DEFAULT_BLOCK_BYTES = 1 << 20
 _READ_AHEAD_BYTES = 4 << 20
 
 
@@ -104,11 +104,10 @@ class RangedFile(io.RawIOBase):
         if want == 0:
             return 0
         first, last = self._pos // self.block_bytes, (self._pos + want - 1) // self.block_bytes
-        self._load(first, last)
+        blocks = self._load(first, last)
         done = 0
         for index in range(first, last + 1):
-            block = self._blocks[index]
-            self._blocks.move_to_end(index)
+            block = blocks[index]
             start = self._pos + done - index * self.block_bytes
             piece = block[start : start + want - done]
             view[done : done + len(piece)] = piece
@@ -122,11 +121,23 @@ class RangedFile(io.RawIOBase):
         return bytes(out[:got])
 
     # -- blocks -------------------------------------------------------------------------------
-    def _load(self, first: int, last: int) -> None:
-        """Have blocks ``first..last`` in memory: from memory, the disk cache, or one fetch per missing run."""
-        missing = [i for i in range(first, last + 1) if i not in self._blocks and not self._from_cache(i)]
+    def _load(self, first: int, last: int) -> dict[int, bytes]:
+        """Blocks ``first..last``: from memory, the disk cache, or one fetch per missing run.
+
+        Returned, not only kept: a read larger than the blocks kept in memory still gets them all.
+        """
+        got: dict[int, bytes] = {}
+        for index in range(first, last + 1):
+            block = self._blocks.get(index)
+            if block is not None:
+                self._blocks.move_to_end(index)
+            else:
+                block = self._from_cache(index)
+            if block is not None:
+                got[index] = block
+        missing = [i for i in range(first, last + 1) if i not in got]
         if not missing:
-            return  # served from memory: the run length stays as it is
+            return got  # served from memory: the run length stays as it is
         sequential = missing[0] == self._next_sequential
         # 1, 1, 2, 4 ... blocks: a clip's read that spills into the next block fetches that block
         # only; a reader that keeps going is a pass over the file, and gets larger fetches.
@@ -137,17 +148,20 @@ class RangedFile(io.RawIOBase):
         stop = max(missing[-1], min(missing[0] + self._run - 1, end_block)) if sequential else missing[-1]
         index = missing[0]
         while index <= stop:
-            if index in self._blocks:
+            if index in got or (index > last and index in self._blocks):
                 index += 1
                 continue
             run_end = index
-            while run_end + 1 <= stop and run_end + 1 not in self._blocks:
+            while run_end + 1 <= stop and run_end + 1 not in got and run_end + 1 not in self._blocks:
                 run_end += 1
-            self._fetch_run(index, run_end)
+            for number, block in self._fetch_run(index, run_end).items():
+                if number <= last:
+                    got[number] = block
             index = run_end + 1
         self._next_sequential = stop + 1
+        return got
 
-    def _fetch_run(self, first: int, last: int) -> None:
+    def _fetch_run(self, first: int, last: int) -> dict[int, bytes]:
         start = first * self.block_bytes
         length = min((last + 1) * self.block_bytes, self.size) - start
         data = self._fetch(start, length)
@@ -155,23 +169,25 @@ class RangedFile(io.RawIOBase):
             raise OSError(f"{self.name}: asked for {length:,} bytes at {start:,}, received {len(data):,}")
         self.requests += 1
         self.bytes_fetched += len(data)
+        fetched = {}
         for index in range(first, last + 1):
             lo = (index - first) * self.block_bytes
-            block = data[lo : lo + self.block_bytes]
+            block = fetched[index] = data[lo : lo + self.block_bytes]
             self._keep(index, block)
             if self._cache is not None:
                 self._cache.put(self._block_name(index), block)
+        return fetched
 
-    def _from_cache(self, index: int) -> bool:
+    def _from_cache(self, index: int) -> bytes | None:
         if self._cache is None:
-            return False
+            return None
         block = self._cache.get(self._block_name(index))
         expected = min(self.block_bytes, self.size - index * self.block_bytes)
         if block is None or len(block) != expected:
-            return False
+            return None
         self.cache_hits += 1
         self._keep(index, block)
-        return True
+        return block
 
     def _block_name(self, index: int) -> str:
         return f"{self._cache_key}\n{self.block_bytes}\n{index}"

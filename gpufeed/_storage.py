@@ -418,7 +418,9 @@ def local_file(path: PathArg) -> str:
     if cache is None:
         import errno
 
-        raise OSError(
+        from gpufeed._s3 import StorageError  # Deferred: boto3 waits in _s3 anyway; kept beside its use
+
+        raise StorageError(
             errno.EINVAL,
             f"{path}: this reader opens local files only; set storage.cache_dir to copy objects into a local "
             "cache first (or use video.decoder: pyav, which reads objects by ranges)",

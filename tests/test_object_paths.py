@@ -120,3 +120,12 @@ def test_block_cache_serves_blocks_again_and_holds_its_bound(tmp_path):
         cache.put(f"other-{k}", bytes(10_000))
     assert cache.total_bytes() <= 100_000
     assert cache.evicted > 0
+
+
+def test_a_read_larger_than_the_blocks_kept_in_memory_still_gets_every_byte():
+    data = random.Random(3).randbytes(50_000)
+    fetch, _ = _source(data)
+    file = RangedFile("mem", len(data), fetch, block_bytes=1000, read_ahead_bytes=2000)  # 8 blocks kept
+    file.seek(1500)
+    assert file.read(40_000) == data[1500:41_500]  # exact: bytes; 41 blocks in one read
+    assert file.read(100) == data[41_500:41_600]  # exact: bytes; the read-ahead blocks follow on

@@ -95,7 +95,7 @@ def test_train_on_a_bucket_without_the_secret_in_any_output(model, s3_server, s3
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     # The S3-only endpoint variable alone: boto3 (the index, PyAV's reads) and DALI's AWS SDK (the images) both read it.
     env = {k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"} | {"AWS_ENDPOINT_URL_S3": s3_server.endpoint}
-    cmd = gpufeed_cmd("train", "--config", str(path), "--out", str(run))
+    cmd = gpufeed_cmd("-v", "train", "--config", str(path), "--out", str(run))  # -v: botocore's debug logs too
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]

@@ -187,9 +187,8 @@ def test_check_of_a_bucket_finds_what_check_of_the_folder_finds(synth_dir, s3_sy
 
 def test_the_sequential_reader_reads_a_video_in_a_bucket_frame_for_frame(s3_stores):
     """VideoFrameReader (whole videos in order: inference, feature extraction) on an s3:// video."""
-    from gpufeed.pipelines import VideoFrameReader
-
     from gpufeed.device import resolve_device
+    from gpufeed.pipelines import VideoFrameReader
 
     local_root, remote_root = s3_stores
     args = {"size_px": [48, 32], "chunk_frames": 16, "device": resolve_device("cpu")}

@@ -87,7 +87,9 @@ def _resume_across(make, dataset, old: int, new: int, stop: int) -> Counter:
     for loader in before:
         loader.set_epoch(1)
         for i, batch in enumerate(loader):
-            read.update(batch.sample_ids[batch.valid].tolist() if hasattr(batch, "sample_ids") else batch.video_ids.tolist())
+            read.update(
+                batch.sample_ids[batch.valid].tolist() if hasattr(batch, "sample_ids") else batch.video_ids.tolist()
+            )
             if i + 1 == stop:
                 break
     states = [loader.state_dict() for loader in before]
@@ -97,7 +99,9 @@ def _resume_across(make, dataset, old: int, new: int, stop: int) -> Counter:
         after = make(dataset, k, new)
         after.load_state_dict(states)
         for batch in after:
-            read.update(batch.sample_ids[batch.valid].tolist() if hasattr(batch, "sample_ids") else batch.video_ids.tolist())
+            read.update(
+                batch.sample_ids[batch.valid].tolist() if hasattr(batch, "sample_ids") else batch.video_ids.tolist()
+            )
         after.close()
     return read
 

@@ -131,6 +131,7 @@ def run_storage_bench(
     device: str = "cpu",
     cache: str | Path = ".cache/bench",
     storage_cache_dir: str | Path | None = None,
+    block_bytes: int = StorageConfig().block_bytes,
 ) -> dict:
     """Clips/s from object storage against local disk, and bytes fetched per clip (see the module docs).
 
@@ -141,6 +142,7 @@ def run_storage_bench(
         local_server: Start moto's S3 server on 127.0.0.1 and upload the videos there.
         storage_cache_dir: ``storage.cache_dir`` for the bucket's reads (default: none, every
             round reads the bucket).
+        block_bytes: ``storage.block_bytes``, the unit of the ranged reads.
 
     Returns:
         The figures: per-source round times, the paired ratio, the bytes per clip, the load average.
@@ -150,7 +152,8 @@ def run_storage_bench(
     folder = Path(data) if data is not None else make_bench_videos(Path(cache), videos, seconds, 30, video_size, gop)
     choice = resolve_device(device)
     a = _Settings(clip_length, size, batch_size, workers or default_num_threads(), seed, choice)
-    configure_storage(StorageConfig(cache_dir=Path(storage_cache_dir) if storage_cache_dir else None))
+    cache_dir = Path(storage_cache_dir) if storage_cache_dir else None
+    configure_storage(StorageConfig(cache_dir=cache_dir, block_bytes=block_bytes))
     load_before = _load()
     server = local_s3_server() if local_server else None
     with server if server is not None else contextlib.nullcontext():
@@ -188,6 +191,7 @@ def run_storage_bench(
         "uploaded_bytes": uploaded,
         "index_s": {"local disk": local_index_s, "object storage": remote_index_s},
         "workers": a.workers,
+        "block_bytes": block_bytes,
         "rounds": {name: [t.__dict__ for t in rows] for name, rows in times.items()},
         "clips_per_s": {name: median([t.clips_per_second for t in rows]) for name, rows in times.items()},
         "steady_clips_per_s": {name: median([t.steady_clips_per_second for t in rows]) for name, rows in times.items()},

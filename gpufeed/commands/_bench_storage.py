@@ -40,6 +40,12 @@ def register_storage(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per source, interleaved (default 3)")
     p.add_argument("--workers", type=int, default=0, help="PyAV worker processes per loader; 0 = one per core")
     p.add_argument("--storage-cache", type=Path, help="storage.cache_dir for the bucket's reads (default: none)")
+    p.add_argument(
+        "--block-bytes",
+        type=int,
+        default=1 << 20,
+        help="storage.block_bytes, the unit of ranged reads (default 1048576)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="cpu")
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated videos are kept")
@@ -69,6 +75,7 @@ def _storage(args: argparse.Namespace) -> int:
         device=args.device,
         cache=args.cache,
         storage_cache_dir=args.storage_cache,
+        block_bytes=args.block_bytes,
     )
     print_storage_result(result)
     if args.json:
