@@ -18,7 +18,8 @@ and count the bytes its ranged reads received (:func:`gpufeed._s3.fetch_stats`),
 mean file size: *cold*, every clip opening its file anew (the container's header and index read
 each time, then the blocks around the clip's GOP), and *warm*, a video kept open between its
 clips as in a worker process (blocks already in memory are not fetched again). The worker
-processes of the timed rounds read the warm way.
+processes of the timed rounds read the warm way. These passes run with the disk cache
+(``--storage-cache``) off: blocks the timed rounds left there would be counted as free.
 """
 
 from __future__ import annotations
@@ -178,6 +179,8 @@ def run_storage_bench(
                 opener = functools.partial(gpufeed_reader, loaders[name], r)
                 timed, _ = timed_round(opener, clips, size_of=len, warm_batches=a.workers)
                 times[name].append(timed)
+        # Without the disk cache: the pass counts what a clip fetches from the store itself.
+        configure_storage(StorageConfig(cache_dir=None, block_bytes=block_bytes))
         fetched = _bytes_per_clip(loaders["object storage"], bytes_clips, rounds)
     ratio = paired_ratio(
         [t.clips_per_second for t in times["object storage"]], [t.clips_per_second for t in times["local disk"]]
@@ -192,6 +195,7 @@ def run_storage_bench(
         "index_s": {"local disk": local_index_s, "object storage": remote_index_s},
         "workers": a.workers,
         "block_bytes": block_bytes,
+        "storage_cache": str(cache_dir) if cache_dir else None,
         "rounds": {name: [t.__dict__ for t in rows] for name, rows in times.items()},
         "clips_per_s": {name: median([t.clips_per_second for t in rows]) for name, rows in times.items()},
         "steady_clips_per_s": {name: median([t.steady_clips_per_second for t in rows]) for name, rows in times.items()},
@@ -216,6 +220,8 @@ def print_storage_result(result: dict) -> None:
         for name in result["clips_per_s"]
     ]
     print(f"{result['videos']} videos from {result['data']}; object storage: {result['url']} ({result['server']})")
+    cache = result["storage_cache"] or "none: every round reads the store"
+    print(f"ranged reads of {result['block_bytes']:,}-byte blocks; storage cache: {cache}")
     print(format_table(["source", "clips/s", "steady clips/s", "first batch s", "index s"], rows))
     f = result["fetched"]
     for mode, what in (("cold", "each clip opening its file"), ("warm", "files kept open, as the workers read")):
