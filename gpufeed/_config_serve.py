@@ -83,6 +83,27 @@ class ServeConfig:
         doc="a dense model's JSON answer holding more map values (width x height, summed over its images) is "
         "refused with 400 before inference; PNG answers (Accept: image/png) and ?size=model are the compact ways",
     )
+    max_video_bytes: int = option(
+        256 * 1024 * 1024,
+        ge=1024,
+        doc="a clip model's encoded video (a REST video/* body, a KServe 'video' BYTES input) larger than this gets "
+        "413; a clip model's request bodies may be this large (other models: max_body_bytes)",
+    )
+    max_video_frames: int = option(
+        18_000, ge=1, doc="a video holding more frames gets 400 (video_too_long) before any frame is decoded"
+    )
+    max_video_seconds: float = option(
+        900.0, gt=0.0, doc="a video lasting longer (its frames' timestamps) gets 400 (video_too_long) before decoding"
+    )
+    video_hop_frames: int = option(
+        1,
+        ge=1,
+        doc="frames between the starts of a served video's windows unless the request says (?hop_frames=, "
+        "parameters.hop_frames); 1: a window at every frame, as gpufeed predict's default",
+    )
+    video_streams: int = option(
+        2, ge=1, le=64, doc="videos decoded and scored at once; more wait their turn (their time counts)"
+    )
     top_k: int = option(5, ge=1, doc="labels returned by the REST endpoint unless ?top_k= says otherwise")
     execution_provider: ExecutionProvider = option(
         "auto", doc="onnxruntime provider: auto (CUDA on a GPU, else CPU), cpu, cuda, tensorrt"

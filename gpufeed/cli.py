@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "gpufeed.commands.run",
     "gpufeed.commands.train",
     "gpufeed.commands.serve",
+    "gpufeed.commands.predict",
     "gpufeed.commands.bench",
     "gpufeed.commands.obs",
     "gpufeed.commands.reliability",

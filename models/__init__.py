@@ -5,7 +5,9 @@
 ONNX model cards and the server read. ``spec.head`` (a :class:`TaskHead`, one class per task,
 registered with :func:`register_head`) says what the task accepts, what it outputs and answers,
 and how export checks it. :func:`export_model` writes ``model.onnx`` (uint8 in,
-normalisation inside, run at a set of fixed batch sizes) and ``model_card.json`` (:class:`ModelCard`).
+normalisation inside, run at a set of fixed batch sizes) and ``model_card.json`` (:class:`ModelCard`). :func:`score_frames` turns a clip model's window
+scores into per-frame probabilities (:class:`WindowPlan`: the windows and the rule), the one
+scoring path of ``gpufeed predict`` and the server's video input.
 
 Only what users call is exported here, each name listed in the API reference (``docs/api/``);
 checkpoint paths, batch-size helpers, parity checks and file names live in the private ``_*``
@@ -13,8 +15,10 @@ modules, which the other gpufeed packages import directly.
 """
 
 from gpufeed.models._card import ModelCard, ModelCardError, read_model_card
+from gpufeed.models._clip_sampling import ClipSampling
 from gpufeed.models._dense_heads import DenseHead
 from gpufeed.models._export import ExportError, export_model
+from gpufeed.models._frame_scores import FrameScores, WindowBatch, WindowPlan, WindowScorer, score_frames
 from gpufeed.models._head import Outputs, OutputTensor, TaskHead
 from gpufeed.models._heads import ClassifierHead, head_for, list_tasks, register_head
 from gpufeed.models._io import checkpoint_path, find_checkpoint, load_model, model_state
@@ -24,8 +28,10 @@ from gpufeed.models._spec import ModelSpec
 
 __all__ = [
     "ClassifierHead",
+    "ClipSampling",
     "DenseHead",
     "ExportError",
+    "FrameScores",
     "GpufeedModel",
     "ModelCard",
     "ModelCardError",
@@ -33,6 +39,9 @@ __all__ = [
     "OutputTensor",
     "Outputs",
     "TaskHead",
+    "WindowBatch",
+    "WindowPlan",
+    "WindowScorer",
     "checkpoint_path",
     "create_model",
     "export_model",
@@ -45,4 +54,5 @@ __all__ = [
     "read_model_card",
     "register_head",
     "register_model",
+    "score_frames",
 ]

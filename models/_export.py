@@ -44,6 +44,7 @@ from gpufeed.models._card import (
     check_batch_sizes,
     default_batch_sizes,
 )
+from gpufeed.models._clip_sampling import ClipSampling
 from gpufeed.models._io import find_checkpoint, load_model
 from gpufeed.models._nets import GpufeedModel
 from gpufeed.models._spec import ModelSpec
@@ -241,10 +242,16 @@ def export_model(
     largest, dynamic = sizes[-1], len(sizes) > 1
     checkpoint = find_checkpoint(source)
     try:
-        model = load_model(checkpoint).eval()
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        model = load_model(state).eval()
     except Exception as err:  # torch.load raises several types for files that are not checkpoints
         raise ExportError(f"cannot load a gpufeed model from {checkpoint}: {err}") from None
     spec = model.spec
+    # How training read its clips (frame gap, fit), which scoring a video must repeat (gpufeed predict,
+    # the server's video input): the card carries it, since the spec does not.
+    sampling = (
+        {"clip_sampling": ClipSampling.from_config(state.get("config")).to_dict()} if spec.head.takes_clips else {}
+    )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = name or out_dir.resolve().name
@@ -308,7 +315,7 @@ def export_model(
             },
             source_checkpoint=str(checkpoint),
             onnx_sha256=digest,
-            extra={"torch": torch.__version__, "exporter": "torch.onnx.export(dynamo=True)"},
+            extra={"torch": torch.__version__, "exporter": "torch.onnx.export(dynamo=True)", **sampling},
         )
     card.write(out_dir)
     log.info("exported %s to %s (%s)", checkpoint, out_dir, card.summary())

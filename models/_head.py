@@ -155,6 +155,9 @@ class TaskHead:
         multilabel: The ``spec.multilabel`` it serves (``None``: either).
         accepts_encoded: The server decodes JPEG/PNG images for it (else: decoded uint8 rows only).
         takes_clips: Its samples are clips of frames (``NCTHW``), not images.
+        accepts_video: The server takes an encoded video for it (REST ``video/*`` bodies, KServe's
+            ``video`` BYTES input), decodes it, windows it and answers per-frame scores
+            (:meth:`video_outputs`).
         input_layout: ``NCHW`` (images) or ``NCTHW`` (clips).
         classifies: Its rows are class scores: the KServe classification extension and the REST
             top-k answer apply.
@@ -168,6 +171,7 @@ class TaskHead:
     multilabel: ClassVar[bool | None] = None
     accepts_encoded: ClassVar[bool] = True
     takes_clips: ClassVar[bool] = False
+    accepts_video: ClassVar[bool] = False
     input_layout: ClassVar[str] = "NCHW"
     classifies: ClassVar[bool] = False
     dense: ClassVar[bool] = False
@@ -205,6 +209,10 @@ class TaskHead:
     def tensor(self, name: str, logits: np.ndarray) -> np.ndarray:
         """Output tensor ``name`` (one of :meth:`outputs`) of a batch's float32 ``logits``."""
         raise NotImplementedError
+
+    def video_outputs(self) -> tuple[OutputTensor, ...]:
+        """The output tensors of a video request (:attr:`accepts_video` heads); none for the others."""
+        return ()
 
     def output_tensors(self, logits: np.ndarray) -> Outputs:
         """Every output tensor of a batch's ``logits``, each made when first read."""

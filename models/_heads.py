@@ -5,7 +5,8 @@ head               ``spec.task``   multilabel   accepts           outputs (FP32)
 =================  ==============  ===========  ================  =====================================
 classification     ``image``       no           JPEG/PNG, NCHW    ``logits``, ``scores`` (softmax) [N, C]
 multi-label        ``image``       yes          JPEG/PNG, NCHW    ``logits``, ``scores`` (sigmoid) [N, C]
-clip               ``clip``        either       NCTHW rows only   ``logits``, ``scores`` [N, C]
+clip               ``clip``        either       NCTHW rows,       ``logits``, ``scores`` [N, C]; a video:
+                                                    encoded video     ``scores`` [frames, C], ``window_*``
 depth              ``depth``       —            JPEG/PNG, NCHW    ``depth`` [N, H, W]
 segmentation       ``segmentation`` —           JPEG/PNG, NCHW    ``scores``, ``logits`` [N, C, H, W]
 =================  ==============  ===========  ================  =====================================
@@ -117,14 +118,28 @@ class ClipHead(ClassifierHead):
     """A clip model: ``(N, 3, T, H, W)`` decoded rows in (no encoded images), class scores per clip out.
 
     Its scores are sigmoids per class when ``spec.multilabel`` (behaviours, the default of the
-    registered clip networks), else a softmax over classes.
+    registered clip networks), else a softmax over classes. The server also takes an encoded video
+    for it and answers per-frame scores (:meth:`video_outputs`; the windows and the rule:
+    :mod:`gpufeed.models._frame_scores`).
     """
 
     task = "clip"
     kind = "clip"
     accepts_encoded = False
     takes_clips = True
+    accepts_video = True
     input_layout = "NCTHW"
+
+    def video_outputs(self) -> tuple[OutputTensor, ...]:
+        """A video's answer: ``scores`` ``[frames, C]`` (each frame's mean over the windows covering it),
+        and, when asked, ``window_scores`` ``[windows, C]`` with ``window_starts`` ``[windows]`` (INT64,
+        each window's first frame)."""
+        classes = (self.spec.num_classes,)
+        return (
+            OutputTensor("scores", classes),
+            OutputTensor("window_scores", classes),
+            OutputTensor("window_starts", (), "INT64"),
+        )
 
     def check(self) -> None:
         if not self.spec.clip_length_frames:

@@ -24,7 +24,8 @@ other gpufeed packages import directly.
 
 from gpufeed.pipelines._augment import ColourJitter, LoaderAugment, reference_augment
 from gpufeed.pipelines._check import check_path
-from gpufeed.pipelines._clip_loader import ClipBatch, ClipLoader
+from gpufeed.pipelines._clip_batch import ClipBatch
+from gpufeed.pipelines._clip_loader import ClipLoader
 from gpufeed.pipelines._dataset import ImageDataset
 from gpufeed.pipelines._dense_loader import DenseBatch, DenseLoader
 from gpufeed.pipelines._errors import BadSampleError, DatasetError, PipelineError

@@ -13,77 +13,49 @@ Usage::
 
 Which clips an epoch holds is decided by :class:`gpufeed.pipelines._clips.ClipTable` and
 :func:`gpufeed.pipelines._sampler.plan_epoch` (order, shards, last batch), so every decoder reads the same
-clips for the same seed. The pipeline (and the PyAV worker processes) is built once and reads
-epoch after epoch (see :mod:`gpufeed.pipelines._epochs`); ``loader.pipeline_builds`` counts builds.
+clips for the same seed. How they are decoded is the loader's
+:class:`~gpufeed.pipelines._clip_source.ClipSource`, picked from the videos' facts by
+:func:`~gpufeed.pipelines._clip_sources.choose_clip_source`; the loader asks it for the pipeline
+over each plan stream and for the order its rows come in. The pipeline (and its worker processes)
+is built once and reads epoch after epoch (see :mod:`gpufeed.pipelines._epochs`);
+``loader.pipeline_builds`` counts builds.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpufeed.config import LoaderConfig, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment, StreamAugmentFeed
-from gpufeed.pipelines._clip_pipeline import (
-    fill_rows,
-    reader_order,
-    reader_rows,
-)
-from gpufeed.pipelines._clip_sources import frames_pipeline, pyav_pipeline, reader_pipeline, worker_pids
+from gpufeed.pipelines._clip_batch import ClipBatch
+from gpufeed.pipelines._clip_plan import ClipDraw, ClipPlan, PlanRows
+from gpufeed.pipelines._clip_source import ClipJob, ClipSource, worker_pids
+from gpufeed.pipelines._clip_sources import choose_clip_source
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._deepethogram import videos_at
-from gpufeed.pipelines._epochs import EpochLoader, Session
+from gpufeed.pipelines._epochs import EpochLoader
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import decode_store_frames
 from gpufeed.pipelines._loader_args import loader_args
-from gpufeed.pipelines._nvdec import choose_source, gpu_capability
+from gpufeed.pipelines._nvdec import gpu_capability
 from gpufeed.pipelines._nvdec_reader import ReaderBuild
-from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef, clip_read_order
+from gpufeed.pipelines._pipeline_session import Session
+from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
-from gpufeed.pipelines._store_feed import (
-    scaled_jpeg_decode,
-)
 from gpufeed.pipelines._videos import VideoDataset
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ClipBatch", "ClipLoader"]
+__all__ = ["ClipLoader"]
 
 log = logging.getLogger("gpufeed")
-
-
-@dataclass(frozen=True)
-class ClipBatch:
-    """One batch from :class:`ClipLoader`. Tensors live on the loader's device.
-
-    Attributes:
-        clips: (N, 3, T, H, W) torch.uint8 RGB ("NCTHW"), in channels_last_3d memory: a permuted
-            view of DALI's (N, T, H, W, 3), the layout 3-D convolutions run in.
-        frame_labels: (N, T, K) torch.float32 multi-hot label of every frame of each clip.
-        centre_labels: (N, K) torch.float32 label of each clip's centre frame (index ``T // 2``).
-        video_ids: (N,) torch.int64 video ids (positions in the dataset).
-        start_frames: (N,) torch.int64 first frame of each clip; frame t is ``start + t * stride``.
-        valid: (N,) torch.bool, False for padding rows (``last_batch: pad`` only).
-        behaviours: The K label names, in column order.
-    """
-
-    clips: torch.Tensor
-    frame_labels: torch.Tensor
-    centre_labels: torch.Tensor
-    video_ids: torch.Tensor
-    start_frames: torch.Tensor
-    valid: torch.Tensor
-    behaviours: tuple[str, ...] = ()
-
-    def __len__(self) -> int:
-        return int(self.clips.shape[0])
 
 
 class ClipLoader(EpochLoader):
@@ -109,6 +81,8 @@ class ClipLoader(EpochLoader):
             draw per clip slot and epoch, the same on every frame; ``None`` or empty: none.
 
     Attributes:
+        clip_source: How the clips are decoded (:class:`~gpufeed.pipelines._clip_source.ClipSource`);
+            ``source`` is its name (``dali``, ``pyav``, ``frames``), ``decoder_reason`` why it was picked.
         reader_builds: Each DALI video reader built: :class:`~gpufeed.pipelines._nvdec_reader.ReaderBuild`.
 
     Raises:
@@ -168,6 +142,32 @@ class ClipLoader(EpochLoader):
         self.reader_builds: list[ReaderBuild] = []
         self.behaviours = data.behaviours
         self.quarantined = quarantined_ids(data.paths, getattr(loader_cfg, "quarantine_file", None), data.source)
+        usable = self._usable_videos()
+        self.table = ClipTable.build(data.num_frames, np.asarray(usable, dtype=np.int64), self.geometry)
+        self._draw = ClipDraw(self.table, train, seed)
+        self._clip_plan: ClipPlan | None = None  # the running pipeline's plan
+        self.clip_source: ClipSource = choose_clip_source(
+            video_cfg.decoder,
+            device.is_gpu,
+            [data.infos[v] for v in usable],
+            data.source,
+            gpu_capability(device),
+        )
+        level = logging.WARNING if self.clip_source.fell_back else logging.INFO
+        log.log(level, "clip decoder: %s (%s)", self.source, self.decoder_reason)
+        vfr = [data.paths[v] for v in usable if not data.infos[v].cfr]
+        if vfr:
+            log.warning(
+                "%d video(s) have a variable frame rate (e.g. %s): frames are numbered in presentation order, "
+                "which may not match how their labels were made; 'gpufeed prepare' makes the rate constant",
+                len(vfr),
+                vfr[0],
+            )
+        self._check_plan(self._plan(0))
+
+    def _usable_videos(self) -> list[int]:
+        """The videos read: the dataset's usable ones, less those too short for a clip and the quarantined."""
+        data = self.dataset
         bad = {v: why for v, why in data.problems.items() if v not in self.quarantined}
         for vid in data.usable_ids:
             if int(vid) in self.quarantined:
@@ -178,38 +178,7 @@ class ClipLoader(EpochLoader):
                 )
         self._leave_out(bad, "video")
         self.skipped.update(self.quarantined)
-        usable = [v for v in data.usable_ids if int(v) not in bad and int(v) not in self.quarantined]
-        self.table = ClipTable.build(data.num_frames, np.asarray(usable, dtype=np.int64), self.geometry)
-        self.source, self.decoder_reason = choose_source(
-            video_cfg.decoder,
-            device.is_gpu,
-            [data.infos[v] for v in usable],
-            data.source,
-            gpu_capability(device),
-        )
-        # Falling back to PyAV on a GPU costs throughput: say so louder than a routine choice.
-        fell_back = device.is_gpu and self.source == "pyav" and video_cfg.decoder == "auto"
-        log.log(
-            logging.WARNING if fell_back else logging.INFO, "clip decoder: %s (%s)", self.source, self.decoder_reason
-        )
-        vfr = [data.paths[v] for v in usable if not data.infos[v].cfr]
-        if vfr:
-            log.warning(
-                "%d video(s) have a variable frame rate (e.g. %s): frames are numbered in presentation order, "
-                "which may not match how their labels were made; 'gpufeed prepare' makes the rate constant",
-                len(vfr),
-                vfr[0],
-            )
-        # CPU, JPEG stores only: DCT-scaled decodes in worker processes (see _store_feed).
-        self._scaled_jpeg = self.source == "frames" and scaled_jpeg_decode(
-            device.is_gpu, [data.infos[v] for v in usable]
-        )
-        if self._scaled_jpeg:
-            self.decoder_reason = self.decoder_reason.replace(
-                " with DALI's CPU image decoder", ", DCT-scaled by libjpeg-turbo in DALI's worker processes"
-            )
-        self._refs = [VideoRef.from_info(info) for info in data.infos]
-        self._check_plan(self._plan(0))
+        return [v for v in data.usable_ids if int(v) not in bad and int(v) not in self.quarantined]
 
     # -- planning ---------------------------------------------------------------------------
     def _check_plan(self, plan: EpochPlan) -> None:
@@ -222,6 +191,16 @@ class ClipLoader(EpochLoader):
             )
 
     # -- the public surface -----------------------------------------------------------------
+    @property
+    def source(self) -> str:
+        """The clip source's name: ``dali``, ``pyav`` or ``frames``."""
+        return self.clip_source.name
+
+    @property
+    def decoder_reason(self) -> str:
+        """Why the clip source was picked."""
+        return self.clip_source.reason
+
     @property
     def clip_shape(self) -> tuple[int, int, int, int]:
         """(3, T, H, W) of one clip."""
@@ -238,7 +217,7 @@ class ClipLoader(EpochLoader):
             plan = self._plan(0)
         finally:
             self.epoch = saved
-        return self.table.clips(plan.sample_ids, train=self.train, seed=self.seed, epoch=plan.epoch)
+        return self._draw.clips(plan.sample_ids, plan.epoch)
 
     # -- EpochLoader hooks --------------------------------------------------------------------
     # A parallel external_source prefetches a batch more than DALI's own queue.
@@ -250,89 +229,58 @@ class ClipLoader(EpochLoader):
     def _excluded_plan_ids(self) -> np.ndarray:
         return self.table.slots_of(self.read_failures)
 
-    @property
-    def _frames_flat(self) -> bool:
-        """Whether the pipeline outputs each clip as ``T`` consecutive frames (frame stores, see ``_store_pipeline``)."""
-        return self.source == "frames" and not self._scaled_jpeg
-
-    def _pipeline_args(self, stream: PlanStream) -> tuple[dict, Any]:
-        """(the arguments every clip pipeline over ``stream`` shares, ``rows(k)`` in reader order)."""
-        common = {
-            "clip_length_frames": self.geometry.clip_length_frames,
-            "stride_frames": self.geometry.stride_frames,
-            "size_px": self.video_cfg.output_size,
-            "fit": self.video_cfg.fit,
-            "batch_size": self.batch_size,
-            "device_id": self.device.device_id,
-            "num_threads": self.num_threads,
-            "prefetch_queue_depth": self.cfg.prefetch_queue_depth,
-            "seed": self.seed,
-        }
-        table, train, seed, size = self.table, self.train, self.seed, self.batch_size
-
-        def rows(k: int):  # DALI's reader gets each batch's rows in reader_order (see _clip_pipeline)
-            return reader_rows(stream, table, train=train, seed=seed, batch_size=size, iteration=k)
-
-        # Augmentation: one parameter row per clip (per frame of it for frame stores), from the same stream.
-        common["augment"] = (
-            None
-            if self.augment is None
-            else StreamAugmentFeed(
+    def _clip_job(self, stream: PlanStream) -> ClipJob:
+        """What the pipeline over ``stream`` reads and how (the source builds it)."""
+        plan = ClipPlan(stream, self._draw, self.batch_size)
+        augment = None
+        if self.augment is not None:  # one parameter row per clip (per frame of it where a clip is T samples)
+            augment = StreamAugmentFeed(
                 stream,
                 self.augment,
                 self.seed,
                 fill_to=self.batch_size,
-                row_order=self._augment_row_order(stream, rows),
-                repeat=self.geometry.clip_length_frames if self._frames_flat else 1,
+                row_order=self.clip_source.row_order(plan),
+                repeat=self.geometry.clip_length_frames if self.clip_source.frames_flat else 1,
             )
+        return ClipJob(
+            plan=plan,
+            paths=self.dataset.paths,
+            infos=self.dataset.infos,
+            geometry=self.geometry,
+            size_px=self.video_cfg.output_size,
+            fit=self.video_cfg.fit,
+            device_id=self.device.device_id,
+            num_threads=self.num_threads,
+            prefetch_queue_depth=self.cfg.prefetch_queue_depth,
+            seed=self.seed,
+            start_method=getattr(self.cfg, "worker_start_method", "auto"),
+            max_pixels=self.dataset.max_pixels,
+            fast_idct=self.video_cfg.jpeg_idct == "fast",
+            augment=augment,
+            reader_builds=self.reader_builds,
         )
-        return common, rows
 
     def _open_session(self, stream: PlanStream) -> Session:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
-        common, rows = self._pipeline_args(stream)
-        limit: int | None = None
-        resources: list = []
-        if self.source == "frames":
-            pipe = frames_pipeline(self, stream, common)
-        elif self.source == "pyav":
-            pipe = pyav_pipeline(self, stream, common)
-        else:
-            pipe, limit, resources = reader_pipeline(self, stream, common, rows)
+        job = self._clip_job(stream)
+        pipe, limit = self.clip_source.open(job)
+        self._clip_plan = job.plan
         iterator = DALIGenericIterator(pipe, ["clips", "tags"], auto_reset=False, prepare_first_batch=False)
-        return Session(iterator, stream, limit=limit, resources=resources, worker_pids=worker_pids(pipe))
+        return Session(iterator, stream, limit=limit, resources=[self.clip_source], worker_pids=worker_pids(pipe))
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ClipBatch:
         import torch
 
-        n = len(batch)
-        videos, starts = self.table.clips(batch.sample_ids, train=self.train, seed=self.seed, epoch=batch.epoch)
-        torch_device = self.device.torch_device
-        order = self._read_order(videos, starts)
-        if order is not None:  # rows came in the source's read order: check them as such, then put them in plan order
-            self._check_tags(out["tags"].view(-1), iteration * self.batch_size + order)
-            if np.array_equal(order[:n], np.arange(n)):  # already in plan order (evaluation): no gather
-                clips = out["clips"][:n]
-            elif out["clips"].is_cuda:  # one on-device gather; the small index copy is pinned, so it does not wait
-                back = torch.as_tensor(np.argsort(order)[:n]).pin_memory().to(out["clips"].device, non_blocking=True)
-                clips = out["clips"].index_select(0, back)
-            else:  # NumPy's single-threaded copy: torch's CPU copies of a batch (index_select, stack) wait on
-                # its intra-op threads, 15-140 ms a batch of 8 while the decoding workers hold the cores (1 ms here)
-                clips = torch.from_numpy(np.take(out["clips"].numpy(), np.argsort(order)[:n], axis=0))
-        elif self._frames_flat:  # clip j is frames j*T .. j*T+T-1: every frame's tag is its clip's
-            t = self.geometry.clip_length_frames
-            self._check_tags(out["tags"].view(-1)[: n * t], np.repeat(iteration * self.batch_size + np.arange(n), t))
-            frames = out["clips"]
-            clips = frames.view(-1, t, *frames.shape[1:])[:n]  # (N*T, H, W, 3) -> (N, T, H, W, 3), a view
-        else:
-            self._check_tags(out["tags"].view(-1)[:n], iteration * self.batch_size + np.arange(n))
-            clips = out["clips"][:n]
-        clips = clips.permute(0, 4, 1, 2, 3)  # (N, T, H, W, 3) -> (N, 3, T, H, W), channels_last_3d, no copy
+        assert self._clip_plan is not None, "a batch comes from the session _open_session made"
+        rows = self._clip_plan[iteration]
+        videos, starts = rows.clips()
+        clips = self._plan_order(out, rows)
         if tuple(clips.shape[1:]) != self.clip_shape:
             raise RuntimeError(f"clip pipeline produced {tuple(clips.shape)}; expected (N, *{self.clip_shape})")
         frames = starts[:, None] + np.arange(self.geometry.clip_length_frames) * self.geometry.stride_frames
         labels = np.stack([self.dataset.labels[v][f] for v, f in zip(videos, frames, strict=True)])
+        torch_device = self.device.torch_device
 
         def to_device(array, dtype):
             tensor = torch.as_tensor(array, dtype=dtype)
@@ -351,32 +299,36 @@ class ClipLoader(EpochLoader):
             behaviours=self.behaviours,
         )
 
-    def _read_order(self, videos: np.ndarray, starts: np.ndarray) -> np.ndarray | None:
-        """The plan row of each output row of a batch, when the source reads rows out of plan order.
+    def _plan_order(self, out: dict, rows: PlanRows) -> torch.Tensor:
+        """The batch's clips, (N, 3, T, H, W), in plan order, their tags checked against the plan.
 
-        DALI's reader and the PyAV workers read a batch by (video, start), so each file is read
-        forward (``reader_order``, ``clip_read_order``); frame stores read in plan order (``None``).
+        The source says how its rows come: in its read order (DALI's reader and the PyAV workers
+        read a batch by (video, start), so each file is read forward), as ``T`` frames per clip
+        (frame stores through one image decoder), or one clip per row in plan order.
         """
-        if self.source == "dali":
-            return reader_order(*fill_rows(videos, starts, self.batch_size))
-        if self.source == "pyav":
-            return clip_read_order(videos, starts, self.batch_size)
-        return None
+        import torch
 
-    def _augment_row_order(self, stream: PlanStream, rows):
-        """``row_order(k)`` for the augmentation feed: its rows in the order the source outputs them."""
-        if self.source == "dali":
-            return lambda k: rows(k)[2]
-        if self.source != "pyav":
-            return None
-        table, train, seed = self.table, self.train, self.seed
-
-        def pyav_order(k: int) -> np.ndarray:
-            batch = stream[k]
-            videos, starts = table.clips(batch.sample_ids, train=train, seed=seed, epoch=batch.epoch)
-            return clip_read_order(videos, starts, self.batch_size)
-
-        return pyav_order
+        n, first, source = rows.count, rows.first_tag, self.clip_source
+        if not source.in_plan_order:  # check the rows as they came, then put them in plan order
+            order = source.read_order(rows)
+            self._check_tags(out["tags"].view(-1), first + order)
+            if np.array_equal(order[:n], np.arange(n)):  # already in plan order (evaluation): no gather
+                clips = out["clips"][:n]
+            elif out["clips"].is_cuda:  # one on-device gather; the small index copy is pinned, so it does not wait
+                back = torch.as_tensor(np.argsort(order)[:n]).pin_memory().to(out["clips"].device, non_blocking=True)
+                clips = out["clips"].index_select(0, back)
+            else:  # NumPy's single-threaded copy: torch's CPU copies of a batch (index_select, stack) wait on
+                # its intra-op threads, 15-140 ms a batch of 8 while the decoding workers hold the cores (1 ms here)
+                clips = torch.from_numpy(np.take(out["clips"].numpy(), np.argsort(order)[:n], axis=0))
+        elif source.frames_flat:  # clip j is frames j*T .. j*T+T-1: every frame's tag is its clip's
+            t = self.geometry.clip_length_frames
+            self._check_tags(out["tags"].view(-1)[: n * t], np.repeat(first + np.arange(n), t))
+            frames = out["clips"]
+            clips = frames.view(-1, t, *frames.shape[1:])[:n]  # (N*T, H, W, 3) -> (N, T, H, W, 3), a view
+        else:
+            self._check_tags(out["tags"].view(-1)[:n], first + np.arange(n))
+            clips = out["clips"][:n]
+        return clips.permute(0, 4, 1, 2, 3)  # (N, T, H, W, 3) -> (N, 3, T, H, W), channels_last_3d, no copy
 
     def _check_tags(self, tags, expected: np.ndarray) -> None:
         """Check the rows' tags against the plan; NVDEC's tags (on the GPU) a batch or two later.
@@ -405,7 +357,7 @@ class ClipLoader(EpochLoader):
     def _suspects(self, batches: list[StreamBatch]) -> list[tuple[int, str, int]]:
         suspects = []
         for batch in batches:
-            videos, starts = self.table.clips(batch.sample_ids, train=self.train, seed=self.seed, epoch=batch.epoch)
+            videos, starts = self._draw.clips(batch.sample_ids, batch.epoch)
             suspects += [(int(v), self.dataset.paths[v], int(s)) for v, s in zip(videos, starts, strict=True)]
         return suspects
 
@@ -429,7 +381,7 @@ class ClipLoader(EpochLoader):
                         problems[video_id] = why
                     continue
                 try:
-                    decoder.read(self._refs[video_id], self.geometry.frames(start))
+                    decoder.read(VideoRef.from_info(info), self.geometry.frames(start))
                 except ClipDecodeError as bad:
                     problems[video_id] = str(bad).split(": ", 1)[-1]
         finally:

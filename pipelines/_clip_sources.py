@@ -1,156 +1,194 @@
-"""The clip loader's DALI pipeline for each source, built over one stream of plan batches.
+"""The clip sources of encoded videos, and the one factory that picks a dataset's source.
 
-Each builder takes the :class:`~gpufeed.pipelines._clip_loader.ClipLoader` (its table, geometry,
-configs and device; not annotated, since that module imports this one), the stream and the arguments every clip pipeline shares, and returns a
-built pipeline whose outputs are ``clips`` (uint8 ``(N, T, H, W, C)``, resized, augmented) and
-``tags`` (each row's (video, start frame), which the loader checks against the plan):
+* :class:`ReaderSource` (``dali``): DALI's video reader (NVDEC on a GPU, FFmpeg on the CPU) over a
+  file list written per plan stream, a batch's rows in reader order (by video, then start);
+* :class:`PyAVSource` (``pyav``): PyAV decodes in DALI's worker processes (codecs DALI's CPU
+  reader lacks, videos NVDEC cannot take, and folders mixing videos and frame stores), a batch's
+  rows by video, then start, so each worker reads a video forward;
+* the frame stores' sources, in :mod:`gpufeed.pipelines._store_sources`.
 
-- :func:`pyav_pipeline`: PyAV decodes in DALI's worker processes (codecs DALI's CPU reader lacks,
-  and videos NVDEC cannot take);
-- :func:`reader_pipeline`: DALI's video reader (NVDEC on a GPU) over a file list written per
-  stream, its rows in reader order;
-- :func:`frames_pipeline`: frame folders and HDF5 frame files, every frame of a batch through one
-  image decoder, the files read in worker processes (DCT-scaled JPEG decodes in worker processes
-  on a CPU).
+:func:`choose_clip_source` picks one from the videos' facts (what they are, what NVDEC and DALI's
+CPU reader decode, whether there is a GPU, ``video.decoder``) and says why; the loader, the
+sequential reader and the rest ask the source they get (:class:`~gpufeed.pipelines._clip_source.ClipSource`),
+never its name.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 
 import numpy as np
 
 from gpufeed.pipelines._clip_pipeline import (
-    RoiFeed,
-    StreamRows,
+    FeedInput,
+    ReaderInput,
     build_clip_pipeline,
-    centre_rois,
     check_reader_size,
     new_work_dir,
+    reader_order,
+    write_file_list,
     write_stream_list,
 )
-from gpufeed.pipelines._epochs import worker_start_method
-from gpufeed.pipelines._nvdec_reader import ReaderBuild, log_reader_budget, log_reader_build
-from gpufeed.pipelines._object_media import reader_local_paths
-from gpufeed.pipelines._pyav import ClipSource
-from gpufeed.pipelines._sampler import PlanStream
-from gpufeed.pipelines._store_feed import (
-    ScaledJpegClips,
-    StoreFrameFeed,
-    StoreRef,
-    channel_mode,
-    jpeg_decode_sizes,
-)
-from gpufeed.pipelines._store_pipeline import build_store_pipeline, store_read_workers
+from gpufeed.pipelines._clip_plan import PlanRows
+from gpufeed.pipelines._clip_source import ClipJob, ClipSource, RangeJob, SourcePipeline, start_method
+from gpufeed.pipelines._crop_windows import RoiFeed
+from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._nvdec import choose_decoder
+from gpufeed.pipelines._nvdec_reader import ReaderBuild, fused_reader_resize, log_reader_budget, log_reader_build
+from gpufeed.pipelines._object_media import object_storage_reason, reader_local_paths
+from gpufeed.pipelines._pyav import PyAVClips, VideoRef, plan_read_order
+from gpufeed.pipelines._pyav_sequential import SequentialFeed
+from gpufeed.pipelines._store_kinds import frame_store
+from gpufeed.pipelines._store_sources import ScaledJpegSource, StoreSource
 
-__all__ = ["frames_pipeline", "pyav_pipeline", "reader_pipeline", "worker_pids"]
-
-log = logging.getLogger("gpufeed")
+__all__ = ["PyAVSource", "ReaderSource", "choose_clip_source"]
 
 
-def worker_pids(pipe) -> list[int]:
-    """Process ids of a pipeline's Python workers (empty if this DALI does not tell, or it has none)."""
-    pool = getattr(pipe, "_py_pool", None)
-    try:
-        return [int(pid) for pid in pool.pids()] if pool is not None else []
-    except Exception:  # a private DALI detail: without it the check is skipped, nothing breaks
-        return []
+class ReaderSource(ClipSource):
+    """DALI's video reader over a file list of the plan's clips (see the module docs)."""
+
+    name = "dali"
+    in_plan_order = False
+
+    def read_order(self, rows: PlanRows) -> np.ndarray:
+        return reader_order(rows.videos, rows.starts)
+
+    def open(self, job: ClipJob, *, build: bool = True) -> SourcePipeline:
+        """The reader over a list of the stream's first iterations; its ``limit`` is how many the list holds."""
+        work = new_work_dir()
+        started = time.perf_counter()
+        try:
+            # s3://: cached copies (DALI's reader opens local files only)
+            listed = write_stream_list(Path(work.name), reader_local_paths(job.paths), job.plan)
+            written = time.perf_counter()
+            fused = log_reader_budget(job.infos, listed, job.batch_size, job.geometry, job.on_gpu)
+            roi = None
+            if job.fit == "centre_crop":
+                plan, aspect = job.plan, job.size_px.width_px / job.size_px.height_px
+                roi = RoiFeed(lambda k: (rows := plan[k]).videos[self.read_order(rows)], job.frame_sizes(), aspect)
+            graph = ReaderInput(listed.path, fused_resize=fused)
+            pipe = build_clip_pipeline(clip_input=graph, roi_feed=roi, build=build, **job.graph_args())
+            if build:
+                check_reader_size(pipe, listed.iterations * job.batch_size)
+        except Exception:
+            work.cleanup()
+            raise
+        self._resources.append(work)
+        made = ReaderBuild(len(listed.videos), listed.capped, written - started, time.perf_counter() - written)
+        job.reader_builds.append(made)
+        log_reader_build(made, len(job.reader_builds), job.on_gpu)
+        return SourcePipeline(pipe, listed.iterations)
+
+    def open_ranges(self, job: RangeJob, *, build: bool = True):
+        """Consecutive ranges read with the reader: a list of ``(video, start)`` lines, one per range."""
+        zeros = np.zeros(len(job.starts), dtype=np.int64)
+        listed = write_file_list(job.work, reader_local_paths([job.info.path]), zeros, job.starts, job.chunk_frames)
+        graph = ReaderInput(listed, fused_resize=fused_reader_resize(job.on_gpu)[0])
+        return build_clip_pipeline(clip_input=graph, roi_feed=job.roi_feed(), build=build, **job.graph_args())
 
 
-def pyav_pipeline(loader, stream: PlanStream, common: dict):
-    """PyAV decoding the stream's clips in DALI's parallel external source workers."""
-    method, why = worker_start_method(getattr(loader.cfg, "worker_start_method", "auto"))
-    log.info("starting %d PyAV worker process(es) with %s (%s)", loader.num_threads, method, why)
-    clips = ClipSource(
-        stream,
-        loader.table,
-        loader._refs,
-        train=loader.train,
-        seed=loader.seed,
-        batch_size=loader.batch_size,
-        size_px=loader.video_cfg.output_size,
-        fit=loader.video_cfg.fit,
-    )
-    return build_clip_pipeline(source="pyav", clip_input=clips, start_method=method, **common)
+class PyAVSource(ClipSource):
+    """PyAV decoding the plan's clips in DALI's worker processes (see the module docs)."""
+
+    name = "pyav"
+    in_plan_order = False
+    full_ranges = False
+
+    def __init__(self, reason: str, *, fell_back: bool = False) -> None:
+        super().__init__(reason, fell_back=fell_back)
+        self._refs: tuple = (None, [])  # (the infos, their VideoRefs): made once, not per pipeline
+
+    def read_order(self, rows: PlanRows) -> np.ndarray:
+        return plan_read_order(rows)
+
+    def _video_refs(self, infos) -> list[VideoRef]:
+        if self._refs[0] is not infos:
+            self._refs = (infos, [VideoRef.from_info(info) for info in infos])
+        return self._refs[1]
+
+    def open(self, job: ClipJob, *, build: bool = True) -> SourcePipeline:
+        method = start_method(job, job.num_threads, "PyAV")
+        geometry = job.geometry
+        clips = PyAVClips(
+            job.plan,
+            self._video_refs(job.infos),
+            clip_length_frames=geometry.clip_length_frames,
+            stride_frames=geometry.stride_frames,
+            size_px=job.size_px,
+            fit=job.fit,
+        )
+        graph = FeedInput(clips, parallel=True, fitted=True)
+        return SourcePipeline(
+            build_clip_pipeline(clip_input=graph, start_method=method, build=build, **job.graph_args())
+        )
+
+    def open_ranges(self, job: RangeJob, *, build: bool = True):
+        """The video decoded once, front to back, in this thread (no seeks at all)."""
+        feed = SequentialFeed(VideoRef.from_info(job.info), job.chunk_frames, size_px=job.size_px, fit=job.fit)
+        graph = FeedInput(feed, parallel=False, fitted=True)
+        return build_clip_pipeline(clip_input=graph, build=build, **job.graph_args())
 
 
-def reader_pipeline(loader, stream: PlanStream, common: dict, rows) -> tuple:
-    """DALI's video reader over a file list of the stream's clips.
+# The video decoders by the name ``choose_decoder`` (and ``video.decoder``) gives them.
+_VIDEO_SOURCES = {source.name: source for source in (ReaderSource, PyAVSource)}
+
+
+def choose_clip_source(
+    requested: str,
+    on_gpu: bool,
+    infos,
+    where: str,
+    capability: tuple[int, int] | None = None,
+    *,
+    whole_clips: bool = True,
+) -> ClipSource:
+    """The clip source for these videos, with why: frame stores' sources, else the video decoder :func:`choose_decoder` picks.
+
+    Frame folders and HDF5 files hold images, which DALI's image decoder reads on any device
+    (``video.decoder`` chooses between video decoders and does not apply to them); on a CPU,
+    stores of JPEG frames only decode DCT-scaled in worker processes (:class:`ScaledJpegSource`),
+    unless ``whole_clips`` is False (the sequential reader, reading one video in its own thread).
+    A set mixing videos and stores goes to the PyAV workers, which decode the stores' frames with
+    Pillow.
 
     Args:
-        rows: ``rows(k)``: batch k's rows in reader order (see ``reader_rows``).
+        requested: ``video.decoder``: ``auto``, ``dali`` or ``pyav``.
+        on_gpu: Whether the pipeline runs on a GPU.
+        infos: The :class:`~gpufeed.pipelines._videos.VideoInfo` of every video read.
+        where: The dataset, for messages.
+        capability: The GPU's compute capability, for :func:`gpufeed.pipelines._nvdec.choose_decoder`.
+        whole_clips: Random clips of a plan (the loader); False: one video's ranges in order.
 
-    Returns:
-        ``(pipe, iterations, resources)``: the pipeline, how many batches its list holds, and the
-        work folder holding the list (removed with the session).
+    Raises:
+        DatasetError: ``dali`` was asked for a mixed set, or as :func:`choose_decoder` says.
     """
-    work = new_work_dir()
-    started = time.perf_counter()
-    try:
-        listed = write_stream_list(
-            Path(work.name),
-            reader_local_paths(loader.dataset.paths),  # s3://: cached copies (DALI's reader opens local files)
-            stream,
-            loader.table,
-            train=loader.train,
-            seed=loader.seed,
-            batch_size=loader.batch_size,
+    infos = list(infos)
+    kinds = {info.store for info in infos}
+    if kinds and "" not in kinds:
+        decoder = "nvJPEG / the hardware JPEG decoder" if on_gpu else "DALI's CPU image decoder"
+        named = " and ".join(sorted({frame_store(kind).described for kind in kinds}))
+        if whole_clips and ScaledJpegSource.takes(on_gpu, infos):
+            return ScaledJpegSource(
+                f"{named}: one image decode per frame, DCT-scaled by libjpeg-turbo in DALI's worker processes"
+            )
+        return StoreSource(f"{named}: one image decode per frame with {decoder}")
+    if len(kinds) > 1:
+        # One graph reads one kind: PyAV's workers take both (Pillow decodes the stores' frames).
+        if requested == "dali":
+            raise DatasetError(
+                f"video.decoder: dali cannot read {where}: it mixes encoded videos and frame stores; use decoder "
+                "auto or pyav, or keep them in separate folders"
+            )
+        why = (
+            f"video.decoder: {requested}; {where} mixes encoded videos and frame stores: PyAV worker processes "
+            "decode the videos and Pillow the stores' frames"
         )
-        written = time.perf_counter()
-        fused = log_reader_budget(
-            loader.dataset.infos, listed, loader.batch_size, loader.geometry, loader.device.is_gpu
-        )
-        roi = None
-        if loader.video_cfg.fit == "centre_crop":
-            sizes = np.array([(info.width, info.height) for info in loader.dataset.infos])
-            out = loader.video_cfg.output_size
-            roi = RoiFeed(lambda k: rows(k)[0], sizes, out.width_px / out.height_px)
-        pipe = build_clip_pipeline(source="dali", clip_input=listed.path, roi_feed=roi, fused_resize=fused, **common)
-        check_reader_size(pipe, listed.iterations * loader.batch_size)
-    except Exception:
-        work.cleanup()
-        raise
-    build = ReaderBuild(len(listed.videos), listed.capped, written - started, time.perf_counter() - written)
-    loader.reader_builds.append(build)
-    log_reader_build(build, len(loader.reader_builds), loader.device.is_gpu)
-    return pipe, listed.iterations, [work]
-
-
-def frames_pipeline(loader, stream: PlanStream, common: dict, *, build: bool = True):
-    """The clip pipeline over frame stores: the stream's clips, one image decode per frame.
-
-    On a CPU with JPEG stores, DCT-scaled decodes in worker processes (clips out); otherwise
-    :func:`~gpufeed.pipelines._store_pipeline.build_store_pipeline`, every frame of a batch through
-    one image decoder (``batch_size x T`` frames out, which the loader regroups), the files read in
-    worker processes. ``build=False``: defined only (the tests read its graph).
-    """
-    rows = StreamRows(stream, loader.table, train=loader.train, seed=loader.seed, batch_size=loader.batch_size)
-    infos = loader.dataset.infos
-    stores = [StoreRef.from_info(info) if info.store else None for info in infos]
-    shape = {"clip_length_frames": loader.geometry.clip_length_frames, "stride_frames": loader.geometry.stride_frames}
-    out, fit = loader.video_cfg.output_size, loader.video_cfg.fit
-    sizes = np.array([(info.width, info.height) for info in infos])
-    scaled, t = loader._scaled_jpeg, loader.geometry.clip_length_frames
-    roi, regions = None, sizes  # regions: (width, height) of the part of each frame the resize reads
-    if fit == "centre_crop":  # store frames are samples of their own: a clip's region once per frame
-        roi = RoiFeed(
-            lambda k: rows(k)[0], sizes, out.width_px / out.height_px, relative=scaled, repeat=1 if scaled else t
-        )
-        starts, ends = centre_rois(sizes, out.width_px / out.height_px)
-        regions = (ends - starts)[:, ::-1]
-    method, why = worker_start_method(getattr(loader.cfg, "worker_start_method", "auto"))
-    decode = {"max_pixels": loader.dataset.max_pixels, "fast_idct": loader.video_cfg.jpeg_idct == "fast"}
-    if scaled:
-        decoded = jpeg_decode_sizes(sizes, regions, out)
-        clips = ScaledJpegClips(rows, stores, decoded, batch_size=loader.batch_size, **shape, **decode)
-        log.info("starting %d JPEG decoding worker process(es) with %s (%s)", loader.num_threads, method, why)
-        return build_clip_pipeline(source="frames", clip_input=clips, roi_feed=roi, start_method=method, **common)
-    used = {infos[v].store for v in np.unique(loader.table.slot_video)}
-    feed = StoreFrameFeed(rows, stores, batch_size=loader.batch_size, mode=channel_mode(used), **shape, **decode)
-    if build:
-        workers = store_read_workers(loader.num_threads)
-        log.info("starting %d frame-reading worker process(es) with %s (%s)", workers, method, why)
-    args = {k: v for k, v in common.items() if k not in ("clip_length_frames", "stride_frames")}
-    return build_store_pipeline(feed, roi_feed=roi, start_method=method, build=build, **args)
+        return PyAVSource(why, fell_back=on_gpu and requested == "auto")
+    remote = object_storage_reason(requested, infos, where)
+    if remote is not None:  # s3:// videos without a local cache: PyAV's ranged reads
+        return PyAVSource(remote, fell_back=on_gpu)
+    choice = choose_decoder(requested, on_gpu, infos, capability)
+    source = _VIDEO_SOURCES[choice.source]
+    # Falling back to PyAV on a GPU costs throughput: the loader says so louder than a routine choice.
+    return source(choice.reason, fell_back=on_gpu and requested == "auto" and source is PyAVSource)

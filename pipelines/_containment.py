@@ -13,8 +13,9 @@ key ``data.allowed_roots``. Each path is judged twice, and the first rule it bre
 
 Inside a frame store the same holds for what the store itself points to: a frame folder's files
 that are links, an HDF5 file's external links and virtual-dataset sources
-(:func:`store_link_problem`). Messages quote the path as written, cut to a few dozen characters,
-and never anything read from it.
+(:func:`folder_link_problem`, :func:`hdf5_link_problem`, asked by each kind's
+:meth:`~gpufeed.pipelines._store_kinds.FrameStore.link_problem`). Messages quote the path as
+written, cut to a few dozen characters, and never anything read from it.
 
 **Object storage.** A root may be ``s3://bucket/prefix``: a named path is then a key, and it must
 lie under the prefix of a root (whole key parts: ``s3://b/data`` does not hold ``s3://b/data2``).
@@ -34,7 +35,7 @@ from pathlib import Path
 from gpufeed._object_path import ObjectPath, is_object_url
 from gpufeed._text import quoted
 
-__all__ = ["ALLOWED_ROOTS_KEY", "Roots", "store_link_problem"]
+__all__ = ["ALLOWED_ROOTS_KEY", "Roots", "folder_link_problem", "hdf5_link_problem"]
 
 ALLOWED_ROOTS_KEY = "data.allowed_roots"
 
@@ -125,7 +126,10 @@ class Roots:
         return any(_inside(real, root) for root in self.real)
 
 
-def _folder_link_problem(path: Path, roots: Roots) -> str | None:
+def folder_link_problem(path: Path | ObjectPath, roots: Roots) -> str | None:
+    """Why a frame folder reaches outside ``roots`` (a frame that is a link out), or ``None`` (always for a prefix)."""
+    if isinstance(path, ObjectPath) or is_object_url(path):
+        return None  # an object store has no links
     try:
         with os.scandir(path) as entries:
             for entry in entries:
@@ -138,7 +142,13 @@ def _folder_link_problem(path: Path, roots: Roots) -> str | None:
     return None
 
 
-def _hdf5_link_problem(path: Path, roots: Roots, dataset_name: str) -> str | None:
+def hdf5_link_problem(path: Path | ObjectPath, roots: Roots, dataset_name: str) -> str | None:
+    """Why an HDF5 frame file reaches outside ``roots`` (its frames dataset an external link or virtual source out).
+
+    A file in object storage may not link out at all (see the module docs).
+    """
+    if isinstance(path, ObjectPath) or is_object_url(path):
+        return _object_hdf5_link_problem(ObjectPath(str(path)), dataset_name)
     import h5py
 
     def outside(name: str) -> bool:
@@ -189,24 +199,4 @@ def _object_hdf5_link_problem(path: ObjectPath, dataset_name: str) -> str | None
                 )
     except (OSError, ValueError):
         return None  # not readable as HDF5: the store's probe names that
-    return None
-
-
-def store_link_problem(
-    path: str | Path | ObjectPath, kind: str, roots: Roots, dataset_name: str = "frame"
-) -> str | None:
-    """Why a frame store reaches outside ``roots`` (a frame that is a link out, an HDF5 external link
-    or virtual source out), or ``None``.
-
-    Args:
-        kind: ``"folder"`` or ``"hdf5"`` (anything else: nothing to judge).
-        dataset_name: The HDF5 dataset of frames.
-    """
-    if isinstance(path, ObjectPath) or is_object_url(path):  # no links in a bucket; HDF5 links open local files
-        return _object_hdf5_link_problem(ObjectPath(str(path)), dataset_name) if kind == "hdf5" else None
-    path = Path(path)
-    if kind == "folder":
-        return _folder_link_problem(path, roots)
-    if kind == "hdf5":
-        return _hdf5_link_problem(path, roots, dataset_name)
     return None

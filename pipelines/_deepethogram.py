@@ -33,10 +33,10 @@ from gpufeed._object_path import ObjectPath, is_object_url
 from gpufeed._storage import DataPath, data_path, prime_listing
 from gpufeed._text import quoted
 from gpufeed._yaml import YamlError, read_yaml
-from gpufeed.pipelines._containment import Roots, store_link_problem
+from gpufeed.pipelines._containment import Roots
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._frame_stores import store_kind
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
+from gpufeed.pipelines._store_kinds import frame_store, store_kind
 from gpufeed.pipelines._videos import VideoDataset, VideoInfo, index_videos, labels_for
 
 __all__ = [
@@ -156,7 +156,8 @@ def read_project(
             continue
         video, why_video = _default_file(record, folder, "rgb", where, roots)
         labels, why_labels = _default_file(record, folder, "label", where, roots)
-        inside = store_link_problem(video, store_kind(video), roots) if video else None
+        kind = store_kind(video) if video else ""
+        inside = frame_store(kind).link_problem(video, roots) if video and kind else None
         why_store = f"{where}: key 'rgb.default' ({video.name}): {inside}" if video and inside else None
         records.append(ProjectRecord(folder.name, video, labels, why_video or why_store or why_labels))
     if not records:

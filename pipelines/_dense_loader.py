@@ -40,11 +40,11 @@ from gpufeed._size import SizePx
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
-from gpufeed.pipelines._epochs import Session
 from gpufeed.pipelines._image_pipeline import PathTable, decode_window, feed_windows, read_encoded
 from gpufeed.pipelines._image_verify import find_bad_files
 from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._pairs import PairedDataset
+from gpufeed.pipelines._pipeline_session import Session
 from gpufeed.pipelines._sample_loader import CropPolicy, SampleLoader
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows

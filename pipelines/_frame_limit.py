@@ -81,7 +81,7 @@ def refuse_big_frames(store, frames, data, max_pixels: int) -> None:
     """Raise naming the first of a clip's encoded frames that declares more than ``max_pixels``.
 
     Args:
-        store: The clip's store (``path``, ``kind``, ``frame_name``: a
+        store: The clip's store (its ``path`` and ``frame_label(index)``: a
             :class:`~gpufeed.pipelines._store_feed.StoreRef`).
         frames: The frame indices of ``data``.
         data: The frames' encoded bytes, as read.
@@ -93,5 +93,4 @@ def refuse_big_frames(store, frames, data, max_pixels: int) -> None:
     for index, encoded in zip(frames, data, strict=True):
         refused = frame_refusal(encoded, max_pixels)
         if refused:
-            where = store.frame_name.format(int(index)) if store.kind == "folder" else f"frame {int(index)}"
-            raise RuntimeError(f"{store.path}: {where} is refused: {refused}")
+            raise RuntimeError(f"{store.path}: {store.frame_label(int(index))} is refused: {refused}")

@@ -13,12 +13,7 @@ from __future__ import annotations
 
 from gpufeed.pipelines._image_facts import read_image_facts
 
-__all__ = ["frame_label", "frame_size_problem"]
-
-
-def frame_label(kind: str, frame_name: str, index: int) -> str:
-    """How messages name frame ``index`` of a store: its file name in a folder, ``frame i`` in HDF5."""
-    return frame_name.format(int(index)) if kind == "folder" else f"frame {int(index)}"
+__all__ = ["frame_size_problem"]
 
 
 def frame_size_problem(data: bytes, where: str, width: int, height: int, facts=None) -> str | None:
@@ -26,7 +21,8 @@ def frame_size_problem(data: bytes, where: str, width: int, height: int, facts=N
 
     Args:
         data: The frame's encoded bytes (only its header is read).
-        where: How to name the frame (:func:`frame_label`).
+        where: How to name the frame (its store kind's
+            :meth:`~gpufeed.pipelines._frame_stores.FrameStore.frame_label`).
         width, height: The store's frame size, as the index has it (frame 0's, oriented).
         facts: The frame's :class:`~gpufeed.pipelines._image_facts.ImageFacts`, where the caller
             has read them already (``data`` is not read again).

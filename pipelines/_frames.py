@@ -7,11 +7,13 @@ Like DeepEthogram's ``VideoIterable``, but decoded on NVDEC where there is a GPU
         chunk.frames          # (C, 3, H, W) uint8 on the device; C = chunk_frames except at the end
         chunk.frame_indices   # (C,) int64, consecutive, starting at 0 for the first chunk
 
-Paths: ``dali`` reads consecutive ``chunk_frames`` ranges with DALI's video reader (the last
-range aligned to the video's end; frames already returned are dropped); ``pyav`` decodes the file
-once from start to end (no seeks at all); ``frames`` (frame folders, HDF5 files) decodes each range's
-images as the ``dali`` path reads ranges. All go through the clip graph, so frames match the
-clip loader's frames for the same ``size_px``, ``fit`` and decoder.
+The reader asks its :class:`~gpufeed.pipelines._clip_source.ClipSource` (picked as for the clip
+loader) for the pipeline of a pass (:meth:`~gpufeed.pipelines._clip_source.ClipSource.open_ranges`):
+DALI's video reader reads consecutive ``chunk_frames`` ranges (the last range aligned to the
+video's end; frames already returned are dropped); PyAV decodes the file once from start to end (no
+seeks at all); frame stores (frame folders, HDF5 files) decode each range's images as the reader
+reads ranges. All go through the clip graphs, so frames match the clip loader's frames for the same
+``size_px``, ``fit`` and decoder.
 """
 
 from __future__ import annotations
@@ -23,15 +25,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpufeed._size import parse_size_px
-from gpufeed.pipelines._clip_pipeline import RoiFeed, build_clip_pipeline, new_work_dir, write_file_list
+from gpufeed.pipelines._clip_pipeline import new_work_dir
+from gpufeed.pipelines._clip_source import ClipSource, RangeJob
+from gpufeed.pipelines._clip_sources import choose_clip_source
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._nvdec import choose_source, gpu_capability
-from gpufeed.pipelines._nvdec_reader import fused_reader_resize
-from gpufeed.pipelines._object_media import reader_local_paths
-from gpufeed.pipelines._pyav import VideoRef
-from gpufeed.pipelines._pyav_sequential import SequentialFeed
-from gpufeed.pipelines._store_feed import StoreFrameFeed, StoreRef, channel_mode
-from gpufeed.pipelines._store_pipeline import build_store_pipeline
+from gpufeed.pipelines._nvdec import gpu_capability
 from gpufeed.pipelines._videos import VideoInfo, probe_video
 
 if TYPE_CHECKING:
@@ -91,14 +89,24 @@ class VideoFrameReader:
         self.info = info
         self.size, self.fit, self.device, self.num_threads = parse_size_px(size_px, "size_px"), fit, device, num_threads
         self.chunk_frames = min(chunk_frames, info.num_frames)
-        self.source, self.decoder_reason = choose_source(
-            decoder, device.is_gpu, [info], info.path, gpu_capability(device)
+        self.clip_source: ClipSource = choose_clip_source(
+            decoder, device.is_gpu, [info], info.path, gpu_capability(device), whole_clips=False
         )
         n, c = info.num_frames, self.chunk_frames
         starts = np.arange(0, n, c, dtype=np.int64)
-        if self.source in ("dali", "frames"):
+        if self.clip_source.full_ranges:
             starts[-1] = min(starts[-1], n - c)  # every range holds c frames; the last one ends at the end
         self._starts = starts
+
+    @property
+    def source(self) -> str:
+        """The name of the source that decodes: ``dali``, ``pyav`` or ``frames``."""
+        return self.clip_source.name
+
+    @property
+    def decoder_reason(self) -> str:
+        """Why that source."""
+        return self.clip_source.reason
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -123,7 +131,7 @@ class VideoFrameReader:
                     raise RuntimeError(
                         f"{self.info.path}: frame range {int(tags.min())} arrived where {expected} was expected"
                     )
-                frames = out["frames"] if self.source == "frames" else out["frames"][0]
+                frames = out["frames"] if self.clip_source.frames_flat else out["frames"][0]
                 first = int(self._starts[expected])
                 skip = max(0, done - first)
                 frames = frames[skip:]
@@ -138,64 +146,16 @@ class VideoFrameReader:
     def _pipeline(self, work: Path, build: bool = True):
         """The pipeline of one pass: one output per range (the reader's list and the feeds wrap or repeat).
 
-        ``build=False`` (frame stores only): defined, not built (the tests read its graph).
+        ``build=False``: defined, not built (the tests read its graph).
         """
-        rows = len(self._starts)
-        if self.source == "frames":  # a range's frames are one batch of images through one decoder
-            last = rows - 1  # DALI may prefetch past the end: repeat the last range
-            feed = StoreFrameFeed(
-                lambda k: (np.zeros(1, dtype=np.int64), self._starts[min(k, last) : min(k, last) + 1]),
-                [StoreRef.from_info(self.info)],
-                clip_length_frames=self.chunk_frames,
-                stride_frames=1,
-                batch_size=1,
-                mode=channel_mode({self.info.store}),
-            )
-            # Read in this thread: worker processes for one pass over one video cost more than its reads.
-            return build_store_pipeline(
-                feed,
-                size_px=self.size,
-                fit=self.fit,
-                batch_size=1,
-                device_id=self.device.device_id,
-                num_threads=self.num_threads,
-                prefetch_queue_depth=2,
-                seed=0,
-                roi_feed=self._roi_feed(repeat=self.chunk_frames),
-                parallel=False,
-                frames_first=True,
-                build=build,
-            )
-        clip_input: Path | SequentialFeed
-        if self.source == "dali":
-            zeros = np.zeros(rows, dtype=np.int64)
-            clip_input = write_file_list(
-                work, reader_local_paths([self.info.path]), zeros, self._starts, self.chunk_frames
-            )
-        else:
-            clip_input = SequentialFeed(
-                VideoRef.from_info(self.info), self.chunk_frames, size_px=self.size, fit=self.fit
-            )
-        return build_clip_pipeline(
-            source=self.source if self.source == "dali" else "pyav_sequential",
-            clip_input=clip_input,
-            clip_length_frames=self.chunk_frames,
-            stride_frames=1,
-            size_px=self.size,
-            fit=self.fit,
-            batch_size=1,
-            device_id=self.device.device_id,
-            num_threads=self.num_threads,
-            prefetch_queue_depth=2,
-            seed=0,
-            roi_feed=self._roi_feed(),
-            frames_first=True,
-            fused_resize=self.source == "dali" and fused_reader_resize(self.device.is_gpu)[0],
+        job = RangeJob(
+            self.info,
+            self._starts,
+            self.chunk_frames,
+            self.size,
+            self.fit,
+            self.device.device_id,
+            self.num_threads,
+            work,
         )
-
-    def _roi_feed(self, repeat: int = 1):
-        if self.source not in ("dali", "frames") or self.fit != "centre_crop":
-            return None
-        sizes = np.array([[self.info.width, self.info.height]])
-        aspect = self.size.width_px / self.size.height_px
-        return RoiFeed(lambda _k: np.zeros(1, dtype=np.int64), sizes, aspect, repeat=repeat)
+        return self.clip_source.open_ranges(job, build=build)

@@ -29,10 +29,10 @@ from gpufeed.config import ImagePipelineConfig, LoaderConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment
 from gpufeed.pipelines._dataset import ImageDataset
-from gpufeed.pipelines._epochs import Session
 from gpufeed.pipelines._image_pipeline import ImageFeed, PathTable, build_image_pipeline, gpu_decoder_options
 from gpufeed.pipelines._image_verify import find_bad_files
 from gpufeed.pipelines._loader_args import loader_args
+from gpufeed.pipelines._pipeline_session import Session
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sample_loader import CropPolicy, SampleLoader
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch

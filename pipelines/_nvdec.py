@@ -18,10 +18,9 @@ import re
 from dataclasses import dataclass
 
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._object_media import object_source_choice
 from gpufeed.pipelines._videos import DALI_CPU_CODECS
 
-__all__ = ["DecoderChoice", "choose_decoder", "choose_source", "gpu_capability", "nvdec_problem", "pix_fmt_facts"]
+__all__ = ["DecoderChoice", "choose_decoder", "gpu_capability", "nvdec_problem", "pix_fmt_facts"]
 
 # Per codec: (chroma formats, bit depths, largest width/height) NVDEC decodes, from NVIDIA's NVDEC
 # support matrix for Turing to Hopper. 4:2:2 only arrives with Blackwell, so it is left out.
@@ -97,42 +96,41 @@ def nvdec_problem(info, capability: tuple[int, int] | None = None) -> str | None
 
 @dataclass(frozen=True)
 class DecoderChoice:
-    """The decoder a dataset gets, why, and each video's own verdict.
+    """The decoder a dataset gets, why, and the videos DALI's reader cannot take.
 
     Attributes:
         source: ``"dali"`` (NVDEC on a GPU, DALI's CPU reader otherwise) or ``"pyav"``.
         reason: Why, in words, for logs and run summaries.
-        per_video: Video path -> (decoder it would get on its own, why), for ``gpufeed check``.
+        refused: Video path -> why DALI's reader (NVDEC, or DALI's CPU decoder) cannot decode it,
+            for ``gpufeed check``; such a video needs PyAV.
     """
 
     source: str
     reason: str
-    per_video: dict
+    refused: dict[str, str]
 
     def __iter__(self):  # ``source, reason = choose_decoder(...)`` unpacks as before
         return iter((self.source, self.reason))
 
 
-def _per_video(infos, on_gpu: bool, capability) -> dict:
-    verdicts = {}
+def _refusals(infos, on_gpu: bool, capability) -> dict[str, str]:
+    """Video path -> why DALI's reader cannot decode it, for the videos it cannot."""
+    refused = {}
     for info in infos:
         if on_gpu:
             why = nvdec_problem(info, capability)
-            verdicts[info.path] = ("pyav", why) if why else ("dali", f"NVDEC decodes {_describe(info)}")
-        elif info.codec in DALI_CPU_CODECS:
-            verdicts[info.path] = ("dali", f"DALI's CPU decoder handles {info.codec}")
-        else:
-            verdicts[info.path] = ("pyav", f"no GPU and DALI's CPU decoder lacks {info.codec}")
-    return verdicts
-
-
-def _describe(info) -> str:
-    profile = getattr(info, "profile", "")
-    return " ".join(p for p in (info.codec, profile, info.pix_fmt) if p)
+            if why:
+                refused[info.path] = why
+        elif info.codec not in DALI_CPU_CODECS:
+            refused[info.path] = f"no GPU and DALI's CPU decoder lacks {info.codec}"
+    return refused
 
 
 def choose_decoder(requested: str, on_gpu: bool, infos, capability: tuple[int, int] | None = None) -> DecoderChoice:
     """Pick ``"dali"`` or ``"pyav"`` for ``video.decoder`` over the videos ``infos`` and say why.
+
+    The encoded videos' half of :func:`gpufeed.pipelines._clip_sources.choose_clip_source`, which
+    turns the name into the clip source.
 
     Args:
         requested: ``auto``, ``dali`` or ``pyav``.
@@ -147,15 +145,14 @@ def choose_decoder(requested: str, on_gpu: bool, infos, capability: tuple[int, i
     if requested not in ("auto", "dali", "pyav"):
         raise ValueError(f"decoder {requested!r} is not allowed; allowed: auto, dali, pyav")
     infos = list(infos)
-    per_video = _per_video(infos, on_gpu, capability)
+    refused = _refusals(infos, on_gpu, capability)
     if requested == "pyav":
-        return DecoderChoice("pyav", "video.decoder: pyav", per_video)
-    refused = [(path, why) for path, (decoder, why) in per_video.items() if decoder == "pyav"]
+        return DecoderChoice("pyav", "video.decoder: pyav", refused)
     codecs = ", ".join(sorted({info.codec for info in infos}))
     if not refused:
         what = "NVDEC decodes" if on_gpu else "DALI's CPU decoder handles"
-        return DecoderChoice("dali", f"video.decoder: {requested}; {what} every video ({codecs})", per_video)
-    first_path, first_why = refused[0]
+        return DecoderChoice("dali", f"video.decoder: {requested}; {what} every video ({codecs})", refused)
+    first_path, first_why = next(iter(refused.items()))
     lacking = ", ".join(sorted({info.codec for info in infos} - set(DALI_CPU_CODECS)))
     if requested == "dali":
         if not on_gpu:
@@ -175,44 +172,4 @@ def choose_decoder(requested: str, on_gpu: bool, infos, capability: tuple[int, i
         )
     else:
         reason = f"video.decoder: auto; no GPU and {lacking} needs PyAV keyframe seeks"
-    return DecoderChoice("pyav", reason, per_video)
-
-
-def choose_source(
-    requested: str, on_gpu: bool, infos, where: str, capability: tuple[int, int] | None = None
-) -> tuple[str, str]:
-    """The clip pipeline's source for these videos and why: ``"frames"`` for frame stores, else :func:`choose_decoder`.
-
-    Frame folders and HDF5 files hold images, which DALI's image decoder reads on any device
-    (``video.decoder`` chooses between video decoders and does not apply to them).
-
-    A set mixing both goes to the PyAV workers, which decode the stores' frames with Pillow.
-
-    Args:
-        capability: The GPU's compute capability, for :func:`gpufeed.pipelines._nvdec.choose_decoder`.
-
-    Raises:
-        DatasetError: ``dali`` was asked for a mixed set, or as :func:`choose_decoder` says.
-    """
-    kinds = {info.store for info in infos}
-    if kinds and "" not in kinds:
-        decoder = "nvJPEG / the hardware JPEG decoder" if on_gpu else "DALI's CPU image decoder"
-        words = {"folder": "frame folders", "hdf5": "HDF5 files", "shard": "clips in tar shards"}
-        named = " and ".join(sorted({words.get(k, k) for k in kinds}))
-        return "frames", f"{named}: one image decode per frame with {decoder}"
-    remote = object_source_choice(requested, infos, where)  # s3:// videos without a cache: PyAV's ranged reads
-    if remote is not None and len(kinds) == 1:
-        return remote
-    if len(kinds) > 1:
-        # One graph reads one kind: PyAV's workers take both (Pillow decodes the stores' frames).
-        if requested == "dali":
-            raise DatasetError(
-                f"video.decoder: dali cannot read {where}: it mixes encoded videos and frame stores; use decoder "
-                "auto or pyav, or keep them in separate folders"
-            )
-        return "pyav", (
-            f"video.decoder: {requested}; {where} mixes encoded videos and frame stores: PyAV worker processes "
-            "decode the videos and Pillow the stores' frames"
-        )
-    source, reason = choose_decoder(requested, on_gpu, infos, capability)
-    return source, reason
+    return DecoderChoice("pyav", reason, refused)

@@ -5,10 +5,11 @@
 * DALI's video reader (NVDEC on a GPU, VP8/VP9/MJPEG on a CPU) opens local files only (it has no
   ``s3://`` support, unlike DALI's file and webdataset readers): with ``storage.cache_dir`` set, the
   videos it reads are copied whole into the cache first (:func:`reader_local_paths`); without a
-  cache, ``video.decoder: auto`` takes PyAV for a dataset in object storage
-  (:func:`object_source_choice`).
+  cache, ``video.decoder: auto`` takes the PyAV source for a dataset in object storage
+  (:func:`object_storage_reason`).
 
-The hooks the clip sources call are these two functions; both leave local datasets untouched.
+The hooks :func:`~gpufeed.pipelines._clip_sources.choose_clip_source` and the reader source call are
+these two functions; both leave local datasets untouched.
 """
 
 from __future__ import annotations
@@ -18,21 +19,21 @@ from collections.abc import Sequence
 from gpufeed._object_path import is_object_url
 from gpufeed._storage import local_file, storage_cache
 
-__all__ = ["object_source_choice", "reader_local_paths"]
+__all__ = ["object_storage_reason", "reader_local_paths"]
 
 
-def object_source_choice(requested: str, infos, where: str) -> tuple[str, str] | None:
-    """``("pyav", why)`` when ``video.decoder: auto`` meets encoded videos in object storage and no cache; else ``None``.
+def object_storage_reason(requested: str, infos, where: str) -> str | None:
+    """Why PyAV's ranged reads decode: ``video.decoder: auto``, encoded videos only, in object storage, no cache; else ``None``.
 
     Args:
         requested: ``video.decoder``.
         infos: The videos' :class:`~gpufeed.pipelines._videos.VideoInfo`.
         where: The dataset, for the reason.
     """
-    remote = any(is_object_url(info.path) and not info.store for info in infos)
-    if requested != "auto" or not remote or storage_cache() is not None:
+    remote = any(is_object_url(info.path) for info in infos)
+    if requested != "auto" or not remote or any(info.store for info in infos) or storage_cache() is not None:
         return None
-    return "pyav", (
+    return (
         f"video.decoder: auto; {where} is in object storage and storage.cache_dir is unset: PyAV worker processes "
         "read each clip's GOP by ranged reads (DALI's video reader opens local files only)"
     )

@@ -40,15 +40,11 @@ from gpufeed._progress import progress_bar
 from gpufeed._text import format_table
 from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._frame_fit import FrameFitter
 from gpufeed.pipelines._frame_stores import label_path
-from gpufeed.pipelines._prepare_stores import (
-    IMAGE_FORMATS,
-    STORES,
-    measure_store_seek_cost,
-    store_output,
-    write_store,
-)
-from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, FrameFitter, VideoRef
+from gpufeed.pipelines._prepare_stores import IMAGE_FORMATS, VIDEO, measure_store_seek_cost, store_choices, write_store
+from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
+from gpufeed.pipelines._store_kinds import FrameStore, frame_store
 from gpufeed.pipelines._videos import list_videos, probe_video, read_label_csv
 
 __all__ = ["PrepareOptions", "PrepareReport", "PreparedVideo", "measure_seek_cost", "prepare_videos"]
@@ -70,8 +66,8 @@ class PrepareOptions:
         clip_length_frames, stride_frames: The clips that will be read (default GOP, seek probe).
         probe_clips: Random clips timed per video before and after (0 skips the measurement).
         seed: Seeds the probe's clip starts.
-        store: ``video`` (re-encode, as above), or ``folder`` / ``hdf5``: every frame as one image
-            in DeepEthogram's vidio layouts (:mod:`gpufeed.pipelines._prepare_stores`).
+        store: ``video`` (re-encode, as above), or a frame store kind (``folder`` / ``hdf5``): every
+            frame as one image in DeepEthogram's vidio layouts (:mod:`gpufeed.pipelines._prepare_stores`).
         image_format: ``jpeg`` or ``png``, the frames' encoding in a store.
         jpeg_quality: JPEG quality of a store's frames (1-100).
     """
@@ -86,7 +82,7 @@ class PrepareOptions:
     stride_frames: int = 1
     probe_clips: int = 20
     seed: int = 0
-    store: str = "video"
+    store: str = VIDEO
     image_format: str = "jpeg"
     jpeg_quality: int = 95
 
@@ -95,8 +91,8 @@ class PrepareOptions:
             raise ValueError(f"codec {self.codec!r} is not allowed; allowed: {', '.join(_CODECS)}")
         if self.tune not in ("fastdecode", "none"):
             raise ValueError(f"tune {self.tune!r} is not allowed; allowed: fastdecode, none")
-        if self.store not in STORES:
-            raise ValueError(f"store {self.store!r} is not allowed; allowed: {', '.join(STORES)}")
+        if self.store not in store_choices():
+            raise ValueError(f"store {self.store!r} is not allowed; allowed: {', '.join(store_choices())}")
         if self.image_format not in IMAGE_FORMATS:
             raise ValueError(f"image format {self.image_format!r} is not allowed; allowed: {', '.join(IMAGE_FORMATS)}")
         if not 1 <= self.jpeg_quality <= 100:
@@ -107,6 +103,11 @@ class PrepareOptions:
     @property
     def geometry(self) -> ClipGeometry:
         return ClipGeometry(self.clip_length_frames, self.stride_frames)
+
+    @property
+    def frame_store(self) -> FrameStore | None:
+        """The frame store kind written (``None``: videos re-encoded)."""
+        return None if self.store == VIDEO else frame_store(self.store)
 
     @property
     def resolved_gop_frames(self) -> int:
@@ -274,9 +275,8 @@ def prepare_videos(src: str | Path, dst: str | Path, options: PrepareOptions = P
                 item.problem = info.problem or "already a frame store; prepare reads encoded video files"
                 continue
             relative = Path(path).relative_to(src)
-            out = dst / (
-                relative.with_suffix(ext) if options.store == "video" else store_output(relative, options.store)
-            )
+            store = options.frame_store
+            out = dst / (relative.with_suffix(ext) if store is None else store.output_path(relative))
             csv_in = Path(path).with_suffix(".csv")
             labels = None
             if csv_in.is_file():
@@ -292,7 +292,7 @@ def prepare_videos(src: str | Path, dst: str | Path, options: PrepareOptions = P
                     continue
             out.parent.mkdir(parents=True, exist_ok=True)
             try:
-                if options.store == "video":
+                if store is None:
                     count = _encode(path, out, options, info, bar)
                 else:
                     count = write_store(path, out, options.store, options.image_format, options.jpeg_quality, bar)
@@ -315,7 +315,7 @@ def prepare_videos(src: str | Path, dst: str | Path, options: PrepareOptions = P
         for v in progress_bar(done, desc="seek cost", unit="video", disable=not progress, leave=False):
             try:
                 v.ms_per_clip_before = measure_seek_cost(v.source, options.probe_clips, options.geometry, options.seed)
-                measure = measure_seek_cost if options.store == "video" else measure_store_seek_cost
+                measure = measure_seek_cost if options.frame_store is None else measure_store_seek_cost
                 v.ms_per_clip_after = measure(v.output, options.probe_clips, options.geometry, options.seed)
             except ClipDecodeError as err:
                 v.problem = f"seek probe failed: {err}"

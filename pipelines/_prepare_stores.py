@@ -1,10 +1,11 @@
-"""``gpufeed prepare --store folder|hdf5``: a video's frames as separate images, in vidio's layouts.
+"""``gpufeed prepare --store folder|hdf5``: a video's frames as separate images, in a frame store kind's layout.
 
 Every frame is decoded once (PyAV) and encoded as one JPEG (``quality``, libjpeg-turbo through
 Pillow) or PNG (lossless, larger, slower to decode), then written as DeepEthogram's ``vidio``
-writes it (see :mod:`gpufeed.pipelines._frame_stores`): a folder ``<name>/000000000.jpg`` ... or an
-HDF5 file ``<name>.h5`` whose ``frame`` dataset holds one encoded image per element, channels
-reversed as OpenCV writes vidio's frames, so vidio's readers and gpufeed return the same pixels.
+writes it (each kind's :meth:`~gpufeed.pipelines._frame_stores.FrameStore.write`): a folder
+``<name>/000000000.jpg`` ... or an HDF5 file ``<name>.h5`` whose ``frame`` dataset holds one encoded
+image per element, channels reversed as OpenCV writes vidio's frames, so vidio's readers and
+gpufeed return the same pixels.
 The output appears whole or not at all (written beside it under a temporary name, then renamed).
 
 The seek cost of a store is what a random clip costs its reader: reading and decoding its frames
@@ -23,17 +24,19 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed.pipelines._clips import ClipGeometry
-from gpufeed.pipelines._frame_stores import HDF5_CHANNELS_REVERSED, HDF5_DATASET, FrameBytesReader, probe_store
+from gpufeed.pipelines._frame_stores import FrameBytesReader, probe_store
+from gpufeed.pipelines._store_kinds import frame_store, store_kinds
 
-__all__ = ["IMAGE_FORMATS", "STORES", "measure_store_seek_cost", "store_output", "write_store"]
+__all__ = ["IMAGE_FORMATS", "VIDEO", "measure_store_seek_cost", "store_choices", "write_store"]
 
-STORES = ("video", "folder", "hdf5")
+# ``store: video``: re-encode the video (no frame store).
+VIDEO = "video"
 IMAGE_FORMATS = ("jpeg", "png")
 
 
-def store_output(relative: Path, store: str) -> Path:
-    """Where a video's store goes, relative to the output folder: ``<name>/`` or ``<name>.h5``."""
-    return relative.with_suffix("") if store == "folder" else relative.with_suffix(".h5")
+def store_choices() -> tuple[str, ...]:
+    """What ``prepare --store`` takes: ``video`` and every registered frame-store kind that holds a video."""
+    return (VIDEO, *(kind for kind in store_kinds() if frame_store(kind).per_video))
 
 
 def _encoder(image_format: str, quality: int):
@@ -51,43 +54,32 @@ def _encoder(image_format: str, quality: int):
 
 
 def write_store(src: str, dst: Path, store: str, image_format: str, quality: int, bar) -> int:
-    """Decode ``src`` and write it as a frame folder or an HDF5 file at ``dst``; return the frame count.
+    """Decode ``src`` and write it as a frame store of kind ``store`` at ``dst``; return the frame count.
 
     Raises:
+        ValueError: ``store`` is no registered kind, or ``image_format`` is not allowed.
         av.FFmpegError, OSError: Decoding or writing failed (no partial output is left).
     """
     import av
 
-    if store not in ("folder", "hdf5"):
-        raise ValueError(f"store {store!r} is not allowed; allowed: folder, hdf5")
+    kind = frame_store(store)
     if image_format not in IMAGE_FORMATS:
         raise ValueError(f"image format {image_format!r} is not allowed; allowed: {', '.join(IMAGE_FORMATS)}")
     encode = _encoder(image_format, quality)
     ext = ".jpg" if image_format == "jpeg" else ".png"
     tmp = dst.with_name(f".{dst.name}.partial-{os.getpid()}")
-    count = 0
     try:
         with av.open(src) as source:
             stream = source.streams.video[0]
             stream.thread_type = "AUTO"
-            frames = (frame.to_ndarray(format="rgb24") for frame in source.decode(stream))
-            if store == "folder":
-                tmp.mkdir(parents=True)
-                for rgb in frames:
-                    (tmp / f"{count:09d}{ext}").write_bytes(encode(rgb))
-                    count += 1
-                    bar.update(1)
-            else:
-                import h5py
 
-                with h5py.File(tmp, "w") as fh:
-                    data = fh.create_dataset(HDF5_DATASET, (0,), maxshape=(None,), dtype=h5py.vlen_dtype(np.uint8))
-                    for rgb in frames:
-                        data.resize(count + 1, axis=0)
-                        stored = np.ascontiguousarray(rgb[..., ::-1]) if HDF5_CHANNELS_REVERSED else rgb
-                        data[count] = np.frombuffer(encode(stored), dtype=np.uint8)
-                        count += 1
-                        bar.update(1)
+            def encoded():
+                for frame in source.decode(stream):
+                    rgb = frame.to_ndarray(format="rgb24")
+                    yield encode(np.ascontiguousarray(rgb[..., ::-1]) if kind.channels_reversed else rgb)
+                    bar.update(1)
+
+            count = kind.write(tmp, encoded(), ext)
         if dst.is_dir():
             shutil.rmtree(dst)
         os.replace(tmp, dst)

@@ -6,35 +6,34 @@ start of a file: :class:`ClipDecoder` continues from where a file's decoder stan
 is further on in the same GOP, else seeks to the keyframe at or before the clip's first frame
 (known from the video index), and decodes forward only as far as the clip's last frame; open
 files stay open between clips of the same video (per process), because reopening costs more
-than a short seek. :class:`ClipSource` reads each batch by (video, start) so that a worker meets
+than a short seek. :class:`PyAVClips` reads each batch by (video, start) so that a worker meets
 a video's clips in order. The sequential reader's decoding is :mod:`gpufeed.pipelines._pyav_sequential`.
 
 This module is imported by DALI's parallel ``external_source`` worker processes, so it stays light:
-numpy, PyAV and ``gpufeed._size`` (standard library only), and the sources are plain picklable objects.
+numpy, PyAV and ``gpufeed._size`` (standard library only), and the feeds are plain picklable objects. The
+frames' conversion and fit is :class:`gpufeed.pipelines._frame_fit.FrameFitter`.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpufeed._procs import WorkerCallback
 from gpufeed._size import SizePx, parse_size_px
 from gpufeed._storage import media_source
-from gpufeed.pipelines._frame_sizes import frame_label, frame_size_problem
+from gpufeed.pipelines._clip_plan import ClipPlan, PlanRows
+from gpufeed.pipelines._frame_fit import FrameFitter
+from gpufeed.pipelines._frame_sizes import frame_size_problem
 from gpufeed.pipelines._frame_stores import FrameBytesReader, decode_frame
-
-if TYPE_CHECKING:
-    from av.video.reformatter import VideoReformatter
+from gpufeed.pipelines._store_kinds import frame_store
 
 __all__ = [
     "ClipDecodeError",
     "ClipDecoder",
-    "ClipSource",
-    "FrameFitter",
+    "PyAVClips",
     "VideoRef",
     "clip_read_order",
 ]
@@ -81,53 +80,6 @@ class VideoRef:
     def keyframe_before(self, frame: int) -> int:
         pos = int(np.searchsorted(self.keyframes, frame, side="right")) - 1
         return int(self.keyframes[pos]) if pos >= 0 else 0
-
-
-class FrameFitter:
-    """YUV to RGB and, optionally, the output fit (``stretch`` or ``centre_crop`` to ``size_px``).
-
-    ``size_px`` is one number (square) or (width, height); ``centre_crop`` scales the frame until
-    the output just fits inside it and keeps the centre, so nothing is distorted.
-
-    One swscale pass converts and scales (area filter when shrinking, bilinear when growing): on a
-    CPU that costs a fraction of converting at full size and resizing afterwards (measured: DALI's
-    CPU resize made the clip path 2.5x slower). ``size_px=None`` keeps the decoded size. One reformatter serves every frame: ``frame.to_ndarray()`` builds a new one per
-    call, which costs more than the conversion itself.
-    """
-
-    def __init__(self, size_px: SizePx | int | None = None, fit: str = "stretch") -> None:
-        if fit not in ("stretch", "centre_crop"):
-            raise ValueError(f"fit {fit!r} is not allowed; allowed: stretch, centre_crop")
-        self.size = None if size_px is None else parse_size_px(size_px)
-        self.fit = fit
-        self._reformatter: VideoReformatter | None = None
-
-    def __call__(self, frame) -> np.ndarray:
-        if self._reformatter is None:
-            from av.video.reformatter import Interpolation, VideoReformatter
-
-            self._reformatter = VideoReformatter()
-            # Accurate rounding and full chroma interpolation: without them swscale's scaled path is
-            # off by 1-2 levels (a flat 40 comes out 38); with them it matches DALI's conversion.
-            exact = Interpolation.ACCURATE_RND | Interpolation.FULL_CHR_H_INT | Interpolation.FULL_CHR_H_INP
-            self._shrink, self._grow = Interpolation.AREA | exact, Interpolation.BILINEAR | exact
-        width, height = frame.width, frame.height
-        size = self.size
-        if size is None:
-            out_w, out_h = width, height
-        elif self.fit == "stretch":
-            out_w, out_h = size
-        else:  # scale until the output just fits inside the frame, then keep the centre
-            scale = max(size.width_px / width, size.height_px / height)
-            out_w, out_h = max(size.width_px, round(width * scale)), max(size.height_px, round(height * scale))
-        interpolation = self._shrink if out_w * out_h < width * height else self._grow
-        rgb: np.ndarray = self._reformatter.reformat(
-            frame, width=out_w, height=out_h, format="rgb24", interpolation=interpolation, threads=1
-        ).to_ndarray()
-        if size is not None and (out_w, out_h) != size:
-            top, left = (out_h - size.height_px) // 2, (out_w - size.width_px) // 2
-            rgb = np.ascontiguousarray(rgb[top : top + size.height_px, left : left + size.width_px])
-        return rgb
 
 
 class _OpenVideo:
@@ -250,7 +202,7 @@ class ClipDecoder:
             except Exception as err:  # Pillow raises several types for damaged data
                 raise ClipDecodeError(f"{video.path}: frame {index} cannot be decoded: {err}") from None
             if rgb.shape[:2] != (video.height, video.width):  # the fitter is set for the store's size
-                where = frame_label(video.store, video.frame_name, int(index))
+                where = frame_store(video.store).frame_label(video.frame_name, int(index))
                 why = frame_size_problem(data.tobytes(), where, video.width, video.height)
                 raise ClipDecodeError(f"{video.path}: {why or f'{where} is not {video.width}x{video.height}'}")
             self.frames_decoded += 1
@@ -338,7 +290,7 @@ class ClipDecoder:
 
 
 def clip_read_order(videos: np.ndarray, starts: np.ndarray, batch_size: int) -> np.ndarray:
-    """The order :class:`ClipSource` reads one batch's rows in: by (video, start), plan rows as positions.
+    """The order :class:`PyAVClips` reads one batch's rows in: by (video, start), plan rows as positions.
 
     DALI hands each worker process a contiguous run of a batch's samples, so in this order a
     worker reads the clips of a video one after another, forward, and :class:`ClipDecoder`
@@ -350,30 +302,43 @@ def clip_read_order(videos: np.ndarray, starts: np.ndarray, batch_size: int) -> 
     return np.concatenate([np.lexsort((np.asarray(starts), np.asarray(videos))), np.arange(n, batch_size)])
 
 
-class ClipSource(WorkerCallback):
-    """Per-sample callback for DALI's parallel ``external_source``: the clips of a plan stream.
+def plan_read_order(rows: PlanRows) -> np.ndarray:
+    """:func:`clip_read_order` of one iteration's rows."""
+    return clip_read_order(*rows.clips(), rows.batch_size)
+
+
+class PyAVClips(WorkerCallback):
+    """Per-sample callback for DALI's parallel ``external_source``: the clips of a plan, decoded with PyAV.
 
     DALI's workers call it with ``sample_info``; sample ``idx_in_batch`` of pipeline iteration
-    ``iteration`` is row ``order[idx_in_batch]`` of plan batch ``stream[iteration]`` (the
+    ``iteration`` is row ``order[idx_in_batch]`` of ``plan[iteration]`` (the
     :func:`clip_read_order`), so the workers start once and read epoch after epoch with no message
-    from the loader: everything is a pure function of the (picklable) stream, clip table and
-    video facts. Returns ``(frames (T, H, W, 3) uint8, tag (1,) int64)``, frames fitted to
-    ``size_px`` (see :class:`FrameFitter`), tag ``iteration * batch_size + order[idx_in_batch]``.
-    Rows past a short plan batch (DALI's batches here are always full) are black frames the
-    loader drops. Each worker keeps its :class:`ClipDecoder` (open files, decoder positions) for
-    as long as the pipeline lives, epoch after epoch.
+    from the loader: everything is a pure function of the (picklable) plan and video facts.
+    Returns ``(frames (T, H, W, 3) uint8, tag (1,) int64)``, frames fitted to ``size_px`` (see
+    :class:`FrameFitter`), tag ``iteration * batch_size + order[idx_in_batch]``. Rows past a short
+    plan batch (DALI's batches here are always full) are black frames the loader drops. Each
+    worker keeps its :class:`ClipDecoder` (open files, decoder positions) for as long as the
+    pipeline lives, epoch after epoch.
 
     Args:
-        stream: The plan batches (:class:`gpufeed.pipelines._sampler.PlanStream`).
-        table: The clip slots (:class:`gpufeed.pipelines._clips.ClipTable`).
+        plan: The clips of each iteration (:class:`~gpufeed.pipelines._clip_plan.ClipPlan`).
         videos: :class:`VideoRef` per video id.
-        train, seed: Random starts (training) or tiled starts, as ``ClipTable.clips``.
-        batch_size: Rows per pipeline iteration.
+        clip_length_frames, stride_frames: Which frames a clip holds from its start.
+        size_px, fit: The output size and fit (:class:`FrameFitter`).
     """
 
-    def __init__(self, stream, table, videos: list[VideoRef], *, train: bool, seed: int, batch_size: int, size_px, fit):
-        self.stream, self.table, self.videos = stream, table, videos
-        self.train, self.seed, self.batch_size = train, seed, batch_size
+    def __init__(
+        self,
+        plan: ClipPlan,
+        videos: list[VideoRef],
+        *,
+        clip_length_frames: int,
+        stride_frames: int,
+        size_px: SizePx | int,
+        fit: str,
+    ) -> None:
+        self.plan, self.videos = plan, videos
+        self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
         self.size, self.fit = parse_size_px(size_px), fit
         self._decoder: ClipDecoder | None = None
         self._batch: tuple[int | None, tuple | None] = (None, None)  # (iteration, its rows): a worker reads many
@@ -391,10 +356,10 @@ class ClipSource(WorkerCallback):
         """(video ids, starts, plan row of each) of ``iteration`` in :func:`clip_read_order`."""
         cached, rows = self._batch
         if cached != iteration:
-            batch = self.stream[iteration]
-            videos, starts = self.table.clips(batch.sample_ids, train=self.train, seed=self.seed, epoch=batch.epoch)
-            order = clip_read_order(videos, starts, self.batch_size)
-            n = len(videos)
+            plan_rows = self.plan[iteration]
+            videos, starts = plan_rows.clips()
+            order = plan_read_order(plan_rows)
+            n = plan_rows.count
             rows = (videos[order[:n]], starts[order[:n]], order)
             self._batch = (iteration, rows)
         return rows
@@ -402,11 +367,10 @@ class ClipSource(WorkerCallback):
     def __call__(self, sample_info):
         k, j = int(sample_info.iteration), int(sample_info.idx_in_batch)
         videos, starts, order = self._rows(k)
-        tag = np.array([k * self.batch_size + int(order[j])], dtype=np.int64)
-        geometry = self.table.geometry
+        tag = np.array([k * self.plan.batch_size + int(order[j])], dtype=np.int64)
         if j >= len(videos):
-            return np.zeros((geometry.clip_length_frames, *self.size.hw, 3), dtype=np.uint8), tag
+            return np.zeros((len(self.offsets), *self.size.hw, 3), dtype=np.uint8), tag
         if self._decoder is None:
             self._decoder = ClipDecoder(fitter=FrameFitter(self.size, self.fit))
-        clip = self._decoder.read(self.videos[int(videos[j])], geometry.frames(int(starts[j])))
+        clip = self._decoder.read(self.videos[int(videos[j])], int(starts[j]) + self.offsets)
         return clip, tag

@@ -10,7 +10,8 @@ import numpy as np
 
 from gpufeed._size import SizePx
 from gpufeed._storage import media_source
-from gpufeed.pipelines._pyav import ClipDecodeError, FrameFitter, VideoRef
+from gpufeed.pipelines._frame_fit import FrameFitter
+from gpufeed.pipelines._pyav import ClipDecodeError, VideoRef
 
 __all__ = ["SequentialFeed", "decode_all_frames", "iter_frame_chunks"]
 

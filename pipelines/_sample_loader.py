@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpufeed.pipelines._epochs import EpochLoader, Session
+from gpufeed.pipelines._epochs import EpochLoader
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._pipeline_session import Session
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
 

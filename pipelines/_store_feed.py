@@ -49,10 +49,11 @@ import numpy as np
 
 from gpufeed._procs import WorkerCallback
 from gpufeed.pipelines._frame_limit import refuse_big_frames
-from gpufeed.pipelines._frame_sizes import frame_label, frame_size_problem
-from gpufeed.pipelines._frame_stores import HDF5_CHANNELS_REVERSED, FrameBytesReader, describe_bad_frame
+from gpufeed.pipelines._frame_sizes import frame_size_problem
+from gpufeed.pipelines._frame_stores import FrameBytesReader, describe_bad_frame, stored_colorspace
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, read_image_facts
 from gpufeed.pipelines._image_verify import decode_problem
+from gpufeed.pipelines._store_kinds import frame_store
 
 __all__ = [
     "JPEG_SCALE_EIGHTHS",
@@ -61,7 +62,6 @@ __all__ = [
     "StoreRef",
     "jpeg_decode_sizes",
     "jpeg_scale_eighths",
-    "scaled_jpeg_decode",
 ]
 
 # libjpeg-turbo scales by n/8, n = 1..16; only 1/8, 1/4, 1/2 and 1 are faster than a full decode
@@ -76,23 +76,29 @@ class StoreRef:
     """Where one frame store's frames are: ``path``, ``kind`` (``folder``/``hdf5``), ``frame_name``.
 
     ``width`` x ``height`` is the size of its frames (frame 0's; 0 when unknown), which names a
-    frame of another size when its decode fails.
+    frame of another size when its decode fails; ``frame_store`` is the kind's
+    :class:`~gpufeed.pipelines._store_kinds.FrameStore`.
     """
 
-    __slots__ = ("frame_name", "height", "kind", "num_frames", "path", "width")
+    __slots__ = ("frame_name", "frame_store", "height", "kind", "num_frames", "path", "width")
 
     def __init__(self, path: str, kind: str, frame_name: str, num_frames: int, width: int = 0, height: int = 0) -> None:
         self.path, self.kind, self.frame_name, self.num_frames = path, kind, frame_name, int(num_frames)
         self.width, self.height = int(width), int(height)
+        self.frame_store = frame_store(kind)
 
     @classmethod
     def from_info(cls, info) -> StoreRef:
         return cls(info.path, info.store, info.frame_name, info.num_frames, info.width, info.height)
 
+    def frame_label(self, index: int) -> str:
+        """How messages name frame ``index`` of this store."""
+        return self.frame_store.frame_label(self.frame_name, index)
+
 
 def channel_mode(kinds: set[str]) -> str:
-    """How a set of stores decodes: ``"rgb"`` (folders), ``"bgr"`` (HDF5) or ``"per_clip"`` (both)."""
-    reversed_kinds = {k for k in kinds if k == "hdf5" and HDF5_CHANNELS_REVERSED}
+    """How a set of store kinds decodes: ``"rgb"`` (folders), ``"bgr"`` (HDF5: channels reversed) or ``"per_clip"`` (both)."""
+    reversed_kinds = {k for k in kinds if frame_store(k).channels_reversed}
     if not reversed_kinds:
         return "rgb"
     return "bgr" if reversed_kinds == kinds else "per_clip"
@@ -179,13 +185,13 @@ class StoreFrameFeed(WorkerCallback):
             # frame's header is checked here first.
             # A frame of another size would be resized on its own into the clip: named instead.
             facts = read_image_facts(encoded.tobytes(), header_only=True)
-            where = frame_label(store.kind, store.frame_name, int(index))
+            where = store.frame_label(int(index))
             if facts.problem:
                 raise RuntimeError(f"{store.path}: {describe_bad_frame(encoded.tobytes(), where, facts.problem)}")
             other_size = frame_size_problem(encoded.tobytes(), where, store.width, store.height, facts=facts)
             if other_size:
                 raise RuntimeError(f"{store.path}: {other_size}")
-        return (k, j), data, (_REVERSE if store.kind == "hdf5" and HDF5_CHANNELS_REVERSED else _IDENTITY)
+        return (k, j), data, (_REVERSE if store.frame_store.channels_reversed else _IDENTITY)
 
     def __call__(self, sample_info):
         k = int(sample_info.iteration)
@@ -198,11 +204,6 @@ class StoreFrameFeed(WorkerCallback):
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
-
-
-def scaled_jpeg_decode(on_gpu: bool, infos) -> bool:
-    """Whether a set of frame stores decodes with :class:`ScaledJpegClips`: CPU, every store JPEG."""
-    return not on_gpu and bool(infos) and all(info.store and info.codec == "jpeg" for info in infos)
 
 
 def jpeg_scale_eighths(width: int, height: int, min_width: int, min_height: int) -> int:
@@ -317,7 +318,7 @@ class ScaledJpegClips(WorkerCallback):
         refuse_big_frames(store, frames, data, self.max_pixels)  # before Pillow's fallback decodes one whole
         width, height = (int(v) for v in self.decoded_sizes[video])
         # HDF5 frames hold reversed channels: libjpeg writes them back as BGR at no extra cost.
-        colorspace = "BGR" if store.kind == "hdf5" and HDF5_CHANNELS_REVERSED else "RGB"
+        colorspace = stored_colorspace(store.kind)
         clip = np.empty((len(frames), height, width, 3), dtype=np.uint8)
         for t, encoded in enumerate(data):
             try:
@@ -342,7 +343,7 @@ class ScaledJpegClips(WorkerCallback):
                 else:
                     clip[t] = _fallback_decode(encoded, colorspace, (width, height))
             except Exception as err:  # simplejpeg's ValueError, Pillow's errors, a frame of another size
-                where = frame_label(store.kind, store.frame_name, int(frames[t]))
+                where = store.frame_label(int(frames[t]))
                 # Another size than the store's is named as such (libjpeg only says its buffer is too small).
                 why = frame_size_problem(encoded.tobytes(), where, store.width, store.height)
                 if why is None:

@@ -30,9 +30,10 @@ from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
 from gpufeed.pipelines._deepethogram import is_project, project_dataset
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, decode_store_frames, is_frame_folder, label_path
+from gpufeed.pipelines._frame_stores import decode_store_frames, label_path
 from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
 from gpufeed.pipelines._pyav_sequential import decode_all_frames
+from gpufeed.pipelines._store_kinds import is_frame_folder, store_extensions
 from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, list_videos
 
 __all__ = ["check_videos", "holds_videos"]
@@ -47,7 +48,7 @@ def holds_videos(path: Path) -> bool:
     if not path.is_dir() or is_frame_folder(path):
         return False
     for p in path.iterdir():
-        if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS + HDF5_EXTENSIONS:
+        if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS + store_extensions():
             return True
         if p.is_dir() and not p.name.startswith(".") and label_path(p).is_file() and is_frame_folder(p):
             return True
@@ -75,8 +76,8 @@ def _decoder_findings(folder: str, infos: list[VideoInfo]) -> list[Finding]:
     choice = choose_decoder("auto", True, infos, capability)
     findings, nvdec = [], []
     for info in infos:
-        decoder, why = choice.per_video[info.path]
-        if decoder == "pyav":
+        why = choice.refused.get(info.path)
+        if why:
             findings.append(
                 Finding(
                     info.path,
@@ -89,7 +90,7 @@ def _decoder_findings(folder: str, infos: list[VideoInfo]) -> list[Finding]:
     kinds = sorted({f"{info.codec} {info.profile or '?'} {info.pix_fmt or '?'}".strip() for info in nvdec})
     summary = f"on a GPU {len(nvdec)} of {len(infos)} video(s) decode on NVDEC"
     summary += f" ({'; '.join(kinds)})" if kinds else ""
-    summary += f"; {choice.reason}" if choice.source == "pyav" else ""
+    summary += f"; {choice.reason}" if choice.refused else ""
     findings.append(Finding(str(folder), summary, "decoder"))
     return findings
 
@@ -171,8 +172,8 @@ def _check_project(path: Path, progress: bool) -> CheckReport:
 
 
 def is_single_store(path: DataPath) -> bool:
-    """True for one frame store named directly: an HDF5 file, or a folder of numbered images."""
-    return (path.is_file() and path.suffix.lower() in HDF5_EXTENSIONS) or (path.is_dir() and is_frame_folder(path))
+    """True for one frame store named directly: a store file (HDF5 ...), or a folder of numbered images."""
+    return (path.is_file() and path.suffix.lower() in store_extensions()) or (path.is_dir() and is_frame_folder(path))
 
 
 def _check_folder(path: Path, progress: bool) -> CheckReport:

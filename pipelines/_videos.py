@@ -24,11 +24,12 @@ from gpufeed._progress import progress_bar
 from gpufeed._storage import DataPath, data_path, join, media_source, stat_key, walk
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._frame_stores import HDF5_EXTENSIONS, is_frame_folder, label_path, probe_store, store_kind
+from gpufeed.pipelines._frame_stores import label_path, probe_store
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._label_csv import read_label_csv
 from gpufeed.pipelines._mp4 import mp4_box_problem
 from gpufeed.pipelines._shards import is_shard_dir, read_manifest
+from gpufeed.pipelines._store_kinds import ShardStore, is_frame_folder, store_extensions, store_kind
 
 __all__ = [
     "DALI_CPU_CODECS",
@@ -257,7 +258,9 @@ def list_videos(root: Path | ObjectPath) -> tuple[list[str], list[str]]:
         here = [(n, True) for n in stores] + [(n, False) for n in filenames if not n.startswith(".")]
         for name, is_store in sorted(here):
             full = join(dirpath, name)
-            (videos if is_store or name.lower().endswith(VIDEO_EXTENSIONS + HDF5_EXTENSIONS) else others).append(full)
+            (videos if is_store or name.lower().endswith(VIDEO_EXTENSIONS + store_extensions()) else others).append(
+                full
+            )
     return videos, others
 
 
@@ -322,7 +325,7 @@ class VideoDataset:
         paths, _ = list_videos(root)
         if not paths:
             raise DatasetError(
-                f"no videos ({', '.join(VIDEO_EXTENSIONS + HDF5_EXTENSIONS)} files or folders of numbered frames) in {root}"
+                f"no videos ({', '.join(VIDEO_EXTENSIONS + store_extensions())} files or folders of numbered frames) in {root}"
             )
         infos = index_videos(root, paths, progress)
         problems = {i: info.problem for i, info in enumerate(infos) if info.problem}
@@ -373,7 +376,7 @@ def _shard_clips(cls, root: str | Path | ObjectPath, max_pixels: int) -> VideoDa
             pts=frames,
             keyframes=frames,
             declared_frames=len(frames),
-            store="shard",
+            store=ShardStore.kind,
             frame_name=f"{row['key']}.f{{:04d}}.{row['ext']}",
         )
         if width * height > max_pixels:

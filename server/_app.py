@@ -14,7 +14,8 @@ POST /v2/repository/index                      the served models and their state
 POST /v2/models/{name}[/versions/1]/infer      KServe v2 inference (JSON or binary tensors, gzip/deflate)
 GET  /v1/models                                the served models
 POST /v1/models/{name}/predict                 an image body (image/jpeg, image/png) or multipart/form-data
-                                               files -> top-k labels and scores as JSON
+                                               files -> top-k labels and scores as JSON; a clip model's
+                                               video/* body -> per-frame scores (server/_video.py)
 GET  /metrics                                  Prometheus text format
 GET  /openapi.json                             this API as OpenAPI 3.0 (for clients and the fuzzing tests)
 =============================================  ====================================================
@@ -35,8 +36,10 @@ health probes needs it (:mod:`._access`). The app is one front of the server, be
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import cast
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
@@ -51,13 +54,23 @@ from gpufeed.server._accounting import Accounting, count_refusal
 from gpufeed.server._dataplane import DataPlane, Inference
 from gpufeed.server._dense import check_json_map_pixels, dense_json, dense_png, map_pixels, map_size_of, wants_png
 from gpufeed.server._errors import RequestError, json_bytes, shown
-from gpufeed.server._http import JSONAnswer, compress_response, read_body, response_coding
+from gpufeed.server._http import JSONAnswer, compress_response, content_type_of, read_body, response_coding
 from gpufeed.server._kserve_response import encode_response
 from gpufeed.server._offload import INLINE_PARSE_BYTES, ParsePool
 from gpufeed.server._openapi import openapi_document
-from gpufeed.server._requests import kserve_items, rest_items, top_k_of
+from gpufeed.server._requests import body_limit, kserve_items, rest_items, rest_video, top_k_of
 from gpufeed.server._state import ServingState
 from gpufeed.server._trim import TRIM_AFTER_BYTES, release_free_memory
+from gpufeed.server._video import (
+    VideoUpload,
+    hop_of,
+    is_video_type,
+    kserve_video,
+    open_video,
+    video_document,
+    video_outputs,
+    wants_windows,
+)
 
 __all__ = ["build_app"]
 
@@ -85,7 +98,8 @@ async def _answer(request: Request, payload: bytes, headers: dict[str, str]) -> 
 
 
 async def _body(request: Request, call: Inference) -> bytes:
-    return await read_body(request, call.plane.cfg.max_body_bytes, call.seconds_left())
+    limit, setting = body_limit(call.model, call.plane.cfg)
+    return await read_body(request, limit, call.seconds_left(), setting)
 
 
 # -- inference ------------------------------------------------------------------------------------
@@ -100,7 +114,11 @@ async def infer(request: Request) -> Response:
         parsed, items = await call.prepare(
             kserve_items(call.plane.pool, call.model, call.plane.cfg, body, coding, header_length)
         )
-        outputs = await call.infer(items, parsed.outputs)
+        outputs: Mapping[str, np.ndarray]
+        if isinstance(items, VideoUpload):  # a clip model's encoded video (server/_video.py)
+            outputs = await kserve_video(call, parsed, items)
+        else:
+            outputs = await call.infer(items, parsed.outputs)
         payload, response_headers = encode_response(call.model.name, parsed, outputs, call.model.card.labels)
         return await _answer(request, payload, response_headers)
 
@@ -112,8 +130,10 @@ async def predict(request: Request) -> Response:
         if isinstance(head, DenseHead):
             return await _predict_maps(request, call)
         body = await _body(request, call)
-        top_k = top_k_of(request.query_params.get("top_k"), call.plane.cfg.top_k, call.model.card.spec.num_classes)
         coding, kind = request.headers.get("content-encoding"), request.headers.get("content-type")
+        if head.accepts_video and is_video_type(content_type_of(kind)[0]):
+            return await _predict_video(request, call, body, coding)
+        top_k = top_k_of(request.query_params.get("top_k"), call.plane.cfg.top_k, call.model.card.spec.num_classes)
         inline = coding in (None, "identity") and len(body) <= INLINE_PARSE_BYTES
         items = await call.validate(rest_items, body, coding, kind, inline=inline)
         outputs = await call.infer(items)
@@ -121,6 +141,18 @@ async def predict(request: Request) -> Response:
             call.model.name, outputs["scores"], top_k, call.model.card.labels
         )
         return await _answer(request, json_bytes(document), {"content-type": "application/json"})
+
+
+async def _predict_video(request: Request, call: Inference, body: bytes, coding: str | None) -> Response:
+    """A clip model's REST video answer: per-frame scores (and per-window ones with ``?windows=true``)."""
+    query, cfg = request.query_params, call.plane.cfg
+    hop = hop_of(query.get("hop_frames"), cfg.video_hop_frames, "query parameter hop_frames")
+    keep = wants_windows(None, query.get("windows"))
+    upload = await call.validate(rest_video, body, coding)
+    job = await call.validate(open_video, upload, hop, keep)
+    tensors = await video_outputs(call, job)
+    document = video_document(call.model.name, call.model.card, job, tensors)
+    return await _answer(request, json_bytes(document), {"content-type": "application/json"})
 
 
 async def _predict_maps(request: Request, call: Inference) -> Response:

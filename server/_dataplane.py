@@ -14,7 +14,9 @@ metrics and refusals, word for word:
   the same for every protocol) and returns the model's output tensors, made by its task head
   (:class:`~gpufeed.models.Outputs`: KServe's ``logits`` and ``scores``, or a dense model's maps);
   the front only encodes them in its protocol, and leaving the block records the answer
-  (``postprocess`` stage and Triton's statistics);
+  (``postprocess`` stage and Triton's statistics). A served video (:mod:`._video`) is scored on one
+  of the plane's video threads, whose windows go through :meth:`Inference.infer_rows`, the blocking
+  twin of ``infer`` (same batcher, same refusals);
 * **readiness and documents**: server and model readiness (one rule,
   :meth:`~gpufeed.server._state.ServingState.model_state`), server and model metadata, Triton's
   model configuration, statistics and repository index.
@@ -26,7 +28,9 @@ status (HTTP code, gRPC status) and counts them by reason.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -42,11 +46,15 @@ from gpufeed.server._model import Item, ServedModel
 from gpufeed.server._offload import ParsePool
 from gpufeed.server._requests import kserve_inputs
 from gpufeed.server._state import NotReadyError, ServingState
-from gpufeed.server._triton import EXTENSIONS, input_facts, model_config_of, repository_index
+from gpufeed.server._triton import EXTENSIONS, input_facts, model_config_of, repository_index, served_outputs
+from gpufeed.server._video import video_facts
 
 __all__ = ["DataPlane", "Inference"]
 
 T = TypeVar("T")
+
+# How long a video's windows wait for room in a full queue before the request is refused.
+QUEUE_WAIT_S = 1.0
 
 
 async def _call_now(fn: Callable[..., T], *args: Any) -> T:
@@ -141,6 +149,51 @@ class Inference:
             )
         return head.output_tensors(logits)
 
+    def infer_rows(self, items: list[Item], stop: threading.Event | None = None) -> np.ndarray:
+        """From a worker thread (a video's windows): queue ``items``, block until their logits ``(N, C)``.
+
+        A full queue is waited on for up to :data:`QUEUE_WAIT_S` (a video's windows arrive batch
+        after batch; a moment's burst from other clients should not fail it), then refused as
+        :meth:`infer` refuses; past the request's time the items leave the queue and it is 504.
+
+        Raises:
+            RequestError: ``queue_full``, ``timeout``, or an item's own error; ``NotReadyError``
+                while the server stops; :class:`concurrent.futures.CancelledError` when ``stop`` is set.
+        """
+        model, cfg = self.model, self.plane.cfg
+        waited = 0.0
+        while True:
+            try:
+                futures = model.batcher.submit(items)
+                break
+            except QueueFullError as err:
+                if waited >= QUEUE_WAIT_S or self.seconds_left() <= 0 or (stop is not None and stop.is_set()):
+                    raise RequestError(
+                        "queue_full",
+                        f"model {model.name!r} is at capacity ({err.depth} of {err.capacity} images queued); retry later",
+                        headers={"Retry-After": str(cfg.retry_after_seconds)},
+                    ) from None
+                time.sleep(0.01)
+                waited += 0.01
+            except BatcherClosedError as err:
+                raise NotReadyError(str(err)) from None
+        pending = set(futures)
+        while pending:
+            left = self.seconds_left()
+            if left <= 0 or (stop is not None and stop.is_set()):
+                model.batcher.cancel(futures)
+                if stop is not None and stop.is_set():
+                    raise concurrent.futures.CancelledError("the request was given up")
+                raise RequestError(
+                    "timeout", f"no answer within {cfg.request_timeout_seconds:g} s (serve.request_timeout_seconds)"
+                )
+            _, pending = concurrent.futures.wait(pending, timeout=min(left, 0.1))
+        return np.stack([f.result() for f in futures])
+
+    def rows_answered(self, items: list[Item]) -> None:
+        """The rows whose times this request's answer reports (a video's windows), now that they are all scored."""
+        self.items, self._answering_since = items, time.perf_counter()
+
     def _answered(self) -> None:
         if self._answering_since is not None:
             seconds = time.perf_counter() - self._answering_since
@@ -158,6 +211,24 @@ class DataPlane:
     def __init__(self, state: ServingState, pool: ParsePool) -> None:
         self.state, self.pool = state, pool
         self.cfg, self.metrics = state.cfg, state.metrics
+        self._videos: concurrent.futures.ThreadPoolExecutor | None = None
+        self._videos_lock = threading.Lock()
+
+    def video_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads that decode and score served videos (``serve.video_streams``), made on first use."""
+        with self._videos_lock:
+            if self._videos is None:
+                self._videos = concurrent.futures.ThreadPoolExecutor(
+                    self.cfg.video_streams, thread_name_prefix="gpufeed-video"
+                )
+            return self._videos
+
+    def close(self) -> None:
+        """Stop the video threads (their videos have been answered: the drain waited for them)."""
+        with self._videos_lock:
+            if self._videos is not None:
+                self._videos.shutdown(wait=True, cancel_futures=True)
+                self._videos = None
 
     # -- inference ---------------------------------------------------------------------------------
 
@@ -217,15 +288,17 @@ class DataPlane:
             "precision": card.precision,
             **input_facts(spec),
             "labels": list(card.labels),
-            # A request sends exactly one of the inputs (the encoded image or the decoded pixels).
+            # A request sends exactly one of the inputs (the encoded image or video, or the decoded pixels).
             "inputs_per_request": 1,
         }
+        if spec.head.accepts_video:
+            facts.update(video_facts(card, self.cfg))
         return {
             "name": name,
             "versions": ["1"],
             "platform": "onnxruntime_onnx",
             "inputs": kserve_inputs(card),
-            "outputs": [tensor.kserve() for tensor in spec.head.outputs()],
+            "outputs": [tensor.kserve() for tensor in served_outputs(spec.head)],
             "parameters": facts,
         }
 

@@ -26,6 +26,10 @@ REASONS: dict[str, int] = {
     "bad_shape": 400,
     "bad_dtype": 400,
     "too_many_pixels": 400,
+    # A served video (server/_video.py): one that cannot be read or stops decoding, and one over the
+    # frame or duration limits (serve.max_video_frames, serve.max_video_seconds).
+    "corrupt_video": 400,
+    "video_too_long": 400,
     "body_too_large": 413,
     "malformed_request": 400,
     "unknown_model": 404,

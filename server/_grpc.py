@@ -33,8 +33,10 @@ vocabulary), and timed in ``gpufeed_server_request_seconds{protocol="grpc"}``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+import numpy as np
 
 from gpufeed.server._access import AccessGuard
 from gpufeed.server._accounting import RequestAccount
@@ -42,6 +44,7 @@ from gpufeed.server._dataplane import DataPlane
 from gpufeed.server._errors import RequestError
 from gpufeed.server._grpc_tensors import infer_response
 from gpufeed.server._requests import grpc_items
+from gpufeed.server._video import VideoUpload, kserve_video
 
 __all__ = ["EXTRA_HINT", "GrpcFront", "require_grpc"]
 
@@ -99,6 +102,8 @@ class GrpcFront:
         """Bind and start serving; raises RuntimeError naming the address if it cannot bind."""
         grpc, cfg = self.grpc, self.state.cfg
         limit = cfg.max_body_bytes
+        if any(entry.card.spec.head.accepts_video for entry in self.state.entries.values()):
+            limit = max(limit, cfg.max_video_bytes)  # a clip model's message may carry a whole video
         self.server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limit),
@@ -268,5 +273,9 @@ class _Service(_service_base()):  # type: ignore[misc]  # a base class made at i
     async def _infer(self, request, started: float):
         async with self.plane.inference(request.model_name, request.model_version, started) as call:
             parsed, items = await call.validate(grpc_items, request)
-            outputs = await call.infer(items, parsed.outputs)
+            outputs: Mapping[str, np.ndarray]
+            if isinstance(items, VideoUpload):  # a clip model's encoded video (server/_video.py)
+                outputs = await kserve_video(call, parsed, items)
+            else:
+                outputs = await call.infer(items, parsed.outputs)
             return infer_response(self.pb2, call.model.name, parsed, outputs, call.model.card.labels)

@@ -182,7 +182,8 @@ def infer_response(pb2, model_name: str, request: InferRequest, tensors: Mapping
             blob = b"".join(len(v).to_bytes(4, "little") + v for v in values.ravel())
             datatype = "BYTES"
         else:
-            blob, datatype = np.ascontiguousarray(values, dtype=np.float32).tobytes(), "FP32"
+            datatype = "INT64" if values.dtype == np.int64 else "FP32"  # INT64: a video's window_starts
+            blob = np.ascontiguousarray(values, dtype=np.int64 if datatype == "INT64" else np.float32).tobytes()
         response.outputs.add(name=out.name, datatype=datatype, shape=list(values.shape))
         response.raw_output_contents.append(blob)
     return response

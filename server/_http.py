@@ -98,7 +98,9 @@ def content_type_of(header: str | None) -> tuple[str, dict[str, str]]:
     return main.strip().lower(), params
 
 
-async def read_body(request, limit: int, timeout_s: float | None = None) -> bytes:
+async def read_body(
+    request, limit: int, timeout_s: float | None = None, setting: str = "serve.max_body_bytes"
+) -> bytes:
     """The whole request body as sent (still compressed, if it is), refusing more than ``limit`` bytes.
 
     Args:
@@ -106,6 +108,7 @@ async def read_body(request, limit: int, timeout_s: float | None = None) -> byte
         limit: Most bytes accepted (``serve.max_body_bytes``).
         timeout_s: Longest wait for the whole body; a slower client (a trickled, "slowloris" body)
             gets 408 with reason ``timeout`` instead of holding a request slot forever.
+        setting: The config key the 413 message names (a clip model's bodies: ``serve.max_video_bytes``).
 
     Raises:
         RequestError: ``body_too_large`` (413), ``timeout`` (408), ``client_disconnect`` (the
@@ -113,8 +116,8 @@ async def read_body(request, limit: int, timeout_s: float | None = None) -> byte
     """
     try:
         if timeout_s is None:
-            return await _read_body(request, limit)
-        return await asyncio.wait_for(_read_body(request, limit), max(timeout_s, 0.001))
+            return await _read_body(request, limit, setting)
+        return await asyncio.wait_for(_read_body(request, limit, setting), max(timeout_s, 0.001))
     except asyncio.TimeoutError:
         raise RequestError(
             "timeout",
@@ -127,7 +130,7 @@ async def read_body(request, limit: int, timeout_s: float | None = None) -> byte
         ) from None
 
 
-async def _read_body(request, limit: int) -> bytes:
+async def _read_body(request, limit: int, setting: str) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -137,16 +140,12 @@ async def _read_body(request, limit: int) -> bytes:
                 "malformed_request", f"header Content-Length is not a number: {shown(declared, 60)}"
             ) from None
         if size > limit:
-            raise RequestError(
-                "body_too_large", f"the body is {size:,} bytes; the limit is {limit:,} (serve.max_body_bytes)"
-            )
+            raise RequestError("body_too_large", f"the body is {size:,} bytes; the limit is {limit:,} ({setting})")
     chunks, total = [], 0
     async for chunk in request.stream():
         total += len(chunk)
         if total > limit:
-            raise RequestError(
-                "body_too_large", f"the body exceeds the limit of {limit:,} bytes (serve.max_body_bytes)"
-            )
+            raise RequestError("body_too_large", f"the body exceeds the limit of {limit:,} bytes ({setting})")
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -44,7 +44,7 @@ def encode_response(
                 f"output {out.name!r} is not produced by model {model_name!r}; outputs: {', '.join(tensors)}",
             )
         values = tensors[out.name]
-        datatype = "FP32"
+        datatype = "INT64" if values.dtype == np.int64 else "FP32"  # INT64: a video's window_starts
         if out.classification:
             values, datatype = classification(values, out.classification, labels), "BYTES"
         entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(values.shape)}
@@ -53,7 +53,7 @@ def encode_response(
             if datatype == "BYTES":
                 blob = b"".join(struct.pack("<I", len(v)) + v for v in values.ravel())
             else:
-                blob = np.ascontiguousarray(values, dtype=np.float32).tobytes()
+                blob = np.ascontiguousarray(values, dtype=np.int64 if datatype == "INT64" else np.float32).tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

@@ -70,7 +70,8 @@ class Item:
     Attributes:
         encoded: Encoded JPEG/PNG bytes (validated), or ``None`` for a decoded row.
         size: (width, height) of the encoded image, as validation read it.
-        pixels: A decoded uint8 row of the model's sample shape, or ``None``.
+        pixels: A decoded uint8 row of the model's sample shape (a numpy array; a served video's
+            window may be a CUDA tensor, already on the model's GPU), or ``None``.
         where: How to name this row in an error message (``"image 1 of input 'image'"``).
         times: Filled by the lane that runs the row: ``input_s`` and ``inference_s`` of its batch
             (Triton's statistics give every inference its batch's times), read when the request is answered.
@@ -78,7 +79,7 @@ class Item:
 
     encoded: bytes | None = None
     size: tuple[int, int] | None = None
-    pixels: np.ndarray | None = None
+    pixels: Any = None
     where: str = "the image"
     times: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -237,7 +238,19 @@ class ServedModel:
         for wait in waits:
             self.metrics.observe_stage(self.name, "queue_wait", wait)
 
-    def _copy_rows(self, buffer, start: int, rows: list[np.ndarray]) -> None:
+    def _copy_rows(self, buffer, start: int, rows: list) -> None:
+        if any(not isinstance(row, np.ndarray) for row in rows):
+            # A served video's windows on a GPU are CUDA tensors already (server/_video.py): copied on the
+            # device, row by row, since a batch may also hold another request's numpy rows.
+            import torch
+
+            for k, row in enumerate(rows):
+                source = row if isinstance(row, torch.Tensor) else torch.from_numpy(row)
+                if self.on_gpu:
+                    buffer[start + k].copy_(source, non_blocking=False)
+                else:
+                    buffer[start + k] = source.cpu().numpy()
+            return
         block = np.stack(rows)
         if self.on_gpu:
             import torch

@@ -5,7 +5,8 @@ nothing generates it), for the served models: path parameter ``name`` lists them
 fuzzer (schemathesis, in the tests) reaches the real endpoints rather than 404s. Request bodies
 are described as the handlers read them: KServe v2 JSON inference requests (or the binary tensor
 extension, ``application/octet-stream`` with ``Inference-Header-Content-Length``), REST image
-bodies (``image/jpeg``, ``image/png``, ``multipart/form-data`` with an ``image`` file), either
+bodies (``image/jpeg``, ``image/png``, ``multipart/form-data`` with an ``image`` file) and a clip
+model's ``video/mp4`` body, either
 possibly compressed (``Content-Encoding: gzip`` or ``deflate``). Triton's extensions are
 described too: model configuration, statistics, the repository index (load and unload are
 declared as what they are: refused). Every refusal is declared with its status and the JSON
@@ -26,7 +27,8 @@ _ERROR_STATUSES = {
     "400": "the request is malformed: bad JSON, shape, dtype, image data or parameter (reason says which)",
     "404": "no such model (or version)",
     "408": "the request body did not arrive within serve.request_timeout_seconds",
-    "413": "the body, or its decompressed content, is larger than serve.max_body_bytes",
+    "413": "the body, or its decompressed content, is larger than serve.max_body_bytes (a clip model's: "
+    "serve.max_video_bytes)",
     "415": "the content type, content coding or image format is not accepted",
     "503": "the queue is full (Retry-After) or the server is loading or draining",
     "504": "no answer within serve.request_timeout_seconds",
@@ -125,10 +127,13 @@ def openapi_document(model_names: list[str], version: str, auth: bool) -> dict:
     image = {"schema": {"type": "string", "format": "binary"}}
     predict = {
         "post": {
-            "summary": "classify an image: raw image/jpeg or image/png body, or multipart/form-data files",
+            "summary": "classify an image: raw image/jpeg or image/png body, or multipart/form-data files; "
+            "a clip model: a video/* body (mp4, avi, mkv/webm), scored per frame",
             "parameters": [
                 name,
                 {"name": "top_k", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1}},
+                {"name": "hop_frames", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1}},
+                {"name": "windows", "in": "query", "required": False, "schema": {"type": "boolean"}},
                 *codings,
             ],
             "requestBody": {
@@ -136,6 +141,7 @@ def openapi_document(model_names: list[str], version: str, auth: bool) -> dict:
                 "content": {
                     "image/jpeg": image,
                     "image/png": image,
+                    "video/mp4": image,
                     "multipart/form-data": {
                         "schema": {
                             "type": "object",
@@ -146,7 +152,10 @@ def openapi_document(model_names: list[str], version: str, auth: bool) -> dict:
                 },
             },
             "responses": {
-                "200": {"description": "top-k labels and scores per image", "content": _json(_ref("Predictions"))},
+                "200": {
+                    "description": "top-k labels and scores per image; a clip model's video: scores per frame",
+                    "content": _json({"oneOf": [_ref("Predictions"), _ref("VideoScores")]}),
+                },
                 **_errors(tuple(_ERROR_STATUSES), auth),
             },
         }

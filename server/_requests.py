@@ -38,10 +38,12 @@ from gpufeed.server._kserve import InferRequest, decode_base64, parse_request
 from gpufeed.server._model import Item, ServedModel
 from gpufeed.server._offload import INLINE_JSON_BYTES, ParsePool
 from gpufeed.server._preprocess import inspect_image
+from gpufeed.server._video import VIDEO_INPUT, VideoUpload, video_input_entry
 
 __all__ = [
     "ENCODED_INPUT",
     "IMAGE_TYPES",
+    "body_limit",
     "grpc_items",
     "items_from_images",
     "items_from_kserve",
@@ -51,7 +53,9 @@ __all__ = [
     "max_elements",
     "parse_kserve",
     "rest_items",
+    "rest_video",
     "top_k_of",
+    "video_upload",
 ]
 
 ENCODED_INPUT = "image"
@@ -63,7 +67,31 @@ def kserve_inputs(card: ModelCard) -> list[dict]:
     inputs = [{"name": card.input_name, "datatype": "UINT8", "shape": [-1, *card.sample_shape]}]
     if card.spec.head.accepts_encoded:  # image and dense models also decode JPEG/PNG themselves
         inputs.insert(0, {"name": ENCODED_INPUT, "datatype": "BYTES", "shape": [-1, 1]})
+    if card.spec.head.accepts_video:  # clip models decode a whole encoded video (server/_video.py)
+        inputs.insert(0, video_input_entry())
     return inputs
+
+
+def video_upload(model: ServedModel, request: InferRequest) -> VideoUpload | None:
+    """The encoded video of a KServe request whose one input is ``video`` (clip models), else ``None``.
+
+    Raises:
+        RequestError: The input is not one BYTES element (``[1]`` or ``[1, 1]``), or its base64 is bad.
+    """
+    if len(request.inputs) != 1 or request.inputs[0].name != VIDEO_INPUT or not model.head.accepts_video:
+        return None
+    tensor = request.inputs[0]
+    where = f"input '{VIDEO_INPUT}'"
+    if tensor.datatype != "BYTES":
+        raise RequestError("bad_dtype", f"{where} must be BYTES (one encoded video), got {tensor.datatype}")
+    if tuple(tensor.shape) not in ((1,), (1, 1)) or len(tensor.elements or []) != 1:
+        raise RequestError(
+            "bad_shape", f"{where} holds one encoded video: shape [1] (or [1, 1]), got {list(tensor.shape)}"
+        )
+    blobs = tensor.elements or []
+    if tensor.text:  # a JSON string with no content type: base64, as for images
+        blobs = decode_base64(blobs, where)
+    return VideoUpload(bytes(blobs[0]), where)
 
 
 def _check_count(count: int, limit: int, where: str) -> None:
@@ -78,10 +106,14 @@ def _check_count(count: int, limit: int, where: str) -> None:
 def items_from_images(model: ServedModel, blobs: list[bytes], max_pixels: int, limit: int, where: str) -> list[Item]:
     """Validate encoded images (``where`` names them in errors, e.g. ``"input 'image'"``)."""
     if not model.head.accepts_encoded:
+        video = (
+            f", or one encoded video (a video/* body, KServe input '{VIDEO_INPUT}')" if model.head.accepts_video else ""
+        )
         raise RequestError(
             "unsupported_media_type",
             f"model {model.name!r} is a {model.head.kind} model: it takes decoded UINT8 tensors "
-            f"{[-1, *model.card.sample_shape]} as input {model.card.input_name!r} of POST /v2/models/{model.name}/infer",
+            f"{[-1, *model.card.sample_shape]} as input {model.card.input_name!r} of POST /v2/models/{model.name}/infer"
+            f"{video}",
         )
     _check_count(len(blobs), limit, where)
     items = []
@@ -92,9 +124,14 @@ def items_from_images(model: ServedModel, blobs: list[bytes], max_pixels: int, l
     return items
 
 
-def items_from_kserve(model: ServedModel, request: InferRequest, max_pixels: int, limit: int) -> list[Item]:
-    """Validate a parsed KServe request's single input into items."""
+def items_from_kserve(
+    model: ServedModel, request: InferRequest, max_pixels: int, limit: int
+) -> list[Item] | VideoUpload:
+    """Validate a parsed KServe request's single input into items (a clip model's video: its upload, checked later)."""
     card = model.card
+    video = video_upload(model, request)
+    if video is not None:
+        return video
     allowed = [i["name"] for i in kserve_inputs(card)]
     if len(request.inputs) != 1:
         raise RequestError(
@@ -158,7 +195,7 @@ def max_elements(model: ServedModel, cfg) -> int:
 
 async def kserve_items(
     pool: ParsePool, model: ServedModel, cfg, body: bytes, encoding: str | None, header_length: str | None
-) -> tuple[InferRequest, list[Item]]:
+) -> tuple[InferRequest, list[Item] | VideoUpload]:
     """Inflate, parse and validate a KServe HTTP body, each step where it belongs (awaited on the event loop).
 
     A document of up to :data:`~gpufeed.server._offload.INLINE_JSON_BYTES` of JSON is parsed and
@@ -179,13 +216,15 @@ async def kserve_items(
     return parsed, items
 
 
-def parse_kserve(model: ServedModel, cfg, body: bytes, header_length: str | None) -> tuple[InferRequest, list[Item]]:
+def parse_kserve(
+    model: ServedModel, cfg, body: bytes, header_length: str | None
+) -> tuple[InferRequest, list[Item] | VideoUpload]:
     """Parse and validate an inflated KServe body (on a parser thread)."""
     parsed = parse_request(body, header_length, max_elements(model, cfg))
     return parsed, items_from_kserve(model, parsed, cfg.max_image_pixels, cfg.max_images_per_request)
 
 
-def grpc_items(model: ServedModel, cfg, message) -> tuple[InferRequest, list[Item]]:
+def grpc_items(model: ServedModel, cfg, message) -> tuple[InferRequest, list[Item] | VideoUpload]:
     """Convert and validate a gRPC ``ModelInferRequest`` (on a parser thread): the HTTP side's checks."""
     parsed = infer_request(message, max_elements(model, cfg))
     return parsed, items_from_kserve(model, parsed, cfg.max_image_pixels, cfg.max_images_per_request)
@@ -223,6 +262,22 @@ def rest_items(
             f"an image/png answer holds one map: send one image, not {len(items)}, or accept application/json",
         )
     return items
+
+
+def rest_video(model: ServedModel, cfg, body: bytes, encoding: str | None) -> VideoUpload:
+    """A REST ``video/*`` body (inflated if it came compressed) as a clip model's upload (on a parser thread)."""
+    return VideoUpload(decode_body(body, encoding, cfg.max_video_bytes), "the request body")
+
+
+def body_limit(model: ServedModel, cfg) -> tuple[int, str]:
+    """The most bytes a request body to ``model`` may hold, and the setting that says so.
+
+    A clip model's bodies may carry a whole video (``serve.max_video_bytes``); the others'
+    ``serve.max_body_bytes``.
+    """
+    if model.head.accepts_video and cfg.max_video_bytes > cfg.max_body_bytes:
+        return cfg.max_video_bytes, "serve.max_video_bytes"
+    return cfg.max_body_bytes, "serve.max_body_bytes"
 
 
 def top_k_of(raw: str | None, default: int, num_classes: int) -> int:

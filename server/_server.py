@@ -114,6 +114,7 @@ class ModelServer:
             await self.grpc.stop(grace=1.0)
         await asyncio.get_running_loop().run_in_executor(None, self.state.close)
         self.plane.pool.close()
+        self.plane.close()
 
     def run(self, sockets: list[socket.socket]) -> None:
         """:meth:`serve` in this thread, on the event loop uvicorn picks, until the server stops."""

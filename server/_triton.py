@@ -7,10 +7,13 @@ it (perf_analyzer, model analyzer) see what the server really does:
 
 * ``max_batch_size``: the largest batch the model executes (the card's largest batch size); a
   request may carry up to ``serve.max_images_per_request`` rows, which the server splits;
-* ``input``: ``image`` (``TYPE_STRING``, encoded JPEG/PNG, for a model whose head accepts them)
-  and the card's UINT8 input, each ``optional`` when there are two (a request sends exactly one);
+* ``input``: ``image`` (``TYPE_STRING``, encoded JPEG/PNG, for a model whose head accepts them),
+  ``video`` (``TYPE_STRING``, one encoded video, for a clip model) and the card's UINT8 input, each
+  ``optional`` when there are two (a request sends exactly one); a clip model's parameters say what
+  its video input takes (``video_*``: containers, codecs, limits, the windows);
 * ``output``: the head's output tensors (``logits`` and ``scores`` of a classifier, a dense
-  model's maps), as the KServe model metadata lists them;
+  model's maps), then those only a video request answers (a clip model's ``window_scores`` and
+  ``window_starts``), as the KServe model metadata lists them;
 * ``dynamic_batching``: the batch sizes the model runs at as ``preferred_batch_size``, ``serve.max_delay_ms``
   as the queue delay, ``serve.queue_capacity`` (images) and ``serve.request_timeout_seconds`` as
   the queue policy;
@@ -26,6 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpufeed.models import OutputTensor
+from gpufeed.server._video import VIDEO_INPUT, video_facts
 
 if TYPE_CHECKING:
     from gpufeed.server._state import ServingState
@@ -42,6 +46,13 @@ __all__ = [
 # What GET /v2 advertises; each is implemented in full.
 EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics")
 ENCODED_INPUT = "image"
+
+
+def served_outputs(head) -> list[OutputTensor]:
+    """Every output tensor a model may answer: its head's, then those only a video request gives (clip models)."""
+    outputs = list(head.outputs())
+    names = {tensor.name for tensor in outputs}
+    return outputs + [tensor for tensor in head.video_outputs() if tensor.name not in names]
 
 
 def batch_sizes_of(card) -> tuple[int, ...]:
@@ -99,6 +110,9 @@ def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, w
     ]
     if encoded:  # one encoded image per row: dims [1], which the model sees as a scalar per row
         inputs.insert(0, _input(ENCODED_INPUT, "TYPE_STRING", [1], "FORMAT_NONE", True, reshape=[]))
+    if head.accepts_video:  # one encoded video per request (server/_video.py); the pixels become optional
+        inputs[0]["optional"] = True
+        inputs.insert(0, _input(VIDEO_INPUT, "TYPE_STRING", [1], "FORMAT_NONE", True, reshape=[]))
     provider = cfg.execution_provider
     accelerators = [{"name": "tensorrt", "parameters": {}}] if provider == "tensorrt" else []
     facts = {
@@ -111,6 +125,8 @@ def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, w
         "max_image_pixels": cfg.max_image_pixels,
         "warmup_batches": cfg.warmup_batches,
     }
+    if head.accepts_video:
+        facts.update(video_facts(card, cfg))
     return {
         "name": name,
         "platform": "onnxruntime_onnx",
@@ -119,7 +135,7 @@ def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, w
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": sizes[-1],
         "input": inputs,
-        "output": [_output(tensor) for tensor in head.outputs()],
+        "output": [_output(tensor) for tensor in served_outputs(head)],
         "batch_input": [],
         "batch_output": [],
         "optimization": {

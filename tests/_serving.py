@@ -70,9 +70,9 @@ KSERVE_CLIENT = Path(__file__).parent / "kserve_client.py"
 
 
 def run_kserve_client(
-    protocol: str, address: str, mode: str, files: list[Path], token: str | None = None
+    protocol: str, address: str, mode: str, files: list[Path], token: str | None = None, model: str = IMAGE_MODEL
 ) -> tuple[int, dict]:
-    """KServe's own SDK (``kserve_client.py``, in a subprocess) classifying ``files`` with ``IMAGE_MODEL``.
+    """KServe's own SDK (``kserve_client.py``, in a subprocess) sending ``files`` to ``model`` (default ``IMAGE_MODEL``).
 
     Args:
         protocol: ``rest`` or ``grpc``; ``address`` is ``http://host:port`` or ``host:port``.
@@ -84,7 +84,7 @@ def run_kserve_client(
     """
     env = {**os.environ, "GPUFEED_TEST_TOKEN": token} if token is not None else None
     done = subprocess.run(
-        [sys.executable, str(KSERVE_CLIENT), protocol, address, IMAGE_MODEL, mode, *map(str, files)],
+        [sys.executable, str(KSERVE_CLIENT), protocol, address, model, mode, *map(str, files)],
         capture_output=True,
         text=True,
         timeout=120,

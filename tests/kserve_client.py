@@ -12,7 +12,8 @@ Usage::
 ``ADDRESS`` is ``http://host:port`` (rest) or ``host:port`` (grpc). ``MODE``: ``binary`` (numpy
 BYTES, the SDK's binary data), ``base64`` (base64 strings with ``parameters.content_type`` on the
 input), ``base64-request`` (the content type on the request), ``base64-bare`` (base64 strings and
-no content type). A bearer token is taken from ``$GPUFEED_TEST_TOKEN``. Prints
+no content type), ``video`` (one file: an encoded video as the clip model's ``video`` input,
+binary). A bearer token is taken from ``$GPUFEED_TEST_TOKEN``. Prints
 ``{"logits": [[...]], "scores": [[...]]}``, or ``{"error": "...", "status": ...}`` and exits 1.
 """
 
@@ -30,6 +31,10 @@ from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRe
 
 
 def _request(model: str, mode: str, blobs: list[bytes]) -> InferRequest:
+    if mode == "video":  # one encoded video as the clip model's "video" BYTES input, raw bytes
+        tensor = InferInput("video", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array(blobs[:1], dtype=object), binary_data=True)
+        return InferRequest(model, [tensor])
     if mode == "binary":
         tensor = InferInput("image", [len(blobs)], "BYTES")
         tensor.set_data_from_numpy(np.array(blobs, dtype=object), binary_data=True)

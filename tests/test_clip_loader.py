@@ -270,19 +270,20 @@ def test_truncated_and_too_short_videos_are_refused_before_reading(synth_dir, tm
 
 def test_the_reader_list_opens_each_file_once_per_batch_and_tags_the_plan_row(vp9_dir, tmp_path):
     """DALI's reader reopens a file whenever a row changes file: rows are sorted per batch, tags keep plan rows."""
-    from gpufeed.pipelines._clip_pipeline import stream_rows, write_stream_list
+    from gpufeed.pipelines._clip_pipeline import write_stream_list
+    from gpufeed.pipelines._clip_plan import ClipDraw, ClipPlan
     from gpufeed.pipelines._sampler import PlanStream
 
     dataset = VideoDataset.from_folder(vp9_dir)
     loader = _loader(dataset, "dali", DeviceChoice("cpu", None, "test"), train=True, seed=5, batch=8)
     stream = PlanStream(loader._spec(), 0, 0, plan_ahead=True)
-    kw = {"train": True, "seed": 5, "batch_size": 8}
-    list_file, iterations, _, _, _ = write_stream_list(tmp_path, list(dataset.paths), stream, loader.table, **kw)
+    plan = ClipPlan(stream, ClipDraw(loader.table, train=True, seed=5), batch_size=8)
+    list_file, iterations, _, _, _ = write_stream_list(tmp_path, list(dataset.paths), plan)
     lines = [line.split() for line in list_file.read_text().splitlines()]
     assert len(lines) == iterations * 8
     switches = {"list": 0, "plan": 0}
     for k in range(iterations):
-        videos, starts = stream_rows(stream, loader.table, iteration=k, **kw)
+        videos, starts = plan(k)
         rows = lines[k * 8 : (k + 1) * 8]
         keys = [(dataset.paths.index(path), int(start)) for path, _, start, _ in rows]
         assert keys == sorted(keys), "by (video, start) within the batch"

@@ -41,6 +41,7 @@ PACKAGES = {
     "gpufeed.synth": "gpufeed/synth",
     "gpufeed.stack": "gpufeed/stack",
     "gpufeed.doctor": "gpufeed/doctor",
+    "gpufeed.predict": "gpufeed/predict",
 }
 
 

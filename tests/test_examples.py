@@ -54,6 +54,7 @@ def test_every_example_is_short_and_tested_here():
     scripts = sorted(p.name for p in EXAMPLES.glob("*.py"))
     assert scripts == [
         "classify_folder.py",
+        "score_video_own_loop.py",
         "train_clips_own_loop.py",
         "train_ddp.py",
         "train_lightning.py",
@@ -144,3 +145,31 @@ def test_classify_folder_through_gpufeed_serve(data, tmp_path):
         assert {first, second} == set(classes) and float(p1) >= float(p2) and abs(float(p1) + float(p2) - 1) < 0.02
     summary = re.search(r"^classified 6 photos with shapes: (\{.*\})$", out, re.M)
     assert summary and sum(json.loads(summary.group(1)).values()) == 6, out
+
+
+def test_score_video_own_loop_writes_what_predict_writes(data, tmp_path):
+    """The example's per-frame top classes are those of ``gpufeed predict``'s CSV for the same checkpoint."""
+    import numpy as np
+
+    from gpufeed.predict._outputs import read_predictions_csv
+
+    labels = ("background", "groom", "rear", "walk")
+    checkpoint = write_checkpoint(
+        tmp_path / "run", "r3d_small", num_classes=4, size_px=32, clip_length_frames=4, labels=labels
+    )
+    video = sorted((data / "videos").glob("*.mp4"))[0]
+    out = _example("score_video_own_loop.py", checkpoint, video, "--hop-frames", 2, cwd=tmp_path)
+    rows = re.findall(r"^frame (\d+): (\w+) ([\d.]+)$", out, re.M)
+    command = [sys.executable, "-m", "gpufeed", "predict", str(checkpoint), str(video), "--out", str(tmp_path / "p")]
+    done = subprocess.run(
+        [*command, "--hop-frames", "2", "--quiet", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    names, values = read_predictions_csv(tmp_path / "p" / f"{video.stem}_predictions.csv")
+    assert [int(r[0]) for r in rows] == list(range(len(values))) and len(values) == 24, out
+    assert [r[1] for r in rows] == [names[i] for i in values.argmax(1)]
+    np.testing.assert_allclose([float(r[2]) for r in rows], values.max(1), atol=2e-6)
+    assert re.search(r"^scored 24 frames in 11 windows of 4: \{", out, re.M), out

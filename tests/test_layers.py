@@ -7,7 +7,8 @@ collected: at module level and inside functions, absolute and relative (``from .
 
 * **Layers**: a module may import its own layer and the layers below it, never one above. Bottom to
   top: core (``gpufeed/_*.py``, ``config``, ``device``, ``synth``) < ``pipelines``, ``models`` <
-  ``train`` < ``server`` < ``bench``, ``obs``, ``reliability``, ``doctor`` < ``demo`` < ``commands``, ``cli``.
+  ``train`` < ``server`` < ``bench``, ``obs``, ``reliability``, ``doctor``, ``predict`` < ``demo`` <
+  ``commands``, ``cli``.
 * **No cycles**: no modules import each other in a circle, within a package (``gpufeed.train``)
   or across packages, counting imports inside functions, which only defer a circle rather than
   remove it.
@@ -51,7 +52,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("pipelines/models", ["gpufeed.pipelines", "gpufeed.models"]),
     ("train", ["gpufeed.train"]),
     ("server", ["gpufeed.server"]),
-    ("bench/obs/reliability/doctor", ["gpufeed.bench", "gpufeed.obs", "gpufeed.reliability", "gpufeed.doctor"]),
+    (
+        "bench/obs/reliability/doctor/predict",
+        ["gpufeed.bench", "gpufeed.obs", "gpufeed.reliability", "gpufeed.doctor", "gpufeed.predict"],
+    ),
     ("demo", ["gpufeed.demo"]),
     ("commands/cli", ["gpufeed.commands", "gpufeed.cli", "gpufeed.__main__"]),
 ]

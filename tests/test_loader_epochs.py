@@ -33,7 +33,8 @@ from gpufeed.pipelines import (
     VideoDataset,
     prepare_videos,
 )
-from gpufeed.pipelines._epochs import _process_state, cuda_initialised
+from gpufeed.pipelines._epochs import cuda_initialised
+from gpufeed.pipelines._pipeline_session import _process_state
 from gpufeed.synth import read_tag
 
 pytestmark = pytest.mark.timeout(300)

@@ -209,9 +209,9 @@ def test_the_cpu_reader_never_fuses_and_a_fused_cpu_pipeline_is_refused(tmp_path
         assert f"DALI {dali.__version__} has no resize inside fn.experimental.readers.video" in why
     with pytest.raises(ValueError, match="fused_resize is for the dali source on a GPU"):
         _clip_pipeline.build_clip_pipeline(
-            source="dali", clip_input=tmp_path / "none.txt", clip_length_frames=4, stride_frames=1, size_px=32,
-            fit="stretch", batch_size=2, device_id=None, num_threads=1, prefetch_queue_depth=1, seed=0,
-            fused_resize=True,
+            clip_input=_clip_pipeline.ReaderInput(tmp_path / "none.txt", fused_resize=True), clip_length_frames=4,
+            stride_frames=1, size_px=32, fit="stretch", batch_size=2, device_id=None, num_threads=1,
+            prefetch_queue_depth=1, seed=0,
         )  # fmt: skip
 
 

@@ -31,6 +31,7 @@ from gpufeed.config import LoaderConfig, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import BadSampleError, ClipLoader, VideoDataset
 from gpufeed.pipelines._store_feed import jpeg_decode_sizes, jpeg_scale_eighths
+from gpufeed.pipelines._store_sources import ScaledJpegSource, StoreSource
 from gpufeed.synth import behaviour_labels
 from gpufeed.synth._videos import write_label_csv
 
@@ -167,7 +168,9 @@ def test_a_centre_crop_needs_the_whole_frame_decoded_larger():
 @pytest.mark.parametrize("form", ["folder", "hdf5"])
 def test_scaled_clips_hold_the_right_frames_and_source_pixels(stores, form, fit):
     loader = _loader(VideoDataset.from_folder(stores / form), fit)
-    assert loader._scaled_jpeg and "DCT-scaled" in loader.decoder_reason, loader.decoder_reason
+    assert isinstance(loader.clip_source, ScaledJpegSource) and "DCT-scaled" in loader.decoder_reason, (
+        loader.decoder_reason
+    )
     clips = _clips(loader)
     assert len(clips) >= 4
     for (video, start), clip in clips.items():
@@ -189,7 +192,7 @@ def test_pixels_stay_close_to_the_full_size_decode(stores, form, fit):
     dataset = VideoDataset.from_folder(stores / form)
     scaled = _clips(_loader(dataset, fit))
     full_loader = _loader(dataset, fit)
-    full_loader._scaled_jpeg = False  # the image-decoder graph, on DALI's CPU decoder
+    full_loader.clip_source = StoreSource("the image-decoder graph, on DALI's CPU decoder")
     full = _clips(full_loader)
     assert scaled.keys() == full.keys()
     diff = np.abs(np.stack(list(scaled.values())).astype(int) - np.stack([full[k] for k in scaled]).astype(int))
@@ -251,7 +254,10 @@ def test_folders_and_hdf5_files_together_each_get_their_channels(stores, tmp_pat
         shutil.copy(stores / "hdf5" / name, mixed)
     dataset = VideoDataset.from_folder(mixed)
     loader = _loader(dataset, "stretch")
-    assert loader._scaled_jpeg and sorted(i.store for i in dataset.infos) == ["folder", "hdf5"]
+    assert isinstance(loader.clip_source, ScaledJpegSource) and sorted(i.store for i in dataset.infos) == [
+        "folder",
+        "hdf5",
+    ]
     clips = _clips(loader)
     assert {v for v, _ in clips} == {0, 1}
     for (video, start), clip in clips.items():

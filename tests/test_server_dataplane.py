@@ -72,10 +72,13 @@ def _callers(attribute: str, receiver: str | None = None) -> set[tuple[str, str]
 
 
 def test_one_function_submits_to_the_batcher():
-    assert _callers("submit", receiver="batcher") == {("_dataplane.py", "Inference.infer")}
+    # Inference.infer, and its blocking twin for a served video's windows (server/_video.py): one place.
+    infers = {("_dataplane.py", "Inference.infer"), ("_dataplane.py", "Inference.infer_rows")}
+    assert _callers("submit", receiver="batcher") == infers
     # Nothing else in the server reaches a Batcher's submit by another name either.
-    submits = {c for c in _callers("submit") if c[0] != "_batcher.py"}
-    assert submits <= {("_dataplane.py", "Inference.infer"), ("_offload.py", "ParsePool.run_isolated")}, submits
+    submits = {c for c in _callers("submit") if c[0] not in ("_batcher.py", "_dataplane.py")}
+    # (executors' submits: the parser's worker process, a video's scoring thread)
+    assert submits <= {("_offload.py", "ParsePool.run_isolated"), ("_video.py", "video_outputs")}, submits
 
 
 def test_both_fronts_take_requests_through_the_data_plane():

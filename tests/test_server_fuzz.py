@@ -61,7 +61,7 @@ def test_openapi_document_lists_every_route(served):
     assert routes - documented == {("/openapi.json", "get")}, "every route is in the document (but the document itself)"
     assert documented <= routes
     predict = served_doc["paths"]["/v1/models/{name}/predict"]["post"]
-    assert set(predict["requestBody"]["content"]) == {"image/jpeg", "image/png", "multipart/form-data"}
+    assert set(predict["requestBody"]["content"]) == {"image/jpeg", "image/png", "multipart/form-data", "video/mp4"}
     infer = served_doc["paths"]["/v2/models/{name}/infer"]["post"]
     assert infer["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/InferRequest"

@@ -399,3 +399,32 @@ def test_drain_answers_grpc_calls_in_flight():
     result, waited = asyncio.run(call_then_drain())
     assert result.as_numpy("scores").shape == (1, 4) and waited < 4.0, waited
     assert server.state.inflight == 0 and not server.thread.is_alive()
+
+
+def test_a_video_over_grpc_is_scored_as_over_http(server, tmp_path):
+    """A clip model's encoded video over gRPC (tritonclient and KServe's SDK): HTTP's per-frame scores."""
+    from videohelp import encode_tagged_video
+
+    path = tmp_path / "clip.mp4"
+    encode_tagged_video(path, 2, 30, options={"bf": "2"}, labels=False)
+    body = np.array([path.read_bytes()], dtype=object)
+    http = thttp.InferenceServerClient(server.url.removeprefix("http://"))
+    reference = http.infer(
+        CLIP_MODEL, [thttp.InferInput("video", [1], "BYTES").set_data_from_numpy(body)], headers=dict(AUTH)
+    ).as_numpy("scores")
+    assert reference.shape == (30, 4)
+    outputs = [tgrpc.InferRequestedOutput(name) for name in ("scores", "window_starts")]
+    result = _grpc_client(server).infer(
+        CLIP_MODEL,
+        [tgrpc.InferInput("video", [1], "BYTES").set_data_from_numpy(body)],
+        headers=dict(AUTH),
+        outputs=outputs,
+    )
+    # Batches may form differently (sessions of other thread counts): equal to float32 rounding.
+    np.testing.assert_allclose(result.as_numpy("scores"), reference, atol=1e-6)
+    assert result.as_numpy("window_starts").tolist() == list(range(27))
+    status, answer = run_kserve_client(
+        "grpc", f"127.0.0.1:{server.grpc_port}", "video", [path], token=TOKEN, model=CLIP_MODEL
+    )
+    assert status == 0, answer
+    np.testing.assert_allclose(np.array(answer["scores"], np.float32), reference, atol=1e-6)

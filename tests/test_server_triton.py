@@ -77,7 +77,10 @@ def test_server_metadata_advertises_what_is_implemented(server):
 
 def test_model_config_is_tritons_model_config_for_the_card(server):
     client, proto = _client(server), _triton_model_config_proto()
-    for name, batch, inputs in ((IMAGE_MODEL, IMAGE_BATCH, ["image", "pixels"]), (CLIP_MODEL, CLIP_BATCH, ["pixels"])):
+    for name, batch, inputs in (
+        (IMAGE_MODEL, IMAGE_BATCH, ["image", "pixels"]),
+        (CLIP_MODEL, CLIP_BATCH, ["video", "pixels"]),  # a clip model also takes one encoded video
+    ):
         card = read_model_card(exported_repo() / name)
         config = client.get_model_config(name)
         # Every field is one of Triton's (unknown fields or wrong types make ParseDict raise).
@@ -93,7 +96,11 @@ def test_model_config_is_tritons_model_config_for_the_card(server):
             image = message.input[0]
             assert image.data_type == 13 and list(image.dims) == [1]  # TYPE_STRING, one encoded image per row
             assert pixels.format == 2  # FORMAT_NCHW
-        assert [(o.name, list(o.dims)) for o in message.output] == [("logits", [4]), ("scores", [4])]
+        outputs = [("logits", [4]), ("scores", [4])]
+        if name == CLIP_MODEL:  # a video request's per-window outputs (server/_video.py)
+            outputs += [("window_scores", [4]), ("window_starts", [])]
+            assert message.input[0].data_type == 13 and list(message.input[0].dims) == [1]  # one encoded video
+        assert [(o.name, list(o.dims)) for o in message.output] == outputs
         batching = message.dynamic_batching
         assert list(batching.preferred_batch_size) == list(batch_sizes_of(card))
         assert batching.max_queue_delay_microseconds == 20_000  # serve.max_delay_ms 20
@@ -126,7 +133,7 @@ def test_model_metadata_lists_exactly_the_inputs_a_request_may_send(server):
             IMAGE_MODEL,
             [_images(JPEGS[:2]), triton.InferInput("pixels", list(pixels.shape), "UINT8").set_data_from_numpy(pixels)],
         )
-    assert [i["name"] for i in client.get_model_metadata(CLIP_MODEL)["inputs"]] == ["pixels"]
+    assert [i["name"] for i in client.get_model_metadata(CLIP_MODEL)["inputs"]] == ["video", "pixels"]
 
 
 def test_compressed_requests_and_responses(server):

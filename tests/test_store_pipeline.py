@@ -22,7 +22,6 @@ from videohelp import frame_tags, write_tagged_store
 from gpufeed.config import LoaderConfig, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ClipLoader, VideoDataset, VideoFrameReader, _clip_loader
-from gpufeed.pipelines._clip_sources import frames_pipeline
 from gpufeed.pipelines._image_facts import read_image_facts
 from gpufeed.pipelines._sampler import PlanStream
 from gpufeed.pipelines._store_feed import StoreFrameFeed
@@ -62,10 +61,9 @@ def test_a_gpu_store_graph_has_one_decoder_and_a_parallel_source(jpeg_stores, mo
     """Traced on the CPU: one nvJPEG decoder for all ``batch x T`` frames, fed by DALI's worker processes."""
     monkeypatch.setattr(_clip_loader, "gpu_capability", lambda device: (9, 0))  # an H100, as the GPU would say
     loader = _loader(VideoDataset.from_folder(jpeg_stores / form), GPU, fit=fit)
-    assert loader.source == "frames" and loader._frames_flat
+    assert loader.source == "frames" and loader.clip_source.frames_flat
     stream = PlanStream(loader._spec(), 0, 0)
-    common, _ = loader._pipeline_args(stream)
-    pipe = frames_pipeline(loader, stream, common, build=False)
+    pipe = loader.clip_source.open(loader._clip_job(stream), build=False).pipe
     (decoder,) = image_decoders(pipe)
     assert decoder.device == "mixed" and decoder.schema == "decoders__Image"
     assert pipe.max_batch_size == 4 * T, "a batch's clips, frame by frame"
@@ -152,7 +150,7 @@ def test_store_clips_are_exactly_their_frames_and_the_loader_thread_reads_no_fil
     """Folders and HDF5 (PNG frames: the image-decoder graph on either device): one decoder, regrouped exactly."""
     dataset = VideoDataset.from_folder(jpeg_stores / "mixed")
     loader = _loader(dataset, device, fit="centre_crop")
-    assert loader._frames_flat
+    assert loader.clip_source.frames_flat
     clips = 0
     for epoch in range(2):
         for batch in loader:

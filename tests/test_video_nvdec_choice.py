@@ -77,9 +77,7 @@ def test_choice_on_a_gpu_falls_back_to_pyav_or_refuses_dali(odd_formats):
     )
     choice = choose_decoder("auto", True, dataset.infos, (9, 0))
     assert choice.source == "pyav" and "NVDEC cannot decode 4 of 7 video(s)" in choice.reason
-    assert {p.rsplit("/", 1)[-1] for p, (d, _) in choice.per_video.items() if d == "pyav"} == {
-        n for n, (_, _, ok) in FORMATS.items() if not ok
-    }
+    assert {p.rsplit("/", 1)[-1] for p in choice.refused} == {n for n, (_, _, ok) in FORMATS.items() if not ok}
     with pytest.raises(DatasetError, match=r"dali, but NVDEC cannot decode 4 video\(s\), e\.g\. .*b_h264_high10\.mp4"):
         choose_decoder("dali", True, dataset.infos, (9, 0))
     assert choose_decoder("pyav", True, dataset.infos, (9, 0)).source == "pyav"

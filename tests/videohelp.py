@@ -121,7 +121,7 @@ def decode_all(path) -> list[np.ndarray]:
     """Every frame of a file, decoded from the start with PyAV (the reference), converted as gpufeed does."""
     import av
 
-    from gpufeed.pipelines._pyav import FrameFitter
+    from gpufeed.pipelines._frame_fit import FrameFitter
 
     to_rgb = FrameFitter()
     with av.open(str(path)) as container:

@@ -16,7 +16,8 @@ from collections.abc import Callable
 import numpy as np
 
 from gpufeed._size import SizePx
-from gpufeed.pipelines._pyav import FrameFitter, VideoRef
+from gpufeed.pipelines._frame_fit import FrameFitter
+from gpufeed.pipelines._pyav import VideoRef
 from gpufeed.pipelines._pyav_sequential import iter_frame_chunks
 from gpufeed.synth import TagError, read_tag
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufeed._text import format_table
+from gpufeed.bench._clip_names import STORE_SETS
 from gpufeed.bench._clip_rounds import RoundTime, paired_ratio
 from gpufeed.bench._common import median
 
@@ -90,7 +91,7 @@ def _targets(result: dict) -> list[str]:
             lines.append(
                 f"{name}: gpufeed / torchcodec's sampler per clip: {_versus(result, name, 'torchcodec_sampler', 1.0)}"
             )
-        if name in ("frame_folder", "hdf5") and "gpufeed" in cps:
+        if name in STORE_SETS and "gpufeed" in cps:
             ratio = result["ratios"].get(f"gpufeed {name} / long_gop")
             if ratio is not None:
                 met = "met" if ratio >= _STORES_VS_LONG_GOP else "NOT met"

@@ -114,9 +114,10 @@ def user_sets(data: Path) -> tuple[list[SetSpec], dict[str, str]]:
     left_out = {dataset.paths[i]: why for i, why in dataset.problems.items()}
     dataset = _with_labels(dataset)
     kinds: dict[str, list[int]] = {}
+    set_of_kind = {kind: name for name, kind in STORE_SETS.items()}  # a store kind without a set: its own name
     for i in dataset.usable_ids.tolist():
         store = dataset.infos[i].store
-        kinds.setdefault({"": "videos", "folder": "frame_folder", "hdf5": "hdf5"}[store], []).append(int(i))
+        kinds.setdefault(set_of_kind.get(store, store) if store else "videos", []).append(int(i))
     if not kinds:
         raise DatasetError(f"{data}: no readable video, frame folder or HDF5 file ({len(left_out)} left out)")
     return [SetSpec(name, _subset(dataset, ids), False) for name, ids in kinds.items()], left_out

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed._size import SizePx
-from gpufeed.pipelines._frame_stores import HDF5_CHANNELS_REVERSED, FrameBytesReader, decode_frame
+from gpufeed.pipelines._frame_stores import FrameBytesReader, decode_frame, stored_colorspace
 from gpufeed.pipelines._store_feed import jpeg_decode_sizes
 
 __all__ = ["store_figures"]
@@ -44,7 +44,7 @@ def _decode_all(frames, sizes: dict, fast: bool) -> tuple[list[np.ndarray], floa
     for info, data in frames:
         if info.codec == "jpeg":
             width, height = sizes[info.path]
-            colorspace = "BGR" if info.store == "hdf5" and HDF5_CHANNELS_REVERSED else "RGB"
+            colorspace = stored_colorspace(info.store)
             decoded.append(
                 simplejpeg.decode_jpeg(
                     data, colorspace=colorspace, fastdct=fast, fastupsample=False, min_width=width, min_height=height

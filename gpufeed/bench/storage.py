@@ -43,7 +43,7 @@ from gpufeed.config import LoaderConfig, StorageConfig, VideoConfig
 from gpufeed.device import DeviceChoice, resolve_device
 from gpufeed.pipelines import ClipLoader, VideoDataset
 from gpufeed.pipelines._epochs import default_num_threads
-from gpufeed.pipelines._pyav import ClipDecoder
+from gpufeed.pipelines._pyav import ClipDecoder, VideoRef
 
 __all__ = ["TARGET_RATIO", "print_storage_result", "run_storage_bench"]
 
@@ -75,13 +75,14 @@ def _bytes_per_clip(loader: ClipLoader, clips: int, epoch: int) -> dict:
     """
     videos, starts = loader.epoch_clips(epoch)
     plan = list(zip(videos.tolist(), starts.tolist(), strict=True))[:clips]
+    refs = {video: VideoRef.from_info(loader.dataset.infos[video]) for video, _ in plan}
     out: dict = {"clips": len(plan)}
     for mode in ("cold", "warm"):
         decoder = ClipDecoder()
         before = _s3.fetch_stats()
         try:
             for video, start in plan:
-                decoder.read(loader._refs[video], loader.geometry.frames(start))
+                decoder.read(refs[video], loader.geometry.frames(start))
                 if mode == "cold":
                     decoder.close()
         finally:

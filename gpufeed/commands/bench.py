@@ -16,6 +16,7 @@ from gpufeed.bench._clip_names import CONTENDERS as CLIP_CONTENDERS
 from gpufeed.bench._clip_names import GENERATED_SETS
 from gpufeed.commands import require_extra
 from gpufeed.commands._bench_storage import register_storage
+from gpufeed.commands.predict import register_predict_bench
 from gpufeed.commands.reliability import register_server_runs
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
@@ -154,6 +155,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated videos are kept")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func=_clips)
+
+    register_predict_bench(kinds)  # gpufeed/commands/predict.py, beside the command it measures
 
     p = kinds.add_parser(
         "server",

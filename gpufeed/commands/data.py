@@ -125,10 +125,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--probe-clips", type=int, default=20, help="random clips timed per video (0: skip; default 20)")
     p.add_argument(
         "--store",
-        choices=("video", "folder", "hdf5"),
         default="video",
-        help="video: re-encode (default); folder / hdf5: every frame as one image, in DeepEthogram's vidio "
-        "layouts (<name>/000000000.jpg ... or <name>.h5)",
+        help="video: re-encode (default); a frame store kind (folder, hdf5): every frame as one image, in "
+        "DeepEthogram's vidio layouts (<name>/000000000.jpg ... or <name>.h5)",
     )
     p.add_argument(
         "--image-format", choices=("jpeg", "png"), default="jpeg", help="frame encoding of --store (default jpeg)"
@@ -244,7 +243,7 @@ def _prepare(args: argparse.Namespace) -> int:
         return 2
     report = prepare_videos(Path(args.src), args.out, options)
     print(f"prepared {sum(v.problem is None for v in report.videos)} of {len(report.videos)} video(s) into {args.out}")
-    if options.store == "video":
+    if options.frame_store is None:
         tune = f", tune {options.tune}" if options.codec == "h264" else ""
         print(f"codec {options.codec}, GOP {options.resolved_gop_frames} frames, crf {options.crf}{tune}")
     else:

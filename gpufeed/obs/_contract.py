@@ -35,6 +35,8 @@ ERROR_REASONS = (
     "bad_shape",
     "bad_dtype",
     "too_many_pixels",
+    "corrupt_video",
+    "video_too_long",
     "body_too_large",
     "malformed_request",
     "unknown_model",

@@ -1,0 +1,20 @@
+"""gpufeed.predict: per-frame class probabilities for every frame of every video (``gpufeed predict``).
+
+:func:`load_predictor` loads a checkpoint (PyTorch) or an exported model folder (onnxruntime, the
+server's runner) as a :class:`Predictor`; :func:`predict_videos` scores a video, a folder of videos
+(encoded files, frame folders, HDF5 frame stores) or a DeepEthogram project with a clip model and
+writes one ``<name>_predictions.csv`` (or DeepEthogram's ``<name>_outputs.h5``) per video, resuming
+where a run stopped; :func:`predict_images` scores a folder of images with an image model, one row
+per image. Both return a :class:`PredictReport`. The windows and the rule that gives each frame its
+probabilities are :class:`gpufeed.models.WindowPlan` and :func:`gpufeed.models.score_frames`, which
+the server's video input runs too.
+
+This package sits beside ``bench`` and ``reliability`` (above the server, whose onnxruntime
+runner and image decoder it uses), below the command line.
+"""
+
+from gpufeed.predict._images import predict_images
+from gpufeed.predict._model import Predictor, load_predictor
+from gpufeed.predict._run import PredictReport, VideoResult, predict_videos
+
+__all__ = ["PredictReport", "Predictor", "VideoResult", "load_predictor", "predict_images", "predict_videos"]

@@ -1,0 +1,233 @@
+"""``gpufeed predict``: per-frame class probabilities for every frame of every video, written as they come.
+
+For each video (:mod:`._inputs`): skipped when its output is already there (a finished output is
+renamed into place only when complete, :mod:`._outputs`); else read once, in order, by the
+sequential reader (NVDEC on a GPU, PyAV on a CPU, frame stores through their decoder), a chunk
+ahead on a thread of its own (:mod:`gpufeed._prefetch`), scored window batch by window batch through
+:func:`~gpufeed.models.score_frames` (the server's video input runs the same function), and
+streamed to its output. A video that cannot be read is one line naming it and why; the others are
+still scored, and the report says which failed (``gpufeed predict`` then exits 1).
+
+One progress display counts frames over every video (a bar on a terminal, a line every few seconds
+in a log: :func:`gpufeed._progress.progress_bar`), with frames per second.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufeed._prefetch import prefetch
+from gpufeed._progress import progress_bar
+from gpufeed.models import WindowPlan, score_frames
+from gpufeed.pipelines import VideoFrameReader
+from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._video_bytes import first_line, read_in_order
+from gpufeed.pipelines._videos import VideoInfo, index_videos
+from gpufeed.predict._inputs import FORMATS, Target, find_videos, output_path
+from gpufeed.predict._model import Predictor
+from gpufeed.predict._outputs import csv_sink, h5_sink, is_done
+
+__all__ = ["PredictReport", "VideoResult", "predict_videos", "window_plan"]
+
+log = logging.getLogger("gpufeed.predict")
+
+
+@dataclass(frozen=True)
+class VideoResult:
+    """What happened to one video.
+
+    Attributes:
+        name: The video as messages name it.
+        status: ``scored``, ``skipped`` (its output was already there) or ``failed``.
+        output: Its output file.
+        frames: Frames scored (0 when skipped or failed).
+        windows: Windows scored.
+        seconds: Wall time spent on it.
+        error: Why it failed (one line), else ``None``.
+    """
+
+    name: str
+    status: str
+    output: Path
+    frames: int = 0
+    windows: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class PredictReport:
+    """Every video's result, and the totals.
+
+    Attributes:
+        results: One :class:`VideoResult` per video, in source order.
+        seconds: Wall time of the whole run.
+    """
+
+    results: list[VideoResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[VideoResult]:
+        return [r for r in self.results if r.status == "failed"]
+
+    @property
+    def frames(self) -> int:
+        return sum(r.frames for r in self.results)
+
+    @property
+    def frames_per_second(self) -> float:
+        busy = sum(r.seconds for r in self.results if r.status == "scored")
+        return self.frames / busy if busy > 0 else 0.0
+
+    def summary(self) -> str:
+        """One line: counts by status, frames, frames per second."""
+        counts = {s: sum(r.status == s for r in self.results) for s in ("scored", "skipped", "failed")}
+        return (
+            f"{counts['scored']} scored, {counts['skipped']} skipped (already done), {counts['failed']} failed; "
+            f"{self.frames:,} frames in {self.seconds:.1f} s ({self.frames_per_second:,.1f} frames/s while scoring)"
+        )
+
+
+def window_plan(predictor: Predictor, hop_frames: int | None) -> WindowPlan:
+    """The windows of ``predictor``'s clip model: its clip length, its training's frame gap, ``hop_frames``.
+
+    ``hop_frames`` ``None``: 1 (a window at every frame; see :mod:`gpufeed.models._frame_scores`).
+
+    Raises:
+        ValueError: The model is not a clip model, or ``hop_frames`` is out of range.
+    """
+    length = predictor.spec.clip_length_frames
+    if not predictor.head.takes_clips or not length:
+        raise ValueError(f"{predictor.spec.name} is a {predictor.head.kind} model; windows are for clip models")
+    return WindowPlan(length, predictor.sampling.stride_frames, 1 if hop_frames is None else hop_frames)
+
+
+def _group_name(predictor: Predictor, latent_name: str | None) -> str:
+    return latent_name or predictor.spec.name
+
+
+def predict_videos(
+    source: str | Path,
+    predictor: Predictor,
+    *,
+    out: str | Path | None = None,
+    fmt: str = "csv",
+    hop_frames: int | None = None,
+    chunk_frames: int = 64,
+    decoder: str = "auto",
+    overwrite: bool = False,
+    latent_name: str | None = None,
+    allowed_roots: tuple = (),
+    progress: bool = True,
+) -> PredictReport:
+    """Score every frame of every video under ``source`` with a clip model (see the module docs).
+
+    Args:
+        source: A video, a folder of videos or a DeepEthogram project.
+        predictor: The model (:func:`~gpufeed.predict.load_predictor`).
+        out: Output folder (``None``: beside each video).
+        fmt: ``csv`` or ``hdf5`` (DeepEthogram's output layout).
+        hop_frames: Frames between window starts (default 1).
+        chunk_frames: Frames the reader decodes per step.
+        decoder: ``auto``, ``dali`` or ``pyav``, as ``video.decoder``.
+        overwrite: Score videos whose output is already there too.
+        latent_name: The HDF5 group (default: the model's architecture name).
+        allowed_roots: Folders outside a DeepEthogram project its records may name.
+        progress: Show the progress display.
+
+    Returns:
+        The :class:`PredictReport`; failures are in it, not raised.
+
+    Raises:
+        DatasetError: ``source`` holds no video, or is not there.
+        ValueError: ``fmt``, ``hop_frames`` or the model's kind is not allowed.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r} is not allowed; allowed: {', '.join(FORMATS)}")
+    plan = window_plan(predictor, hop_frames)
+    started = time.perf_counter()
+    targets = find_videos(source, out, allowed_roots)
+    group = _group_name(predictor, latent_name)
+    report = PredictReport()
+    todo: list[tuple[Target, Path]] = []
+    for target in targets:
+        path = output_path(target, fmt)
+        if not overwrite and target.problem is None and is_done(path, fmt, group):
+            report.results.append(VideoResult(target.name, "skipped", path))
+            continue
+        todo.append((target, path))
+    # Every video's facts (frames for the progress total): demuxed on threads, cached beside the data
+    # as the training index caches them, so a resumed run over hundreds of hours does not demux again.
+    probe = [t for t, _ in todo if t.problem is None]
+    root = Path(source) if Path(source).is_dir() else Path(source).parent
+    probed = dict(zip((t.name for t in probe), index_videos(root, [str(t.path) for t in probe]), strict=True))
+    infos = [probed.get(t.name) or VideoInfo(str(t.path), problem=t.problem) for t, _ in todo]
+    total = sum(info.num_frames for info in infos if not info.problem)
+    bar = progress_bar(total=total, desc="predict", unit="frame", disable=not progress, leave=True)
+    try:
+        for (target, path), info in zip(todo, infos, strict=True):
+            report.results.append(
+                _score_one(target, path, info, predictor, plan, fmt, group, chunk_frames, decoder, bar)
+            )
+    finally:
+        bar.close()
+    order = {t.name: i for i, t in enumerate(targets)}
+    report.results.sort(key=lambda r: order[r.name])
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _score_one(
+    target: Target,
+    path: Path,
+    info: VideoInfo,
+    predictor: Predictor,
+    plan: WindowPlan,
+    fmt: str,
+    group: str,
+    chunk_frames: int,
+    decoder: str,
+    bar,
+) -> VideoResult:
+    """One video, start to end; any failure becomes its result's one-line error."""
+    started = time.perf_counter()
+    if info.problem:
+        error = info.problem if target.problem else f"{target.name}: {info.problem}"
+        log.error("predict: %s", error)
+        return VideoResult(target.name, "failed", path, error=error)
+    bar.set_postfix_str(target.name[-60:], refresh=False)
+    frames = windows = 0
+    try:
+        reader = VideoFrameReader(
+            info,
+            size_px=predictor.spec.size_px,
+            fit=predictor.sampling.fit,
+            chunk_frames=chunk_frames,
+            device=predictor.device,
+            decoder=decoder,
+        )
+        chunks = prefetch(read_in_order(reader, target.name))
+        blocks = score_frames(
+            chunks, info.num_frames, plan, predictor.logits, predictor.class_scores, predictor.batch_size
+        )
+        if fmt == "csv":
+            sink_context = csv_sink(path, predictor.labels, info.num_frames)
+        else:
+            attrs = {"source": "gpufeed predict", "model": str(predictor.source), "hop_frames": plan.hop_frames}
+            sink_context = h5_sink(path, group, predictor.labels, info.num_frames, attrs)
+        with sink_context as sink:
+            for block in blocks:
+                sink.write(block.first_frame, block.probabilities, block.logits)
+                frames += len(block)
+                bar.update(len(block))
+        windows = plan.window_count(info.num_frames)
+    except (DatasetError, RuntimeError, ValueError, OSError) as err:
+        error = str(err) if isinstance(err, DatasetError) else f"{target.name}: {first_line(str(err))}"
+        log.error("predict: %s", error)
+        bar.update(info.num_frames - frames)  # its frames are accounted for: the bar still ends at its total
+        return VideoResult(target.name, "failed", path, error=error, seconds=time.perf_counter() - started)
+    return VideoResult(target.name, "scored", path, frames, windows, time.perf_counter() - started)

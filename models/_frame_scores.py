@@ -1,0 +1,380 @@
+"""Per-frame class probabilities from a clip model: windows over a video's frames, and the rule that joins them.
+
+The one scoring path of ``gpufeed predict`` and of the server's video input: frames arrive in
+order (the sequential reader's chunks), windows of the model's clip are cut from them and scored in
+batches by whatever runs the model, and each frame gets its probabilities as soon as no later window
+can cover it. Nothing here knows where the frames come from or where the model runs; the tests hold
+it exactly on tagged videos with a model that reads the tags.
+
+**Windows** (:class:`WindowPlan`). A window starting at frame ``s`` holds the model's
+``clip_length_frames`` frames ``s, s + d, ..., s + (T - 1) * d`` (``d``: ``stride_frames``, the
+gap the model was trained with, ``video.stride_frames``) and *covers* the ``span = (T - 1) * d + 1``
+frames from ``s`` to its last. Windows start every ``hop_frames`` (1: a window at every frame),
+and one more is aligned to the video's end when the hop does not land there, so every frame is
+covered; ``hop_frames`` may not exceed the span (frames between windows would be covered by none).
+A video shorter than one span is one window at frame 0 whose frames past the end repeat the last
+frame.
+
+**The rule.** Frame ``i``'s probabilities are the **mean of the probabilities of every window that
+covers it** (the head's sigmoid or softmax of each window's logits; means in float64, stored as
+float32); its logits likewise. Why the mean over covering windows rather than the window centred on
+each frame: the first and last ``span // 2`` frames have no centred window without inventing
+frames, and the mean gives them real windows; with ``hop_frames`` 1 and an odd span, the windows
+covering frame ``i`` are centred on frames ``i - span // 2 .. i + span // 2`` in equal number
+(away from the ends), so the mean is centred on ``i`` too: a box smoothing of width ``span`` of the
+centred predictions a model trained on centre-frame labels makes; a larger hop trades that
+smoothing for fewer windows (``hop_frames = span``: each frame in one window, ``span`` times fewer).
+
+**Streaming.** :class:`WindowScorer` keeps only the frames the next windows need and the sums of the
+frames not yet final, so memory is bounded by ``span + batch_windows * hop_frames`` frames and
+whatever a chunk holds, whatever the video's length. :func:`score_frames` runs the whole loop for
+a scoring callable (``predict`` calls it with its model runner, the server with a callable that
+queues the windows on the model's batcher).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["FrameScores", "WindowBatch", "WindowPlan", "WindowScorer", "score_frames"]
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """Where windows start in a video and which frames each reads (see the module docs).
+
+    Attributes:
+        clip_length_frames: Frames per window (the model's ``T``).
+        stride_frames: Gap between a window's consecutive frames.
+        hop_frames: Distance between consecutive window starts; at most :attr:`span_frames`.
+    """
+
+    clip_length_frames: int
+    stride_frames: int = 1
+    hop_frames: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("clip_length_frames", "stride_frames", "hop_frames"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} {value!r} must be an integer >= 1")
+        if self.hop_frames > self.span_frames:
+            raise ValueError(
+                f"hop_frames {self.hop_frames} leaves frames no window covers: it must be 1..{self.span_frames} "
+                f"(a window of {self.clip_length_frames} frames, {self.stride_frames} apart, covers "
+                f"{self.span_frames})"
+            )
+
+    @property
+    def span_frames(self) -> int:
+        """Frames from a window's first frame to its last, inclusive: the frames it covers."""
+        return (self.clip_length_frames - 1) * self.stride_frames + 1
+
+    def window_count(self, num_frames: int) -> int:
+        """Windows in a video of ``num_frames``: one every ``hop_frames``, plus one ending at the last frame."""
+        if num_frames < 1:
+            raise ValueError(f"a video of {num_frames} frames has no window")
+        last = max(0, num_frames - self.span_frames)
+        return last // self.hop_frames + 1 + (1 if last % self.hop_frames else 0)
+
+    def start_of(self, window: int, num_frames: int) -> int:
+        """First frame of window ``window`` (0-based) of a video of ``num_frames``."""
+        return min(window * self.hop_frames, max(0, num_frames - self.span_frames))
+
+    def starts(self, num_frames: int) -> np.ndarray:
+        """Every window's start, ascending (:meth:`window_count` of them; for small videos and tests)."""
+        count = self.window_count(num_frames)
+        return np.minimum(np.arange(count, dtype=np.int64) * self.hop_frames, max(0, num_frames - self.span_frames))
+
+    def frames_of(self, start: int, num_frames: int) -> np.ndarray:
+        """The frame indices window ``start`` reads (past the end: the last frame again)."""
+        frames = start + np.arange(self.clip_length_frames, dtype=np.int64) * self.stride_frames
+        return np.minimum(frames, num_frames - 1)
+
+    def covered_end(self, start: int, num_frames: int) -> int:
+        """One past the last frame window ``start`` covers."""
+        return min(start + self.span_frames, num_frames)
+
+    def coverage(self, num_frames: int) -> np.ndarray:
+        """How many windows cover each frame (every entry >= 1)."""
+        counts = np.zeros(num_frames + 1, dtype=np.int64)
+        starts = self.starts(num_frames)
+        np.add.at(counts, starts, 1)
+        np.add.at(counts, np.minimum(starts + self.span_frames, num_frames), -1)
+        return np.cumsum(counts)[:num_frames]
+
+
+@dataclass(frozen=True)
+class WindowBatch:
+    """Windows ready to score, in start order.
+
+    Attributes:
+        number: Position of this batch in the video (0, 1, ...): scores go back in this order.
+        starts: (N,) int64 first frame of each window.
+        clips: (N, 3, T, H, W) uint8, contiguous, on the frames' device.
+    """
+
+    number: int
+    starts: np.ndarray
+    clips: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+
+@dataclass(frozen=True)
+class FrameScores:
+    """Consecutive frames whose windows are all scored: their final probabilities.
+
+    Attributes:
+        first_frame: Index of the first frame here.
+        probabilities: (F, C) float32, the mean over covering windows.
+        logits: (F, C) float32, likewise.
+        window_starts, window_probabilities: The windows scored since the previous block (when the
+            scorer keeps them): (W,) int64 and (W, C) float32.
+    """
+
+    first_frame: int
+    probabilities: np.ndarray
+    logits: np.ndarray
+    window_starts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    window_probabilities: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.probabilities)
+
+
+class WindowScorer:
+    """Cut windows from frames as they arrive and join the windows' scores into per-frame ones.
+
+    Feed frames in order with :meth:`add_frames` (it returns the batches now complete), then
+    :meth:`finish` (the last, partial batch); hand each batch's logits back, in batch order, to
+    :meth:`add_scores`, which returns the frames that became final. See the module docs.
+
+    Args:
+        plan: The windows.
+        num_frames: Frames in the video (the last window is aligned to its end).
+        batch_windows: Windows per batch.
+        class_scores: Logits (N, C) float32 -> probabilities (the head's ``class_scores``).
+        keep_windows: Also return each window's probabilities.
+    """
+
+    def __init__(
+        self,
+        plan: WindowPlan,
+        num_frames: int,
+        batch_windows: int,
+        class_scores: Callable[[np.ndarray], np.ndarray],
+        keep_windows: bool = False,
+    ) -> None:
+        if batch_windows < 1:
+            raise ValueError(f"batch_windows {batch_windows} must be >= 1")
+        self.plan, self.num_frames, self.batch_windows = plan, num_frames, batch_windows
+        self.class_scores, self.keep_windows = class_scores, keep_windows
+        self.windows = plan.window_count(num_frames)  # starts are computed, never listed: O(1) memory
+        self._frames: torch.Tensor | None = None  # frames [self._base, self._have)
+        self._base = self._have = 0
+        self._next_window = 0  # first window not yet put in a batch
+        self._batches_made = self._batches_scored = 0
+        self._batch_ends: dict[int, int] = {}  # per batch not yet scored: one past its last window
+        self._sums: np.ndarray | None = None  # float64 (F, 2, C): probabilities and logits of frames [_final, ...)
+        self._counts = np.zeros(0, dtype=np.int64)
+        self._final = 0  # frames before this are returned
+        self.windows_scored = 0
+
+    @property
+    def frames_held(self) -> int:
+        """Frames kept for windows not yet cut (the memory bound's frame count)."""
+        return self._have - self._base
+
+    def _start(self, window: int) -> int:
+        return self.plan.start_of(window, self.num_frames)
+
+    def _last_frame(self, window: int) -> int:
+        return int(self.plan.frames_of(self._start(window), self.num_frames)[-1])
+
+    def add_frames(self, frames: torch.Tensor, first_frame: int | None = None) -> list[WindowBatch]:
+        """Add the next frames, (C, 3, H, W) uint8; returns the batches of windows now complete.
+
+        Raises:
+            ValueError: ``first_frame`` is not the next frame expected (frames out of order), or
+                more frames arrive than the video has.
+        """
+        if first_frame is not None and first_frame != self._have:
+            raise ValueError(f"frames arrived from frame {first_frame}; frame {self._have} was expected next")
+        if self._have + len(frames) > self.num_frames:
+            raise ValueError(f"{self._have + len(frames)} frames arrived for a video of {self.num_frames}")
+        # Always a copy: a reader may reuse its chunk's memory for the next chunk.
+        if self._frames is None:
+            self._frames, self._base = frames.clone(), self._have
+        else:
+            self._frames = torch.cat([self._frames, frames])
+        self._have += len(frames)
+        return self._cut(final=False)
+
+    def finish(self) -> list[WindowBatch]:
+        """The remaining windows (the last batch may be short) once every frame has arrived.
+
+        Raises:
+            ValueError: Fewer frames arrived than the video has.
+        """
+        if self._have != self.num_frames:
+            raise ValueError(f"the video ended after {self._have} frames; {self.num_frames} were expected")
+        return self._cut(final=True)
+
+    def _cut(self, final: bool) -> list[WindowBatch]:
+        batches = []
+        total = self.windows
+        while self._next_window < total:
+            ready = self._next_window
+            while (
+                ready < total
+                and ready - self._next_window < self.batch_windows
+                and self._last_frame(ready) < self._have
+            ):
+                ready += 1
+            count = ready - self._next_window
+            if count == 0 or (count < self.batch_windows and not final and ready < total):
+                break
+            batches.append(self._batch(self._next_window, ready))
+            self._next_window = ready
+        if self._next_window < total:  # keep the frames from the next window's first on
+            self._drop_before(self._start(self._next_window))
+        else:
+            self._drop_before(self._have)
+        return batches
+
+    def _batch(self, first: int, end: int) -> WindowBatch:
+        assert self._frames is not None
+        starts = np.array([self._start(k) for k in range(first, end)], dtype=np.int64)
+        index = np.stack([self.plan.frames_of(int(s), self.num_frames) for s in starts]) - self._base
+        gather = torch.from_numpy(index.reshape(-1)).to(self._frames.device)
+        frames = self._frames.index_select(0, gather)  # (N * T, 3, H, W)
+        n, t = index.shape
+        clips = frames.view(n, t, *frames.shape[1:]).permute(0, 2, 1, 3, 4).contiguous()
+        batch = WindowBatch(self._batches_made, starts, clips)
+        self._batches_made += 1
+        self._batch_ends[batch.number] = end
+        return batch
+
+    def _drop_before(self, frame: int) -> None:
+        frame = min(frame, self._have)
+        if frame <= self._base:
+            return
+        if self._frames is not None:
+            keep = self._frames[frame - self._base :]
+            self._frames = keep.clone() if len(keep) else None  # a copy: the older frames' memory goes
+        self._base = frame
+
+    def add_scores(self, batch: WindowBatch, logits: np.ndarray) -> FrameScores | None:
+        """Join one batch's logits (N, C) into the frames; the frames now final, or ``None``.
+
+        Raises:
+            ValueError: A batch out of order, or logits of another shape.
+        """
+        if batch.number != self._batches_scored:
+            raise ValueError(f"scores of batch {batch.number} arrived; batch {self._batches_scored} was expected")
+        logits = np.asarray(logits, dtype=np.float32)
+        if logits.ndim != 2 or len(logits) != len(batch):
+            raise ValueError(f"{len(batch)} windows got logits of shape {tuple(logits.shape)}; expected (N, classes)")
+        probabilities = np.asarray(self.class_scores(logits), dtype=np.float32)
+        end = self.plan.covered_end(int(batch.starts[-1]), self.num_frames)
+        self._grow(end, logits.shape[1])
+        assert self._sums is not None
+        both = np.stack([probabilities, logits], axis=1).astype(np.float64)  # (N, 2, C)
+        for start, row in zip(batch.starts, both, strict=True):
+            lo, hi = int(start) - self._final, self.plan.covered_end(int(start), self.num_frames) - self._final
+            self._sums[lo:hi] += row
+            self._counts[lo:hi] += 1
+        self._batches_scored += 1
+        self.windows_scored += len(batch)
+        ended = self._batch_ends.pop(batch.number)
+        # Frames before the next window's start are covered by no window still to come.
+        done_until = self.num_frames if ended >= self.windows else self._start(ended)
+        return self._emit(done_until, batch.starts, probabilities)
+
+    def _grow(self, end: int, classes: int) -> None:
+        rows = end - self._final
+        if self._sums is None:
+            self._sums = np.zeros((rows, 2, classes), dtype=np.float64)
+            self._counts = np.zeros(rows, dtype=np.int64)
+        elif rows > len(self._sums):
+            extra = rows - len(self._sums)
+            self._sums = np.concatenate([self._sums, np.zeros((extra, 2, classes), dtype=np.float64)])
+            self._counts = np.concatenate([self._counts, np.zeros(extra, dtype=np.int64)])
+
+    def _emit(self, until: int, starts: np.ndarray, probabilities: np.ndarray) -> FrameScores | None:
+        assert self._sums is not None
+        count = until - self._final
+        windows = probabilities if self.keep_windows else None
+        if count <= 0:
+            if not self.keep_windows:
+                return None
+            empty = np.zeros((0, probabilities.shape[1]), dtype=np.float32)
+            return FrameScores(self._final, empty, empty, starts.copy(), windows)
+        if (self._counts[:count] == 0).any():  # cannot happen for a valid plan: say so rather than divide by 0
+            raise RuntimeError(f"frame {self._final + int(np.argmin(self._counts[:count]))} has no window")
+        means = (self._sums[:count] / self._counts[:count, None, None]).astype(np.float32)
+        block = FrameScores(
+            self._final,
+            np.ascontiguousarray(means[:, 0]),
+            np.ascontiguousarray(means[:, 1]),
+            starts.copy() if self.keep_windows else np.zeros(0, dtype=np.int64),
+            windows,
+        )
+        self._sums, self._counts = self._sums[count:].copy(), self._counts[count:].copy()
+        self._final = until
+        return block
+
+    @property
+    def done(self) -> bool:
+        """Every frame is final."""
+        return self._final == self.num_frames
+
+
+def score_frames(
+    chunks: Iterable[Any],
+    num_frames: int,
+    plan: WindowPlan,
+    score: Callable[[torch.Tensor], np.ndarray],
+    class_scores: Callable[[np.ndarray], np.ndarray],
+    batch_windows: int,
+    keep_windows: bool = False,
+) -> Iterator[FrameScores]:
+    """Per-frame probabilities of one video, block by block, in frame order: the scoring path.
+
+    Args:
+        chunks: The video's frames in order: objects with ``frames`` ((C, 3, H, W) uint8 tensor)
+            and ``frame_indices`` (the sequential reader's :class:`~gpufeed.pipelines.FrameChunk`).
+        num_frames: Frames in the video.
+        plan: The windows.
+        score: Clips (N, 3, T, H, W) uint8 -> logits (N, C) float32 (the model, wherever it runs).
+        class_scores: Logits -> probabilities (the head's).
+        batch_windows: Windows per call of ``score`` (the last may hold fewer).
+        keep_windows: Also give each window's probabilities (:attr:`FrameScores.window_probabilities`).
+
+    Yields:
+        :class:`FrameScores` blocks covering frames ``0 .. num_frames - 1`` once each, in order.
+
+    Raises:
+        ValueError: The chunks hold other frames than ``0 .. num_frames - 1`` in order.
+    """
+    scorer = WindowScorer(plan, num_frames, batch_windows, class_scores, keep_windows)
+
+    def scored(batches: list[WindowBatch]) -> Iterator[FrameScores]:
+        for batch in batches:
+            block = scorer.add_scores(batch, score(batch.clips))
+            if block is not None:
+                yield block
+
+    for chunk in chunks:
+        first = int(chunk.frame_indices[0]) if len(chunk.frame_indices) else None
+        yield from scored(scorer.add_frames(chunk.frames, first))
+    yield from scored(scorer.finish())
+    if not scorer.done:  # pragma: no cover - finish() scores every window
+        raise RuntimeError(f"scoring ended with frames {scorer._final}..{num_frames - 1} not final")

@@ -1,0 +1,237 @@
+"""``gpufeed predict``'s library: every frame of every video, in every storage form, written atomically, resumed.
+
+The model is tests/predicthelp.py's tag reader, so each output row is known exactly from the rule.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from predicthelp import CPU, TAG_CLASSES, expected_frames, tag_predictor
+from videohelp import encode_tagged_video, make_deepethogram_project, write_tagged_store
+
+from gpufeed.models import WindowPlan, create_model
+from gpufeed.pipelines import DatasetError
+from gpufeed.predict import Predictor, predict_images, predict_videos
+from gpufeed.predict._inputs import find_videos
+from gpufeed.predict._outputs import read_predictions_csv
+from gpufeed.synth import render_frame
+
+pytestmark = pytest.mark.timeout(300)
+
+# video id -> frames: an mp4 with B-frames at an odd size, a PNG frame folder, an HDF5 store of JPEGs.
+FRAMES = {1: 37, 2: 23, 3: 19}
+
+
+@pytest.fixture
+def videos(tmp_path) -> Path:
+    root = tmp_path / "videos"
+    encode_tagged_video(
+        root / "cam" / "mouse1.mp4", 1, FRAMES[1], width=98, height=66, options={"bf": "3", "g": "9"}, labels=False
+    )
+    write_tagged_store(root / "mouse2", 2, FRAMES[2], by="hand", labels=False)
+    write_tagged_store(root / "mouse3.h5", 3, FRAMES[3], ext=".jpg", by="hand", labels=False)
+    return root
+
+
+def _check_rows(path: Path, plan: WindowPlan, frames: int) -> None:
+    names, values = read_predictions_csv(path)
+    assert names == TAG_CLASSES
+    np.testing.assert_array_equal(values, expected_frames(plan, frames))
+
+
+def test_every_frame_of_every_storage_form(videos, tmp_path):
+    predictor = tag_predictor(FRAMES, clip_length_frames=5, batch_size=3)
+    report = predict_videos(videos, predictor, out=tmp_path / "out", progress=False)
+    assert [r.name for r in report.results] == ["mouse2", "mouse3.h5", "cam/mouse1.mp4"]
+    assert [r.status for r in report.results] == ["scored"] * 3, report.results
+    plan = WindowPlan(5)
+    _check_rows(tmp_path / "out" / "cam" / "mouse1_predictions.csv", plan, FRAMES[1])
+    _check_rows(tmp_path / "out" / "mouse2_predictions.csv", plan, FRAMES[2])
+    _check_rows(tmp_path / "out" / "mouse3_predictions.csv", plan, FRAMES[3])
+    assert report.frames == sum(FRAMES.values())
+    assert not list(videos.rglob("*_predictions.csv")), "nothing written beside the videos"
+
+
+def test_outputs_go_beside_the_videos_and_a_second_run_skips_them(videos):
+    predictor = tag_predictor(FRAMES)
+    first = predict_videos(videos, predictor, hop_frames=2, progress=False)
+    assert [r.status for r in first.results] == ["scored"] * 3
+    seen = len(predictor._module.windows_seen)
+    assert (videos / "cam" / "mouse1_predictions.csv").is_file() and (videos / "mouse2_predictions.csv").is_file()
+    again = predict_videos(videos, predictor, hop_frames=2, progress=False)
+    assert [r.status for r in again.results] == ["skipped"] * 3
+    assert len(predictor._module.windows_seen) == seen, "a skipped video is not read"
+    (videos / "mouse2_predictions.csv").unlink()
+    third = predict_videos(videos, predictor, hop_frames=2, progress=False)
+    assert {r.name: r.status for r in third.results} == {
+        "mouse2": "scored",
+        "mouse3.h5": "skipped",
+        "cam/mouse1.mp4": "skipped",
+    }
+    _check_rows(videos / "mouse2_predictions.csv", WindowPlan(5, 1, 2), FRAMES[2])
+
+
+def test_a_video_stopped_mid_way_leaves_no_output_and_is_scored_next_time(videos, tmp_path):
+    out = tmp_path / "out"
+    broken = tag_predictor(FRAMES, batch_size=2, fail_after=10)
+    report = predict_videos(videos / "cam", broken, out=out, progress=False)
+    (result,) = report.results
+    assert result.status == "failed" and "the model broke down mid-video" in result.error
+    assert result.error.startswith("mouse1.mp4: ") and "\n" not in result.error
+    assert not list(out.rglob("*")) or not [p for p in out.rglob("*") if p.is_file()], "no output, no temporary file"
+    # A crash that left its hidden temporary file behind: the video is still not done.
+    out.mkdir(exist_ok=True)
+    (out / ".mouse1_predictions.csv.tmp-99999").write_text("frame,background\n0,0.5\n")
+    fixed = predict_videos(videos / "cam", tag_predictor(FRAMES), out=out, progress=False)
+    assert [r.status for r in fixed.results] == ["scored"]
+    _check_rows(out / "mouse1_predictions.csv", WindowPlan(5), FRAMES[1])
+
+
+def test_a_video_that_cannot_be_read_is_named_and_the_others_are_scored(videos, tmp_path):
+    (videos / "broken.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 100)
+    store = videos / "mouse2"
+    frame = store / "000000011.png"
+    frame.write_bytes(frame.read_bytes()[:60] + b"\0" * 200)  # a damaged frame in the middle of a store
+    report = predict_videos(videos, tag_predictor(FRAMES), out=tmp_path / "out", progress=False)
+    by_name = {r.name: r for r in report.results}
+    assert by_name["broken.mp4"].status == "failed" and by_name["broken.mp4"].error.startswith("broken.mp4: ")
+    assert by_name["mouse2"].status == "failed"
+    assert (
+        "mouse2: decoding stopped" in by_name["mouse2"].error and "000000011.png is damaged" in by_name["mouse2"].error
+    )
+    assert all("\n" not in r.error for r in report.failed)
+    assert by_name["cam/mouse1.mp4"].status == by_name["mouse3.h5"].status == "scored"
+    assert not (tmp_path / "out" / "mouse2_predictions.csv").exists()
+    _check_rows(tmp_path / "out" / "mouse3_predictions.csv", WindowPlan(5), FRAMES[3])
+
+
+def test_a_deepethogram_project_gets_its_outputs_in_each_record(tmp_path):
+    project = make_deepethogram_project(tmp_path / "proj", "mp4", (21, 30))
+    record = project / "DATA" / "mouse01"
+    # DeepEthogram's own output file for that record, with a feature extractor's group: kept.
+    with h5py.File(record / "mouse01_outputs.h5", "w") as handle:
+        handle.create_group("resnet18").create_dataset("P", data=np.zeros((30, 5), np.float32))
+    predictor = tag_predictor({0: 21, 1: 30}, clip_length_frames=4)
+    report = predict_videos(project, predictor, fmt="hdf5", progress=False)
+    assert [r.name for r in report.results] == ["record mouse00 (mouse00.mp4)", "record mouse01 (mouse01.mp4)"]
+    assert [r.status for r in report.results] == ["scored", "scored"]
+    for key, frames in (("mouse00", 21), ("mouse01", 30)):
+        with h5py.File(project / "DATA" / key / f"{key}_outputs.h5", "r") as handle:
+            group = handle["r3d_small"]  # the model's architecture is the latent name
+            np.testing.assert_array_equal(group["P"][:], expected_frames(WindowPlan(4), frames))
+            assert group["P"].dtype == np.float32 and group["logits"].shape == (frames, 3)
+            assert [n.decode() for n in group["class_names"][:]] == list(TAG_CLASSES)
+            np.testing.assert_array_equal(group["thresholds"][:], np.full(3, 0.5, np.float32))
+            if key == "mouse01":
+                assert "resnet18" in handle, "DeepEthogram's own group stays"
+    again = predict_videos(project, predictor, fmt="hdf5", progress=False)
+    assert [r.status for r in again.results] == ["skipped", "skipped"]
+
+
+def test_a_project_record_naming_a_file_outside_is_named_and_the_others_are_scored(tmp_path):
+    project = make_deepethogram_project(tmp_path / "proj", "mp4", (21, 12))
+    record = project / "DATA" / "mouse01" / "record.yaml"
+    record.write_text(record.read_text().replace("default: mouse01.mp4", "default: ../../../secret.mp4"))
+    report = predict_videos(project, tag_predictor({0: 21, 1: 12}, clip_length_frames=4), progress=False)
+    assert [r.status for r in report.results] == ["scored", "failed"]
+    assert "record mouse01" in report.failed[0].error and "'..' steps lead outside" in report.failed[0].error
+
+
+def test_sources_that_hold_no_video_are_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match=r"no videos .* in .*empty"):
+        find_videos(tmp_path / "empty")
+    with pytest.raises(DatasetError, match=r"missing does not exist"):
+        find_videos(tmp_path / "missing")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(DatasetError, match=r"notes\.txt is not a video"):
+        find_videos(tmp_path / "notes.txt")
+
+
+def test_own_hdf5_outputs_are_not_taken_for_videos(videos, tmp_path):
+    predict_videos(videos, tag_predictor(FRAMES), fmt="hdf5", progress=False)
+    assert (videos / "mouse3_outputs.h5").is_file()
+    assert [t.name for t in find_videos(videos)] == ["mouse2", "mouse3.h5", "cam/mouse1.mp4"]
+
+
+def test_an_image_model_writes_one_row_per_image(tmp_path):
+    from gpufeed.synth._photos import encode_image
+
+    folder = tmp_path / "images"
+    (folder / "sub").mkdir(parents=True)
+    pixels = {}
+    for i, name in enumerate(["a.jpg", "sub/b.png", "c.jpeg"]):
+        rgb = render_frame(i, 0, np.zeros(5, np.uint8), 80 + 10 * i, 60)
+        pixels[name] = rgb
+        (folder / name).write_bytes(encode_image(rgb, "PNG" if name.endswith(".png") else "JPEG"))
+    (folder / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    torch.manual_seed(0)
+    model = create_model("smallcnn", num_classes=4, size_px=48, labels=("w", "x", "y", "z")).eval()
+    from gpufeed.models._clip_sampling import ClipSampling
+
+    predictor = Predictor(Path("m"), "checkpoint", model.spec, model.spec.labels, ClipSampling(), 2, CPU, _module=model)
+    report = predict_images(folder, predictor, progress=False)
+    assert {r.name: r.status for r in report.results} == {
+        "a.jpg": "scored",
+        "bad.jpg": "failed",
+        "c.jpeg": "scored",
+        "sub/b.png": "scored",
+    }
+    assert report.failed[0].error.startswith("bad.jpg")
+    lines = (folder / "predictions.csv").read_text().splitlines()
+    assert lines[0] == "image,w,x,y,z"
+    assert [line.split(",")[0] for line in lines[1:]] == ["a.jpg", "c.jpeg", "sub/b.png"]
+    values = np.array([[float(v) for v in line.split(",")[1:]] for line in lines[1:]])
+    np.testing.assert_allclose(values.sum(1), 1.0, atol=1e-6)
+
+
+def test_the_rule_needs_a_clip_model():
+    model = create_model("smallcnn", num_classes=2, size_px=32)
+    from gpufeed.models._clip_sampling import ClipSampling
+    from gpufeed.predict._run import window_plan
+
+    predictor = Predictor(Path("m"), "checkpoint", model.spec, ("a", "b"), ClipSampling(), 2, CPU, _module=model)
+    with pytest.raises(ValueError, match="smallcnn is a classification model; windows are for clip models"):
+        window_plan(predictor, None)
+
+
+def test_a_checkpoint_keeps_its_training_sampling(tmp_path):
+    """The frame gap and fit come from the checkpoint's training config (and export writes them to the card)."""
+    from gpufeed.models import checkpoint_path, export_model, model_state, read_model_card
+    from gpufeed.predict import load_predictor
+
+    model = create_model("r3d_small", num_classes=3, size_px=32, clip_length_frames=4)
+    path = checkpoint_path(tmp_path / "run", 1)
+    path.parent.mkdir(parents=True)
+    config = {"video": {"stride_frames": 2, "fit": "centre_crop"}}
+    torch.save({**model_state(model), "step": 1, "config": config}, path)
+    loaded = load_predictor(tmp_path / "run", CPU)
+    assert (loaded.sampling.stride_frames, loaded.sampling.fit) == (2, "centre_crop")
+    export_model(path, tmp_path / "exported", batch_size=2)
+    assert read_model_card(tmp_path / "exported").extra["clip_sampling"] == {"stride_frames": 2, "fit": "centre_crop"}
+    exported = load_predictor(tmp_path / "exported", CPU)
+    assert (exported.sampling.stride_frames, exported.sampling.fit) == (2, "centre_crop")
+    clips = torch.randint(0, 256, (3, 3, 4, 32, 32), dtype=torch.uint8)
+    with torch.no_grad():
+        want = model.eval()(clips).numpy()
+    np.testing.assert_allclose(loaded.logits(clips), want, atol=1e-6)
+    np.testing.assert_allclose(exported.logits(clips), want, atol=1e-4)
+    shutil.rmtree(tmp_path / "exported")
+
+
+def test_a_camera_like_video_of_an_odd_size(tmp_path):
+    """97 x 61 (odd both ways, so 4:4:4), B-frames, short irregular GOPs, a variable frame rate: every frame exact."""
+    path = tmp_path / "odd" / "camera.mp4"
+    options = {"bf": "3", "g": "13", "keyint_min": "3", "sc_threshold": "40", "crf": "12"}
+    encode_tagged_video(
+        path, 5, 40, width=97, height=61, pix_fmt="yuv444p", options=options, durations_ms=(33, 34, 41), labels=False
+    )
+    report = predict_videos(path, tag_predictor({5: 40}, clip_length_frames=4), out=tmp_path / "out", progress=False)
+    assert [r.status for r in report.results] == ["scored"], report.results
+    _check_rows(tmp_path / "out" / "camera_predictions.csv", WindowPlan(4), 40)
