@@ -16,12 +16,16 @@ import numpy as np
 import pytest
 import torch
 
+from gpufeed._storage import member_ref, split_member
 from gpufeed.cli import main
 from gpufeed.config import ImagePipelineConfig, LoaderConfig, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ClipLoader, DatasetError, ImageDataset, ImageLoader, VideoDataset
+from gpufeed.pipelines._frame_stores import probe_store
 from gpufeed.pipelines._prepare_shards import write_clip_shards, write_image_shards
+from gpufeed.pipelines._prepare_stores import store_choices
 from gpufeed.pipelines._shards import read_manifest, tar_members
+from gpufeed.pipelines._store_kinds import ShardStore, frame_store, store_kind
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -227,3 +231,22 @@ def test_clip_shards_resumed_on_another_world_size_read_each_clip_once(clip_shar
     dataset = VideoDataset.from_folder(out)
     read = _resume_across(_clip_loader, dataset, old, new, stop)
     assert sorted(read) == list(range(len(dataset))) and set(read.values()) == {1}
+
+
+def test_a_clip_in_a_shard_is_a_frame_store_kind_probed_from_its_span(clip_shards):
+    _, out, _ = clip_shards
+    shards = VideoDataset.from_folder(out)
+    for info in shards.infos:
+        assert store_kind(info.path) == info.store and isinstance(frame_store(info.store), ShardStore)
+        facts = probe_store(info.path)  # one ranged read of the span: what the manifest says
+        assert facts.problem is None, facts.problem
+        assert (facts.codec, facts.width, facts.height, facts.num_frames, facts.frame_name) == (
+            info.codec,
+            info.width,
+            info.height,
+            info.num_frames,
+            info.frame_name,
+        )
+    tar, offset, size, _key = split_member(shards.infos[0].path)
+    assert "without a gap" in probe_store(member_ref(tar, offset, size, "99999999")).problem
+    assert "shard" not in store_choices(), "prepare --shards writes shards, not prepare --store"
