@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from gpufeed._object_path import ObjectPath
 from gpufeed._schema import ConfigError, check_ranges, option
 from gpufeed._size import SizePx, parse_size_px, size_px_value
 from gpufeed._text import quoted
@@ -31,8 +32,10 @@ class DatasetConfig:
     into the classes (``classes.txt`` beside the list file, else ``data.classes``).
     """
 
-    root: Path | None = option(None, doc="folder with one sub-folder of images per class")
-    list_file: Path | None = option(None, doc="text file of 'path label' lines")
+    root: Path | ObjectPath | None = option(
+        None, doc="folder with one sub-folder of images per class (or s3://bucket/prefix, or a shard folder)"
+    )
+    list_file: Path | ObjectPath | None = option(None, doc="text file of 'path label' lines (or s3://bucket/key)")
 
     def __post_init__(self) -> None:
         if (self.root is None) == (self.list_file is None):
@@ -55,7 +58,7 @@ class DataConfig:
         doc="an image whose header declares more pixels (width x height) is a bad file, refused before any "
         "decoding (decompression bombs); the same default as serve.max_image_pixels",
     )
-    allowed_roots: tuple[Path, ...] = option(
+    allowed_roots: tuple[Path | ObjectPath, ...] = option(
         (),
         doc="folders outside a DeepEthogram project (or a paired list file's folder) that its records (or "
         "lines) may name; without them every named file must resolve inside, symbolic links included",
@@ -173,9 +176,11 @@ class VideoConfig:
     Training draws a random start per clip slot and epoch; evaluation reads every clip in order.
     """
 
-    train: Path | None = option(None, doc="folder of training videos with their label CSVs")
-    val: Path | None = option(None, doc="folder of evaluation videos with their label CSVs")
-    deepethogram: Path | None = option(
+    train: Path | ObjectPath | None = option(
+        None, doc="folder of training videos with their label CSVs (or s3://bucket/prefix, or a shard folder)"
+    )
+    val: Path | ObjectPath | None = option(None, doc="folder of evaluation videos with their label CSVs (or s3://...)")
+    deepethogram: Path | ObjectPath | None = option(
         None,
         doc="a DeepEthogram project folder (project_config.yaml, DATA/<video>/record.yaml) to train on, "
         "instead of train/val",

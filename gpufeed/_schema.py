@@ -13,6 +13,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from gpufeed._object_path import ObjectPath, url_scheme
 from gpufeed._text import quoted
 
 
@@ -89,6 +90,8 @@ def _describe_type(tp: Any) -> str:
         return "mapping"
     if tp is Path:
         return "path"
+    if tp is ObjectPath:
+        return "s3:// URL"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -164,7 +167,15 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     if tp is Path:
         if not isinstance(value, (str, Path)) or str(value) == "":
             raise ConfigError(key, f"expected a path, got {quoted(value)}")
+        if isinstance(value, str) and url_scheme(value):
+            # pathlib would read s3://b/k as the folder s3:/b/k; only dataset roots take URLs.
+            raise ConfigError(key, f"expected a local path, got the URL {quoted(value)}")
         return Path(value)
+    if tp is ObjectPath:
+        try:
+            return value if isinstance(value, ObjectPath) else ObjectPath(str(value))
+        except ValueError as err:
+            raise ConfigError(key, str(err)) from None
     raise TypeError(f"unsupported config field type {tp!r} at {key}")  # a schema bug, not user input
 
 
@@ -216,7 +227,7 @@ def to_mapping(obj: Any) -> Any:
         return {f.name: to_mapping(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, tuple):
         return [to_mapping(v) for v in obj]
-    if isinstance(obj, Path):
+    if isinstance(obj, (Path, ObjectPath)):
         return str(obj)
     return obj
 

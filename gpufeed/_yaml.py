@@ -26,6 +26,9 @@ from typing import Any
 
 import yaml
 
+from gpufeed._object_path import ObjectPath
+from gpufeed._storage import data_path, open_binary
+
 __all__ = [
     "YAML_MAX_ALIASES",
     "YAML_MAX_BYTES",
@@ -159,7 +162,7 @@ def parse_yaml(
             loader.dispose()
 
 
-def read_yaml(path: str | Path, what: str, *, max_bytes: int = YAML_MAX_BYTES) -> Any:
+def read_yaml(path: str | Path | ObjectPath, what: str, *, max_bytes: int = YAML_MAX_BYTES) -> Any:
     """Read and parse the YAML file ``path`` (:func:`parse_yaml`), at most ``max_bytes`` of it.
 
     Args:
@@ -168,9 +171,9 @@ def read_yaml(path: str | Path, what: str, *, max_bytes: int = YAML_MAX_BYTES) -
     Raises:
         YamlError: One line naming ``what``, the path and what is wrong.
     """
-    path = Path(path)
+    path = data_path(path)
     try:
-        with open(path, "rb") as fh:
+        with open_binary(path) as fh:  # s3://: a ranged read of at most max_bytes + 1
             data = fh.read(max_bytes + 1)
     except OSError as err:
         raise YamlError(f"cannot read {what} {path}: {err.strerror or err}") from None

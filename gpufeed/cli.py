@@ -53,6 +53,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     # Errors caused by input (config, data, device choice) are reported in one line, no traceback.
     # Deferred: these modules load torch and the config schema (about 1 s), which only a command that
     # raised needs.
+    from gpufeed._s3 import StorageError
     from gpufeed._schema import ConfigError
     from gpufeed.models import ExportError, ModelCardError
     from gpufeed.pipelines._errors import BadSampleError, DatasetError
@@ -62,7 +63,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from gpufeed.train._errors import TrainError
 
     serving = (ExportError, ModelCardError, ModelRepoError, RuntimeSetupError, ServerStartError)
-    return (ConfigError, DatasetError, BadSampleError, DeviceUnavailableError, FileNotFoundError, TrainError, *serving)
+    data = (ConfigError, DatasetError, BadSampleError, StorageError)  # StorageError: an s3:// read, named in one line
+    return (*data, DeviceUnavailableError, FileNotFoundError, TrainError, *serving)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ import yaml
 
 from gpufeed._config_data import DataConfig, DatasetConfig, ImagePipelineConfig, LoaderConfig, VideoConfig
 from gpufeed._config_serve import ServeConfig
+from gpufeed._config_storage import StorageConfig
 from gpufeed._config_train import (
     AUGMENT_OPS,
     LOADER_AUGMENT_OPS,
@@ -46,6 +47,7 @@ __all__ = [
     "ModelConfig",
     "ServeConfig",
     "SizePx",
+    "StorageConfig",
     "TelemetryConfig",
     "TrainConfig",
     "VideoConfig",
@@ -74,6 +76,7 @@ class Config:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     video: VideoConfig = field(default_factory=VideoConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:

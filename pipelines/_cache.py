@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed._files import write_json
+from gpufeed._object_path import ObjectPath
 
 __all__ = ["index_cache_path", "read_json_cache", "usable_ids", "write_json_atomic"]
 
@@ -24,8 +25,15 @@ def _user_cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpufeed" / "index"
 
 
-def index_cache_path(data_dir: Path, name: str) -> Path:
-    """``data_dir/.gpufeed/name`` if that folder is writable, else a per-folder user cache path."""
+def index_cache_path(data_dir: Path | ObjectPath, name: str) -> Path:
+    """``data_dir/.gpufeed/name`` if that folder is writable, else a per-folder user cache path.
+
+    A bucket prefix (``s3://...``) always takes the user cache path, keyed by its URL: gpufeed
+    never writes into a dataset's bucket.
+    """
+    if isinstance(data_dir, ObjectPath):
+        digest = hashlib.sha1(str(data_dir).encode()).hexdigest()[:16]
+        return _user_cache_root() / digest / name
     beside = data_dir / CACHE_DIR_NAME
     try:
         beside.mkdir(exist_ok=True)

@@ -16,12 +16,13 @@ on a GPU, and why) or ``ignored`` (not read at all).
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gpufeed._object_path import ObjectPath
 from gpufeed._progress import progress_bar
+from gpufeed._storage import DataPath, data_path, listdir, prime_listing
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, ImageDataset
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
@@ -108,7 +109,7 @@ def check_images(dataset: ImageDataset, progress: bool = True) -> CheckReport:
     return report
 
 
-def _check_image_source(path: Path, progress: bool, max_pixels: int) -> CheckReport:
+def _check_image_source(path: DataPath, progress: bool, max_pixels: int) -> CheckReport:
     if path.is_file():
         dataset = ImageDataset.from_list(path, progress=progress, max_pixels=max_pixels)
     else:
@@ -121,11 +122,13 @@ CHECKERS: list[tuple] = []
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm")
 
 
-def _holds_videos(path: Path) -> bool:
+def _holds_videos(path: DataPath) -> bool:
     return any(p.suffix.lower() in VIDEO_EXTENSIONS for p in path.iterdir() if p.is_file())
 
 
-def check_path(path: str | Path, progress: bool = True, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> CheckReport:
+def check_path(
+    path: str | Path | ObjectPath, progress: bool = True, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> CheckReport:
     """Check whatever ``path`` holds.
 
     * an image file (``.jpg``, ``.jpeg``, ``.png``): that image alone;
@@ -140,13 +143,16 @@ def check_path(path: str | Path, progress: bool = True, max_pixels: int = DEFAUL
       with a warning naming them (:mod:`gpufeed.pipelines._split_folders`);
     * otherwise: class folders.
 
+    ``path`` may be ``s3://bucket/prefix``: the same layouts, read from object storage.
+
     Args:
         max_pixels: Images whose header declares more pixels are bad (``data.max_image_pixels``).
 
     Raises:
         DatasetError: The path does not exist or holds no data.
     """
-    path = Path(path)
+    path = data_path(path)
+    prime_listing(path)  # s3://: one listing answers the layout questions below
     if not path.exists():
         raise DatasetError(f"{path} does not exist")
     if path.is_file() and path.name.lower().endswith(IMAGE_EXTENSIONS):
@@ -181,6 +187,6 @@ def check_path(path: str | Path, progress: bool = True, max_pixels: int = DEFAUL
         for list_file in lists:
             report.merge(_check_image_source(list_file, progress, max_pixels))
         return report
-    if not any(os.scandir(path)):
+    if not listdir(path):
         raise DatasetError(f"{path} is an empty folder: nothing to check")
     return _check_image_source(path, progress, max_pixels)

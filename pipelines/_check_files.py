@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpufeed._object_path import ObjectPath
+from gpufeed._storage import DataPath, data_path, open_binary
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
 from gpufeed.pipelines._deepethogram import _load_yaml  # the project's own YAML reading (and its limits)
 from gpufeed.pipelines._errors import DatasetError
@@ -42,18 +44,18 @@ _OTHER_IMAGE_EXTENSIONS = {
 }
 
 
-def is_one_video(path: Path) -> bool:
+def is_one_video(path: DataPath) -> bool:
     """True for one video file or one frame store named directly."""
     return (path.is_file() and path.suffix.lower() in VIDEO_EXTENSIONS) or is_single_store(path)
 
 
-def _deepethogram_name(video: Path) -> Path:
+def _deepethogram_name(video: DataPath) -> DataPath:
     """DeepEthogram's label file of ``video``: ``<stem>_labels.csv`` beside it (its GUI's ``save``)."""
     stem = video.name if video.is_dir() else video.stem
     return video.with_name(f"{stem}_labels.csv")
 
 
-def _record_labels(video: Path) -> Path | None:
+def _record_labels(video: DataPath) -> DataPath | None:
     """The ``label.default`` file of the DeepEthogram record ``video`` sits in, when it names one that exists."""
     try:
         record = _load_yaml(video.parent / "record.yaml", "record")
@@ -65,13 +67,13 @@ def _record_labels(video: Path) -> Path | None:
     return found if found is not None and found.is_file() else None
 
 
-def label_file(video: str | Path) -> tuple[Path | None, str | None]:
+def label_file(video: str | Path | ObjectPath) -> tuple[DataPath | None, str | None]:
     """(the label CSV of one video or frame store named directly, or why there is none).
 
     ``<name>.csv`` beside it; in a DeepEthogram record folder (a ``record.yaml`` beside it), the
     record's ``label.default``; else DeepEthogram's ``<name>_labels.csv``.
     """
-    video = Path(video)
+    video = data_path(video)
     plain = label_path(video)
     if plain.is_file():
         return plain, None
@@ -85,7 +87,7 @@ def label_file(video: str | Path) -> tuple[Path | None, str | None]:
     return None, f"no label file: expected {plain.name} (or DeepEthogram's {deepethogram.name}) beside it"
 
 
-def check_one_video(path: Path, progress: bool = True) -> CheckReport:
+def check_one_video(path: DataPath, progress: bool = True) -> CheckReport:
     """Check one video file or frame store as a video folder checks each of its videos."""
     info = probe_video(path)
     csv, why = label_file(path)
@@ -97,10 +99,10 @@ def check_one_video(path: Path, progress: bool = True) -> CheckReport:
     return check_dataset(dataset, f"{'frame store' if info.store else 'video'} {path}", progress)
 
 
-def unsupported_image(path: Path) -> str | None:
+def unsupported_image(path: DataPath) -> str | None:
     """Why ``path`` is an image gpufeed does not read (its format by its first bytes, or its extension), or ``None``."""
     try:
-        with open(path, "rb") as fh:
+        with open_binary(path) as fh:
             head = fh.read(64)
     except OSError:
         return None
@@ -115,11 +117,11 @@ def unsupported_image(path: Path) -> str | None:
     return f"a {name} image: gpufeed reads JPEG and PNG images only; convert it to one of those"
 
 
-def _is_unsupported_image(path: Path) -> bool:
+def _is_unsupported_image(path: DataPath) -> bool:
     return path.is_file() and unsupported_image(path) is not None
 
 
-def _check_unsupported_image(path: Path, progress: bool = True) -> CheckReport:
+def _check_unsupported_image(path: DataPath, progress: bool = True) -> CheckReport:
     reason = unsupported_image(path) or "not a JPEG or PNG image"
     return CheckReport(sources=[str(path)], checked=1, findings=[Finding(str(path), reason, "image")])
 

@@ -36,6 +36,7 @@ from gpufeed.pipelines._crop_windows import RoiFeed
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._nvdec import choose_decoder
 from gpufeed.pipelines._nvdec_reader import ReaderBuild, fused_reader_resize, log_reader_budget, log_reader_build
+from gpufeed.pipelines._object_media import object_storage_reason, reader_local_paths
 from gpufeed.pipelines._pyav import PyAVClips, VideoRef, plan_read_order
 from gpufeed.pipelines._pyav_sequential import SequentialFeed
 from gpufeed.pipelines._store_kinds import frame_store
@@ -58,7 +59,8 @@ class ReaderSource(ClipSource):
         work = new_work_dir()
         started = time.perf_counter()
         try:
-            listed = write_stream_list(Path(work.name), list(job.paths), job.plan)
+            # s3://: cached copies (DALI's reader opens local files only)
+            listed = write_stream_list(Path(work.name), reader_local_paths(job.paths), job.plan)
             written = time.perf_counter()
             fused = log_reader_budget(job.infos, listed, job.batch_size, job.geometry, job.on_gpu)
             roi = None
@@ -81,7 +83,7 @@ class ReaderSource(ClipSource):
     def open_ranges(self, job: RangeJob, *, build: bool = True):
         """Consecutive ranges read with the reader: a list of ``(video, start)`` lines, one per range."""
         zeros = np.zeros(len(job.starts), dtype=np.int64)
-        listed = write_file_list(job.work, [job.info.path], zeros, job.starts, job.chunk_frames)
+        listed = write_file_list(job.work, reader_local_paths([job.info.path]), zeros, job.starts, job.chunk_frames)
         graph = ReaderInput(listed, fused_resize=fused_reader_resize(job.on_gpu)[0])
         return build_clip_pipeline(clip_input=graph, roi_feed=job.roi_feed(), build=build, **job.graph_args())
 
@@ -183,6 +185,9 @@ def choose_clip_source(
             "decode the videos and Pillow the stores' frames"
         )
         return PyAVSource(why, fell_back=on_gpu and requested == "auto")
+    remote = object_storage_reason(requested, infos, where)
+    if remote is not None:  # s3:// videos without a local cache: PyAV's ranged reads
+        return PyAVSource(remote, fell_back=on_gpu)
     choice = choose_decoder(requested, on_gpu, infos, capability)
     source = _VIDEO_SOURCES[choice.source]
     # Falling back to PyAV on a GPU costs throughput: the loader says so louder than a routine choice.

@@ -25,11 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._object_path import ObjectPath, is_object_url
 from gpufeed._progress import progress_bar
+from gpufeed._storage import DataPath, data_path, join, stat_key, walk
 from gpufeed._text import quoted
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
+from gpufeed.pipelines._shards import is_shard_dir, read_manifest
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageDataset", "parse_list_line"]
 
@@ -91,17 +94,24 @@ class ImageDataset:
     @classmethod
     def from_folder(
         cls,
-        root: str | Path,
+        root: str | Path | ObjectPath,
         classes: tuple[str, ...] | None = None,
         progress: bool = False,
         max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ):
-        """Index ``root/<class>/<image>`` (hidden files and folders are skipped)."""
-        root = Path(root)
+        """Index ``root/<class>/<image>`` (hidden files and folders are skipped); ``root`` may be ``s3://bucket/prefix``.
+
+        A shard folder (``shards.json``, written by ``gpufeed prepare --shards``) is read as its
+        manifest says (:meth:`from_shards`).
+        """
+        root = data_path(root)
+        if is_shard_dir(root):
+            return cls.from_shards(root, classes, max_pixels)
         if not root.is_dir():
             raise DatasetError(f"dataset folder {root} does not exist or is not a folder")
-        folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-        stray = sorted(str(p) for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
+        _top, subfolders, top_files = next(walk(root))
+        folders = sorted(name for name in subfolders if not name.startswith("."))
+        stray = sorted(join(root, name) for name in top_files if not name.startswith("."))
         names = tuple(classes) if classes else tuple(folders)
         paths: list[str]
         labels: list[int]
@@ -109,12 +119,12 @@ class ImageDataset:
         paths, labels, problems, ignored = [], [], {}, list(stray)
         for folder in folders:
             label = names.index(folder) if folder in names else -1
-            for dirpath, dirnames, filenames in os.walk(root / folder):
+            for dirpath, dirnames, filenames in walk(root / folder):
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
                 for name in sorted(filenames):
                     if name.startswith("."):
                         continue
-                    full = os.path.join(dirpath, name)
+                    full = join(dirpath, name)
                     if not name.lower().endswith(IMAGE_EXTENSIONS):
                         ignored.append(full)
                         continue
@@ -128,15 +138,60 @@ class ImageDataset:
         return cls._finish(root, source, paths, labels, names, problems, ignored, progress, max_pixels)
 
     @classmethod
+    def from_shards(
+        cls,
+        root: str | Path | ObjectPath,
+        classes: tuple[str, ...] | None = None,
+        max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    ) -> ImageDataset:
+        """Index a shard folder of images (:mod:`gpufeed.pipelines._shards`): its manifest's rows, in order.
+
+        Paths are the members' byte ranges (``shard-000000.tar#<offset>:<size>:<key>.jpg``); sizes,
+        orientations and labels come from the manifest, nothing is read from the tars. With
+        ``classes``, labels are mapped by class name (a class the shards hold but ``classes`` does not
+        name is a problem of its samples).
+        """
+        manifest = read_manifest(root, "images")
+        names = tuple(classes) if classes else manifest.names
+        problems: dict[int, str] = {}
+        paths, labels, sizes, orientations = [], [], [], []
+        for i, row in enumerate(manifest.rows):
+            paths.append(manifest.ref(i))
+            name = manifest.names[row["label"]] if 0 <= row["label"] < len(manifest.names) else str(row["label"])
+            label = names.index(name) if name in names else -1
+            if label < 0:
+                problems[i] = f"unknown label: class {quoted(name)} is not one of the classes {list(names)}"
+            width, height = int(row["width"]), int(row["height"])
+            if width * height > max_pixels:
+                problems[i] = (
+                    f"too many pixels: {width}x{height} is more than {MAX_PIXELS_KEY} ({max_pixels:,}); refused"
+                )
+                width = height = 0
+            labels.append(label)
+            sizes.append((width, height))
+            orientations.append(int(row["orientation"]))
+        return cls(
+            paths=tuple(paths),
+            labels=np.asarray(labels, dtype=np.int64),
+            sizes=np.asarray(sizes, dtype=np.int64).reshape(-1, 2),
+            classes=names,
+            problems=problems,
+            source=f"image shards in {manifest.root}",
+            orientations=np.asarray(orientations, dtype=np.uint8),
+            max_pixels=max_pixels,
+        )
+
+    @classmethod
     def from_list(
         cls,
-        list_file: str | Path,
+        list_file: str | Path | ObjectPath,
         classes: tuple[str, ...] | None = None,
         progress: bool = False,
         max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ):
-        """Index a list file of ``path label`` lines (grammar in the module docs)."""
-        list_file = Path(list_file)
+        """Index a list file of ``path label`` lines (grammar in the module docs); it may be ``s3://bucket/key``,
+        its relative paths then keys beside it."""
+        list_file = data_path(list_file)
         try:
             lines = list_file.read_text(encoding="utf-8").splitlines()
         except OSError as err:
@@ -160,7 +215,7 @@ class ImageDataset:
             if entry is None:
                 continue
             rel, label_text = entry
-            full = rel if os.path.isabs(rel) else str(base / rel)
+            full = rel if os.path.isabs(rel) or is_object_url(rel) else str(base / rel)
             label, why = _parse_label(label_text, classes)
             if why:
                 if " #" in line:
@@ -229,7 +284,7 @@ def _parse_label(text: str, classes: tuple[str, ...] | None) -> tuple[int, str |
     return value, None
 
 
-def index_image_facts(base: Path, stem: str, paths: list[str], progress: bool = False) -> list[ImageFacts]:
+def index_image_facts(base: DataPath, stem: str, paths: list[str], progress: bool = False) -> list[ImageFacts]:
     """:func:`read_image_facts` for every path, reusing the cache beside the data for unchanged files."""
     cache_path = index_cache_path(base, f"{stem}-index.json")
     cached = read_json_cache(cache_path) or {}
@@ -239,8 +294,7 @@ def index_image_facts(base: Path, stem: str, paths: list[str], progress: bool = 
     todo = []
     for i, path in enumerate(paths):
         try:
-            st = os.stat(path)
-            stats.append((st.st_size, st.st_mtime_ns))
+            stats.append(stat_key(path))
         except OSError:
             stats.append(None)
         hit = entries.get(path)

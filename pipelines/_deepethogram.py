@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._object_path import ObjectPath, is_object_url
+from gpufeed._storage import DataPath, data_path, prime_listing
 from gpufeed._text import quoted
 from gpufeed._yaml import YamlError, read_yaml
 from gpufeed.pipelines._containment import Roots
@@ -60,8 +62,8 @@ class ProjectRecord:
     """
 
     key: str
-    video: Path | None
-    labels: Path | None
+    video: DataPath | None
+    labels: DataPath | None
     problem: str | None = None
 
 
@@ -69,16 +71,16 @@ class ProjectRecord:
 class DeepEthogramProject:
     """A read project: its class names and records (sorted by key)."""
 
-    root: Path
+    root: DataPath
     class_names: tuple[str, ...]
     records: tuple[ProjectRecord, ...]
 
     @property
-    def data_dir(self) -> Path:
+    def data_dir(self) -> DataPath:
         return self.root / "DATA"
 
 
-def _load_yaml(path: Path, what: str) -> dict:
+def _load_yaml(path: DataPath, what: str) -> dict:
     try:
         data = read_yaml(path, what)
     except YamlError as err:
@@ -88,7 +90,9 @@ def _load_yaml(path: Path, what: str) -> dict:
     return data
 
 
-def _default_file(record: dict, folder: Path, entry: str, where: str, roots: Roots) -> tuple[Path | None, str | None]:
+def _default_file(
+    record: dict, folder: DataPath, entry: str, where: str, roots: Roots
+) -> tuple[DataPath | None, str | None]:
     """The ``default`` file of ``entry`` (``rgb``/``label``), or why there is none (a path out of ``roots`` too)."""
     value = record.get(entry)
     default = value.get("default") if isinstance(value, dict) else None
@@ -99,18 +103,20 @@ def _default_file(record: dict, folder: Path, entry: str, where: str, roots: Roo
     outside = roots.problem(default, folder)
     if outside:
         return None, f"{where}: key '{entry}.default' names {outside}"
-    path = folder / default
+    path = data_path(default) if is_object_url(default) else folder / default
     if not path.exists():
         return None, f"{where}: key '{entry}.default' names {default}, which is not in {folder}"
     return path, None
 
 
-def is_project(path: Path) -> bool:
+def is_project(path: DataPath) -> bool:
     """True for a folder holding ``project_config.yaml`` and ``DATA/`` (a DeepEthogram project)."""
     return (path / "project_config.yaml").is_file() and (path / "DATA").is_dir()
 
 
-def read_project(root: str | Path, allowed_roots: tuple[str | Path, ...] = ()) -> DeepEthogramProject:
+def read_project(
+    root: str | Path | ObjectPath, allowed_roots: tuple[str | Path | ObjectPath, ...] = ()
+) -> DeepEthogramProject:
     """Read ``project_config.yaml`` and every ``DATA/<record>/record.yaml`` (see the module docs).
 
     Args:
@@ -119,7 +125,8 @@ def read_project(root: str | Path, allowed_roots: tuple[str | Path, ...] = ()) -
     Raises:
         DatasetError: The folder is not a DeepEthogram project (no config, no ``class_names``, no ``DATA``).
     """
-    root = Path(root)
+    root = data_path(root)
+    prime_listing(root)  # s3://: the whole project listed once, not a request per record
     config_path = root / "project_config.yaml"
     if not config_path.is_file():
         raise DatasetError(f"{root} is not a DeepEthogram project: it has no project_config.yaml")
@@ -138,7 +145,7 @@ def read_project(root: str | Path, allowed_roots: tuple[str | Path, ...] = ()) -
     records = []
     for folder in sorted(p for p in data.iterdir() if p.is_dir() and not p.name.startswith(".")):
         record_path = folder / "record.yaml"
-        where = f"record {folder.name} ({record_path.relative_to(root)})"
+        where = f"record {folder.name} ({str(record_path)[len(str(root)) + 1 :]})"  # relative to the project
         if not record_path.is_file():
             records.append(ProjectRecord(folder.name, None, None, f"{where}: no record.yaml in the record's folder"))
             continue
@@ -158,7 +165,12 @@ def read_project(root: str | Path, allowed_roots: tuple[str | Path, ...] = ()) -
     return DeepEthogramProject(root, tuple(names), _without_duplicates(records, root))
 
 
-def _without_duplicates(records: list[ProjectRecord], root: Path) -> tuple[ProjectRecord, ...]:
+def _identity(path: DataPath) -> str:
+    """What two records naming one video share: the real path (links resolved), or the object's URL."""
+    return str(path) if isinstance(path, ObjectPath) else os.path.realpath(path)
+
+
+def _without_duplicates(records: list[ProjectRecord], root: DataPath) -> tuple[ProjectRecord, ...]:
     """The records, each one naming a video an earlier record names given a problem naming them all.
 
     The first record keeps its video: a video belongs to one record, so it sits in one split.
@@ -166,12 +178,16 @@ def _without_duplicates(records: list[ProjectRecord], root: Path) -> tuple[Proje
     owners: dict[str, list[str]] = {}
     for record in records:
         if record.video is not None:
-            owners.setdefault(os.path.realpath(record.video), []).append(record.key)
+            owners.setdefault(_identity(record.video), []).append(record.key)
     out = []
     for record in records:
-        keys = owners.get(os.path.realpath(record.video), []) if record.video is not None else []
+        keys = owners.get(_identity(record.video), []) if record.video is not None else []
         if record.video is not None and record.problem is None and len(keys) > 1 and keys[0] != record.key:
-            video = os.path.relpath(os.path.realpath(record.video), os.path.realpath(root))
+            video = (
+                str(record.video.relative_to(root))
+                if isinstance(record.video, ObjectPath) and isinstance(root, ObjectPath)
+                else os.path.relpath(_identity(record.video), _identity(root))
+            )
             where = f"record {record.key} ({Path('DATA', record.key, 'record.yaml')})"
             record = replace(  # no video: the record's folder stands for it, as for a missing one
                 record,
@@ -199,13 +215,13 @@ def split_records(count: int, val_fraction: float, seed: int) -> tuple[np.ndarra
 
 
 def project_dataset(
-    root: str | Path,
+    root: str | Path | ObjectPath,
     *,
     split: str,
     val_fraction: float,
     seed: int,
     progress: bool = False,
-    allowed_roots: tuple[str | Path, ...] = (),
+    allowed_roots: tuple[str | Path | ObjectPath, ...] = (),
     max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> VideoDataset:
     """The training or validation videos of a DeepEthogram project, as a :class:`VideoDataset`.
@@ -277,8 +293,8 @@ def _probe(project: DeepEthogramProject, records, paths, progress: bool) -> list
     return infos
 
 
-def videos_at(path: str | Path, *, train: bool, val_fraction: float, seed: int) -> VideoDataset:
+def videos_at(path: str | Path | ObjectPath, *, train: bool, val_fraction: float, seed: int) -> VideoDataset:
     """A folder of videos, or a DeepEthogram project's training (``train``) or validation records."""
-    if is_project(Path(path)):
+    if is_project(data_path(path)):
         return project_dataset(path, split="train" if train else "val", val_fraction=val_fraction, seed=seed)
     return VideoDataset.from_folder(path)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._object_path import ObjectPath
+from gpufeed._storage import DataPath, data_path
 from gpufeed.pipelines._frame_sizes import frame_size_problem
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, read_image_facts
 from gpufeed.pipelines._image_verify import decode_problem
@@ -30,20 +32,20 @@ __all__ = [
 ]
 
 
-def label_path(video: str | Path) -> Path:
-    """The label CSV of a video file or frame store: ``<name>.csv`` beside it."""
-    video = Path(video)
+def label_path(video: str | Path | ObjectPath) -> DataPath:
+    """The label CSV of a video file or frame store: ``<name>.csv`` beside it (in the same bucket for ``s3://``)."""
+    video = data_path(video)
     kind = store_kind(video)
     return frame_store(kind).label_path(video) if kind else video.with_suffix(".csv")
 
 
-def probe_store(path: str | Path) -> StoreFacts:
+def probe_store(path: str | Path | ObjectPath) -> StoreFacts:
     """Learn a frame store's format, size and frame count (frame 0's header only; no decoding).
 
     Problems are described, not raised: a missing frame number, a zero-byte frame, frame names of
     different widths, an HDF5 file without a ``frame`` dataset, a frame 0 that is not PNG/JPEG.
     """
-    path = Path(path)
+    path = data_path(path)
     kind = store_kind(path)
     if not kind:
         return StoreFacts(

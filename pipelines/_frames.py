@@ -81,7 +81,7 @@ class VideoFrameReader:
         decoder="auto",
         num_threads=1,
     ):
-        info = video if isinstance(video, VideoInfo) else probe_video(Path(video))
+        info = video if isinstance(video, VideoInfo) else probe_video(video)  # a path, or s3://
         if info.problem:
             raise DatasetError(f"{info.path}: {info.problem}")
         if chunk_frames < 1:

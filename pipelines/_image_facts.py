@@ -33,6 +33,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufeed._object_path import ObjectPath, is_object_url
+from gpufeed._storage import read_bytes
 from gpufeed.pipelines._image_walk import DAMAGED, UNSUPPORTED, JpegWalk, walk_png
 
 __all__ = [
@@ -154,7 +156,7 @@ class ImageFacts:
 
 
 def read_image_facts(
-    source: bytes | bytearray | memoryview | str | os.PathLike, *, header_only: bool = False
+    source: bytes | bytearray | memoryview | str | os.PathLike | ObjectPath, *, header_only: bool = False
 ) -> ImageFacts:
     """Read an image's facts from its bytes or its path, walking its structure (see the module docs).
 
@@ -169,6 +171,14 @@ def read_image_facts(
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _facts(bytes(source) if isinstance(source, memoryview) else source, header_only)
+    if isinstance(source, ObjectPath) or is_object_url(source):  # read whole, once: the index caches its facts
+        try:
+            whole = read_bytes(str(source))
+        except OSError as err:
+            return ImageFacts(problem=f"unreadable: {err.strerror or err}", problem_kind=UNREADABLE)
+        if not whole:
+            return ImageFacts(problem="empty: a zero-byte file", problem_kind=EMPTY)
+        return _facts(whole, header_only)
     path = Path(source)
     try:
         with open(path, "rb") as fh:

@@ -37,6 +37,7 @@ from gpufeed._size import SizePx, parse_size_px
 from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
 from gpufeed.pipelines._executor import executor_args
 from gpufeed.pipelines._sampler import PlanStream
+from gpufeed.pipelines._shards import ShardBytes
 from gpufeed.pipelines._windows import Windows
 
 __all__ = [
@@ -233,6 +234,8 @@ class ImageFeed:
         augment: Loader augmentation (training): its flips toggle the windows' flips and, when it
             has colour ops, each row's (3, 4) colour matrix is an eighth output.
         seed: Seeds the augmentation parameters (the crop windows' seed).
+        reader: Reads the samples' encoded bytes itself (tar shards, :class:`~gpufeed.pipelines._shards.ShardBytes`):
+            the first output is then each row's bytes, not its path, and the graph skips its file read.
     """
 
     def __init__(
@@ -243,9 +246,10 @@ class ImageFeed:
         windows: Callable[[np.ndarray, int], Windows],
         augment: LoaderAugment | None = None,
         seed: int = 0,
+        reader: ShardBytes | None = None,
     ) -> None:
         self.stream, self.paths, self.labels, self.windows = stream, paths, np.asarray(labels), windows
-        self.augment, self.seed = (augment or None), seed
+        self.augment, self.seed, self.reader = (augment or None), seed, reader
         self.iteration = 0
 
     @property
@@ -263,10 +267,10 @@ class ImageFeed:
         meta = np.stack(
             [np.full(len(ids), k), np.arange(len(ids)), ids, self.labels[ids], batch.valid.astype(np.int64)], axis=1
         ).astype(np.int64)
-        paths, lengths = self.paths.gather(ids)
+        # With a reader: the encoded bytes themselves, and no lengths output (see build_image_pipeline).
+        head = (self.reader.read(ids),) if self.reader is not None else self.paths.gather(ids)
         return (
-            paths,
-            lengths,
+            *head,
             windows.anchor.astype(np.int32),
             windows.shape.astype(np.int32),
             roi_start.astype(np.float32),
@@ -367,14 +371,21 @@ def build_image_pipeline(
     @pipeline_def(enable_conditionals=False)
     def image_graph():
         colour = [types.FLOAT] if feed.has_colour else []
-        paths, lengths, anchor, shape, roi_start, roi_end, meta, *matrix = fn.external_source(
+        # A feed with a reader hands the encoded bytes over themselves: no lengths output, no file read.
+        lengths_out = [] if feed.reader is not None else [types.INT32]
+        count = 6 + len(lengths_out)
+        outs = fn.external_source(
             source=feed,
-            num_outputs=7 + len(colour),
+            num_outputs=count + len(colour),
             batch=True,
-            dtype=[types.UINT8, types.INT32, types.INT32, types.INT32, types.FLOAT, types.FLOAT, types.INT64, *colour],
-            ndim=[1, 1, 1, 1, 1, 1, 1] + [2] * len(colour),
+            dtype=[types.UINT8, *lengths_out, types.INT32, types.INT32, types.FLOAT, types.FLOAT, types.INT64, *colour],
+            ndim=[1] * count + [2] * len(colour),
         )
-        encoded = read_encoded(paths, lengths)
+        if feed.reader is not None:
+            encoded, anchor, shape, roi_start, roi_end, meta, *matrix = outs
+        else:
+            paths, lengths, anchor, shape, roi_start, roi_end, meta, *matrix = outs
+            encoded = read_encoded(paths, lengths)
         images = decode_window(
             encoded, anchor, shape, roi_start, roi_end, size_px=size_px, on_gpu=on_gpu, gpu_options=gpu_options
         )

@@ -24,6 +24,8 @@ from pathlib import Path
 import simplejpeg
 from PIL import Image
 
+from gpufeed._object_path import ObjectPath
+from gpufeed._storage import read_bytes
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
 
 __all__ = ["decode_problem", "find_bad_files"]
@@ -45,7 +47,7 @@ def _decode_png(data: bytes) -> None:
 
 
 def decode_problem(
-    source: str | Path | bytes,
+    source: str | Path | ObjectPath | bytes,
     facts: ImageFacts | None = None,
     max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     key: str = "data.max_image_pixels",
@@ -62,7 +64,7 @@ def decode_problem(
     if refused:
         return refused[1]
     try:
-        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        data = source if isinstance(source, bytes) else read_bytes(source)
     except OSError as err:
         return f"unreadable: {err.strerror or err}"
     try:

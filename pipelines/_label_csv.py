@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from pathlib import Path
 
 import numpy as np
 
+from gpufeed._object_path import ObjectPath
+from gpufeed._storage import data_path, file_size, open_binary
 from gpufeed._text import quoted
 
 __all__ = ["LABEL_HEADER_MAX_BYTES", "read_label_csv", "row_bytes_limit"]
@@ -39,7 +40,7 @@ def row_bytes_limit(columns: int) -> int:
     return 24 + 4 * columns
 
 
-def _header(fh, path: Path) -> tuple[tuple[str, ...], int]:
+def _header(fh, path: Path | ObjectPath) -> tuple[tuple[str, ...], int]:
     line = fh.readline(LABEL_HEADER_MAX_BYTES + 1)
     if len(line) > LABEL_HEADER_MAX_BYTES:
         raise ValueError(
@@ -60,7 +61,7 @@ def _header(fh, path: Path) -> tuple[tuple[str, ...], int]:
     return tuple(c.strip() for c in cells[1:]), len(line)
 
 
-def _check_size(path: Path, size: int, header_bytes: int, columns: int, max_rows: int) -> None:
+def _check_size(path: Path | ObjectPath, size: int, header_bytes: int, columns: int, max_rows: int) -> None:
     limit = header_bytes + max_rows * row_bytes_limit(columns)
     if size > limit:
         raise ValueError(
@@ -69,7 +70,7 @@ def _check_size(path: Path, size: int, header_bytes: int, columns: int, max_rows
         )
 
 
-def _row(cells: list[str], i: int, columns: int, path: Path) -> list[int]:
+def _row(cells: list[str], i: int, columns: int, path: Path | ObjectPath) -> list[int]:
     line = i + 2
     if len(cells) != columns + 1:
         raise ValueError(f"label file {path}:{line}: expected {columns + 1} columns, got {len(cells)}")
@@ -86,7 +87,7 @@ def _row(cells: list[str], i: int, columns: int, path: Path) -> list[int]:
     return values
 
 
-def read_label_csv(path: str | Path, max_rows: int | None = None) -> tuple[tuple[str, ...], np.ndarray]:
+def read_label_csv(path: str | Path | ObjectPath, max_rows: int | None = None) -> tuple[tuple[str, ...], np.ndarray]:
     """Read a per-frame label CSV: header ``frame,<behaviour>...``, one 0/1 row per frame.
 
     Args:
@@ -100,18 +101,18 @@ def read_label_csv(path: str | Path, max_rows: int | None = None) -> tuple[tuple
     Raises:
         ValueError: Naming the file, the line and what is wrong.
     """
-    path = Path(path)
+    path = data_path(path)
     try:
-        with open(path, "rb") as fh:
+        with open_binary(path) as fh:
             names, header_bytes = _header(fh, path)
             if max_rows is not None:
-                _check_size(path, os.fstat(fh.fileno()).st_size, header_bytes, len(names), max_rows)
+                _check_size(path, file_size(path), header_bytes, len(names), max_rows)
             return names, _body(fh, path, len(names), max_rows)
     except OSError as err:
         raise ValueError(f"label file {path} cannot be read: {err.strerror or err}") from None
 
 
-def _body(fh, path: Path, columns: int, max_rows: int | None) -> np.ndarray:
+def _body(fh, path: Path | ObjectPath, columns: int, max_rows: int | None) -> np.ndarray:
     values = bytearray()
     rows = 0
     text = io.TextIOWrapper(fh, encoding="utf-8", newline="")

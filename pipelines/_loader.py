@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpufeed._storage import split_member
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment
@@ -35,6 +36,7 @@ from gpufeed.pipelines._pipeline_session import Session
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sample_loader import CropPolicy, SampleLoader
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
+from gpufeed.pipelines._shards import ShardBytes
 
 if TYPE_CHECKING:
     import torch
@@ -148,6 +150,8 @@ class ImageLoader(SampleLoader):
         self.crops = CropPolicy.for_split(data.sizes, train, seed, image_cfg, image_cfg.output_size)
         # Encoded once: the feed hands DALI each batch's paths as bytes for fn.io.file.read.
         self._path_table = PathTable(list(data.paths))
+        # Tar shards: the feed reads each sample's byte range itself (DALI's file reader reads whole files).
+        self._shard_bytes = ShardBytes(list(data.paths)) if data.paths and split_member(data.paths[0]) else None
 
     # -- EpochLoader hooks --------------------------------------------------------------------
     def _decoder_options(self) -> dict:
@@ -162,7 +166,15 @@ class ImageLoader(SampleLoader):
 
     def _pipeline(self, stream: PlanStream, *, build: bool = True):
         """(pipeline, feed) over ``stream``; ``build=False``: defined only (see ``build_image_pipeline``)."""
-        feed = ImageFeed(stream, self._path_table, self._labels, self.crops, augment=self.augment, seed=self.seed)
+        feed = ImageFeed(
+            stream,
+            self._path_table,
+            self._labels,
+            self.crops,
+            augment=self.augment,
+            seed=self.seed,
+            reader=self._shard_bytes,
+        )
         pipe = build_image_pipeline(
             feed,
             size_px=self.image_cfg.output_size,

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpufeed._object_path import ObjectPath
 from gpufeed._schema import ConfigError, from_mapping
+from gpufeed._storage import data_path
 from gpufeed.config import LoaderConfig
 from gpufeed.device import DeviceChoice, resolve_device
 
@@ -180,8 +182,8 @@ def loader_args(
     loader = _with_shortcuts(owner, LoaderConfig, loader_cfg, "loader_cfg", loader_shortcuts)
     media_cfg = _with_shortcuts(owner, media[0], media[1], media[2], media_shortcuts) if media else None
     shard = resolve_shard(owner, shard_id, num_shards)
-    if isinstance(dataset, (str, Path)):
-        dataset = index(Path(dataset))
+    if isinstance(dataset, (str, Path, ObjectPath)):
+        dataset = index(data_path(dataset))
     elif not isinstance(dataset, dataset_type):
         raise TypeError(
             f"{owner}: dataset must be a {dataset_type.__name__} or the path of a folder or list file, "

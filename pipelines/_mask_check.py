@@ -9,11 +9,14 @@ left to those findings.
 
 from __future__ import annotations
 
+import io
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from gpufeed._object_path import ObjectPath, is_object_url
+from gpufeed._storage import DataPath, data_path, read_bytes
 from gpufeed.pipelines._check import CheckReport, Finding
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
@@ -24,12 +27,12 @@ __all__ = ["check_mask_ids", "mask_ids", "mask_roots"]
 _LISTED_IDS = 8  # ids quoted per mask; the rest are counted
 
 
-def mask_roots(path: str | Path) -> list[Path]:
+def mask_roots(path: str | Path | ObjectPath) -> list[DataPath]:
     """The paired splits with masks at ``path``: itself, its sub-folders, or those of its ``dense/``."""
-    path = Path(path)
+    path = data_path(path)
     if not path.is_dir():
         return []
-    candidates = [path, *sorted(p for p in path.iterdir() if p.is_dir())]
+    candidates: list[DataPath] = [path, *sorted(p for p in path.iterdir() if p.is_dir())]
     if (path / "dense").is_dir():  # a gpufeed synth folder
         candidates += sorted(p for p in (path / "dense").iterdir() if p.is_dir())
     return [p for p in candidates if is_paired_root(p) and (p / "mask").is_dir()]
@@ -40,7 +43,7 @@ def mask_ids(path: str | Path) -> np.ndarray | None:
     from PIL import Image
 
     try:
-        with Image.open(path) as image:
+        with Image.open(io.BytesIO(read_bytes(path)) if is_object_url(path) else path) as image:
             if image.mode not in ("L", "P"):
                 return None  # not a usable mask: the index names it
             pixels = np.asarray(image)
@@ -50,7 +53,7 @@ def mask_ids(path: str | Path) -> np.ndarray | None:
 
 
 def check_mask_ids(
-    path: str | Path,
+    path: str | Path | ObjectPath,
     num_classes: int,
     *,
     ignore_id: int = 255,

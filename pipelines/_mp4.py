@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpufeed._object_path import ObjectPath
+from gpufeed._storage import open_binary
+
 __all__ = ["mp4_box_problem"]
 
 _MP4_FIRST_BOXES = ("ftyp", "moov", "mdat", "free", "skip", "wide", "pnot", "uuid")
 
 
-def mp4_box_problem(path: Path, size: int) -> str | None:
+def mp4_box_problem(path: Path | ObjectPath, size: int) -> str | None:
     """Walk the top-level boxes of an MP4/MOV: a box running past the end means truncation."""
     offset = 0
     boxes: list[str] = []
-    with open(path, "rb") as fh:
+    with open_binary(path) as fh:
         while offset < size:
             fh.seek(offset)
             head = fh.read(16)

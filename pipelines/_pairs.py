@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._object_path import ObjectPath, is_object_url
+from gpufeed._storage import DataPath, data_path, join, open_binary, prime_listing, walk
 from gpufeed._text import quoted
 from gpufeed.pipelines._cache import usable_ids
 from gpufeed.pipelines._containment import Roots
@@ -49,9 +51,9 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_COLOUR_TYPES = {0: "grayscale", 2: "RGB", 3: "palette", 4: "grayscale+alpha", 6: "RGBA"}
 
 
-def is_paired_root(root: str | Path) -> bool:
-    """True when ``root`` holds ``rgb/`` and at least one of ``depth/``, ``mask/``."""
-    root = Path(root)
+def is_paired_root(root: str | Path | ObjectPath) -> bool:
+    """True when ``root`` holds ``rgb/`` and at least one of ``depth/``, ``mask/`` (``root`` may be ``s3://``)."""
+    root = data_path(root)
     return (root / "rgb").is_dir() and any((root / kind).is_dir() for kind in MAP_KINDS)
 
 
@@ -65,7 +67,7 @@ def infer_task(kinds: tuple[str, ...]) -> str:
 
 def png_layout(path: str) -> tuple[int, int, int, int] | None:
     """``(width, height, bit_depth, colour_type)`` from a PNG's header, ``None`` when it is not a PNG."""
-    with open(path, "rb") as fh:
+    with open_binary(path) as fh:  # s3://: one ranged read of the header
         head = fh.read(29)
     if len(head) < 29 or not head.startswith(_PNG_SIGNATURE) or head[12:16] != b"IHDR":
         return None
@@ -152,10 +154,11 @@ class PairedDataset:
 
     @classmethod
     def from_root(
-        cls, root: str | Path, *, scale_maps: bool = False, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+        cls, root: str | Path | ObjectPath, *, scale_maps: bool = False, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     ) -> PairedDataset:
         """Index ``root/rgb/...`` with ``root/depth/...`` and/or ``root/mask/...`` (hidden files skipped)."""
-        root = Path(root)
+        root = data_path(root)
+        prime_listing(root)  # s3://: one listing answers the folder questions below
         if not is_paired_root(root):
             raise DatasetError(
                 f"{root} is not a paired dataset: expected a folder 'rgb' and at least one of {list(MAP_KINDS)} in it"
@@ -192,18 +195,18 @@ class PairedDataset:
     @classmethod
     def from_list(
         cls,
-        list_file: str | Path,
+        list_file: str | Path | ObjectPath,
         *,
         map_kinds: tuple[str, ...] | None = None,
         scale_maps: bool = False,
         max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
-        allowed_roots: tuple[str | Path, ...] = (),
+        allowed_roots: tuple[str | Path | ObjectPath, ...] = (),
     ) -> PairedDataset:
         """Index a list file of ``rgb_path map_path [map_path ...]`` lines (see the module docs).
 
         ``allowed_roots``: folders outside the list file's folder its lines may name (``data.allowed_roots``).
         """
-        list_file = Path(list_file)
+        list_file = data_path(list_file)
         try:
             lines = list_file.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as err:
@@ -218,7 +221,7 @@ class PairedDataset:
             outside = next((why for why in (roots.problem(w, base) for w in words) if why), None)
             if outside:
                 raise DatasetError(f"{list_file}:{number}: names {outside}")
-            full = [w if os.path.isabs(w) else str(base / w) for w in words]
+            full = [w if os.path.isabs(w) or is_object_url(w) else str(base / w) for w in words]
             if len(full) < 2:
                 raise DatasetError(
                     f"{list_file}:{number}: expected 'rgb_path map_path [map_path ...]', got {quoted(line)}"
@@ -247,7 +250,7 @@ class PairedDataset:
     @classmethod
     def _finish(cls, base, source, paths, maps, problems, orphans, scale_maps, max_pixels, stem="pairs"):
         everything = list(paths) + [p for column in maps.values() for p in column if p]
-        facts = dict(zip(everything, index_image_facts(Path(base), f"{stem}-pairs", everything), strict=True))
+        facts = dict(zip(everything, index_image_facts(data_path(base), f"{stem}-pairs", everything), strict=True))
         sizes = np.zeros((len(paths), 2), dtype=np.int64)
         for i, path in enumerate(paths):
             refused = facts[path].refusal(max_pixels, "data.max_image_pixels")
@@ -290,15 +293,20 @@ class PairedDataset:
         )
 
 
-def _walk_images(folder: Path) -> dict[str, str]:
+def _walk_images(folder: DataPath) -> dict[str, str]:
     """Relative path without extension -> relative path, for every image under ``folder`` (sorted)."""
     found: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(folder):
+    for dirpath, dirnames, filenames in walk(folder):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
             if name.startswith(".") or not name.lower().endswith(IMAGE_EXTENSIONS):
                 continue
-            rel = os.path.relpath(os.path.join(dirpath, name), folder)
+            full = join(dirpath, name)
+            rel = (
+                str(ObjectPath(full).relative_to(folder))
+                if isinstance(folder, ObjectPath)
+                else os.path.relpath(full, folder)
+            )
             stem = os.path.splitext(rel)[0]
             if stem in found:
                 raise DatasetError(
@@ -309,8 +317,8 @@ def _walk_images(folder: Path) -> dict[str, str]:
     return found
 
 
-def _kind_from_path(path: str, list_file: Path, number: int) -> str:
-    for part in reversed(Path(path).parts[:-1]):
+def _kind_from_path(path: str, list_file: DataPath, number: int) -> str:
+    for part in reversed(data_path(path).parts[:-1]):
         if part in MAP_KINDS:
             return part
     raise DatasetError(

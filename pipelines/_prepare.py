@@ -308,7 +308,7 @@ def prepare_videos(src: str | Path, dst: str | Path, options: PrepareOptions = P
                 )
                 continue
             if labels is not None:
-                shutil.copyfile(csv_in, label_path(out))
+                shutil.copyfile(csv_in, Path(str(label_path(out))))  # out is a local file
                 item.labels = "copied, one row per frame"
     if options.probe_clips:
         done = [v for v in report.videos if not v.problem]

@@ -35,8 +35,8 @@ IMAGE_FORMATS = ("jpeg", "png")
 
 
 def store_choices() -> tuple[str, ...]:
-    """What ``prepare --store`` takes: ``video`` and every registered frame-store kind."""
-    return (VIDEO, *store_kinds())
+    """What ``prepare --store`` takes: ``video`` and every registered frame-store kind that holds a video."""
+    return (VIDEO, *(kind for kind in store_kinds() if frame_store(kind).per_video))
 
 
 def _encoder(image_format: str, quality: int):

@@ -23,6 +23,7 @@ import numpy as np
 
 from gpufeed._procs import WorkerCallback
 from gpufeed._size import SizePx, parse_size_px
+from gpufeed._storage import media_source
 from gpufeed.pipelines._clip_plan import ClipPlan, PlanRows
 from gpufeed.pipelines._frame_fit import FrameFitter
 from gpufeed.pipelines._frame_sizes import frame_size_problem
@@ -137,7 +138,7 @@ class ClipDecoder:
 
         hit = self._open.pop(path, None)
         if hit is None:
-            container = av.open(path)
+            container = av.open(media_source(path), "r")  # s3://: a ranged-read file (gpufeed._storage)
             stream = container.streams.video[0]
             stream.thread_count = self.threads
             hit = _OpenVideo(container, stream)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpufeed._size import SizePx
+from gpufeed._storage import media_source
 from gpufeed.pipelines._frame_fit import FrameFitter
 from gpufeed.pipelines._pyav import ClipDecodeError, VideoRef
 
@@ -49,7 +50,7 @@ def iter_frame_chunks(video: VideoRef, chunk_frames: int, threads: int = 0, fitt
     first = 0
     count = 0
     try:
-        with av.open(video.path) as container:
+        with av.open(media_source(video.path), "r") as container:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
             stream.thread_count = threads
@@ -73,7 +74,7 @@ def decode_all_frames(path: str) -> tuple[int, str | None]:
 
     count = 0
     try:
-        with av.open(path) as container:
+        with av.open(media_source(path), "r") as container:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
             for _ in container.decode(stream):

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufeed._object_path import ObjectPath, is_object_url
 from gpufeed._text import quoted
 from gpufeed.pipelines._errors import DatasetError
 
@@ -60,9 +61,13 @@ class Quarantine:
         if not self.entries:
             return []
         cache: dict[str, str] = {}
-        listed = set(self.entries) | {_real_dir_form(p, cache) for p in self.entries}
+        listed = set(self.entries) | {_real_dir_form(p, cache) for p in self.entries if not is_object_url(p)}
         found = []
         for i, path in enumerate(paths):
+            if is_object_url(path):  # a key: no links to resolve, its text is its identity
+                if str(ObjectPath(path)) in listed:
+                    found.append(i)
+                continue
             absolute = os.path.normpath(os.path.abspath(path))
             if absolute in listed or _real_dir_form(absolute, cache) in listed:
                 found.append(i)
@@ -101,6 +106,12 @@ def read_quarantine(path: str | Path) -> Quarantine:
                 f"{path}:{number}: looks like a line of 'gpufeed check' output ({entry[:60]!r}), not a path; "
                 "write the list with 'gpufeed check DATA --quarantine FILE'"
             )
+        if is_object_url(entry):
+            try:
+                entries.append(str(ObjectPath(entry)))
+            except ValueError as err:
+                raise DatasetError(f"{path}:{number}: {err}") from None
+            continue
         full = entry if os.path.isabs(entry) else os.path.join(base, entry)
         entries.append(os.path.normpath(full))
     return Quarantine(str(path), tuple(entries))

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpufeed._object_path import ObjectPath
+from gpufeed._storage import DataPath, data_path
+
 __all__ = ["SPLIT_NAMES", "split_folders", "split_warning"]
 
 # Folder names that mean a split, not a class (compared in lower case).
 SPLIT_NAMES = ("train", "training", "val", "valid", "validation", "test", "testing", "eval", "evaluation")
 
 
-def _holds_data_below(folder: Path) -> bool:
+def _holds_data_below(folder: DataPath) -> bool:
     """True when ``folder`` holds a sub-folder or a non-image file: a split, not a class of images."""
     try:
         entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
@@ -26,16 +29,16 @@ def _holds_data_below(folder: Path) -> bool:
     return any(p.is_dir() or p.suffix.lower() not in (".jpg", ".jpeg", ".png", ".txt") for p in entries)
 
 
-def split_folders(path: str | Path) -> list[Path]:
+def split_folders(path: str | Path | ObjectPath) -> list[DataPath]:
     """The split folders of ``path`` when every sub-folder is one (``train/``, ``val/`` ...), else ``[]``.
 
     A split folder holds class folders, videos or frame stores; a folder of images directly inside
     it is a class (of a dataset whose classes happen to be named so). Split folders beside list
     files of the same names (``train.txt``: ``gpufeed synth``'s ``images/``) are that layout's.
     """
-    path = Path(path)
+    path = data_path(path)
     try:
-        subs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+        subs: list[DataPath] = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
     except OSError:
         return []
     if not subs or any(p.name.lower() not in SPLIT_NAMES for p in subs):
@@ -45,7 +48,7 @@ def split_folders(path: str | Path) -> list[Path]:
     return subs if all(_holds_data_below(p) for p in subs) else []
 
 
-def split_warning(path: str | Path, splits: list[Path]) -> str:
+def split_warning(path: str | Path | ObjectPath, splits: list[DataPath]) -> str:
     """What ``check`` says about a folder of split folders: each is checked alone, and where to point the config."""
     names = ", ".join(f"{p.name}/" for p in splits)
     return (

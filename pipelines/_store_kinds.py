@@ -15,10 +15,18 @@ layouts its ``vidio`` package writes:
   gpufeed reverses the channels of HDF5 frames (:data:`HDF5_CHANNELS_REVERSED`) and gets the
   frames vidio wrote.
 
+A third kind is gpufeed's own: **a clip in a tar shard** (:class:`ShardStore`, ``gpufeed prepare
+--shards``, :mod:`gpufeed.pipelines._shards`): its frames ``<key>.f0000.jpg`` ... are members of the
+clip's span in a shard, read in one ranged read. The index takes such clips from the shard folder's
+manifest (:meth:`~gpufeed.pipelines.VideoDataset.from_shards`), never by listing folders.
+
+Every kind reads from a local path or from object storage (``s3://``: a folder is a prefix, a
+file is read by ranges; :mod:`gpufeed._storage`).
+
 The index records a kind's :attr:`FrameStore.kind` (``VideoInfo.store``); the feeds, the PyAV
 decoder, ``check`` and ``prepare`` ask :func:`frame_store` for the kind and its answers, never
-compare the name. A new storage is one subclass registered with :func:`register_store`, as the two
-above are at the end of this module. Reading any kind: :mod:`gpufeed.pipelines._frame_stores`.
+compare the name. A new storage is one subclass registered with :func:`register_store`, as the
+three above are at the end of this module. Reading any kind: :mod:`gpufeed.pipelines._frame_stores`.
 """
 
 from __future__ import annotations
@@ -33,8 +41,11 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from gpufeed._object_path import ObjectPath, is_object_url
+from gpufeed._storage import DataPath, data_path, file_size, join, listdir, media_source, read_bytes, split_member
 from gpufeed.pipelines._containment import Roots, folder_link_problem, hdf5_link_problem
 from gpufeed.pipelines._image_facts import read_image_facts
+from gpufeed.pipelines._shards import MANIFEST_NAME, read_shard_frames, tar_members
 
 __all__ = [
     "FRAME_FOLDER_EXTENSIONS",
@@ -44,6 +55,7 @@ __all__ = [
     "FolderStore",
     "FrameStore",
     "Hdf5Store",
+    "ShardStore",
     "StoreFacts",
     "StoreReader",
     "frame_store",
@@ -60,6 +72,7 @@ HDF5_DATASET = "frame"
 # vidio encodes RGB arrays with OpenCV, which writes them as BGR (see the module docs).
 HDF5_CHANNELS_REVERSED = True
 _NUMBERED = re.compile(r"^(\d+)(\.[A-Za-z]+)$")
+_CLIP_FRAME = re.compile(r"^(?P<key>[^/]+)\.f(?P<index>\d{4})\.(?P<ext>jpg|png)$")
 
 
 @dataclass(frozen=True)
@@ -103,18 +116,21 @@ class FrameStore:
         extensions: File suffixes of stores of this kind (lower case; empty for folders): the video
             listing takes such files as videos.
         channels_reversed: The stored images hold their channels in reverse order (BGR).
+        per_video: A store holds one whole video, which ``gpufeed prepare --store`` writes
+            (:meth:`write`); False for a kind written otherwise (shards).
     """
 
     kind: ClassVar[str] = ""
     described: ClassVar[str] = ""
     extensions: ClassVar[tuple[str, ...]] = ()
     channels_reversed: ClassVar[bool] = False
+    per_video: ClassVar[bool] = True
 
-    def holds(self, path: Path) -> bool:
+    def holds(self, path: DataPath) -> bool:
         """Whether ``path``, as named, is a store of this kind (its contents are judged by :meth:`probe`)."""
         return path.suffix.lower() in self.extensions
 
-    def probe(self, path: Path) -> StoreFacts:
+    def probe(self, path: DataPath) -> StoreFacts:
         """Frame count, frame 0's format and size; problems described, not raised."""
         raise NotImplementedError
 
@@ -126,11 +142,11 @@ class FrameStore:
         """How messages name frame ``index`` of a store (``frame 7``, or its file name)."""
         return f"frame {int(index)}"
 
-    def label_path(self, path: Path) -> Path:
+    def label_path(self, path: DataPath) -> DataPath:
         """The store's label CSV: ``<name>.csv`` beside it."""
         return path.with_suffix(".csv")
 
-    def link_problem(self, path: Path, roots: Roots) -> str | None:
+    def link_problem(self, path: DataPath, roots: Roots) -> str | None:
         """Why the store reaches outside ``roots`` (a link out), or ``None``."""
         return None
 
@@ -143,14 +159,13 @@ class FrameStore:
         raise NotImplementedError
 
 
-def is_frame_folder(path: str | Path) -> bool:
+def is_frame_folder(path: str | Path | ObjectPath) -> bool:
     """True for a folder whose files include numbered images (``000000000.png`` ...)."""
     try:
-        with os.scandir(path) as entries:
-            for entry in entries:
-                match = _NUMBERED.match(entry.name)
-                if match and match.group(2).lower() in FRAME_FOLDER_EXTENSIONS:
-                    return True
+        for name in listdir(path):  # s3: one level of the prefix
+            match = _NUMBERED.match(name)
+            if match and match.group(2).lower() in FRAME_FOLDER_EXTENSIONS:
+                return True
     except OSError:
         return False
     return False
@@ -166,6 +181,8 @@ def _facts_of_first(kind: str, data_or_path, count: int, frame_name: str, what: 
 
 def _file_bytes(path: str) -> np.ndarray:
     """A file's bytes as a writable uint8 array: half the time of ``np.fromfile`` on 50 kB frames (measured)."""
+    if is_object_url(path):
+        return np.frombuffer(bytearray(read_bytes(path)), dtype=np.uint8)
     with open(path, "rb", buffering=0) as file:
         data = bytearray(os.fstat(file.fileno()).st_size)
         got = file.readinto(data)
@@ -174,7 +191,7 @@ def _file_bytes(path: str) -> np.ndarray:
 
 class _FolderReader:
     def read(self, path: str, frame_name: str, frames) -> list[np.ndarray]:
-        return [_file_bytes(os.path.join(path, frame_name.format(int(i)))) for i in frames]
+        return [_file_bytes(join(path, frame_name.format(int(i)))) for i in frames]
 
     def close(self) -> None:  # nothing stays open
         pass
@@ -186,12 +203,12 @@ class FolderStore(FrameStore):
     kind = "folder"
     described = "frame folders"
 
-    def holds(self, path: Path) -> bool:
+    def holds(self, path: DataPath) -> bool:
         return path.is_dir()
 
-    def probe(self, path: Path) -> StoreFacts:
+    def probe(self, path: DataPath) -> StoreFacts:
         try:
-            names = sorted(os.listdir(path))
+            names = sorted(listdir(path))
         except OSError as err:
             return StoreFacts(self.kind, problem=f"unreadable folder: {err.strerror or err}")
         numbered: dict[int, str] = {}
@@ -220,7 +237,7 @@ class FolderStore(FrameStore):
             )
         return self._check_names(path, numbered)
 
-    def _check_names(self, path: Path, numbered: dict[int, str]) -> StoreFacts:
+    def _check_names(self, path: DataPath, numbered: dict[int, str]) -> StoreFacts:
         count, first_name = len(numbered), numbered[0]
         stem, ext = os.path.splitext(first_name)
         pattern = "{:0" + str(len(stem)) + "d}" + ext
@@ -233,7 +250,7 @@ class FolderStore(FrameStore):
                     "every frame needs the same number of digits",
                 )
             try:
-                if os.stat(path / name).st_size == 0:
+                if file_size(path / name) == 0:
                     return StoreFacts(self.kind, num_frames=count, problem=f"zero-byte frame {name} (frame {number})")
             except OSError as err:
                 why = f"frame {name} is unreadable: {err.strerror or err}"
@@ -246,10 +263,10 @@ class FolderStore(FrameStore):
     def frame_label(self, frame_name: str, index: int) -> str:
         return frame_name.format(int(index))
 
-    def label_path(self, path: Path) -> Path:
+    def label_path(self, path: DataPath) -> DataPath:
         return path.with_name(path.name + ".csv")  # a folder's name may hold dots ("mouse.day1"): keep all of it
 
-    def link_problem(self, path: Path, roots: Roots) -> str | None:
+    def link_problem(self, path: DataPath, roots: Roots) -> str | None:
         return folder_link_problem(path, roots)
 
     def write(self, dst: Path, encoded: Iterable[bytes], ext: str) -> int:
@@ -261,12 +278,12 @@ class FolderStore(FrameStore):
         return count
 
 
-def _open_frames(path: Path):
+def _open_frames(path: DataPath):
     """(h5py file, its ``frame`` dataset); raises ``ValueError`` naming what is wrong."""
     import h5py
 
     try:
-        handle = h5py.File(path, "r")
+        handle = h5py.File(media_source(path), "r")  # s3://: a ranged-read file
     except OSError as err:
         raise ValueError(f"cannot be read as HDF5: {err}") from None
     dataset = handle.get(HDF5_DATASET)
@@ -291,7 +308,7 @@ class _Hdf5Reader:
     def read(self, path: str, frame_name: str, frames) -> list[np.ndarray]:
         hit = self._open.pop(path, None)
         if hit is None:
-            hit = _open_frames(Path(path))
+            hit = _open_frames(data_path(path))
             while len(self._open) >= self.max_open:
                 self._open.popitem(last=False)[1][0].close()
         self._open[path] = hit
@@ -318,9 +335,9 @@ class Hdf5Store(FrameStore):
     extensions = HDF5_EXTENSIONS
     channels_reversed = HDF5_CHANNELS_REVERSED
 
-    def probe(self, path: Path) -> StoreFacts:
+    def probe(self, path: DataPath) -> StoreFacts:
         try:
-            if os.stat(path).st_size == 0:
+            if file_size(path) == 0:
                 return StoreFacts(self.kind, problem="zero-byte file")
             handle, dataset = _open_frames(path)
         except (OSError, ValueError) as err:
@@ -336,7 +353,7 @@ class Hdf5Store(FrameStore):
     def open_reader(self, max_open: int) -> _Hdf5Reader:
         return _Hdf5Reader(max_open)
 
-    def link_problem(self, path: Path, roots: Roots) -> str | None:
+    def link_problem(self, path: DataPath, roots: Roots) -> str | None:
         return hdf5_link_problem(path, roots, HDF5_DATASET)
 
     def write(self, dst: Path, encoded: Iterable[bytes], ext: str) -> int:
@@ -350,6 +367,63 @@ class Hdf5Store(FrameStore):
                 data[count] = np.frombuffer(frame, dtype=np.uint8)
                 count += 1
         return count
+
+
+class _ShardReader:
+    def read(self, path: str, frame_name: str, frames) -> list[np.ndarray]:
+        return read_shard_frames(path, frame_name, frames)  # the clip's span: one ranged read
+
+    def close(self) -> None:  # nothing stays open
+        pass
+
+
+class ShardStore(FrameStore):
+    """A clip in a tar shard (``gpufeed prepare --shards``): frames ``<key>.f0000.jpg`` ... in the clip's span.
+
+    A store's path is the span (:func:`gpufeed._storage.member_ref` text: ``<tar>#<offset>:<size>:<key>``);
+    its labels are the shard folder's manifest's.
+    """
+
+    kind = "shard"
+    described = "clips in tar shards"
+    per_video = False
+
+    def holds(self, path: DataPath) -> bool:
+        return split_member(str(path)) is not None
+
+    def probe(self, path: DataPath) -> StoreFacts:
+        ref = str(path)
+        member = split_member(ref)
+        if member is None:
+            return StoreFacts(self.kind, problem="not a clip's span in a shard (<tar>#<offset>:<size>:<key>)")
+        try:
+            members = tar_members(read_bytes(ref), ref)
+        except (OSError, ValueError) as err:
+            return StoreFacts(
+                self.kind, problem=f"the clip's span cannot be read: {getattr(err, 'strerror', None) or err}"
+            )
+        frames: dict[int, str] = {}
+        for name in members:
+            match = _CLIP_FRAME.match(name)
+            if match and match["key"] == member[3]:
+                frames[int(match["index"])] = name
+        count = len(frames)
+        if not frames or sorted(frames) != list(range(count)):
+            return StoreFacts(
+                self.kind, num_frames=count, problem=f"the span's frames are not {member[3]}.f0000 ... without a gap"
+            )
+        extensions = {name.rsplit(".", 1)[1] for name in frames.values()}
+        if len(extensions) > 1:
+            return StoreFacts(self.kind, num_frames=count, problem=f"frames mix extensions {sorted(extensions)}")
+        pattern = f"{member[3]}.f{{:04d}}.{extensions.pop()}"
+        return _facts_of_first(self.kind, members[frames[0]], count, pattern, f"frame 0 ({frames[0]})")
+
+    def open_reader(self, max_open: int) -> _ShardReader:
+        return _ShardReader()
+
+    def label_path(self, path: DataPath) -> DataPath:
+        member = split_member(str(path))
+        return data_path(member[0]).with_name(MANIFEST_NAME) if member else path  # labels: the manifest's rows
 
 
 _STORES: dict[str, FrameStore] = {}
@@ -389,13 +463,13 @@ def store_extensions() -> tuple[str, ...]:
     return tuple(ext for store in _STORES.values() for ext in store.extensions)
 
 
-def store_kind(path: str | Path) -> str:
+def store_kind(path: str | Path | ObjectPath) -> str:
     """The kind of the frame store at ``path`` (``"folder"``, ``"hdf5"`` ...), or ``""`` (an encoded video file, or nothing gpufeed reads).
 
     Kinds with file suffixes are asked first: a suffix names its kind before a folder is taken for
     a frame folder.
     """
-    path = Path(path)
+    path = data_path(path)
     ordered = sorted(_STORES.values(), key=lambda store: not store.extensions)  # stable: registration order kept
     return next((store.kind for store in ordered if store.holds(path)), "")
 
@@ -403,3 +477,4 @@ def store_kind(path: str | Path) -> str:
 # The storage kinds, registered in one place.
 register_store(FolderStore())
 register_store(Hdf5Store())
+register_store(ShardStore())

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._object_path import ObjectPath
 from gpufeed._progress import progress_bar
+from gpufeed._storage import DataPath, data_path
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
 from gpufeed.pipelines._deepethogram import is_project, project_dataset
@@ -63,7 +65,7 @@ def _frame_rate_warning(info: VideoInfo) -> str | None:
     )
 
 
-def _decoder_findings(folder: Path, infos: list[VideoInfo]) -> list[Finding]:
+def _decoder_findings(folder: str, infos: list[VideoInfo]) -> list[Finding]:
     """Which decoder each video gets on a GPU and why: one line per video NVDEC cannot take, one in all for the rest.
 
     The GPU is taken to be an A100/H100 (no AV1 in NVDEC) unless this machine has another one.
@@ -101,13 +103,13 @@ def _cuda_visible() -> bool:
     return torch.cuda.is_available()
 
 
-def check_videos(folder: str | Path, progress: bool = True) -> CheckReport:
+def check_videos(folder: str | Path | ObjectPath, progress: bool = True) -> CheckReport:
     """Check every video under ``folder`` and its label CSV (see the module docs).
 
     Raises:
         DatasetError: The folder does not exist or holds no videos.
     """
-    folder = Path(folder)
+    folder = data_path(folder)
     dataset = VideoDataset.from_folder(folder, progress=progress)
     report = check_dataset(dataset, f"videos in {folder}", progress)
     _, others = list_videos(folder)
@@ -137,7 +139,7 @@ def check_dataset(dataset: VideoDataset, source: str, progress: bool = True) -> 
             report.findings.append(Finding(info.path, why, "label"))
     readable = [info for info in infos if not info.problem]
     # Frame stores decode as images (nvJPEG or DALI's CPU decoder): no video decoder to choose.
-    report.findings += _decoder_findings(Path(dataset.source), [info for info in readable if not info.store])
+    report.findings += _decoder_findings(dataset.source, [info for info in readable if not info.store])
     with ThreadPoolExecutor(max_workers=default_num_threads()) as pool:
         decoded = pool.map(partial(_decode_all, max_pixels=dataset.max_pixels), readable)
         bar = progress_bar(
@@ -169,7 +171,7 @@ def _check_project(path: Path, progress: bool) -> CheckReport:
     return check_dataset(dataset, f"DeepEthogram project {path}", progress)
 
 
-def is_single_store(path: Path) -> bool:
+def is_single_store(path: DataPath) -> bool:
     """True for one frame store named directly: a store file (HDF5 ...), or a folder of numbered images."""
     return (path.is_file() and path.suffix.lower() in store_extensions()) or (path.is_dir() and is_frame_folder(path))
 

@@ -19,14 +19,17 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._object_path import ObjectPath
 from gpufeed._progress import progress_bar
+from gpufeed._storage import DataPath, data_path, join, media_source, stat_key, walk
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import label_path, probe_store
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._label_csv import read_label_csv
 from gpufeed.pipelines._mp4 import mp4_box_problem
-from gpufeed.pipelines._store_kinds import is_frame_folder, store_extensions, store_kind
+from gpufeed.pipelines._shards import is_shard_dir, read_manifest
+from gpufeed.pipelines._store_kinds import ShardStore, is_frame_folder, store_extensions, store_kind
 
 __all__ = [
     "DALI_CPU_CODECS",
@@ -117,11 +120,14 @@ class VideoInfo:
         return cls(**data)
 
 
-def probe_video(path: str | Path) -> VideoInfo:
-    """Demux a video (no decoding) and return its :class:`VideoInfo`; problems are described, not raised."""
+def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
+    """Demux a video (no decoding) and return its :class:`VideoInfo`; problems are described, not raised.
+
+    An object (``s3://...``) is demuxed through ranged reads: the index reads it once, and caches what it learns.
+    """
     import av
 
-    path = Path(path)
+    path = data_path(path)
     if store_kind(path):
         return _store_info(path)
     try:
@@ -135,7 +141,7 @@ def probe_video(path: str | Path) -> VideoInfo:
         if boxed:
             return VideoInfo(str(path), problem=boxed)
     try:
-        with av.open(str(path)) as container:
+        with av.open(media_source(path), "r") as container:
             if not container.streams.video:
                 what = "audio only" if container.streams.audio else "no stream at all"
                 return VideoInfo(str(path), problem=f"no video stream in the file ({what})")
@@ -175,7 +181,7 @@ def probe_video(path: str | Path) -> VideoInfo:
     return _finish_info(info)
 
 
-def _store_info(path: Path) -> VideoInfo:
+def _store_info(path: Path | ObjectPath) -> VideoInfo:
     """A frame store's :class:`VideoInfo`: frame ``i`` has timestamp ``i`` and is a keyframe."""
     facts = probe_store(path)
     frames = tuple(range(facts.num_frames))
@@ -236,7 +242,7 @@ def _finish_info(info: VideoInfo) -> VideoInfo:
     return replace(info, fps=round(fps, 6), cfr=cfr, problem=info.problem or problem)
 
 
-def list_videos(root: Path) -> tuple[list[str], list[str]]:
+def list_videos(root: Path | ObjectPath) -> tuple[list[str], list[str]]:
     """(videos, other files) under ``root``, sorted, hidden files and folders skipped.
 
     Videos are video files, HDF5 frame files and frame folders (a folder of numbered images is one
@@ -245,13 +251,13 @@ def list_videos(root: Path) -> tuple[list[str], list[str]]:
     videos: list[str]
     others: list[str]
     videos, others = [], []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        stores = [d for d in dirnames if is_frame_folder(os.path.join(dirpath, d))]
+        stores = [d for d in dirnames if is_frame_folder(join(dirpath, d))]
         dirnames[:] = [d for d in dirnames if d not in stores]
         here = [(n, True) for n in stores] + [(n, False) for n in filenames if not n.startswith(".")]
         for name, is_store in sorted(here):
-            full = os.path.join(dirpath, name)
+            full = join(dirpath, name)
             (videos if is_store or name.lower().endswith(VIDEO_EXTENSIONS + store_extensions()) else others).append(
                 full
             )
@@ -300,7 +306,7 @@ class VideoDataset:
     @classmethod
     def from_folder(
         cls,
-        root: str | Path,
+        root: str | Path | ObjectPath,
         *,
         require_labels: bool = True,
         progress: bool = False,
@@ -308,9 +314,12 @@ class VideoDataset:
     ) -> VideoDataset:
         """Index every video under ``root`` (with its ``<name>.csv`` labels when ``require_labels``).
 
-        ``max_pixels``: the frame pixel limit of its frame stores (``data.max_image_pixels``).
+        ``max_pixels``: the frame pixel limit of its frame stores (``data.max_image_pixels``). A
+        shard folder of clips (``gpufeed prepare --shards``) is read as its manifest says (:meth:`from_shards`).
         """
-        root = Path(root)
+        root = data_path(root)
+        if is_shard_dir(root):
+            return cls.from_shards(root, max_pixels=max_pixels)
         if not root.is_dir():
             raise DatasetError(f"video folder {root} does not exist or is not a folder")
         paths, _ = list_videos(root)
@@ -324,7 +333,7 @@ class VideoDataset:
         behaviours: tuple[str, ...] = ()
         if require_labels:
             for i, path in enumerate(paths):
-                labels[i], why, names = labels_for(Path(path), infos[i])
+                labels[i], why, names = labels_for(data_path(path), infos[i])
                 if why:
                     problems.setdefault(i, why)
                     continue
@@ -338,9 +347,56 @@ class VideoDataset:
         problems = dict(sorted(problems.items()))
         return cls(tuple(paths), tuple(infos), tuple(labels), behaviours, problems, str(root), max_pixels)
 
+    @classmethod
+    def from_shards(cls, root: str | Path | ObjectPath, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> VideoDataset:
+        """Index a shard folder of clips (:mod:`gpufeed.pipelines._shards`): one "video" per stored clip.
+
+        Each clip is a frame store of kind ``shard``: its frames are tar members, all read in one
+        ranged read of the clip's span; its labels come from the manifest. A clip loader over it
+        with the shards' clip length reads each stored clip whole (one clip slot per sample id).
+        """
+        return _shard_clips(cls, root, max_pixels)
+
+
+def _shard_clips(cls, root: str | Path | ObjectPath, max_pixels: int) -> VideoDataset:
+    """:meth:`VideoDataset.from_shards` (kept out of the class body: the class stays short to read)."""
+    manifest = read_manifest(root, "clips")
+    paths, infos, problems = [], [], {}
+    labels: list[np.ndarray | None] = []
+    for i, row in enumerate(manifest.rows):
+        frames = tuple(range(int(row["frames"])))
+        path = manifest.ref(i)
+        width, height = int(row["width"]), int(row["height"])
+        info = VideoInfo(
+            path,
+            codec="jpeg" if row["ext"] == "jpg" else "png",
+            width=width,
+            height=height,
+            num_frames=len(frames),
+            pts=frames,
+            keyframes=frames,
+            declared_frames=len(frames),
+            store=ShardStore.kind,
+            frame_name=f"{row['key']}.f{{:04d}}.{row['ext']}",
+        )
+        if width * height > max_pixels:
+            problems[i] = f"too many pixels: {width}x{height} frames, more than data.max_image_pixels ({max_pixels:,})"
+        bits = row["labels"]
+        if len(bits) != len(frames) or any(len(b) != len(manifest.names) for b in bits):
+            problems[i] = (
+                f"the manifest's labels of clip {row['key']} are not {len(frames)} rows of {len(manifest.names)}"
+            )
+            labels.append(None)
+        else:
+            labels.append(np.array([[c == "1" for c in b] for b in bits], dtype=np.uint8).reshape(len(frames), -1))
+        paths.append(path)
+        infos.append(info)
+    source = f"clip shards in {manifest.root}"
+    return cls(tuple(paths), tuple(infos), tuple(labels), manifest.names, problems, source, max_pixels)
+
 
 def labels_for(
-    path: Path, info: VideoInfo, csv_path: Path | None = None
+    path: DataPath, info: VideoInfo, csv_path: DataPath | None = None
 ) -> tuple[np.ndarray | None, str | None, tuple[str, ...]]:
     """(labels, why they cannot be used, column names) of a video; ``csv_path`` defaults to ``<name>.csv`` beside it."""
     csv_path = csv_path or label_path(path)
@@ -363,7 +419,7 @@ def labels_for(
     return labels, None, names
 
 
-def index_videos(root: Path, paths: list[str], progress: bool = False) -> list[VideoInfo]:
+def index_videos(root: Path | ObjectPath, paths: list[str], progress: bool = False) -> list[VideoInfo]:
     """:func:`probe_video` for every path, reusing the cache beside the data when a file is unchanged."""
     cache_path = index_cache_path(root, "videos-index.json")
     cached = read_json_cache(cache_path) or {}
@@ -372,8 +428,7 @@ def index_videos(root: Path, paths: list[str], progress: bool = False) -> list[V
     stats, todo, infos = [], [], {}
     for i, path in enumerate(paths):
         try:
-            st = os.stat(path)
-            stats.append([st.st_size, st.st_mtime_ns])
+            stats.append(list(stat_key(path)))
         except OSError:
             stats.append(None)
         # A frame store is probed every time: a folder's own timestamp misses a frame rewritten in

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 from _gpu_checks import item_problems
+from _s3server import s3_bucket, s3_server  # noqa: F401  # the S3 tests' server, shared by the session
 from _tiers import TIERS, unit_guard
 
 from gpufeed.device import DeviceChoice, cuda_status

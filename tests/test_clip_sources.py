@@ -1,7 +1,7 @@
 """Clip sources and frame store kinds: one class each, picked by one factory or registry, then asked.
 
 The structural test reads the code with ``ast``: no decode source (``dali``, ``pyav``,
-``pyav_sequential``, ``frames``) or frame store kind (``folder``, ``hdf5``) is compared as a string
+``pyav_sequential``, ``frames``) or frame store kind (``folder``, ``hdf5``, ``shard``) is compared as a string
 outside the factory that picks a source (the count is printed; the factory functions are listed
 with their reason). The others check what the factory picks from the videos' facts, the row order
 each source owns, that a plan's clips are drawn once per batch and shared by everything that feeds
@@ -27,7 +27,7 @@ from gpufeed.pipelines._videos import VideoInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("gpufeed", "pipelines", "models", "server")
-NAMES = {"dali", "pyav", "pyav_sequential", "frames", "folder", "hdf5"}
+NAMES = {"dali", "pyav", "pyav_sequential", "frames", "folder", "hdf5", "shard"}
 
 # (file, function) -> why it may compare those names: the factory that turns facts into a source.
 SOURCE_SWITCH_EXCEPTIONS = {

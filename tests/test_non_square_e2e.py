@@ -130,7 +130,8 @@ def test_clip_model_trains_exports_and_serves_at_48x32(synth_dir, tmp_path):
     server = _serve(out)
     try:
         meta = httpx.get(f"{server.url}/v2/models/clips").json()
-        assert {i["name"]: i["shape"] for i in meta["inputs"]} == {"pixels": [-1, 3, 5, HEIGHT, WIDTH]}
+        # A clip model also takes one encoded video (served clip models, #34).
+        assert {i["name"]: i["shape"] for i in meta["inputs"]} == {"video": [1], "pixels": [-1, 3, 5, HEIGHT, WIDTH]}
         tensor = {"name": "pixels", "datatype": "UINT8", "shape": list(clip.shape), "data": clip.ravel().tolist()}
         answer = httpx.post(
             f"{server.url}/v2/models/clips/infer", json={"inputs": [tensor], "outputs": [{"name": "logits"}]}

@@ -359,8 +359,9 @@ def test_with_every_extra_installed_no_command_is_stopped():
     from gpufeed.commands import missing_from_extra, require_extra
 
     assert missing_from_extra("bench") == [] and missing_from_extra("demo") == [] and missing_from_extra("grpc") == []
+    assert missing_from_extra("s3") == []
     require_extra("bench", "gpufeed bench server")
-    with pytest.raises(ValueError, match="no extra 'gpu'; it has: bench, demo, grpc, docs, test, cuda12"):
+    with pytest.raises(ValueError, match="no extra 'gpu'; it has: bench, demo, grpc, docs, s3, test, cuda12"):
         missing_from_extra("gpu")
 
 

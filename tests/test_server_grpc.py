@@ -180,7 +180,9 @@ def test_config_statistics_and_index_are_the_http_documents(server, reference):
         config = client.get_model_config(name, headers=dict(AUTH)).config
         http_doc = httpx.get(f"{server.url}/v2/models/{name}/config", headers=dict(AUTH)).json()
         assert config == json_format.ParseDict(http_doc, model_config_pb2.ModelConfig())
-        assert config.max_batch_size > 0 and config.input[0].name in ("image", "pixels")
+        # An encoded input first (an image; a clip model's one encoded video), then the pixels.
+        encoded = "video" if name == CLIP_MODEL else "image"
+        assert config.max_batch_size > 0 and [i.name for i in config.input] == [encoded, "pixels"]
     stats = client.get_inference_statistics(IMAGE_MODEL, headers=dict(AUTH))
     http_stats = httpx.get(f"{server.url}/v2/models/{IMAGE_MODEL}/stats", headers=dict(AUTH)).json()
     assert stats == json_format.ParseDict(http_stats, service_pb2.ModelStatisticsResponse())

@@ -17,7 +17,7 @@ pytest_plugins = ["pytester"]
 
 HERE = Path(__file__).resolve().parent
 # What conftest.py needs beside it: the tier guard and the GPU tests' collection checks.
-SUPPORT = ("conftest.py", "_tiers.py", "_gpu_checks.py", "_gpu_source.py")
+SUPPORT = ("conftest.py", "_tiers.py", "_gpu_checks.py", "_gpu_source.py", "_s3server.py")
 
 CASES = """
 import multiprocessing

@@ -199,7 +199,11 @@ def run_predict_bench(
     checkpoint, exported = _model(work, architecture, size_px, clip_length, classes, batch_size)
     source = Path(data) if data is not None else make_camera_videos(cache, count=1, seconds=seconds, size=video_size)
     # Encoded files only: the user's loop reads them with PyAV (frame stores are predict's alone).
-    videos = [t.path for t in find_videos(source) if t.problem is None and t.path.is_file() and t.path.suffix != ".h5"]
+    videos = [
+        t.path
+        for t in find_videos(source)
+        if t.problem is None and isinstance(t.path, Path) and t.path.is_file() and t.path.suffix != ".h5"
+    ]
     if not videos:
         raise ValueError(f"bench predict: no encoded video file in {source}")
     by_checkpoint = load_predictor(checkpoint, choice, batch_size=batch_size)

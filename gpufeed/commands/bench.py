@@ -15,6 +15,7 @@ from gpufeed._size import parse_size_px, size_px_value
 from gpufeed.bench._clip_names import CONTENDERS as CLIP_CONTENDERS
 from gpufeed.bench._clip_names import GENERATED_SETS
 from gpufeed.commands import require_extra
+from gpufeed.commands._bench_storage import register_storage
 from gpufeed.commands.predict import register_predict_bench
 from gpufeed.commands.reliability import register_server_runs
 
@@ -209,6 +210,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_server)
 
     register_train(kinds)
+    register_storage(kinds)
     register_server_runs(kinds, renamed_from="bench")
 
 

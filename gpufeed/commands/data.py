@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "output (images/, videos/, dense/); or single JPEG/PNG images (other image formats, such as GIF, are "
         "named as unsupported). Exit status 1 when problems are found.",
     )
-    p.add_argument("data", nargs="+", type=Path, help="dataset paths (see above)")
+    # Text, not Path: a dataset may be s3://bucket/prefix, which pathlib would read as s3:/bucket/prefix.
+    p.add_argument("data", nargs="+", help="dataset paths, local or s3://bucket/prefix (see above)")
     p.add_argument("--json", type=Path, help="also write the report as JSON here")
     p.add_argument(
         "--quarantine",
@@ -94,8 +95,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Label CSVs are copied after checking one row per frame. Ends with a table of random-seek cost "
         "per clip before and after. Exit status 1 when a video fails (the others are still prepared).",
     )
-    p.add_argument("src", type=Path, help="folder of videos (and <name>.csv label files)")
-    p.add_argument("--out", required=True, type=Path, help="folder to write into (must not be SRC)")
+    # Text, not Path: with --shards, SRC may be s3://bucket/prefix.
+    p.add_argument("src", help="folder of videos (and <name>.csv label files); with --shards, an image split too")
+    p.add_argument("--out", type=Path, help="folder to write into (must not be SRC); not with --shards")
+    p.add_argument(
+        "--shards",
+        metavar="DIR",
+        help="write SRC as WebDataset-style tar shards in DIR (local or s3://) instead: an image split (class "
+        "folders or a list file) as images with labels, a video folder or DeepEthogram project as its clips' "
+        "frames with per-frame labels (--clip-length-frames, --stride-frames, --image-format, --jpeg-quality)",
+    )
+    p.add_argument(
+        "--shard-kind",
+        choices=("auto", "images", "clips"),
+        default="auto",
+        help="what SRC holds (default auto: clips when it holds videos, frame stores or a DeepEthogram project)",
+    )
+    p.add_argument("--shard-bytes", type=int, default=256 << 20, help="close a shard past this size (default 256 MiB)")
     p.add_argument("--codec", choices=("h264", "vp9"), default="h264", help="h264 (NVDEC; default) or vp9 (DALI CPU)")
     p.add_argument("--gop", type=int, default=0, help="keyframe interval in frames (default 0: twice the clip span)")
     p.add_argument("--crf", type=int, default=23, help="constant quality, lower is better (default 23)")
@@ -148,9 +164,11 @@ def _check_limits(args: argparse.Namespace) -> tuple[int, int | None, int]:
 
     max_pixels, num_classes, ignore_id = DEFAULT_MAX_IMAGE_PIXELS, None, 255
     if args.config is not None:
+        from gpufeed._storage import configure_storage
         from gpufeed.config import load_config
 
         cfg = load_config(args.config)
+        configure_storage(cfg.storage)  # its storage section reads s3:// data (cache, block size)
         max_pixels, ignore_id = cfg.data.max_image_pixels, cfg.data.mask_ignore_id
         num_classes = cfg.model.num_classes or len(cfg.data.classes or ()) or None
     if args.num_classes is not None:
@@ -163,6 +181,7 @@ def _check_limits(args: argparse.Namespace) -> tuple[int, int | None, int]:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from gpufeed._object_path import is_object_url
     from gpufeed.pipelines import check_path
     from gpufeed.pipelines._check import CheckReport
     from gpufeed.pipelines._mask_check import check_mask_ids
@@ -183,7 +202,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.quarantine:
         # Absolute, so the list means the same files from any working directory (training resolves
         # relative entries against the list's own folder instead).
-        bad = sorted({os.path.abspath(p) for p in report.bad_paths()})
+        bad = sorted({p if is_object_url(p) else os.path.abspath(p) for p in report.bad_paths()})
         args.quarantine.write_text("".join(p + "\n" for p in bad), encoding="utf-8")
     return 0 if report.ok else 1
 
@@ -191,6 +210,19 @@ def _check(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> int:
     from gpufeed.pipelines import PrepareOptions, prepare_videos
 
+    if args.shards is not None:
+        if args.out is not None:
+            print(
+                "gpufeed prepare: error: give --out (re-encoded videos) or --shards (tar shards), not both",
+                file=sys.stderr,
+            )
+            return 2
+        from gpufeed.commands._prepare_shards import prepare_shards  # Deferred: DALI and PyAV load with it
+
+        return prepare_shards(args)
+    if args.out is None:
+        print("gpufeed prepare: error: the following arguments are required: --out (or --shards DIR)", file=sys.stderr)
+        return 2
     try:
         options = PrepareOptions(
             codec=args.codec,
@@ -209,7 +241,7 @@ def _prepare(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"gpufeed prepare: error: {err}", file=sys.stderr)
         return 2
-    report = prepare_videos(args.src, args.out, options)
+    report = prepare_videos(Path(args.src), args.out, options)
     print(f"prepared {sum(v.problem is None for v in report.videos)} of {len(report.videos)} video(s) into {args.out}")
     if options.frame_store is None:
         tune = f", tune {options.tune}" if options.codec == "h264" else ""

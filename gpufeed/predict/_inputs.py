@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufeed._storage import DataPath
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS
 from gpufeed.pipelines._deepethogram import is_project, read_project
 from gpufeed.pipelines._errors import DatasetError
@@ -52,7 +53,7 @@ class Target:
         problem: Why it cannot be scored before anything is read (a project record's problem), or ``None``.
     """
 
-    path: Path
+    path: DataPath
     name: str
     out_base: Path
     problem: str | None = None
@@ -63,7 +64,7 @@ def output_path(target: Target, fmt: str) -> Path:
     return target.out_base.with_name(target.out_base.name + OUTPUT_SUFFIXES[fmt])
 
 
-def _stem(path: Path) -> str:
+def _stem(path: DataPath) -> str:
     return path.name if path.is_dir() else path.stem
 
 
@@ -120,7 +121,7 @@ def _project_targets(root: Path, out_dir: Path | None, allowed_roots: tuple) -> 
     project = read_project(root, allowed_roots)
     targets = []
     for record in project.records:
-        folder = project.data_dir / record.key
+        folder = root / project.data_dir.name / record.key  # the project is local: so are the outputs beside it
         video = record.video
         # A record's label file is not needed to score its video: only a problem with the video counts.
         problem = record.problem if video is None or "'rgb" in (record.problem or "") else None

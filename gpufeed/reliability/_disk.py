@@ -38,6 +38,7 @@ from pathlib import Path
 
 from gpufeed._files import write_json
 from gpufeed._report import Checklist
+from gpufeed._storage import data_path
 from gpufeed._text import format_table
 from gpufeed.config import load_config
 from gpufeed.models import create_model
@@ -203,7 +204,7 @@ def _checkpoint_kib(config: Path) -> int:
     train = cfg.data.train
     if train is None or train.list_file is None:  # the job this module writes always lists its images
         raise ValueError(f"{config}: the disk runs' job needs data.train.list_file")
-    classes = (train.list_file.parent / "classes.txt").read_text(encoding="utf-8").split()
+    classes = (data_path(train.list_file).parent / "classes.txt").read_text(encoding="utf-8").split()
     model = create_model(cfg.model.name, num_classes=len(classes), size_px=cfg.image.size_px)
     return -(-estimate_checkpoint_bytes(model, build_optimizer(model, cfg.train)) // 1024)
 

@@ -18,6 +18,7 @@ import torch
 from gpufeed import __version__
 from gpufeed._files import finite, write_json
 from gpufeed._schema import to_mapping
+from gpufeed._storage import configure_storage
 from gpufeed.config import Config, ConfigError, save_config
 from gpufeed.device import resolve_device
 from gpufeed.models import ModelSpec, checkpoint_path, create_model, model_state
@@ -422,5 +423,6 @@ def train(
     Raises:
         ConfigError, TrainError, DatasetError, BadSampleError: Input problems, clearly named.
     """
+    configure_storage(cfg.storage)  # s3:// data: the cache and block size, for DALI's worker processes too
     with Session(cfg, run_dir, resume=resume, profile_steps=profile_steps) as session:
         return session.run()

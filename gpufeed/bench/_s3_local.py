@@ -1,0 +1,87 @@
+"""A local S3-compatible server for ``gpufeed bench storage --local-server``: moto's server mode on 127.0.0.1.
+
+The benchmark measures object-storage reading without a cloud account: moto (``pip install
+'moto[server]'``) serves S3's API from a child process, and this process's standard AWS settings
+point at it while the benchmark runs (``AWS_ENDPOINT_URL``, throwaway credentials), then are put
+back. The server is a child process: DALI's S3 reader and PyAV's reads hold the GIL while they
+wait, so a server thread in this process could not answer them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+from gpufeed import _s3
+
+__all__ = ["local_s3_server"]
+
+_START_S = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def local_s3_server() -> Iterator[str]:
+    """Start moto's S3 server on 127.0.0.1 and point this process's AWS settings at it; yields the endpoint.
+
+    Raises:
+        RuntimeError: moto is not installed, or its server did not answer within a minute.
+    """
+    if importlib.util.find_spec("moto") is None:
+        raise RuntimeError("--local-server needs moto's S3 server: pip install 'moto[server]'")
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    settings = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "gpufeed-bench",
+        "AWS_SECRET_ACCESS_KEY": "gpufeed-bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    saved = {name: os.environ.get(name) for name in [*settings, "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"]}
+    os.environ.update(settings)
+    os.environ.pop("AWS_PROFILE", None)
+    os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+    try:
+        _wait_until_up(process)
+        yield endpoint
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _wait_until_up(process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + _START_S
+    while True:
+        try:
+            _s3.client().list_buckets()
+            return
+        except Exception:  # not up yet: refused connections until it listens
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto's S3 server did not start (exit status {process.poll()})") from None
+            time.sleep(0.2)
