@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "finite", "fsync_dir", "temp_path", "write_atomic", "write_json"]
+__all__ = ["atomic_path", "finite", "fsync_dir", "remove_stale_temps", "temp_path", "write_atomic", "write_json"]
 
 
 def temp_path(path: str | Path) -> Path:
@@ -29,6 +30,45 @@ def temp_path(path: str | Path) -> Path:
     """
     path = Path(path)
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it runs
+        return True
+    return True
+
+
+def remove_stale_temps(path: str | Path, idle_s: float = 600.0) -> list[Path]:
+    """Remove the temporary files of writes of ``path`` whose writer was killed; return them.
+
+    A write killed before its rename leaves ``.<name>.tmp-<pid>`` behind. One counts as stale when no
+    process of that pid runs here and it has not changed for ``idle_s`` seconds: a writer on another
+    machine sharing the folder (whose pid means nothing here) keeps its file changing while it writes.
+    """
+    path = Path(path)
+    prefix = f".{path.name}.tmp-"
+    removed = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        pid = entry.name[len(prefix) :] if entry.name.startswith(prefix) else ""
+        if not pid.isdigit() or int(pid) == os.getpid() or _runs(int(pid)):
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime < idle_s:
+                continue
+            os.unlink(entry.path)
+        except OSError:
+            continue
+        removed.append(Path(entry.path))
+    return removed
 
 
 def fsync_dir(folder: str | Path) -> None:

@@ -195,10 +195,7 @@ class ModelCard:
                 "mean": list(spec.mean),
                 "std": list(spec.std),
             },
-            "preprocessing": (
-                f"decode RGB, scale so that {spec.size.width_px}x{spec.size.height_px} (width x height) / "
-                f"eval_crop_fraction just fits inside the image, centre-crop width_px x height_px, uint8 {spec.input_layout}"
-            ),
+            "preprocessing": self._preprocessing(),
             "scores": spec.head.scores,
             "parity": dict(self.parity),
             "source_checkpoint": self.source_checkpoint,
@@ -207,6 +204,26 @@ class ModelCard:
             "model_spec": spec.to_dict(),
             "extra": dict(self.extra),
         }
+
+    def _preprocessing(self) -> str:
+        """The card's one-line account of what is done to the pixels before the model (for people)."""
+        spec = self.spec
+        size = f"{spec.size.width_px}x{spec.size.height_px} (width x height)"
+        sampling = self.extra.get("clip_sampling")
+        if spec.head.takes_clips and isinstance(sampling, dict):
+            fit = (
+                f"resize each frame to {size}, aspect not kept"
+                if sampling.get("fit", "stretch") == "stretch"
+                else f"centre-crop each frame to the aspect of {size}, resize to it"
+            )
+            return (
+                f"decode every frame RGB in order, {fit}; windows of {spec.clip_length_frames} frames "
+                f"{sampling.get('stride_frames', 1)} apart, uint8 {spec.input_layout}"
+            )
+        return (
+            f"decode RGB, scale so that {size} / eval_crop_fraction just fits inside the image, "
+            f"centre-crop width_px x height_px, uint8 {spec.input_layout}"
+        )
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "model card") -> ModelCard:

@@ -45,7 +45,7 @@ from gpufeed.models._card import (
     default_batch_sizes,
 )
 from gpufeed.models._clip_sampling import ClipSampling
-from gpufeed.models._io import find_checkpoint, load_model
+from gpufeed.models._io import find_checkpoint, load_model, read_checkpoint
 from gpufeed.models._nets import GpufeedModel
 from gpufeed.models._spec import ModelSpec
 
@@ -242,9 +242,12 @@ def export_model(
     largest, dynamic = sizes[-1], len(sizes) > 1
     checkpoint = find_checkpoint(source)
     try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        state = read_checkpoint(checkpoint)
+    except ValueError as err:  # not a checkpoint: one line naming the file and why
+        raise ExportError(str(err)) from None
+    try:
         model = load_model(state).eval()
-    except Exception as err:  # torch.load raises several types for files that are not checkpoints
+    except Exception as err:  # a dict without the keys, or weights that do not fit its spec
         raise ExportError(f"cannot load a gpufeed model from {checkpoint}: {err}") from None
     spec = model.spec
     # How training read its clips (frame gap, fit), which scoring a video must repeat (gpufeed predict,

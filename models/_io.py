@@ -7,6 +7,8 @@ state beside them. A run folder keeps them as ``<run>/checkpoints/ckpt-<step, 9 
 
 from __future__ import annotations
 
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ __all__ = [
     "list_checkpoints",
     "load_model",
     "model_state",
+    "read_checkpoint",
     "untrained_checkpoint",
 ]
 
@@ -57,6 +60,41 @@ def find_checkpoint(path: str | Path) -> Path:
     raise FileNotFoundError(f"checkpoint {path} does not exist")
 
 
+def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """A checkpoint file's dict, loaded with ``torch.load(weights_only=True)`` (no code from the file runs).
+
+    Raises:
+        ValueError: One line naming the file and why it is no checkpoint (empty, not a PyTorch file,
+            a pickled object rather than tensors and plain values, not a dict), in place of torch's
+            several paragraphs, which end in advice to load with ``weights_only=False``.
+    """
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # torch.load raises several types for files that are not checkpoints
+        raise ValueError(f"{path} is not a gpufeed checkpoint: {_load_failure(Path(path), err)}") from None
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"{path} is not a gpufeed checkpoint: it holds a {type(state).__name__}, not the dict gpufeed train saves"
+        )
+    return state
+
+
+def _load_failure(path: Path, err: Exception) -> str:
+    """Why ``torch.load(path, weights_only=True)`` failed, in a few words (torch's detail line, cut)."""
+    if path.is_file() and path.stat().st_size == 0:
+        return "the file is empty (0 bytes)"
+    text = str(err)
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if found:  # e.g. torch.save(model): the file rebuilds objects by calling their code
+        return (
+            f"it holds a pickled object ({found.group(1)[:100]}), not tensors and plain values; gpufeed reads "
+            "checkpoints with torch.load(weights_only=True), which runs no code from a file"
+        )
+    detail = text.split("WeightsUnpickler error:", 1)[-1] if isinstance(err, pickle.UnpicklingError) else text
+    lines = [line.strip() for line in detail.splitlines() if line.strip()]
+    return f"torch.load cannot read it as a PyTorch file ({type(err).__name__}: {lines[0][:120] if lines else 'no detail'})"
+
+
 def model_state(model: torch.nn.Module) -> dict:
     """The part of a checkpoint that rebuilds the model: its spec and its weights."""
     module: Any = getattr(model, "module", model)  # unwrap DDP
@@ -68,14 +106,15 @@ def load_model(source: str | Path | dict, map_location: str | torch.device = "cp
     """Rebuild a model (architecture from its spec, then weights) from a checkpoint or run folder.
 
     Raises:
-        ValueError: The file is not a gpufeed checkpoint (it names the missing keys).
+        ValueError: The file is not a gpufeed checkpoint (it names the file and why: unreadable, or
+            the missing keys).
     """
     where: str | Path
     if isinstance(source, dict):
         state, where = source, "checkpoint dict"
     else:
         where = find_checkpoint(source)
-        state = torch.load(where, map_location=map_location, weights_only=True)
+        state = read_checkpoint(where, map_location)
     missing = [key for key in ("model", "model_spec") if key not in state]
     if missing:
         raise ValueError(f"{where} is not a gpufeed checkpoint: missing {', '.join(missing)}")

@@ -206,7 +206,11 @@ class ServedModel:
         """Where the work runs: decoder, input buffer and onnxruntime providers (for logs and tests)."""
         lane = self._lanes.get()
         try:
-            if lane.decoder is None:
+            if lane.decoder is None and self.head.accepts_video:
+                # server/_video.py's sequential reader: NVDEC through DALI on a GPU, PyAV on a CPU
+                where = "NVDEC through DALI where it takes the codec, else PyAV" if self.on_gpu else "PyAV on the CPU"
+                decode = f"encoded videos in order with {where}; or decoded UINT8 clips"
+            elif lane.decoder is None:
                 decode = "none (decoded UINT8 tensors only)"
             elif lane.decoder.device_id is None:
                 decode = "DALI on the CPU"

@@ -250,10 +250,16 @@ def rest_items(
             raise RequestError("malformed_request", "the multipart body has no file part (an image)")
         blobs, where = [p.data for p in parts], "the multipart files"
     else:
+        # A clip model's REST body is a video (server/_app.py routes video/* before this), so naming
+        # image types would send its caller the wrong way (curl's default type lands here).
+        wanted = (
+            f"model {model.name!r} is a {model.head.kind} model: send one encoded video as a video/* body "
+            "(video/mp4, video/x-msvideo, video/webm, video/x-matroska, video/quicktime)"
+            if model.head.accepts_video
+            else "send image/jpeg, image/png or multipart/form-data"
+        )
         raise RequestError(
-            "unsupported_media_type",
-            f"Content-Type {shown(kind or '(none)', 80)} is not accepted; send image/jpeg, image/png or "
-            "multipart/form-data",
+            "unsupported_media_type", f"Content-Type {shown(kind or '(none)', 80)} is not accepted; {wanted}"
         )
     items = items_from_images(model, blobs, cfg.max_image_pixels, cfg.max_images_per_request, where)
     if one_map and len(items) != 1:

@@ -237,3 +237,14 @@ def test_export_cli_writes_a_model_folder(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_cards_preprocessing_line_says_how_each_kind_of_model_reads_its_pixels():
+    """A clip model is scored with its training's fit (stretch here), not the image models' scale and crop."""
+    cards = {
+        name: json.loads((exported_repo() / name / "model_card.json").read_text()) for name in (CLIP_MODEL, IMAGE_MODEL)
+    }
+    clip = cards[CLIP_MODEL]
+    assert clip["preprocessing"].startswith("decode every frame RGB in order, resize each frame to 32x32")
+    assert f"windows of {clip['clip_length_frames']} frames 1 apart" in clip["preprocessing"]
+    assert "centre-crop width_px x height_px" in cards[IMAGE_MODEL]["preprocessing"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -45,3 +46,24 @@ def test_a_plain_write_goes_through_a_symlink_and_an_atomic_one_replaces_it(tmp_
     assert link.is_symlink() and target.read_text() == "[\n  1\n]\n"
     write_json(link, [2], atomic=True)
     assert not link.is_symlink() and target.read_text() == "[\n  1\n]\n"
+
+
+def test_a_killed_writers_temporary_file_is_removed_once_it_has_lain_idle(tmp_path):
+    import time
+
+    from gpufeed._files import _runs, remove_stale_temps, temp_path
+
+    target = tmp_path / "video_predictions.csv"
+    gone = next(pid for pid in range(4_000_000, 3_000_000, -997) if not _runs(pid))  # no such process
+    dead = tmp_path / f".{target.name}.tmp-{gone}"  # its writer was killed
+    alive = tmp_path / f".{target.name}.tmp-{os.getppid()}"  # a running process's write
+    mine = temp_path(target)
+    other = tmp_path / f".other.csv.tmp-{gone}"  # another target's
+    for path in (dead, alive, mine, other):
+        path.write_text("partial")
+    assert remove_stale_temps(target) == []  # all fresh: a writer elsewhere may still be at it
+    old = time.time() - 3600
+    for path in (dead, alive, mine, other):
+        os.utime(path, (old, old))
+    assert remove_stale_temps(target) == [dead]
+    assert not dead.exists() and alive.exists() and mine.exists() and other.exists()

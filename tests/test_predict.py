@@ -225,6 +225,39 @@ def test_a_checkpoint_keeps_its_training_sampling(tmp_path):
     shutil.rmtree(tmp_path / "exported")
 
 
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda p: p.write_bytes(b""), "the file is empty (0 bytes)"),
+        (
+            lambda p: p.write_text("frame,walk\n0,1\n"),
+            "torch.load cannot read it as a PyTorch file (UnpicklingError: Unsupported operand 102)",
+        ),
+        (
+            lambda p: torch.save(torch.nn.Linear(2, 2), p),
+            "it holds a pickled object (torch.nn.modules.linear.Linear), not tensors and plain values; gpufeed reads "
+            "checkpoints with torch.load(weights_only=True), which runs no code from a file",
+        ),
+        (lambda p: torch.save(torch.zeros(3), p), "it holds a Tensor, not the dict gpufeed train saves"),
+    ],
+    ids=["empty", "csv", "pickled-module", "tensor"],
+)
+def test_a_file_that_is_no_checkpoint_is_one_line_naming_it(tmp_path, make, why):
+    """predict and export say what the file is, not torch's paragraphs advising weights_only=False."""
+    from gpufeed.models import ExportError, export_model
+    from gpufeed.predict import load_predictor
+
+    path = tmp_path / "model.pt"
+    make(path)
+    with pytest.raises(DatasetError) as info:
+        load_predictor(path, CPU)
+    assert str(info.value) == f"{path} is not a gpufeed checkpoint: {why}"
+    with pytest.raises(ExportError) as exported:
+        export_model(path, tmp_path / "exported", batch_size=1)
+    assert str(exported.value) == str(info.value) and "weights_only` set to `False" not in str(exported.value)
+    assert not (tmp_path / "exported").exists()
+
+
 def test_a_camera_like_video_of_an_odd_size(tmp_path):
     """97 x 61 (odd both ways, so 4:4:4), B-frames, short irregular GOPs, a variable frame rate: every frame exact."""
     path = tmp_path / "odd" / "camera.mp4"

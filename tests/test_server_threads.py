@@ -52,3 +52,21 @@ def test_the_models_of_a_server_share_one_budget_and_its_load():
     finally:
         first.close()
         second.close()
+
+
+def test_a_clip_model_says_it_decodes_encoded_videos():
+    """The start-up log's line for a clip model names its video decoder, not "none"."""
+    from _serving import CLIP_MODEL
+
+    from gpufeed.server._model import ServedModel
+    from gpufeed.server._repo import load_repository
+    from gpufeed.server._state import ServingState
+
+    cfg = parse_config(None).serve
+    state = ServingState(load_repository(exported_repo()), cfg, CPU)
+    entry = state.entries[CLIP_MODEL]
+    model = ServedModel(entry.name, entry.dir, entry.card, cfg, CPU, state.metrics, state.budget)
+    try:
+        assert model.describe()["decode"] == "encoded videos in order with PyAV on the CPU; or decoded UINT8 clips"
+    finally:
+        model.close()

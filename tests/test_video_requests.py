@@ -11,13 +11,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from _serving import CLIP_MODEL, exported_repo
+from _serving import CLIP_MODEL, IMAGE_MODEL, exported_repo
 from videohelp import encode_tagged_video
 
 from gpufeed.config import parse_config
 from gpufeed.models import read_model_card
 from gpufeed.pipelines._video_bytes import VideoBytes, sniff_container
 from gpufeed.server._errors import RequestError
+from gpufeed.server._requests import rest_items
 from gpufeed.server._video import VideoUpload, hop_of, open_video
 
 pytestmark = pytest.mark.timeout(300)
@@ -108,3 +109,20 @@ def test_containers_are_known_from_their_first_bytes(clip):
     assert sniff_container(b"\xff\xd8\xff\xe0") is None
     with VideoBytes(clip, "a clip") as video:
         assert video.info.num_frames == 45 and video.problem is None
+
+
+def test_a_clip_models_rest_body_of_another_type_is_told_to_send_a_video(model):
+    # curl --data-binary without -H sends application/x-www-form-urlencoded: the answer must point a
+    # clip model's caller at video/*, not at the image types an image model takes.
+    clip_model = SimpleNamespace(name=CLIP_MODEL, card=model.card, head=model.card.spec.head)
+    with pytest.raises(RequestError) as info:
+        rest_items(clip_model, _serve(), b"\x00\x00\x00\x18ftypmp42", None, "application/x-www-form-urlencoded")
+    assert info.value.reason == "unsupported_media_type"
+    assert info.value.message == (
+        "Content-Type 'application/x-www-form-urlencoded' is not accepted; model 'clips' is a clip model: send one "
+        "encoded video as a video/* body (video/mp4, video/x-msvideo, video/webm, video/x-matroska, video/quicktime)"
+    )
+    image_card = read_model_card(exported_repo() / IMAGE_MODEL)
+    image_model = SimpleNamespace(name=IMAGE_MODEL, card=image_card, head=image_card.spec.head)
+    with pytest.raises(RequestError, match=r"'text/plain' is not accepted; send image/jpeg, image/png or multipart"):
+        rest_items(image_model, _serve(), b"hello", None, "text/plain")

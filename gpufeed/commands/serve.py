@@ -64,9 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="serve exported models over HTTP: KServe v2, simple REST, Prometheus /metrics",
         description="Serve a model repository (one folder per model; the folder name is the model name) or a single "
-        "model folder. KServe v2 under /v2 (tritonclient works), POST /v1/models/NAME/predict with an image body, "
-        "GET /metrics, GET /openapi.json. Binds 127.0.0.1 unless told otherwise. SIGTERM drains: readiness turns false, "
-        "new requests get 503, requests in flight are answered, then it exits 0.",
+        "model folder. KServe v2 under /v2 (tritonclient works), POST /v1/models/NAME/predict with an image body "
+        "(a video/* body for a clip model), GET /metrics, GET /openapi.json. Binds 127.0.0.1 unless told otherwise. "
+        "SIGTERM drains: readiness turns false, new requests get 503, requests in flight are answered, then it exits 0.",
     )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--model-repo", type=Path, metavar="DIR", help="folder of model folders")

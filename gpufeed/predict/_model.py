@@ -32,6 +32,7 @@ from gpufeed.models import (
 )
 from gpufeed.models._card import CARD_FILE
 from gpufeed.models._clip_sampling import ClipSampling
+from gpufeed.models._io import read_checkpoint
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.server._runtime import OnnxRunner
 
@@ -162,9 +163,12 @@ def load_predictor(source: str | Path, device, batch_size: int = 0, threads: int
             f"{err}; give a checkpoint (.pt), a training run folder or an exported model folder ({CARD_FILE})"
         ) from None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_checkpoint(path)
+    except ValueError as err:  # not a checkpoint: one line naming the file and why
+        raise DatasetError(str(err)) from None
+    try:
         module = load_model(state).eval().to(device.torch_device)
-    except Exception as err:  # torch.load raises several types for files that are not checkpoints
+    except Exception as err:  # a dict without the keys, or weights that do not fit its spec
         raise DatasetError(f"cannot load a gpufeed model from {path}: {str(err).splitlines()[0][:200]}") from None
     spec = module.spec
     size = batch_size or (32 if device.is_gpu else 8)

@@ -16,8 +16,8 @@ replaced.
 **Atomic, resumable.** Rows stream into a hidden temporary file beside the output (``.<name>.tmp-<pid>``,
 :func:`gpufeed._files.atomic_path`), which is flushed, synced and renamed over the output only
 once the last frame is written; a run killed mid-video leaves no output (and at most that hidden
-file), so the output's presence means the video is done (:func:`is_done`), and a second run
-skips it. HDF5 datasets are written block by block into chunked datasets of the final size, so
+file, which a later run removes once it has lain untouched for ten minutes with its writer gone),
+so the output's presence means the video is done (:func:`is_done`), and a second run skips it. HDF5 datasets are written block by block into chunked datasets of the final size, so
 memory stays a block's whatever the video's length.
 """
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed._files import atomic_path
+from gpufeed._files import atomic_path, remove_stale_temps
 
 __all__ = ["DEFAULT_THRESHOLD", "FrameSink", "csv_sink", "h5_sink", "is_done", "read_predictions_csv"]
 
@@ -68,6 +68,7 @@ def csv_sink(path: Path, labels: tuple[str, ...], num_frames: int) -> Iterator[F
         ValueError: The block ended with rows missing (the output is not written).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)  # a killed run's partial rows
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as handle:
         handle.write(",".join(["frame", *(_cell(name) for name in labels)]) + "\n")
         sink = _CsvSink(handle, len(labels))
@@ -109,6 +110,7 @@ def h5_sink(
     import h5py
 
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)  # a killed run's partial copy
     with atomic_path(path) as tmp:
         if path.exists():  # DeepEthogram's own groups stay: the new file starts as a copy of the old
             shutil.copyfile(path, tmp)
