@@ -16,10 +16,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,72 +33,22 @@ class S3Server:
 
     endpoint: str
     secret: str
-    process: subprocess.Popen
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _wait_until_up(endpoint: str, process: subprocess.Popen) -> None:
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=endpoint)
-    deadline = time.monotonic() + _START_S
-    while True:
-        try:
-            client.list_buckets()
-            return
-        except Exception:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"moto's S3 server did not start at {endpoint} (exit {process.poll()})") from None
-            time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> Iterator[S3Server]:
     """moto's S3 server on 127.0.0.1, this process's AWS settings pointed at it (see the module docs)."""
     pytest.importorskip("moto", reason="the s3 tests need moto[server] (the test extra)")
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
+    from gpufeed.bench._s3_local import local_s3_server
+
     log = tmp_path_factory.mktemp("moto") / "server.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
     secret = "gpufeed-sentinel-" + secrets.token_hex(12)
-    settings = {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "gpufeed-test-key",
-        "AWS_SECRET_ACCESS_KEY": secret,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
+    hidden = {  # the user's own AWS files stay out of the tests
         "AWS_CONFIG_FILE": str(log.parent / "no-aws-config"),
         "AWS_SHARED_CREDENTIALS_FILE": str(log.parent / "no-aws-credentials"),
     }
-    saved = {name: os.environ.get(name) for name in [*settings, "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"]}
-    os.environ.update(settings)
-    os.environ.pop("AWS_PROFILE", None)
-    os.environ.pop("AWS_ENDPOINT_URL_S3", None)
-    try:
-        _wait_until_up(endpoint, process)
-        yield S3Server(endpoint, secret, process)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with local_s3_server(access_key="gpufeed-test-key", secret_key=secret, log_path=log, settings=hidden) as endpoint:
+        yield S3Server(endpoint, secret)
 
 
 _buckets = iter(range(1, 1_000_000))

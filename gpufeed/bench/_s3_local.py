@@ -32,30 +32,46 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def local_s3_server() -> Iterator[str]:
+def local_s3_server(
+    *,
+    access_key: str = "gpufeed-bench",
+    secret_key: str = "gpufeed-bench",
+    log_path: str | os.PathLike | None = None,
+    settings: dict[str, str] | None = None,
+) -> Iterator[str]:
     """Start moto's S3 server on 127.0.0.1 and point this process's AWS settings at it; yields the endpoint.
+
+    The settings are put back, and the server stopped, when the block ends (the tests' session
+    fixture uses this too, with a secret of its own to look for in outputs).
+
+    Args:
+        access_key, secret_key: The throwaway credentials set while the server runs.
+        log_path: Where the server's output goes (default: discarded).
+        settings: More environment settings for the while (the tests hide the user's AWS files).
 
     Raises:
         RuntimeError: moto is not installed, or its server did not answer within a minute.
     """
     if importlib.util.find_spec("moto") is None:
-        raise RuntimeError("--local-server needs moto's S3 server: pip install 'moto[server]'")
+        raise RuntimeError("a local S3 server needs moto's server mode: pip install 'moto[server]'")
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    settings = {
+    with open(log_path or os.devnull, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    wanted = {
         "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "gpufeed-bench",
-        "AWS_SECRET_ACCESS_KEY": "gpufeed-bench",
+        "AWS_ACCESS_KEY_ID": access_key,
+        "AWS_SECRET_ACCESS_KEY": secret_key,
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_EC2_METADATA_DISABLED": "true",
+        **(settings or {}),
     }
-    saved = {name: os.environ.get(name) for name in [*settings, "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"]}
-    os.environ.update(settings)
+    saved = {name: os.environ.get(name) for name in [*wanted, "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"]}
+    os.environ.update(wanted)
     os.environ.pop("AWS_PROFILE", None)
     os.environ.pop("AWS_ENDPOINT_URL_S3", None)
     try:
