@@ -125,7 +125,10 @@ KINDS = (
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_kill_at_each_boundary_then_resume_ends_bit_identical(kind, synth_dir, dense, stores, project, tmp_path):
     data = {"dense": dense, "stores": stores, "project": project}
-    report = run_boundary_kills(_config(kind, synth_dir, data), tmp_path, name=kind)
+    # One intra-op thread: with two, clip runs on a loaded 2-core machine twice ended with a loss differing in
+    # its 7th significant digit from the reference's, both processes on the same thread count (cause not
+    # found; docs/training-reliability.md). One thread keeps this test about resume, not about that.
+    report = run_boundary_kills(_config(kind, synth_dir, data), tmp_path, name=kind, env={"OMP_NUM_THREADS": "1"})
     print(report.table())  # the figures, with -s
 
     assert [k.boundary for k in report.kills] == list(BOUNDARIES)
