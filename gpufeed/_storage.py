@@ -34,6 +34,11 @@ from typing import TypeAlias
 from gpufeed import _s3
 from gpufeed._object_path import OBJECT_SCHEMES, ObjectPath, is_object_url, url_scheme
 from gpufeed._ranged import RangedFile
+
+# The settings' environment names too: the storage bench and its tests set them.
+from gpufeed._storage_settings import ENV_BLOCK_BYTES as ENV_BLOCK_BYTES
+from gpufeed._storage_settings import ENV_CACHE_DIR as ENV_CACHE_DIR
+from gpufeed._storage_settings import ENV_CACHE_MAX_BYTES as ENV_CACHE_MAX_BYTES
 from gpufeed._storage_settings import (
     StorageSettings,
     configure_storage,
