@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpufeed import _s3
+
 if TYPE_CHECKING:
     from gpufeed._object_path import ObjectPath
 
@@ -85,8 +87,6 @@ class BlockCache:
         Raises:
             OSError: It cannot be read, or it is larger than the whole cache (``EFBIG``).
         """
-        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
-
         found = _s3.stat(source)
         path = self._entry("objects", f"{source}\n{found.st_size}\n{found.etag}", source.suffix)
         if path.is_file() and path.stat().st_size == found.st_size:

@@ -17,28 +17,35 @@ themselves (its AWS SDK build), so the image loaders hand DALI the URLs unchange
 
 **Settings** (the ``storage`` config section) reach every process through the environment:
 :func:`configure_storage` writes them there, and DALI's worker processes, forked or spawned,
-inherit them (:func:`storage_settings` reads them back).
+inherit them (:func:`storage_settings` reads them back; both live in
+:mod:`gpufeed._storage_settings`, re-exported here).
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import re
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 
-from gpufeed._blob_cache import BlockCache
-from gpufeed._config_storage import StorageConfig
+from gpufeed import _s3
 from gpufeed._object_path import OBJECT_SCHEMES, ObjectPath, is_object_url, url_scheme
 from gpufeed._ranged import RangedFile
-from gpufeed._text import quoted
 
-if TYPE_CHECKING:
-    from gpufeed._s3 import ObjectStat
+# The settings' environment names too: the storage bench and its tests set them.
+from gpufeed._storage_settings import ENV_BLOCK_BYTES as ENV_BLOCK_BYTES
+from gpufeed._storage_settings import ENV_CACHE_DIR as ENV_CACHE_DIR
+from gpufeed._storage_settings import ENV_CACHE_MAX_BYTES as ENV_CACHE_MAX_BYTES
+from gpufeed._storage_settings import (
+    StorageSettings,
+    configure_storage,
+    storage_cache,
+    storage_settings,
+)
+from gpufeed._text import quoted
 
 __all__ = [
     "DataPath",
@@ -64,72 +71,9 @@ __all__ = [
     "walk",
 ]
 
-ENV_CACHE_DIR = "GPUFEED_STORAGE_CACHE_DIR"
-ENV_CACHE_MAX_BYTES = "GPUFEED_STORAGE_CACHE_MAX_BYTES"
-ENV_BLOCK_BYTES = "GPUFEED_STORAGE_BLOCK_BYTES"
-
 PathArg = str | PurePath | ObjectPath
 # What open_binary returns: a local file, or an object's ranged-read file; both read, seek and close.
 BinaryFile: TypeAlias = io.BufferedReader | RangedFile
-
-
-@dataclass(frozen=True)
-class StorageSettings:
-    """The ``storage`` section as this process sees it (see the module docs).
-
-    Attributes:
-        cache_dir: The disk cache folder, or ``None``.
-        cache_max_bytes: Its bound.
-        block_bytes: The unit of ranged reads.
-    """
-
-    cache_dir: str | None
-    cache_max_bytes: int
-    block_bytes: int
-
-
-def configure_storage(cfg: StorageConfig) -> None:
-    """Make ``cfg`` this process's storage settings, and its future children's (through the environment)."""
-    if cfg.cache_dir is not None:
-        os.environ[ENV_CACHE_DIR] = str(cfg.cache_dir)
-    else:
-        os.environ.pop(ENV_CACHE_DIR, None)
-    os.environ[ENV_CACHE_MAX_BYTES] = str(cfg.cache_max_bytes)
-    os.environ[ENV_BLOCK_BYTES] = str(cfg.block_bytes)
-
-
-def _int_env(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
-
-
-def storage_settings() -> StorageSettings:
-    """This process's settings: what :func:`configure_storage` set, else the config's defaults."""
-    defaults = StorageConfig()
-    return StorageSettings(
-        os.environ.get(ENV_CACHE_DIR) or None,
-        max(1, _int_env(ENV_CACHE_MAX_BYTES, defaults.cache_max_bytes)),
-        max(4096, _int_env(ENV_BLOCK_BYTES, defaults.block_bytes)),
-    )
-
-
-_cache_lock = threading.Lock()
-_caches: dict[tuple, BlockCache] = {}
-
-
-def storage_cache() -> BlockCache | None:
-    """This process's disk cache for the current settings, or ``None`` when ``storage.cache_dir`` is unset."""
-    settings = storage_settings()
-    if settings.cache_dir is None:
-        return None
-    key = (os.getpid(), settings.cache_dir, settings.cache_max_bytes)
-    with _cache_lock:
-        cache = _caches.get(key)
-        if cache is None:
-            cache = _caches[key] = BlockCache(settings.cache_dir, settings.cache_max_bytes)
-        return cache
 
 
 class S3Path(ObjectPath):
@@ -143,29 +87,21 @@ class S3Path(ObjectPath):
 
     __slots__ = ()
 
-    def stat(self) -> ObjectStat:
+    def stat(self) -> _s3.ObjectStat:
         """Size and version (``st_size``, ``st_mtime_ns``, ``etag``); ``FileNotFoundError``-like ``OSError`` when absent."""
-        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
-
         return _s3.stat(self)
 
     def exists(self) -> bool:
         return self.is_file() or self.is_dir()
 
     def is_file(self) -> bool:
-        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
-
         return bool(self.key) and _s3.lookup(self) is not None
 
     def is_dir(self) -> bool:
-        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
-
         return _s3.has_children(self)
 
     def iterdir(self) -> Iterator[S3Path]:
         """The keys and sub-prefixes one level below this prefix, sorted."""
-        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
-
         folders, files = _s3.list_level(self)
         return iter(sorted([self / name for name in folders] + [self / name for name in files]))
 
@@ -175,14 +111,10 @@ class S3Path(ObjectPath):
             raise ValueError(f"{self}: glob pattern {pattern!r} spans levels; only one level is read here")
         import fnmatch
 
-        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
-
         _folders, files = _s3.list_level(self)
         return iter(self / name for name in sorted(files) if fnmatch.fnmatchcase(name, pattern))
 
     def read_bytes(self) -> bytes:
-        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
-
         return _s3.read_object(self)
 
     def read_text(self, encoding: str = "utf-8", errors: str = "strict") -> str:
@@ -197,8 +129,6 @@ class S3Path(ObjectPath):
         """
         if mode != "rb":
             raise ValueError(f"{self}: mode {mode!r} is not allowed; objects open read-only ('rb')")
-        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
-
         found = _s3.stat(self)
         settings = storage_settings()
         return RangedFile(
@@ -269,8 +199,6 @@ def walk(root: PathArg) -> Iterator[tuple[str, list[str], list[str]]]:
     if top is None:
         yield from os.walk(local)
         return
-    from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
-
     children: dict[str, tuple[set[str], list[str]]] = {"": (set(), [])}
     base = f"{top.key}/" if top.key else ""
     for found in _s3.list_tree(top):
@@ -294,8 +222,6 @@ def prime_listing(path: PathArg) -> None:
     are answered from that listing (:mod:`gpufeed._s3`); nothing for a local folder."""
     obj, _ = _split(path)
     if obj is not None:
-        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
-
         _s3.list_tree(obj)
 
 
@@ -307,8 +233,6 @@ def listdir(path: PathArg) -> list[str]:
     """
     obj, local = _split(path)
     if obj is not None:
-        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
-
         folders, files = _s3.list_level(obj)
         return folders + files
     return os.listdir(local)
@@ -368,8 +292,6 @@ def read_range(path: PathArg, start: int, length: int) -> bytes:
     """``length`` bytes from byte ``start`` of a file or object (fewer at its end): one ranged read."""
     obj, local = _split(path)
     if obj is not None:
-        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
-
         return _s3.read_range(obj, start, length)
     with open(local, "rb", buffering=0) as fh:
         return os.pread(fh.fileno(), length, start)
@@ -393,8 +315,6 @@ def read_bytes(path: PathArg, max_bytes: int | None = None) -> bytes:
         return data
     obj, local = _split(path)
     if obj is not None:
-        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is read
-
         return _s3.read_object(obj, max_bytes)
     if max_bytes is not None:
         size = os.stat(local).st_size
@@ -416,11 +336,7 @@ def local_file(path: PathArg) -> str:
         return local
     cache = storage_cache()
     if cache is None:
-        import errno
-
-        from gpufeed._s3 import StorageError  # Deferred: boto3 waits in _s3 anyway; kept beside its use
-
-        raise StorageError(
+        raise _s3.StorageError(
             errno.EINVAL,
             f"{path}: this reader opens local files only; set storage.cache_dir to copy objects into a local "
             "cache first (or use video.decoder: pyav, which reads objects by ranges)",

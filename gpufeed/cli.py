@@ -13,6 +13,8 @@ import logging
 import sys
 
 from gpufeed import __version__
+from gpufeed._s3 import StorageError
+from gpufeed._schema import ConfigError
 from gpufeed.commands import MissingExtraError, require_stack
 from gpufeed.device import DeviceUnavailableError
 
@@ -51,10 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     # Errors caused by input (config, data, device choice) are reported in one line, no traceback.
-    # Deferred: these modules load torch and the config schema (about 1 s), which only a command that
+    # Deferred: these modules load torch, DALI and the server (about 1 s), which only a command that
     # raised needs.
-    from gpufeed._s3 import StorageError
-    from gpufeed._schema import ConfigError
     from gpufeed.models import ExportError, ModelCardError
     from gpufeed.pipelines._errors import BadSampleError, DatasetError
     from gpufeed.server import ServerStartError

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpufeed._object_path import ObjectPath, is_object_url
+from gpufeed._storage import media_source
 from gpufeed._text import quoted
 
 __all__ = ["ALLOWED_ROOTS_KEY", "Roots", "folder_link_problem", "hdf5_link_problem"]
@@ -180,8 +181,6 @@ def hdf5_link_problem(path: Path | ObjectPath, roots: Roots, dataset_name: str) 
 
 def _object_hdf5_link_problem(path: ObjectPath, dataset_name: str) -> str | None:
     import h5py
-
-    from gpufeed._storage import media_source  # Deferred: the ranged reads load boto3
 
     try:
         with h5py.File(media_source(path), "r") as handle:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed import _s3
 from gpufeed._files import write_json
 from gpufeed._progress import progress_bar
 from gpufeed._storage import S3Path, data_path, read_bytes
@@ -134,8 +135,6 @@ class _ShardWriter:
 def _finish(writer: _ShardWriter, local: Path, out, report: ShardReport) -> ShardReport:
     report.shards, report.bytes = len(writer.names), sum(writer.sizes)
     if isinstance(out, S3Path):
-        from gpufeed import _s3  # Deferred: boto3 loads only when a bucket is written
-
         for name in sorted(os.listdir(local), key=lambda n: n == MANIFEST_NAME):  # the manifest last
             _s3.upload_file(local / name, out / name)
     return report

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from gpufeed._size import SizePx
+from gpufeed.bench._clip_readers import _torchcodec_decoder
 from gpufeed.pipelines._frame_fit import FrameFitter
 from gpufeed.pipelines._pyav import VideoRef
 from gpufeed.pipelines._pyav_sequential import iter_frame_chunks
@@ -89,8 +90,6 @@ def sequential_frames(reader: str, path: str, wanted: set[int], size: SizePx, re
                 out[index] = cv2.cvtColor(small, cv2.COLOR_BGR2RGB)
         capture.release()
     else:  # torchcodec, exact index, decoded in order
-        from gpufeed.bench._clip_readers import _torchcodec_decoder  # Deferred: torchcodec is optional
-
         decoder = _torchcodec_decoder(path, "exact", size)
         for first in range(0, last + 1, 64):
             chunk = decoder.get_frames_in_range(first, min(first + 64, last + 1)).data.numpy()

@@ -6,9 +6,14 @@ import argparse
 import sys
 
 from gpufeed._files import write_json
+from gpufeed._storage import data_path
 from gpufeed._text import format_table
+from gpufeed.pipelines import DatasetError, ImageDataset
+from gpufeed.pipelines._deepethogram import is_project, project_dataset
+from gpufeed.pipelines._prepare_shards import write_clip_shards, write_image_shards
+from gpufeed.pipelines._videos import VideoDataset, list_videos
 
-# Deferred imports: the handler imports the pipelines (DALI, PyAV) itself: `gpufeed --help` stays light.
+# This module loads DALI and PyAV: `gpufeed prepare` imports it only when --shards is given (data.py).
 
 __all__ = ["prepare_shards"]
 
@@ -17,10 +22,6 @@ def _kind(src: str, asked: str) -> str:
     """``images`` or ``clips``: as asked, or clips when ``src`` holds videos, frame stores or a project."""
     if asked != "auto":
         return asked
-    from gpufeed._storage import data_path
-    from gpufeed.pipelines._deepethogram import is_project
-    from gpufeed.pipelines._videos import list_videos
-
     root = data_path(src)
     if root.is_file():
         return "images"  # a list file
@@ -29,12 +30,6 @@ def _kind(src: str, asked: str) -> str:
 
 def prepare_shards(args: argparse.Namespace) -> int:
     """Write ``args.src`` as shards in ``args.shards``; exit status 1 when a file was left out."""
-    from gpufeed._storage import data_path
-    from gpufeed.pipelines import DatasetError, ImageDataset
-    from gpufeed.pipelines._deepethogram import is_project, project_dataset
-    from gpufeed.pipelines._prepare_shards import write_clip_shards, write_image_shards
-    from gpufeed.pipelines._videos import VideoDataset
-
     try:
         kind = _kind(args.src, args.shard_kind)
         root = data_path(args.src)

@@ -14,6 +14,7 @@ from gpufeed._schema import ConfigError
 from gpufeed._size import parse_size_px, size_px_value
 from gpufeed.bench._clip_names import CONTENDERS as CLIP_CONTENDERS
 from gpufeed.bench._clip_names import GENERATED_SETS
+from gpufeed.bench._common import quiet_http_logs
 from gpufeed.commands import require_extra
 from gpufeed.commands._bench_storage import register_storage
 from gpufeed.commands.predict import register_predict_bench
@@ -346,7 +347,6 @@ def _server(args: argparse.Namespace) -> int:
     require_extra("bench", "gpufeed bench server")
     if args.protocol == "grpc":
         require_extra("grpc", "gpufeed bench server --protocol grpc")
-    from gpufeed.bench._common import quiet_http_logs
     from gpufeed.bench._perf_analyzer import print_perf_analyzer_points
     from gpufeed.bench.server import plot_server_results, print_server_result, run_server_bench
     from gpufeed.synth._photos import make_bench_images

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from gpufeed._files import write_json
+from gpufeed._object_path import is_object_url
+from gpufeed._storage import configure_storage
 from gpufeed.commands.bench import _size  # WIDTHxHEIGHT, as the bench commands read it
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
@@ -164,7 +166,6 @@ def _check_limits(args: argparse.Namespace) -> tuple[int, int | None, int]:
 
     max_pixels, num_classes, ignore_id = DEFAULT_MAX_IMAGE_PIXELS, None, 255
     if args.config is not None:
-        from gpufeed._storage import configure_storage
         from gpufeed.config import load_config
 
         cfg = load_config(args.config)
@@ -181,7 +182,6 @@ def _check_limits(args: argparse.Namespace) -> tuple[int, int | None, int]:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gpufeed._object_path import is_object_url
     from gpufeed.pipelines import check_path
     from gpufeed.pipelines._check import CheckReport
     from gpufeed.pipelines._mask_check import check_mask_ids

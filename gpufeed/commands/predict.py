@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gpufeed._files import write_json
 from gpufeed.commands.serve import _positive
+from gpufeed.device import resolve_device
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so the handler
 # imports what it runs (torch, DALI, onnxruntime) itself: `gpufeed --help` stays light.
@@ -65,7 +66,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from gpufeed.device import resolve_device
     from gpufeed.predict import load_predictor, predict_images, predict_videos
 
     predictor = load_predictor(args.model, resolve_device(args.device), batch_size=args.batch_size or 0)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpufeed._report import finish
+from gpufeed._schema import to_mapping
+from gpufeed.bench._common import quiet_http_logs
 from gpufeed.commands import require_extra
 
 if TYPE_CHECKING:  # the reports' type only: importing the runs loads the server's dependencies
@@ -121,7 +123,6 @@ def _kill_resume(args: argparse.Namespace) -> int:
 
 
 def _resume_boundaries(args: argparse.Namespace) -> int:
-    from gpufeed._schema import to_mapping
     from gpufeed.config import load_config
     from gpufeed.reliability import run_boundary_kills
 
@@ -288,7 +289,6 @@ def _server_run(
         The exit status: 1 when an expectation failed.
     """
     require_extra("bench", f"gpufeed {args.command} {getattr(args, args.command)}")
-    from gpufeed.bench._common import quiet_http_logs
     from gpufeed.reliability._server_runs import reliability_inputs
 
     quiet_http_logs()

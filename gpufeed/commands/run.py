@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpufeed._schema import to_mapping
 from gpufeed._text import format_table
 from gpufeed.commands import require_extra
 
@@ -46,7 +47,6 @@ def _demo(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     import yaml
 
-    from gpufeed._schema import to_mapping
     from gpufeed.config import describe_config, load_config
 
     if args.describe:
