@@ -183,8 +183,8 @@ class ModelCard:
             },
             "output": {"name": self.output_name, "dtype": "float32", "shape": list(spec.output_shape(self.batch_size))},
             "size_px": spec.to_dict()["size_px"],
-            "width_px": spec.size.width_px,
-            "height_px": spec.size.height_px,
+            "width_px": spec.size_px.width_px,
+            "height_px": spec.size_px.height_px,
             "eval_crop_fraction": spec.eval_crop_fraction,
             "clip_length_frames": spec.clip_length_frames,
             "num_classes": spec.num_classes,
@@ -196,7 +196,7 @@ class ModelCard:
                 "std": list(spec.std),
             },
             "preprocessing": (
-                f"decode RGB, scale so that {spec.size.width_px}x{spec.size.height_px} (width x height) / "
+                f"decode RGB, scale so that {spec.size_px.width_px}x{spec.size_px.height_px} (width x height) / "
                 f"eval_crop_fraction just fits inside the image, centre-crop width_px x height_px, uint8 {spec.input_layout}"
             ),
             "scores": spec.head.scores,

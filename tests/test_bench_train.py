@@ -134,7 +134,7 @@ def test_pil_baseline_crops_what_gpufeed_decodes(tmp_path, size):
     batch = next(iter(loader))
     ours = batch.images.permute(0, 2, 3, 1).numpy().astype(np.float32)
     theirs = np.stack([baseline[(int(i), 1)][0].numpy() for i in batch.sample_ids]).astype(np.float32)
-    assert ours.shape[1:3] == theirs.shape[1:3] == image_cfg.output_size.hw
+    assert ours.shape[1:3] == theirs.shape[1:3] == image_cfg.size_px.hw
     per_image = np.abs(ours - theirs).mean(axis=(1, 2, 3))
     assert per_image.max() < 1.0, per_image  # measured 0.13-0.18 levels: DALI's and PIL's bilinear differ
     # A window from another epoch is a different crop: the comparison can tell.
