@@ -96,7 +96,7 @@ def test_the_server_and_the_eval_loader_build_one_decoder_with_the_same_options(
     loader = _eval_loader(synth_dir, share)
     assert loader._decoder_options() == state.decoder_options, "the same function's answer"
     loader_pipe, _ = loader._pipeline(PlanStream(loader._spec(), 0, 0), build=False)
-    serve_pipe = serve_pipeline(48, 4, 0, 2, state.decoder_options)
+    serve_pipe = serve_pipeline(SizePx(48, 48), 4, 0, 2, state.decoder_options)
     (evaluation,) = image_decoders(loader_pipe)
     (serving,) = image_decoders(serve_pipe)
     assert evaluation.schema == serving.schema == "decoders__ImageSlice"
