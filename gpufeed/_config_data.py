@@ -8,7 +8,7 @@ from typing import Literal
 
 from gpufeed._object_path import ObjectPath
 from gpufeed._schema import ConfigError, check_ranges, option
-from gpufeed._size import SizePx, parse_size_px, size_px_value
+from gpufeed._size import SizePx, parse_size_px
 from gpufeed._text import quoted
 
 __all__ = ["DataConfig", "DatasetConfig", "ImagePipelineConfig", "LoaderConfig", "VideoConfig"]
@@ -90,16 +90,16 @@ class ImagePipelineConfig:
     """What the image pipeline outputs: uint8 (N, 3, height, width) images.
 
     ``size_px`` is one number for square images or ``[width, height]`` (``[352, 224]``: 352 wide,
-    224 high). Training uses a random-resized crop (area fraction and aspect ratio drawn per sample,
+    224 high), held as a :class:`~gpufeed.config.SizePx` that the pipelines take as it is. Training uses a random-resized crop (area fraction and aspect ratio drawn per sample,
     as in torchvision, the aspect ratio relative to the output's own) decoded straight from the
     file's region of interest, resized, randomly flipped. Evaluation scales the image so the output
     rectangle, enlarged by ``1 / eval_crop_fraction``, just fits inside it, and takes the centre
     ``width x height`` (done as one region-of-interest decode plus one resize).
     """
 
-    size_px: int | tuple[int, int] = option(
-        224,
-        convert=size_px_value,
+    size_px: SizePx = option(
+        SizePx(224, 224),
+        convert=parse_size_px,
         doc="output size in pixels: one number (square) or [width, height], each side 8..4096",
     )
     crop_area: tuple[float, float] = option(
@@ -110,13 +110,9 @@ class ImagePipelineConfig:
     eval_crop_fraction: float = option(0.875, gt=0.0, le=1.0, doc="centre crop / resized side")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size_px", size_px_value(self.size_px))  # also checks Python callers
+        # YAML is read by ``convert``; this reads Python callers' ``224`` or ``(352, 224)`` (and checks a SizePx).
+        object.__setattr__(self, "size_px", parse_size_px(self.size_px))
         check_ranges(self, "crop_area", "crop_aspect_ratio")
-
-    @property
-    def output_size(self) -> SizePx:
-        """``size_px`` as (width_px, height_px)."""
-        return parse_size_px(self.size_px)
 
 
 @dataclass(frozen=True)
@@ -165,7 +161,8 @@ class LoaderConfig:
 class VideoConfig:
     """Behaviour-video clips: uint8 (N, 3, clip_length_frames, height, width) plus per-frame labels.
 
-    ``size_px`` is one number for square frames or ``[width, height]`` (``[352, 224]``).
+    ``size_px`` is one number for square frames or ``[width, height]`` (``[352, 224]``), held as a
+    :class:`~gpufeed.config.SizePx`.
 
     A video folder holds ``<name>.mp4`` (or .mkv/.mov/.avi/.webm) files, frame folders
     (``<name>/000000000.png`` ...) or HDF5 files of encoded frames (``<name>.h5``), each with a
@@ -190,9 +187,9 @@ class VideoConfig:
     )
     clip_length_frames: int = option(11, ge=1, le=1024, doc="frames per clip")
     stride_frames: int = option(1, ge=1, le=256, doc="gap between consecutive frames of a clip")
-    size_px: int | tuple[int, int] = option(
-        112,
-        convert=size_px_value,
+    size_px: SizePx = option(
+        SizePx(112, 112),
+        convert=parse_size_px,
         doc="output size of every frame in pixels: one number (square) or [width, height], each side 8..4096",
     )
     fit: VideoFit = option(
@@ -211,9 +208,5 @@ class VideoConfig:
     )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size_px", size_px_value(self.size_px))  # also checks Python callers
-
-    @property
-    def output_size(self) -> SizePx:
-        """``size_px`` as (width_px, height_px)."""
-        return parse_size_px(self.size_px)
+        # YAML is read by ``convert``; this reads Python callers' ``224`` or ``(352, 224)`` (and checks a SizePx).
+        object.__setattr__(self, "size_px", parse_size_px(self.size_px))

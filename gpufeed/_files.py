@@ -181,6 +181,8 @@ def finite(tree: Any) -> Any:
     """
     if isinstance(tree, dict):
         return {k: finite(v) for k, v in tree.items()}
+    if hasattr(tree, "config_value"):  # a SizePx stays one value: a --json report spells it as the config does
+        return tree
     if isinstance(tree, (list, tuple)):
         return [finite(v) for v in tree]
     if isinstance(tree, float) and not math.isfinite(tree):

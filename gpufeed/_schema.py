@@ -92,6 +92,8 @@ def _describe_type(tp: Any) -> str:
         return "path"
     if tp is ObjectPath:
         return "s3:// URL"
+    if isinstance(tp, type) and hasattr(tp, "config_value"):  # SizePx, read by its own convert
+        return "int | list of 2 (int, int)"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -225,6 +227,8 @@ def to_mapping(obj: Any) -> Any:
     """The inverse of :func:`from_mapping`: plain dicts, lists, strings and numbers."""
     if dataclasses.is_dataclass(obj):
         return {f.name: to_mapping(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if hasattr(obj, "config_value"):  # a value with several spellings (SizePx): written as users write it
+        return to_mapping(obj.config_value())
     if isinstance(obj, tuple):
         return [to_mapping(v) for v in obj]
     if isinstance(obj, (Path, ObjectPath)):

@@ -4,6 +4,12 @@
 DeepEthogram's home-cage videos are); tensors are ``H x W``, and DALI's resize takes ``resize_x``
 (width) then ``resize_y`` (height). :class:`SizePx` names both sides so no caller has to remember
 which order a pair is in.
+
+``size_px`` is parsed once, where it enters: the config (:mod:`gpufeed._config_data`), a model's
+spec as a checkpoint or model card stores it (:mod:`gpufeed.models._spec`) and command-line flags.
+From there on a :class:`SizePx` travels: pipelines, training, export, the server and the
+benchmarks take it as it is and never re-read it; :meth:`SizePx.config_value` writes it back in
+the config's spelling.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from typing import Any, NamedTuple
 
 from gpufeed._schema import ConfigError
 
-__all__ = ["MAX_SIZE_PX", "MIN_SIZE_PX", "SizePx", "parse_size_px", "size_px_value"]
+__all__ = ["MAX_SIZE_PX", "MIN_SIZE_PX", "SizePx", "parse_size_px"]
 
 MIN_SIZE_PX = 8
 MAX_SIZE_PX = 4096
@@ -97,12 +103,3 @@ def parse_size_px(value: Any, key: str = "size_px") -> SizePx:
         raise ConfigError(key, f"value {value!r} is not a size: give one number (a square) or [width, height]")
     side = _side(value, key, value, "size")
     return SizePx(side, side)
-
-
-def size_px_value(value: Any, key: str = "size_px") -> int | tuple[int, int]:
-    """``value`` checked by :func:`parse_size_px` and written as a config stores it.
-
-    One number for a square (``[224, 224]`` becomes ``224``), else ``(width, height)``, so a saved
-    config reads back the same and square configs keep the spelling they always had.
-    """
-    return parse_size_px(value, key).config_value()

@@ -183,8 +183,8 @@ class ModelCard:
             },
             "output": {"name": self.output_name, "dtype": "float32", "shape": list(spec.output_shape(self.batch_size))},
             "size_px": spec.to_dict()["size_px"],
-            "width_px": spec.size.width_px,
-            "height_px": spec.size.height_px,
+            "width_px": spec.size_px.width_px,
+            "height_px": spec.size_px.height_px,
             "eval_crop_fraction": spec.eval_crop_fraction,
             "clip_length_frames": spec.clip_length_frames,
             "num_classes": spec.num_classes,
@@ -208,7 +208,7 @@ class ModelCard:
     def _preprocessing(self) -> str:
         """The card's one-line account of what is done to the pixels before the model (for people)."""
         spec = self.spec
-        size = f"{spec.size.width_px}x{spec.size.height_px} (width x height)"
+        size = f"{spec.size_px.width_px}x{spec.size_px.height_px} (width x height)"
         sampling = self.extra.get("clip_sampling")
         if spec.head.takes_clips and isinstance(sampling, dict):
             fit = (

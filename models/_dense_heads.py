@@ -71,7 +71,7 @@ class DenseHead(TaskHead):
 
     def output_shape(self, batch_size: int) -> tuple[int, ...]:
         """The graph's float32 output shape: ``(N, C, H, W)``."""
-        return (batch_size, self.spec.num_classes, *self.spec.size.hw)
+        return (batch_size, self.spec.num_classes, *self.spec.size_px.hw)
 
     def map_values(self, row: np.ndarray) -> np.ndarray:
         """One output row ``(C, H, W)`` as the stored values of its map at the model's size."""
@@ -103,7 +103,7 @@ class DepthHead(DenseHead):
         return "depth per pixel, in the training target's unit (map value x data.depth_scale)"
 
     def outputs(self) -> tuple[OutputTensor, ...]:
-        return (OutputTensor("depth", self.spec.size.hw),)
+        return (OutputTensor("depth", self.spec.size_px.hw),)
 
     def tensor(self, name: str, logits: np.ndarray) -> np.ndarray:
         return np.asarray(logits, dtype=np.float32)[:, 0]
@@ -135,7 +135,7 @@ class SegmentationHead(DenseHead):
         return "class scores per pixel: softmax over classes, argmax is the mask id"
 
     def outputs(self) -> tuple[OutputTensor, ...]:
-        shape = (self.spec.num_classes, *self.spec.size.hw)
+        shape = (self.spec.num_classes, *self.spec.size_px.hw)
         return (OutputTensor("scores", shape), OutputTensor("logits", shape))
 
     def tensor(self, name: str, logits: np.ndarray) -> np.ndarray:

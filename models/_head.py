@@ -47,9 +47,7 @@ class SpecFacts(Protocol):
     @property
     def multilabel(self) -> bool: ...
     @property
-    def size(self) -> SizePx: ...
-    @property
-    def size_px(self) -> int | tuple[int, int]: ...
+    def size_px(self) -> SizePx: ...
     @property
     def eval_crop_fraction(self) -> float: ...
     @property
@@ -195,7 +193,7 @@ class TaskHead:
 
     def input_shape(self, batch_size: int) -> tuple[int, ...]:
         """The uint8 input shape for ``batch_size`` samples: ``(N, 3, H, W)``."""
-        height, width = self.spec.size.hw
+        height, width = self.spec.size_px.hw
         return (batch_size, 3, height, width)
 
     def output_shape(self, batch_size: int) -> tuple[int, ...]:

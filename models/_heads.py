@@ -154,7 +154,7 @@ class ClipHead(ClassifierHead):
 
     def input_shape(self, batch_size: int) -> tuple[int, ...]:
         """``(N, 3, T, H, W)``."""
-        height, width = self.spec.size.hw
+        height, width = self.spec.size_px.hw
         assert self.spec.clip_length_frames is not None, "check() refuses a clip model without it"
         return (batch_size, 3, self.spec.clip_length_frames, height, width)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from gpufeed._size import SizePx
 from gpufeed.models._nets import GpufeedModel
 from gpufeed.models._registry import create_model, model_from_spec
 from gpufeed.models._spec import ModelSpec
@@ -124,7 +125,7 @@ def load_model(source: str | Path | dict, map_location: str | torch.device = "cp
 
 
 def untrained_checkpoint(
-    out: str | Path, classes: tuple[str, ...], size_px: int | tuple[int, int], architecture: str = "resnet18"
+    out: str | Path, classes: tuple[str, ...], size_px: SizePx, architecture: str = "resnet18"
 ) -> Path:
     """A checkpoint of a freshly initialised model, written as training writes one.
 
@@ -134,7 +135,7 @@ def untrained_checkpoint(
     Args:
         out: The folder that receives the run folder ``untrained/``.
         classes: The class labels, one output per class.
-        size_px: The model's input size: one number (square) or (width, height).
+        size_px: The model's input size.
         architecture: A registered model name.
 
     Returns:

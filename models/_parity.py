@@ -110,7 +110,7 @@ def clip_inputs(spec, batch_size: int, batches: int) -> tuple[np.ndarray, str]:
     The clip loader is built elsewhere; the rendered frames (tags, bands, a moving bar) are the
     same pixels the synthetic videos hold, before h264.
     """
-    t, (w, h) = spec.clip_length_frames, spec.size
+    t, (w, h) = spec.clip_length_frames, spec.size_px
     assert t is not None, "ModelSpec refuses a clip model without clip_length_frames"
     width = w * 3 // 2
     labels = behaviour_labels(batch_size * batches + t, seed=0)

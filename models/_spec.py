@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from gpufeed._size import SizePx, parse_size_px, size_px_value
+from gpufeed._size import SizePx, parse_size_px
 from gpufeed.models._head import TaskHead
 from gpufeed.models._heads import head_for
 
@@ -33,8 +33,10 @@ class ModelSpec:
         num_classes: Output logits per sample.
         multilabel: Sigmoid per class (behaviour clips) rather than softmax over classes.
         mean, std: Per-channel normalisation on [0, 1] pixels, applied inside the model.
-        size_px: Input size the model was built and trained for: one number (square) or
-            ``(width, height)``, as ``image.size_px`` / ``video.size_px`` (see :attr:`size`).
+        size_px: Input size the model was built and trained for, as ``image.size_px`` /
+            ``video.size_px``. Given as a :class:`~gpufeed.config.SizePx`, one number (a square) or
+            ``(width, height)``; held as a ``SizePx``. Checkpoints and model cards store it as
+            the config writes it (``224`` or ``[352, 224]``), which :meth:`from_dict` reads back.
         eval_crop_fraction: Evaluation/serving crop: scale the image so the input size enlarged
             by ``1 / fraction`` just fits, then take the centre.
         clip_length_frames: Frames per clip (clip models only).
@@ -52,7 +54,7 @@ class ModelSpec:
     multilabel: bool = False
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
-    size_px: int | tuple[int, int] = 224
+    size_px: SizePx = SizePx(224, 224)
     eval_crop_fraction: float = 0.875
     clip_length_frames: int | None = None
     labels: tuple[str, ...] = field(default_factory=tuple)
@@ -60,9 +62,10 @@ class ModelSpec:
     map_fill: int = 0
 
     def __post_init__(self) -> None:
-        # A JSON card gives a list, a checkpoint a tuple: stored one way, as the config stores it.
+        # The one place a model's size is read: a card's list, a checkpoint's int or tuple, or a
+        # Python caller's value all become the SizePx everything downstream takes.
         try:
-            object.__setattr__(self, "size_px", size_px_value(self.size_px))
+            object.__setattr__(self, "size_px", parse_size_px(self.size_px))
         except ValueError as err:  # ConfigError: its message names the value and the allowed sizes
             raise ValueError(f"model {self.name!r}: size_px: {getattr(err, 'message', err)}") from None
         self.head.check()  # an unknown task, or a fact the task needs (a clip model's length)
@@ -70,11 +73,6 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: {len(self.labels)} labels for {self.num_classes} classes")
         if any(s <= 0 for s in self.std):
             raise ValueError(f"model {self.name!r}: std {self.std} must be positive")
-
-    @property
-    def size(self) -> SizePx:
-        """The input size as (width_px, height_px)."""
-        return parse_size_px(self.size_px)
 
     @property
     def head(self) -> TaskHead:
@@ -99,8 +97,9 @@ class ModelSpec:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["size_px"] = list(self.size_px) if isinstance(self.size_px, tuple) else self.size_px
-        data["width_px"], data["height_px"] = self.size
+        size = self.size_px.config_value()  # as the config writes it: 224, or [352, 224]
+        data["size_px"] = list(size) if isinstance(size, tuple) else size
+        data["width_px"], data["height_px"] = self.size_px
         data["input_layout"] = self.input_layout
         return data
 

@@ -204,7 +204,7 @@ class ClipLoader(EpochLoader):
     @property
     def clip_shape(self) -> tuple[int, int, int, int]:
         """(3, T, H, W) of one clip."""
-        return (3, self.geometry.clip_length_frames, *self.video_cfg.output_size.hw)
+        return (3, self.geometry.clip_length_frames, *self.video_cfg.size_px.hw)
 
     def epoch_clips(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(video ids, start frames) this shard reads in ``epoch`` (default: the current one), in order.
@@ -247,7 +247,7 @@ class ClipLoader(EpochLoader):
             paths=self.dataset.paths,
             infos=self.dataset.infos,
             geometry=self.geometry,
-            size_px=self.video_cfg.output_size,
+            size_px=self.video_cfg.size_px,
             fit=self.video_cfg.fit,
             device_id=self.device.device_id,
             num_threads=self.num_threads,

@@ -56,7 +56,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from gpufeed._procs import forked_children_die_with_me
-from gpufeed._size import SizePx, parse_size_px
+from gpufeed._size import SizePx
 from gpufeed.pipelines._augment import StreamAugmentFeed
 from gpufeed.pipelines._clip_plan import ClipPlan
 from gpufeed.pipelines._crop_windows import RoiFeed
@@ -287,7 +287,7 @@ def build_clip_pipeline(
     clip_input: ReaderInput | FeedInput,
     clip_length_frames: int,
     stride_frames: int,
-    size_px: SizePx | int,
+    size_px: SizePx,
     fit: str,
     batch_size: int,
     device_id: int | None,
@@ -306,7 +306,7 @@ def build_clip_pipeline(
         clip_input: What decodes: DALI's reader over a file list (:class:`ReaderInput`) or a
             callback (:class:`FeedInput`; frame stores through an image decoder have a graph of
             their own, :func:`gpufeed.pipelines._store_pipeline.build_store_pipeline`).
-        size_px: Output frame size, (width_px, height_px) or one number for a square.
+        size_px: Output frame size, the config's ``size_px``.
         fit: ``"stretch"`` (whole frame) or ``"centre_crop"`` (central region of the output's
             aspect ratio; inputs whose frames are not fitted then need ``roi_feed``).
         device_id: CUDA device (NVDEC decoding, GPU resize); ``None`` runs on the CPU.
@@ -322,7 +322,7 @@ def build_clip_pipeline(
     """
     from nvidia.dali import fn, pipeline_def
 
-    out = parse_size_px(size_px)
+    out = size_px
     on_gpu = device_id is not None
     resized, fused = _check_input(clip_input, fit, roi_feed, on_gpu)
     workers = isinstance(clip_input, FeedInput) and clip_input.parallel

@@ -235,7 +235,7 @@ class DenseLoader(SampleLoader):
         image_cfg: :class:`gpufeed.config.ImagePipelineConfig` (crop area, ratio, flip, eval crop).
         loader_cfg: :class:`gpufeed.config.LoaderConfig`.
         device: ``"auto"`` (default), ``"gpu"``, ``"cpu"`` or a :class:`gpufeed.device.DeviceChoice`.
-        size: Output (width, height); default ``image_cfg.output_size`` (``image.size_px``).
+        size: Output (width, height); default ``image_cfg.size_px`` (``image.size_px``).
         depth_interp: ``nearest`` (default: exact values, no blending with no-data pixels) or
             ``linear`` resampling of depth maps.
         shard_id, num_shards, seed, augment: As for :class:`~gpufeed.pipelines.ImageLoader`;
@@ -282,7 +282,7 @@ class DenseLoader(SampleLoader):
             raise ValueError(f"depth_interp {depth_interp!r}: expected one of {list(DEPTH_INTERPS)}")
         self.dataset = data
         self.image_cfg = image_cfg
-        width, height = size if size is not None else image_cfg.output_size
+        width, height = size if size is not None else image_cfg.size_px
         self.size = (width, height)
         self.depth_interp = depth_interp
         self.augment = augment if train and augment else None

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpufeed._size import SizePx, parse_size_px
+from gpufeed._size import SizePx
 
 if TYPE_CHECKING:
     from av.video.reformatter import VideoReformatter
@@ -21,7 +21,7 @@ __all__ = ["FrameFitter"]
 class FrameFitter:
     """YUV to RGB and, optionally, the output fit (``stretch`` or ``centre_crop`` to ``size_px``).
 
-    ``size_px`` is one number (square) or (width, height); ``centre_crop`` scales the frame until
+    ``size_px`` is the config's :class:`~gpufeed.config.SizePx`; ``centre_crop`` scales the frame until
     the output just fits inside it and keeps the centre, so nothing is distorted.
 
     One swscale pass converts and scales (area filter when shrinking, bilinear when growing): on a
@@ -30,10 +30,10 @@ class FrameFitter:
     call, which costs more than the conversion itself.
     """
 
-    def __init__(self, size_px: SizePx | int | None = None, fit: str = "stretch") -> None:
+    def __init__(self, size_px: SizePx | None = None, fit: str = "stretch") -> None:
         if fit not in ("stretch", "centre_crop"):
             raise ValueError(f"fit {fit!r} is not allowed; allowed: stretch, centre_crop")
-        self.size = None if size_px is None else parse_size_px(size_px)
+        self.size = size_px
         self.fit = fit
         self._reformatter: VideoReformatter | None = None
 

@@ -2,7 +2,7 @@
 
 Like DeepEthogram's ``VideoIterable``, but decoded on NVDEC where there is a GPU::
 
-    reader = VideoFrameReader("mouse.mp4", size_px=224, chunk_frames=64, device=resolve_device("auto"))
+    reader = VideoFrameReader("mouse.mp4", size_px=SizePx(224, 224), chunk_frames=64, device=resolve_device("auto"))
     for chunk in reader:
         chunk.frames          # (C, 3, H, W) uint8 on the device; C = chunk_frames except at the end
         chunk.frame_indices   # (C,) int64, consecutive, starting at 0 for the first chunk
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpufeed._size import parse_size_px
+from gpufeed._size import SizePx
 from gpufeed.pipelines._clip_pipeline import new_work_dir
 from gpufeed.pipelines._clip_source import ClipSource, RangeJob
 from gpufeed.pipelines._clip_sources import choose_clip_source
@@ -59,7 +59,7 @@ class VideoFrameReader:
 
     Args:
         video: A path, or its :class:`VideoInfo` from the index.
-        size_px, fit: Output size (one number, or (width, height)) and ``stretch`` / ``centre_crop``, as
+        size_px, fit: Output size (a :class:`~gpufeed.config.SizePx`) and ``stretch`` / ``centre_crop``, as
             ``video.size_px`` / ``video.fit``.
         chunk_frames: Frames per chunk.
         device: :class:`gpufeed.device.DeviceChoice`.
@@ -74,7 +74,7 @@ class VideoFrameReader:
         self,
         video,
         *,
-        size_px: int | tuple[int, int] = 112,
+        size_px: SizePx = SizePx(112, 112),
         fit: str = "stretch",
         chunk_frames: int = 64,
         device,
@@ -87,7 +87,7 @@ class VideoFrameReader:
         if chunk_frames < 1:
             raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
         self.info = info
-        self.size, self.fit, self.device, self.num_threads = parse_size_px(size_px, "size_px"), fit, device, num_threads
+        self.size, self.fit, self.device, self.num_threads = size_px, fit, device, num_threads
         self.chunk_frames = min(chunk_frames, info.num_frames)
         self.clip_source: ClipSource = choose_clip_source(
             decoder, device.is_gpu, [info], info.path, gpu_capability(device), whole_clips=False

@@ -33,7 +33,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from gpufeed._size import SizePx, parse_size_px
+from gpufeed._size import SizePx
 from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
 from gpufeed.pipelines._executor import executor_args
 from gpufeed.pipelines._sampler import PlanStream
@@ -287,7 +287,7 @@ def decode_window(
     roi_start,
     roi_end,
     *,
-    size_px: SizePx | int,
+    size_px: SizePx,
     on_gpu: bool,
     gpu_options: dict | None = None,
     out_size=None,
@@ -302,7 +302,7 @@ def decode_window(
         anchor, shape: int32 (x, y) and (w, h) of the window in source pixels (CPU).
         roi_start, roi_end: float (y, x) resize ROI over the window; a reversed x range mirrors
             (see :meth:`gpufeed.pipelines._windows.Windows.roi`).
-        size_px: Output size, (width_px, height_px) or one number for a square.
+        size_px: Output size, the config's ``size_px``.
         on_gpu: Decode with nvJPEG (``device="mixed"``) and resize on the GPU.
         gpu_options: Extra arguments of the ``mixed`` decoder (:func:`gpu_decoder_options`);
             ignored on the CPU, where DALI rejects them. ``affine`` is off unless they say otherwise.
@@ -315,7 +315,7 @@ def decode_window(
     """
     from nvidia.dali import fn, types
 
-    out = parse_size_px(size_px)
+    out = size_px
     # Threads unpinned everywhere (the server's lanes too): DALI's default pins thread i to core i,
     # so every pipeline of a process, and every process, piles onto the same first cores.
     extra = {"affine": False, **(gpu_options or {})} if on_gpu else {}
@@ -340,7 +340,7 @@ def decode_window(
 def build_image_pipeline(
     feed: ImageFeed,
     *,
-    size_px: SizePx | int,
+    size_px: SizePx,
     batch_size: int,
     device_id: int | None,
     num_threads: int,
@@ -353,7 +353,7 @@ def build_image_pipeline(
 
     Args:
         feed: The batch-mode source (one plan batch per iteration, at most ``batch_size`` rows).
-        size_px: Output size, (width_px, height_px) or one number for a square.
+        size_px: Output size, the config's ``size_px``.
         device_id: CUDA device for nvJPEG decoding and GPU resize; ``None`` runs on the CPU.
         gpu_options: Extra ``mixed`` decoder arguments (see :func:`gpu_decoder_options`).
         build: ``False`` returns the pipeline defined but not built: nothing is allocated and no

@@ -147,7 +147,7 @@ class ImageLoader(SampleLoader):
         usable = data.usable_ids
         self._usable = usable[~np.isin(usable, list(self.quarantined))] if self.quarantined else usable
         self._require_batches(len(self._usable) - len(self.read_failures), "samples")
-        self.crops = CropPolicy.for_split(data.sizes, train, seed, image_cfg, image_cfg.output_size)
+        self.crops = CropPolicy.for_split(data.sizes, train, seed, image_cfg, image_cfg.size_px)
         # Encoded once: the feed hands DALI each batch's paths as bytes for fn.io.file.read.
         self._path_table = PathTable(list(data.paths))
         # Tar shards: the feed reads each sample's byte range itself (DALI's file reader reads whole files).
@@ -177,7 +177,7 @@ class ImageLoader(SampleLoader):
         )
         pipe = build_image_pipeline(
             feed,
-            size_px=self.image_cfg.output_size,
+            size_px=self.image_cfg.size_px,
             batch_size=self.batch_size,
             device_id=self.device.device_id,
             num_threads=self.num_threads,

@@ -80,7 +80,7 @@ def _with_shortcuts(owner: str, cls: type, cfg: Any, cfg_name: str, shortcuts: d
         # A config left at the default for this field does not disagree: only a chosen value does.
         if held != value and held != getattr(default, name):
             raise ValueError(
-                f"{owner}: argument {name}={given[name]!r} disagrees with {cfg_name}.{name}={held!r}; "
+                f"{owner}: argument {name}={given[name]!r} disagrees with {cfg_name}.{name}={_written(held)!r}; "
                 f"give one of them (or the same value in both)"
             )
     return dataclasses.replace(cfg, **values)
@@ -190,3 +190,8 @@ def loader_args(
             f"got {type(dataset).__name__}"
         )
     return LoaderArgs(dataset, media_cfg, loader, resolve_loader_device(owner, device), *shard)
+
+
+def _written(value):
+    """``value`` as a config file writes it: a :class:`~gpufeed.config.SizePx` as ``224`` or ``(352, 224)``."""
+    return value.config_value() if hasattr(value, "config_value") else value

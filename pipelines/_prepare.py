@@ -37,6 +37,7 @@ import numpy as np
 
 from gpufeed._files import atomic_path
 from gpufeed._progress import progress_bar
+from gpufeed._size import SizePx
 from gpufeed._text import format_table
 from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._errors import DatasetError
@@ -177,7 +178,7 @@ def measure_seek_cost(path: str, clips: int, geometry: ClipGeometry, seed: int =
         return float("nan")
     ref = VideoRef.from_info(info)
     starts = np.random.default_rng(seed).integers(0, geometry.max_start(info.num_frames) + 1, clips)
-    decoder = ClipDecoder(fitter=FrameFitter(size_px))
+    decoder = ClipDecoder(fitter=FrameFitter(SizePx(size_px, size_px)))
     decoder.read(ref, geometry.frames(int(starts[0])))  # open the file outside the timing
     begin = time.perf_counter()
     for s in starts:

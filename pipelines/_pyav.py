@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from gpufeed._procs import WorkerCallback
-from gpufeed._size import SizePx, parse_size_px
+from gpufeed._size import SizePx
 from gpufeed._storage import media_source
 from gpufeed.pipelines._clip_plan import ClipPlan, PlanRows
 from gpufeed.pipelines._frame_fit import FrameFitter
@@ -334,12 +334,12 @@ class PyAVClips(WorkerCallback):
         *,
         clip_length_frames: int,
         stride_frames: int,
-        size_px: SizePx | int,
+        size_px: SizePx,
         fit: str,
     ) -> None:
         self.plan, self.videos = plan, videos
         self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
-        self.size, self.fit = parse_size_px(size_px), fit
+        self.size, self.fit = size_px, fit
         self._decoder: ClipDecoder | None = None
         self._batch: tuple[int | None, tuple | None] = (None, None)  # (iteration, its rows): a worker reads many
         # PyAV imported here, in the loader's process, so that forked workers inherit it instead of each

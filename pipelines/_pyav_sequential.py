@@ -23,9 +23,7 @@ class SequentialFeed:
     (DALI may prefetch past the end; the reader's iterator stops at the chunk count).
     """
 
-    def __init__(
-        self, video: VideoRef, chunk_frames: int, size_px: SizePx | int | None = None, fit: str = "stretch"
-    ) -> None:
+    def __init__(self, video: VideoRef, chunk_frames: int, size_px: SizePx | None = None, fit: str = "stretch") -> None:
         self.video, self.chunk_frames = video, chunk_frames
         self.fitter = FrameFitter(size_px, fit)
 

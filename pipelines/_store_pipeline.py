@@ -23,7 +23,7 @@ clip, and checks every frame's tag against its clip's.
 
 from __future__ import annotations
 
-from gpufeed._size import SizePx, parse_size_px
+from gpufeed._size import SizePx
 from gpufeed.pipelines._executor import executor_args
 
 __all__ = ["STORE_READ_WORKERS", "build_store_pipeline", "store_read_workers"]
@@ -44,7 +44,7 @@ def store_read_workers(num_threads: int) -> int:
 def build_store_pipeline(
     feed,
     *,
-    size_px: SizePx | int,
+    size_px: SizePx,
     fit: str,
     batch_size: int,
     device_id: int | None,
@@ -62,7 +62,7 @@ def build_store_pipeline(
 
     Args:
         feed: A :class:`~gpufeed.pipelines._store_feed.StoreFrameFeed` of ``batch_size`` clips an iteration.
-        size_px: Output frame size, (width_px, height_px) or one number for a square.
+        size_px: Output frame size, the config's ``size_px``.
         fit: ``"stretch"`` or ``"centre_crop"`` (then ``roi_feed``, built with ``repeat=T``).
         batch_size: Clips per iteration; the pipeline's batch is ``batch_size x T`` frames.
         device_id: CUDA device (nvJPEG, GPU resize); ``None`` runs on the CPU.
@@ -82,7 +82,7 @@ def build_store_pipeline(
         raise ValueError(f"fit {fit!r} is not allowed; allowed: stretch, centre_crop")
     if fit == "centre_crop" and roi_feed is None:
         raise ValueError("the frames source with fit centre_crop needs a roi_feed")
-    out = parse_size_px(size_px)
+    out = size_px
     on_gpu = device_id is not None
     frames_per_batch = batch_size * feed.clip_length_frames
 

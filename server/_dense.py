@@ -74,7 +74,7 @@ def _head(spec) -> DenseHead:
 
 def _at_input_size(values: np.ndarray, spec, size: tuple[int, int]) -> np.ndarray:
     """``values`` resized to the model's crop window in the input and placed on an input-sized canvas."""
-    aspect = spec.size.width_px / spec.size.height_px
+    aspect = spec.size_px.width_px / spec.size_px.height_px
     window = eval_windows(np.array([size], dtype=np.int64), spec.eval_crop_fraction, aspect)
     (x, y), (w, h) = window.anchor[0], window.shape[0]
     resized = _head(spec).resize_map(values, int(w), int(h))
@@ -102,7 +102,7 @@ def dense_png(row: np.ndarray, spec, size: tuple[int, int], where: str) -> bytes
 def map_pixels(spec, sizes, where: str) -> int:
     """The values the maps of an answer hold in all: each image's (width, height) at ``?size=input``
     (an image without a size counts at the model's), the model's size at ``?size=model``."""
-    model = (spec.size.width_px, spec.size.height_px)
+    model = (spec.size_px.width_px, spec.size_px.height_px)
     return sum(w * h for w, h in (size if size and where == "input" else model for size in sizes))
 
 
@@ -114,7 +114,7 @@ def check_json_map_pixels(spec, sizes, where: str, limit: int) -> None:
     """
     total = map_pixels(spec, sizes, where)
     if total > limit:
-        width, height = sizes[0] if sizes[0] and where == "input" else (spec.size.width_px, spec.size.height_px)
+        width, height = sizes[0] if sizes[0] and where == "input" else (spec.size_px.width_px, spec.size_px.height_px)
         first = f"{width}x{height}" + (f" and {len(sizes) - 1} more" if len(sizes) > 1 else "")
         raise RequestError(
             "too_many_pixels",

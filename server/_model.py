@@ -168,7 +168,7 @@ class ServedModel:
             decoder = None
             if self.head.accepts_encoded:  # image and dense models decode JPEG/PNG themselves
                 decoder = ImageDecoder(
-                    card.spec.size,
+                    card.spec.size_px,
                     card.spec.eval_crop_fraction,
                     card.batch_size,
                     device.device_id if self.on_gpu else None,
@@ -179,7 +179,7 @@ class ServedModel:
         self._decoder_alone = None  # used by one batch at a time: only one can start alone
         if self.head.accepts_encoded and not self.on_gpu and decode_alone > self.decode_threads:
             self._decoder_alone = ImageDecoder(
-                card.spec.size,
+                card.spec.size_px,
                 card.spec.eval_crop_fraction,
                 max(card.batch_size, decode_alone),
                 None,
@@ -346,7 +346,7 @@ class ServedModel:
     def warm_up(self) -> None:
         """Run ``serve.warmup_batches`` full batches of every batch size end to end, then mark the model ready."""
         if self.head.accepts_encoded:
-            width, height = self.card.spec.size
+            width, height = self.card.spec.size_px
             image = _warmup_image(width, height)
             size = (width * 2, height * 2)
             item = Item(encoded=image, size=size, where="warm-up image")

@@ -60,7 +60,7 @@ import re
 
 import numpy as np
 
-from gpufeed._size import SizePx, parse_size_px
+from gpufeed._size import SizePx
 from gpufeed.config import LoaderConfig
 from gpufeed.pipelines import read_image_facts
 from gpufeed.pipelines._image_pipeline import decode_window, eval_decoder_options
@@ -116,7 +116,7 @@ def inspect_image(data: bytes, max_pixels: int, where: str = "the image") -> Ima
 
 
 def serve_pipeline(
-    size_px: SizePx | int, max_batch: int, device_id: int | None, num_threads: int, gpu_options: dict | None = None
+    size_px: SizePx, max_batch: int, device_id: int | None, num_threads: int, gpu_options: dict | None = None
 ):
     """The server's decode graph, defined but not built (:meth:`ImageDecoder` builds it).
 
@@ -168,7 +168,7 @@ class ImageDecoder:
     """DALI decode + centre crop + resize of encoded images into a uint8 NCHW batch.
 
     Args:
-        size_px: Output size, (width_px, height_px) or one number (the model card's ``size_px``).
+        size_px: Output size, the model card's ``size_px``.
         crop_fraction: The card's ``eval_crop_fraction``.
         max_batch: Most samples per DALI call (images, or bands of images); smaller batches are fine.
         device_id: CUDA device for nvJPEG and GPU resize; ``None`` decodes on the CPU.
@@ -181,14 +181,14 @@ class ImageDecoder:
 
     def __init__(
         self,
-        size_px: SizePx | int,
+        size_px: SizePx,
         crop_fraction: float,
         max_batch: int,
         device_id: int | None,
         num_threads: int,
         gpu_options: dict | None = None,
     ):
-        self.size, self.crop_fraction, self.max_batch = parse_size_px(size_px), crop_fraction, max_batch
+        self.size, self.crop_fraction, self.max_batch = size_px, crop_fraction, max_batch
         self.device_id, self.num_threads = device_id, num_threads
         self.gpu_options = dict(gpu_options) if gpu_options is not None else eval_decoder_options(_DEFAULT_HW_LOAD)
         self.bands_used = 1  # bands per image of the last decode_into call

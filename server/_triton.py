@@ -189,8 +189,8 @@ def input_facts(spec) -> dict[str, Any]:
     """
     return {
         "size_px": spec.to_dict()["size_px"],
-        "width_px": spec.size.width_px,
-        "height_px": spec.size.height_px,
+        "width_px": spec.size_px.width_px,
+        "height_px": spec.size_px.height_px,
         "eval_crop_fraction": spec.eval_crop_fraction,
         "clip_length_frames": spec.clip_length_frames,
         "layout": spec.input_layout,

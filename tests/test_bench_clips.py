@@ -16,6 +16,7 @@ from gpufeed.bench._clip_rounds import child_pids, timed_round
 from gpufeed.bench._clip_sets import BenchSet, SetSpec
 from gpufeed.bench._clip_videos import make_bench_videos
 from gpufeed.bench.clips import run_clip_bench
+from gpufeed.config import SizePx
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import VideoDataset
 
@@ -45,7 +46,7 @@ def test_a_gpufeed_round_leaves_no_worker_decoding_behind(videos):
 def test_generated_sets_every_reader_exact(videos, tmp_path):
     cache = videos.parent.parent
     result = run_clip_bench(
-        sets=("long_gop", "frame_folder"), videos=2, seconds=4, gop=60, cache=cache, size=112, device="cpu",
+        sets=("long_gop", "frame_folder"), videos=2, seconds=4, gop=60, cache=cache, size=SizePx(112, 112), device="cpu",
         contenders=("gpufeed", "decode_from_start", "opencv_seek"), **SMALL,
     )  # fmt: skip
     assert set(result["sets"]) == {"long_gop", "frame_folder"}
@@ -79,7 +80,7 @@ def test_torchcodec_reads_the_same_clips_exactly_and_its_sampler_its_own(videos)
     if why:
         pytest.skip(f"torchcodec: {why}")
     result = run_clip_bench(
-        sets=("long_gop",), videos=2, seconds=4, gop=60, cache=videos.parent.parent, size=112, device="cpu",
+        sets=("long_gop",), videos=2, seconds=4, gop=60, cache=videos.parent.parent, size=SizePx(112, 112), device="cpu",
         contenders=("gpufeed", "torchcodec_exact", "torchcodec_approximate", "torchcodec_sampler"), sampler_clips=4,
         **SMALL,
     )  # fmt: skip

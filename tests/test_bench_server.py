@@ -13,7 +13,7 @@ from gpufeed.bench._loadgen import run_load
 from gpufeed.bench._loadgen_grpc import run_grpc_load
 from gpufeed.bench._server_report import batch_usage, verdicts
 from gpufeed.bench.server import print_server_result, run_server_bench, session_cpu_seconds
-from gpufeed.config import parse_config
+from gpufeed.config import SizePx, parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.server import start_server
 
@@ -57,7 +57,7 @@ def _tiny_sweep(tmp_path, **options) -> dict:
         architecture="smallcnn",
         images=IMAGES,
         cache=tmp_path,
-        size_px=32,
+        size_px=SizePx(32, 32),
         batch_size=2,
         concurrency=(2,),
         seconds=1.0,

@@ -15,7 +15,7 @@ from conftest import DEVICES
 from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips
 from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
 from gpufeed.cli import main
-from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.config import ImagePipelineConfig, LoaderConfig, SizePx
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ImageDataset, ImageLoader, VideoDataset
 from gpufeed.synth import read_tag
@@ -134,7 +134,7 @@ def test_pil_baseline_crops_what_gpufeed_decodes(tmp_path, size):
     batch = next(iter(loader))
     ours = batch.images.permute(0, 2, 3, 1).numpy().astype(np.float32)
     theirs = np.stack([baseline[(int(i), 1)][0].numpy() for i in batch.sample_ids]).astype(np.float32)
-    assert ours.shape[1:3] == theirs.shape[1:3] == image_cfg.output_size.hw
+    assert ours.shape[1:3] == theirs.shape[1:3] == image_cfg.size_px.hw
     per_image = np.abs(ours - theirs).mean(axis=(1, 2, 3))
     assert per_image.max() < 1.0, per_image  # measured 0.13-0.18 levels: DALI's and PIL's bilinear differ
     # A window from another epoch is a different crop: the comparison can tell.
@@ -142,14 +142,14 @@ def test_pil_baseline_crops_what_gpufeed_decodes(tmp_path, size):
     assert np.abs(ours - other).mean() > 5.0
 
 
-@pytest.mark.parametrize("size", [112, (144, 112)], ids=["square", "144x112"])
+@pytest.mark.parametrize("size", [SizePx(112, 112), SizePx(144, 112)], ids=["square", "144x112"])
 def test_pyav_baseline_returns_exactly_the_frames_asked_for(tmp_path, size):
     # As `gpufeed bench clips` makes them: on smaller frames h264 blurs the tag squares past reading.
     videos = make_bench_videos(tmp_path, count=2, seconds=4, fps=30, size=256, gop=250, seed=0)
     prepared = prepared_bench_videos(videos, 11, 1)
     dataset = VideoDataset.from_folder(prepared)
     reader = PyAvSeekClips(dataset, clip_length_frames=11, stride_frames=2, size_px=size)
-    width = size if isinstance(size, int) else size[0]
+    width = size.width_px
     for video, start in ((0, 0), (1, 37), (0, 98), (1, 5), (0, 60)):
         frames, labels, got_video, got_start = reader[(video, start)]
         assert (got_video, got_start) == (video, start) and tuple(frames.shape) == (11, 112, width, 3)

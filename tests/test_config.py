@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from gpufeed.config import Config, ConfigError, load_config, parse_config, save_config
+from gpufeed.config import Config, ConfigError, SizePx, load_config, parse_config, save_config
 
 
 def test_defaults_are_valid_and_frozen():
     cfg = parse_config(None)
-    assert cfg.device == "auto" and cfg.loader.batch_size == 64 and cfg.image.size_px == 224
+    assert cfg.device == "auto" and cfg.loader.batch_size == 64 and cfg.image.size_px == SizePx(224, 224)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.loader.batch_size = 3
 

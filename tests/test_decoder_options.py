@@ -20,7 +20,7 @@ import pytest
 from _serving import IMAGE_MODEL, exported_repo
 from dali_graph import image_decoders
 
-from gpufeed.config import ImagePipelineConfig, LoaderConfig, parse_config
+from gpufeed.config import ImagePipelineConfig, LoaderConfig, SizePx, parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ImageDataset, ImageLoader
 from gpufeed.pipelines._image_pipeline import eval_decoder_options, gpu_decoder_options, percentile_pick
@@ -96,7 +96,7 @@ def test_the_server_and_the_eval_loader_build_one_decoder_with_the_same_options(
     loader = _eval_loader(synth_dir, share)
     assert loader._decoder_options() == state.decoder_options, "the same function's answer"
     loader_pipe, _ = loader._pipeline(PlanStream(loader._spec(), 0, 0), build=False)
-    serve_pipe = serve_pipeline(48, 4, 0, 2, state.decoder_options)
+    serve_pipe = serve_pipeline(SizePx(48, 48), 4, 0, 2, state.decoder_options)
     (evaluation,) = image_decoders(loader_pipe)
     (serving,) = image_decoders(serve_pipe)
     assert evaluation.schema == serving.schema == "decoders__ImageSlice"
@@ -143,7 +143,7 @@ def test_a_served_image_equals_evaluation_bit_for_bit_wherever_it_sits_in_a_batc
     )
     batch = next(iter(loader))
     state = ServingState.from_config(load_repository(exported_repo()), parse_config({}), GPU)
-    decoder = ImageDecoder(48, 0.875, 1, 0, 2, state.decoder_options)
+    decoder = ImageDecoder(SizePx(48, 48), 0.875, 1, 0, 2, state.decoder_options)
     for k, path in enumerate(paths):
         blob = Path(path).read_bytes()
         out = torch.zeros((1, 3, 48, 48), dtype=torch.uint8, device="cuda")

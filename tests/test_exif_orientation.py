@@ -16,7 +16,7 @@ from conftest import DEVICES
 from oddmedia import oriented_jpeg, oriented_png, reference_rgb
 from PIL import Image
 
-from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.config import ImagePipelineConfig, LoaderConfig, SizePx
 from gpufeed.pipelines import ImageDataset, ImageLoader
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._windows import eval_windows, train_windows
@@ -124,7 +124,7 @@ def test_server_crops_equal_the_eval_loaders(photos, device):
     infos = [inspect_image(blob, DEFAULT_MAX_IMAGE_PIXELS, f"photo {k}") for k, blob in enumerate(blobs)]
     sizes = np.array([(info.width, info.height) for info in infos])
     assert (sizes == photos.sizes).all()
-    decoder = ImageDecoder(SIZE, FRACTION, max_batch=16, device_id=device.device_id, num_threads=2)
+    decoder = ImageDecoder(SizePx(SIZE, SIZE), FRACTION, max_batch=16, device_id=device.device_id, num_threads=2)
     if device.is_gpu:
         out = torch.zeros((16, 3, SIZE, SIZE), dtype=torch.uint8, device="cuda")
     else:

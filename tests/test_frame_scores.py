@@ -14,6 +14,7 @@ import torch
 from predicthelp import CPU, TagModel, expected_frames, window_logits
 from videohelp import encode_tagged_video
 
+from gpufeed.config import SizePx
 from gpufeed.models import WindowPlan, WindowScorer, score_frames
 from gpufeed.models._heads import sigmoid
 from gpufeed.pipelines import VideoFrameReader
@@ -145,7 +146,7 @@ def test_tagged_video_through_the_sequential_reader(tmp_path, length, stride, ho
     frames = 57
     path = tmp_path / "tagged.mp4"
     encode_tagged_video(path, 3, frames, options={"bf": "2", "g": "12"}, labels=False)
-    reader = VideoFrameReader(path, size_px=40, chunk_frames=chunk, device=CPU, decoder="pyav")
+    reader = VideoFrameReader(path, size_px=SizePx(40, 40), chunk_frames=chunk, device=CPU, decoder="pyav")
     model = TagModel(frames, stride, video_id=3)
     plan = WindowPlan(length, stride, hop)
 
@@ -170,7 +171,7 @@ def test_tagged_video_through_nvdec(tmp_path):
     path = tmp_path / "tagged.mp4"
     encode_tagged_video(path, 3, frames, options={"bf": "2", "g": "12"}, labels=False)
     gpu = DeviceChoice("gpu", 0, "test")
-    reader = VideoFrameReader(path, size_px=40, chunk_frames=16, device=gpu, decoder="dali")
+    reader = VideoFrameReader(path, size_px=SizePx(40, 40), chunk_frames=16, device=gpu, decoder="dali")
     model = TagModel(frames, 2, video_id=3)
     plan = WindowPlan(5, 2, 3)
     seen_devices = set()

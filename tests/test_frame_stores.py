@@ -15,7 +15,7 @@ import pytest
 import torch
 from videohelp import encode_tagged_video, frame_tags, write_tagged_store
 
-from gpufeed.config import LoaderConfig, VideoConfig
+from gpufeed.config import LoaderConfig, SizePx, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import BadSampleError, ClipLoader, DatasetError, VideoDataset, VideoFrameReader, check_path
 from gpufeed.pipelines._frame_stores import decode_store_frames
@@ -137,7 +137,7 @@ def test_two_shards_split_the_clips(stores):
 def test_the_sequential_reader_reads_every_frame_in_order(stores, form, device):
     dataset = VideoDataset.from_folder(stores / form)
     choice = DeviceChoice("gpu", 0, "test") if device == "gpu" else CPU
-    reader = VideoFrameReader(dataset.infos[2], size_px=[64, 48], chunk_frames=16, device=choice)
+    reader = VideoFrameReader(dataset.infos[2], size_px=SizePx(64, 48), chunk_frames=16, device=choice)
     assert reader.source == "frames"
     tags, indices = [], []
     for chunk in reader:

@@ -15,6 +15,8 @@ import pytest
 from conftest import DEVICES
 from train_support import train_config
 
+from gpufeed.config import SizePx
+
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 
@@ -39,6 +41,6 @@ def test_profile_steps_record_the_steps_and_cuda_kernels(synth_dir, tmp_path, de
 def test_bench_augment_on_the_gpu(tmp_path):
     from gpufeed.bench.augment import run_augment_bench
 
-    result = run_augment_bench(device="gpu", batch_size=16, size_px=64, rounds=3, graph_iterations=2)
+    result = run_augment_bench(device="gpu", batch_size=16, size_px=SizePx(64, 64), rounds=3, graph_iterations=2)
     assert result["model_step_ms"] > 0 and result["amp"] in ("bfloat16", "float16")
     assert all(row for row in result["ops"])

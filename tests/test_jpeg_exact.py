@@ -21,6 +21,7 @@ import pytest
 from PIL import Image
 
 from gpufeed.bench._clip_videos import _camera_frame, _camera_scene
+from gpufeed.config import SizePx
 from gpufeed.pipelines import VideoDataset
 from gpufeed.pipelines._frame_stores import FrameBytesReader
 from gpufeed.pipelines._store_feed import ScaledJpegClips, StoreFrameFeed, StoreRef
@@ -119,7 +120,7 @@ def test_dalis_cpu_decoder_is_exact_unless_asked_for_the_fast_idct(stores, fast_
     )
     pipe = build_store_pipeline(
         feed,
-        size_px=(WIDTH, HEIGHT),
+        size_px=SizePx(WIDTH, HEIGHT),
         fit="stretch",
         batch_size=1,
         device_id=None,

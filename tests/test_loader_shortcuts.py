@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gpufeed.config import ImagePipelineConfig, LoaderConfig, VideoConfig
+from gpufeed.config import ImagePipelineConfig, LoaderConfig, SizePx, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ClipLoader, DenseLoader, ImageDataset, ImageLoader
 
@@ -36,7 +36,7 @@ def test_every_other_setting_takes_the_config_default(synth_dir):
     loader = ImageLoader(synth_dir / "images" / "train.txt")  # a list file: ImageDataset.from_list
     assert loader.dataset.source.startswith("list file") and loader.dataset.classes[0] == "amber"
     assert loader.cfg == LoaderConfig() and loader.image_cfg == ImagePipelineConfig()
-    assert (loader.batch_size, loader.image_cfg.size_px, loader.train, loader.seed) == (64, 224, True, 0)
+    assert (loader.batch_size, loader.image_cfg.size_px, loader.train, loader.seed) == (64, SizePx(224, 224), True, 0)
     assert loader.device.kind in ("cpu", "gpu") and "device: auto" in loader.device.reason
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from videohelp import source_points
 
-from gpufeed.config import LoaderConfig, VideoConfig
+from gpufeed.config import LoaderConfig, SizePx, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ClipLoader, VideoDataset, VideoFrameReader
 from gpufeed.synth import behaviour_labels
@@ -119,7 +119,7 @@ def test_clips_come_out_width_by_height_from_the_right_source_pixels(case, fit, 
 def test_sequential_reader_gives_the_same_frames(case, fit):
     dataset, decoder, device = case
     reader = VideoFrameReader(
-        dataset.infos[0], size_px=list(OUT), chunk_frames=16, device=device, decoder=decoder, fit=fit
+        dataset.infos[0], size_px=SizePx(*OUT), chunk_frames=16, device=device, decoder=decoder, fit=fit
     )
     count = 0
     for chunk in reader:

@@ -44,7 +44,7 @@ def _check_card(model_dir: Path, task_shape: tuple[int, ...]) -> None:
     assert card["parity"]["max_abs_diff"] <= card["parity"]["tolerance"]
     session = ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
     assert session.get_inputs()[0].shape[1:] == list(task_shape), "the graph's input is fixed at H x W"
-    assert read_model_card(model_dir).spec.size == SizePx(WIDTH, HEIGHT)
+    assert read_model_card(model_dir).spec.size_px == SizePx(WIDTH, HEIGHT)
 
 
 def test_image_model_trains_exports_and_serves_at_48x32(synth_dir, tmp_path):

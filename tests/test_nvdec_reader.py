@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from videohelp import frame_tags
 
-from gpufeed.config import LoaderConfig, VideoConfig
+from gpufeed.config import LoaderConfig, SizePx, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ClipLoader, PrepareOptions, VideoDataset, _clip_pipeline, prepare_videos
 from gpufeed.pipelines._nvdec_reader import (
@@ -210,7 +210,7 @@ def test_the_cpu_reader_never_fuses_and_a_fused_cpu_pipeline_is_refused(tmp_path
     with pytest.raises(ValueError, match="fused_resize is for the dali source on a GPU"):
         _clip_pipeline.build_clip_pipeline(
             clip_input=_clip_pipeline.ReaderInput(tmp_path / "none.txt", fused_resize=True), clip_length_frames=4,
-            stride_frames=1, size_px=32, fit="stretch", batch_size=2, device_id=None, num_threads=1,
+            stride_frames=1, size_px=SizePx(32, 32), fit="stretch", batch_size=2, device_id=None, num_threads=1,
             prefetch_queue_depth=1, seed=0,
         )  # fmt: skip
 

@@ -12,6 +12,7 @@ import torch
 from _s3server import upload_tree
 
 from gpufeed._storage import S3Path
+from gpufeed.config import SizePx
 from gpufeed.pipelines import ImageDataset, ImageLoader
 
 pytestmark = pytest.mark.live
@@ -191,7 +192,7 @@ def test_the_sequential_reader_reads_a_video_in_a_bucket_frame_for_frame(s3_stor
     from gpufeed.pipelines import VideoFrameReader
 
     local_root, remote_root = s3_stores
-    args = {"size_px": [48, 32], "chunk_frames": 16, "device": resolve_device("cpu")}
+    args = {"size_px": SizePx(48, 32), "chunk_frames": 16, "device": resolve_device("cpu")}
     local = list(VideoFrameReader(local_root / "mp4" / "mouse_1.mp4", **args))
     remote_reader = VideoFrameReader(f"{remote_root}/mp4/mouse_1.mp4", **args)
     assert remote_reader.source == "pyav"

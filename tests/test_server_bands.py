@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from oddmedia import write_image_corpus
 
+from gpufeed.config import SizePx
 from gpufeed.server._preprocess import MAX_BANDS, ImageDecoder, inspect_image
 from gpufeed.synth._photos import encode_image, photo_pixels
 
@@ -38,7 +39,9 @@ def corpus(tmp_path_factory) -> list[bytes]:
     return [image.path.read_bytes() for image in images if image.path.parent.parent.name == "good"]
 
 
-@pytest.mark.parametrize("size_px", [32, 224, (128, 96)], ids=["32px", "224px", "128x96px"])
+@pytest.mark.parametrize(
+    "size_px", [SizePx(32, 32), SizePx(224, 224), SizePx(128, 96)], ids=["32px", "224px", "128x96px"]
+)
 def test_bands_equal_the_whole_image_on_real_world_files(corpus, size_px):
     whole = ImageDecoder(size_px, 0.875, max_batch=1, device_id=None, num_threads=1)
     banded = ImageDecoder(size_px, 0.875, max_batch=2, device_id=None, num_threads=2)
@@ -52,7 +55,9 @@ def test_bands_equal_the_whole_image_on_real_world_files(corpus, size_px):
     assert used.count(2) >= 1, f"no corpus file was decoded in bands: {used}"
 
 
-@pytest.mark.parametrize(("size_px", "crop_fraction"), [(224, 0.875), (96, 0.875), ((160, 96), 1.0)])
+@pytest.mark.parametrize(
+    ("size_px", "crop_fraction"), [(SizePx(224, 224), 0.875), (SizePx(96, 96), 0.875), (SizePx(160, 96), 1.0)]
+)
 def test_bands_are_used_exactly_where_they_give_the_same_pixels(size_px, crop_fraction):
     """Random sizes, half of them camera-like (divisible by 8): upscaling, 4x downscaling, odd heights."""
     # Every image is compared, banded or not: bands_used says which path ran, the pixels must agree.
@@ -74,8 +79,8 @@ def test_bands_are_used_exactly_where_they_give_the_same_pixels(size_px, crop_fr
 
 def test_two_images_in_bands_on_four_threads():
     blobs = [encode_image(photo_pixels(640, 480, seed=s), "JPEG", quality=95) for s in (1, 2)]
-    whole = ImageDecoder(224, 0.875, max_batch=2, device_id=None, num_threads=1)
-    banded = ImageDecoder(224, 0.875, max_batch=4, device_id=None, num_threads=4)
+    whole = ImageDecoder(SizePx(224, 224), 0.875, max_batch=2, device_id=None, num_threads=1)
+    banded = ImageDecoder(SizePx(224, 224), 0.875, max_batch=4, device_id=None, num_threads=4)
     assert banded.band_count(2) == min(2, MAX_BANDS)
     assert np.array_equal(_decode(banded, blobs, 2), _decode(whole, blobs, 1))
     assert banded.bands_used == 2
@@ -83,29 +88,29 @@ def test_two_images_in_bands_on_four_threads():
 
 def test_band_count_follows_the_threads_and_the_output_height():
     def count(size_px, threads, images, max_batch=8):
-        return ImageDecoder(size_px, 0.875, max_batch, None, threads).band_count(images)
+        return ImageDecoder(SizePx(*size_px), 0.875, max_batch, None, threads).band_count(images)
 
-    assert count(224, 1, 1) == 1  # one thread: nothing side by side
-    assert count(224, 2, 1) == 2
-    assert count(224, 2, 2) == 1  # two images already fill two threads
-    assert count(224, 16, 1) == MAX_BANDS
-    assert count(224, 2, 1, max_batch=1) == 1  # the pipeline's batch holds one sample
+    assert count((224, 224), 1, 1) == 1  # one thread: nothing side by side
+    assert count((224, 224), 2, 1) == 2
+    assert count((224, 224), 2, 2) == 1  # two images already fill two threads
+    assert count((224, 224), 16, 1) == MAX_BANDS
+    assert count((224, 224), 2, 1, max_batch=1) == 1  # the pipeline's batch holds one sample
     assert count((64, 31), 2, 1) == 1  # an odd height does not split at an exact row
-    assert count(24, 2, 1) == 1  # bands of 12 rows are not worth a thread
+    assert count((24, 24), 2, 1) == 1  # bands of 12 rows are not worth a thread
 
 
 def test_a_damaged_image_in_bands_fails_alone():
     good = encode_image(photo_pixels(160, 120, seed=3), "PNG")
     bad = good[: len(good) // 2]
-    decoder = ImageDecoder(32, 0.875, max_batch=4, device_id=None, num_threads=2)
+    decoder = ImageDecoder(SizePx(32, 32), 0.875, max_batch=4, device_id=None, num_threads=2)
     out = np.zeros((2, 3, 32, 32), np.uint8)
     sizes = np.array([[160, 120], [160, 120]])
     outcome = decoder.decode_into([good, bad], sizes, out, bands=2)
     assert outcome[0] is None and outcome[1].reason == "corrupt_image"
-    assert np.array_equal(out[:1], _decode(ImageDecoder(32, 0.875, 1, None, 1), [good], 1))
+    assert np.array_equal(out[:1], _decode(ImageDecoder(SizePx(32, 32), 0.875, 1, None, 1), [good], 1))
 
 
 def test_bands_are_refused_where_they_cannot_be_exact():
-    decoder = ImageDecoder((64, 31), 0.875, max_batch=4, device_id=None, num_threads=2)
+    decoder = ImageDecoder(SizePx(64, 31), 0.875, max_batch=4, device_id=None, num_threads=2)
     with pytest.raises(ValueError, match="2 bands"):
         decoder.decode_into([b"x"], np.array([[10, 10]]), np.zeros((1, 3, 31, 64), np.uint8), bands=2)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from gpufeed.config import SizePx
 from gpufeed.pipelines import decode_problem
 from gpufeed.server import RequestError
 from gpufeed.server._preprocess import ImageDecoder, inspect_image
@@ -39,7 +40,7 @@ def _refused(data: bytes, max_pixels: int = 40_000_000) -> RequestError:
 def test_bytes_after_the_end_marker_are_served_like_the_image_without_them():
     jpeg, png = _encode(_photo(), "JPEG", quality=90), _encode(_photo(), "PNG")
     with_tails = [jpeg + b"\x00\x00\x00\x18ftypmp42" + bytes(20_000), png + b"padding" * 50]
-    decoder = ImageDecoder(32, 0.875, max_batch=2, device_id=None, num_threads=1)
+    decoder = ImageDecoder(SizePx(32, 32), 0.875, max_batch=2, device_id=None, num_threads=1)
     outputs = []
     for blobs in ([jpeg, png], with_tails):
         infos = [inspect_image(blob, 40_000_000) for blob in blobs]
@@ -82,7 +83,7 @@ def test_a_jpeg_cut_in_half_with_ffd9_appended():
     assert (info.width, info.height) == (160, 120)
     assert "premature end of data segment" in decode_problem(half), "gpufeed check refuses it"
     out = np.zeros((1, 3, 32, 32), np.uint8)
-    assert ImageDecoder(32, 1.0, 1, None, 1).decode_into([half], np.array([[160, 120]]), out) == [None]
+    assert ImageDecoder(SizePx(32, 32), 1.0, 1, None, 1).decode_into([half], np.array([[160, 120]]), out) == [None]
     assert np.abs(out[0, :, -4:].astype(int) - 128).max() <= 2, "the part that was cut off is grey"
 
 

@@ -61,17 +61,16 @@ def test_parse_size_px_names_the_key_and_the_bad_value(value, words):
 def test_sections_take_a_pair_and_keep_a_number_square(section):
     cfg = parse_config({section: {"size_px": [352, 224]}})
     part = getattr(cfg, section)
-    assert part.size_px == (352, 224)
-    assert part.output_size == SizePx(width_px=352, height_px=224)
+    assert part.size_px == SizePx(width_px=352, height_px=224)
     square = getattr(parse_config({section: {"size_px": 96}}), section)
-    assert square.size_px == 96 and square.output_size == SizePx(96, 96)
-    # A square written as a pair is stored as the one number it always was.
-    assert getattr(parse_config({section: {"size_px": [64, 64]}}), section).size_px == 64
+    assert square.size_px == SizePx(96, 96)
+    # A square written as a pair is written back as the one number it always was.
+    assert getattr(parse_config({section: {"size_px": [64, 64]}}), section).size_px.config_value() == 64
 
 
 def test_defaults_stay_square():
     cfg = parse_config(None)
-    assert cfg.image.output_size == SizePx(224, 224) and cfg.video.output_size == SizePx(112, 112)
+    assert cfg.image.size_px == SizePx(224, 224) and cfg.video.size_px == SizePx(112, 112)
 
 
 @pytest.mark.parametrize("section", ["image", "video"])
@@ -86,7 +85,7 @@ def test_bad_sizes_name_the_section_key(section):
 
 def test_override_with_a_yaml_list():
     cfg = parse_config(None, ["image.size_px=[352,224]", "video.size_px=[48, 32]"])
-    assert cfg.image.output_size == SizePx(352, 224) and cfg.video.output_size == SizePx(48, 32)
+    assert cfg.image.size_px == SizePx(352, 224) and cfg.video.size_px == SizePx(48, 32)
 
 
 def test_non_square_round_trips_through_a_saved_config(tmp_path):
@@ -94,12 +93,12 @@ def test_non_square_round_trips_through_a_saved_config(tmp_path):
     saved = save_config(cfg, tmp_path / "config.yaml")
     assert "- 352\n  - 224\n" in saved.read_text()
     again = load_config(saved)
-    assert again == cfg and again.image.output_size == SizePx(352, 224) and again.video.size_px == 64
+    assert again == cfg and again.image.size_px == SizePx(352, 224) and again.video.size_px == SizePx(64, 64)
 
 
 def test_python_callers_are_checked_too():
-    assert ImagePipelineConfig(size_px=[48, 32]).size_px == (48, 32)
-    assert VideoConfig(size_px=SizePx(40, 40)).size_px == 40
+    assert ImagePipelineConfig(size_px=[48, 32]).size_px == SizePx(48, 32)
+    assert VideoConfig(size_px=SizePx(40, 40)).size_px.config_value() == 40
     with pytest.raises(ConfigError, match="width 3 in"):
         VideoConfig(size_px=(3, 40))
 
@@ -122,7 +121,9 @@ def test_bench_flags_take_width_x_height(command, flag, capsys):
         352,
         224,
     )
-    assert getattr(parser.parse_args(["bench", command, flag, "96"]), flag.lstrip("-").replace("-", "_")) == 96
+    assert getattr(parser.parse_args(["bench", command, flag, "96"]), flag.lstrip("-").replace("-", "_")) == SizePx(
+        96, 96
+    )
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", command, flag, "352x2"])
     assert "height 2 in [352, 2] is out of range" in capsys.readouterr().err
@@ -134,13 +135,56 @@ def test_model_spec_records_width_and_height():
     from gpufeed.models import ModelSpec
 
     spec = ModelSpec(name="smallcnn", task="image", num_classes=2, size_px=[352, 224])
-    assert spec.size_px == (352, 224) and spec.size == SizePx(352, 224)
+    assert spec.size_px == SizePx(352, 224)
     assert spec.input_shape(4) == (4, 3, 224, 352)
     data = json.loads(json.dumps(spec.to_dict()))  # as a model card stores it
     assert (data["size_px"], data["width_px"], data["height_px"]) == ([352, 224], 352, 224)
     assert ModelSpec.from_dict(data) == spec
     clip = ModelSpec(name="r3d_small", task="clip", num_classes=2, clip_length_frames=5, size_px=(48, 32))
     assert clip.input_shape(1) == (1, 3, 5, 32, 48)
-    assert ModelSpec(name="smallcnn", task="image", num_classes=2, size_px=[64, 64]).size_px == 64
+    assert ModelSpec(name="smallcnn", task="image", num_classes=2, size_px=[64, 64]).size_px.config_value() == 64
     with pytest.raises(ValueError, match=r"model 'smallcnn': size_px: value \[352\] has 1 items"):
         ModelSpec.from_dict({**data, "size_px": [352]})
+
+
+# Where a size may be read from its written forms (an int, [width, height], "WxH"): everything
+# else takes the SizePx these give and never re-reads it.
+SIZE_BOUNDARIES = {
+    "gpufeed/_size.py": "defines parse_size_px",
+    "gpufeed/_config_data.py": "the config: YAML values (convert) and Python callers' image/video sections",
+    "models/_spec.py": "a model's spec as checkpoints and model cards store it (224 or [352, 224])",
+    "gpufeed/commands/bench.py": "command-line flags: --size-px 352x224",
+}
+
+
+def _parse_size_px_uses() -> dict[str, int]:
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    uses: dict[str, int] = {}
+    for package in ("gpufeed", "pipelines", "models", "server"):
+        for path in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            count = sum(
+                (isinstance(node, ast.Name) and node.id == "parse_size_px")
+                or (isinstance(node, ast.Attribute) and node.attr == "parse_size_px")
+                or (isinstance(node, ast.FunctionDef) and node.name == "parse_size_px")
+                for node in ast.walk(tree)
+            )
+            if count:
+                uses[path.relative_to(root).as_posix()] = count
+    return uses
+
+
+def test_sizes_are_parsed_only_at_the_boundaries():
+    uses = _parse_size_px_uses()
+    outside = {path: n for path, n in uses.items() if path not in SIZE_BOUNDARIES}
+    print(
+        f"parse_size_px: {sum(uses.values())} uses in {len(uses)} modules, "
+        f"{sum(outside.values())} outside the boundary modules {sorted(SIZE_BOUNDARIES)}"
+    )
+    assert not outside, f"size_px re-read past the boundary (take the SizePx instead): {outside}"
+    assert set(uses) == set(SIZE_BOUNDARIES), (
+        f"boundary modules that no longer read sizes: {set(SIZE_BOUNDARIES) - set(uses)}"
+    )

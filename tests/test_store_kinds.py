@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from videohelp import frame_tags, write_tagged_store
 
-from gpufeed.config import LoaderConfig, VideoConfig
+from gpufeed.config import LoaderConfig, SizePx, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import (
     ClipLoader,
@@ -116,7 +116,7 @@ def test_a_registered_kind_is_indexed_read_in_order_and_checked(tar_kind, tmp_pa
     assert [(i.store, i.codec, i.num_frames, i.width) for i in dataset.infos] == [("tar", "png", n, 64) for n in FRAMES]
     assert not dataset.problems, dataset.problems
     for video, info in enumerate(dataset.infos):
-        reader = VideoFrameReader(info, size_px=[64, 48], chunk_frames=16, device=CPU)
+        reader = VideoFrameReader(info, size_px=SizePx(64, 48), chunk_frames=16, device=CPU)
         assert reader.source == "frames" and "tar files" in reader.decoder_reason
         tags = [tag for chunk in reader for tag in frame_tags(chunk.frames, "TCHW")]
         assert tags == [(i, video) for i in range(info.num_frames)], "every frame once, in order, exactly"

@@ -19,7 +19,7 @@ from conftest import DEVICES
 from dali_graph import external_sources, image_decoders, operators
 from videohelp import frame_tags, write_tagged_store
 
-from gpufeed.config import LoaderConfig, VideoConfig
+from gpufeed.config import LoaderConfig, SizePx, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ClipLoader, VideoDataset, VideoFrameReader, _clip_loader
 from gpufeed.pipelines._image_facts import read_image_facts
@@ -78,7 +78,7 @@ def test_the_sequential_reader_decodes_a_range_with_one_decoder(jpeg_stores, mon
 
     monkeypatch.setattr(_frames, "gpu_capability", lambda device: (9, 0))
     info = VideoDataset.from_folder(jpeg_stores / "folders").infos[0]
-    pipe = VideoFrameReader(info, size_px=32, chunk_frames=16, device=GPU)._pipeline(tmp_path, build=False)
+    pipe = VideoFrameReader(info, size_px=SizePx(32, 32), chunk_frames=16, device=GPU)._pipeline(tmp_path, build=False)
     (decoder,) = image_decoders(pipe)
     assert decoder.device == "mixed" and pipe.max_batch_size == 16
     (source,) = [op for op in external_sources(pipe) if isinstance(op.callback, StoreFrameFeed)]

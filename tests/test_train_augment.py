@@ -9,7 +9,7 @@ import pytest
 import torch
 from train_support import train_config
 
-from gpufeed.config import AUGMENT_OPS, LOADER_AUGMENT_OPS, AugmentConfig, ConfigError, parse_config
+from gpufeed.config import AUGMENT_OPS, LOADER_AUGMENT_OPS, AugmentConfig, ConfigError, SizePx, parse_config
 from gpufeed.pipelines import ColourJitter, LoaderAugment, reference_augment
 from gpufeed.train._augment import FusedColour, RandomFlip, build_augmenter, plan_augmentation
 from gpufeed.train._session import Session
@@ -136,7 +136,7 @@ def test_device_ops_never_synchronise_with_the_host(op, place):
     torch.cuda.synchronize()
 
 
-@pytest.mark.parametrize("size", [32, (48, 32)], ids=["square", "48x32"])
+@pytest.mark.parametrize("size", [SizePx(32, 32), SizePx(48, 32)], ids=["square", "48x32"])
 def test_bench_augment_prints_every_op_beside_the_model_step(capsys, size):
     from gpufeed.bench.augment import print_augment_result, run_augment_bench
 
@@ -153,7 +153,7 @@ def test_bench_augment_prints_every_op_beside_the_model_step(capsys, size):
     print_augment_result(result)
     out = capsys.readouterr().out
     assert "model step" in out and "default augmentation" in out and "target <= 20%" in out
-    assert f"smallcnn, {size if size == 32 else '48x32'} px" in out
+    assert f"smallcnn, {32 if size == SizePx(32, 32) else '48x32'} px" in out
 
 
 @pytest.mark.parametrize("separable", [True, False])

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import DEVICES
 
-from gpufeed.config import AugmentConfig, TrainConfig
+from gpufeed.config import AugmentConfig, SizePx, TrainConfig
 from gpufeed.models import create_model
 from gpufeed.synth import read_tag
 from gpufeed.train._augment import build_augmenter
@@ -175,7 +175,7 @@ def test_clip_model_trains_end_to_end_through_the_clip_loader(synth_dir, tmp_pat
     assert result.step > 0 and result.checkpoint is not None
     model = load_model(result.checkpoint)
     assert model.spec.task == "clip" and model.spec.labels == BEHAVIOURS
-    assert model.spec.clip_length_frames == 11 and model.spec.size_px == 32
+    assert model.spec.clip_length_frames == 11 and model.spec.size_px == SizePx(32, 32)
     assert result.evaluations and "macro_f1" in result.evaluations[-1]
     steps = (tmp_path / "run" / "steps.jsonl").read_text().splitlines()
     assert len(steps) == result.step, "one telemetry line per step"

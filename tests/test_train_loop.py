@@ -9,7 +9,7 @@ import torch
 from conftest import DEVICES
 from train_support import assert_steps_partition, train_config
 
-from gpufeed.config import ConfigError, load_config
+from gpufeed.config import ConfigError, SizePx, load_config
 from gpufeed.models import load_model
 from gpufeed.models._io import list_checkpoints
 from gpufeed.train import TrainError, train
@@ -42,7 +42,7 @@ def test_training_learns_and_leaves_a_complete_run_folder(synth_dir, tmp_path, d
     assert [p.name for p in list_checkpoints(run)] == ["ckpt-000000030.pt", "ckpt-000000036.pt"]
     assert result.checkpoint == run / "checkpoints" / "ckpt-000000036.pt"
     model = load_model(run)
-    assert model.spec.size_px == 32 and model.spec.labels == ("amber", "birch", "cedar", "daisy")
+    assert model.spec.size_px == SizePx(32, 32) and model.spec.labels == ("amber", "birch", "cedar", "daisy")
     assert model.spec.eval_crop_fraction == cfg.image.eval_crop_fraction
     assert load_config(run / "config.yaml") == cfg, "the resolved config is saved with the run"
 

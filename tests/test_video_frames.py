@@ -6,6 +6,7 @@ import pytest
 import torch
 from videohelp import frame_tags
 
+from gpufeed.config import SizePx
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import DatasetError, PrepareOptions, VideoDataset, VideoFrameReader, prepare_videos
 
@@ -34,7 +35,7 @@ def test_every_frame_once_in_order(synth_dir, vp9_video, case, chunk):
     codec, decoder, device = case
     path = vp9_video if codec == "vp9" else synth_dir / "videos" / "clip_001.mp4"
     choice = DeviceChoice("gpu", 0, "test") if device == "gpu" else DeviceChoice("cpu", None, "test")
-    reader = VideoFrameReader(path, size_px=40, chunk_frames=chunk, device=choice, decoder=decoder)
+    reader = VideoFrameReader(path, size_px=SizePx(40, 40), chunk_frames=chunk, device=choice, decoder=decoder)
     assert reader.source == decoder
     seen = []
     for part in reader:
@@ -62,7 +63,7 @@ def test_frames_match_the_clip_loader(synth_dir):
 
     dataset = VideoDataset.from_folder(synth_dir / "videos")
     cpu = DeviceChoice("cpu", None, "test")
-    reader = VideoFrameReader(dataset.infos[0], size_px=40, chunk_frames=11, device=cpu, decoder="pyav")
+    reader = VideoFrameReader(dataset.infos[0], size_px=SizePx(40, 40), chunk_frames=11, device=cpu, decoder="pyav")
     first = next(iter(reader)).frames
     loader = ClipLoader(
         dataset,

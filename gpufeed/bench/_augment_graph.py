@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gpufeed._size import SizePx, parse_size_px
+from gpufeed._size import SizePx
 from gpufeed.pipelines import LoaderAugment
 from gpufeed.pipelines._augment import RowsFeed, augment_graph
 
@@ -109,7 +109,7 @@ class GraphTimer:
         variants: dict,
         *,
         batch_size: int,
-        size_px: SizePx | int | tuple[int, int],
+        size_px: SizePx,
         device_id: int | None,
         num_threads: int,
         iterations: int,
@@ -117,9 +117,7 @@ class GraphTimer:
     ) -> None:
         import torch
 
-        pixels = np.random.default_rng(seed).integers(
-            0, 256, (batch_size, *parse_size_px(size_px).hw, 3), dtype=np.uint8
-        )
+        pixels = np.random.default_rng(seed).integers(0, 256, (batch_size, *size_px.hw, 3), dtype=np.uint8)
         # On a GPU, DALI reads the batch through __cuda_array_interface__.
         batch = pixels if device_id is None else torch.from_numpy(pixels).cuda(device_id)
         self.device_id, self.iterations = device_id, iterations

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from gpufeed._size import SizePx, parse_size_px
+from gpufeed._size import SizePx
 from gpufeed.bench._clip_names import CONTENDERS, TORCHCODEC_READERS
 
 __all__ = [
@@ -44,8 +44,8 @@ _PEERS_HINT = "'make peers' builds .venv-peers, whose gpufeed runs it (its wheel
 class DecodeFromStartClips:
     """Map-style dataset: every clip opens its file and decodes from frame 0 (the naive reader)."""
 
-    def __init__(self, clips: list[tuple[str, int]], length: int, stride: int, size: SizePx | int) -> None:
-        self.clips, self.length, self.stride, self.size = clips, length, stride, parse_size_px(size)
+    def __init__(self, clips: list[tuple[str, int]], length: int, stride: int, size: SizePx) -> None:
+        self.clips, self.length, self.stride, self.size = clips, length, stride, size
 
     def __len__(self) -> int:
         return len(self.clips)
@@ -76,8 +76,8 @@ class DecodeFromStartClips:
 class OpenCvSeekClips:
     """Map-style dataset: ``cv2.VideoCapture`` kept open per worker, ``CAP_PROP_POS_FRAMES`` seeks."""
 
-    def __init__(self, clips: list[tuple[str, int]], length: int, stride: int, size: SizePx | int) -> None:
-        self.clips, self.length, self.stride, self.size = clips, length, stride, parse_size_px(size)
+    def __init__(self, clips: list[tuple[str, int]], length: int, stride: int, size: SizePx) -> None:
+        self.clips, self.length, self.stride, self.size = clips, length, stride, size
         self._captures: dict = {}
 
     def __len__(self) -> int:
@@ -122,10 +122,8 @@ def _torchcodec_decoder(path: str, seek_mode: str, size: SizePx):
 class TorchcodecClips:
     """Map-style dataset: the given clips read by torchcodec, one ``VideoDecoder`` per file and worker."""
 
-    def __init__(
-        self, clips: list[tuple[str, int]], length: int, stride: int, size: SizePx | int, seek_mode: str
-    ) -> None:
-        self.clips, self.length, self.stride, self.size = clips, length, stride, parse_size_px(size)
+    def __init__(self, clips: list[tuple[str, int]], length: int, stride: int, size: SizePx, seek_mode: str) -> None:
+        self.clips, self.length, self.stride, self.size = clips, length, stride, size
         self.seek_mode = seek_mode
         self._decoders: dict = {}
 
@@ -148,10 +146,10 @@ class TorchcodecSamplerCalls:
     """
 
     def __init__(
-        self, paths: list[str], calls: int, clips_per_call: int, length: int, stride: int, size, seed: int
+        self, paths: list[str], calls: int, clips_per_call: int, length: int, stride: int, size: SizePx, seed: int
     ) -> None:
         self.paths, self.calls, self.clips_per_call = paths, calls, clips_per_call
-        self.length, self.stride, self.size, self.seed = length, stride, parse_size_px(size), seed
+        self.length, self.stride, self.size, self.seed = length, stride, size, seed
         self._decoders: dict = {}
 
     def __len__(self) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed._size import SizePx
 from gpufeed.bench._clip_names import GENERATED_SETS, STORE_SETS
 from gpufeed.bench._clip_videos import (
     make_bench_videos,
@@ -127,7 +128,16 @@ class BenchSet:
     """One set, its clip loader (gpufeed), and the clips every reader reads in a round."""
 
     def __init__(
-        self, spec: SetSpec, *, clip_length: int, stride: int, size, batch_size: int, workers: int, seed: int, device
+        self,
+        spec: SetSpec,
+        *,
+        clip_length: int,
+        stride: int,
+        size: SizePx,
+        batch_size: int,
+        workers: int,
+        seed: int,
+        device,
     ) -> None:
         self.name, self.dataset, self.tagged = spec.name, spec.dataset, spec.tagged
         self.is_store = all(info.store for info in self.dataset.infos)

@@ -48,7 +48,7 @@ class PilDensePairs(torch.utils.data.Dataset):
 
     def __init__(self, dataset, image_cfg, seed: int) -> None:
         self.paths, self.depth, self.sizes = dataset.paths, dataset.maps["depth"], dataset.sizes
-        self.image_cfg, self.size, self.seed = image_cfg, tuple(image_cfg.output_size), seed
+        self.image_cfg, self.size, self.seed = image_cfg, image_cfg.size_px, seed
 
     def __len__(self) -> int:
         return len(self.paths)

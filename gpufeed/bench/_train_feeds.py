@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from gpufeed._size import SizePx, parse_size_px
+from gpufeed._size import SizePx
 from gpufeed.pipelines import ClipBatch, ImageBatch
 from gpufeed.pipelines._windows import train_windows
 
@@ -75,7 +75,7 @@ def epoch_window(
 ) -> tuple[tuple[int, int, int, int], bool]:
     """``(PIL crop box, flip)`` of ``sample_id``'s training window in ``epoch``: the very window gpufeed decodes."""
     ids = np.array([sample_id], dtype=np.int64)
-    size = parse_size_px(image_cfg.size_px)
+    size = image_cfg.size_px
     aspect = size.width_px / size.height_px
     window = train_windows(
         dataset_sizes[ids], ids, seed, epoch, image_cfg.crop_area, image_cfg.crop_aspect_ratio, image_cfg.flip, aspect
@@ -93,7 +93,7 @@ class PilTrainImages(torch.utils.data.Dataset):
 
     def __init__(self, dataset, image_cfg, seed: int) -> None:
         self.paths, self.sizes, self.labels = dataset.paths, dataset.sizes, dataset.labels
-        self.image_cfg, self.size, self.seed = image_cfg, image_cfg.output_size, seed
+        self.image_cfg, self.size, self.seed = image_cfg, image_cfg.size_px, seed
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -118,12 +118,10 @@ class PyAvSeekClips(torch.utils.data.Dataset):
     after the clip's first frame is an error rather than a silently wrong clip.
     """
 
-    def __init__(
-        self, dataset, clip_length_frames: int, stride_frames: int, size_px: SizePx | int | tuple[int, int]
-    ) -> None:
+    def __init__(self, dataset, clip_length_frames: int, stride_frames: int, size_px: SizePx) -> None:
         self.paths, self.labels = dataset.paths, dataset.labels
         self.offsets = np.arange(clip_length_frames) * stride_frames
-        self.size = parse_size_px(size_px)
+        self.size = size_px
         self._open: dict = {}
         self._reformatter: VideoReformatter | None = None
 

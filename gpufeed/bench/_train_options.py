@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufeed._size import SizePx
+
 __all__ = ["TrainBenchOptions"]
 
 
@@ -17,7 +19,7 @@ class TrainBenchOptions:
         device: ``auto``, ``gpu`` or ``cpu``.
         model: A registry name.
         batch_size: Samples per step.
-        size_px: Model input size: N (square) or (width, height).
+        size_px: Model input size (``--size-px``).
         epochs: Epochs per loader and round.
         rounds: Rounds, each running both loaders, the order alternating.
         workers: DALI threads and DataLoader workers; 0 means one per core.
@@ -40,7 +42,7 @@ class TrainBenchOptions:
     device: str
     model: str | None
     batch_size: int | None
-    size_px: int | tuple[int, int] | None
+    size_px: SizePx | None
     epochs: int | None
     rounds: int | None
     workers: int

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._files import finite
-from gpufeed._size import parse_size_px
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts
 from gpufeed.train._summary import STAGES, summarize
@@ -202,7 +201,7 @@ def print_train_result(result: dict) -> None:
     r = result["ratios"]
     clip = f", {result['clip_length_frames']}-frame clips" if result["task"] == "clips" else ""
     print(
-        f"train benchmark ({result['task']}): {result['model']}, {parse_size_px(result['size_px']).label} px{clip}, batch "
+        f"train benchmark ({result['task']}): {result['model']}, {result['size_px'].label} px{clip}, batch "
         f"{result['batch_size']}, amp {result['amp']}, channels_last {result['channels_last']}; {result['data']}"
     )
     for side, label in (("gpufeed", "gpufeed"), ("dataloader", "DataLoader")):

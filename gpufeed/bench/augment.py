@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpufeed._progress import progress_bar
-from gpufeed._size import parse_size_px
+from gpufeed._size import SizePx
 from gpufeed._text import format_table
 from gpufeed.bench._augment_graph import GraphTimer, graph_variants
 from gpufeed.bench._common import machine_facts, median
@@ -48,12 +48,12 @@ class StepDefaults(NamedTuple):
     """The model step a run measures against when its arguments say None."""
 
     model: str
-    size_px: int
+    size_px: SizePx
     batch_size: int
 
 
-GPU_DEFAULTS = StepDefaults(model="resnet18", size_px=224, batch_size=256)
-CPU_DEFAULTS = StepDefaults(model="resnet18", size_px=64, batch_size=16)
+GPU_DEFAULTS = StepDefaults(model="resnet18", size_px=SizePx(224, 224), batch_size=256)
+CPU_DEFAULTS = StepDefaults(model="resnet18", size_px=SizePx(64, 64), batch_size=16)
 TARGET_SHARE = 0.20
 
 
@@ -106,7 +106,7 @@ class _Clock:
         return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def _stepper(model_name: str, size_px: int | tuple[int, int], torch_device, amp_dtype, on_gpu: bool):
+def _stepper(model_name: str, size_px: SizePx, torch_device, amp_dtype, on_gpu: bool):
     import torch
 
     model = to_channels_last(create_model(model_name, num_classes=1000, size_px=size_px).to(torch_device))
@@ -170,7 +170,7 @@ def run_augment_bench(
     device: str = "auto",
     model: str | None = None,
     batch_size: int | None = None,
-    size_px: int | tuple[int, int] | None = None,
+    size_px: SizePx | None = None,
     amp: str = "auto",
     rounds: int = 20,
     graph_iterations: int = 10,
@@ -194,7 +194,7 @@ def run_augment_bench(
     amp_dtype = resolve_amp(amp, choice)
     torch_device, clock = choice.torch_device, _Clock(choice.is_gpu)
     torch.manual_seed(seed)
-    height, width = parse_size_px(size_px).hw
+    height, width = size_px.hw
     pixels = torch.randint(0, 256, (batch_size, 3, height, width), dtype=torch.uint8, device=torch_device)
     pixels = pixels.contiguous(memory_format=torch.channels_last)
     batch = _Batch(pixels, torch.randint(0, 1000, (batch_size,), device=torch_device))
@@ -290,7 +290,7 @@ def clock_host(fn, calls: int) -> list[float]:
 
 def print_augment_result(result: dict) -> None:
     print(
-        f"augmentation benchmark: {result['model']}, {parse_size_px(result['size_px']).label} px, batch {result['batch_size']}, "
+        f"augmentation benchmark: {result['model']}, {result['size_px'].label} px, batch {result['batch_size']}, "
         f"amp {result['amp']}, {result['machine']['device']}"
     )
     print(f"model step (forward + backward + AdamW): {result['model_step_ms']:.2f} ms")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufeed._progress import progress_bar
-from gpufeed._size import SizePx, parse_size_px, size_px_value
+from gpufeed._size import SizePx
 from gpufeed.bench._clip_exact import reference_share, sampler_tag_share, tag_share
 from gpufeed.bench._clip_names import GENERATED_SETS
 from gpufeed.bench._clip_readers import (
@@ -150,7 +150,7 @@ def run_clip_bench(
     gop: int = 250,
     clip_length: int = 11,
     stride: int = 1,
-    size: SizePx | int | tuple[int, int] = 112,
+    size: SizePx = SizePx(112, 112),
     batch_size: int = 8,
     clips: int = 256,
     naive_clips: int = 12,
@@ -173,7 +173,7 @@ def run_clip_bench(
             generated ``sets`` (of :data:`gpufeed.bench._clip_sets.GENERATED_SETS`).
         videos: Generated videos per set, long-GOP ones ``seconds`` long at 30 fps, ``video_size`` px
             square, a keyframe every ``gop`` frames (cached in ``cache``).
-        clip_length: Frames per clip, ``stride`` apart, resized to ``size`` (N or (width, height)).
+        clip_length: Frames per clip, ``stride`` apart, resized to ``size``.
         clips: Clips per timed round (``naive_clips`` for decode-from-start); ``verify_clips`` are
             checked for exact frames, untimed. ``sampler_clips``: clips per torchcodec sampler call.
         rounds: Timed rounds per reader, interleaved.
@@ -182,9 +182,7 @@ def run_clip_bench(
     """
     choice = resolve_device(device)
     cores = default_num_threads()
-    a = _Settings(
-        clip_length, stride, parse_size_px(size_px_value(size)), batch_size, workers or cores, sampler_clips, seed
-    )
+    a = _Settings(clip_length, stride, size, batch_size, workers or cores, sampler_clips, seed)
     left_out: dict[str, str] = {}
     if data is not None:
         specs, left_out = user_sets(Path(data))
@@ -194,7 +192,7 @@ def run_clip_bench(
             clip_length=clip_length, stride=stride,
         )  # fmt: skip
     bench_sets = [
-        BenchSet(spec, clip_length=clip_length, stride=stride, size=size_px_value(size), batch_size=batch_size,
+        BenchSet(spec, clip_length=clip_length, stride=stride, size=size, batch_size=batch_size,
                  workers=a.workers, seed=seed, device=choice)
         for spec in specs
     ]  # fmt: skip

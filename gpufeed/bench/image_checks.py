@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed._progress import progress_bar
+from gpufeed._size import SizePx
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts
 from gpufeed.device import DeviceChoice, resolve_device
@@ -90,7 +91,7 @@ def _bomb_check(folder: Path) -> dict:
 def _server_decode(data: bytes, width: int, height: int, device: DeviceChoice) -> Callable[[], object]:
     """A callable running the server's decoder (evaluation window, resize to 224) on ``data``."""
     size = np.array([[width, height]])
-    decoder = ImageDecoder(224, 0.875, 1, device.device_id, num_threads=1)
+    decoder = ImageDecoder(SizePx(224, 224), 0.875, 1, device.device_id, num_threads=1)
     if not device.is_gpu:
         host_out = np.empty((1, 3, 224, 224), dtype=np.uint8)
         return lambda: decoder.decode_into([data], size, host_out)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpufeed._size import SizePx, parse_size_px
+from gpufeed._size import SizePx
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts, median
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
@@ -36,14 +36,12 @@ class PilCropDataset(torch.utils.data.Dataset[torch.Tensor]):
     Args:
         windows: Per epoch, the (anchor, shape, flip) arrays of every image; an item is keyed
             ``(epoch, i)`` (or ``i`` for epoch 0), so the workers need no update between epochs.
-        size_px: Output size: one number (square) or (width, height).
+        size_px: Output size.
     """
 
-    def __init__(
-        self, paths: list[str], windows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], size_px: SizePx | int
-    ):
+    def __init__(self, paths: list[str], windows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], size_px: SizePx):
         self.paths, self.windows = paths, windows
-        self.size = parse_size_px(size_px)
+        self.size = size_px
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -97,7 +95,7 @@ def run_loader_bench(
     *,
     batch_size: int = 64,
     rounds: int = 3,
-    size_px: SizePx | int | tuple[int, int] = 224,
+    size_px: SizePx = SizePx(224, 224),
     device: str = "auto",
     workers: int = 0,
     seed: int = 0,
@@ -106,7 +104,7 @@ def run_loader_bench(
 
     Args:
         rounds: Timed epochs per loader (after one warm-up each), interleaved.
-        size_px: Output size: one number (square) or (width, height).
+        size_px: Output size (``--size-px``).
         workers: DataLoader workers and DALI threads; 0 means one per core.
     """
     choice = resolve_device(device)
@@ -119,7 +117,7 @@ def run_loader_bench(
     # Our loader runs epoch after epoch on one pipeline, as training does (going back to epoch 0
     # each round rebuilt it inside the timing); the baseline gets each epoch's very same windows.
     ids = dataset.usable_ids
-    out = image_cfg.output_size
+    out = image_cfg.size_px
     windows = []
     for epoch in range(rounds + 1):
         w = train_windows(

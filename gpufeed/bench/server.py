@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed._progress import progress_bar
-from gpufeed._size import parse_size_px
+from gpufeed._size import SizePx
 from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts, median
 from gpufeed.bench._loadgen import run_load
@@ -148,7 +148,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def export_bench_models(
     cache: Path,
     architecture: str,
-    size_px: int | tuple[int, int],
+    size_px: SizePx,
     batch_size: int,
     checkpoint: Path | None,
     batch_sizes: tuple[int, ...] | None = None,
@@ -159,7 +159,7 @@ def export_bench_models(
     source = (
         "untrained" if checkpoint is None else hashlib.sha256(str(Path(checkpoint).resolve()).encode()).hexdigest()[:12]
     )
-    root = cache / "server-models" / f"{architecture}-{parse_size_px(size_px).label}px-{source}"
+    root = cache / "server-models" / f"{architecture}-{size_px.label}px-{source}"
     if checkpoint is None:
         classes = tuple(f"class_{i}" for i in range(10))
         checkpoint = untrained_checkpoint(root, classes, size_px, architecture)
@@ -178,7 +178,7 @@ def run_server_bench(
     architecture: str,
     images: list[bytes],
     cache: Path,
-    size_px: int | tuple[int, int] = 224,
+    size_px: SizePx = SizePx(224, 224),
     batch_size: int = 8,
     concurrency: tuple[int, ...] = (1, 8, 32, 64),
     seconds: float = 8.0,
@@ -298,7 +298,7 @@ def run_server_bench(
 def print_server_result(result: dict) -> None:
     contenders, results = result["contenders"], result["results"]
     print(
-        f"\nserver benchmark: {result['architecture']} at {parse_size_px(result['size_px']).label} px, batch sizes "
+        f"\nserver benchmark: {result['architecture']} at {result['size_px'].label} px, batch sizes "
         f"{', '.join(map(str, result.get('batch_sizes') or [result['batch_size']]))}, "
         f"max delay {result['max_delay_ms']:g} ms, {result['images']} JPEGs, {result['seconds_per_point']:g} s per point "
         f"x {result['rounds']} round(s), {result['machine']['device']}"
@@ -338,9 +338,7 @@ def plot_server_results(results: list[dict], path: Path) -> Path:
             axes[0, col].plot(xs, [p["throughput_rps"] for p in points], marker="o", label=name)
             axes[1, col].plot(xs, [p["p99_ms"] for p in points], marker="o", label=name)
             axes[2, col].plot(xs, [p["server_cpu_ms_per_request"] for p in points], marker="o", label=name)
-        axes[0, col].set_title(
-            f"{result['architecture']} {parse_size_px(result['size_px']).label}px, N={result['batch_size']}"
-        )
+        axes[0, col].set_title(f"{result['architecture']} {result['size_px'].label}px, N={result['batch_size']}")
         axes[0, col].set_ylabel("requests/s")
         axes[1, col].set_ylabel("p99 latency (ms)")
         axes[1, col].set_yscale("log")

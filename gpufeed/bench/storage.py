@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpufeed import _s3
+from gpufeed._size import SizePx
 from gpufeed._storage import S3Path, configure_storage, data_path
 from gpufeed._text import format_table
 from gpufeed.bench._clip_readers import gpufeed_reader
@@ -99,7 +100,7 @@ class _Settings:
     """What both loaders are built with (the keyword arguments of :func:`run_storage_bench`, resolved)."""
 
     clip_length: int
-    size: int | tuple[int, int]
+    size: SizePx
     batch_size: int
     workers: int
     seed: int
@@ -123,7 +124,7 @@ def run_storage_bench(
     video_size: int = 256,
     gop: int = 30,
     clip_length: int = 11,
-    size: int | tuple[int, int] = 112,
+    size: SizePx = SizePx(112, 112),
     batch_size: int = 8,
     clips: int = 192,
     bytes_clips: int = 64,

@@ -28,7 +28,7 @@ import torch
 
 from gpufeed._files import write_atomic
 from gpufeed._progress import progress_bar
-from gpufeed._size import parse_size_px
+from gpufeed._size import SizePx
 from gpufeed.bench._dense_feeds import DEPTH_SCALE, PilDensePairs, dense_batch, depth_bench_pairs
 from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, clip_batch, dataloader_feed, gpufeed_feed
 from gpufeed.bench._train_options import TrainBenchOptions
@@ -61,7 +61,7 @@ __all__ = ["DEFAULTS", "TrainBenchOptions", "augment_plans", "run_train_bench"]
 
 
 def _defaults(
-    model: str, batch_size: int, size_px: int | tuple[int, int], epochs: int, rounds: int, chunk_steps: int = 0, **data
+    model: str, batch_size: int, size_px: SizePx, epochs: int, rounds: int, chunk_steps: int = 0, **data
 ) -> dict:
     return {"model": model, "batch_size": batch_size, "size_px": size_px, "epochs": epochs, "rounds": rounds,
             "chunk_steps": chunk_steps, **data}  # fmt: skip
@@ -71,13 +71,13 @@ def _defaults(
 # chunk_steps: sides interleaved every that many steps (0: one side's whole round, then the
 # other's); only where the step is compute-bound by far, see gpufeed.bench._train_rounds.
 DEFAULTS = {
-    ("images", "cpu"): _defaults("smallcnn", 32, 64, epochs=3, rounds=2, images=512),
-    ("images", "gpu"): _defaults("resnet18", 256, 224, epochs=4, rounds=2, images=4096),
-    ("clips", "cpu"): _defaults("r3d_small", 4, 64, epochs=3, rounds=1, videos=2, seconds=8),
-    ("clips", "gpu"): _defaults("r3d_small", 64, 112, epochs=4, rounds=2, videos=4, seconds=120),
+    ("images", "cpu"): _defaults("smallcnn", 32, SizePx(64, 64), epochs=3, rounds=2, images=512),
+    ("images", "gpu"): _defaults("resnet18", 256, SizePx(224, 224), epochs=4, rounds=2, images=4096),
+    ("clips", "cpu"): _defaults("r3d_small", 4, SizePx(64, 64), epochs=3, rounds=1, videos=2, seconds=8),
+    ("clips", "gpu"): _defaults("r3d_small", 64, SizePx(112, 112), epochs=4, rounds=2, videos=4, seconds=120),
     # Dense depth: 640x480 JPEG + 16-bit PNG pairs (generated), unet_resnet18 at width x height.
-    ("depth", "cpu"): _defaults("unet_resnet18", 8, (128, 96), epochs=2, rounds=2, chunk_steps=4, images=64),
-    ("depth", "gpu"): _defaults("unet_resnet18", 64, (256, 192), epochs=3, rounds=2, images=2048),
+    ("depth", "cpu"): _defaults("unet_resnet18", 8, SizePx(128, 96), epochs=2, rounds=2, chunk_steps=4, images=64),
+    ("depth", "gpu"): _defaults("unet_resnet18", 64, SizePx(256, 192), epochs=3, rounds=2, images=2048),
 }
 # Config keys the command's own flags decide, and those flags.
 _FLAG_KEYS = {
@@ -271,7 +271,7 @@ class _Run:
     def synthetic_batch(self):
         """A batch of the feeds' type and layout with random pixels: warms kernels up, untimed."""
         n, dev = self.cfg.loader.batch_size, self.device.torch_device
-        h, w = parse_size_px(self.spec["size_px"]).hw
+        h, w = self.spec["size_px"].hw
         valid = torch.ones(n, dtype=torch.bool, device=dev)
         if self.task_name == "depth":
             images = torch.randint(0, 256, (n, h, w, 3), dtype=torch.uint8, device=dev).permute(0, 3, 1, 2)
@@ -323,7 +323,7 @@ def run_train_bench(
     device: str = "auto",
     model: str | None = None,
     batch_size: int | None = None,
-    size_px: int | tuple[int, int] | None = None,
+    size_px: SizePx | None = None,
     epochs: int | None = None,
     rounds: int | None = None,
     workers: int = 0,

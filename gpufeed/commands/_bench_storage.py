@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from gpufeed._files import write_json
+from gpufeed._size import SizePx
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so the
 # handler imports the benchmark (torch, DALI, boto3) itself: `gpufeed --help` stays light.
@@ -65,7 +66,7 @@ def _storage(args: argparse.Namespace) -> int:
         video_size=args.video_size,
         gop=args.gop,
         clip_length=args.clip_length,
-        size=args.size,
+        size=SizePx(args.size, args.size),
         batch_size=args.batch_size,
         clips=args.clips,
         bytes_clips=args.bytes_clips,

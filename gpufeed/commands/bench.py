@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpufeed._files import write_json
 from gpufeed._schema import ConfigError
-from gpufeed._size import parse_size_px, size_px_value
+from gpufeed._size import SizePx, parse_size_px
 from gpufeed.bench._clip_names import CONTENDERS as CLIP_CONTENDERS
 from gpufeed.bench._clip_names import GENERATED_SETS
 from gpufeed.bench._common import quiet_http_logs
@@ -24,10 +24,10 @@ from gpufeed.commands.reliability import register_server_runs
 # imports the benchmark it runs (torch, DALI, the server) itself: `gpufeed --help` stays light.
 
 
-def _size_px(text: str) -> int | tuple[int, int]:
-    """An output size flag: ``224`` (a square) or ``352x224`` (width x height)."""
+def _size_px(text: str) -> SizePx:
+    """An output size flag: ``224`` (a square) or ``352x224`` (width x height), read once here."""
     try:
-        return size_px_value(parse_size_px(text, "--size-px"))
+        return parse_size_px(text, "--size-px")
     except ConfigError as err:
         raise argparse.ArgumentTypeError(err.message) from None
 
@@ -55,7 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=_size, default=(640, 480), help="generated image size WxH (default 640x480)")
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated images are kept")
     p.add_argument(
-        "--size-px", type=_size_px, default=224, help="output size: N (square) or WIDTHxHEIGHT such as 352x224"
+        "--size-px",
+        type=_size_px,
+        default=SizePx(224, 224),
+        help="output size: N (square) or WIDTHxHEIGHT such as 352x224",
     )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3, help="timed epochs per loader, interleaved (default 3)")
@@ -132,7 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--size",
         type=_size_px,
-        default=112,
+        default=SizePx(112, 112),
         help="output frame size: N (square, default 112) or WIDTHxHEIGHT such as 352x224",
     )
     p.add_argument("--batch-size", type=int, default=8)
@@ -418,5 +421,16 @@ def _train(args: argparse.Namespace) -> int:
 def _written(figures: dict, path: Path | None) -> int:
     """Write ``figures`` as JSON to ``path`` when given; the exit status of a benchmark that ran (0)."""
     if path:
-        write_json(path, figures)
+        write_json(path, _document(figures))
     return 0
+
+
+def _document(value):
+    """``value`` as JSON writes it, each :class:`SizePx` spelt as the config spells it (224, [352, 224])."""
+    if isinstance(value, SizePx):
+        return value.config_value()
+    if isinstance(value, dict):
+        return {k: _document(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_document(v) for v in value]
+    return value

@@ -58,8 +58,8 @@ def predict_images(
         return report
     spec, batch = predictor.spec, predictor.batch_size
     device_id = predictor.device.device_id if predictor.device.is_gpu else None
-    decoder = ImageDecoder(spec.size, spec.eval_crop_fraction, batch, device_id, num_threads=2)
-    shape = (batch, 3, spec.size.height_px, spec.size.width_px)
+    decoder = ImageDecoder(spec.size_px, spec.eval_crop_fraction, batch, device_id, num_threads=2)
+    shape = (batch, 3, spec.size_px.height_px, spec.size_px.width_px)
     buffer = (
         torch.zeros(shape, dtype=torch.uint8, device=predictor.device.torch_device) if device_id is not None else None
     )

@@ -133,7 +133,7 @@ def run_overload(
         "model": {
             "name": card.name,
             "architecture": card.spec.name,
-            "size_px": card.spec.size.label,
+            "size_px": card.spec.size_px.label,
             "batch_size": card.batch_size,
         },
         "clients": clients,

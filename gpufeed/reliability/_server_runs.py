@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpufeed._report import Check, Checklist
+from gpufeed._size import SizePx
 from gpufeed.bench.server import export_bench_models
 from gpufeed.models import read_model_card
 from gpufeed.synth._photos import make_bench_images
@@ -31,7 +32,7 @@ def reliability_inputs(
     JPEGs are photo-like, 320x240, generated once into ``cache``.
     """
     if model_dir is None:
-        model_dir = export_bench_models(Path(cache), "smallcnn", 64, 8, None)["batched"]
+        model_dir = export_bench_models(Path(cache), "smallcnn", SizePx(64, 64), 8, None)["batched"]
     else:
         read_model_card(model_dir)  # a wrong folder is refused before the images are written
     folder = make_bench_images(Path(cache), images, *size)

@@ -99,7 +99,7 @@ def run_soak(
         "model": {
             "name": card.name,
             "architecture": card.spec.name,
-            "size_px": card.spec.size.label,
+            "size_px": card.spec.size_px.label,
             "batch_size": card.batch_size,
         },
         "image_bytes_median": int(np.median([len(b) for b in images])),

@@ -6,12 +6,12 @@ import io
 
 import numpy as np
 
-from gpufeed._size import SizePx, parse_size_px
+from gpufeed._size import SizePx
 
 __all__ = ["onnx_providers", "pil_preprocess", "top_k_reply"]
 
 
-def pil_preprocess(data: bytes, size_px: SizePx | int, crop_fraction: float) -> np.ndarray:
+def pil_preprocess(data: bytes, size_px: SizePx, crop_fraction: float) -> np.ndarray:
     """Decode with PIL, scale until ``W x H / crop_fraction`` just fits, centre-crop ``W x H``.
 
     For a square size that is: resize the shorter side to ``size / crop_fraction``, centre-crop.
@@ -21,7 +21,7 @@ def pil_preprocess(data: bytes, size_px: SizePx | int, crop_fraction: float) -> 
     """
     from PIL import Image
 
-    out_w, out_h = parse_size_px(size_px)
+    out_w, out_h = size_px
     with Image.open(io.BytesIO(data)) as source:
         img = source.convert("RGB")
     width, height = img.size

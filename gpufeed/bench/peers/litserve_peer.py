@@ -39,7 +39,7 @@ class OnnxImageAPI(ls.LitAPI):
     def decode_request(self, request):
         upload = request["image"]
         data = upload.file.read() if hasattr(upload, "file") else bytes(upload)
-        return pil_preprocess(data, self.card.spec.size, self.card.spec.eval_crop_fraction)
+        return pil_preprocess(data, self.card.spec.size_px, self.card.spec.eval_crop_fraction)
 
     def batch(self, inputs):
         rows = np.stack(inputs)

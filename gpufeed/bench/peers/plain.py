@@ -33,7 +33,7 @@ def build_app(model_dir: str, device: str = "cpu"):
 
     @app.post("/predict")
     def predict(image: UploadFile = File(...)):  # noqa: B008 - FastAPI's idiom
-        pixels = pil_preprocess(image.file.read(), card.spec.size, card.spec.eval_crop_fraction)
+        pixels = pil_preprocess(image.file.read(), card.spec.size_px, card.spec.eval_crop_fraction)
         logits = session.run(None, {card.input_name: pixels[None]})[0][0]
         return top_k_reply(logits, card.labels)
 
