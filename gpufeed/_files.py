@@ -51,7 +51,7 @@ def remove_stale_temps(path: str | Path, idle_s: float = 600.0) -> list[Path]:
     """
     path = Path(path)
     prefix = f".{path.name}.tmp-"
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(path.parent))
     except OSError:
