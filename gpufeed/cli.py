@@ -76,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if not args.verbose:
+        # boto3's INFO lines ("Found credentials in environment variables") on every bucket read: noise
+        # at gpufeed's INFO level; -v shows them with the rest.
+        for name in ("botocore", "boto3", "s3transfer"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         if args.command not in WITHOUT_STACK:
             require_stack(f"gpufeed {args.command}")

@@ -66,6 +66,7 @@ def test_check_reads_a_bucket_and_names_a_missing_prefix_in_one_line(s3_server, 
         in (unreachable.stderr)
     )
     _no_secret(s3_server.secret, done.stdout, done.stderr, missing.stdout, missing.stderr, unreachable.stderr)
+    assert "botocore" not in done.stderr and "botocore" in missing.stderr, "boto3's logs with -v only"
 
 
 @pytest.mark.parametrize("model", ["image", "clip"])
