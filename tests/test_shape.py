@@ -50,7 +50,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "gpufeed/reliability/_overload.py:run_overload": "to split: the next step of #33",
     "pipelines/_dense_loader.py:build_dense_pipeline": "to split after the size_px rework (a parallel change to the same lines) lands",
     "server/_grpc_tensors.py:infer_request": "to split: the next step of #33",
-    "gpufeed/bench/clips.py:run_clip_bench": "to split after the size_px rework (a parallel change to the same lines) lands",
 }
 
 
