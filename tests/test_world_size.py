@@ -130,8 +130,8 @@ def test_the_global_order_does_not_depend_on_the_world_size():
 
 
 # -- loaders -----------------------------------------------------------------------------------------
-def _image_loader(dataset, k: int, n: int, batch: int = 5, policy: str = "pad") -> ImageLoader:
-    return ImageLoader(
+def _loader(cls, dataset, k: int, n: int, batch: int, policy: str):
+    return cls(
         dataset,
         train=True,
         image_cfg=ImagePipelineConfig(size_px=16),
@@ -141,19 +141,14 @@ def _image_loader(dataset, k: int, n: int, batch: int = 5, policy: str = "pad") 
         shard_id=k,
         num_shards=n,
     )
+
+
+def _image_loader(dataset, k: int, n: int, batch: int = 5, policy: str = "pad") -> ImageLoader:
+    return _loader(ImageLoader, dataset, k, n, batch, policy)
 
 
 def _dense_loader(dataset, k: int, n: int, batch: int = 2, policy: str = "pad") -> DenseLoader:
-    return DenseLoader(
-        dataset,
-        train=True,
-        image_cfg=ImagePipelineConfig(size_px=16),
-        loader_cfg=LoaderConfig(batch_size=batch, last_batch=policy, num_threads=1),
-        device=CPU,
-        seed=3,
-        shard_id=k,
-        num_shards=n,
-    )
+    return _loader(DenseLoader, dataset, k, n, batch, policy)
 
 
 def _take(loader, batches: int) -> list[int]:
