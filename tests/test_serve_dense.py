@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import io
-import tempfile
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -24,8 +22,9 @@ W, H, X0 = 96, 72, 12
 
 
 @pytest.fixture(scope="module")
-def server():
-    root = Path(tempfile.mkdtemp(prefix="gpufeed-dense-serve-"))
+def server(tmp_path_factory):
+    # pytest's own folder, so the two checkpoints and their ONNX files (about 200 MB) go when pytest prunes.
+    root = tmp_path_factory.mktemp("dense-serve")
     common = {"size_px": SIZE, "eval_crop_fraction": 1.0}
     depth = write_checkpoint(
         root / "run-depth", "unet_resnet18", task="depth", num_classes=1, depth_scale=0.001, map_fill=0, **common
