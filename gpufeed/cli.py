@@ -13,9 +13,8 @@ import logging
 import sys
 
 from gpufeed import __version__
-from gpufeed._s3 import StorageError
-from gpufeed._schema import ConfigError
 from gpufeed.commands import MissingExtraError, require_stack
+from gpufeed.core import ConfigError, StorageError
 from gpufeed.device import DeviceUnavailableError
 
 __all__ = ["build_parser", "main"]
@@ -56,11 +55,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     # Deferred: these modules load torch, DALI and the server (about 1 s), which only a command that
     # raised needs.
     from gpufeed.models import ExportError, ModelCardError
-    from gpufeed.pipelines._errors import BadSampleError, DatasetError
-    from gpufeed.server import ServerStartError
-    from gpufeed.server._repo import ModelRepoError
-    from gpufeed.server._runtime import RuntimeSetupError
-    from gpufeed.train._errors import TrainError
+    from gpufeed.pipelines import BadSampleError, DatasetError
+    from gpufeed.server import ModelRepoError, RuntimeSetupError, ServerStartError
+    from gpufeed.train import TrainError
 
     serving = (ExportError, ModelCardError, ModelRepoError, RuntimeSetupError, ServerStartError)
     data = (ConfigError, DatasetError, BadSampleError, StorageError)  # StorageError: an s3:// read, named in one line

@@ -14,16 +14,29 @@ checkpoint paths, batch-size helpers, parity checks and file names live in the p
 modules, which the other gpufeed packages import directly.
 """
 
+# For gpufeed's own packages: the names they use from this package's private modules, re-exported
+# here (``as`` marks a re-export) so no package reaches into another's ``_*`` modules. Not in the
+# API reference; they may change with the code that uses them.
+from gpufeed.models._card import BATCH_DIM as BATCH_DIM
+from gpufeed.models._card import CARD_FILE as CARD_FILE
+from gpufeed.models._card import ONNX_FILE as ONNX_FILE
 from gpufeed.models._card import ModelCard, ModelCardError, read_model_card
+from gpufeed.models._card import default_batch_sizes as default_batch_sizes
 from gpufeed.models._clip_sampling import ClipSampling
 from gpufeed.models._dense_heads import DenseHead
 from gpufeed.models._export import ExportError, export_model
+from gpufeed.models._export import resolve_batch_sizes as resolve_batch_sizes
 from gpufeed.models._frame_scores import FrameScores, WindowBatch, WindowPlan, WindowScorer, score_frames
 from gpufeed.models._head import Outputs, OutputTensor, TaskHead
 from gpufeed.models._heads import ClassifierHead, head_for, list_tasks, register_head
+from gpufeed.models._io import CHECKPOINT_DIR as CHECKPOINT_DIR
 from gpufeed.models._io import checkpoint_path, find_checkpoint, load_model, model_state
+from gpufeed.models._io import list_checkpoints as list_checkpoints
+from gpufeed.models._io import read_checkpoint as read_checkpoint
+from gpufeed.models._io import untrained_checkpoint as untrained_checkpoint
 from gpufeed.models._nets import GpufeedModel
 from gpufeed.models._registry import create_model, list_models, register_model
+from gpufeed.models._registry import default_spec as default_spec
 from gpufeed.models._spec import ModelSpec
 
 __all__ = [

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufeed._files import write_json
+from gpufeed.core import write_json
 from gpufeed.models._spec import ModelSpec
 
 __all__ = [

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpufeed._files import atomic_path
+from gpufeed.core import atomic_path
 from gpufeed.models._card import (
     BATCH_DIM,
     ONNX_FILE,

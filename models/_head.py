@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from gpufeed._size import SizePx
+from gpufeed.core import SizePx
 
 __all__ = ["Agreement", "OutputTensor", "Outputs", "SpecFacts", "TaskHead"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gpufeed._size import SizePx
+from gpufeed.core import SizePx
 from gpufeed.models._nets import GpufeedModel
 from gpufeed.models._registry import create_model, model_from_spec
 from gpufeed.models._spec import ModelSpec

@@ -30,8 +30,7 @@ import numpy as np
 
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
 from gpufeed.device import DeviceChoice
-from gpufeed.pipelines import DenseLoader, ImageDataset, ImageLoader, PairedDataset
-from gpufeed.pipelines._pairs import is_paired_root
+from gpufeed.pipelines import DenseLoader, ImageDataset, ImageLoader, PairedDataset, is_paired_root
 from gpufeed.synth import SynthSpec, behaviour_labels, render_frame, write_synthetic_dataset
 
 __all__ = ["clip_inputs", "dense_inputs", "image_inputs", "valid_rows"]

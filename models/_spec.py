@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from gpufeed._size import SizePx, parse_size_px
+from gpufeed.core import SizePx, parse_size_px
 from gpufeed.models._head import TaskHead
 from gpufeed.models._heads import head_for
 

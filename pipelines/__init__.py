@@ -48,6 +48,58 @@ from gpufeed.pipelines import _pair_check  # noqa: F401  # isort: skip
 # And the checkers of one file: a video or frame store named directly, an image of another format.
 from gpufeed.pipelines import _check_files  # noqa: F401  # isort: skip
 
+# For gpufeed's own packages: the names they use from this package's private modules, re-exported
+# here (``as`` marks a re-export) so no package reaches into another's ``_*`` modules. Not in the
+# API reference; they may change with the code that uses them.
+from gpufeed.pipelines._augment import BASIS as BASIS
+from gpufeed.pipelines._augment import DRAWS as DRAWS
+from gpufeed.pipelines._augment import RowsFeed as RowsFeed
+from gpufeed.pipelines._augment import augment_graph as augment_graph
+from gpufeed.pipelines._augment import colour_coefficients as colour_coefficients
+from gpufeed.pipelines._check import NOT_BAD as NOT_BAD
+from gpufeed.pipelines._check import CheckReport as CheckReport
+from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS as IMAGE_EXTENSIONS
+from gpufeed.pipelines._deepethogram import is_project as is_project
+from gpufeed.pipelines._deepethogram import project_dataset as project_dataset
+from gpufeed.pipelines._deepethogram import read_project as read_project
+from gpufeed.pipelines._epochs import EpochLoader as EpochLoader
+from gpufeed.pipelines._epochs import default_num_threads as default_num_threads
+from gpufeed.pipelines._frame_fit import FrameFitter as FrameFitter
+from gpufeed.pipelines._frame_stores import FrameBytesReader as FrameBytesReader
+from gpufeed.pipelines._frame_stores import decode_frame as decode_frame
+from gpufeed.pipelines._frame_stores import stored_colorspace as stored_colorspace
+from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS as DEFAULT_MAX_IMAGE_PIXELS
+from gpufeed.pipelines._image_pipeline import decode_window as decode_window
+from gpufeed.pipelines._image_pipeline import eval_decoder_options as eval_decoder_options
+from gpufeed.pipelines._mask_check import check_mask_ids as check_mask_ids
+from gpufeed.pipelines._nvdec import nvdec_problem as nvdec_problem
+from gpufeed.pipelines._pairs import is_paired_root as is_paired_root
+from gpufeed.pipelines._prepare_shards import write_clip_shards as write_clip_shards
+from gpufeed.pipelines._prepare_shards import write_image_shards as write_image_shards
+from gpufeed.pipelines._pyav import ClipDecoder as ClipDecoder
+from gpufeed.pipelines._pyav import VideoRef as VideoRef
+from gpufeed.pipelines._pyav_sequential import iter_frame_chunks as iter_frame_chunks
+from gpufeed.pipelines._sampler import plan_epoch as plan_epoch
+from gpufeed.pipelines._shares import coverage_problem as coverage_problem
+from gpufeed.pipelines._shares import share_report as share_report
+from gpufeed.pipelines._split_folders import split_folders as split_folders
+from gpufeed.pipelines._store_feed import jpeg_decode_sizes as jpeg_decode_sizes
+from gpufeed.pipelines._store_kinds import is_frame_folder as is_frame_folder
+from gpufeed.pipelines._store_kinds import store_extensions as store_extensions
+from gpufeed.pipelines._video_bytes import CONTAINERS as CONTAINERS
+from gpufeed.pipelines._video_bytes import VideoBytes as VideoBytes
+from gpufeed.pipelines._video_bytes import first_line as first_line
+from gpufeed.pipelines._video_bytes import read_in_order as read_in_order
+from gpufeed.pipelines._videos import DALI_CPU_CODECS as DALI_CPU_CODECS
+from gpufeed.pipelines._videos import SUPPORTED_CODECS as SUPPORTED_CODECS
+from gpufeed.pipelines._videos import VIDEO_EXTENSIONS as VIDEO_EXTENSIONS
+from gpufeed.pipelines._videos import VideoInfo as VideoInfo
+from gpufeed.pipelines._videos import index_videos as index_videos
+from gpufeed.pipelines._videos import list_videos as list_videos
+from gpufeed.pipelines._windows import Windows as Windows
+from gpufeed.pipelines._windows import eval_windows as eval_windows
+from gpufeed.pipelines._windows import train_windows as train_windows
+
 __all__ = [
     "BadSampleError",
     "ClipBatch",

@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed._files import write_json
-from gpufeed._object_path import ObjectPath
+from gpufeed.core import ObjectPath, write_json
 
 __all__ = ["index_cache_path", "read_json_cache", "usable_ids", "write_json_atomic"]
 

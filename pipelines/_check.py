@@ -20,9 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._progress import progress_bar
-from gpufeed._storage import DataPath, data_path, listdir, prime_listing
+from gpufeed.core import DataPath, ObjectPath, data_path, listdir, prime_listing, progress_bar
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, ImageDataset
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._storage import DataPath, data_path, open_binary
+from gpufeed.core import DataPath, ObjectPath, data_path, open_binary
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
 from gpufeed.pipelines._deepethogram import _load_yaml  # the project's own YAML reading (and its limits)
 from gpufeed.pipelines._errors import DatasetError

@@ -55,8 +55,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gpufeed._procs import forked_children_die_with_me
-from gpufeed._size import SizePx
+from gpufeed.core import SizePx, forked_children_die_with_me
 from gpufeed.pipelines._augment import StreamAugmentFeed
 from gpufeed.pipelines._clip_plan import ClipPlan
 from gpufeed.pipelines._crop_windows import RoiFeed
@@ -367,7 +366,7 @@ def _pipeline_args(workers: bool, on_gpu: bool, build: bool, start_method: str, 
 def _built(pipe):
     """``pipe`` built (its workers started) and its outputs checked."""
     # build() starts the workers: forked ones die with this process (spawned ones arm themselves
-    # when their callback is unpickled, see gpufeed._procs), never left blocked on a dead pipeline.
+    # when their callback is unpickled, see gpufeed.core._procs), never left blocked on a dead pipeline.
     with forked_children_die_with_me():
         pipe.build()
     _check_outputs(pipe)

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from gpufeed._size import SizePx
+from gpufeed.core import SizePx
 from gpufeed.pipelines._augment import StreamAugmentFeed
 from gpufeed.pipelines._clip_plan import ClipPlan, PlanRows
 from gpufeed.pipelines._clips import ClipGeometry

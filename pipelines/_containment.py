@@ -32,9 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed._object_path import ObjectPath, is_object_url
-from gpufeed._storage import media_source
-from gpufeed._text import quoted
+from gpufeed.core import ObjectPath, is_object_url, media_source, quoted
 
 __all__ = ["ALLOWED_ROOTS_KEY", "Roots", "folder_link_problem", "hdf5_link_problem"]
 

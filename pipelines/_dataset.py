@@ -25,10 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._object_path import ObjectPath, is_object_url
-from gpufeed._progress import progress_bar
-from gpufeed._storage import DataPath, data_path, join, stat_key, walk
-from gpufeed._text import quoted
+from gpufeed.core import DataPath, ObjectPath, data_path, is_object_url, join, progress_bar, quoted, stat_key, walk
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts

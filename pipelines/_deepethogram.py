@@ -14,7 +14,7 @@ used is a problem of its video naming the record and the key (``rgb``, ``label``
 a label file whose rows are not the video's frames, a class the project does not list.
 
 A project is input from anyone: its YAML files are read by the bounded loader
-(:func:`gpufeed._yaml.read_yaml`: size, alias and nesting budgets), every file a record names must
+(:func:`gpufeed.core._yaml.read_yaml`: size, alias and nesting budgets), every file a record names must
 resolve inside the project or a folder of ``data.allowed_roots``
 (:mod:`gpufeed.pipelines._containment`: no absolute path, ``..`` or symbolic link out, nor a frame
 store's links), and two records naming one video are one problem naming both (else one video
@@ -29,10 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._object_path import ObjectPath, is_object_url
-from gpufeed._storage import DataPath, data_path, prime_listing
-from gpufeed._text import quoted
-from gpufeed._yaml import YamlError, read_yaml
+from gpufeed.core import DataPath, ObjectPath, YamlError, data_path, is_object_url, prime_listing, quoted, read_yaml
 from gpufeed.pipelines._containment import Roots
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpufeed._size import SizePx
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.core import SizePx
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
 from gpufeed.pipelines._executor import executor_args

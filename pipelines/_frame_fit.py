@@ -1,7 +1,7 @@
 """YUV to RGB and the output fit of decoded video frames, in one swscale pass (the PyAV paths).
 
 Imported by DALI's worker processes (through :mod:`gpufeed.pipelines._pyav`): numpy, PyAV and
-``gpufeed._size`` only.
+``gpufeed.core._size`` only.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpufeed._size import SizePx
+from gpufeed.core import SizePx
 
 if TYPE_CHECKING:
     from av.video.reformatter import VideoReformatter

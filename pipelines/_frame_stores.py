@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._storage import DataPath, data_path
+from gpufeed.core import DataPath, ObjectPath, data_path
 from gpufeed.pipelines._frame_sizes import frame_size_problem
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, read_image_facts
 from gpufeed.pipelines._image_verify import decode_problem

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpufeed._size import SizePx
+from gpufeed.core import SizePx
 from gpufeed.pipelines._clip_pipeline import new_work_dir
 from gpufeed.pipelines._clip_source import ClipSource, RangeJob
 from gpufeed.pipelines._clip_sources import choose_clip_source

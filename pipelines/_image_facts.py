@@ -33,8 +33,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed._object_path import ObjectPath, is_object_url
-from gpufeed._storage import read_bytes
+from gpufeed.core import ObjectPath, is_object_url, read_bytes
 from gpufeed.pipelines._image_walk import DAMAGED, UNSUPPORTED, JpegWalk, walk_png
 
 __all__ = [

@@ -33,7 +33,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from gpufeed._size import SizePx
+from gpufeed.core import SizePx
 from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
 from gpufeed.pipelines._executor import executor_args
 from gpufeed.pipelines._sampler import PlanStream

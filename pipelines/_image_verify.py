@@ -24,8 +24,7 @@ from pathlib import Path
 import simplejpeg
 from PIL import Image
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._storage import read_bytes
+from gpufeed.core import ObjectPath, read_bytes
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
 
 __all__ = ["decode_problem", "find_bad_files"]

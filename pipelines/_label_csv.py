@@ -21,9 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._storage import data_path, file_size, open_binary
-from gpufeed._text import quoted
+from gpufeed.core import ObjectPath, data_path, file_size, open_binary, quoted
 
 __all__ = ["LABEL_HEADER_MAX_BYTES", "read_label_csv", "row_bytes_limit"]
 

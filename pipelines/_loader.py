@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpufeed._storage import split_member
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.core import split_member
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._augment import LoaderAugment
 from gpufeed.pipelines._dataset import ImageDataset

@@ -27,10 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._schema import ConfigError, from_mapping
-from gpufeed._storage import data_path
 from gpufeed.config import LoaderConfig
+from gpufeed.core import ConfigError, ObjectPath, data_path, from_mapping
 from gpufeed.device import DeviceChoice, resolve_device
 
 __all__ = ["LoaderArgs", "loader_args"]

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._object_path import ObjectPath, is_object_url
-from gpufeed._storage import DataPath, data_path, read_bytes
+from gpufeed.core import DataPath, ObjectPath, data_path, is_object_url, read_bytes
 from gpufeed.pipelines._check import CheckReport, Finding
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._storage import open_binary
+from gpufeed.core import ObjectPath, open_binary
 
 __all__ = ["mp4_box_problem"]
 

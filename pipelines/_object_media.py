@@ -1,6 +1,6 @@
 """Where the clip decoders meet object storage: which decoder reads ``s3://`` videos, and how.
 
-* PyAV (the CPU path) opens an object as a ranged-read file (:func:`gpufeed._storage.media_source`):
+* PyAV (the CPU path) opens an object as a ranged-read file (:func:`gpufeed.core._storage.media_source`):
   a clip fetches the blocks of its GOP, never the whole video.
 * DALI's video reader (NVDEC on a GPU, VP8/VP9/MJPEG on a CPU) opens local files only (it has no
   ``s3://`` support, unlike DALI's file and webdataset readers): with ``storage.cache_dir`` set, the
@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpufeed._object_path import is_object_url
-from gpufeed._storage import local_file, storage_cache
+from gpufeed.core import is_object_url, local_file, storage_cache
 
 __all__ = ["object_storage_reason", "reader_local_paths"]
 

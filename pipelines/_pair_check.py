@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from gpufeed._progress import progress_bar
+from gpufeed.core import progress_bar
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._image_verify import decode_problem

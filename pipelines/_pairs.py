@@ -32,9 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._object_path import ObjectPath, is_object_url
-from gpufeed._storage import DataPath, data_path, join, open_binary, prime_listing, walk
-from gpufeed._text import quoted
+from gpufeed.core import DataPath, ObjectPath, data_path, is_object_url, join, open_binary, prime_listing, quoted, walk
 from gpufeed.pipelines._cache import usable_ids
 from gpufeed.pipelines._containment import Roots
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, index_image_facts

@@ -35,10 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._files import atomic_path
-from gpufeed._progress import progress_bar
-from gpufeed._size import SizePx
-from gpufeed._text import format_table
+from gpufeed.core import SizePx, atomic_path, format_table, progress_bar
 from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_fit import FrameFitter

@@ -23,10 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed import _s3
-from gpufeed._files import write_json
-from gpufeed._progress import progress_bar
-from gpufeed._storage import S3Path, data_path, read_bytes
+from gpufeed.core import S3Path, data_path, progress_bar, read_bytes, s3_upload_file, write_json
 from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._dataset import ImageDataset
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
@@ -136,7 +133,7 @@ def _finish(writer: _ShardWriter, local: Path, out, report: ShardReport) -> Shar
     report.shards, report.bytes = len(writer.names), sum(writer.sizes)
     if isinstance(out, S3Path):
         for name in sorted(os.listdir(local), key=lambda n: n == MANIFEST_NAME):  # the manifest last
-            _s3.upload_file(local / name, out / name)
+            s3_upload_file(local / name, out / name)
     return report
 
 

@@ -10,7 +10,7 @@ than a short seek. :class:`PyAVClips` reads each batch by (video, start) so that
 a video's clips in order. The sequential reader's decoding is :mod:`gpufeed.pipelines._pyav_sequential`.
 
 This module is imported by DALI's parallel ``external_source`` worker processes, so it stays light:
-numpy, PyAV and ``gpufeed._size`` (standard library only), and the feeds are plain picklable objects. The
+numpy, PyAV and ``gpufeed.core._size`` (standard library only), and the feeds are plain picklable objects. The
 frames' conversion and fit is :class:`gpufeed.pipelines._frame_fit.FrameFitter`.
 """
 
@@ -21,9 +21,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from gpufeed._procs import WorkerCallback
-from gpufeed._size import SizePx
-from gpufeed._storage import media_source
+from gpufeed.core import SizePx, WorkerCallback, media_source
 from gpufeed.pipelines._clip_plan import ClipPlan, PlanRows
 from gpufeed.pipelines._frame_fit import FrameFitter
 from gpufeed.pipelines._frame_sizes import frame_size_problem
@@ -138,7 +136,7 @@ class ClipDecoder:
 
         hit = self._open.pop(path, None)
         if hit is None:
-            container = av.open(media_source(path), "r")  # s3://: a ranged-read file (gpufeed._storage)
+            container = av.open(media_source(path), "r")  # s3://: a ranged-read file (gpufeed.core._storage)
             stream = container.streams.video[0]
             stream.thread_count = self.threads
             hit = _OpenVideo(container, stream)

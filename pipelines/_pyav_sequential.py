@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpufeed._size import SizePx
-from gpufeed._storage import media_source
+from gpufeed.core import SizePx, media_source
 from gpufeed.pipelines._frame_fit import FrameFitter
 from gpufeed.pipelines._pyav import ClipDecodeError, VideoRef
 

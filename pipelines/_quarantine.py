@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed._object_path import ObjectPath, is_object_url
-from gpufeed._text import quoted
+from gpufeed.core import ObjectPath, is_object_url, quoted
 from gpufeed.pipelines._errors import DatasetError
 
 __all__ = ["Quarantine", "quarantined_ids", "read_quarantine"]

@@ -21,10 +21,10 @@ loader's epoch plan, its exact resume and its one-rank-per-sample shares (:mod:`
 :mod:`gpufeed.pipelines._shares`) hold for shards as for files.
 
 **Reading.** A sample's row gives its byte range, so a loader reads any sample in any order with
-one ranged read (:func:`gpufeed._storage.read_range`: ``pread`` of a local tar, a ranged GET of an
+one ranged read (:func:`gpufeed.core._storage.read_range`: ``pread`` of a local tar, a ranged GET of an
 object): an image member, or a clip's whole span (its frames and labels together), whose tar
 headers :func:`tar_members` walks. Samples are named, in messages and quarantine lists, by
-:func:`gpufeed._storage.member_ref` (``shard-000003.tar#<offset>:<size>:<key>``).
+:func:`gpufeed.core._storage.member_ref` (``shard-000003.tar#<offset>:<size>:<key>``).
 
 DALI's ``fn.readers.webdataset`` reads the same shards (local or ``s3://``; its index files
 must be local), in its own order: the shards in the order given, each tar front to back, split into
@@ -43,9 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._storage import DataPath, data_path, is_remote, member_ref, read_bytes, split_member
-from gpufeed._text import quoted
+from gpufeed.core import DataPath, ObjectPath, data_path, is_remote, member_ref, quoted, read_bytes, split_member
 from gpufeed.pipelines._errors import DatasetError
 
 __all__ = [
@@ -91,7 +89,7 @@ class ShardManifest:
     stride_frames: int = 1
 
     def ref(self, sample_id: int) -> str:
-        """The sample's byte range in its shard, as :func:`gpufeed._storage.member_ref` text."""
+        """The sample's byte range in its shard, as :func:`gpufeed.core._storage.member_ref` text."""
         row = self.rows[sample_id]
         name = f"{row['key']}.{row['ext']}" if self.kind == "images" else str(row["key"])
         return member_ref(self.root / self.shards[row["shard"]], row["offset"], row["size"], name)
@@ -189,7 +187,7 @@ def read_shard_frames(ref: str, frame_name: str, frames) -> list[np.ndarray]:
     """Frames ``frames`` of a clip stored in a shard, each its encoded bytes (1-D uint8): one ranged read.
 
     Args:
-        ref: The clip's span (:func:`gpufeed._storage.member_ref`).
+        ref: The clip's span (:func:`gpufeed.core._storage.member_ref`).
         frame_name: A ``str.format`` pattern of its frame members (``"00000012.f{:04d}.jpg"``).
 
     Raises:
@@ -210,7 +208,7 @@ class ShardBytes:
     """Encoded bytes of samples by id, each one ranged read, a batch's reads in parallel from object storage.
 
     Args:
-        refs: Every sample's :func:`gpufeed._storage.member_ref`.
+        refs: Every sample's :func:`gpufeed.core._storage.member_ref`.
         threads: Reads in flight at once for shards in object storage (latency-bound); local
             shards are read in the calling thread (``pread`` of a page-cached file).
     """

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._storage import DataPath, data_path
+from gpufeed.core import DataPath, ObjectPath, data_path
 
 __all__ = ["SPLIT_NAMES", "split_folders", "split_warning"]
 

@@ -15,8 +15,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._storage import DataPath, data_path
+from gpufeed.core import DataPath, ObjectPath, data_path
 from gpufeed.pipelines._containment import Roots
 from gpufeed.pipelines._image_facts import read_image_facts
 

@@ -47,7 +47,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gpufeed._procs import WorkerCallback
+from gpufeed.core import WorkerCallback
 from gpufeed.pipelines._frame_limit import refuse_big_frames
 from gpufeed.pipelines._frame_sizes import frame_size_problem
 from gpufeed.pipelines._frame_stores import FrameBytesReader, describe_bad_frame, stored_colorspace
@@ -225,7 +225,7 @@ def jpeg_decode_sizes(frame_sizes, region_sizes, output) -> np.ndarray:
         frame_sizes: (videos, 2) stored (width, height) of each video's frames.
         region_sizes: (videos, 2) (width, height) of the part of a frame the resize reads (the whole
             frame, or its centre crop), in stored pixels.
-        output: The output's :class:`~gpufeed._size.SizePx`: the region, decoded, covers it.
+        output: The output's :class:`~gpufeed.core._size.SizePx`: the region, decoded, covers it.
     """
     decoded = []
     for (width, height), (region_w, region_h) in zip(np.asarray(frame_sizes), np.asarray(region_sizes), strict=True):

@@ -21,7 +21,7 @@ clip's span in a shard, read in one ranged read. The index takes such clips from
 manifest (:meth:`~gpufeed.pipelines.VideoDataset.from_shards`), never by listing folders.
 
 Every kind reads from a local path or from object storage (``s3://``: a folder is a prefix, a
-file is read by ranges; :mod:`gpufeed._storage`).
+file is read by ranges; :mod:`gpufeed.core._storage`).
 
 The index records a kind's :attr:`FrameStore.kind` (``VideoInfo.store``); the feeds, the PyAV
 decoder, ``check`` and ``prepare`` ask :func:`frame_store` for the kind and its answers, never
@@ -40,8 +40,18 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._object_path import ObjectPath, is_object_url
-from gpufeed._storage import DataPath, data_path, file_size, join, listdir, media_source, read_bytes, split_member
+from gpufeed.core import (
+    DataPath,
+    ObjectPath,
+    data_path,
+    file_size,
+    is_object_url,
+    join,
+    listdir,
+    media_source,
+    read_bytes,
+    split_member,
+)
 from gpufeed.pipelines._containment import Roots, folder_link_problem, hdf5_link_problem
 from gpufeed.pipelines._shards import MANIFEST_NAME, read_shard_frames, tar_members
 
@@ -300,7 +310,7 @@ class _ShardReader:
 class ShardStore(FrameStore):
     """A clip in a tar shard (``gpufeed prepare --shards``): frames ``<key>.f0000.jpg`` ... in the clip's span.
 
-    A store's path is the span (:func:`gpufeed._storage.member_ref` text: ``<tar>#<offset>:<size>:<key>``);
+    A store's path is the span (:func:`gpufeed.core._storage.member_ref` text: ``<tar>#<offset>:<size>:<key>``);
     its labels are the shard folder's manifest's.
     """
 

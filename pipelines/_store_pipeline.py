@@ -23,7 +23,7 @@ clip, and checks every frame's tag against its clip's.
 
 from __future__ import annotations
 
-from gpufeed._size import SizePx
+from gpufeed.core import SizePx
 from gpufeed.pipelines._executor import executor_args
 
 __all__ = ["STORE_READ_WORKERS", "build_store_pipeline", "store_read_workers"]

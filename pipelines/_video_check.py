@@ -22,9 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._progress import progress_bar
-from gpufeed._storage import DataPath, data_path
+from gpufeed.core import DataPath, ObjectPath, data_path, progress_bar
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
 from gpufeed.pipelines._deepethogram import is_project, project_dataset

@@ -19,9 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._progress import progress_bar
-from gpufeed._storage import DataPath, data_path, join, media_source, stat_key, walk
+from gpufeed.core import DataPath, ObjectPath, data_path, join, media_source, progress_bar, stat_key, walk
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import label_path, probe_store

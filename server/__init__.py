@@ -40,6 +40,15 @@ _EXPORTS = {
     "PROTOCOLS": "_metrics",
     "STAGES": "_metrics",
     "openapi_document": "_openapi",
+    # For gpufeed's own packages (not in the API reference):
+    "ImageDecoder": "_preprocess",
+    "OnnxRunner": "_runtime",
+    "RuntimeSetupError": "_runtime",
+    "execution_providers": "_runtime",
+    "inspect_image": "_preprocess",
+    "preload_cuda_libraries": "_runtime",
+    "route_of": "_access",
+    "stage_latency_table": "_report",
 }
 
 __all__ = [

@@ -32,7 +32,7 @@ import io
 import numpy as np
 
 from gpufeed.models import DenseHead
-from gpufeed.pipelines._windows import eval_windows
+from gpufeed.pipelines import eval_windows
 from gpufeed.server._errors import RequestError, json_bytes, shown
 from gpufeed.server._map_json import int_map_json
 

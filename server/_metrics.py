@@ -5,7 +5,7 @@ Names and labels are a contract with the dashboards and rules in ``gpufeed/obs``
 All series live in one :class:`prometheus_client.CollectorRegistry` per server, so several servers
 (tests, benchmarks) can share a process. Label values come from small fixed sets: ``model`` is a
 loaded model's name or ``"unknown"``, never text taken from a request; ``stage`` and ``protocol``
-come from :mod:`gpufeed._metric_values` (shared with the trainer and the metrics contract, as are
+come from :mod:`gpufeed.core._metric_values` (shared with the trainer and the metrics contract, as are
 the latency buckets), ``reason`` from :data:`~gpufeed.server._errors.REASONS`; ``code`` is an HTTP
 status the server itself chose (499 for a client that closed the connection before its request was
 read, or cancelled its gRPC call, nginx's convention); a gRPC answer is counted with the HTTP
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gpufeed._metric_values import PROTOCOLS, SERVER_SECONDS_BUCKETS, STAGES
+from gpufeed.core import PROTOCOLS, SERVER_SECONDS_BUCKETS, STAGES
 from gpufeed.server._errors import REASONS
 from gpufeed.server._stats import InferenceStats
 

@@ -16,7 +16,7 @@ server process spends only the time to copy the body over and the arrays back. I
 dies (out of memory, killed), the pool is replaced and that request is parsed on a thread. The
 worker runs at a lower scheduling priority (nice 10), so on a busy machine a flood of large
 bodies slows their own parsing, not the answers to everyone else. It exits when the server does,
-however the server ended (``kill -9`` included: :func:`gpufeed._procs.die_with_parent`), and with
+however the server ended (``kill -9`` included: :func:`gpufeed.core._procs.die_with_parent`), and with
 it multiprocessing's resource tracker, which ends when the last holder of its pipe is gone.
 """
 
@@ -30,7 +30,7 @@ import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from gpufeed._procs import ParentWatch
+from gpufeed.core import ParentWatch
 
 __all__ = ["INLINE_JSON_BYTES", "INLINE_PARSE_BYTES", "PARSE_THREAD_PREFIX", "ParsePool"]
 

@@ -60,11 +60,9 @@ import re
 
 import numpy as np
 
-from gpufeed._size import SizePx
 from gpufeed.config import LoaderConfig
-from gpufeed.pipelines import read_image_facts
-from gpufeed.pipelines._image_pipeline import decode_window, eval_decoder_options
-from gpufeed.pipelines._windows import Windows, eval_windows
+from gpufeed.core import SizePx
+from gpufeed.pipelines import Windows, decode_window, eval_decoder_options, eval_windows, read_image_facts
 from gpufeed.server._errors import RequestError
 
 __all__ = ["MAX_BANDS", "ImageDecoder", "ImageInfo", "inspect_image", "serve_pipeline"]

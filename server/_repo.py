@@ -22,8 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed.models import ModelCard, ModelCardError, read_model_card
-from gpufeed.models._card import CARD_FILE
+from gpufeed.models import CARD_FILE, ModelCard, ModelCardError, read_model_card
 
 __all__ = ["MODEL_NAME_PATTERN", "ModelEntry", "ModelRepoError", "load_repository"]
 

@@ -11,7 +11,7 @@ import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufeed._text import format_table
+from gpufeed.core import format_table
 from gpufeed.server._metrics import PROTOCOLS, STAGES
 
 __all__ = ["histogram_quantile", "stage_latency_rows", "stage_latency_table"]

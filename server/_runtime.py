@@ -28,8 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.models import ModelCard
-from gpufeed.models._card import BATCH_DIM, ONNX_FILE
+from gpufeed.models import BATCH_DIM, ONNX_FILE, ModelCard
 from gpufeed.server._threads import RunningCount
 
 __all__ = ["OnnxRunner", "RuntimeSetupError", "served_batch_sizes"]
@@ -53,7 +52,7 @@ def served_batch_sizes(card: ModelCard, wanted: tuple[int, ...] = ()) -> tuple[i
     return tuple(n for n in card.batch_sizes if n in set(wanted) or n == card.batch_size)
 
 
-def _providers(requested: str, device, precision: str, trt_cache: Path | None, tf32: bool = False) -> list:
+def execution_providers(requested: str, device, precision: str, trt_cache: Path | None, tf32: bool = False) -> list:
     # TF32 off unless asked: export's parity check runs without it, so served logits match its figure.
     cuda = ("CUDAExecutionProvider", {"device_id": device.device_id or 0, "use_tf32": int(tf32)})
     if requested == "cpu" or (requested == "auto" and not device.is_gpu):
@@ -72,7 +71,7 @@ def _providers(requested: str, device, precision: str, trt_cache: Path | None, t
 
 
 @functools.cache
-def _preload_cuda_libraries() -> None:
+def preload_cuda_libraries() -> None:
     """onnxruntime's ``preload_dlls()`` (1.21+): load the CUDA and cuDNN libraries of the nvidia-*
     wheels before the first CUDA session, so the provider finds them without LD_LIBRARY_PATH."""
     import onnxruntime as ort
@@ -151,7 +150,7 @@ class OnnxRunner:
                 f"its largest, {card.batch_size}"
             )
         self.batch_sizes = sizes
-        wanted = _providers(provider, device, card.precision, tensorrt_cache_dir, tf32)
+        wanted = execution_providers(provider, device, card.precision, tensorrt_cache_dir, tf32)
         self.sessions = {n: self._session(n, wanted, threads) for n in sizes}
         self.providers = self.sessions[sizes[-1]].get_providers()
         self.on_gpu = self.providers[0] in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
@@ -188,7 +187,7 @@ class OnnxRunner:
             options.add_free_dimension_override_by_name(BATCH_DIM, size)
             wanted = _with_cache_folder(wanted, size)
         if wanted[0] != "CPUExecutionProvider":  # a CUDA or TensorRT (name, options) pair
-            _preload_cuda_libraries()
+            preload_cuda_libraries()
         session = ort.InferenceSession(str(self.path), options, providers=wanted)
         first = wanted[0] if isinstance(wanted[0], str) else wanted[0][0]
         if first != "CPUExecutionProvider" and session.get_providers()[0] != first:

@@ -14,7 +14,7 @@ import gc
 import logging
 import threading
 
-from gpufeed.pipelines._image_pipeline import eval_decoder_options
+from gpufeed.pipelines import eval_decoder_options
 from gpufeed.server._errors import RequestError
 from gpufeed.server._metrics import ServerMetrics
 from gpufeed.server._model import ServedModel

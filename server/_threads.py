@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from gpufeed.pipelines._epochs import default_num_threads
+from gpufeed.pipelines import default_num_threads
 
 __all__ = ["RunningCount", "ThreadBudget"]
 

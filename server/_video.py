@@ -38,13 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed._prefetch import prefetch
-from gpufeed.models import ModelCard, WindowPlan, score_frames
-from gpufeed.models._clip_sampling import ClipSampling
-from gpufeed.pipelines import VideoFrameReader
-from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._video_bytes import CONTAINERS, VideoBytes, read_in_order
-from gpufeed.pipelines._videos import SUPPORTED_CODECS
+from gpufeed.core import prefetch
+from gpufeed.models import ClipSampling, ModelCard, WindowPlan, score_frames
+from gpufeed.pipelines import CONTAINERS, SUPPORTED_CODECS, DatasetError, VideoBytes, VideoFrameReader, read_in_order
 from gpufeed.server._errors import RequestError, shown
 from gpufeed.server._model import Item
 

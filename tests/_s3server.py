@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed._storage import S3Path
+from gpufeed.core._storage import S3Path
 
 _START_S = 60.0
 
@@ -57,7 +57,7 @@ _buckets = iter(range(1, 1_000_000))
 @pytest.fixture
 def s3_bucket(s3_server) -> S3Path:
     """A new, empty bucket on the session's server."""
-    from gpufeed import _s3
+    from gpufeed.core import _s3
 
     bucket = S3Path(f"s3://gpufeed-test-{os.getpid()}-{next(_buckets)}")
     _s3.client().create_bucket(Bucket=bucket.bucket)
@@ -66,7 +66,7 @@ def s3_bucket(s3_server) -> S3Path:
 
 def upload_tree(local: Path, dest: S3Path) -> list[S3Path]:
     """Copy every file under ``local`` to the same relative keys under ``dest``; the keys written."""
-    from gpufeed import _s3
+    from gpufeed.core import _s3
 
     written = []
     for path in sorted(p for p in Path(local).rglob("*") if p.is_file()):

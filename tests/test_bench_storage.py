@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpufeed._storage import ENV_BLOCK_BYTES, ENV_CACHE_DIR, ENV_CACHE_MAX_BYTES
 from gpufeed.bench.storage import print_storage_result, run_storage_bench
+from gpufeed.core._storage import ENV_BLOCK_BYTES, ENV_CACHE_DIR, ENV_CACHE_MAX_BYTES
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(600)]
 

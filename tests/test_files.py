@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from gpufeed._files import atomic_path, temp_path, write_atomic, write_json
-from gpufeed._text import format_table
+from gpufeed.core._files import atomic_path, temp_path, write_atomic, write_json
+from gpufeed.core._text import format_table
 
 
 def test_write_json_is_indented_or_compact(tmp_path):
@@ -51,7 +51,7 @@ def test_a_plain_write_goes_through_a_symlink_and_an_atomic_one_replaces_it(tmp_
 def test_a_killed_writers_temporary_file_is_removed_once_it_has_lain_idle(tmp_path):
     import time
 
-    from gpufeed._files import _runs, remove_stale_temps, temp_path
+    from gpufeed.core._files import _runs, remove_stale_temps, temp_path
 
     target = tmp_path / "video_predictions.csv"
     gone = next(pid for pid in range(4_000_000, 3_000_000, -997) if not _runs(pid))  # no such process

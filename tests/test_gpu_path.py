@@ -193,13 +193,13 @@ def test_nvjpeg_memory_with_an_outlier_image(tmp_path):
 
 def test_the_cuda_provider_runs_without_tf32_unless_asked():
     from gpufeed.config import parse_config
-    from gpufeed.server._runtime import _providers
+    from gpufeed.server._runtime import execution_providers
 
     gpu = DeviceChoice("gpu", 0, "test")
-    (name, options), _ = _providers("auto", gpu, "fp32", None)
+    (name, options), _ = execution_providers("auto", gpu, "fp32", None)
     assert name == "CUDAExecutionProvider" and options["use_tf32"] == 0
-    assert _providers("cuda", gpu, "fp32", None, tf32=True)[0][1]["use_tf32"] == 1
-    trt = _providers("tensorrt", gpu, "fp32", None)
+    assert execution_providers("cuda", gpu, "fp32", None, tf32=True)[0][1]["use_tf32"] == 1
+    trt = execution_providers("tensorrt", gpu, "fp32", None)
     assert trt[1] == ("CUDAExecutionProvider", {"device_id": 0, "use_tf32": 0}), "the fallback behind TensorRT too"
     assert parse_config({}).serve.cuda_tf32 is False and parse_config({"serve": {"cuda_tf32": True}}).serve.cuda_tf32
 

@@ -19,8 +19,8 @@ import yaml
 from hostilehelp import SECRET, billion_laughs, secret_file
 from videohelp import make_deepethogram_project, write_tagged_store
 
-from gpufeed._yaml import YAML_MAX_BYTES, YamlError, parse_yaml, read_yaml
 from gpufeed.config import ConfigError, load_config, parse_config
+from gpufeed.core._yaml import YAML_MAX_BYTES, YamlError, parse_yaml, read_yaml
 from gpufeed.pipelines import DatasetError, check_path
 from gpufeed.pipelines._deepethogram import project_dataset
 from gpufeed.pipelines._label_csv import read_label_csv

@@ -11,8 +11,8 @@ from conftest import DEVICES
 from oddmedia import encode_png, oriented_jpeg, oriented_png
 from PIL import Image, ImageOps
 
-from gpufeed._config_data import DataConfig
-from gpufeed._config_serve import ServeConfig
+from gpufeed.config._data import DataConfig
+from gpufeed.config._serve import ServeConfig
 from gpufeed.pipelines import _image_verify as verify
 from gpufeed.pipelines import decode_problem, read_image_facts
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS

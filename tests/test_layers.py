@@ -20,6 +20,12 @@ collected: at module level and inside functions, absolute and relative (``from .
   whose functions all defer for one reason, one module-level comment line starting
   ``# Deferred imports:``. Every other first-party import sits at module level.
 
+* **Packages meet at their faces**: a module imports another package's names from that package's
+  ``__init__`` (``from gpufeed.pipelines import EpochLoader``), never from its private ``_*`` modules,
+  so a package can rearrange its insides without touching its neighbours. A package is ``gpufeed.X``
+  (``gpufeed.core`` for the ground floor; a top-level module such as ``gpufeed.cli`` is its own).
+  The few deliberate exceptions are listed in :data:`PRIVATE_EXCEPTIONS` with their reason.
+
 A short list of known exceptions (:data:`KNOWN_EXCEPTIONS`), each with its reason, is exempt.
 
 A failure names the importing module, its line and the imported module (or the circle's modules,
@@ -69,6 +75,11 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
         "circle cli -> commands.reliability -> reliability -> cli, deferred until run_cli is called"
     ),
 }
+
+
+# Cross-package imports of private modules, (importer, imported) -> why. Issue #33 allows at most 5.
+PRIVATE_EXCEPTIONS: dict[tuple[str, str], str] = {}
+MAX_PRIVATE_EXCEPTIONS = 5
 
 
 @dataclass(frozen=True)
@@ -180,6 +191,28 @@ def upward_imports(edges: list[Import]) -> list[Import]:
     """The imports that point to a higher layer and are not in :data:`KNOWN_EXCEPTIONS`."""
     return [
         e for e in edges if layer_of(e.target) > layer_of(e.importer) and (e.importer, e.target) not in KNOWN_EXCEPTIONS
+    ]
+
+
+def package_of_module(module: str) -> str:
+    """The package a module belongs to for the faces rule: ``gpufeed.X`` (``gpufeed.cli`` is its own)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def is_private(module: str) -> bool:
+    """Whether ``module`` lies behind its package's face (a ``_*`` part below ``gpufeed.X``)."""
+    return any(part.startswith("_") for part in module.split(".")[2:])
+
+
+def private_crossings(edges: list[Import]) -> list[Import]:
+    """The imports that reach into another package's private modules, less :data:`PRIVATE_EXCEPTIONS`."""
+    return [
+        e
+        for e in edges
+        if package_of_module(e.importer) != package_of_module(e.target)
+        and is_private(e.target)
+        and (e.importer, e.target) not in PRIVATE_EXCEPTIONS
     ]
 
 
@@ -316,7 +349,7 @@ def unexplained_deferrals(module: str, source: str) -> list[Deferred]:
 
 def test_every_module_has_a_layer_and_parses():
     assert "gpufeed.train._loop" in MODULES and "gpufeed.pipelines" in MODULES
-    assert layer_of("gpufeed._text") == 0 and layer_of("gpufeed.synth._images") == 0
+    assert layer_of("gpufeed.core._text") == 0 and layer_of("gpufeed.synth._images") == 0
     assert layer_of("gpufeed.server._app") > layer_of("gpufeed.train._loop") > layer_of("gpufeed.models._io")
     assert all_imports()
 
@@ -333,6 +366,23 @@ def test_no_import_points_up_the_layers():
     bad = upward_imports(all_imports())
     assert not bad, "imports that point up the layers:\n" + "\n".join(
         f"  {e} ({LAYERS[layer_of(e.importer)][0]} -> {LAYERS[layer_of(e.target)][0]})" for e in bad
+    )
+
+
+def test_packages_meet_at_their_faces():
+    edges = all_imports()
+    for (importer, target), why in sorted(PRIVATE_EXCEPTIONS.items()):
+        print(f"private import across packages: {importer} -> {target}: {why}")
+    crossing = [
+        e for e in edges if package_of_module(e.importer) != package_of_module(e.target) and is_private(e.target)
+    ]
+    print(len(crossing), f"cross-package imports of private modules (at most {MAX_PRIVATE_EXCEPTIONS}, each listed)")
+    assert len(PRIVATE_EXCEPTIONS) <= MAX_PRIVATE_EXCEPTIONS
+    stale = sorted(set(PRIVATE_EXCEPTIONS) - {(e.importer, e.target) for e in edges})
+    assert not stale, f"listed private imports that no longer exist, to remove from PRIVATE_EXCEPTIONS: {stale}"
+    bad = private_crossings(edges)
+    assert not bad, "imports of another package's private modules (import the name from the package's face):\n" + (
+        "\n".join(f"  {e}" for e in bad)
     )
 
 
@@ -372,6 +422,22 @@ def _edges_of(module: str, source: str) -> list[Import]:
 def test_an_upward_import_is_caught(source):
     bad = upward_imports(_edges_of("gpufeed.train._loop", source))
     assert [(e.importer, e.target.split(".")[1]) for e in bad] == [("gpufeed.train._loop", "server")]
+
+
+@pytest.mark.parametrize(
+    ("source", "caught"),
+    [
+        ("from gpufeed.pipelines._epochs import EpochLoader\n", True),
+        ("def f():\n    from gpufeed.core._files import write_json\n", True),
+        ("from gpufeed.core import _s3\n", True),
+        ("from gpufeed.pipelines import EpochLoader\n", False),
+        ("from gpufeed.core import write_json\n", False),
+        ("from gpufeed.train._step import Stepper\n", False),  # its own package
+    ],
+)
+def test_a_private_import_across_packages_is_caught(source, caught):
+    bad = private_crossings(_edges_of("gpufeed.train._loop", source))
+    assert bool(bad) == caught, bad
 
 
 def test_a_relative_import_is_resolved():

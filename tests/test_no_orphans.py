@@ -23,7 +23,7 @@ import yaml
 from _serving import IMAGE_MODEL, exported_repo
 from train_support import gpufeed_cmd
 
-from gpufeed._procs import descendants, process_alive
+from gpufeed.core._procs import descendants, process_alive
 from gpufeed.models import read_model_card
 from gpufeed.reliability._common import step_records
 from gpufeed.reliability._serve_proc import ServeProcess
@@ -109,7 +109,7 @@ def test_kill_9_of_training_takes_its_pyav_workers_with_it(synth_dir, tmp_path, 
 
 PARENT = """
 import multiprocessing, sys, threading, time
-from gpufeed._procs import forked_children_die_with_me
+from gpufeed.core._procs import forked_children_die_with_me
 
 def start():
     with forked_children_die_with_me():

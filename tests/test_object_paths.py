@@ -8,12 +8,12 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from gpufeed._blob_cache import BlockCache
-from gpufeed._object_path import ObjectPath, is_object_url
-from gpufeed._ranged import RangedFile
-from gpufeed._schema import ConfigError
-from gpufeed._storage import data_path
 from gpufeed.config import parse_config
+from gpufeed.core._blob_cache import BlockCache
+from gpufeed.core._object_path import ObjectPath, is_object_url
+from gpufeed.core._ranged import RangedFile
+from gpufeed.core._schema import ConfigError
+from gpufeed.core._storage import data_path
 
 
 def test_object_path_joins_and_names_like_a_path():

@@ -1,6 +1,6 @@
 """Progress displays a log can hold: a bar on a terminal, a plain line every few seconds elsewhere.
 
-``gpufeed._progress.progress_bar`` is what every long command uses (bench, train, prepare,
+``gpufeed.core._progress.progress_bar`` is what every long command uses (bench, train, prepare,
 check, synth, reliability). Written to a file or a pipe it must not redraw with carriage returns
 (a tqdm bar wrote about 1,500 of them into one ``bench clips`` log): it writes one line at most
 every interval and one at the end, or nothing for a task shorter than the interval.
@@ -13,7 +13,7 @@ import io
 import numpy as np
 import pytest
 
-from gpufeed._progress import LineProgress, progress_bar, progress_mode
+from gpufeed.core._progress import LineProgress, progress_bar, progress_mode
 
 
 class _Clock:

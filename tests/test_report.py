@@ -1,11 +1,11 @@
-"""The one report shape of the fault and load runs (gpufeed._report, gpufeed.reliability._server_runs), without a server."""
+"""The one report shape of the fault and load runs (gpufeed.core._report, gpufeed.reliability._server_runs), without a server."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
-from gpufeed._report import Check, Checklist, finish
+from gpufeed.core._report import Check, Checklist, finish
 from gpufeed.reliability._drain import DrainReport
 from gpufeed.reliability._server_runs import ServerRunReport
 

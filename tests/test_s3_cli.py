@@ -14,14 +14,14 @@ import yaml
 from _s3server import upload_tree
 from train_support import gpufeed_cmd, run_gpufeed
 
-from gpufeed._storage import S3Path
+from gpufeed.core._storage import S3Path
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
 def s3_data(s3_server, synth_dir) -> S3Path:
-    from gpufeed import _s3
+    from gpufeed.core import _s3
 
     bucket = S3Path("s3://gpufeed-cli-data")
     _s3.client().create_bucket(Bucket=bucket.bucket)

@@ -11,8 +11,8 @@ import pytest
 import torch
 from _s3server import upload_tree
 
-from gpufeed._storage import S3Path
 from gpufeed.config import SizePx
+from gpufeed.core._storage import S3Path
 from gpufeed.pipelines import ImageDataset, ImageLoader
 
 pytestmark = pytest.mark.live
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.live
 @pytest.fixture(scope="module")
 def s3_synth(s3_server, synth_dir) -> S3Path:
     """The session's synthetic dataset, copied into a bucket of its own (``s3://.../synth``)."""
-    from gpufeed import _s3
+    from gpufeed.core import _s3
 
     bucket = S3Path("s3://gpufeed-synth-datasets")
     _s3.client().create_bucket(Bucket=bucket.bucket)
@@ -73,7 +73,7 @@ def s3_stores(s3_server, tmp_path_factory):
     """Tagged videos as h264 mp4, frame folders (PNG, JPEG) and HDF5 files: local, and copied into a bucket."""
     from videohelp import encode_tagged_video, write_tagged_store
 
-    from gpufeed import _s3
+    from gpufeed.core import _s3
 
     root = tmp_path_factory.mktemp("s3stores")
     for video, frames in enumerate(FRAMES):
@@ -128,7 +128,7 @@ def test_videos_and_frame_stores_in_a_bucket_give_the_clips_of_the_same_files(fo
 def test_a_deepethogram_project_in_a_bucket_reads_as_on_disk_and_its_records_stay_inside(s3_server, tmp_path):
     from videohelp import make_deepethogram_project
 
-    from gpufeed import _s3
+    from gpufeed.core import _s3
     from gpufeed.pipelines import DatasetError
     from gpufeed.pipelines._deepethogram import project_dataset, read_project
 

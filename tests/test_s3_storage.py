@@ -9,8 +9,8 @@ import random
 import pytest
 from _s3server import upload_tree
 
-from gpufeed import _s3
-from gpufeed._storage import S3Path, local_file, open_binary, stat_key, walk
+from gpufeed.core import _s3
+from gpufeed.core._storage import S3Path, local_file, open_binary, stat_key, walk
 
 pytestmark = pytest.mark.live
 

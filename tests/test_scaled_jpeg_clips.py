@@ -25,9 +25,9 @@ import torch
 from PIL import Image
 from videohelp import source_points
 
-from gpufeed._size import SizePx
 from gpufeed.bench._clip_videos import _camera_frame, _camera_scene
 from gpufeed.config import LoaderConfig, VideoConfig
+from gpufeed.core._size import SizePx
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import BadSampleError, ClipLoader, VideoDataset
 from gpufeed.pipelines._store_feed import jpeg_decode_sizes, jpeg_scale_eighths

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from gpufeed._storage import member_ref, split_member
 from gpufeed.cli import main
 from gpufeed.config import ImagePipelineConfig, LoaderConfig, VideoConfig
+from gpufeed.core._storage import member_ref, split_member
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ClipLoader, DatasetError, ImageDataset, ImageLoader, VideoDataset
 from gpufeed.pipelines._frame_stores import probe_store

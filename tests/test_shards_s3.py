@@ -7,8 +7,8 @@ import pytest
 import torch
 from _s3server import upload_tree
 
-from gpufeed import _s3
 from gpufeed.config import LoaderConfig, VideoConfig
+from gpufeed.core import _s3
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ClipLoader, ImageDataset, ImageLoader, VideoDataset
 from gpufeed.pipelines._prepare_shards import write_clip_shards, write_image_shards

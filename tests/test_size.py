@@ -150,8 +150,8 @@ def test_model_spec_records_width_and_height():
 # Where a size may be read from its written forms (an int, [width, height], "WxH"): everything
 # else takes the SizePx these give and never re-reads it.
 SIZE_BOUNDARIES = {
-    "gpufeed/_size.py": "defines parse_size_px",
-    "gpufeed/_config_data.py": "the config: YAML values (convert) and Python callers' image/video sections",
+    "gpufeed/core/_size.py": "defines parse_size_px",
+    "gpufeed/config/_data.py": "the config: YAML values (convert) and Python callers' image/video sections",
     "models/_spec.py": "a model's spec as checkpoints and model cards store it (224 or [352, 224])",
     "gpufeed/commands/bench.py": "command-line flags: --size-px 352x224",
 }

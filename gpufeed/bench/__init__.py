@@ -6,3 +6,14 @@ benchmark is a function taking keyword arguments and returning its figures; the 
 commands (``gpufeed.commands.bench``) print and write them. Pass/fail fault and load runs of the
 server (soak, overload, drain, fuzz) are :mod:`gpufeed.reliability`.
 """
+
+# For gpufeed's own packages: the names they use from this package's private modules, re-exported
+# here (``as`` marks a re-export) so no package reaches into another's ``_*`` modules. Not in the
+# API reference; they may change with the code that uses them.
+from gpufeed.bench._clip_names import CONTENDERS as CONTENDERS
+from gpufeed.bench._clip_names import GENERATED_SETS as GENERATED_SETS
+from gpufeed.bench._common import quiet_http_logs as quiet_http_logs
+from gpufeed.bench._loadgen import run_load as run_load
+from gpufeed.bench._perf_analyzer import print_perf_analyzer_points as print_perf_analyzer_points
+from gpufeed.bench._train_report import draw_train_plot as draw_train_plot
+from gpufeed.bench._train_report import print_train_result as print_train_result

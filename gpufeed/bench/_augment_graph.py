@@ -13,9 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gpufeed._size import SizePx
-from gpufeed.pipelines import LoaderAugment
-from gpufeed.pipelines._augment import RowsFeed, augment_graph
+from gpufeed.core import SizePx
+from gpufeed.pipelines import LoaderAugment, RowsFeed, augment_graph
 
 __all__ = ["GraphTimer", "graph_variants"]
 

@@ -15,11 +15,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gpufeed._size import SizePx
 from gpufeed.bench._clip_readers import _torchcodec_decoder
-from gpufeed.pipelines._frame_fit import FrameFitter
-from gpufeed.pipelines._pyav import VideoRef
-from gpufeed.pipelines._pyav_sequential import iter_frame_chunks
+from gpufeed.core import SizePx
+from gpufeed.pipelines import FrameFitter, VideoRef, iter_frame_chunks
 from gpufeed.synth import TagError, read_tag
 
 __all__ = ["reference_share", "sampler_tag_share", "sequential_frames", "tag_share"]

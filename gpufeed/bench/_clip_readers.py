@@ -23,8 +23,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from gpufeed._size import SizePx
 from gpufeed.bench._clip_names import CONTENDERS, TORCHCODEC_READERS
+from gpufeed.core import SizePx
 
 __all__ = [
     "CONTENDERS",

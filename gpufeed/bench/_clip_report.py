@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufeed._text import format_table
 from gpufeed.bench._clip_names import STORE_SETS
 from gpufeed.bench._clip_rounds import RoundTime, paired_ratio
 from gpufeed.bench._common import median
+from gpufeed.core import format_table
 
 __all__ = ["DEEPETHOGRAM_FRAMES_PER_SECOND", "print_clip_result", "summarise"]
 

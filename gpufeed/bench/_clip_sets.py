@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._size import SizePx
 from gpufeed.bench._clip_names import GENERATED_SETS, STORE_SETS
 from gpufeed.bench._clip_videos import (
     make_bench_videos,
@@ -29,8 +28,8 @@ from gpufeed.bench._clip_videos import (
     stored_bench_videos,
 )
 from gpufeed.config import LoaderConfig, VideoConfig
-from gpufeed.pipelines import ClipLoader, DatasetError, VideoDataset
-from gpufeed.pipelines._deepethogram import is_project, project_dataset
+from gpufeed.core import SizePx
+from gpufeed.pipelines import ClipLoader, DatasetError, VideoDataset, is_project, project_dataset
 
 __all__ = ["GENERATED_SETS", "STORE_SETS", "BenchSet", "SetSpec", "generated_sets", "user_sets"]
 

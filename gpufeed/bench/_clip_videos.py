@@ -11,10 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._progress import progress_bar
+from gpufeed.core import progress_bar
 from gpufeed.pipelines import PrepareOptions, prepare_videos
-from gpufeed.synth._tags import tag_blocks
-from gpufeed.synth._videos import behaviour_labels, write_label_csv
+from gpufeed.synth import behaviour_labels, tag_blocks, write_label_csv
 
 __all__ = ["make_bench_videos", "make_camera_videos", "prepared_bench_videos", "stored_bench_videos"]
 

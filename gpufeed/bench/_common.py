@@ -1,4 +1,4 @@
-"""Shared benchmark helpers: machine facts, medians, quiet HTTP logs (tables and JSON: gpufeed._text, gpufeed._files).
+"""Shared benchmark helpers: machine facts, medians, quiet HTTP logs (tables and JSON: gpufeed.core._text, gpufeed.core._files).
 
 The reliability runs (``gpufeed.reliability``) drive the server with this package's client too.
 """

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from gpufeed import _s3
+from gpufeed.core import s3_client
 
 __all__ = ["local_s3_server"]
 
@@ -95,7 +95,7 @@ def _wait_until_up(process: subprocess.Popen) -> None:
     deadline = time.monotonic() + _START_S
     while True:
         try:
-            _s3.client().list_buckets()
+            s3_client().list_buckets()
             return
         except Exception:  # not up yet: refused connections until it listens
             if process.poll() is not None or time.monotonic() > deadline:

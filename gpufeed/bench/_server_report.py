@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from gpufeed._text import format_table
+from gpufeed.core import format_table
 
 __all__ = ["TARGETS", "Target", "batch_usage", "print_batch_usage", "print_verdicts", "scrape_batch_rows", "verdicts"]
 

@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed._size import SizePx
-from gpufeed.pipelines._frame_stores import FrameBytesReader, decode_frame, stored_colorspace
-from gpufeed.pipelines._store_feed import jpeg_decode_sizes
+from gpufeed.core import SizePx
+from gpufeed.pipelines import FrameBytesReader, decode_frame, jpeg_decode_sizes, stored_colorspace
 
 __all__ = ["store_figures"]
 

@@ -31,9 +31,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from gpufeed._size import SizePx
-from gpufeed.pipelines import ClipBatch, ImageBatch
-from gpufeed.pipelines._windows import train_windows
+from gpufeed.core import SizePx
+from gpufeed.pipelines import ClipBatch, ImageBatch, train_windows
 
 if TYPE_CHECKING:  # PyAV loads in the DataLoader's workers only
     from av.video.reformatter import VideoReformatter

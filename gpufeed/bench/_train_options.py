@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed._size import SizePx
+from gpufeed.core import SizePx
 
 __all__ = ["TrainBenchOptions"]
 

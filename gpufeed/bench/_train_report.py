@@ -7,10 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._files import finite
-from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts
-from gpufeed.train._summary import STAGES, summarize
+from gpufeed.core import finite, format_table
+from gpufeed.train import STAGES, summarize
 
 __all__ = ["SIDES", "draw_train_plot", "figures", "pair_figures", "print_train_result"]
 

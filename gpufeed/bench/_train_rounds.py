@@ -27,7 +27,7 @@ import time
 import torch
 
 from gpufeed.bench._train_report import SIDES
-from gpufeed.train._timeline import Finished, StepTimeline
+from gpufeed.train import Finished, StepTimeline
 
 __all__ = ["WARMUP_STEPS", "run_rounds", "warm_up"]
 

@@ -27,19 +27,25 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpufeed._progress import progress_bar
-from gpufeed._size import SizePx
-from gpufeed._text import format_table
 from gpufeed.bench._augment_graph import GraphTimer, graph_variants
 from gpufeed.bench._common import machine_facts, median
 from gpufeed.config import AUGMENT_OPS, LOADER_AUGMENT_OPS, AugmentConfig, TrainConfig
+from gpufeed.core import SizePx, format_table, progress_bar
 from gpufeed.device import resolve_device
 from gpufeed.models import create_model
-from gpufeed.pipelines._epochs import default_num_threads
-from gpufeed.train._augment import Augmenter, KorniaStage, build_augmenter, plan_augmentation
-from gpufeed.train._optim import build_optimizer, build_scheduler, resolve_amp
-from gpufeed.train._step import Stepper
-from gpufeed.train._tasks import ImageTask, to_channels_last
+from gpufeed.pipelines import default_num_threads
+from gpufeed.train import (
+    Augmenter,
+    ImageTask,
+    KorniaStage,
+    Stepper,
+    build_augmenter,
+    build_optimizer,
+    build_scheduler,
+    plan_augmentation,
+    resolve_amp,
+    to_channels_last,
+)
 
 __all__ = ["print_augment_result", "run_augment_bench"]
 

@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufeed._progress import progress_bar
-from gpufeed._size import SizePx
 from gpufeed.bench._clip_exact import reference_share, sampler_tag_share, tag_share
 from gpufeed.bench._clip_names import GENERATED_SETS
 from gpufeed.bench._clip_readers import (
@@ -42,9 +40,9 @@ from gpufeed.bench._clip_sets import BenchSet, generated_sets, user_sets
 from gpufeed.bench._clip_videos import make_bench_videos, prepared_bench_videos
 from gpufeed.bench._common import machine_facts
 from gpufeed.bench._store_figures import store_figures
+from gpufeed.core import SizePx, progress_bar
 from gpufeed.device import resolve_device
-from gpufeed.pipelines._epochs import default_num_threads
-from gpufeed.pipelines._pyav import VideoRef
+from gpufeed.pipelines import VideoRef, default_num_threads
 
 __all__ = ["CONTENDERS", "make_bench_videos", "prepared_bench_videos", "print_clip_result", "run_clip_bench"]
 

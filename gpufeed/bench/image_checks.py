@@ -24,15 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._progress import progress_bar
-from gpufeed._size import SizePx
-from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts
+from gpufeed.core import SizePx, format_table, progress_bar
 from gpufeed.device import DeviceChoice, resolve_device
 from gpufeed.pipelines import check_path, decode_problem, read_image_facts
-from gpufeed.server._preprocess import ImageDecoder, inspect_image
-from gpufeed.synth._damaged import declare_size
-from gpufeed.synth._photos import encode_image, photo_pixels
+from gpufeed.server import ImageDecoder, inspect_image
+from gpufeed.synth import declare_size, encode_image, photo_pixels
 
 __all__ = ["print_image_checks", "run_image_checks"]
 

@@ -18,14 +18,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpufeed._size import SizePx
-from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts, median
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.core import SizePx, format_table
 from gpufeed.device import resolve_device
-from gpufeed.pipelines import ImageDataset, ImageLoader
-from gpufeed.pipelines._epochs import default_num_threads
-from gpufeed.pipelines._windows import train_windows
+from gpufeed.pipelines import ImageDataset, ImageLoader, default_num_threads, train_windows
 
 __all__ = ["EpochBatches", "PilCropDataset", "print_loader_result", "run_loader_bench"]
 

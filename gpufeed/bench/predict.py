@@ -32,14 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._text import format_table
 from gpufeed.bench._clip_videos import make_camera_videos
 from gpufeed.bench._common import machine_facts
+from gpufeed.core import format_table
 from gpufeed.device import resolve_device
 from gpufeed.models import WindowPlan, checkpoint_path, create_model, export_model, model_state
-from gpufeed.predict import load_predictor, predict_videos
-from gpufeed.predict._inputs import find_videos
-from gpufeed.predict._outputs import read_predictions_csv
+from gpufeed.predict import find_videos, load_predictor, predict_videos, read_predictions_csv
 
 __all__ = ["TARGET_CPU_RATIO", "TARGET_GPU_FPS", "print_predict_result", "run_predict_bench", "user_loop"]
 

@@ -32,18 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed._progress import progress_bar
-from gpufeed._size import SizePx
-from gpufeed._text import format_table
 from gpufeed.bench._common import machine_facts, median
 from gpufeed.bench._loadgen import run_load
 from gpufeed.bench._loadgen_grpc import run_grpc_load
 from gpufeed.bench._perf_analyzer import perf_analyzer_points
 from gpufeed.bench._server_report import batch_usage, print_batch_usage, print_verdicts, scrape_batch_rows, verdicts
+from gpufeed.core import SizePx, format_table, progress_bar
 from gpufeed.device import resolve_device
-from gpufeed.models import export_model, read_model_card
-from gpufeed.models._card import default_batch_sizes
-from gpufeed.models._io import untrained_checkpoint
+from gpufeed.models import default_batch_sizes, export_model, read_model_card, untrained_checkpoint
 
 __all__ = [
     "CONTENDERS",

@@ -5,7 +5,7 @@ local folder, and from an ``s3://`` prefix holding copies of them (``--local-ser
 server on 127.0.0.1, the files uploaded by the run; or ``--url``: a bucket of your own that holds
 them). Both loaders read the very same clips (the same epoch plan: same seed, same index order),
 decoded by PyAV in the loader's worker processes: from disk, or through ranged reads
-(:class:`gpufeed._ranged.RangedFile`) of the objects.
+(:class:`gpufeed.core._ranged.RangedFile`) of the objects.
 
 Rounds alternate the two sources (local first in even rounds, the bucket first in odd ones); the
 ratio is the median of per-round ratios, so both sides of a ratio share the machine's load. The
@@ -14,7 +14,7 @@ beside the figures: on a shared machine they move with it.
 
 **Bytes fetched per clip.** Untimed passes in this process decode the first clips of the plan
 from the bucket with the loader's own clip decoder (:class:`~gpufeed.pipelines._pyav.ClipDecoder`)
-and count the bytes its ranged reads received (:func:`gpufeed._s3.fetch_stats`), against the
+and count the bytes its ranged reads received (:func:`gpufeed.core._s3.fetch_stats`), against the
 mean file size: *cold*, every clip opening its file anew (the container's header and index read
 each time, then the blocks around the clip's GOP), and *warm*, a video kept open between its
 clips as in a worker process (blocks already in memory are not fetched again). The worker
@@ -31,20 +31,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed import _s3
-from gpufeed._size import SizePx
-from gpufeed._storage import S3Path, configure_storage, data_path
-from gpufeed._text import format_table
 from gpufeed.bench._clip_readers import gpufeed_reader
 from gpufeed.bench._clip_rounds import RoundTime, interleaved, paired_ratio, timed_round
 from gpufeed.bench._clip_videos import make_bench_videos
 from gpufeed.bench._common import machine_facts, median
 from gpufeed.bench._s3_local import local_s3_server
 from gpufeed.config import LoaderConfig, StorageConfig, VideoConfig
+from gpufeed.core import (
+    S3Path,
+    SizePx,
+    configure_storage,
+    data_path,
+    format_table,
+    s3_client,
+    s3_fetch_stats,
+    s3_upload_file,
+)
 from gpufeed.device import DeviceChoice, resolve_device
-from gpufeed.pipelines import ClipLoader, VideoDataset
-from gpufeed.pipelines._epochs import default_num_threads
-from gpufeed.pipelines._pyav import ClipDecoder, VideoRef
+from gpufeed.pipelines import ClipDecoder, ClipLoader, VideoDataset, VideoRef, default_num_threads
 
 __all__ = ["TARGET_RATIO", "print_storage_result", "run_storage_bench"]
 
@@ -63,7 +67,7 @@ def _upload(folder: Path, dest: S3Path) -> int:
     """Copy every file under ``folder`` to the same relative keys under ``dest``; bytes uploaded."""
     total = 0
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        _s3.upload_file(path, dest / path.relative_to(folder).as_posix())
+        s3_upload_file(path, dest / path.relative_to(folder).as_posix())
         total += path.stat().st_size
     return total
 
@@ -80,7 +84,7 @@ def _bytes_per_clip(loader: ClipLoader, clips: int, epoch: int) -> dict:
     out: dict = {"clips": len(plan)}
     for mode in ("cold", "warm"):
         decoder = ClipDecoder()
-        before = _s3.fetch_stats()
+        before = s3_fetch_stats()
         try:
             for video, start in plan:
                 decoder.read(refs[video], loader.geometry.frames(start))
@@ -88,7 +92,7 @@ def _bytes_per_clip(loader: ClipLoader, clips: int, epoch: int) -> dict:
                     decoder.close()
         finally:
             decoder.close()
-        spent = _s3.fetch_stats() - before
+        spent = s3_fetch_stats() - before
         out[mode] = {"bytes_per_clip": spent.bytes / len(plan), "requests_per_clip": spent.requests / len(plan)}
     sizes = [data_path(p).stat().st_size for p in loader.dataset.paths]
     out["mean_file_bytes"] = sum(sizes) / len(sizes)
@@ -163,7 +167,7 @@ def run_storage_bench(
         remote = S3Path(url) if url else S3Path(f"s3://{_BUCKET}/videos")
         uploaded = 0
         if server is not None:
-            _s3.client().create_bucket(Bucket=remote.bucket)
+            s3_client().create_bucket(Bucket=remote.bucket)
             uploaded = _upload(folder, remote)
         started = time.perf_counter()
         local_set = VideoDataset.from_folder(folder)

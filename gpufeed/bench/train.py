@@ -26,9 +26,6 @@ from typing import Any
 
 import torch
 
-from gpufeed._files import write_atomic
-from gpufeed._progress import progress_bar
-from gpufeed._size import SizePx
 from gpufeed.bench._dense_feeds import DEPTH_SCALE, PilDensePairs, dense_batch, depth_bench_pairs
 from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, clip_batch, dataloader_feed, gpufeed_feed
 from gpufeed.bench._train_options import TrainBenchOptions
@@ -36,6 +33,7 @@ from gpufeed.bench._train_report import SIDES, figures
 from gpufeed.bench._train_rounds import run_rounds, warm_up
 from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
 from gpufeed.config import Config, ConfigError, parse_config
+from gpufeed.core import SizePx, progress_bar, write_atomic
 from gpufeed.device import resolve_device
 from gpufeed.models import create_model
 from gpufeed.pipelines import (
@@ -47,15 +45,23 @@ from gpufeed.pipelines import (
     ImageDataset,
     ImageLoader,
     VideoDataset,
+    default_num_threads,
+    plan_epoch,
 )
-from gpufeed.pipelines._epochs import default_num_threads
-from gpufeed.pipelines._sampler import plan_epoch
-from gpufeed.synth._photos import make_bench_images
-from gpufeed.train._augment import AugmentPlan, plan_augmentation
-from gpufeed.train._dense import DepthTask, refuse_device_geometry
-from gpufeed.train._optim import build_optimizer, build_scheduler, resolve_amp
-from gpufeed.train._step import Stepper
-from gpufeed.train._tasks import ClipTask, ImageTask, to_channels_last
+from gpufeed.synth import make_bench_images
+from gpufeed.train import (
+    AugmentPlan,
+    ClipTask,
+    DepthTask,
+    ImageTask,
+    Stepper,
+    build_optimizer,
+    build_scheduler,
+    plan_augmentation,
+    refuse_device_geometry,
+    resolve_amp,
+    to_channels_last,
+)
 
 __all__ = ["DEFAULTS", "TrainBenchOptions", "augment_plans", "run_train_bench"]
 

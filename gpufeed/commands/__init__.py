@@ -8,6 +8,6 @@ gpufeed's libraries (torch, DALI, the server) only inside its handlers:
 from __future__ import annotations
 
 # Re-exported: the CLI and the command groups check extras through this package.
-from gpufeed._extras import MissingExtraError, missing_from_extra, require_extra, require_stack
+from gpufeed.core import MissingExtraError, missing_from_extra, require_extra, require_stack
 
 __all__ = ["MissingExtraError", "missing_from_extra", "require_extra", "require_stack"]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpufeed._files import write_json
-from gpufeed._size import SizePx
+from gpufeed.core import SizePx, write_json
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so the
 # handler imports the benchmark (torch, DALI, boto3) itself: `gpufeed --help` stays light.

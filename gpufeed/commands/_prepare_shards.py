@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpufeed._files import write_json
-from gpufeed._storage import data_path
-from gpufeed._text import format_table
-from gpufeed.pipelines import DatasetError, ImageDataset
-from gpufeed.pipelines._deepethogram import is_project, project_dataset
-from gpufeed.pipelines._prepare_shards import write_clip_shards, write_image_shards
-from gpufeed.pipelines._videos import VideoDataset, list_videos
+from gpufeed.core import data_path, format_table, write_json
+from gpufeed.pipelines import (
+    DatasetError,
+    ImageDataset,
+    VideoDataset,
+    is_project,
+    list_videos,
+    project_dataset,
+    write_clip_shards,
+    write_image_shards,
+)
 
 # This module loads DALI and PyAV: `gpufeed prepare` imports it only when --shards is given (data.py).
 

@@ -9,16 +9,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpufeed._files import write_json
-from gpufeed._schema import ConfigError
-from gpufeed._size import SizePx, parse_size_px
-from gpufeed.bench._clip_names import CONTENDERS as CLIP_CONTENDERS
-from gpufeed.bench._clip_names import GENERATED_SETS
-from gpufeed.bench._common import quiet_http_logs
+from gpufeed.bench import CONTENDERS as CLIP_CONTENDERS
+from gpufeed.bench import GENERATED_SETS, quiet_http_logs
 from gpufeed.commands import require_extra
 from gpufeed.commands._bench_storage import register_storage
 from gpufeed.commands.predict import register_predict_bench
 from gpufeed.commands.reliability import register_server_runs
+from gpufeed.core import ConfigError, SizePx, parse_size_px, write_json
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
 # imports the benchmark it runs (torch, DALI, the server) itself: `gpufeed --help` stays light.
@@ -278,7 +275,7 @@ def register_train(kinds: argparse._SubParsersAction) -> None:
 
 def _loader(args: argparse.Namespace) -> int:
     from gpufeed.bench.loader import print_loader_result, run_loader_bench
-    from gpufeed.synth._photos import make_bench_images
+    from gpufeed.synth import make_bench_images
 
     data = args.data or make_bench_images(args.cache, args.images, *args.image_size)
     result = run_loader_bench(
@@ -350,9 +347,9 @@ def _server(args: argparse.Namespace) -> int:
     require_extra("bench", "gpufeed bench server")
     if args.protocol == "grpc":
         require_extra("grpc", "gpufeed bench server --protocol grpc")
-    from gpufeed.bench._perf_analyzer import print_perf_analyzer_points
+    from gpufeed.bench import print_perf_analyzer_points
     from gpufeed.bench.server import plot_server_results, print_server_result, run_server_bench
-    from gpufeed.synth._photos import make_bench_images
+    from gpufeed.synth import make_bench_images
 
     quiet_http_logs()
     folder = make_bench_images(args.cache, args.images, *args.image_size)
@@ -386,7 +383,7 @@ def _server(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from gpufeed.bench._train_report import draw_train_plot, print_train_result
+    from gpufeed.bench import draw_train_plot, print_train_result
     from gpufeed.bench.train import run_train_bench
 
     result = run_train_bench(

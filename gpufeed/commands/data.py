@@ -7,10 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from gpufeed._files import write_json
-from gpufeed._object_path import is_object_url
-from gpufeed._storage import configure_storage
 from gpufeed.commands.bench import _size  # WIDTHxHEIGHT, as the bench commands read it
+from gpufeed.core import configure_storage, is_object_url, write_json
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
 # imports the libraries it runs (numpy, PIL, DALI, PyAV) itself: `gpufeed --help` stays light.
@@ -162,7 +160,7 @@ def _synth(args: argparse.Namespace) -> int:
 
 def _check_limits(args: argparse.Namespace) -> tuple[int, int | None, int]:
     """(max pixels, class count or None, mask ignore id) from the options, then --config, then the defaults."""
-    from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
+    from gpufeed.pipelines import DEFAULT_MAX_IMAGE_PIXELS
 
     max_pixels, num_classes, ignore_id = DEFAULT_MAX_IMAGE_PIXELS, None, 255
     if args.config is not None:
@@ -182,9 +180,7 @@ def _check_limits(args: argparse.Namespace) -> tuple[int, int | None, int]:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gpufeed.pipelines import check_path
-    from gpufeed.pipelines._check import CheckReport
-    from gpufeed.pipelines._mask_check import check_mask_ids
+    from gpufeed.pipelines import CheckReport, check_mask_ids, check_path
 
     try:
         max_pixels, num_classes, ignore_id = _check_limits(args)

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from gpufeed._files import write_json
+from gpufeed.core import write_json
 
 # Deferred imports: every gpufeed call imports this module to register its arguments; the doctor's
 # library (NVML through ctypes, the installed packages' files) loads only when it runs.

@@ -91,8 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _targets(args: argparse.Namespace) -> int:
     import json
 
-    from gpufeed.obs import MetricsAddressError, file_sd_groups
-    from gpufeed.obs._targets import write_file_sd
+    from gpufeed.obs import MetricsAddressError, file_sd_groups, write_file_sd
 
     try:
         groups = file_sd_groups(args.run_dirs, host=args.host)
@@ -108,7 +107,7 @@ def _targets(args: argparse.Namespace) -> int:
 
 
 def _prometheus(args: argparse.Namespace) -> int:
-    from gpufeed.obs._watch import run_local_prometheus
+    from gpufeed.obs import run_local_prometheus
 
     return run_local_prometheus(
         args.workdir,
@@ -123,8 +122,7 @@ def _prometheus(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     import time
 
-    from gpufeed.obs import PrometheusAPI, PrometheusError, check_queries, load_queries
-    from gpufeed.obs._verify import find_stack_dir, format_checks
+    from gpufeed.obs import PrometheusAPI, PrometheusError, check_queries, find_stack_dir, format_checks, load_queries
 
     stack = args.stack or find_stack_dir()
     api = PrometheusAPI(args.prometheus)

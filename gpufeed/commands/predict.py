@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpufeed._files import write_json
 from gpufeed.commands.serve import _positive
+from gpufeed.core import write_json
 from gpufeed.device import resolve_device
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so the handler

@@ -13,13 +13,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpufeed._report import finish
-from gpufeed._schema import to_mapping
-from gpufeed.bench._common import quiet_http_logs
+from gpufeed.bench import quiet_http_logs
 from gpufeed.commands import require_extra
+from gpufeed.core import finish, to_mapping
 
 if TYPE_CHECKING:  # the reports' type only: importing the runs loads the server's dependencies
-    from gpufeed.reliability._server_runs import ServerRunReport
+    from gpufeed.reliability import ServerRunReport
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
 # imports the libraries it runs (torch, DALI) itself: `gpufeed --help` stays light.
@@ -289,7 +288,7 @@ def _server_run(
         The exit status: 1 when an expectation failed.
     """
     require_extra("bench", f"gpufeed {args.command} {getattr(args, args.command)}")
-    from gpufeed.reliability._server_runs import reliability_inputs
+    from gpufeed.reliability import reliability_inputs
 
     quiet_http_logs()
     model_dir, images = reliability_inputs(args.cache, args.model_dir)
@@ -301,8 +300,7 @@ def _server_run(
 
 
 def _soak(args: argparse.Namespace) -> int:
-    from gpufeed.reliability import run_soak
-    from gpufeed.reliability._soak import plot_soak
+    from gpufeed.reliability import plot_soak, run_soak
 
     def plot(report: ServerRunReport) -> None:
         if args.plot:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpufeed._schema import to_mapping
-from gpufeed._text import format_table
 from gpufeed.commands import require_extra
+from gpufeed.core import format_table, to_mapping
 
 # Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
 # imports the libraries it runs (torch, DALI, yaml, the config schema) itself: `gpufeed --help` stays light.

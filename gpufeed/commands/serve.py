@@ -92,8 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from gpufeed.models import export_model
-    from gpufeed.models._export import resolve_batch_sizes
+    from gpufeed.models import export_model, resolve_batch_sizes
 
     try:
         sizes = resolve_batch_sizes(args.batch_size, args.batch_sizes)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def _profile_steps(text: str) -> tuple[int, int]:
-    from gpufeed.train._profiling import parse_profile_steps
+    from gpufeed.train import parse_profile_steps
 
     try:
         return parse_profile_steps(text)
@@ -62,7 +62,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from gpufeed.train._report import draw_report
+    from gpufeed.train import draw_report
 
     png, text = draw_report(args.run_dir, args.out, window=args.window)
     print(text)

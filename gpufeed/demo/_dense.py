@@ -16,15 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed._schema import to_mapping
 from gpufeed.config import Config, parse_config
+from gpufeed.core import to_mapping
 from gpufeed.demo._base import banner
 from gpufeed.device import DeviceChoice
 from gpufeed.models import export_model
 from gpufeed.pipelines import check_path
 from gpufeed.server import start_server
 from gpufeed.synth import write_paired_split
-from gpufeed.train._session import train
+from gpufeed.train import train
 
 __all__ = ["dense_demo_config", "run_dense_demo"]
 

@@ -17,10 +17,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpufeed._text import format_table
-from gpufeed.obs import PrometheusNotFoundError, check_queries, find_prometheus_binary, live_figures, load_queries
-from gpufeed.obs._verify import find_stack_dir
-from gpufeed.obs._watch import stack_prometheus
+from gpufeed.core import format_table
+from gpufeed.obs import (
+    PrometheusNotFoundError,
+    check_queries,
+    find_prometheus_binary,
+    find_stack_dir,
+    live_figures,
+    load_queries,
+    stack_prometheus,
+)
 
 __all__ = ["run_obs_demo"]
 

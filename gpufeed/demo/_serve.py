@@ -19,8 +19,7 @@ from gpufeed.config import Config
 from gpufeed.device import DeviceChoice
 from gpufeed.models import export_model
 from gpufeed.pipelines import ImageDataset
-from gpufeed.server import start_server
-from gpufeed.server._report import stage_latency_table
+from gpufeed.server import stage_latency_table, start_server
 
 __all__ = ["DEMO_MODEL_NAME", "run_serve_demo"]
 

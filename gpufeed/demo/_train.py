@@ -12,11 +12,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from gpufeed._schema import to_mapping
 from gpufeed.config import Config, parse_config
+from gpufeed.core import to_mapping
 from gpufeed.demo._base import banner
-from gpufeed.train._report import draw_report
-from gpufeed.train._session import train
+from gpufeed.train import draw_report, train
 
 __all__ = ["demo_train_config", "run_train_demo"]
 

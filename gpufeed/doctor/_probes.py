@@ -19,9 +19,8 @@ import numpy as np
 from gpufeed.device import DeviceChoice, cuda_status
 from gpufeed.doctor._media import VIDEO_CODECS, jpeg_bytes, psnr_db, source_frame, video_bytes
 from gpufeed.doctor._report import ProbeResult
-from gpufeed.pipelines._nvdec import nvdec_problem
-from gpufeed.pipelines._videos import DALI_CPU_CODECS
-from gpufeed.server._runtime import _preload_cuda_libraries, _providers
+from gpufeed.pipelines import DALI_CPU_CODECS, nvdec_problem
+from gpufeed.server import execution_providers, preload_cuda_libraries
 
 __all__ = ["HW_JPEG_CAPABILITIES", "MIN_PSNR_DB", "probe_dali_image", "probe_nvdec", "probe_onnxruntime", "probe_torch"]
 
@@ -271,8 +270,8 @@ def probe_onnxruntime(device_id: int | None) -> list[ProbeResult]:
     if device_id is None:
         providers: list = ["CPUExecutionProvider"]
     else:  # the server's CUDA provider and options, without its CPU fallback
-        providers = _providers("cuda", DeviceChoice("gpu", device_id, "doctor"), "fp32", None)[:1]
-        _preload_cuda_libraries()
+        providers = execution_providers("cuda", DeviceChoice("gpu", device_id, "doctor"), "fp32", None)[:1]
+        preload_cuda_libraries()
         # Every node on CUDA, or no session: a Conv that cuDNN cannot run fails here, not silently on the CPU.
         options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     try:

@@ -26,13 +26,14 @@ from gpufeed.doctor._report import DoctorReport, ProbeResult
 from gpufeed.stack import (
     STACKS,
     DriverInfo,
+    InstalledSet,
     StackChoiceError,
     check_installed,
     choose_stack,
     cuda_builds_of,
+    import_path_folders,
     read_driver,
 )
-from gpufeed.stack._sets import InstalledSet, import_path_folders
 
 __all__ = ["DEFAULT_TIMEOUT_S", "run_doctor", "run_isolated"]
 

@@ -25,7 +25,16 @@ from gpufeed.obs._prometheus import (
 )
 from gpufeed.obs._queries import Query, load_queries
 from gpufeed.obs._targets import MetricsAddressError, file_sd_groups
+
+# For gpufeed's own packages: the names they use from this package's private modules, re-exported
+# here (``as`` marks a re-export) so no package reaches into another's ``_*`` modules. Not in the
+# API reference; they may change with the code that uses them.
+from gpufeed.obs._targets import write_file_sd as write_file_sd
 from gpufeed.obs._verify import QueryCheck, check_queries, packaged_stack_dir
+from gpufeed.obs._verify import find_stack_dir as find_stack_dir
+from gpufeed.obs._verify import format_checks as format_checks
+from gpufeed.obs._watch import run_local_prometheus as run_local_prometheus
+from gpufeed.obs._watch import stack_prometheus as stack_prometheus
 
 __all__ = [
     "METRICS",

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gpufeed._metric_values import PROTOCOLS, STAGES
+from gpufeed.core import PROTOCOLS, STAGES
 
 __all__ = [
     "DCGM_METRICS",

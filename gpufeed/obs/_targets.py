@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from gpufeed._files import write_json
+from gpufeed.core import write_json
 
 __all__ = ["MetricsAddressError", "file_sd_groups", "read_metrics_addresses", "write_file_sd"]
 

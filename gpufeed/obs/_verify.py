@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from gpufeed._text import format_table
+from gpufeed.core import format_table
 from gpufeed.obs._contract import exported_series_names
 from gpufeed.obs._prometheus import PrometheusAPI, PrometheusError, finite_values, scrape_job
 from gpufeed.obs._queries import DEFAULT_GRAFANA_VALUES, Query, alert_signal, label_values_args, substitute

@@ -14,7 +14,13 @@ runner and image decoder it uses), below the command line.
 """
 
 from gpufeed.predict._images import predict_images
+
+# For gpufeed's own packages: the names they use from this package's private modules, re-exported
+# here (``as`` marks a re-export) so no package reaches into another's ``_*`` modules. Not in the
+# API reference; they may change with the code that uses them.
+from gpufeed.predict._inputs import find_videos as find_videos
 from gpufeed.predict._model import Predictor, load_predictor
+from gpufeed.predict._outputs import read_predictions_csv as read_predictions_csv
 from gpufeed.predict._run import PredictReport, VideoResult, predict_videos
 
 __all__ = ["PredictReport", "Predictor", "VideoResult", "load_predictor", "predict_images", "predict_videos"]

@@ -18,14 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpufeed._files import atomic_path
-from gpufeed._progress import progress_bar
+from gpufeed.core import atomic_path, progress_bar
 from gpufeed.predict._inputs import find_images
 from gpufeed.predict._model import Predictor
 from gpufeed.predict._outputs import _cell
 from gpufeed.predict._run import PredictReport, VideoResult
-from gpufeed.server._errors import RequestError
-from gpufeed.server._preprocess import ImageDecoder, inspect_image
+from gpufeed.server import ImageDecoder, RequestError, inspect_image
 
 __all__ = ["predict_images"]
 

@@ -26,12 +26,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed._storage import DataPath
-from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS
-from gpufeed.pipelines._deepethogram import is_project, read_project
-from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._store_kinds import is_frame_folder, store_extensions
-from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, list_videos
+from gpufeed.core import DataPath
+from gpufeed.pipelines import (
+    IMAGE_EXTENSIONS,
+    VIDEO_EXTENSIONS,
+    DatasetError,
+    is_frame_folder,
+    is_project,
+    list_videos,
+    read_project,
+    store_extensions,
+)
 
 __all__ = ["FORMATS", "OUTPUT_SUFFIXES", "Target", "find_images", "find_videos", "output_path"]
 

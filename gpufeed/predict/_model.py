@@ -22,19 +22,19 @@ import numpy as np
 import torch
 
 from gpufeed.models import (
+    CARD_FILE,
     ClassifierHead,
+    ClipSampling,
     ModelCard,
     ModelSpec,
     TaskHead,
     find_checkpoint,
     load_model,
+    read_checkpoint,
     read_model_card,
 )
-from gpufeed.models._card import CARD_FILE
-from gpufeed.models._clip_sampling import ClipSampling
-from gpufeed.models._io import read_checkpoint
-from gpufeed.pipelines._errors import DatasetError
-from gpufeed.server._runtime import OnnxRunner
+from gpufeed.pipelines import DatasetError
+from gpufeed.server import OnnxRunner
 
 __all__ = ["Predictor", "load_predictor"]
 

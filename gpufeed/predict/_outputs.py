@@ -14,7 +14,7 @@ architecture, e.g. ``clip_resnet18``), holding ``P`` (frames, K) float32 probabi
 replaced.
 
 **Atomic, resumable.** Rows stream into a hidden temporary file beside the output (``.<name>.tmp-<pid>``,
-:func:`gpufeed._files.atomic_path`), which is flushed, synced and renamed over the output only
+:func:`gpufeed.core._files.atomic_path`), which is flushed, synced and renamed over the output only
 once the last frame is written; a run killed mid-video leaves no output (and at most that hidden
 file, which a later run removes once it has lain untouched for ten minutes with its writer gone),
 so the output's presence means the video is done (:func:`is_done`), and a second run skips it. HDF5 datasets are written block by block into chunked datasets of the final size, so
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed._files import atomic_path, remove_stale_temps
+from gpufeed.core import atomic_path, remove_stale_temps
 
 __all__ = ["DEFAULT_THRESHOLD", "FrameSink", "csv_sink", "h5_sink", "is_done", "read_predictions_csv"]
 

@@ -3,13 +3,13 @@
 For each video (:mod:`._inputs`): skipped when its output is already there (a finished output is
 renamed into place only when complete, :mod:`._outputs`); else read once, in order, by the
 sequential reader (NVDEC on a GPU, PyAV on a CPU, frame stores through their decoder), a chunk
-ahead on a thread of its own (:mod:`gpufeed._prefetch`), scored window batch by window batch through
+ahead on a thread of its own (:mod:`gpufeed.core._prefetch`), scored window batch by window batch through
 :func:`~gpufeed.models.score_frames` (the server's video input runs the same function), and
 streamed to its output. A video that cannot be read is one line naming it and why; the others are
 still scored, and the report says which failed (``gpufeed predict`` then exits 1).
 
 One progress display counts frames over every video (a bar on a terminal, a line every few seconds
-in a log: :func:`gpufeed._progress.progress_bar`), with frames per second.
+in a log: :func:`gpufeed.core._progress.progress_bar`), with frames per second.
 """
 
 from __future__ import annotations
@@ -19,13 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufeed._prefetch import prefetch
-from gpufeed._progress import progress_bar
+from gpufeed.core import prefetch, progress_bar
 from gpufeed.models import WindowPlan, score_frames
-from gpufeed.pipelines import VideoFrameReader
-from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._video_bytes import first_line, read_in_order
-from gpufeed.pipelines._videos import VideoInfo, index_videos
+from gpufeed.pipelines import DatasetError, VideoFrameReader, VideoInfo, first_line, index_videos, read_in_order
 from gpufeed.predict._inputs import FORMATS, Target, find_videos, output_path
 from gpufeed.predict._model import Predictor
 from gpufeed.predict._outputs import csv_sink, h5_sink, is_done

@@ -19,7 +19,7 @@ Serving, each against a real ``gpufeed serve`` process (``gpufeed reliability so
 * :func:`run_fuzz`: over a thousand malformed requests: every answer a 4xx naming the problem.
 
 Each returns a report in the shape of every run that passes or fails
-(:class:`gpufeed._report.Checklist`): ``table()`` (the figures, ending with the verdict),
+(:class:`gpufeed.core._report.Checklist`): ``table()`` (the figures, ending with the verdict),
 ``checks()``, ``problems()``, ``ok`` and ``to_dict()``. Speed against peers is ``gpufeed.bench``.
 """
 
@@ -30,7 +30,14 @@ from gpufeed.reliability._drain import DrainReport, run_drain
 from gpufeed.reliability._fuzz import FuzzReport, run_fuzz
 from gpufeed.reliability._kill_resume import KillResumeReport, run_kill_resume
 from gpufeed.reliability._overload import OverloadReport, run_overload
+
+# For gpufeed's own packages: the names they use from this package's private modules, re-exported
+# here (``as`` marks a re-export) so no package reaches into another's ``_*`` modules. Not in the
+# API reference; they may change with the code that uses them.
+from gpufeed.reliability._server_runs import ServerRunReport as ServerRunReport
+from gpufeed.reliability._server_runs import reliability_inputs as reliability_inputs
 from gpufeed.reliability._soak import SoakReport, run_soak
+from gpufeed.reliability._soak import plot_soak as plot_soak
 
 __all__ = [
     "BadDataReport",

@@ -37,10 +37,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufeed._progress import progress_bar
-from gpufeed._report import Checklist
-from gpufeed._text import format_table
-from gpufeed.pipelines._check import NOT_BAD
+from gpufeed.core import Checklist, format_table, progress_bar
+from gpufeed.pipelines import NOT_BAD
 from gpufeed.reliability._common import (
     LogCapture,
     ensure_synth,

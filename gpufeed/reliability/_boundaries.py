@@ -36,10 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufeed._procs import descendants, process_alive
-from gpufeed._report import Checklist
-from gpufeed._text import format_table
-from gpufeed.models._io import list_checkpoints
+from gpufeed.core import Checklist, descendants, format_table, process_alive
+from gpufeed.models import list_checkpoints
 from gpufeed.reliability._common import gpufeed_argv, step_records, write_train_yaml
 
 __all__ = ["BOUNDARIES", "ORPHAN_GRACE_S", "BoundaryKill", "BoundaryReport", "run_boundary_kills"]

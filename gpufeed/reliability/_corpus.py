@@ -44,7 +44,7 @@ from gpufeed.reliability._corpus_hostile import hostile_probes, large_head_probe
 from gpufeed.reliability._corpus_images import image_probes
 from gpufeed.reliability._corpus_requests import json_probes, name_probes, oversized_probes, rest_probes, tensor_probes
 from gpufeed.reliability._probe import Builder, Probe, Target
-from gpufeed.synth._photos import format_samples
+from gpufeed.synth import format_samples
 
 __all__ = ["Probe", "Target", "malformed_corpus"]
 

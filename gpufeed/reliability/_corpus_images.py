@@ -11,7 +11,7 @@ import json
 import numpy as np
 
 from gpufeed.reliability._probe import Builder
-from gpufeed.synth._damaged import declare_size, jpeg_without_segment, png_chunk, png_declaring, png_with_damaged_data
+from gpufeed.synth import declare_size, jpeg_without_segment, png_chunk, png_declaring, png_with_damaged_data
 
 __all__ = ["image_probes"]
 

@@ -36,13 +36,9 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpufeed._files import write_json
-from gpufeed._report import Checklist
-from gpufeed._storage import data_path
-from gpufeed._text import format_table
 from gpufeed.config import load_config
-from gpufeed.models import create_model
-from gpufeed.models._io import list_checkpoints
+from gpufeed.core import Checklist, data_path, format_table, write_json
+from gpufeed.models import create_model, list_checkpoints
 from gpufeed.reliability._common import (
     ensure_synth,
     run_cli,
@@ -50,8 +46,7 @@ from gpufeed.reliability._common import (
     tiny_train_mapping,
     write_train_yaml,
 )
-from gpufeed.train._optim import build_optimizer
-from gpufeed.train._preflight import estimate_checkpoint_bytes
+from gpufeed.train import build_optimizer, estimate_checkpoint_bytes
 
 __all__ = ["DiskCase", "DiskReport", "namespace_command", "run_disk_faults"]
 

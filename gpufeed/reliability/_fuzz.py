@@ -27,16 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._progress import progress_bar
-from gpufeed._report import Check
-from gpufeed._text import format_table
 from gpufeed.config import parse_config
+from gpufeed.core import Check, format_table, progress_bar
 from gpufeed.models import read_model_card
 from gpufeed.reliability._corpus import Probe, Target, malformed_corpus
 from gpufeed.reliability._liveness import liveness_lines, measure_liveness
 from gpufeed.reliability._serve_proc import ServeProcess
 from gpufeed.reliability._server_runs import ServerRunReport, exit_check
-from gpufeed.server._access import route_of
+from gpufeed.server import route_of
 
 __all__ = ["FUZZ_LIMITS", "FuzzReport", "ValidRequestCheck", "run_corpus", "run_fuzz", "valid_request_check"]
 

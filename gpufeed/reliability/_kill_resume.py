@@ -38,11 +38,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufeed._progress import progress_bar
-from gpufeed._report import Checklist
-from gpufeed._text import format_table
 from gpufeed.config import load_config
-from gpufeed.models._io import list_checkpoints
+from gpufeed.core import Checklist, format_table, progress_bar
+from gpufeed.models import list_checkpoints
 from gpufeed.reliability._common import ensure_synth, gpufeed_argv, step_records, tiny_train_mapping, write_train_yaml
 from gpufeed.train import train
 

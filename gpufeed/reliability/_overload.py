@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._report import Check
-from gpufeed.bench._loadgen import run_load
+from gpufeed.bench import run_load
+from gpufeed.core import Check
 from gpufeed.models import read_model_card
 from gpufeed.reliability._serve_proc import ServeProcess
 from gpufeed.reliability._server_runs import ServerRunReport, exit_check

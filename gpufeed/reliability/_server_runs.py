@@ -3,7 +3,7 @@
 ``reliability soak``, ``overload``, ``drain`` and ``fuzz`` each drive a real ``gpufeed serve``
 and return a :class:`ServerRunReport`: the run's figures (the dict its JSON holds) and the
 expectations they must meet, in the one shape of every run that passes or fails
-(:class:`gpufeed._report.Checklist`, which the training fault runs use too).
+(:class:`gpufeed.core._report.Checklist`, which the training fault runs use too).
 :func:`reliability_inputs` is what each command feeds them.
 """
 
@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed._report import Check, Checklist
-from gpufeed._size import SizePx
 from gpufeed.bench.server import export_bench_models
+from gpufeed.core import Check, Checklist, SizePx
 from gpufeed.models import read_model_card
-from gpufeed.synth._photos import make_bench_images
+from gpufeed.synth import make_bench_images
 
 __all__ = ["ServerRunReport", "exit_check", "reliability_inputs"]
 

@@ -26,6 +26,12 @@ from gpufeed.stack._choice import (
 )
 from gpufeed.stack._elf import ElfError, ElfInfo, Symbol, read_elf
 from gpufeed.stack._loader import Found, LoadReplay
+
+# For gpufeed's own packages: the names they use from this package's private modules, re-exported
+# here (``as`` marks a re-export) so no package reaches into another's ``_*`` modules. Not in the
+# API reference; they may change with the code that uses them.
+from gpufeed.stack._sets import InstalledSet as InstalledSet
+from gpufeed.stack._sets import import_path_folders as import_path_folders
 from gpufeed.stack.check import StackReport, check_installed, check_stack, cuda_builds_of
 
 __all__ = [

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpufeed._files import write_json
+from gpufeed.core import write_json
 from gpufeed.stack._choice import STACKS, StackChoiceError, _requirements_main, choose_stack, read_driver
 from gpufeed.stack.check import StackReport, check_stack
 

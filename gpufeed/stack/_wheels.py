@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from gpufeed._files import write_json
+from gpufeed.core import write_json
 
 __all__ = ["Member", "RemoteWheel", "WheelError", "wheel_path"]
 

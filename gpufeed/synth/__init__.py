@@ -22,12 +22,26 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpufeed._files import write_json
-from gpufeed._progress import progress_bar
+from gpufeed.core import progress_bar, write_json
+
+# For gpufeed's own packages: the names they use from this package's private modules, re-exported
+# here (``as`` marks a re-export) so no package reaches into another's ``_*`` modules. Not in the
+# API reference; they may change with the code that uses them.
+from gpufeed.synth._damaged import declare_size as declare_size
+from gpufeed.synth._damaged import jpeg_without_segment as jpeg_without_segment
+from gpufeed.synth._damaged import png_chunk as png_chunk
+from gpufeed.synth._damaged import png_declaring as png_declaring
+from gpufeed.synth._damaged import png_with_damaged_data as png_with_damaged_data
 from gpufeed.synth._images import CLASS_NAMES, IMAGE_SIZES, render_image, write_image_split
 from gpufeed.synth._pairs import render_pair, synth_depth, write_paired_split
+from gpufeed.synth._photos import encode_image as encode_image
+from gpufeed.synth._photos import format_samples as format_samples
+from gpufeed.synth._photos import make_bench_images as make_bench_images
+from gpufeed.synth._photos import photo_pixels as photo_pixels
 from gpufeed.synth._tags import CLASS_WORDS, Tag, TagError, draw_tag, read_tag
+from gpufeed.synth._tags import tag_blocks as tag_blocks
 from gpufeed.synth._videos import BEHAVIOURS, behaviour_labels, render_frame, write_video
+from gpufeed.synth._videos import write_label_csv as write_label_csv
 
 __all__ = [
     "BEHAVIOURS",
@@ -79,7 +93,7 @@ class SynthSpec:
 def write_synthetic_dataset(out: str | Path, spec: SynthSpec = SynthSpec(), progress: bool = True) -> Path:
     """Write the synthetic dataset into ``out`` (created if missing) and return ``out``.
 
-    Deterministic: the same spec writes the same pixels. A progress display (gpufeed._progress) shows how far it is.
+    Deterministic: the same spec writes the same pixels. A progress display (gpufeed.core._progress) shows how far it is.
     """
 
     out = Path(out)

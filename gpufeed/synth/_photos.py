@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed._progress import progress_bar
+from gpufeed.core import progress_bar
 
 __all__ = ["encode_image", "format_samples", "make_bench_images", "photo_pixels"]
 

@@ -13,10 +13,33 @@ tasks, checkpoint, telemetry and summary helpers live in private modules (``_che
 on), which gpufeed's own benchmarks, reliability runs and tests import directly.
 """
 
+from gpufeed.train._augment import Augmenter as Augmenter
+
+# For gpufeed's own packages: the names they use from this package's private modules, re-exported
+# here (``as`` marks a re-export) so no package reaches into another's ``_*`` modules. Not in the
+# API reference; they may change with the code that uses them.
+from gpufeed.train._augment import AugmentPlan as AugmentPlan
+from gpufeed.train._augment import KorniaStage as KorniaStage
+from gpufeed.train._augment import build_augmenter as build_augmenter
 from gpufeed.train._augment import plan_augmentation
+from gpufeed.train._dense import DepthTask as DepthTask
+from gpufeed.train._dense import refuse_device_geometry as refuse_device_geometry
 from gpufeed.train._errors import TrainError
 from gpufeed.train._loop import TrainResult
+from gpufeed.train._optim import build_optimizer as build_optimizer
+from gpufeed.train._optim import build_scheduler as build_scheduler
+from gpufeed.train._optim import resolve_amp as resolve_amp
+from gpufeed.train._preflight import estimate_checkpoint_bytes as estimate_checkpoint_bytes
+from gpufeed.train._profiling import parse_profile_steps as parse_profile_steps
 from gpufeed.train._report import draw_report
 from gpufeed.train._session import train
+from gpufeed.train._step import Stepper as Stepper
+from gpufeed.train._summary import STAGES as STAGES
+from gpufeed.train._summary import summarize as summarize
+from gpufeed.train._tasks import ClipTask as ClipTask
+from gpufeed.train._tasks import ImageTask as ImageTask
+from gpufeed.train._tasks import to_channels_last as to_channels_last
+from gpufeed.train._timeline import Finished as Finished
+from gpufeed.train._timeline import StepTimeline as StepTimeline
 
 __all__ = ["TrainError", "TrainResult", "draw_report", "plan_augmentation", "train"]

@@ -25,8 +25,7 @@ import itertools
 import socket
 from typing import Any
 
-from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._shares import coverage_problem, share_report
+from gpufeed.pipelines import DatasetError, coverage_problem, share_report
 from gpufeed.train._distributed import (
     AGREE_TIMEOUT_S,
     DistInfo,

@@ -36,8 +36,7 @@ import torch
 from torch import nn
 
 from gpufeed.config import AUGMENT_OPS, LOADER_AUGMENT_OPS, AugmentConfig
-from gpufeed.pipelines import ColourJitter, LoaderAugment
-from gpufeed.pipelines._augment import BASIS, DRAWS, colour_coefficients
+from gpufeed.pipelines import BASIS, DRAWS, ColourJitter, LoaderAugment, colour_coefficients
 
 __all__ = [
     "AugmentPlan",

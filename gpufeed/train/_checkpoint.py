@@ -50,9 +50,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpufeed._files import atomic_path, temp_path
-from gpufeed.models import checkpoint_path
-from gpufeed.models._io import CHECKPOINT_DIR, list_checkpoints
+from gpufeed.core import atomic_path, temp_path
+from gpufeed.models import CHECKPOINT_DIR, checkpoint_path, list_checkpoints
 
 __all__ = [
     "capture_rng",

@@ -13,13 +13,20 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufeed._text import quoted
 from gpufeed.config import Config, ConfigError
-from gpufeed.pipelines import ClipLoader, DenseLoader, ImageDataset, ImageLoader, PairedDataset, VideoDataset
-from gpufeed.pipelines._deepethogram import project_dataset
-from gpufeed.pipelines._epochs import EpochLoader
-from gpufeed.pipelines._pairs import is_paired_root
-from gpufeed.pipelines._split_folders import split_folders
+from gpufeed.core import quoted
+from gpufeed.pipelines import (
+    ClipLoader,
+    DenseLoader,
+    EpochLoader,
+    ImageDataset,
+    ImageLoader,
+    PairedDataset,
+    VideoDataset,
+    is_paired_root,
+    project_dataset,
+    split_folders,
+)
 from gpufeed.train._dense import DENSE_TASKS, DepthTask, SegmentationTask
 from gpufeed.train._distributed import DistInfo
 from gpufeed.train._tasks import ClipTask, ImageTask, Task

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from gpufeed._progress import progress_bar
 from gpufeed.config import Config
+from gpufeed.core import progress_bar
 from gpufeed.train._mask_ids import MaskIdError
 from gpufeed.train._profiling import ProfileWindow, StageRanges
 from gpufeed.train._resume import missed_evaluation

@@ -16,14 +16,18 @@ from pathlib import Path
 import torch
 
 from gpufeed import __version__
-from gpufeed._files import finite, write_json
-from gpufeed._schema import to_mapping
-from gpufeed._storage import configure_storage
 from gpufeed.config import Config, ConfigError, save_config
+from gpufeed.core import configure_storage, finite, to_mapping, write_json
 from gpufeed.device import resolve_device
-from gpufeed.models import ModelSpec, checkpoint_path, create_model, model_state
-from gpufeed.models._io import CHECKPOINT_DIR, list_checkpoints
-from gpufeed.models._registry import default_spec
+from gpufeed.models import (
+    CHECKPOINT_DIR,
+    ModelSpec,
+    checkpoint_path,
+    create_model,
+    default_spec,
+    list_checkpoints,
+    model_state,
+)
 from gpufeed.train._agreement import agree_on_data
 from gpufeed.train._augment import plan_augmentation
 from gpufeed.train._checkpoint import (

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufeed._text import format_table
+from gpufeed.core import format_table
 
 __all__ = ["STAGES", "StepStats", "format_summary", "summarize"]
 

@@ -40,8 +40,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpufeed._files import write_atomic
-from gpufeed._metric_values import TRAIN_SECONDS_BUCKETS
+from gpufeed.core import TRAIN_SECONDS_BUCKETS, write_atomic
 from gpufeed.train._errors import TrainError
 
 __all__ = [

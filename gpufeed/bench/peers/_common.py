@@ -6,7 +6,7 @@ import io
 
 import numpy as np
 
-from gpufeed._size import SizePx
+from gpufeed.core import SizePx
 
 __all__ = ["onnx_providers", "pil_preprocess", "top_k_reply"]
 

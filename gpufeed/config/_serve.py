@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gpufeed._schema import option
+from gpufeed.core import option
 
 __all__ = ["ServeConfig"]
 

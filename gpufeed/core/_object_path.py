@@ -4,7 +4,7 @@ A dataset root may be a folder or an ``s3://`` URL. The indexes treat a root as 
 names onto it (``root / "rgb"``), ask for ``.name``, ``.suffix`` and ``.parent``. :class:`ObjectPath`
 answers those for a key in a bucket; ``pathlib`` cannot hold a URL (``Path("s3://b/k")`` is
 ``s3:/b/k``). The questions that read the bucket (``is_dir()``, ``read_text()``, ``open()``) are
-:class:`gpufeed._storage.S3Path`'s, a subclass, which :func:`gpufeed._storage.data_path` makes.
+:class:`gpufeed.core._storage.S3Path`'s, a subclass, which :func:`gpufeed.core._storage.data_path` makes.
 
 What is a folder in a bucket: a prefix that some key continues with ``/``. A key is normalised
 like a POSIX path (empty and ``.`` parts dropped, ``..`` taken back lexically); a ``..`` that climbs
@@ -20,7 +20,7 @@ import re
 from pathlib import PurePath, PurePosixPath
 from typing import Any, Self
 
-from gpufeed._text import quoted
+from gpufeed.core._text import quoted
 
 __all__ = ["OBJECT_SCHEMES", "ObjectPath", "is_object_url", "url_scheme"]
 
@@ -69,7 +69,7 @@ class ObjectPath:
         object.__setattr__(self, "key", _normal_key(key, url))
 
     def _make(self, bucket: str, key: str) -> Self:
-        new = object.__new__(type(self))  # a subclass joins into its own kind (gpufeed._storage.S3Path)
+        new = object.__new__(type(self))  # a subclass joins into its own kind (gpufeed.core._storage.S3Path)
         object.__setattr__(new, "bucket", bucket)
         object.__setattr__(new, "key", key)
         return new

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import NamedTuple
 
-from gpufeed._files import write_json
+from gpufeed.core._files import write_json
 
 __all__ = ["Check", "Checklist", "finish"]
 

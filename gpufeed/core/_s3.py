@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from gpufeed._object_path import ObjectPath
+from gpufeed.core._object_path import ObjectPath
 
 __all__ = [
     "FetchStats",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from gpufeed._schema import ConfigError, check_ranges, option
+from gpufeed.core import ConfigError, check_ranges, option
 
 __all__ = ["AUGMENT_OPS", "LOADER_AUGMENT_OPS", "AugmentConfig", "ModelConfig", "TelemetryConfig", "TrainConfig"]
 

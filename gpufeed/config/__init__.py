@@ -1,4 +1,4 @@
-"""gpufeed's configuration: YAML read with a bounded safe loader (:mod:`gpufeed._yaml`) into frozen dataclasses.
+"""gpufeed's configuration: YAML read with a bounded safe loader (:mod:`gpufeed.core._yaml`) into frozen dataclasses.
 
 One :class:`Config` holds every section. Each section documents its keys; ``gpufeed config
 --describe`` prints them all with types and defaults. Unknown keys, wrong types and values out of
@@ -19,10 +19,10 @@ from typing import Any, Literal
 
 import yaml
 
-from gpufeed._config_data import DataConfig, DatasetConfig, ImagePipelineConfig, LoaderConfig, VideoConfig
-from gpufeed._config_serve import ServeConfig
-from gpufeed._config_storage import StorageConfig
-from gpufeed._config_train import (
+from gpufeed.config._data import DataConfig, DatasetConfig, ImagePipelineConfig, LoaderConfig, VideoConfig
+from gpufeed.config._serve import ServeConfig
+from gpufeed.config._storage import StorageConfig
+from gpufeed.config._train import (
     AUGMENT_OPS,
     LOADER_AUGMENT_OPS,
     AugmentConfig,
@@ -30,9 +30,18 @@ from gpufeed._config_train import (
     TelemetryConfig,
     TrainConfig,
 )
-from gpufeed._schema import ConfigError, describe, from_mapping, option, to_mapping
-from gpufeed._size import SizePx, parse_size_px
-from gpufeed._yaml import YamlError, parse_yaml, read_yaml
+from gpufeed.core import (
+    ConfigError,
+    SizePx,
+    YamlError,
+    describe,
+    from_mapping,
+    option,
+    parse_size_px,
+    parse_yaml,
+    read_yaml,
+    to_mapping,
+)
 
 __all__ = [
     "AUGMENT_OPS",
@@ -144,7 +153,7 @@ def _resolve_paths(obj: Any, base: Path) -> Any:
 
 
 def load_config(path: str | Path | None, overrides: tuple[str, ...] | list[str] = ()) -> Config:
-    """Read a YAML config file with the bounded safe loader (:func:`gpufeed._yaml.read_yaml`) and validate it.
+    """Read a YAML config file with the bounded safe loader (:func:`gpufeed.core._yaml.read_yaml`) and validate it.
 
     Args:
         path: The YAML file, or ``None`` for defaults plus overrides.

@@ -12,11 +12,11 @@ blocks, whatever the file's size (``gpufeed bench storage`` prints both).
   ``read_ahead_bytes`` (4 MiB); a seek elsewhere goes back to one block. So a whole-file pass costs a few dozen requests, and a clip
   the blocks of its GOP.
 * **Disk cache.** With ``storage.cache_dir`` set, fetched blocks are also kept on local disk
-  (:class:`gpufeed._blob_cache.BlockCache`, bounded by ``storage.cache_max_bytes``) and read from
+  (:class:`gpufeed.core._blob_cache.BlockCache`, bounded by ``storage.cache_max_bytes``) and read from
   there next time (the next epoch, another worker process).
 
 Reads are counted on the file (``requests``, ``bytes_fetched``) and, for S3, in the process
-(:func:`gpufeed._s3.fetch_stats`).
+(:func:`gpufeed.core._s3.fetch_stats`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpufeed._blob_cache import BlockCache
+    from gpufeed.core._blob_cache import BlockCache
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "RangedFile"]
 

@@ -13,8 +13,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from gpufeed._object_path import ObjectPath, url_scheme
-from gpufeed._text import quoted
+from gpufeed.core._object_path import ObjectPath, url_scheme
+from gpufeed.core._text import quoted
 
 
 class ConfigError(ValueError):

@@ -6,10 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._schema import ConfigError, check_ranges, option
-from gpufeed._size import SizePx, parse_size_px
-from gpufeed._text import quoted
+from gpufeed.core import ConfigError, ObjectPath, SizePx, check_ranges, option, parse_size_px, quoted
 
 __all__ = ["DataConfig", "DatasetConfig", "ImagePipelineConfig", "LoaderConfig", "VideoConfig"]
 

@@ -5,7 +5,7 @@ DeepEthogram's home-cage videos are); tensors are ``H x W``, and DALI's resize t
 (width) then ``resize_y`` (height). :class:`SizePx` names both sides so no caller has to remember
 which order a pair is in.
 
-``size_px`` is parsed once, where it enters: the config (:mod:`gpufeed._config_data`), a model's
+``size_px`` is parsed once, where it enters: the config (:mod:`gpufeed.config._data`), a model's
 spec as a checkpoint or model card stores it (:mod:`gpufeed.models._spec`) and command-line flags.
 From there on a :class:`SizePx` travels: pipelines, training, export, the server and the
 benchmarks take it as it is and never re-read it; :meth:`SizePx.config_value` writes it back in
@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-from gpufeed._schema import ConfigError
+from gpufeed.core._schema import ConfigError
 
 __all__ = ["MAX_SIZE_PX", "MIN_SIZE_PX", "SizePx", "parse_size_px"]
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from gpufeed._object_path import ObjectPath
-from gpufeed._storage import data_path, open_binary
+from gpufeed.core._object_path import ObjectPath
+from gpufeed.core._storage import data_path, open_binary
 
 __all__ = [
     "YAML_MAX_ALIASES",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed._schema import option
+from gpufeed.core import DEFAULT_BLOCK_BYTES, DEFAULT_CACHE_MAX_BYTES, option
 
 __all__ = ["StorageConfig"]
 
@@ -25,10 +25,12 @@ class StorageConfig:
         "for DALI's video reader); null: no disk cache, every epoch reads the store again",
     )
     cache_max_bytes: int = option(
-        20 << 30, ge=1 << 20, doc="bound on the cache folder: least recently used entries are deleted past it"
+        DEFAULT_CACHE_MAX_BYTES,
+        ge=1 << 20,
+        doc="bound on the cache folder: least recently used entries are deleted past it",
     )
     block_bytes: int = option(
-        1 << 20,
+        DEFAULT_BLOCK_BYTES,
         ge=4096,
         le=64 << 20,
         doc="unit of ranged reads of videos, HDF5 files and shards: a clip fetches the blocks around its GOP, "

@@ -2,7 +2,7 @@
 
 Two kinds of entry live under the cache folder:
 
-* ``blocks/``: blocks of ranged reads (:class:`gpufeed._ranged.RangedFile`), named by a hash of
+* ``blocks/``: blocks of ranged reads (:class:`gpufeed.core._ranged.RangedFile`), named by a hash of
   the object's URL, size and entity tag, the block size and the block's number, so a changed
   object never serves old bytes;
 * ``objects/``: whole objects, for readers that open local files only (DALI's video reader):
@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpufeed import _s3
+from gpufeed.core import _s3
 
 if TYPE_CHECKING:
-    from gpufeed._object_path import ObjectPath
+    from gpufeed.core._object_path import ObjectPath
 
 __all__ = ["BlockCache"]
 

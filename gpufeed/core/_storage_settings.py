@@ -2,7 +2,7 @@
 
 Settings reach every process through the environment: :func:`configure_storage` writes them there,
 and DALI's worker processes, forked or spawned, inherit them (:func:`storage_settings` reads them
-back). :mod:`gpufeed._storage` re-exports these names.
+back). :mod:`gpufeed.core._storage` re-exports these names.
 """
 
 from __future__ import annotations
@@ -10,11 +10,14 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
-from gpufeed._blob_cache import BlockCache
-from gpufeed._config_storage import StorageConfig
+from gpufeed.core._blob_cache import BlockCache
 
 __all__ = [
+    "DEFAULT_BLOCK_BYTES",
+    "DEFAULT_CACHE_MAX_BYTES",
     "ENV_BLOCK_BYTES",
     "ENV_CACHE_DIR",
     "ENV_CACHE_MAX_BYTES",
@@ -27,6 +30,21 @@ __all__ = [
 ENV_CACHE_DIR = "GPUFEED_STORAGE_CACHE_DIR"
 ENV_CACHE_MAX_BYTES = "GPUFEED_STORAGE_CACHE_MAX_BYTES"
 ENV_BLOCK_BYTES = "GPUFEED_STORAGE_BLOCK_BYTES"
+# The ``storage`` section's defaults (gpufeed.config reads them from here, the layer below it).
+DEFAULT_CACHE_MAX_BYTES = 20 << 30
+DEFAULT_BLOCK_BYTES = 1 << 20
+
+
+class StorageSection(Protocol):
+    """What :func:`configure_storage` reads of the config's ``storage`` section (``gpufeed.config.StorageConfig``,
+    a layer above this one)."""
+
+    @property
+    def cache_dir(self) -> Path | None: ...
+    @property
+    def cache_max_bytes(self) -> int: ...
+    @property
+    def block_bytes(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -44,7 +62,7 @@ class StorageSettings:
     block_bytes: int
 
 
-def configure_storage(cfg: StorageConfig) -> None:
+def configure_storage(cfg: StorageSection) -> None:
     """Make ``cfg`` this process's storage settings, and its future children's (through the environment)."""
     if cfg.cache_dir is not None:
         os.environ[ENV_CACHE_DIR] = str(cfg.cache_dir)
@@ -63,11 +81,10 @@ def _int_env(name: str, default: int) -> int:
 
 def storage_settings() -> StorageSettings:
     """This process's settings: what :func:`configure_storage` set, else the config's defaults."""
-    defaults = StorageConfig()
     return StorageSettings(
         os.environ.get(ENV_CACHE_DIR) or None,
-        max(1, _int_env(ENV_CACHE_MAX_BYTES, defaults.cache_max_bytes)),
-        max(4096, _int_env(ENV_BLOCK_BYTES, defaults.block_bytes)),
+        max(1, _int_env(ENV_CACHE_MAX_BYTES, DEFAULT_CACHE_MAX_BYTES)),
+        max(4096, _int_env(ENV_BLOCK_BYTES, DEFAULT_BLOCK_BYTES)),
     )
 
 

@@ -2,12 +2,12 @@
 
 The indexes, ``gpufeed check`` and the decoders that gpufeed feeds itself (PyAV, h5py, frame
 folders, shards) read through these functions; each takes a path as text (``"/data/x.mp4"`` or
-``"s3://bucket/data/x.mp4"``), a :class:`~pathlib.Path` or an :class:`~gpufeed._object_path.ObjectPath`:
+``"s3://bucket/data/x.mp4"``), a :class:`~pathlib.Path` or an :class:`~gpufeed.core._object_path.ObjectPath`:
 
 * :func:`walk` is :func:`os.walk` (a bucket listed once, its keys grouped into "folders" by ``/``);
 * :func:`stat_key` is ``(size, version)``: a file's modification time, an object's;
 * :func:`open_binary` is ``open(path, "rb")``: an object opens as a
-  :class:`~gpufeed._ranged.RangedFile`, read by ranges;
+  :class:`~gpufeed.core._ranged.RangedFile`, read by ranges;
 * :func:`media_source` is what ``av.open`` and ``h5py.File`` take: the path itself when local;
 * :func:`local_file` is a local path for readers that open only local files (DALI's video
   reader): an object is copied whole into the cache (``storage.cache_dir``).
@@ -18,7 +18,7 @@ themselves (its AWS SDK build), so the image loaders hand DALI the URLs unchange
 **Settings** (the ``storage`` config section) reach every process through the environment:
 :func:`configure_storage` writes them there, and DALI's worker processes, forked or spawned,
 inherit them (:func:`storage_settings` reads them back; both live in
-:mod:`gpufeed._storage_settings`, re-exported here).
+:mod:`gpufeed.core._storage_settings`, re-exported here).
 """
 
 from __future__ import annotations
@@ -31,21 +31,21 @@ from collections.abc import Iterator
 from pathlib import Path, PurePath
 from typing import TypeAlias
 
-from gpufeed import _s3
-from gpufeed._object_path import OBJECT_SCHEMES, ObjectPath, is_object_url, url_scheme
-from gpufeed._ranged import RangedFile
+from gpufeed.core import _s3
+from gpufeed.core._object_path import OBJECT_SCHEMES, ObjectPath, is_object_url, url_scheme
+from gpufeed.core._ranged import RangedFile
 
 # The settings' environment names too: the storage bench and its tests set them.
-from gpufeed._storage_settings import ENV_BLOCK_BYTES as ENV_BLOCK_BYTES
-from gpufeed._storage_settings import ENV_CACHE_DIR as ENV_CACHE_DIR
-from gpufeed._storage_settings import ENV_CACHE_MAX_BYTES as ENV_CACHE_MAX_BYTES
-from gpufeed._storage_settings import (
+from gpufeed.core._storage_settings import ENV_BLOCK_BYTES as ENV_BLOCK_BYTES
+from gpufeed.core._storage_settings import ENV_CACHE_DIR as ENV_CACHE_DIR
+from gpufeed.core._storage_settings import ENV_CACHE_MAX_BYTES as ENV_CACHE_MAX_BYTES
+from gpufeed.core._storage_settings import (
     StorageSettings,
     configure_storage,
     storage_cache,
     storage_settings,
 )
-from gpufeed._text import quoted
+from gpufeed.core._text import quoted
 
 __all__ = [
     "DataPath",
@@ -77,12 +77,12 @@ BinaryFile: TypeAlias = io.BufferedReader | RangedFile
 
 
 class S3Path(ObjectPath):
-    """An :class:`~gpufeed._object_path.ObjectPath` that reads its bucket: what the indexes ask of a ``Path``.
+    """An :class:`~gpufeed.core._object_path.ObjectPath` that reads its bucket: what the indexes ask of a ``Path``.
 
     ``is_dir()``: some key continues this one with ``/``; ``is_file()``: an object has exactly this
     key; ``iterdir()``: one level below the prefix; ``open("rb")``: a ranged-read file
-    (:class:`~gpufeed._ranged.RangedFile`). Every failure is an ``OSError`` naming the URL, never a
-    credential (:mod:`gpufeed._s3`).
+    (:class:`~gpufeed.core._ranged.RangedFile`). Every failure is an ``OSError`` naming the URL, never a
+    credential (:mod:`gpufeed.core._s3`).
     """
 
     __slots__ = ()
@@ -219,7 +219,7 @@ def walk(root: PathArg) -> Iterator[tuple[str, list[str], list[str]]]:
 
 def prime_listing(path: PathArg) -> None:
     """List a bucket prefix once, so the questions an index asks about its keys for the next minute
-    are answered from that listing (:mod:`gpufeed._s3`); nothing for a local folder."""
+    are answered from that listing (:mod:`gpufeed.core._s3`); nothing for a local folder."""
     obj, _ = _split(path)
     if obj is not None:
         _s3.list_tree(obj)
