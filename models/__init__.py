@@ -9,9 +9,10 @@ normalisation inside, run at a set of fixed batch sizes) and ``model_card.json``
 scores into per-frame probabilities (:class:`WindowPlan`: the windows and the rule), the one
 scoring path of ``gpufeed predict`` and the server's video input.
 
-Only what users call is exported here, each name listed in the API reference (``docs/api/``);
+``__all__`` holds what users call, each name listed in the API reference (``docs/api/``);
 checkpoint paths, batch-size helpers, parity checks and file names live in the private ``_*``
-modules, which the other gpufeed packages import directly.
+modules. The names that gpufeed's other packages use are re-exported below ``as`` themselves (not
+in the reference; they change with their users), so no package imports another's private modules.
 """
 
 # For gpufeed's own packages: the names they use from this package's private modules, re-exported

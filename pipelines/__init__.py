@@ -17,9 +17,10 @@ Each loader builds its DALI pipeline once and reads epoch after epoch through it
 failure is a :class:`BadSampleError` when files are to blame (named), a :class:`PipelineError`
 (DALI's own message and the likely cause) when none is.
 
-Only what users call is exported here, each name listed in the API reference (``docs/api/``);
-samplers, hash helpers, checker tables and the rest live in the private ``_*`` modules, which the
-other gpufeed packages import directly.
+``__all__`` holds what users call, each name listed in the API reference (``docs/api/``);
+samplers, hash helpers, checker tables and the rest live in the private ``_*`` modules. The names
+that gpufeed's other packages use are re-exported below ``as`` themselves (not in the reference;
+they change with their users), so no package imports another's private modules.
 """
 
 from gpufeed.pipelines._augment import ColourJitter, LoaderAugment, reference_augment

@@ -11,8 +11,9 @@ batching, off the event loop; the :class:`Batcher` fills fixed-size batches; DAL
 describes the API (:func:`openapi_document`); an optional bearer token guards everything but the
 health probes (:func:`load_token`); SIGTERM drains and exits 0 (:class:`DrainingServer`).
 
-Only what users call is exported (each name is in the API reference, ``docs/api/``); gpufeed's own
-packages import the rest from the private modules. The names are imported on first use (PEP 562):
+``__all__`` holds what users call (each name is in the API reference, ``docs/api/``); the names
+gpufeed's other packages use are listed in ``_EXPORTS`` too (not in the reference; they change with
+their users), so no package imports the server's private modules. The names are imported on first use (PEP 562):
 importing one light part of the server (the KServe parser, which request-parsing worker
 processes import) does not load torch, DALI and onnxruntime along with it.
 """

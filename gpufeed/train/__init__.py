@@ -8,9 +8,10 @@ DDP. ``draw_report(run_dir)`` plots a run. Before the first step the run folder 
 and hold room for two checkpoints (:mod:`gpufeed.train._preflight`); files the loaders leave out
 are reported (:mod:`gpufeed.train._skipped`).
 
-Only what users call is exported here, each name listed in the API reference (``docs/api/``); the
+``__all__`` holds what users call, each name listed in the API reference (``docs/api/``); the
 tasks, checkpoint, telemetry and summary helpers live in private modules (``_checkpoint`` and so
-on), which gpufeed's own benchmarks, reliability runs and tests import directly.
+on). The names that gpufeed's benchmarks, reliability runs and demo use are re-exported below ``as``
+themselves (not in the reference; they change with their users).
 """
 
 from gpufeed.train._augment import Augmenter as Augmenter
