@@ -24,7 +24,6 @@ MAX_DEFERRED_IMPORTS = 58
 LONG_MODULES: dict[str, str] = {
     "gpufeed/train/_session.py": "to split: the next step of #33",
     "gpufeed/commands/bench.py": "to split after the size_px rework (a parallel change to the same lines) lands",
-    "pipelines/_image_pipeline.py": "to split after the size_px rework (a parallel change to the same lines) lands",
     "gpufeed/stack/_choice.py": "to split: the next step of #33",
 }
 
