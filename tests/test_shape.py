@@ -22,7 +22,6 @@ MAX_DEFERRED_IMPORTS = 58
 
 # Known long modules, path -> why it stays long for now.
 LONG_MODULES: dict[str, str] = {
-    "gpufeed/train/_session.py": "to split: the next step of #33",
     "gpufeed/commands/bench.py": "to split after the size_px rework (a parallel change to the same lines) lands",
     "gpufeed/stack/_choice.py": "to split: the next step of #33",
 }
