@@ -43,7 +43,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "gpufeed/bench/storage.py:run_storage_bench": "to split: the next step of #33",
     "server/_triton.py:model_config": "to split after the size_px rework (a parallel change to the same lines) lands",
     "gpufeed/reliability/_overload.py:run_overload": "to split: the next step of #33",
-    "pipelines/_dense_loader.py:build_dense_pipeline": "to split after the size_px rework (a parallel change to the same lines) lands",
     "server/_grpc_tensors.py:infer_request": "to split: the next step of #33",
 }
 
