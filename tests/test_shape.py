@@ -38,7 +38,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "gpufeed/bench/augment.py:run_augment_bench": "to split after the size_px rework (a parallel change to the same lines) lands",
     "server/_kserve.py:parse_request": "to split: the next step of #33",
     "server/_protocol.py:http_protocol": "to split: the next step of #33",
-    "models/_export.py:export_model": "to split after the size_px rework (a parallel change to the same lines) lands",
     "gpufeed/bench/storage.py:run_storage_bench": "to split: the next step of #33",
     "server/_triton.py:model_config": "to split after the size_px rework (a parallel change to the same lines) lands",
     "gpufeed/reliability/_overload.py:run_overload": "to split: the next step of #33",
