@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from gpufeed.models._card import (
     default_batch_sizes,
 )
 from gpufeed.models._clip_sampling import ClipSampling
+from gpufeed.models._head import Agreement
 from gpufeed.models._io import find_checkpoint, load_model, read_checkpoint
 from gpufeed.models._nets import GpufeedModel
 from gpufeed.models._spec import ModelSpec
@@ -198,6 +200,101 @@ def _add_metadata(path: Path, spec: ModelSpec, batch_sizes: tuple[int, ...], pre
         raise ExportError(f"the ONNX checker rejected {path.name}: {err}") from None
 
 
+def _load_for_export(source: str | Path) -> tuple[Path, dict, GpufeedModel]:
+    """(checkpoint file, its contents, the model in eval mode) of ``source``; a bad file is an :class:`ExportError`."""
+    checkpoint = find_checkpoint(source)
+    try:
+        state = read_checkpoint(checkpoint)
+    except ValueError as err:  # not a checkpoint: one line naming the file and why
+        raise ExportError(str(err)) from None
+    try:
+        model = load_model(state).eval()
+    except Exception as err:  # a dict without the keys, or weights that do not fit its spec
+        raise ExportError(f"cannot load a gpufeed model from {checkpoint}: {err}") from None
+    return checkpoint, state, model
+
+
+def _reference_logits(model: GpufeedModel, inputs: np.ndarray, batch_size: int) -> np.ndarray:
+    """The float32 PyTorch model's outputs for every input row, ``batch_size`` rows at a time."""
+    with torch.no_grad():
+        return np.concatenate(
+            [model(torch.from_numpy(inputs[i : i + batch_size])).numpy() for i in range(0, len(inputs), batch_size)]
+        )
+
+
+@dataclass(frozen=True)
+class _Parity:
+    """The parity check of one export: the inputs, PyTorch fp32's outputs for them and how close onnxruntime must come.
+
+    Attributes:
+        inputs: The uint8 input rows (:func:`parity_inputs`) and ``what`` they are, in words.
+        reference: The float32 PyTorch model's outputs for them.
+        tolerance: The largest acceptable max |diff| (:func:`parity_tolerance`).
+        precision: The export's precision (``fp32``, ``fp16``), for the messages.
+        agreement: The head's agreement figure (top-1 for classes, per pixel for masks, relative for depth).
+    """
+
+    inputs: np.ndarray
+    what: str
+    reference: np.ndarray
+    tolerance: float
+    precision: str
+    agreement: Agreement
+
+    def measure(self, path: Path, device, sizes: tuple[int, ...]) -> tuple[dict[int, dict], str]:
+        """({batch size: its max |diff| and agreement}, the provider): onnxruntime at each size.
+
+        A session per size, fixed at that size when the graph's batch dimension is symbolic
+        (several sizes), as the server makes them.
+        """
+        per_size, provider = {}, ""
+        for n in sizes:
+            session = _onnx_session(path, device, n if len(sizes) > 1 else None)
+            provider = session.get_providers()[0]
+            got = _run_in_chunks(session, self.inputs, n)
+            del session
+            per_size[n] = {
+                "max_abs_diff": float(np.abs(got - self.reference).max()),
+                self.agreement.key: self.agreement.measure(got, self.reference),
+            }
+        return per_size, provider
+
+    def check(self, path: Path, device, sizes: tuple[int, ...], *, checkpoint: Path, out_dir: Path) -> dict:
+        """Measure the graph at ``path`` at every size, print the figures and return the card's parity record.
+
+        Raises:
+            ExportError: The max |diff| at some size is above the tolerance (or not finite).
+        """
+        per_size, provider = self.measure(path, device, sizes)
+        agreement, tolerance = self.agreement, self.tolerance
+        max_diff = max(p["max_abs_diff"] for p in per_size.values())  # NaN compares False: checked below
+        if any(not np.isfinite(p["max_abs_diff"]) for p in per_size.values()):
+            max_diff = float("nan")
+        agreed = agreement.worst(p[agreement.key] for p in per_size.values())
+        figures = ", ".join(f"batch {n}: {p['max_abs_diff']:.3g}" for n, p in per_size.items())
+        print(
+            f"parity onnxruntime ({provider}, {self.precision}) vs PyTorch fp32 on {len(self.inputs)} {self.what}: "
+            f"max |diff| {max_diff:.3g} ({figures}; tolerance {tolerance:.3g}), {agreement.describe(agreed)}",
+            flush=True,
+        )
+        if not np.isfinite(max_diff) or max_diff > tolerance:
+            worst = [n for n, p in per_size.items() if not p["max_abs_diff"] <= tolerance]
+            raise ExportError(
+                f"onnxruntime disagrees with PyTorch for {checkpoint} at batch size(s) {worst}: max |diff| "
+                f"{max_diff:.3g} is above the {self.precision} tolerance {tolerance:.3g}; no model was written to {out_dir}"
+            )
+        return {
+            "max_abs_diff": max_diff,
+            "per_batch_size": {str(n): p for n, p in per_size.items()},
+            "tolerance": tolerance,
+            agreement.key: agreed,
+            "samples": len(self.inputs),
+            "inputs": self.what,
+            "reference": "PyTorch fp32 on the CPU",
+            "provider": provider,
+        }
+
+
 def export_model(
     source: str | Path,
     out_dir: str | Path,
@@ -240,15 +337,7 @@ def export_model(
         raise ValueError(f"precision {precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
     sizes = resolve_batch_sizes(batch_size, batch_sizes)
     largest, dynamic = sizes[-1], len(sizes) > 1
-    checkpoint = find_checkpoint(source)
-    try:
-        state = read_checkpoint(checkpoint)
-    except ValueError as err:  # not a checkpoint: one line naming the file and why
-        raise ExportError(str(err)) from None
-    try:
-        model = load_model(state).eval()
-    except Exception as err:  # a dict without the keys, or weights that do not fit its spec
-        raise ExportError(f"cannot load a gpufeed model from {checkpoint}: {err}") from None
+    checkpoint, state, model = _load_for_export(source)
     spec = model.spec
     # How training read its clips (frame gap, fit), which scoring a video must repeat (gpufeed predict,
     # the server's video input): the card carries it, since the spec does not.
@@ -260,44 +349,15 @@ def export_model(
     name = name or out_dir.resolve().name
 
     inputs, what = parity_inputs(spec, largest, parity_batches, parity_data, device)
-    with torch.no_grad():
-        reference = np.concatenate(
-            [model(torch.from_numpy(inputs[i : i + largest])).numpy() for i in range(0, len(inputs), largest)]
-        )
-    tolerance = parity_tolerance(precision, reference)
+    reference = _reference_logits(model, inputs, largest)
+    parity = _Parity(inputs, what, reference, parity_tolerance(precision, reference), precision, spec.head.agreement)
 
     with atomic_path(out_dir / ONNX_FILE) as tmp:
         exportable = _Exportable(copy.deepcopy(model), precision).eval()
         with torch.no_grad():
             _torch_export(exportable, torch.from_numpy(inputs[:largest]), tmp, opset, dynamic)
         _add_metadata(tmp, spec, sizes, precision)
-        per_size, provider = {}, ""
-        agreement = spec.head.agreement  # top-1 for classes, per pixel for masks, relative for depth
-        for n in sizes:
-            session = _onnx_session(tmp, device, n if dynamic else None)
-            provider = session.get_providers()[0]
-            got = _run_in_chunks(session, inputs, n)
-            del session
-            per_size[n] = {
-                "max_abs_diff": float(np.abs(got - reference).max()),
-                agreement.key: agreement.measure(got, reference),
-            }
-        max_diff = max(p["max_abs_diff"] for p in per_size.values())  # NaN compares False: checked below
-        if any(not np.isfinite(p["max_abs_diff"]) for p in per_size.values()):
-            max_diff = float("nan")
-        agreed = agreement.worst(p[agreement.key] for p in per_size.values())
-        figures = ", ".join(f"batch {n}: {p['max_abs_diff']:.3g}" for n, p in per_size.items())
-        print(
-            f"parity onnxruntime ({provider}, {precision}) vs PyTorch fp32 on {len(inputs)} {what}: "
-            f"max |diff| {max_diff:.3g} ({figures}; tolerance {tolerance:.3g}), {agreement.describe(agreed)}",
-            flush=True,
-        )
-        if not np.isfinite(max_diff) or max_diff > tolerance:
-            worst = [n for n, p in per_size.items() if not p["max_abs_diff"] <= tolerance]
-            raise ExportError(
-                f"onnxruntime disagrees with PyTorch for {checkpoint} at batch size(s) {worst}: max |diff| "
-                f"{max_diff:.3g} is above the {precision} tolerance {tolerance:.3g}; no model was written to {out_dir}"
-            )
+        record = parity.check(tmp, device, sizes, checkpoint=checkpoint, out_dir=out_dir)
         digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
         card = ModelCard(
             name=name,
@@ -306,16 +366,7 @@ def export_model(
             batch_sizes=sizes,
             precision=precision,
             opset=opset,
-            parity={
-                "max_abs_diff": max_diff,
-                "per_batch_size": {str(n): p for n, p in per_size.items()},
-                "tolerance": tolerance,
-                agreement.key: agreed,
-                "samples": len(inputs),
-                "inputs": what,
-                "reference": "PyTorch fp32 on the CPU",
-                "provider": provider,
-            },
+            parity=record,
             source_checkpoint=str(checkpoint),
             onnx_sha256=digest,
             extra={"torch": torch.__version__, "exporter": "torch.onnx.export(dynamo=True)", **sampling},

@@ -132,6 +132,50 @@ class DenseFeed:
         return (*out, *colour)
 
 
+def decode_map(paths, lengths, roi_start, roi_end, *, bits: int, nearest: bool, size: tuple[int, int], on_gpu: bool):
+    """Graph fragment: one map kind's batch decoded whole, as stored, and resized over its ROI to ``size``.
+
+    Args:
+        paths, lengths: The maps' zero-padded paths (:meth:`~gpufeed.pipelines._image_pipeline.PathTable.gather`).
+        roi_start, roi_end: The RGB window in the map's pixels (:func:`map_rois`).
+        bits: The maps' bit depth (8 or 16): the decoded dtype, values unscaled.
+        nearest: Nearest-neighbour resampling (masks; depth by default), else linear.
+        size: Output (width, height).
+        on_gpu: Resize on the GPU (the decode stays on the CPU).
+
+    Returns:
+        The maps at ``size``, channels last: uint8, or int32 for 16-bit maps (values exact).
+    """
+    from nvidia.dali import fn, types
+
+    width, height = size
+    dtype = types.UINT16 if bits == 16 else types.UINT8
+    # adjust_orientation=False: a PNG map is in stored pixels, whatever metadata it carries.
+    # Decoded on the CPU (nvJPEG has no PNG path, and a CPU decode keeps a 16-bit map's dtype on
+    # any DALI build) and copied to the GPU once, whole, where the resize then runs.
+    decoded = fn.decoders.image(
+        read_encoded(paths, lengths),
+        device="cpu",
+        output_type=types.ANY_DATA,
+        dtype=dtype,
+        adjust_orientation=False,
+    )
+    if on_gpu:
+        decoded = decoded.gpu()
+    resized = fn.resize(
+        decoded,
+        size=(height, width),
+        roi_start=roi_start,
+        roi_end=roi_end,
+        roi_relative=False,
+        interp_type=types.INTERP_NN if nearest else types.INTERP_LINEAR,
+        antialias=False,
+        dtype=dtype,
+    )
+    # DALI's torch bridge has no uint16: widen a 16-bit map to int32 (exact) before it leaves.
+    return fn.cast(resized, dtype=types.INT32) if bits == 16 else resized
+
+
 def build_dense_pipeline(
     feed: DenseFeed,
     *,
@@ -174,35 +218,16 @@ def build_dense_pipeline(
         images = decode_window(encoded, anchor, shape, roi_start, roi_end, size_px=SizePx(width, height), on_gpu=on_gpu)
         if feed.has_colour:  # colour on the RGB only: a map's values are targets, never augmented
             images = apply_augment_nodes(images, colour=outs[-1])
-        maps = []
-        for j, kind in enumerate(feed.kinds):
-            m_paths, m_lengths, m_start, m_end = outs[7 + 4 * j : 11 + 4 * j]
-            dtype = types.UINT16 if map_bits[kind] == 16 else types.UINT8
-            # adjust_orientation=False: a PNG map is in stored pixels, whatever metadata it carries.
-            # Decoded on the CPU (nvJPEG has no PNG path, and a CPU decode keeps a 16-bit map's dtype on
-            # any DALI build) and copied to the GPU once, whole, where the resize then runs.
-            decoded = fn.decoders.image(
-                read_encoded(m_paths, m_lengths),
-                device="cpu",
-                output_type=types.ANY_DATA,
-                dtype=dtype,
-                adjust_orientation=False,
+        maps = [
+            decode_map(
+                *outs[7 + 4 * j : 11 + 4 * j],
+                bits=map_bits[kind],
+                nearest=kind == "mask" or depth_interp == "nearest",
+                size=size,
+                on_gpu=on_gpu,
             )
-            if on_gpu:
-                decoded = decoded.gpu()
-            nearest = kind == "mask" or depth_interp == "nearest"
-            resized = fn.resize(
-                decoded,
-                size=(height, width),
-                roi_start=m_start,
-                roi_end=m_end,
-                roi_relative=False,
-                interp_type=types.INTERP_NN if nearest else types.INTERP_LINEAR,
-                antialias=False,
-                dtype=dtype,
-            )
-            # DALI's torch bridge has no uint16: widen a 16-bit map to int32 (exact) before it leaves.
-            maps.append(fn.cast(resized, dtype=types.INT32) if map_bits[kind] == 16 else resized)
+            for j, kind in enumerate(feed.kinds)
+        ]
         return (images, meta, meta.gpu(), *maps) if on_gpu else (images, meta, *maps)
 
     pipe = dense_graph(

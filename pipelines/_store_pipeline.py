@@ -23,6 +23,9 @@ clip, and checks every frame's tag against its clip's.
 
 from __future__ import annotations
 
+import gc
+from typing import Any
+
 from gpufeed.core import SizePx
 from gpufeed.pipelines._executor import executor_args
 
@@ -39,6 +42,58 @@ STORE_READ_WORKERS = 4
 def store_read_workers(num_threads: int) -> int:
     """Worker processes reading a store pipeline's files: :data:`STORE_READ_WORKERS`, at most ``num_threads``."""
     return max(1, min(STORE_READ_WORKERS, num_threads))
+
+
+def fitted_frames(outputs, feed, *, size_px: SizePx, roi_feed, on_gpu: bool):
+    """Graph fragment: the feed's frames decoded, fitted to ``size_px`` and in RGB order.
+
+    Args:
+        outputs: The feed's ``external_source`` outputs (encoded frame, tag, and the channel matrix
+            of ``per_clip`` frames).
+        feed: The :class:`~gpufeed.pipelines._store_feed.StoreFrameFeed` (its channel ``mode``, its IDCT).
+        size_px: Output frame size.
+        roi_feed: The crop windows' feed (``centre_crop``), or ``None`` to stretch the whole frame.
+        on_gpu: Decode with nvJPEG and resize on the GPU.
+
+    Returns:
+        uint8 (h, w, 3) RGB frames.
+    """
+    from nvidia.dali import fn, types
+
+    # The CPU decoder's default IDCT is the exact one (bit-equal to Pillow's and OpenCV's decode);
+    # the fast one (video.jpeg_idct: fast) decoded 1.5x faster but about a level off on average.
+    fast: dict[str, Any] = {"use_fast_idct": True} if feed.fast_idct and not on_gpu else {}
+    # Any: DALI's stubs type an operator's result as a node, a sequence of them or None.
+    frames: Any = fn.decoders.image(outputs[0], device="mixed" if on_gpu else "cpu", output_type=types.RGB, **fast)
+    resize_args: dict = {
+        "resize_x": size_px.width_px,  # DALI names the sides: x is the width, y the height
+        "resize_y": size_px.height_px,
+        "interp_type": types.INTERP_LINEAR,
+        "antialias": True,
+        "dtype": types.UINT8,
+    }
+    if roi_feed is not None:
+        roi_start, roi_end = fn.external_source(
+            source=roi_feed, num_outputs=2, batch=True, dtype=[types.FLOAT, types.FLOAT]
+        )
+        resize_args.update(roi_start=roi_start, roi_end=roi_end, roi_relative=roi_feed.relative)
+    frames = fn.resize(frames, **resize_args)
+    # HDF5 channels put back after the resize, on far fewer pixels (decoding straight to BGR cost
+    # the CPU decoder 20-50% of its throughput, measured).
+    if feed.mode == "bgr":
+        frames = frames[:, :, ::-1]
+    elif feed.mode == "per_clip":
+        frames = fn.coord_transform(frames, M=outputs[2], dtype=types.UINT8)
+    return frames
+
+
+def _read_workers(num_threads: int, start_method: str, *, collect: bool) -> dict:
+    """The pipeline arguments of its file-reading worker processes (``collect``: the pipeline is built now)."""
+    # A forked worker inherits the parent's unreachable DALI pipelines and crashes if its garbage
+    # collector finalises one: collect them in the parent first.
+    if start_method == "fork" and collect:
+        gc.collect()
+    return {"py_num_workers": store_read_workers(num_threads), "py_start_method": start_method}
 
 
 def build_store_pipeline(
@@ -82,7 +137,6 @@ def build_store_pipeline(
         raise ValueError(f"fit {fit!r} is not allowed; allowed: stretch, centre_crop")
     if fit == "centre_crop" and roi_feed is None:
         raise ValueError("the frames source with fit centre_crop needs a roi_feed")
-    out = size_px
     on_gpu = device_id is not None
     frames_per_batch = batch_size * feed.clip_length_frames
 
@@ -91,44 +145,16 @@ def build_store_pipeline(
         dtypes = [types.UINT8, types.INT64] + ([types.FLOAT] if feed.mode == "per_clip" else [])
         extra = {"parallel": True, "prefetch_queue_depth": max(2, prefetch_queue_depth)} if parallel else {}
         outputs = fn.external_source(source=feed, num_outputs=feed.num_outputs, batch=False, dtype=dtypes, **extra)
-        # The CPU decoder's default IDCT is the exact one (bit-equal to Pillow's and OpenCV's decode);
-        # the fast one (video.jpeg_idct: fast) decoded 1.5x faster but about a level off on average.
-        fast = {"use_fast_idct": True} if feed.fast_idct and not on_gpu else {}
-        frames = fn.decoders.image(outputs[0], device="mixed" if on_gpu else "cpu", output_type=types.RGB, **fast)
-        resize_args: dict = {
-            "resize_x": out.width_px,  # DALI names the sides: x is the width, y the height
-            "resize_y": out.height_px,
-            "interp_type": types.INTERP_LINEAR,
-            "antialias": True,
-            "dtype": types.UINT8,
-        }
-        if fit == "centre_crop":
-            roi_start, roi_end = fn.external_source(
-                source=roi_feed, num_outputs=2, batch=True, dtype=[types.FLOAT, types.FLOAT]
-            )
-            resize_args.update(roi_start=roi_start, roi_end=roi_end, roi_relative=roi_feed.relative)
-        frames = fn.resize(frames, **resize_args)
-        # HDF5 channels put back after the resize, on far fewer pixels (decoding straight to BGR cost
-        # the CPU decoder 20-50% of its throughput, measured).
-        if feed.mode == "bgr":
-            frames = frames[:, :, ::-1]
-        elif feed.mode == "per_clip":
-            frames = fn.coord_transform(frames, M=outputs[2], dtype=types.UINT8)
+        frames = fitted_frames(
+            outputs, feed, size_px=size_px, roi_feed=roi_feed if fit == "centre_crop" else None, on_gpu=on_gpu
+        )
         if augment is not None:
             frames = augment.apply(frames)
         if frames_first:
             frames = fn.transpose(frames, perm=[2, 0, 1], output_layout="CHW")
         return frames, outputs[1]
 
-    workers = {}
-    if parallel:
-        # A forked worker inherits the parent's unreachable DALI pipelines and crashes if its garbage
-        # collector finalises one: collect them in the parent first.
-        if start_method == "fork" and build:
-            import gc
-
-            gc.collect()
-        workers = {"py_num_workers": store_read_workers(num_threads), "py_start_method": start_method}
+    workers = _read_workers(num_threads, start_method, collect=build) if parallel else {}
     pipe = store_graph(
         batch_size=frames_per_batch,
         num_threads=num_threads,

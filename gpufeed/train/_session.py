@@ -1,32 +1,28 @@
 """One training run's state: device, ranks, run folder, model, optimiser, loaders, telemetry, resume.
 
 :func:`train` opens a :class:`Session`, which prepares everything :class:`~gpufeed.train._loop.Loop`
-needs, owns the checkpoint contents (what goes in, how a resume puts it back) and closes what it
-opened.
+needs, writes its checkpoints and closes what it opened. What a checkpoint holds and how a resume
+puts it back into the session are :mod:`gpufeed.train._run_state`'s.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import time
 from pathlib import Path
 
 import torch
 
-from gpufeed import __version__
 from gpufeed.config import Config, ConfigError, save_config
-from gpufeed.core import configure_storage, finite, to_mapping, write_json
+from gpufeed.core import configure_storage, finite, write_json
 from gpufeed.device import resolve_device
 from gpufeed.models import (
     CHECKPOINT_DIR,
-    ModelSpec,
     checkpoint_path,
     create_model,
     default_spec,
     list_checkpoints,
-    model_state,
 )
 from gpufeed.train._agreement import agree_on_data
 from gpufeed.train._augment import plan_augmentation
@@ -35,9 +31,7 @@ from gpufeed.train._checkpoint import (
     load_latest_checkpoint,
     param_digest,
     remove_stale_temp_files,
-    restore_rng,
     save_checkpoint,
-    threads_mismatch,
 )
 from gpufeed.train._data import build_data
 from gpufeed.train._dense import refuse_device_geometry
@@ -59,6 +53,7 @@ from gpufeed.train._preflight import (
     space_problem,
     write_failure_message,
 )
+from gpufeed.train._run_state import checkpoint_payload, restore_run
 from gpufeed.train._skipped import merge_skipped, report_skipped, skipped_files, skipped_line
 from gpufeed.train._summary import format_summary
 from gpufeed.train._tasks import to_channels_last
@@ -73,15 +68,6 @@ from gpufeed.train._telemetry import (
 __all__ = ["Session", "train"]
 
 log = logging.getLogger("gpufeed")
-
-
-def _flatten(tree, prefix: str = "") -> dict:
-    if isinstance(tree, dict):
-        out = {}
-        for key, value in tree.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: tree}
 
 
 class Session:
@@ -182,7 +168,7 @@ class Session:
             if found is None:
                 log.warning("--resume: no checkpoint in %s yet, starting from scratch", self.run_dir)
         if found is not None:
-            self._restore(*found)
+            restore_run(self, *found)
         else:
             torch.manual_seed(cfg.seed + 1 + rank)  # each rank draws its own augmentations
         self._check_space()
@@ -237,63 +223,6 @@ class Session:
             raise TrainError(problem)
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def _restore(self, path: Path, state: dict) -> None:
-        cfg, rank = self.cfg, self.dist.rank
-        saved_spec = ModelSpec.from_dict(state["model_spec"])
-        if saved_spec != self.model.spec:
-            diff = [
-                f"{k}: {getattr(saved_spec, k)!r} -> {getattr(self.model.spec, k)!r}"
-                for k in saved_spec.__dataclass_fields__
-                if getattr(saved_spec, k) != getattr(self.model.spec, k)
-            ]
-            raise TrainError(f"{path} holds a different model than this config builds ({'; '.join(diff)})")
-        saved_world = int(state.get("world_size", 1))
-        loader_states = list(state["loader"])
-        if int(loader_states[0].get("seed", cfg.seed)) != cfg.seed:
-            raise ConfigError("seed", f"value {cfg.seed} differs from the seed {loader_states[0]['seed']} of {path}")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if state.get("scaler") and self.scaler.is_enabled():
-            self.scaler.load_state_dict(state["scaler"])
-        try:
-            # Every rank's state: on another number of ranks the epoch's remaining samples are re-split.
-            self.data.train.load_state_dict(loader_states)
-        except ValueError as err:
-            raise TrainError(f"{path} cannot be resumed on {self.dist.world_size} rank(s): {err}") from None
-        if saved_world != self.dist.world_size:
-            log.info(
-                "resuming %s, written by %d rank(s), on %d: the rest of epoch %d is re-split over the new ranks",
-                path,
-                saved_world,
-                self.dist.world_size,
-                int(loader_states[0]["epoch"]) + 1,
-            )
-        rng = state.get("rng") or []
-        if rng:
-            restore_rng(rng[rank] if rank < len(rng) else rng[0])
-            if rank >= len(rng):  # a rank the checkpoint has no generators for draws its own, not rank 0's
-                torch.manual_seed(cfg.seed + 1 + rank + (int(state["step"]) << 20))
-        self.step = int(state["step"])
-        if not self.device.is_gpu and (
-            mismatch := threads_mismatch(path, state.get("threads"), rank, self.dist.world_size)
-        ):
-            log.warning(mismatch)
-        # Read back from the loader: a checkpoint of an earlier version written after an epoch's last
-        # step says (epoch e, batch = all of them), which is where epoch e + 1 starts.
-        position = self.data.train.state_dict()
-        self.epoch = int(position["epoch"])
-        self.mid_epoch = int(position["batch"]) > 0
-        self.resumed = True
-        old = _flatten(state.get("config") or {})
-        new = _flatten(json.loads(json.dumps(to_mapping(cfg))))
-        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        if changed and rank == 0:
-            log.info(
-                "resumed with changed settings: %s", ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
-            )
-        log.info("resumed from %s: step %d, epoch %d", path, self.step, self.epoch + 1)
-
     def save_checkpoint(self) -> Path | None:
         """Gather every rank's loader and RNG state; rank 0 writes the checkpoint atomically."""
         position = self.data.train.state_dict()
@@ -301,20 +230,7 @@ class Session:
         gathered = all_gather_objects(mine)
         if not self.dist.is_main:
             return None
-        payload = {
-            **model_state(self.model),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "step": self.step,
-            "epoch": int(position["epoch"]),  # the loader's: the next epoch once this one's batches are done
-            "loader": [g["loader"] for g in gathered],
-            "rng": [g["rng"] for g in gathered],
-            "threads": [g["threads"] for g in gathered],
-            "world_size": self.dist.world_size,
-            "config": to_mapping(self.cfg),
-            "gpufeed": __version__,
-        }
+        payload = checkpoint_payload(self, position, gathered)
         started = time.perf_counter()
         try:
             path = save_checkpoint(payload, self.run_dir, self.step, keep=self.cfg.train.keep_checkpoints)

@@ -1,0 +1,120 @@
+"""A run's checkpoint contents: what a session's checkpoint holds, and how a resume puts it back.
+
+:func:`checkpoint_payload` is the dict a :class:`~gpufeed.train._session.Session` hands to
+:func:`~gpufeed.train._checkpoint.save_checkpoint` (its keys are the layout
+:mod:`gpufeed.train._checkpoint` documents); :func:`restore_run` loads one into a session being set
+up: the model (refused when the checkpoint holds another), optimiser, scheduler, scaler, every
+rank's loader position (re-split on another number of ranks), the random generators and the step,
+and logs which settings changed since.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from gpufeed import __version__
+from gpufeed.config import ConfigError
+from gpufeed.core import to_mapping
+from gpufeed.models import ModelSpec, model_state
+from gpufeed.train._checkpoint import restore_rng, threads_mismatch
+from gpufeed.train._errors import TrainError
+
+__all__ = ["checkpoint_payload", "restore_run"]
+
+log = logging.getLogger("gpufeed")
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def checkpoint_payload(session, position: dict, gathered: list[dict]) -> dict:
+    """What ``session``'s checkpoint holds, rank 0's ``position`` and every rank's ``gathered`` loader and RNG state."""
+    s = session
+    return {
+        **model_state(s.model),
+        "optimizer": s.optimizer.state_dict(),
+        "scheduler": s.scheduler.state_dict(),
+        "scaler": s.scaler.state_dict() if s.scaler.is_enabled() else None,
+        "step": s.step,
+        "epoch": int(position["epoch"]),  # the loader's: the next epoch once this one's batches are done
+        "loader": [g["loader"] for g in gathered],
+        "rng": [g["rng"] for g in gathered],
+        "threads": [g["threads"] for g in gathered],
+        "world_size": s.dist.world_size,
+        "config": to_mapping(s.cfg),
+        "gpufeed": __version__,
+    }
+
+
+def restore_run(session, path: Path, state: dict) -> None:
+    """Put checkpoint ``state`` (read from ``path``) back into ``session``, which has its model, optimiser and loaders.
+
+    Raises:
+        TrainError: The checkpoint holds another model, or its loader positions cannot be re-split
+            over this run's ranks.
+        ConfigError: The config's ``seed`` differs from the checkpoint's.
+    """
+    s = session
+    cfg, rank = s.cfg, s.dist.rank
+    saved_spec = ModelSpec.from_dict(state["model_spec"])
+    if saved_spec != s.model.spec:
+        diff = [
+            f"{k}: {getattr(saved_spec, k)!r} -> {getattr(s.model.spec, k)!r}"
+            for k in saved_spec.__dataclass_fields__
+            if getattr(saved_spec, k) != getattr(s.model.spec, k)
+        ]
+        raise TrainError(f"{path} holds a different model than this config builds ({'; '.join(diff)})")
+    saved_world = int(state.get("world_size", 1))
+    loader_states = list(state["loader"])
+    if int(loader_states[0].get("seed", cfg.seed)) != cfg.seed:
+        raise ConfigError("seed", f"value {cfg.seed} differs from the seed {loader_states[0]['seed']} of {path}")
+    s.model.load_state_dict(state["model"])
+    s.optimizer.load_state_dict(state["optimizer"])
+    s.scheduler.load_state_dict(state["scheduler"])
+    if state.get("scaler") and s.scaler.is_enabled():
+        s.scaler.load_state_dict(state["scaler"])
+    try:
+        # Every rank's state: on another number of ranks the epoch's remaining samples are re-split.
+        s.data.train.load_state_dict(loader_states)
+    except ValueError as err:
+        raise TrainError(f"{path} cannot be resumed on {s.dist.world_size} rank(s): {err}") from None
+    if saved_world != s.dist.world_size:
+        log.info(
+            "resuming %s, written by %d rank(s), on %d: the rest of epoch %d is re-split over the new ranks",
+            path,
+            saved_world,
+            s.dist.world_size,
+            int(loader_states[0]["epoch"]) + 1,
+        )
+    rng = state.get("rng") or []
+    if rng:
+        restore_rng(rng[rank] if rank < len(rng) else rng[0])
+        if rank >= len(rng):  # a rank the checkpoint has no generators for draws its own, not rank 0's
+            torch.manual_seed(cfg.seed + 1 + rank + (int(state["step"]) << 20))
+    s.step = int(state["step"])
+    if not s.device.is_gpu and (mismatch := threads_mismatch(path, state.get("threads"), rank, s.dist.world_size)):
+        log.warning(mismatch)
+    # Read back from the loader: a checkpoint of an earlier version written after an epoch's last
+    # step says (epoch e, batch = all of them), which is where epoch e + 1 starts.
+    position = s.data.train.state_dict()
+    s.epoch = int(position["epoch"])
+    s.mid_epoch = int(position["batch"]) > 0
+    s.resumed = True
+    old = _flatten(state.get("config") or {})
+    new = _flatten(json.loads(json.dumps(to_mapping(cfg))))
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if changed and rank == 0:
+        log.info(
+            "resumed with changed settings: %s", ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
+        )
+    log.info("resumed from %s: step %d, epoch %d", path, s.step, s.epoch + 1)

@@ -1,0 +1,218 @@
+"""One video's facts: demux a file (packets only, no decoding) into a :class:`VideoInfo`.
+
+:func:`probe_video` learns a video's codec, size, frame count, presentation timestamps, keyframe
+positions and whether its frame rate is constant, and names the first reason the file cannot be
+used (empty, damaged, truncated, an unsupported codec); a frame store gets the same facts from its
+first frame's header. The folder index (:mod:`gpufeed.pipelines._videos`) probes every file once and
+caches the result.
+
+Frame ``i`` of a video is the ``i``-th frame in presentation order (timestamps sorted), which is
+what every decoder here returns and what row ``i`` of the label CSV describes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from gpufeed.core import ObjectPath, data_path, media_source
+from gpufeed.pipelines._frame_stores import probe_store
+from gpufeed.pipelines._mp4 import mp4_box_problem
+from gpufeed.pipelines._store_kinds import store_kind
+
+__all__ = ["DALI_CPU_CODECS", "SUPPORTED_CODECS", "VideoInfo", "probe_video"]
+
+# What gpufeed reads (PyAV decodes all of these on the CPU); which of them NVDEC takes depends on
+# profile, pixel format and GPU (see gpufeed.pipelines._nvdec).
+SUPPORTED_CODECS = ("h264", "hevc", "vp8", "vp9", "av1", "mpeg4", "mjpeg")
+# What DALI's CPU video decoder handles (measured: not h264/hevc/mpeg4).
+DALI_CPU_CODECS = ("vp8", "vp9", "mjpeg")
+_MP4_LIKE = (".mp4", ".mov", ".m4v")
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What the index knows about one video file.
+
+    Attributes:
+        path: The file.
+        codec: FFmpeg codec name (``h264``, ``vp9`` ...).
+        width, height: Frame size in pixels.
+        num_frames: Frames present (packets demuxed), in presentation order.
+        fps: Average frames per second.
+        cfr: True when every frame lasts the same (within 1%).
+        time_base: (numerator, denominator) of the stream's timestamp unit.
+        pts: Presentation timestamp of every frame, in frame order.
+        keyframes: Frame indices of the keyframes (where decoding can start), ascending.
+        declared_frames: Frame count the container declares (0 when it does not say).
+        declared_seconds: Duration the container declares when it holds only this stream (else 0).
+        problem: Why the file cannot be used, or ``None``.
+        pix_fmt: FFmpeg pixel format of the decoded frames (``yuv420p``, ``yuv444p`` ...).
+        profile: FFmpeg's name of the codec profile (``High``, ``High 10``, ``Main 10`` ...; may be empty).
+        store: ``""`` for an encoded video file; ``"folder"`` or ``"hdf5"`` for a frame store
+            (:mod:`gpufeed.pipelines._frame_stores`), whose ``codec`` is ``png`` or ``jpeg`` and
+            whose every frame is a keyframe.
+        frame_name: A frame folder's file name pattern (``"{:09d}.png"``).
+    """
+
+    path: str
+    codec: str = ""
+    width: int = 0
+    height: int = 0
+    num_frames: int = 0
+    fps: float = 0.0
+    cfr: bool = True
+    time_base: tuple[int, int] = (1, 1)
+    pts: tuple[int, ...] = ()
+    keyframes: tuple[int, ...] = ()
+    declared_frames: int = 0
+    declared_seconds: float = 0.0
+    problem: str | None = None
+    pix_fmt: str = ""
+    profile: str = ""
+    store: str = ""
+    frame_name: str = ""
+
+    @property
+    def gop_frames(self) -> float:
+        """Median distance between keyframes in frames (the whole video when it has one keyframe)."""
+        if len(self.keyframes) < 2:
+            return float(self.num_frames)
+        return float(np.median(np.diff(self.keyframes)))
+
+    def keyframe_at_or_before(self, frame: int) -> int:
+        """The last keyframe index <= ``frame`` (0 when there is none before it)."""
+        pos = int(np.searchsorted(np.asarray(self.keyframes), frame, side="right")) - 1
+        return self.keyframes[pos] if pos >= 0 else 0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> VideoInfo:
+        data = dict(data)
+        for key in ("time_base", "pts", "keyframes"):
+            data[key] = tuple(data[key])
+        return cls(**data)
+
+
+def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
+    """Demux a video (no decoding) and return its :class:`VideoInfo`; problems are described, not raised.
+
+    An object (``s3://...``) is demuxed through ranged reads: the index reads it once, and caches what it learns.
+    """
+    import av
+
+    path = data_path(path)
+    if store_kind(path):
+        return _store_info(path)
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        return VideoInfo(str(path), problem=f"unreadable: {err.strerror or err}")
+    if size == 0:
+        return VideoInfo(str(path), problem="zero-byte file")
+    if path.suffix.lower() in _MP4_LIKE:
+        boxed = mp4_box_problem(path, size)
+        if boxed:
+            return VideoInfo(str(path), problem=boxed)
+    try:
+        with av.open(media_source(path), "r") as container:
+            if not container.streams.video:
+                what = "audio only" if container.streams.audio else "no stream at all"
+                return VideoInfo(str(path), problem=f"no video stream in the file ({what})")
+            stream = container.streams.video[0]
+            # The codec, not the decoder PyAV picked for it (AV1 opens as "libdav1d").
+            codec = getattr(stream.codec_context.codec, "canonical_name", "") or stream.codec_context.name
+            width, height = stream.codec_context.width, stream.codec_context.height
+            pix_fmt = stream.codec_context.pix_fmt or ""
+            profile = stream.codec_context.profile or ""
+            declared = int(stream.frames or 0)
+            seconds = container.duration / 1e6 if container.duration and len(container.streams) == 1 else 0.0
+            tb = stream.time_base
+            pts_keys = []
+            for packet in container.demux(stream):
+                if packet.size == 0 or packet.pts is None:
+                    continue  # the flush packet, or one without a timestamp (nothing to show)
+                pts_keys.append((int(packet.pts), bool(packet.is_keyframe)))
+    except av.FFmpegError as err:
+        return VideoInfo(str(path), problem=f"cannot be read as a video: {err}")
+    pts_keys.sort()
+    pts = tuple(p for p, _ in pts_keys)
+    keyframes = tuple(i for i, (_, key) in enumerate(pts_keys) if key)
+    info = VideoInfo(
+        str(path),
+        codec=codec,
+        width=width,
+        height=height,
+        num_frames=len(pts),
+        time_base=(tb.numerator, tb.denominator) if tb else (1, 1),
+        pts=pts,
+        keyframes=keyframes,
+        declared_frames=declared,
+        declared_seconds=seconds,
+        pix_fmt=pix_fmt,
+        profile=str(profile),
+    )
+    return _finish_info(info)
+
+
+def _store_info(path: Path | ObjectPath) -> VideoInfo:
+    """A frame store's :class:`VideoInfo`: frame ``i`` has timestamp ``i`` and is a keyframe."""
+    facts = probe_store(path)
+    frames = tuple(range(facts.num_frames))
+    return VideoInfo(
+        str(path),
+        codec=facts.codec,
+        width=facts.width,
+        height=facts.height,
+        num_frames=facts.num_frames,
+        pts=frames,
+        keyframes=frames,
+        declared_frames=facts.num_frames,
+        problem=facts.problem,
+        store=facts.kind,
+        frame_name=facts.frame_name,
+    )
+
+
+def _finish_info(info: VideoInfo) -> VideoInfo:
+    """Derive the frame rate and constancy from the timestamps, and name the first problem found."""
+    deltas = np.diff(np.asarray(info.pts, dtype=np.int64))
+    fps, cfr, covered, typical, gap, gap_at = 0.0, True, 0.0, 0.0, 0.0, 0
+    unit = info.time_base[0] / info.time_base[1]
+    if len(deltas):
+        step = float(deltas.mean())  # mean, not median: millisecond time bases alternate 33/34
+        fps = 1.0 / (step * unit) if step > 0 else 0.0
+        cfr = bool(np.all(np.abs(np.subtract(deltas, step)) <= max(1.0, 0.01 * step)))
+        typical = float(np.median(deltas)) * unit
+        covered = float(info.pts[-1] - info.pts[0]) * unit + typical
+        gap_at = int(np.argmax(deltas))
+        gap = float(deltas[gap_at]) * unit
+    checks = (
+        (info.num_frames == 0, "no frames: the video stream holds no packets"),
+        (bool((deltas <= 0).any()), "broken timestamps: two frames share a presentation time"),
+        (
+            0 < info.num_frames < info.declared_frames,
+            f"truncated: the container declares {info.declared_frames} frames but only {info.num_frames} are present",
+        ),
+        (
+            # Containers without a frame count (webm, mkv) still declare their duration.
+            not info.declared_frames and covered and covered < info.declared_seconds - max(2 * typical, 0.1),
+            f"truncated: the container lasts {info.declared_seconds:.2f} s but its frames end at {covered:.2f} s",
+        ),
+        (
+            gap > max(8 * typical, 0.25),
+            f"damaged: frames are missing, a gap of {gap:.2f} s between frames {gap_at} and {gap_at + 1}",
+        ),
+        (
+            info.codec not in SUPPORTED_CODECS,
+            f"unsupported codec {info.codec!r}; supported: {', '.join(SUPPORTED_CODECS)} "
+            "('gpufeed prepare' re-encodes it to h264)",
+        ),
+        (not info.keyframes, "no keyframe: the video cannot be decoded from any position"),
+    )
+    problem = next((why for failed, why in checks if failed), None)
+    return replace(info, fps=round(fps, 6), cfr=cfr, problem=info.problem or problem)
