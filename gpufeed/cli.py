@@ -1,8 +1,10 @@
 """The ``gpufeed`` command line: thin wrappers over the Python API.
 
 Each command group lives in ``gpufeed/commands/<group>.py`` and registers its subcommands with
-``register(subparsers)``; this module only wires them together, sets up logging and turns the
-library's user-facing errors into one clear line and exit status 2.
+``register(subparsers)``, each naming its handler as ``"module:function"``; this module only wires
+them together, sets up logging, imports the handler of the subcommand that runs
+(:func:`gpufeed.commands.resolve_handler`) and turns the library's user-facing errors into one
+clear line and exit status 2.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import sys
 
 from gpufeed import __version__
-from gpufeed.commands import MissingExtraError, require_stack
+from gpufeed.commands import MissingExtraError, require_stack, resolve_handler
 from gpufeed.core import ConfigError, StorageError
 from gpufeed.device import DeviceUnavailableError
 
@@ -81,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command not in WITHOUT_STACK:
             require_stack(f"gpufeed {args.command}")
-        return int(args.func(args) or 0)
+        # The handler's module loads the libraries it runs (torch, DALI...): imported after the stack check.
+        return int(resolve_handler(args.func)(args) or 0)
     except MissingExtraError as err:  # caught first: listing the other user errors imports torch and DALI
         print(f"gpufeed {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -1,23 +1,37 @@
 """The CLI is thin, every subcommand has --help, and user errors are one clear line.
 
 The ``--help`` of every subcommand and the commands' work run in-process through
-:func:`gpufeed.cli.main` (unit tier); two checks start the real ``python -m gpufeed`` entry point
-(process tier): that it starts and prints its help, and that a user error ends the process with
-one line and exit status 2, never a traceback.
+:func:`gpufeed.cli.main` (unit tier), as does the check that every subcommand names a handler that
+exists. Three checks start a real interpreter (process tier): that ``python -m gpufeed`` starts and
+prints its help, that a user error ends the process with one line and exit status 2, never a
+traceback, and that ``gpufeed --help`` and every subcommand's ``--help`` load neither torch, DALI
+nor onnxruntime (the handlers' modules, which do, are imported only when a command runs).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import subprocess
 import sys
 
 import pytest
 
 from gpufeed.cli import build_parser, main
+from gpufeed.commands import resolve_handler
 
 
 def _run(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "gpufeed", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands of ``parser`` by name, the unlisted old names (``bench soak``) included."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found.update(action._name_parser_map)
+    return found
 
 
 def _subcommands():
@@ -34,6 +48,15 @@ def _subcommands():
     return names
 
 
+def _runnable_commands():
+    """Every command that runs a handler, as its words (``("bench", "loader")``), with its parser."""
+    found = []
+    for name, sub in _subparsers(build_parser()).items():
+        children = _subparsers(sub)
+        found += [((name, child), p) for child, p in children.items()] if children else [((name,), sub)]
+    return found
+
+
 @pytest.mark.parametrize("command", _subcommands(), ids=" ".join)
 def test_every_subcommand_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -41,6 +64,50 @@ def test_every_subcommand_has_help(command, capsys):
     out, err = capsys.readouterr()
     assert exit_info.value.code == 0, err
     assert out.startswith(f"usage: gpufeed {' '.join(command)}"), out[:200]
+
+
+RUNNABLE = _runnable_commands()
+
+
+@pytest.mark.parametrize(("command", "parser"), RUNNABLE, ids=[" ".join(words) for words, _ in RUNNABLE])
+def test_every_command_names_a_handler_that_exists(command, parser):
+    handler = parser.get_default("func")
+    assert handler is not None, f"gpufeed {' '.join(command)} sets no handler"
+    assert callable(resolve_handler(handler)), handler
+
+
+def test_a_handler_named_wrongly_is_refused():
+    assert resolve_handler(print) is print
+    assert resolve_handler("gpufeed.commands._config_handlers:config").__name__ == "config"
+    for bad in ("gpufeed.commands._config_handlers", "gpufeed.commands._config_handlers:no_such_handler"):
+        with pytest.raises(ValueError, match="expected 'module:function'"):
+            resolve_handler(bad)
+
+
+# Asks for every subcommand's --help in one fresh interpreter, then lists the heavy libraries loaded.
+_HELP_IMPORTS = """
+import contextlib, io, json, sys
+from gpufeed.cli import main
+commands = json.loads(sys.argv[1])
+for words in commands:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        main([*words, "--help"])
+heavy = ("torch", "nvidia.dali", "onnxruntime", "gpufeed.pipelines", "gpufeed.train", "gpufeed.server")
+print(json.dumps(sorted(name for name in sys.modules if name in heavy)))
+"""
+
+
+@pytest.mark.process
+def test_help_loads_neither_torch_nor_dali_nor_onnxruntime():
+    commands = [[]] + [list(words) for words in _subcommands()]
+    proc = subprocess.run(
+        [sys.executable, "-c", _HELP_IMPORTS, json.dumps(commands)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [], f"gpufeed ... --help imported {proc.stdout.strip()}"
 
 
 @pytest.mark.process

@@ -72,7 +72,8 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("gpufeed.reliability._common", "gpufeed.cli"): (
         "the bad-data and disk runs call `gpufeed ...` in this process, to report the exit status and "
         "error line a user sees; a subprocess per call would change the seconds they report. It closes the "
-        "circle cli -> commands.reliability -> reliability -> cli, deferred until run_cli is called"
+        "circle cli -> commands.reliability -> commands._reliability_handlers (named as its handlers) -> "
+        "reliability -> cli, deferred until run_cli is called"
     ),
 }
 

@@ -9,11 +9,11 @@ server (soak, overload, drain, fuzz) are :mod:`gpufeed.reliability`.
 
 # For gpufeed's own packages: the names they use from this package's private modules, re-exported
 # here (``as`` marks a re-export) so no package reaches into another's ``_*`` modules. Not in the
-# API reference; they may change with the code that uses them.
+# API reference; they may change with the code that uses them. Nothing here loads torch or DALI:
+# `gpufeed --help` imports this package for the clip names (the train report's printers are
+# gpufeed.bench.train's).
 from gpufeed.bench._clip_names import CONTENDERS as CONTENDERS
 from gpufeed.bench._clip_names import GENERATED_SETS as GENERATED_SETS
 from gpufeed.bench._common import quiet_http_logs as quiet_http_logs
 from gpufeed.bench._loadgen import run_load as run_load
 from gpufeed.bench._perf_analyzer import print_perf_analyzer_points as print_perf_analyzer_points
-from gpufeed.bench._train_report import draw_train_plot as draw_train_plot
-from gpufeed.bench._train_report import print_train_result as print_train_result

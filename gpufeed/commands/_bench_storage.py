@@ -1,14 +1,12 @@
-"""``gpufeed bench storage``: its arguments and handler (kept apart from ``bench.py``, which holds the others)."""
+"""``gpufeed bench storage``: its arguments (kept apart from ``bench.py``, which holds the others')."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from gpufeed.core import SizePx, write_json
-
-# Deferred imports: every gpufeed call imports this module to register its arguments, so the
-# handler imports the benchmark (torch, DALI, boto3) itself: `gpufeed --help` stays light.
+# Every gpufeed call imports this module to register its arguments; the handler, which imports the
+# benchmark (torch, DALI, boto3), is in _bench_handlers.py.
 
 __all__ = ["register_storage"]
 
@@ -50,34 +48,4 @@ def register_storage(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="cpu")
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated videos are kept")
     p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=_storage)
-
-
-def _storage(args: argparse.Namespace) -> int:
-    from gpufeed.bench.storage import print_storage_result, run_storage_bench
-
-    result = run_storage_bench(
-        data=args.data,
-        url=args.url,
-        local_server=args.url is None,
-        videos=args.videos,
-        seconds=args.seconds,
-        video_size=args.video_size,
-        gop=args.gop,
-        clip_length=args.clip_length,
-        size=SizePx(args.size, args.size),
-        batch_size=args.batch_size,
-        clips=args.clips,
-        bytes_clips=args.bytes_clips,
-        rounds=args.rounds,
-        workers=args.workers,
-        seed=args.seed,
-        device=args.device,
-        cache=args.cache,
-        storage_cache_dir=args.storage_cache,
-        block_bytes=args.block_bytes,
-    )
-    print_storage_result(result)
-    if args.json:
-        write_json(args.json, result)
-    return 0
+    p.set_defaults(func="gpufeed.commands._bench_handlers:storage")

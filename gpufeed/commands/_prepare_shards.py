@@ -17,7 +17,7 @@ from gpufeed.pipelines import (
     write_image_shards,
 )
 
-# This module loads DALI and PyAV: `gpufeed prepare` imports it only when --shards is given (data.py).
+# This module loads DALI and PyAV: imported by _data_handlers.py, which `gpufeed check` and `prepare` import.
 
 __all__ = ["prepare_shards"]
 

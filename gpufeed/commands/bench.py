@@ -10,15 +10,14 @@ import argparse
 from pathlib import Path
 
 from gpufeed.bench import CONTENDERS as CLIP_CONTENDERS
-from gpufeed.bench import GENERATED_SETS, quiet_http_logs
-from gpufeed.commands import require_extra
+from gpufeed.bench import GENERATED_SETS
 from gpufeed.commands._bench_storage import register_storage
 from gpufeed.commands.predict import register_predict_bench
 from gpufeed.commands.reliability import register_server_runs
-from gpufeed.core import ConfigError, SizePx, parse_size_px, write_json
+from gpufeed.core import ConfigError, SizePx, parse_size_px
 
-# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
-# imports the benchmark it runs (torch, DALI, the server) itself: `gpufeed --help` stays light.
+# Every gpufeed call imports this module to register its arguments; the handlers, which import the
+# benchmarks (torch, DALI, the server), are in _bench_handlers.py, imported only when one runs.
 
 
 def _size_px(text: str) -> SizePx:
@@ -40,7 +39,20 @@ def _size(text: str) -> tuple[int, int]:
 def register(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="gpufeed's speed against the usual baselines (figures, not tests)")
     kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+    # The order here is the order of `gpufeed bench --help`.
+    _register_loader(kinds)
+    _register_images(kinds)
+    _register_augment(kinds)
+    _register_clips(kinds)
+    register_predict_bench(kinds)  # gpufeed/commands/predict.py, beside the command it measures
+    _register_server(kinds)
+    register_train(kinds)
+    register_storage(kinds)
+    register_server_runs(kinds, renamed_from="bench")
 
+
+def _register_loader(kinds: argparse._SubParsersAction) -> None:
+    """``bench loader``: the image loader against torch DataLoader + PIL."""
     p = kinds.add_parser(
         "loader",
         help="gpufeed image loader vs torch DataLoader + PIL doing the same work",
@@ -62,8 +74,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=0, help="workers/threads; 0 = one per core")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=_loader)
+    p.set_defaults(func="gpufeed.commands._bench_handlers:loader")
 
+
+def _register_images(kinds: argparse._SubParsersAction) -> None:
+    """``bench images``: what judging an image costs."""
     p = kinds.add_parser(
         "images",
         help="what judging an image costs: structure walk, strict decode, the server's decode, pixel bombs",
@@ -74,8 +89,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=_images)
+    p.set_defaults(func="gpufeed.commands._bench_handlers:images")
 
+
+def _register_augment(kinds: argparse._SubParsersAction) -> None:
+    """``bench augment``: each augmentation op where it can run, against the model step."""
     p = kinds.add_parser(
         "augment",
         help="each augmentation op where it can run (DALI graph, fused torch, Kornia) against the model step",
@@ -97,8 +115,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=0, help="DALI threads; 0 = one per core")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=_augment)
+    p.set_defaults(func="gpufeed.commands._bench_handlers:augment")
 
+
+def _register_clips(kinds: argparse._SubParsersAction) -> None:
+    """``bench clips``: random clips, gpufeed against torchcodec, OpenCV and decode-from-start."""
     p = kinds.add_parser(
         "clips",
         help="random clips: gpufeed vs torchcodec (exact and approximate seeks, its sampler), OpenCV seeking, "
@@ -155,10 +176,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated videos are kept")
     p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=_clips)
+    p.set_defaults(func="gpufeed.commands._bench_handlers:clips")
 
-    register_predict_bench(kinds)  # gpufeed/commands/predict.py, beside the command it measures
 
+def _register_server(kinds: argparse._SubParsersAction) -> None:
+    """``bench server``: gpufeed serve against FastAPI + onnxruntime and LitServe."""
     p = kinds.add_parser(
         "server",
         help="gpufeed serve vs FastAPI+PIL+onnxruntime (one per request) vs LitServe (batching)",
@@ -208,11 +230,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.add_argument("--plot", type=Path, help="draw throughput and p99 against concurrency to this PNG")
-    p.set_defaults(func=_server)
-
-    register_train(kinds)
-    register_storage(kinds)
-    register_server_runs(kinds, renamed_from="bench")
+    p.set_defaults(func="gpufeed.commands._bench_handlers:server")
 
 
 def register_train(kinds: argparse._SubParsersAction) -> None:
@@ -270,164 +288,4 @@ def register_train(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated data is kept")
     p.add_argument("--json", type=Path, help="write the figures (and every step's timings) here")
     p.add_argument("--plot", type=Path, help="draw loader wait vs compute per step, both loaders, to this PNG")
-    p.set_defaults(func=_train)
-
-
-def _loader(args: argparse.Namespace) -> int:
-    from gpufeed.bench.loader import print_loader_result, run_loader_bench
-    from gpufeed.synth import make_bench_images
-
-    data = args.data or make_bench_images(args.cache, args.images, *args.image_size)
-    result = run_loader_bench(
-        Path(data),
-        batch_size=args.batch_size,
-        rounds=args.rounds,
-        size_px=args.size_px,
-        device=args.device,
-        workers=args.workers,
-    )
-    print_loader_result(result)
-    return _written(result, args.json)
-
-
-def _images(args: argparse.Namespace) -> int:
-    from gpufeed.bench.image_checks import print_image_checks, run_image_checks
-
-    figures = run_image_checks(device=args.device)
-    print_image_checks(figures)
-    return _written(figures, args.json)
-
-
-def _augment(args: argparse.Namespace) -> int:
-    from gpufeed.bench.augment import print_augment_result, run_augment_bench
-
-    result = run_augment_bench(
-        device=args.device,
-        model=args.model,
-        batch_size=args.batch_size,
-        size_px=args.image_size,
-        amp=args.amp,
-        rounds=args.rounds,
-        num_threads=args.workers,
-    )
-    print_augment_result(result)
-    return _written(result, args.json)
-
-
-def _clips(args: argparse.Namespace) -> int:
-    from gpufeed.bench.clips import print_clip_result, run_clip_bench
-
-    result = run_clip_bench(
-        data=args.data,
-        sets=tuple(args.sets),
-        videos=args.videos,
-        seconds=args.seconds,
-        video_size=args.video_size,
-        gop=args.gop,
-        clip_length=args.clip_length,
-        stride=args.stride,
-        size=args.size,
-        batch_size=args.batch_size,
-        clips=args.clips,
-        naive_clips=args.naive_clips,
-        sampler_clips=args.sampler_clips,
-        verify_clips=args.verify_clips,
-        rounds=args.rounds,
-        workers=args.workers,
-        contenders=tuple(args.contenders),
-        seed=args.seed,
-        device=args.device,
-        cache=args.cache,
-    )
-    print_clip_result(result)
-    return _written(result, args.json)
-
-
-def _server(args: argparse.Namespace) -> int:
-    require_extra("bench", "gpufeed bench server")
-    if args.protocol == "grpc":
-        require_extra("grpc", "gpufeed bench server --protocol grpc")
-    from gpufeed.bench import print_perf_analyzer_points
-    from gpufeed.bench.server import plot_server_results, print_server_result, run_server_bench
-    from gpufeed.synth import make_bench_images
-
-    quiet_http_logs()
-    folder = make_bench_images(args.cache, args.images, *args.image_size)
-    images = [p.read_bytes() for p in sorted((folder / "photos").glob("*.jpg"))]
-    results = []
-    for architecture in args.models:
-        result = run_server_bench(
-            architecture=architecture,
-            images=images,
-            cache=args.cache,
-            size_px=args.size_px,
-            batch_size=args.batch_size,
-            concurrency=tuple(args.concurrency),
-            seconds=args.seconds,
-            warmup_s=args.warmup_seconds,
-            rounds=args.rounds,
-            max_delay_ms=args.max_delay_ms,
-            contenders=tuple(args.contenders),
-            device=args.device,
-            checkpoint=args.checkpoint,
-            protocol=args.protocol,
-            loadgen=args.loadgen,
-        )
-        print_server_result(result)
-        print_perf_analyzer_points(result.get("perf_analyzer"))
-        results.append(result)
-    _written({"benchmark": "server", "runs": results}, args.json)
-    if args.plot:
-        print(f"plot: {plot_server_results(results, args.plot)}")
-    return 0
-
-
-def _train(args: argparse.Namespace) -> int:
-    from gpufeed.bench import draw_train_plot, print_train_result
-    from gpufeed.bench.train import run_train_bench
-
-    result = run_train_bench(
-        task=args.task,
-        device=args.device,
-        model=args.model,
-        batch_size=args.batch_size,
-        size_px=args.size_px,
-        epochs=args.epochs,
-        rounds=args.rounds,
-        workers=args.workers,
-        prefetch_factor=args.prefetch_factor,
-        data=args.data,
-        classes=args.classes,
-        images=args.images,
-        image_size=args.image_size,
-        videos=args.videos,
-        seconds=args.seconds,
-        video_size=args.video_size,
-        gop=args.gop,
-        clip_length=args.clip_length,
-        overrides=tuple(args.overrides),
-        cache=args.cache,
-    )
-    print_train_result(result)
-    _written(result, args.json)
-    if args.plot:
-        print(f"plot: {draw_train_plot(result, args.plot)}")
-    return 0
-
-
-def _written(figures: dict, path: Path | None) -> int:
-    """Write ``figures`` as JSON to ``path`` when given; the exit status of a benchmark that ran (0)."""
-    if path:
-        write_json(path, _document(figures))
-    return 0
-
-
-def _document(value):
-    """``value`` as JSON writes it, each :class:`SizePx` spelt as the config spells it (224, [352, 224])."""
-    if isinstance(value, SizePx):
-        return value.config_value()
-    if isinstance(value, dict):
-        return {k: _document(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_document(v) for v in value]
-    return value
+    p.set_defaults(func="gpufeed.commands._bench_handlers:train")

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
 
 from gpufeed.commands.bench import _size  # WIDTHxHEIGHT, as the bench commands read it
-from gpufeed.core import configure_storage, is_object_url, write_json
 
-# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
-# imports the libraries it runs (numpy, PIL, DALI, PyAV) itself: `gpufeed --help` stays light.
+# Every gpufeed call imports this module to register its arguments; the handlers, which import the
+# libraries they run (numpy, PIL, DALI, PyAV), are in _synth_handlers.py (synth runs without DALI and
+# onnxruntime) and _data_handlers.py (check, prepare).
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    # The order here is the order of `gpufeed --help`.
+    _register_synth(sub)
+    _register_check(sub)
+    _register_prepare(sub)
+
+
+def _register_synth(sub: argparse._SubParsersAction) -> None:
+    """``gpufeed synth``: the embedded synthetic dataset."""
     p = sub.add_parser(
         "synth",
         help="write the small deterministic synthetic dataset (images, h264 videos, RGB + depth + mask pairs)",
@@ -34,8 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--paired-val", type=int, default=8, help="pairs in dense/val (default 8)")
     p.add_argument("--paired-size", type=_size, default=(96, 72), help="pair size WxH (default 96x72; e.g. 640x480)")
     p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=_synth)
+    p.set_defaults(func="gpufeed.commands._synth_handlers:synth")
 
+
+def _register_check(sub: argparse._SubParsersAction) -> None:
+    """``gpufeed check``: every file that would stop or poison training."""
     p = sub.add_parser(
         "check",
         help="list every file that would stop or poison training (images, videos, frame stores, projects, pairs)",
@@ -85,8 +94,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a training config: its model.num_classes (or data.classes), data.mask_ignore_id and "
         "data.max_image_pixels are the defaults of the options above",
     )
-    p.set_defaults(func=_check)
+    p.set_defaults(func="gpufeed.commands._data_handlers:check")
 
+
+def _register_prepare(sub: argparse._SubParsersAction) -> None:
+    """``gpufeed prepare``: videos re-encoded for exact random clip reads, or data written as shards."""
     p = sub.add_parser(
         "prepare",
         help="re-encode videos for fast exact random clip reads (CFR h264, short GOP), copying labels",
@@ -134,118 +146,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--jpeg-quality", type=int, default=95, help="JPEG quality of --store frames (default 95)")
     p.add_argument("--json", type=Path, help="also write the report as JSON here")
-    p.set_defaults(func=_prepare)
-
-
-def _synth(args: argparse.Namespace) -> int:
-    from gpufeed.synth import SynthSpec, write_synthetic_dataset
-
-    spec = SynthSpec(
-        num_classes=args.classes,
-        train_per_class=args.train_per_class,
-        val_per_class=args.val_per_class,
-        num_videos=args.videos,
-        video_frames=tuple(args.video_frames),
-        video_gop_frames=args.gop,
-        paired_train=args.paired_train,
-        paired_val=args.paired_val,
-        paired_width=args.paired_size[0],
-        paired_height=args.paired_size[1],
-        seed=args.seed,
-    )
-    out = write_synthetic_dataset(args.out, spec)
-    print(f"wrote synthetic dataset to {out}")
-    return 0
-
-
-def _check_limits(args: argparse.Namespace) -> tuple[int, int | None, int]:
-    """(max pixels, class count or None, mask ignore id) from the options, then --config, then the defaults."""
-    from gpufeed.pipelines import DEFAULT_MAX_IMAGE_PIXELS
-
-    max_pixels, num_classes, ignore_id = DEFAULT_MAX_IMAGE_PIXELS, None, 255
-    if args.config is not None:
-        from gpufeed.config import load_config
-
-        cfg = load_config(args.config)
-        configure_storage(cfg.storage)  # its storage section reads s3:// data (cache, block size)
-        max_pixels, ignore_id = cfg.data.max_image_pixels, cfg.data.mask_ignore_id
-        num_classes = cfg.model.num_classes or len(cfg.data.classes or ()) or None
-    if args.num_classes is not None:
-        if args.num_classes < 1:
-            raise argparse.ArgumentTypeError(f"--num-classes {args.num_classes} must be >= 1")
-        num_classes = args.num_classes
-    if args.mask_ignore_id is not None:
-        ignore_id = args.mask_ignore_id
-    return args.max_image_pixels or max_pixels, num_classes, ignore_id
-
-
-def _check(args: argparse.Namespace) -> int:
-    from gpufeed.pipelines import CheckReport, check_mask_ids, check_path
-
-    try:
-        max_pixels, num_classes, ignore_id = _check_limits(args)
-    except argparse.ArgumentTypeError as err:
-        print(f"gpufeed check: error: {err}", file=sys.stderr)
-        return 2
-    report = CheckReport()
-    for path in args.data:
-        report.merge(check_path(path, max_pixels=max_pixels))
-        if num_classes is not None:
-            report.merge(check_mask_ids(path, num_classes, ignore_id=ignore_id, max_pixels=max_pixels))
-    print(report.table())
-    if args.json:
-        args.json.write_text(report.to_json() + "\n", encoding="utf-8")
-    if args.quarantine:
-        # Absolute, so the list means the same files from any working directory (training resolves
-        # relative entries against the list's own folder instead).
-        bad = sorted({p if is_object_url(p) else os.path.abspath(p) for p in report.bad_paths()})
-        args.quarantine.write_text("".join(p + "\n" for p in bad), encoding="utf-8")
-    return 0 if report.ok else 1
-
-
-def _prepare(args: argparse.Namespace) -> int:
-    from gpufeed.pipelines import PrepareOptions, prepare_videos
-
-    if args.shards is not None:
-        if args.out is not None:
-            print(
-                "gpufeed prepare: error: give --out (re-encoded videos) or --shards (tar shards), not both",
-                file=sys.stderr,
-            )
-            return 2
-        from gpufeed.commands._prepare_shards import prepare_shards  # Deferred: DALI and PyAV load with it
-
-        return prepare_shards(args)
-    if args.out is None:
-        print("gpufeed prepare: error: the following arguments are required: --out (or --shards DIR)", file=sys.stderr)
-        return 2
-    try:
-        options = PrepareOptions(
-            codec=args.codec,
-            gop_frames=args.gop,
-            crf=args.crf,
-            fps=args.fps,
-            preset=args.preset,
-            tune=args.tune,
-            clip_length_frames=args.clip_length_frames,
-            stride_frames=args.stride_frames,
-            probe_clips=args.probe_clips,
-            store=args.store,
-            image_format=args.image_format,
-            jpeg_quality=args.jpeg_quality,
-        )
-    except ValueError as err:
-        print(f"gpufeed prepare: error: {err}", file=sys.stderr)
-        return 2
-    report = prepare_videos(Path(args.src), args.out, options)
-    print(f"prepared {sum(v.problem is None for v in report.videos)} of {len(report.videos)} video(s) into {args.out}")
-    if options.frame_store is None:
-        tune = f", tune {options.tune}" if options.codec == "h264" else ""
-        print(f"codec {options.codec}, GOP {options.resolved_gop_frames} frames, crf {options.crf}{tune}")
-    else:
-        quality = f" quality {options.jpeg_quality}" if options.image_format == "jpeg" else ""
-        print(f"{options.store} of {options.image_format}{quality} frames, one image per frame")
-    print(report.table())
-    if args.json:
-        write_json(args.json, report.to_dict())
-    return 0 if report.ok else 1
+    p.set_defaults(func="gpufeed.commands._data_handlers:prepare")

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
-from gpufeed.core import write_json
-
-# Deferred imports: every gpufeed call imports this module to register its arguments; the doctor's
-# library (NVML through ctypes, the installed packages' files) loads only when it runs.
+# Every gpufeed call imports this module to register its arguments; the handler, which imports the
+# doctor's library (NVML through ctypes, the installed packages' files), is in _doctor_handlers.py.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,22 +23,4 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="write the report as JSON to FILE (or to stdout with no FILE) instead of text")  # fmt: skip
     p.add_argument("--device-id", type=int, default=0, help="the CUDA device to probe (default 0)")
     p.add_argument("--timeout-s", type=float, default=None, help="time limit of each probe's process (default 60)")
-    p.set_defaults(func=_doctor)
-
-
-def _doctor(args: argparse.Namespace) -> int:
-    from gpufeed.doctor import DEFAULT_TIMEOUT_S, run_doctor
-
-    if args.device_id < 0:
-        raise SystemExit(f"gpufeed doctor: error: --device-id {args.device_id} is negative; give a CUDA device index")
-    timeout_s = DEFAULT_TIMEOUT_S if args.timeout_s is None else args.timeout_s
-    if timeout_s <= 0:
-        raise SystemExit(f"gpufeed doctor: error: --timeout-s {timeout_s:g} must be positive")
-    report = run_doctor(require_gpu=args.require_gpu, device_id=args.device_id, timeout_s=timeout_s)
-    if args.json_out == "-":
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        if args.json_out:
-            write_json(Path(args.json_out), report.to_json())
-        print(report.format_text())
-    return report.exit_code
+    p.set_defaults(func="gpufeed.commands._doctor_handlers:doctor")

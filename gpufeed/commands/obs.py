@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from pathlib import Path
 
-# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
-# imports the libraries it runs (yaml, ssl, http) itself: `gpufeed --help` stays light.
+# Every gpufeed call imports this module to register its arguments; the handlers, which import the
+# libraries they run (yaml, ssl, http), are in _obs_handlers.py.
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 
@@ -48,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="training run folders")
     p.add_argument("--out", type=Path, help="JSON file to write (default: print)")
     p.add_argument("--host", default="127.0.0.1", help="host to use for wildcard bind addresses (default 127.0.0.1)")
-    p.set_defaults(func=_targets)
+    p.set_defaults(func="gpufeed.commands._obs_handlers:targets")
 
     p = cmds.add_parser(
         "prometheus",
@@ -63,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", type=Path, default=Path("runs/prometheus"), help="config, data and log folder")
     p.add_argument("--interval", default="5s", help="scrape and rule evaluation interval (default 5s)")
     p.add_argument("--stack", type=Path, help="monitoring stack folder (default: the installed gpufeed/obs/stack)")
-    p.set_defaults(func=_prometheus)
+    p.set_defaults(func="gpufeed.commands._obs_handlers:prometheus")
 
     p = cmds.add_parser(
         "verify",
@@ -85,55 +84,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--all", action="store_true", help="list passing queries too")
     p.add_argument("--stack", type=Path, help="monitoring stack folder (default: the installed gpufeed/obs/stack)")
-    p.set_defaults(func=_verify)
-
-
-def _targets(args: argparse.Namespace) -> int:
-    import json
-
-    from gpufeed.obs import MetricsAddressError, file_sd_groups, write_file_sd
-
-    try:
-        groups = file_sd_groups(args.run_dirs, host=args.host)
-    except MetricsAddressError as err:
-        print(f"gpufeed obs targets: error: {err}", file=sys.stderr)
-        return 2
-    if args.out:
-        write_file_sd(args.out, groups)
-        print(f"wrote {sum(len(g['targets']) for g in groups)} targets to {args.out}")
-    else:
-        print(json.dumps(groups, indent=2))
-    return 0
-
-
-def _prometheus(args: argparse.Namespace) -> int:
-    from gpufeed.obs import run_local_prometheus
-
-    return run_local_prometheus(
-        args.workdir,
-        train_runs=args.train,
-        servers=args.server,
-        dcgm=args.dcgm,
-        interval=args.interval,
-        stack_dir=args.stack,
-    )
-
-
-def _verify(args: argparse.Namespace) -> int:
-    import time
-
-    from gpufeed.obs import PrometheusAPI, PrometheusError, check_queries, find_stack_dir, format_checks, load_queries
-
-    stack = args.stack or find_stack_dir()
-    api = PrometheusAPI(args.prometheus)
-    end = time.time()
-    try:
-        checks = check_queries(api, load_queries(stack), start=end - args.since, end=end, values=dict(args.values))
-    except PrometheusError as err:
-        print(f"gpufeed obs verify: error: {err}", file=sys.stderr)
-        return 2
-    failed = [c for c in checks if not c.passed]
-    print(format_checks(checks, only_failures=not args.all))
-    skipped = sum(c.status == "skipped" for c in checks)
-    print(f"\n{len(checks) - len(failed) - skipped} passed, {skipped} skipped, {len(failed)} failed of {len(checks)}")
-    return 1 if failed else 0
+    p.set_defaults(func="gpufeed.commands._obs_handlers:verify")

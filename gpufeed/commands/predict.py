@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from gpufeed.commands.serve import _positive
-from gpufeed.core import write_json
-from gpufeed.device import resolve_device
 
-# Deferred imports: every gpufeed call imports this module to register its arguments, so the handler
-# imports what it runs (torch, DALI, onnxruntime) itself: `gpufeed --help` stays light.
+# Every gpufeed call imports this module to register its arguments; the handler, which imports what it
+# runs (torch, DALI, onnxruntime), is in _predict_handlers.py (bench predict's in _bench_handlers.py).
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,51 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a folder outside a DeepEthogram project its records may name (as data.allowed_roots); repeatable",
     )
     p.add_argument("--quiet", action="store_true", help="no progress display")
-    p.set_defaults(func=_predict)
-
-
-def _predict(args: argparse.Namespace) -> int:
-    from gpufeed.predict import load_predictor, predict_images, predict_videos
-
-    predictor = load_predictor(args.model, resolve_device(args.device), batch_size=args.batch_size or 0)
-    print(f"predict: {predictor.describe()}", flush=True)
-    if predictor.head.takes_clips:
-        try:
-            report = predict_videos(
-                args.source,
-                predictor,
-                out=args.out,
-                fmt=args.fmt,
-                hop_frames=args.hop_frames,
-                chunk_frames=args.chunk_frames,
-                decoder=args.decoder,
-                overwrite=args.overwrite,
-                latent_name=args.latent_name,
-                allowed_roots=tuple(args.allowed_roots),
-                progress=not args.quiet,
-            )
-        except ValueError as err:
-            print(f"gpufeed predict: error: {err}", file=sys.stderr)
-            return 2
-    elif predictor.head.classifies and not predictor.head.takes_clips:
-        if args.fmt != "csv" or args.hop_frames is not None:
-            print(
-                "gpufeed predict: error: an image model writes one CSV; --format hdf5 and --hop-frames are for clip models",
-                file=sys.stderr,
-            )
-            return 2
-        report = predict_images(args.source, predictor, out=args.out, overwrite=args.overwrite, progress=not args.quiet)
-    else:
-        print(
-            f"gpufeed predict: error: {predictor.spec.name} is a {predictor.head.kind} model; predict scores clip and "
-            "image classifiers",
-            file=sys.stderr,
-        )
-        return 2
-    for result in report.failed:
-        print(f"gpufeed predict: error: {result.error}", file=sys.stderr)
-    print(f"predict: {report.summary()}", flush=True)
-    return 1 if report.failed else 0
+    p.set_defaults(func="gpufeed.commands._predict_handlers:predict")
 
 
 def register_predict_bench(kinds: argparse._SubParsersAction) -> None:
@@ -133,26 +86,4 @@ def register_predict_bench(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where the video and model are kept")
     p.add_argument("--json", type=Path, help="write the figures here")
-    p.set_defaults(func=_bench_predict)
-
-
-def _bench_predict(args: argparse.Namespace) -> int:
-    from gpufeed.bench.predict import print_predict_result, run_predict_bench
-
-    result = run_predict_bench(
-        data=args.data,
-        seconds=args.seconds,
-        video_size=args.video_size,
-        architecture=args.model,
-        size_px=args.size_px,
-        clip_length=args.clip_length,
-        hop_frames=args.hop_frames,
-        batch_size=args.batch_size,
-        rounds=args.rounds,
-        device=args.device,
-        cache=args.cache,
-    )
-    print_predict_result(result)
-    if args.json:
-        write_json(args.json, result.to_json())
-    return 0
+    p.set_defaults(func="gpufeed.commands._bench_handlers:predict")

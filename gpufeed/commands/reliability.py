@@ -9,19 +9,13 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from gpufeed.bench import quiet_http_logs
-from gpufeed.commands import require_extra
-from gpufeed.core import finish, to_mapping
+from gpufeed.commands import Handler, resolve_handler
 
-if TYPE_CHECKING:  # the reports' type only: importing the runs loads the server's dependencies
-    from gpufeed.reliability import ServerRunReport
-
-# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
-# imports the libraries it runs (torch, DALI) itself: `gpufeed --help` stays light.
+# Every gpufeed call imports this module to register its arguments; the handlers, which import the runs
+# (torch, DALI, the server), are in _reliability_handlers.py, named as "module:function".
 
 
 def _common(p: argparse.ArgumentParser, name: str) -> None:
@@ -61,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=100,
         help="pause per 256 KiB of a checkpoint write: a slow disk (default 100)",
     )
-    p.set_defaults(func=_kill_resume)
+    p.set_defaults(func="gpufeed.commands._reliability_handlers:kill_resume")
 
     p = kinds.add_parser(
         "resume-boundaries",
@@ -80,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--out", type=Path, default=Path("runs/reliability/resume-boundaries"), help="work folder (replaced)"
     )
     p.add_argument("--json", type=Path, help="also write the figures here")
-    p.set_defaults(func=_resume_boundaries)
+    p.set_defaults(func="gpufeed.commands._reliability_handlers:resume_boundaries")
 
     p = kinds.add_parser(
         "bad-data",
@@ -91,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Exit status 1 when an expectation failed.",
     )
     _common(p, "bad-data")
-    p.set_defaults(func=_bad_data)
+    p.set_defaults(func="gpufeed.commands._reliability_handlers:bad_data")
 
     p = kinds.add_parser(
         "disk",
@@ -101,44 +95,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "unprivileged user namespaces for the tmpfs cases. Exit status 1 when an expectation failed.",
     )
     _common(p, "disk")
-    p.set_defaults(func=_disk)
+    p.set_defaults(func="gpufeed.commands._reliability_handlers:disk")
 
     register_server_runs(kinds)
-
-
-def _kill_resume(args: argparse.Namespace) -> int:
-    from gpufeed.reliability import run_kill_resume
-
-    report = run_kill_resume(
-        args.out,
-        kills=args.kills,
-        seed=args.seed,
-        epochs=args.epochs,
-        checkpoint_every_steps=args.checkpoint_every_steps,
-        chunk_delay_ms=args.chunk_delay_ms,
-        data=args.data,
-    )
-    return finish(report, args.json)
-
-
-def _resume_boundaries(args: argparse.Namespace) -> int:
-    from gpufeed.config import load_config
-    from gpufeed.reliability import run_boundary_kills
-
-    mapping = to_mapping(load_config(args.config, args.set))  # paths resolved: the runs start elsewhere
-    return finish(run_boundary_kills(mapping, args.out, name=str(args.config)), args.json)
-
-
-def _bad_data(args: argparse.Namespace) -> int:
-    from gpufeed.reliability import run_bad_data
-
-    return finish(run_bad_data(args.out, data=args.data), args.json)
-
-
-def _disk(args: argparse.Namespace) -> int:
-    from gpufeed.reliability import run_disk_faults
-
-    return finish(run_disk_faults(args.out, data=args.data), args.json)
 
 
 # -- runs against a real server (soak, overload, drain, fuzz) ----------------------------------------
@@ -148,7 +107,7 @@ def _add_run(
     kinds: argparse._SubParsersAction,
     renamed_from: str | None,
     name: str,
-    handler: Callable[[argparse.Namespace], int],
+    handler: str,
     help: str,
     description: str,
 ) -> argparse.ArgumentParser:
@@ -181,10 +140,10 @@ class _ListedNames(dict):
         return (name for name in super().__iter__() if name not in self.unlisted)
 
 
-def _renamed(old: str, new: str, handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+def _renamed(old: str, new: str, handler: str) -> Handler:
     def run(args: argparse.Namespace) -> int:
         print(f"{old}: renamed '{new}'; the old name goes in the next release", file=sys.stderr)
-        return handler(args)
+        return resolve_handler(handler)(args)
 
     return run
 
@@ -219,7 +178,7 @@ def register_server_runs(kinds: argparse._SubParsersAction, renamed_from: str | 
     add = functools.partial(_add_run, kinds, renamed_from)
     p = add(
         "soak",
-        _soak,
+        "gpufeed.commands._reliability_handlers:soak",
         help="many clients for a long time against gpufeed serve: errors, RSS growth, throughput, p99",
         description="Start gpufeed serve (its own process) and drive it with CLIENTS closed-loop keep-alive connections "
         "sending multipart JPEGs for SECONDS after a warm-up. Prints throughput, p50/p99 latency, errors and the "
@@ -233,7 +192,7 @@ def register_server_runs(kinds: argparse._SubParsersAction, renamed_from: str | 
 
     p = add(
         "overload",
-        _overload,
+        "gpufeed.commands._reliability_handlers:overload",
         help="far more load than capacity: bounded queue, 503 + Retry-After, bounded latency, nothing hangs",
         description="Start gpufeed serve with a small queue (--queue-capacity images) and drive it with CLIENTS "
         "closed-loop connections that never back off. Scrapes the queue depth every 50 ms. Prints offered and "
@@ -247,7 +206,7 @@ def register_server_runs(kinds: argparse._SubParsersAction, renamed_from: str | 
 
     p = add(
         "drain",
-        _drain,
+        "gpufeed.commands._reliability_handlers:drain",
         help="SIGTERM with requests in flight: readiness false, in-flight answered, new ones 503, exit 0",
         description="Start gpufeed serve, hold batch-size minus one requests in its batcher (a long max delay), send "
         "SIGTERM, and probe readiness and predictions during the drain. Accounts for every request sent (answered, "
@@ -262,7 +221,7 @@ def register_server_runs(kinds: argparse._SubParsersAction, renamed_from: str | 
 
     p = add(
         "fuzz",
-        _fuzz,
+        "gpufeed.commands._reliability_handlers:fuzz",
         help="over a thousand malformed requests against gpufeed serve: every answer a 4xx naming the problem",
         description="Start gpufeed serve (max body 256 KiB, 4 M pixels, 8 images per request) and send the generated "
         "corpus of malformed requests (truncated, corrupt and bit-flipped JPEG/PNG, zero bytes, decompression-bomb "
@@ -275,83 +234,3 @@ def register_server_runs(kinds: argparse._SubParsersAction, renamed_from: str | 
     _add_served_model_args(p)
     _add_overrides_arg(p)
     p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
-
-
-def _server_run(
-    args: argparse.Namespace,
-    run: Callable[[Path, list[bytes]], ServerRunReport],
-    after: Callable[[ServerRunReport], None] | None = None,
-) -> int:
-    """The command around a server run: its inputs, the run, the report printed and written.
-
-    Returns:
-        The exit status: 1 when an expectation failed.
-    """
-    require_extra("bench", f"gpufeed {args.command} {getattr(args, args.command)}")
-    from gpufeed.reliability import reliability_inputs
-
-    quiet_http_logs()
-    model_dir, images = reliability_inputs(args.cache, args.model_dir)
-    report = run(model_dir, images)
-    status = finish(report, args.json)
-    if after is not None:
-        after(report)
-    return status
-
-
-def _soak(args: argparse.Namespace) -> int:
-    from gpufeed.reliability import plot_soak, run_soak
-
-    def plot(report: ServerRunReport) -> None:
-        if args.plot:
-            print(f"plot: {plot_soak(report.figures, args.plot)}")
-
-    options = {"clients": args.clients, "seconds": args.seconds, "warmup_s": args.warmup_seconds}
-    overrides, growth = tuple(args.overrides), args.max_growth
-    return _server_run(
-        args,
-        lambda model_dir, images: run_soak(
-            model_dir, images, **options, overrides=overrides, device=args.device, max_growth=growth
-        ),
-        after=plot,
-    )
-
-
-def _overload(args: argparse.Namespace) -> int:
-    from gpufeed.reliability import run_overload
-
-    return _server_run(
-        args,
-        lambda model_dir, images: run_overload(
-            model_dir,
-            images,
-            clients=args.clients,
-            seconds=args.seconds,
-            queue_capacity=args.queue_capacity,
-            request_timeout_s=args.request_timeout,
-            overrides=tuple(args.overrides),
-            device=args.device,
-        ),
-    )
-
-
-def _drain(args: argparse.Namespace) -> int:
-    from gpufeed.reliability import run_drain
-
-    return _server_run(
-        args,
-        lambda model_dir, images: run_drain(
-            model_dir, images, hold_ms=args.hold_ms, shutdown_delay_s=args.shutdown_delay, device=args.device
-        ),
-    )
-
-
-def _fuzz(args: argparse.Namespace) -> int:
-    from gpufeed.reliability import run_fuzz
-
-    return _server_run(
-        args,
-        lambda model_dir, images: run_fuzz(
-            model_dir, images, overrides=tuple(args.overrides), seed=args.seed, device=args.device
-        ),
-    )

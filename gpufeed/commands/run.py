@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpufeed.commands import require_extra
-from gpufeed.core import format_table, to_mapping
-
-# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
-# imports the libraries it runs (torch, DALI, yaml, the config schema) itself: `gpufeed --help` stays light.
+# Every gpufeed call imports this module to register its arguments; the handlers, which import the
+# libraries they run, are in _demo_handlers.py (torch, DALI, the server) and _config_handlers.py (the
+# config schema; `gpufeed config` runs without DALI and onnxruntime).
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="run folder (default runs/demo)")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
-    p.set_defaults(func=_demo)
+    p.set_defaults(func="gpufeed.commands._demo_handlers:demo")
 
     p = sub.add_parser(
         "config",
@@ -32,25 +30,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("file", nargs="?", type=Path, help="YAML config file")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a key")
     p.add_argument("--describe", action="store_true", help="list every config key")
-    p.set_defaults(func=_config)
-
-
-def _demo(args: argparse.Namespace) -> int:
-    require_extra("demo", "gpufeed demo")  # its clients (tritonclient, httpx), checked before any work
-    from gpufeed.demo import run_demo
-
-    run_demo(args.out, device=args.device)
-    return 0
-
-
-def _config(args: argparse.Namespace) -> int:
-    import yaml
-
-    from gpufeed.config import describe_config, load_config
-
-    if args.describe:
-        print(format_table(["key", "type", "default", "meaning"], [list(r) for r in describe_config()]))
-        return 0
-    cfg = load_config(args.file, args.overrides)
-    print(yaml.safe_dump(to_mapping(cfg), sort_keys=False), end="")
-    return 0
+    p.set_defaults(func="gpufeed.commands._config_handlers:config")

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from gpufeed.commands import require_extra
-from gpufeed.device import resolve_device
-
-# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
-# imports the libraries it runs (torch, onnxruntime, DALI, yaml) itself: `gpufeed --help` stays light.
+# Every gpufeed call imports this module to register its arguments; the handlers, which import the
+# libraries they run (torch, onnxruntime, DALI), are in _serve_handlers.py.
 
 
 def _positive(text: str) -> int:
@@ -58,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="images for the parity check: list file or class folders (a dense model: also a paired split's rgb/)",
     )
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="where parity inputs are made")
-    p.set_defaults(func=_export)
+    p.set_defaults(func="gpufeed.commands._serve_handlers:export")
 
     p = sub.add_parser(
         "serve",
@@ -88,44 +84,4 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="require 'Authorization: Bearer <token>' with the token in FILE (serve.auth_token_file; "
         "or set GPUFEED_SERVE_TOKEN)",
     )
-    p.set_defaults(func=_serve)
-
-
-def _export(args: argparse.Namespace) -> int:
-    from gpufeed.models import export_model, resolve_batch_sizes
-
-    try:
-        sizes = resolve_batch_sizes(args.batch_size, args.batch_sizes)
-    except ValueError as err:
-        print(f"gpufeed export: error: --batch-sizes: {err}", file=sys.stderr)
-        return 2
-    card = export_model(
-        args.source,
-        args.out,
-        batch_sizes=sizes,
-        precision=args.precision,
-        name=args.name,
-        opset=args.opset,
-        parity_data=args.parity_data,
-        device=resolve_device(args.device),
-    )
-    print(
-        f"wrote {args.out / 'model.onnx'} and model_card.json: {card.name} ({card.spec.name}, {card.spec.task}), "
-        f"input {card.input_name} uint8 {list(card.input_shape)} {card.spec.input_layout} at batch sizes "
-        f"{', '.join(map(str, card.batch_sizes))}, {card.precision}, "
-        f"parity max |diff| {card.parity['max_abs_diff']:.3g}"
-    )
-    return 0
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from gpufeed.config import load_config
-    from gpufeed.server import serve_forever
-
-    overrides = list(args.overrides)
-    if args.auth_token_file is not None:
-        overrides.append(f"serve.auth_token_file={args.auth_token_file}")
-    cfg = load_config(args.config, overrides)
-    if args.grpc_port is not None or cfg.serve.grpc_port:
-        require_extra("grpc", "gpufeed serve --grpc-port")  # before any model is loaded
-    return serve_forever(args.model_repo, args.model, cfg, host=args.host, port=args.port, grpc_port=args.grpc_port)
+    p.set_defaults(func="gpufeed.commands._serve_handlers:serve")

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-# Deferred imports: every gpufeed call imports this module to register its arguments, so a handler
-# imports the libraries it runs (torch, DALI, matplotlib) itself: `gpufeed --help` stays light.
+# Every gpufeed call imports this module to register its arguments; the handlers, which import the
+# libraries they run (torch, DALI, matplotlib), are in _train_handlers.py.
 
 
 def _profile_steps(text: str) -> tuple[int, int]:
+    # Deferred: argparse calls this while parsing `--profile-steps A:B`, and gpufeed.train loads torch
+    # and DALI, which `gpufeed --help` must not.
     from gpufeed.train import parse_profile_steps
 
     try:
@@ -36,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="A:B",
         help="record a torch.profiler Chrome trace of steps A to B into the run folder",
     )
-    p.set_defaults(func=_train)
+    p.set_defaults(func="gpufeed.commands._train_handlers:train")
 
     p = sub.add_parser(
         "report",
@@ -47,24 +49,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", type=Path, help="a training run folder")
     p.add_argument("--out", type=Path, help="PNG to write (default RUN_DIR/report.png)")
     p.add_argument("--window", type=int, default=10, help="steps in the rolling mean of the wait share (default 10)")
-    p.set_defaults(func=_report)
-
-
-def _train(args: argparse.Namespace) -> int:
-    from gpufeed.config import load_config
-    from gpufeed.train import train
-
-    cfg = load_config(args.config, args.overrides)
-    result = train(cfg, args.out, resume=args.resume, profile_steps=args.profile_steps)
-    if result.checkpoint is not None:
-        print(f"\nrun folder: {result.run_dir}\nlast checkpoint: {result.checkpoint}")
-    return 0
-
-
-def _report(args: argparse.Namespace) -> int:
-    from gpufeed.train import draw_report
-
-    png, text = draw_report(args.run_dir, args.out, window=args.window)
-    print(text)
-    print(f"\nreport written to {png}")
-    return 0
+    p.set_defaults(func="gpufeed.commands._train_handlers:report")
