@@ -40,15 +40,11 @@ LONG_FUNCTIONS: dict[str, str] = {
     "gpufeed/bench/server.py:run_server_bench": "to split after the size_px rework (a parallel change to the same lines) lands",
     "gpufeed/reliability/_kill_resume.py:run_kill_resume": "to split: the next step of #33",
     "gpufeed/bench/augment.py:run_augment_bench": "to split after the size_px rework (a parallel change to the same lines) lands",
-    "server/_kserve.py:parse_request": "to split: the next step of #33",
-    "server/_protocol.py:http_protocol": "to split: the next step of #33",
     "pipelines/_store_pipeline.py:build_store_pipeline": "to split after the size_px rework (a parallel change to the same lines) lands",
     "models/_export.py:export_model": "to split after the size_px rework (a parallel change to the same lines) lands",
     "gpufeed/bench/storage.py:run_storage_bench": "to split: the next step of #33",
-    "server/_triton.py:model_config": "to split after the size_px rework (a parallel change to the same lines) lands",
     "gpufeed/reliability/_overload.py:run_overload": "to split: the next step of #33",
     "pipelines/_dense_loader.py:build_dense_pipeline": "to split after the size_px rework (a parallel change to the same lines) lands",
-    "server/_grpc_tensors.py:infer_request": "to split: the next step of #33",
 }
 
 
