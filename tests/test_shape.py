@@ -37,10 +37,8 @@ LONG_FUNCTIONS: dict[str, str] = {
     "gpufeed/reliability/_corpus_images.py:image_probes": "a table of probes: one short block per category of bad image",
     "gpufeed/commands/bench.py:register": "to split after the size_px rework (a parallel change to the same lines) lands",
     "gpufeed/commands/data.py:register": "to split: the next step of #33",
-    "gpufeed/reliability/_kill_resume.py:run_kill_resume": "to split: the next step of #33",
     "pipelines/_store_pipeline.py:build_store_pipeline": "to split after the size_px rework (a parallel change to the same lines) lands",
     "models/_export.py:export_model": "to split after the size_px rework (a parallel change to the same lines) lands",
-    "gpufeed/reliability/_overload.py:run_overload": "to split: the next step of #33",
     "pipelines/_dense_loader.py:build_dense_pipeline": "to split after the size_px rework (a parallel change to the same lines) lands",
 }
 
