@@ -15,23 +15,22 @@ Nothing here imports grpc; the message classes come from tritonclient's generate
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
 
 from gpufeed.server._errors import RequestError, shown
-from gpufeed.server._kserve import (
-    BASE64,
+from gpufeed.server._kserve import InferRequest, RequestedOutput
+from gpufeed.server._kserve_response import classification
+from gpufeed.server._kserve_tensors import (
     DTYPES,
     InferInput,
-    InferRequest,
-    RequestedOutput,
     content_type_of,
-    decode_base64,
-    split_bytes,
+    datatype_of,
+    decode_content,
+    element_count,
+    fill_from_bytes,
 )
-from gpufeed.server._kserve_response import classification
 
 __all__ = ["infer_request", "infer_response", "parameter_values"]
 
@@ -82,6 +81,48 @@ def _typed(contents, datatype: str, count: int, where: str):
     return array.astype(dtype)
 
 
+def _input(tensor, raw: bytes | None, request_params: dict, max_elements: int | None) -> InferInput:
+    """One ``InferInputTensor``, checked, its data from ``raw`` (its ``raw_input_contents``) or its ``contents``."""
+    where = f"input {shown(tensor.name, 80)}"
+    datatype = datatype_of(tensor.datatype, where)
+    shape = tuple(tensor.shape)
+    if len(shape) > _MAX_DIMS or any(d < 0 for d in shape):
+        raise _bad(f"{where} 'shape' must be a list of at most {_MAX_DIMS} non-negative integers, got {list(shape)}")
+    count = element_count(shape, max_elements, where)
+    params = parameter_values(tensor.parameters)
+    if any(key.startswith("shared_memory") for key in params):
+        raise _bad(f"{where}: shared memory inputs are not supported; send the data in the request")
+    result = InferInput(
+        tensor.name, datatype, shape, content_type=content_type_of(params, request_params, datatype, where)
+    )
+    if raw is not None:
+        if tensor.HasField("contents"):
+            raise _bad(f"{where}: send its data in raw_input_contents or in contents, not both")
+        fill_from_bytes(result, raw, count, where, "raw")
+    elif tensor.HasField("contents"):
+        values = _typed(tensor.contents, datatype, count, where)
+        if datatype == "BYTES":
+            result.elements = values
+        else:
+            result.array = values.reshape(shape)
+    else:
+        raise _bad(f"{where} has no data: send raw_input_contents or contents")
+    decode_content(result, where)
+    return result
+
+
+def _output(out) -> RequestedOutput:
+    """One ``InferRequestedOutputTensor``: always binary (``raw_output_contents``), optionally top K classes."""
+    where = f"output {shown(out.name, 80)}"
+    params = parameter_values(out.parameters)
+    if any(key.startswith("shared_memory") for key in params):
+        raise _bad(f"{where}: shared memory outputs are not supported")
+    classes = params.get("classification", 0)
+    if not isinstance(classes, int) or isinstance(classes, bool) or classes < 0:
+        raise _bad(f"{where}: parameters.classification must be a non-negative integer")
+    return RequestedOutput(out.name, True, classes)
+
+
 def infer_request(message, max_elements: int | None = None) -> InferRequest:
     """Validate a ``ModelInferRequest`` into an :class:`InferRequest` (the HTTP parser's checks and messages).
 
@@ -98,71 +139,10 @@ def infer_request(message, max_elements: int | None = None) -> InferRequest:
     raw = list(message.raw_input_contents)
     if raw and len(raw) != len(message.inputs):
         raise _bad(f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs; send one per input")
-    inputs = []
-    for k, tensor in enumerate(message.inputs):
-        where = f"input {shown(tensor.name, 80)}"
-        datatype = tensor.datatype
-        if datatype != "BYTES" and datatype not in DTYPES:
-            raise RequestError(
-                "bad_dtype",
-                f"{where}: datatype {shown(datatype, 40)} is not a KServe v2 datatype; allowed: BYTES, {', '.join(DTYPES)}",
-            )
-        shape = tuple(tensor.shape)
-        if len(shape) > _MAX_DIMS or any(d < 0 for d in shape):
-            raise _bad(
-                f"{where} 'shape' must be a list of at most {_MAX_DIMS} non-negative integers, got {list(shape)}"
-            )
-        count = math.prod(shape)
-        if max_elements is not None and count > max_elements:
-            raise RequestError(
-                "bad_shape",
-                f"{where}: shape {list(shape)} holds {count:,} elements; the limit is {max_elements:,} "
-                "(serve.max_images_per_request rows of the model's input)",
-            )
-        params = parameter_values(tensor.parameters)
-        if any(key.startswith("shared_memory") for key in params):
-            raise _bad(f"{where}: shared memory inputs are not supported; send the data in the request")
-        result = InferInput(
-            tensor.name, datatype, shape, content_type=content_type_of(params, request_params, datatype, where)
-        )
-        if raw:
-            if tensor.HasField("contents"):
-                raise _bad(f"{where}: send its data in raw_input_contents or in contents, not both")
-            blob = raw[k]
-            if datatype == "BYTES":
-                result.elements = split_bytes(blob, count, where)
-            else:
-                dtype = DTYPES[datatype]
-                if len(blob) != count * dtype.itemsize:
-                    raise RequestError(
-                        "bad_shape",
-                        f"{where}: {len(blob)} raw bytes do not match shape {list(shape)} of {datatype} "
-                        f"({count * dtype.itemsize} bytes)",
-                    )
-                result.array = np.frombuffer(blob, dtype=dtype).reshape(shape)
-        elif tensor.HasField("contents"):
-            values = _typed(tensor.contents, datatype, count, where)
-            if datatype == "BYTES":
-                result.elements = values
-            else:
-                result.array = values.reshape(shape)
-        else:
-            raise _bad(f"{where} has no data: send raw_input_contents or contents")
-        if result.content_type in BASE64 and result.elements is not None:  # BYTES only (content_type_of)
-            result.elements = decode_base64(result.elements, where)
-        inputs.append(result)
-    outputs = None
-    if message.outputs:
-        outputs = []
-        for out in message.outputs:
-            where = f"output {shown(out.name, 80)}"
-            params = parameter_values(out.parameters)
-            if any(key.startswith("shared_memory") for key in params):
-                raise _bad(f"{where}: shared memory outputs are not supported")
-            classes = params.get("classification", 0)
-            if not isinstance(classes, int) or isinstance(classes, bool) or classes < 0:
-                raise _bad(f"{where}: parameters.classification must be a non-negative integer")
-            outputs.append(RequestedOutput(out.name, True, classes))
+    inputs = [
+        _input(tensor, raw[k] if raw else None, request_params, max_elements) for k, tensor in enumerate(message.inputs)
+    ]
+    outputs = [_output(out) for out in message.outputs] if message.outputs else None
     return InferRequest(id=message.id or None, inputs=inputs, outputs=outputs, parameters=request_params)
 
 

@@ -88,6 +88,81 @@ def _output(tensor: OutputTensor) -> dict:
     }
 
 
+def _inputs(card, head) -> list[dict]:
+    """The model's inputs: the encoded ones its head takes (video, image), then its pixels (optional beside them)."""
+    encoded = head.accepts_encoded
+    sample = [int(d) for d in card.sample_shape]
+    inputs = [
+        _input(card.input_name, "TYPE_UINT8", sample, "FORMAT_NCHW" if len(sample) == 3 else "FORMAT_NONE", encoded)
+    ]
+    if encoded:  # one encoded image per row: dims [1], which the model sees as a scalar per row
+        inputs.insert(0, _input(ENCODED_INPUT, "TYPE_STRING", [1], "FORMAT_NONE", True, reshape=[]))
+    if head.accepts_video:  # one encoded video per request (server/_video.py); the pixels become optional
+        inputs[0]["optional"] = True
+        inputs.insert(0, _input(VIDEO_INPUT, "TYPE_STRING", [1], "FORMAT_NONE", True, reshape=[]))
+    return inputs
+
+
+def _parameters(card, cfg) -> dict[str, dict[str, str]]:
+    """The config's ``parameters``: what a client needs to know of the model and the server's limits."""
+    spec = card.spec
+    facts = {
+        "task": spec.task,
+        "architecture": spec.name,
+        "precision": card.precision,
+        **input_facts(spec),
+        "labels": ",".join(card.labels),
+        "max_images_per_request": cfg.max_images_per_request,
+        "max_image_pixels": cfg.max_image_pixels,
+        "warmup_batches": cfg.warmup_batches,
+    }
+    if spec.head.accepts_video:
+        facts.update(video_facts(card, cfg))
+    return {key: {"string_value": str(value)} for key, value in facts.items()}
+
+
+def _optimization(cfg, on_gpu: bool) -> dict:
+    accelerators = [{"name": "tensorrt", "parameters": {}}] if cfg.execution_provider == "tensorrt" else []
+    return {
+        "priority": "PRIORITY_DEFAULT",
+        "execution_accelerators": {"gpu_execution_accelerator": accelerators, "cpu_execution_accelerator": []},
+        "input_pinned_memory": {"enable": on_gpu},
+        "output_pinned_memory": {"enable": on_gpu},
+        "gather_kernel_buffer_threshold": 0,
+        "eager_batching": False,
+    }
+
+
+def _dynamic_batching(sizes: tuple[int, ...], cfg) -> dict:
+    return {
+        "preferred_batch_size": list(sizes),
+        "max_queue_delay_microseconds": round(cfg.max_delay_ms * 1000),
+        "preserve_ordering": False,
+        "priority_levels": 0,
+        "default_priority_level": 0,
+        "default_queue_policy": {
+            "timeout_action": "REJECT",
+            "default_timeout_microseconds": round(cfg.request_timeout_seconds * 1_000_000),
+            "allow_timeout_override": False,
+            "max_queue_size": cfg.queue_capacity,
+        },
+        "priority_queue_policy": {},
+    }
+
+
+def _instance_group(name: str, on_gpu: bool, device_id: int | None, workers: int) -> dict:
+    return {
+        "name": name,
+        "kind": "KIND_GPU" if on_gpu else "KIND_CPU",
+        "count": workers,
+        "gpus": [device_id or 0] if on_gpu else [],
+        "secondary_devices": [],
+        "profile": [],
+        "passive": False,
+        "host_policy": "",
+    }
+
+
 def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, workers: int, batch_sizes=None) -> dict:
     """Triton's model configuration JSON for a served model.
 
@@ -100,33 +175,7 @@ def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, w
         batch_sizes: The sizes the loaded model runs at (the card's, possibly narrowed by
             ``serve.batch_sizes``); default: the card's.
     """
-    spec = card.spec
     sizes = tuple(sorted(batch_sizes)) if batch_sizes else batch_sizes_of(card)
-    head = spec.head
-    encoded = head.accepts_encoded
-    sample = [int(d) for d in card.sample_shape]
-    inputs = [
-        _input(card.input_name, "TYPE_UINT8", sample, "FORMAT_NCHW" if len(sample) == 3 else "FORMAT_NONE", encoded)
-    ]
-    if encoded:  # one encoded image per row: dims [1], which the model sees as a scalar per row
-        inputs.insert(0, _input(ENCODED_INPUT, "TYPE_STRING", [1], "FORMAT_NONE", True, reshape=[]))
-    if head.accepts_video:  # one encoded video per request (server/_video.py); the pixels become optional
-        inputs[0]["optional"] = True
-        inputs.insert(0, _input(VIDEO_INPUT, "TYPE_STRING", [1], "FORMAT_NONE", True, reshape=[]))
-    provider = cfg.execution_provider
-    accelerators = [{"name": "tensorrt", "parameters": {}}] if provider == "tensorrt" else []
-    facts = {
-        "task": spec.task,
-        "architecture": spec.name,
-        "precision": card.precision,
-        **input_facts(spec),
-        "labels": ",".join(card.labels),
-        "max_images_per_request": cfg.max_images_per_request,
-        "max_image_pixels": cfg.max_image_pixels,
-        "warmup_batches": cfg.warmup_batches,
-    }
-    if head.accepts_video:
-        facts.update(video_facts(card, cfg))
     return {
         "name": name,
         "platform": "onnxruntime_onnx",
@@ -134,48 +183,17 @@ def model_config(name: str, card, cfg, *, on_gpu: bool, device_id: int | None, w
         "runtime": "",
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": sizes[-1],
-        "input": inputs,
-        "output": [_output(tensor) for tensor in served_outputs(head)],
+        "input": _inputs(card, card.spec.head),
+        "output": [_output(tensor) for tensor in served_outputs(card.spec.head)],
         "batch_input": [],
         "batch_output": [],
-        "optimization": {
-            "priority": "PRIORITY_DEFAULT",
-            "execution_accelerators": {"gpu_execution_accelerator": accelerators, "cpu_execution_accelerator": []},
-            "input_pinned_memory": {"enable": on_gpu},
-            "output_pinned_memory": {"enable": on_gpu},
-            "gather_kernel_buffer_threshold": 0,
-            "eager_batching": False,
-        },
-        "dynamic_batching": {
-            "preferred_batch_size": list(sizes),
-            "max_queue_delay_microseconds": round(cfg.max_delay_ms * 1000),
-            "preserve_ordering": False,
-            "priority_levels": 0,
-            "default_priority_level": 0,
-            "default_queue_policy": {
-                "timeout_action": "REJECT",
-                "default_timeout_microseconds": round(cfg.request_timeout_seconds * 1_000_000),
-                "allow_timeout_override": False,
-                "max_queue_size": cfg.queue_capacity,
-            },
-            "priority_queue_policy": {},
-        },
-        "instance_group": [
-            {
-                "name": name,
-                "kind": "KIND_GPU" if on_gpu else "KIND_CPU",
-                "count": workers,
-                "gpus": [device_id or 0] if on_gpu else [],
-                "secondary_devices": [],
-                "profile": [],
-                "passive": False,
-                "host_policy": "",
-            }
-        ],
+        "optimization": _optimization(cfg, on_gpu),
+        "dynamic_batching": _dynamic_batching(sizes, cfg),
+        "instance_group": [_instance_group(name, on_gpu, device_id, workers)],
         "default_model_filename": "model.onnx",
         "cc_model_filenames": {},
         "metric_tags": {},
-        "parameters": {key: {"string_value": str(value)} for key, value in facts.items()},
+        "parameters": _parameters(card, cfg),
         "model_warmup": [],  # gpufeed warms up with its own generated batches: parameters.warmup_batches
         "model_transaction_policy": {"decoupled": False},
         "response_cache": {"enable": False},

@@ -35,15 +35,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "server/_openapi_schemas.py:schemas": "a data literal: the OpenAPI document's schemas, one dict",
     "server/_openapi.py:openapi_document": "a data literal: the OpenAPI document's paths, one dict built from small helpers",
     "gpufeed/reliability/_corpus_images.py:image_probes": "a table of probes: one short block per category of bad image",
-    "gpufeed/bench/server.py:run_server_bench": "to split after the size_px rework (a parallel change to the same lines) lands",
-    "gpufeed/reliability/_kill_resume.py:run_kill_resume": "to split: the next step of #33",
-    "gpufeed/bench/augment.py:run_augment_bench": "to split after the size_px rework (a parallel change to the same lines) lands",
-    "server/_kserve.py:parse_request": "to split: the next step of #33",
-    "server/_protocol.py:http_protocol": "to split: the next step of #33",
-    "gpufeed/bench/storage.py:run_storage_bench": "to split: the next step of #33",
-    "server/_triton.py:model_config": "to split after the size_px rework (a parallel change to the same lines) lands",
-    "gpufeed/reliability/_overload.py:run_overload": "to split: the next step of #33",
-    "server/_grpc_tensors.py:infer_request": "to split: the next step of #33",
 }
 
 

@@ -23,7 +23,7 @@ import dataclasses
 import time
 import warnings
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -171,6 +171,91 @@ def _row(op: str, place: str, precision: str, seconds: float, step_s: float, syn
     }
 
 
+class _Subjects(NamedTuple):
+    """What a run times on the device: the model step on a fixed batch, and every augmentation variant."""
+
+    pixels: Any
+    batch: _Batch
+    stepper: Stepper
+    plan: Any  # the default augmentation's AugmentPlan: its loader share and its device share ("now")
+    # (op, where, precision) for each op on the device; "before" and "now" for the default augmentation.
+    device_variants: dict[tuple[str, str, str] | str, Augmenter]
+
+
+def _subjects(choice, model: str, batch_size: int, size_px: SizePx, amp_dtype, seed: int) -> _Subjects:
+    """The fixed uint8 batch (drawn from ``seed``), the model step and the augmentations on the device."""
+    import torch
+
+    torch_device = choice.torch_device
+    torch.manual_seed(seed)
+    height, width = size_px.hw
+    pixels = torch.randint(0, 256, (batch_size, 3, height, width), dtype=torch.uint8, device=torch_device)
+    pixels = pixels.contiguous(memory_format=torch.channels_last)
+    batch = _Batch(pixels, torch.randint(0, 1000, (batch_size,), device=torch_device))
+    stepper = _stepper(model, size_px, torch_device, amp_dtype, choice.is_gpu)
+    defaults_cfg = AugmentConfig()
+    plan = plan_augmentation(defaults_cfg, dtype=amp_dtype)
+    if plan.loader is None:
+        raise RuntimeError(f"the default augmentation {defaults_cfg.ops} runs nothing in the loader's graph")
+    device_variants: dict[tuple[str, str, str] | str, Augmenter] = {
+        (op, place, precision): build_augmenter(cfg, dtype=dtype).to(torch_device)
+        for op, place, precision, cfg, dtype in _device_variants(amp_dtype)
+    }
+    device_variants["before"] = _previous_default(torch.float32).to(torch_device)
+    device_variants["now"] = plan.augmenter.to(torch_device)
+    return _Subjects(pixels, batch, stepper, plan, device_variants)
+
+
+def _timed_rounds(subjects: _Subjects, graph: GraphTimer, variants: dict, clock: _Clock, rounds: int):
+    """Seconds of the model step, of each device variant and of each graph variant, one of each per round."""
+    pixels, device_variants = subjects.pixels, subjects.device_variants
+    for _ in range(3):  # warm-up: kernels chosen, caches and allocator filled
+        subjects.stepper(subjects.batch)
+        for augmenter in device_variants.values():
+            augmenter(pixels)
+    step_times: list[float] = []
+    device_times: dict = {key: [] for key in device_variants}
+    graph_times: dict = {name: [] for name in variants}
+    for _ in progress_bar(range(rounds), desc="rounds (step, device ops, graph ops)", leave=False):
+        step_times.append(subjects.stepper(subjects.batch).compute_s)
+        for key, augmenter in device_variants.items():
+            device_times[key].extend(clock.measure(lambda a=augmenter: a(pixels), 1))
+        for name, seconds in graph.round().items():
+            graph_times[name].append(seconds)
+    return step_times, device_times, graph_times
+
+
+def _op_rows(subjects: _Subjects, variants: dict, step_s: float, device_s: dict, graph_s: dict, syncs: dict):
+    """One row per op and place: the previous default first, then the device variants, then the graph's."""
+    before = ("color_jitter", "kornia, random order (previous default)", "float32")
+    rows = [_row(*before, device_s["before"], step_s, syncs["before"])]
+    keys = [key for key in subjects.device_variants if isinstance(key, tuple)]
+    rows += [_row(*key, device_s[key], step_s, syncs[key]) for key in keys]
+    for name, spec in variants.items():
+        if spec is not None:
+            marginal = max(0.0, graph_s[name] - graph_s["none"])
+            rows.append(_row(spec[0], f"loader: {spec[1]}", "uint8/float32", marginal, step_s, None))
+    return rows
+
+
+def _default_figures(plan, step_s: float, device_s: dict, graph_s: dict, syncs: dict) -> dict:
+    """The default augmentation before (Kornia on the device) and now (the loader's graph plus the device)."""
+    loader_now_s = max(0.0, graph_s["color_jitter"] - graph_s["none"])
+    now_s = loader_now_s + device_s["now"]
+    return {
+        "ops": list(AugmentConfig().ops),
+        "placement_now": plan.placement,
+        "before_ms": device_s["before"] * 1e3,
+        "before_share": device_s["before"] / step_s,
+        "before_host_syncs": syncs["before"],
+        "now_loader_ms": loader_now_s * 1e3,
+        "now_device_ms": device_s["now"] * 1e3,
+        "now_ms": now_s * 1e3,
+        "now_share": now_s / step_s,
+        "target_share": TARGET_SHARE,
+    }
+
+
 def run_augment_bench(
     *,
     device: str = "auto",
@@ -191,36 +276,17 @@ def run_augment_bench(
     ``size_px`` takes the device's default (GPU: ResNet-18, 224 px, batch 256; CPU: ResNet-18,
     64 px, batch 16).
     """
-    import torch
-
     choice = resolve_device(device)
     defaults = GPU_DEFAULTS if choice.is_gpu else CPU_DEFAULTS
     model = model or defaults.model
     batch_size, size_px = batch_size or defaults.batch_size, size_px or defaults.size_px
     amp_dtype = resolve_amp(amp, choice)
-    torch_device, clock = choice.torch_device, _Clock(choice.is_gpu)
-    torch.manual_seed(seed)
-    height, width = size_px.hw
-    pixels = torch.randint(0, 256, (batch_size, 3, height, width), dtype=torch.uint8, device=torch_device)
-    pixels = pixels.contiguous(memory_format=torch.channels_last)
-    batch = _Batch(pixels, torch.randint(0, 1000, (batch_size,), device=torch_device))
-    stepper = _stepper(model, size_px, torch_device, amp_dtype, choice.is_gpu)
-
-    defaults_cfg = AugmentConfig()
-    plan = plan_augmentation(defaults_cfg, dtype=amp_dtype)
-    loader_augment = plan.loader
-    if loader_augment is None:
-        raise RuntimeError(f"the default augmentation {defaults_cfg.ops} runs nothing in the loader's graph")
-    # (op, where, precision) for each op on the device; "before" and "now" for the default augmentation.
-    device_variants: dict[tuple[str, str, str] | str, Augmenter] = {
-        (op, place, precision): build_augmenter(cfg, dtype=dtype).to(torch_device)
-        for op, place, precision, cfg, dtype in _device_variants(amp_dtype)
-    }
-    device_variants["before"] = _previous_default(torch.float32).to(torch_device)
-    device_variants["now"] = plan.augmenter.to(torch_device)
+    clock = _Clock(choice.is_gpu)
+    subjects = _subjects(choice, model, batch_size, size_px, amp_dtype, seed)
+    loader_augment = subjects.plan.loader
     threads = num_threads or default_num_threads()
     variants = graph_variants(
-        loader_augment, defaults_cfg.grayscale.p, batch_size * (rounds * (graph_iterations + 1) + 4), seed
+        loader_augment, AugmentConfig().grayscale.p, batch_size * (rounds * (graph_iterations + 1) + 4), seed
     )
     graph = GraphTimer(
         variants,
@@ -231,36 +297,16 @@ def run_augment_bench(
         iterations=graph_iterations,
         seed=seed,
     )
-
-    for _ in range(3):  # warm-up: kernels chosen, caches and allocator filled
-        stepper(batch)
-        for augmenter in device_variants.values():
-            augmenter(pixels)
-    step_times: list[float] = []
-    device_times: dict = {key: [] for key in device_variants}
-    graph_times: dict = {name: [] for name in variants}
-    for _ in progress_bar(range(rounds), desc="rounds (step, device ops, graph ops)", leave=False):
-        step_times.append(stepper(batch).compute_s)
-        for key, augmenter in device_variants.items():
-            device_times[key].extend(clock.measure(lambda a=augmenter: a(pixels), 1))
-        for name, seconds in graph.round().items():
-            graph_times[name].append(seconds)
+    step_times, device_times, graph_times = _timed_rounds(subjects, graph, variants, clock, rounds)
     del graph
 
     step_s = median(step_times)
     device_s = {key: median(values) for key, values in device_times.items()}
     graph_s = {name: median(values) for name, values in graph_times.items()}
-    syncs = {key: clock.syncs(lambda a=augmenter: a(pixels)) for key, augmenter in device_variants.items()}
-    before = ("color_jitter", "kornia, random order (previous default)", "float32")
-    rows = [_row(*before, device_s["before"], step_s, syncs["before"])]
-    rows += [_row(*key, device_s[key], step_s, syncs[key]) for key in device_variants if isinstance(key, tuple)]
-    for name, spec in variants.items():
-        if spec is not None:
-            marginal = max(0.0, graph_s[name] - graph_s["none"])
-            rows.append(_row(spec[0], f"loader: {spec[1]}", "uint8/float32", marginal, step_s, None))
+    syncs = {
+        key: clock.syncs(lambda a=augmenter: a(subjects.pixels)) for key, augmenter in subjects.device_variants.items()
+    }
     params_s = median(clock_host(lambda: loader_augment.rows(seed, 0, np.arange(batch_size)), rounds))
-    loader_now_s = max(0.0, graph_s["color_jitter"] - graph_s["none"])
-    now_s = loader_now_s + device_s["now"]
     return {
         "benchmark": "augment",
         "model": model,
@@ -270,21 +316,10 @@ def run_augment_bench(
         "loader_threads": threads,
         "rounds": rounds,
         "model_step_ms": step_s * 1e3,
-        "ops": rows,
+        "ops": _op_rows(subjects, variants, step_s, device_s, graph_s, syncs),
         "graph_ms_per_batch": {k: v * 1e3 for k, v in graph_s.items()},
         "loader_params_ms_per_batch": params_s * 1e3,
-        "default": {
-            "ops": list(defaults_cfg.ops),
-            "placement_now": plan.placement,
-            "before_ms": device_s["before"] * 1e3,
-            "before_share": device_s["before"] / step_s,
-            "before_host_syncs": syncs["before"],
-            "now_loader_ms": loader_now_s * 1e3,
-            "now_device_ms": device_s["now"] * 1e3,
-            "now_ms": now_s * 1e3,
-            "now_share": now_s / step_s,
-            "target_share": TARGET_SHARE,
-        },
+        "default": _default_figures(subjects.plan, step_s, device_s, graph_s, syncs),
         "machine": machine_facts(choice),
     }
 

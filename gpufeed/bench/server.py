@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,71 @@ def export_bench_models(
     return models
 
 
+@dataclass(frozen=True)
+class _Load:
+    """How every point of the sweep is driven, and what is read around it."""
+
+    images: list[bytes]
+    seconds: float
+    warmup_s: float
+    grpc_port: int | None  # gpufeed driven over gRPC on this port; None: every contender over HTTP
+    sizes: tuple[int, ...]  # the batch sizes gpufeed runs at, for its batch usage
+
+    def point(self, name: str, proc: subprocess.Popen, port: int, path: str, concurrency: int) -> tuple:
+        """One contender at one concurrency: (load result, server CPU ms per answer, gpufeed's batch usage)."""
+        rows_before = scrape_batch_rows(port, _MODEL_NAME) if name == "gpufeed" else None
+        cpu_before = session_cpu_seconds(proc.pid)
+        timing: dict[str, Any] = {"concurrency": concurrency, "seconds": self.seconds, "warmup_s": self.warmup_s}
+        if name == "gpufeed" and self.grpc_port is not None:
+            result = run_grpc_load("127.0.0.1", self.grpc_port, _MODEL_NAME, self.images, **timing)
+        else:
+            result = run_load("127.0.0.1", port, path, self.images, **timing)
+        cpu_ms = 1000 * (session_cpu_seconds(proc.pid) - cpu_before) / max(1, result.answered)
+        usage = None
+        if rows_before is not None:
+            usage = batch_usage(rows_before, scrape_batch_rows(port, _MODEL_NAME), self.sizes)
+        return result, cpu_ms, usage
+
+
+def _sweep(
+    load: _Load, running: dict, contenders: tuple[str, ...], concurrency: tuple[int, ...], rounds: int, desc: str
+):
+    """Every contender at every concurrency, ``rounds`` times; the order of the contenders rotates each round."""
+    points: dict[str, dict[int, list]] = {n: {c: [] for c in concurrency} for n in contenders}
+    steps = rounds * len(concurrency) * len(contenders)
+    with progress_bar(total=steps, desc=desc, unit="point", leave=False) as bar:
+        for r in range(rounds):
+            for c in concurrency:
+                for name in list(contenders[r % len(contenders) :] + contenders[: r % len(contenders)]):
+                    proc, port, path = running[name]
+                    points[name][c].append(load.point(name, proc, port, path, c))
+                    bar.update(1)
+    return points
+
+
+def _point_figures(point_runs: list[tuple], sizes: tuple[int, ...]) -> dict[str, Any]:
+    """One contender's figures at one concurrency, over its rounds (see the module docs)."""
+    runs = [run for run, _, _ in point_runs]
+    latencies = [x for run in runs for x in run.latencies_s]
+    figures: dict[str, Any] = {
+        "throughput_rps": median([run.throughput for run in runs]),
+        "server_cpu_ms_per_request": median([cpu for _, cpu, _ in point_runs]),
+        "p50_ms": float(np.percentile(latencies, 50) * 1000) if latencies else float("nan"),
+        "p99_ms": float(np.percentile(latencies, 99) * 1000) if latencies else float("nan"),
+        "errors": sum(run.errors for run in runs),
+        "rounds": [run.to_dict() for run in runs],
+    }
+    usages = [u for _, _, u in point_runs if u is not None]
+    if usages:  # every round together: batches at each size, mean real rows per batch
+        batches = sum(u["batches"] for u in usages)
+        figures["batch_usage"] = {
+            "batches": batches,
+            "mean_rows": sum(u["mean_rows"] * u["batches"] for u in usages if u["batches"]) / max(1, batches),
+            "by_size": {str(n): sum(u["by_size"][str(n)] for u in usages) for n in sizes},
+        }
+    return figures
+
+
 def run_server_bench(
     *,
     architecture: str,
@@ -211,31 +277,8 @@ def run_server_bench(
             extra = grpc_port if name == "gpufeed" else None
             proc, path = _start(name, models, port, max_delay_ms, "gpu" if choice.is_gpu else "cpu", extra)
             running[name] = (proc, port, path)
-        points: dict[str, dict[int, list]] = {n: {c: [] for c in concurrency} for n in contenders}
-        steps = rounds * len(concurrency) * len(contenders)
-        with progress_bar(total=steps, desc=f"bench server {architecture}", unit="point", leave=False) as bar:
-            for r in range(rounds):
-                for c in concurrency:
-                    order = list(contenders[r % len(contenders) :] + contenders[: r % len(contenders)])
-                    for name in order:
-                        proc, port, path = running[name]
-                        rows_before = scrape_batch_rows(port, _MODEL_NAME) if name == "gpufeed" else None
-                        cpu_before = session_cpu_seconds(proc.pid)
-                        if name == "gpufeed" and grpc_port is not None:
-                            result = run_grpc_load(
-                                "127.0.0.1", grpc_port, _MODEL_NAME, images, concurrency=c, seconds=seconds,
-                                warmup_s=warmup_s,
-                            )  # fmt: skip
-                        else:
-                            result = run_load(
-                                "127.0.0.1", port, path, images, concurrency=c, seconds=seconds, warmup_s=warmup_s
-                            )
-                        cpu_ms = 1000 * (session_cpu_seconds(proc.pid) - cpu_before) / max(1, result.answered)
-                        usage = None
-                        if rows_before is not None:
-                            usage = batch_usage(rows_before, scrape_batch_rows(port, _MODEL_NAME), sizes)
-                        points[name][c].append((result, cpu_ms, usage))
-                        bar.update(1)
+        load = _Load(images, seconds, warmup_s, grpc_port, sizes)
+        points = _sweep(load, running, contenders, concurrency, rounds, f"bench server {architecture}")
         analyzer = None
         if loadgen == "perf_analyzer" and "gpufeed" in running:
             port = running["gpufeed"][1]
@@ -246,28 +289,6 @@ def run_server_bench(
     finally:
         for proc, _, _ in running.values():
             _stop(proc)
-    table: dict[str, dict[int, dict[str, Any]]] = {}
-    for name in contenders:
-        table[name] = {}
-        for c in concurrency:
-            runs = [run for run, _, _ in points[name][c]]
-            latencies = [x for run in runs for x in run.latencies_s]
-            table[name][c] = {
-                "throughput_rps": median([run.throughput for run in runs]),
-                "server_cpu_ms_per_request": median([cpu for _, cpu, _ in points[name][c]]),
-                "p50_ms": float(np.percentile(latencies, 50) * 1000) if latencies else float("nan"),
-                "p99_ms": float(np.percentile(latencies, 99) * 1000) if latencies else float("nan"),
-                "errors": sum(run.errors for run in runs),
-                "rounds": [run.to_dict() for run in runs],
-            }
-            usages = [u for _, _, u in points[name][c] if u is not None]
-            if usages:  # every round together: batches at each size, mean real rows per batch
-                batches = sum(u["batches"] for u in usages)
-                table[name][c]["batch_usage"] = {
-                    "batches": batches,
-                    "mean_rows": sum(u["mean_rows"] * u["batches"] for u in usages if u["batches"]) / max(1, batches),
-                    "by_size": {str(n): sum(u["by_size"][str(n)] for u in usages) for n in sizes},
-                }
     document: dict[str, Any] = {
         "benchmark": "server",
         "architecture": architecture,
@@ -284,7 +305,7 @@ def run_server_bench(
         "protocol": protocol,
         "loadgen": loadgen,
         "perf_analyzer": analyzer,
-        "results": {n: {str(c): v for c, v in t.items()} for n, t in table.items()},
+        "results": {n: {str(c): _point_figures(points[n][c], sizes) for c in concurrency} for n in contenders},
         "machine": machine_facts(choice),
     }
     document["targets"] = verdicts(document)

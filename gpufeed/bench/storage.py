@@ -118,6 +118,48 @@ def _loader(dataset: VideoDataset, a: _Settings) -> ClipLoader:
     return ClipLoader(dataset, train=True, video_cfg=video_cfg, loader_cfg=loader_cfg, device=a.device, seed=a.seed)
 
 
+def _indexed(folder: Path, remote: S3Path) -> tuple[VideoDataset, VideoDataset, dict[str, float]]:
+    """Both datasets, each indexed and timed, checked to hold the same videos; the seconds of each index."""
+    started = time.perf_counter()
+    local_set = VideoDataset.from_folder(folder)
+    local_index_s = time.perf_counter() - started
+    started = time.perf_counter()
+    remote_set = VideoDataset.from_folder(remote)
+    remote_index_s = time.perf_counter() - started
+    names = [Path(p).name for p in local_set.paths]
+    if [S3Path(p).name for p in remote_set.paths] != names:
+        raise ValueError(f"{remote} does not hold the same videos as {folder}")
+    return local_set, remote_set, {"local disk": local_index_s, "object storage": remote_index_s}
+
+
+def _timed_rounds(
+    loaders: dict[str, ClipLoader], rounds: int, clips: int, warm_batches: int
+) -> dict[str, list[RoundTime]]:
+    """``clips`` clips from each loader per round, the order of the two alternating (see the module docs)."""
+    times: dict[str, list[RoundTime]] = {name: [] for name in loaders}
+    for r in range(rounds):
+        for name in interleaved(list(loaders), r):
+            opener = functools.partial(gpufeed_reader, loaders[name], r)
+            timed, _ = timed_round(opener, clips, size_of=len, warm_batches=warm_batches)
+            times[name].append(timed)
+    return times
+
+
+def _round_figures(times: dict[str, list[RoundTime]]) -> dict:
+    """Each source's rounds and medians, and the paired ratio against the target."""
+    ratio = paired_ratio(
+        [t.clips_per_second for t in times["object storage"]], [t.clips_per_second for t in times["local disk"]]
+    )
+    return {
+        "rounds": {name: [t.__dict__ for t in rows] for name, rows in times.items()},
+        "clips_per_s": {name: median([t.clips_per_second for t in rows]) for name, rows in times.items()},
+        "steady_clips_per_s": {name: median([t.steady_clips_per_second for t in rows]) for name, rows in times.items()},
+        "ratio": ratio,
+        "target_ratio": TARGET_RATIO,
+        "met": bool(ratio >= TARGET_RATIO),
+    }
+
+
 def run_storage_bench(
     *,
     data: str | Path | None = None,
@@ -169,45 +211,24 @@ def run_storage_bench(
         if server is not None:
             s3_client().create_bucket(Bucket=remote.bucket)
             uploaded = _upload(folder, remote)
-        started = time.perf_counter()
-        local_set = VideoDataset.from_folder(folder)
-        local_index_s = time.perf_counter() - started
-        started = time.perf_counter()
-        remote_set = VideoDataset.from_folder(remote)
-        remote_index_s = time.perf_counter() - started
-        names = [Path(p).name for p in local_set.paths]
-        if [S3Path(p).name for p in remote_set.paths] != names:
-            raise ValueError(f"{remote} does not hold the same videos as {folder}")
+        local_set, remote_set, index_s = _indexed(folder, remote)
         loaders = {"local disk": _loader(local_set, a), "object storage": _loader(remote_set, a)}
-        times: dict[str, list[RoundTime]] = {name: [] for name in loaders}
-        for r in range(rounds):
-            for name in interleaved(list(loaders), r):
-                opener = functools.partial(gpufeed_reader, loaders[name], r)
-                timed, _ = timed_round(opener, clips, size_of=len, warm_batches=a.workers)
-                times[name].append(timed)
+        times = _timed_rounds(loaders, rounds, clips, a.workers)
         # Without the disk cache: the pass counts what a clip fetches from the store itself.
         configure_storage(StorageConfig(cache_dir=None, block_bytes=block_bytes))
         fetched = _bytes_per_clip(loaders["object storage"], bytes_clips, rounds)
-    ratio = paired_ratio(
-        [t.clips_per_second for t in times["object storage"]], [t.clips_per_second for t in times["local disk"]]
-    )
     return {
         "facts": machine_facts(choice),
-        "videos": len(names),
+        "videos": len(local_set.paths),
         "data": str(folder),
         "url": str(remote),
         "server": "moto on 127.0.0.1" if server is not None else "the configured AWS endpoint",
         "uploaded_bytes": uploaded,
-        "index_s": {"local disk": local_index_s, "object storage": remote_index_s},
+        "index_s": index_s,
         "workers": a.workers,
         "block_bytes": block_bytes,
         "storage_cache": str(cache_dir) if cache_dir else None,
-        "rounds": {name: [t.__dict__ for t in rows] for name, rows in times.items()},
-        "clips_per_s": {name: median([t.clips_per_second for t in rows]) for name, rows in times.items()},
-        "steady_clips_per_s": {name: median([t.steady_clips_per_second for t in rows]) for name, rows in times.items()},
-        "ratio": ratio,
-        "target_ratio": TARGET_RATIO,
-        "met": bool(ratio >= TARGET_RATIO),
+        **_round_figures(times),
         "fetched": fetched,
         "load_average": {"before": load_before, "after": _load()},
     }

@@ -31,37 +31,21 @@ import io
 import os
 import random
 import shutil
-import signal
 import statistics
-import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpufeed.config import load_config
 from gpufeed.core import Checklist, format_table, progress_bar
 from gpufeed.models import list_checkpoints
-from gpufeed.reliability._common import ensure_synth, gpufeed_argv, step_records, tiny_train_mapping, write_train_yaml
-from gpufeed.train import train
+from gpufeed.reliability._common import ensure_synth, step_records, tiny_train_mapping, write_train_yaml
+from gpufeed.reliability._kill_attempts import Kill, KilledRun, KillTarget
+from gpufeed.train import TrainResult, train
 
 __all__ = ["WEIGHT_TOLERANCE", "Kill", "KillResumeReport", "KillTarget", "draw_targets", "run_kill_resume"]
 
 WEIGHT_TOLERANCE = 1e-6
-_POLL_S = 0.005
-
-
-@dataclass(frozen=True)
-class KillTarget:
-    """Where a kill is aimed: ``kind`` "step" at ``position`` steps, or "write" of checkpoint ``position``."""
-
-    position: float
-    kind: str
-
-    def describe(self) -> str:
-        if self.kind == "write":
-            return f"write of ckpt {int(self.position)}"
-        done = int(self.position)
-        return f"step {done + 1}, {self.position - done:.0%} in"
 
 
 def draw_targets(num_steps: int, checkpoint_steps: list[int], kills: int, seed: int) -> list[KillTarget]:
@@ -80,38 +64,6 @@ def draw_targets(num_steps: int, checkpoint_steps: list[int], kills: int, seed: 
     targets.append(KillTarget(float(rng.choice(writes)), "write"))
     # A write of checkpoint s sorts before the step kills just after s, so its attempt still writes it.
     return sorted(targets, key=lambda t: (t.position, t.kind == "step"))
-
-
-@dataclass
-class Kill:
-    """One SIGKILL and what it left.
-
-    Attributes:
-        aimed: The target, in words.
-        steps_done: Steps in the step log when the process died.
-        writing: The checkpoint being written at the kill (its temporary file was left), or ``None``.
-        resumed_from: Step of the newest loadable checkpoint, where ``--resume`` continues.
-        steps_redone: ``steps_done - resumed_from``: steps the next attempt repeats.
-        checkpoints: Checkpoint files on disk after the kill.
-        loaded: How many of them loaded with ``torch.load(weights_only=True)`` and hold their step.
-        unreadable: ``name: reason`` of any that did not (the test demands none).
-        alive_s: How long the killed process ran.
-    """
-
-    aimed: str
-    steps_done: int
-    writing: str | None
-    resumed_from: int
-    steps_redone: int
-    checkpoints: list[str]
-    loaded: int
-    unreadable: list[str] = field(default_factory=list)
-    alive_s: float = 0.0
-
-    @property
-    def landed(self) -> str:
-        """Where the kill hit: after which logged step, and in which checkpoint write if one was under way."""
-        return f"after step {self.steps_done}" + (f", writing {self.writing}" if self.writing else "")
 
 
 @dataclass
@@ -183,61 +135,6 @@ def _checkpoint_steps(num_steps: int, steps_per_epoch: int, every: int) -> list[
     return sorted(ends | (set(range(every, num_steps + 1, every)) if every else set()))
 
 
-def _wait_and_kill(proc, run_dir: Path, target: KillTarget, launched_unix: float, step_s: float, timeout_s: float):
-    """SIGKILL ``proc`` at ``target``; False if it exited first or the target never came."""
-    folder = run_dir / "checkpoints"
-    deadline = time.monotonic() + timeout_s
-    temp_name = f".ckpt-{int(target.position):09d}.pt.tmp-{proc.pid}"
-    need = int(target.position)
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        if target.kind == "write":
-            temp = folder / temp_name
-            with contextlib.suppress(FileNotFoundError):
-                if temp.stat().st_size > 0:
-                    proc.send_signal(signal.SIGKILL)
-                    return True
-        else:
-            records = step_records(run_dir, launched_unix)
-            if records and records[-1]["step"] >= need:
-                time.sleep((target.position - need) * step_s)
-                # A step kill is meant to land between checkpoint writes: on a loaded machine a write
-                # (slowed by the chunk delay) can still be running when the moment comes, so wait it out.
-                while any(folder.glob(f".ckpt-*.pt.tmp-{proc.pid}")) and time.monotonic() < deadline:
-                    time.sleep(_POLL_S)
-                proc.send_signal(signal.SIGKILL)
-                return True
-        time.sleep(_POLL_S)
-    return False
-
-
-def _inspect(
-    run_dir: Path, launched_unix: float, resumed_from: int, pid: int
-) -> tuple[int, str | None, list, int, list, int]:
-    """After a kill: steps done, the checkpoint the killed process ``pid`` was writing, every checkpoint loaded."""
-    import torch
-
-    records = step_records(run_dir, launched_unix)
-    done = records[-1]["step"] if records else resumed_from
-    # Only this process's temporary file: an earlier kill's may still lie there.
-    temps = sorted((run_dir / "checkpoints").glob(f".ckpt-*.pt.tmp-{pid}"))
-    writing = temps[-1].name[1:].split(".tmp-")[0] if temps else None
-    names, unreadable, loaded, newest = [], [], 0, 0
-    for path in list_checkpoints(run_dir):
-        names.append(path.name)
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            if int(state["step"]) != int(path.stem.split("-")[1]) or "model" not in state:
-                raise ValueError("holds another step or no weights")
-        except Exception as err:  # any failure to load is the finding
-            unreadable.append(f"{path.name}: {err}")
-            continue
-        loaded += 1
-        newest = max(newest, int(state["step"]))
-    return done, writing, names, loaded, unreadable, newest
-
-
 def _compare(reference: Path, resumed: Path) -> tuple[float, float]:
     import torch
 
@@ -256,6 +153,59 @@ def _compare(reference: Path, resumed: Path) -> tuple[float, float]:
         if name != "step"
     ]
     return weights, max(moments, default=0.0)
+
+
+@dataclass(frozen=True)
+class _Reference:
+    """The uninterrupted run: what the kills are timed by and the resumed run is compared with."""
+
+    result: TrainResult
+    seconds: float
+    records: list[dict]  # its step log
+    num_steps: int
+    step_s: float  # its median step
+    checkpoint_steps: list[int]  # the steps it wrote a checkpoint at
+
+
+def _reference_run(config: Path, folder: Path, epochs: int, checkpoint_every_steps: int) -> _Reference:
+    """Train the job without interruption in ``folder``."""
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):  # its summary table is not a figure here
+        result = train(load_config(config), folder)
+    seconds = time.perf_counter() - started
+    records = step_records(folder)
+    num_steps = result.step
+    checkpoint_steps = _checkpoint_steps(num_steps, num_steps // epochs, checkpoint_every_steps)
+    return _Reference(
+        result, seconds, records, num_steps, statistics.median(r["step_s"] for r in records), checkpoint_steps
+    )
+
+
+def _report(
+    reference: _Reference, run_dir: Path, kills: list[Kill], completed: bool, seed: int, killed_run_s: float
+) -> KillResumeReport:
+    """The killed run's outcome against the uninterrupted one."""
+    final = list_checkpoints(run_dir)
+    records = step_records(run_dir)
+    weights = moments = float("inf")
+    if completed and final and reference.result.checkpoint is not None:
+        weights, moments = _compare(reference.result.checkpoint, final[-1])
+    ref_losses = {r["step"]: r["loss"] for r in reference.records}
+    loss_gaps = [abs(r["loss"] - ref_losses[r["step"]]) for r in records if r["step"] in ref_losses]
+    return KillResumeReport(
+        num_steps=reference.num_steps,
+        seed=seed,
+        kills=kills,
+        completed=completed,
+        final_step=int(final[-1].stem.split("-")[1]) if final else 0,
+        max_weight_diff=weights,
+        max_moment_diff=moments,
+        max_loss_diff=max(loss_gaps, default=float("inf")),
+        steps_logged=[r["step"] for r in records],
+        reference_s=reference.seconds,
+        killed_run_s=killed_run_s,
+        attempts=len(kills) + 1,
+    )
 
 
 def run_kill_resume(
@@ -282,7 +232,6 @@ def run_kill_resume(
         data: An existing ``gpufeed synth`` folder to train on.
         progress: Show a progress bar over the attempts.
     """
-
     out = Path(out)
     data_dir = ensure_synth(Path(data) if data else out / "data")
     reference_dir, run_dir, logs = out / "reference", out / "killed", out / "logs"
@@ -290,88 +239,20 @@ def run_kill_resume(
         shutil.rmtree(folder, ignore_errors=True)
     logs.mkdir(parents=True)
     config = write_train_yaml(out / "train.yaml", tiny_train_mapping(data_dir, epochs, checkpoint_every_steps))
-
-    started = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()):  # its summary table is not a figure here
-        reference = train(load_config(config), reference_dir)
-    reference_s = time.perf_counter() - started
-    ref_records = step_records(reference_dir)
-    num_steps = reference.step
-    steps_per_epoch = num_steps // epochs
-    step_s = statistics.median(r["step_s"] for r in ref_records)
-    checkpoint_steps = _checkpoint_steps(num_steps, steps_per_epoch, checkpoint_every_steps)
-    targets = draw_targets(num_steps, checkpoint_steps, kills, seed)
+    reference = _reference_run(config, reference_dir, epochs, checkpoint_every_steps)
+    targets = draw_targets(reference.num_steps, reference.checkpoint_steps, kills, seed)
 
     env = {**os.environ, "GPUFEED_CHECKPOINT_CHUNK_DELAY_MS": str(chunk_delay_ms)}
-    base = ["train", "--config", str(config), "--out", str(run_dir)]
+    run = KilledRun(
+        config, run_dir, logs, env, reference.num_steps, reference.step_s, reference.checkpoint_steps, timeout_s
+    )
     results: list[Kill] = []
-    resumed_from, completed = 0, False
     bar = progress_bar(total=kills + 1, desc="kill -9 and resume", unit="start", disable=not progress, leave=True)
     started = time.perf_counter()
-    for attempt in range(kills + 1):
-        argv = gpufeed_argv(*base, *(["--resume"] if attempt else []))
-        with open(logs / f"attempt-{attempt + 1}.log", "w", encoding="utf-8") as log_file:
-            launched_unix, launched = time.time(), time.perf_counter()
-            proc = subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-            try:
-                if attempt == kills:
-                    completed = proc.wait(timeout=timeout_s) == 0
-                    bar.update(1)
-                    break
-                target = targets[attempt]
-                if target.kind == "write" and target.position <= resumed_from:
-                    # The previous kill landed after this checkpoint was written: aim at the next write.
-                    later = [s for s in checkpoint_steps if resumed_from < s < num_steps]
-                    target = KillTarget(float(later[0]), "write") if later else KillTarget(num_steps - 0.5, "step")
-                killed = _wait_and_kill(proc, run_dir, target, launched_unix, step_s, timeout_s)
-                proc.wait(timeout=60)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        if not killed:
-            raise RuntimeError(
-                f"attempt {attempt + 1} exited with status {proc.returncode} before kill {attempt + 1} "
-                f"({target.describe()}); see {logs / f'attempt-{attempt + 1}.log'}"
-            )
-        done, writing, names, loaded, unreadable, newest = _inspect(run_dir, launched_unix, resumed_from, proc.pid)
-        results.append(
-            Kill(
-                aimed=target.describe(),
-                steps_done=done,
-                writing=writing,
-                resumed_from=newest,
-                steps_redone=max(0, done - newest),
-                checkpoints=names,
-                loaded=loaded,
-                unreadable=unreadable,
-                alive_s=time.perf_counter() - launched,
-            )
-        )
-        resumed_from = newest
+    for attempt, target in enumerate(targets):
+        results.append(run.kill(attempt, target, results[-1].resumed_from if results else 0))
         bar.update(1)
+    completed = run.finish(len(targets))
+    bar.update(1)
     bar.close()
-    killed_run_s = time.perf_counter() - started
-
-    final = list_checkpoints(run_dir)
-    records = step_records(run_dir)
-    final_step = int(final[-1].stem.split("-")[1]) if final else 0
-    weights = moments = float("inf")
-    if completed and final and reference.checkpoint is not None:
-        weights, moments = _compare(reference.checkpoint, final[-1])
-    ref_losses = {r["step"]: r["loss"] for r in ref_records}
-    loss_gaps = [abs(r["loss"] - ref_losses[r["step"]]) for r in records if r["step"] in ref_losses]
-    return KillResumeReport(
-        num_steps=num_steps,
-        seed=seed,
-        kills=results,
-        completed=completed,
-        final_step=final_step,
-        max_weight_diff=weights,
-        max_moment_diff=moments,
-        max_loss_diff=max(loss_gaps, default=float("inf")),
-        steps_logged=[r["step"] for r in records],
-        reference_s=reference_s,
-        killed_run_s=killed_run_s,
-        attempts=kills + 1,
-    )
+    return _report(reference, run_dir, results, completed, seed, time.perf_counter() - started)

@@ -69,6 +69,31 @@ def predict_scores(url: str, model: str, image: bytes, num_classes: int, headers
     return [t["score"] for t in sorted(prediction["top_k"], key=lambda t: t["index"])]
 
 
+def _watched_load(server: ServeProcess, model: str, images: list[bytes], headers, depths: list[float], **load) -> tuple:
+    """Drive ``server`` with :func:`~gpufeed.bench.run_load` (``load``: its keywords) while a thread scrapes
+    its queue depth into ``depths``; the load's result and its seconds."""
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_depth, args=(server.url, model, headers, depths, stop), daemon=True)
+    watcher.start()
+    started = time.perf_counter()
+    try:
+        result = run_load(server.host, server.port, f"/v1/models/{model}/predict", images, **load)
+    finally:
+        stop.set()
+        watcher.join(10)
+    return result, time.perf_counter() - started
+
+
+def _counted_errors(before: dict, after: dict, model: str) -> dict[str, float]:
+    """The server's error counts by reason, from its metrics scraped before and after the load."""
+    key = "gpufeed_server_errors_total"
+    return {
+        reason: after.get((key, (("model", model), ("reason", reason))), 0.0)
+        - before.get((key, (("model", model), ("reason", reason))), 0.0)
+        for reason in ("queue_full", "timeout", "internal")
+    }
+
+
 def run_overload(
     model_dir: Path,
     images: list[bytes],
@@ -97,35 +122,20 @@ def run_overload(
         num_classes = card.spec.num_classes
         before = predict_scores(server.url, card.name, images[0], num_classes, headers)
         errors_before = _scrape(server.url, headers)
-        stop = threading.Event()
-        watcher = threading.Thread(
-            target=_watch_depth, args=(server.url, card.name, headers, depths, stop), daemon=True
+        result, load_seconds = _watched_load(
+            server,
+            card.name,
+            images,
+            headers,
+            depths,
+            concurrency=clients,
+            seconds=seconds,
+            warmup_s=warmup_s,
+            response_timeout_s=request_timeout_s + 10.0,
         )
-        watcher.start()
-        started = time.perf_counter()
-        try:
-            result = run_load(
-                server.host,
-                server.port,
-                f"/v1/models/{card.name}/predict",
-                images,
-                concurrency=clients,
-                seconds=seconds,
-                warmup_s=warmup_s,
-                response_timeout_s=request_timeout_s + 10.0,
-            )
-        finally:
-            stop.set()
-            watcher.join(10)
-        load_seconds = time.perf_counter() - started
         ready_after = httpx.get(server.url + "/v2/health/ready", timeout=10).status_code
         after = predict_scores(server.url, card.name, images[0], num_classes, headers)
         errors_after = _scrape(server.url, headers)
-    counted = {
-        reason: errors_after.get(("gpufeed_server_errors_total", (("model", card.name), ("reason", reason))), 0.0)
-        - errors_before.get(("gpufeed_server_errors_total", (("model", card.name), ("reason", reason))), 0.0)
-        for reason in ("queue_full", "timeout", "internal")
-    }
     answered = sum(result.statuses.values())
     refused = result.statuses.get(503, 0)
     figures = {
@@ -148,7 +158,7 @@ def run_overload(
         "admitted_max_ms": max(result.latencies_s, default=float("nan")) * 1000,
         "queue_depth_max": max(depths, default=float("nan")),
         "queue_depth_samples": len(depths),
-        "counted_errors": counted,
+        "counted_errors": _counted_errors(errors_before, errors_after, card.name),
         "ready_after": ready_after,
         "same_answer_after": bool(np.allclose(before, after, atol=1e-6)) and len(before) == num_classes,
         "exit_status": server.exit_status,
