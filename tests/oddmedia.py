@@ -170,11 +170,12 @@ def reference_rgb(path: str | Path) -> np.ndarray:
 def _picture(width: int, height: int, seed: int) -> np.ndarray:
     """A smooth asymmetric picture (gradients and a corner mark): small to encode, easy to orient."""
     rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:height, 0:width]
-    red = xx * 255 // max(width - 1, 1)
-    green = yy * 255 // max(height - 1, 1)
-    blue = (xx + 2 * yy) * 255 // max(width + 2 * height - 3, 1)
-    picture = np.stack([red, green, blue], axis=-1).astype(np.int16)
+    # A row and a column broadcast into the picture: full int64 grids made the 4000x3000 photo 10x slower.
+    x, y = np.arange(width), np.arange(height)[:, None]
+    picture = np.empty((height, width, 3), np.int16)
+    picture[..., 0] = x * 255 // max(width - 1, 1)
+    picture[..., 1] = y * 255 // max(height - 1, 1)
+    picture[..., 2] = (x + 2 * y) * 255 // max(width + 2 * height - 3, 1)
     picture[: max(1, height // 6), : max(1, width // 5)] = (250, 250, 40)  # top-left mark: shows any flip
     picture += rng.integers(-3, 4, picture.shape, dtype=np.int16)
     return np.clip(picture, 0, 255).astype(np.uint8)

@@ -7,6 +7,7 @@ No timing is asserted (the figures are for people to read); only what must hold 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -142,12 +143,17 @@ def test_pil_baseline_crops_what_gpufeed_decodes(tmp_path, size):
     assert np.abs(ours - other).mean() > 5.0
 
 
-@pytest.mark.parametrize("size", [SizePx(112, 112), SizePx(144, 112)], ids=["square", "144x112"])
-def test_pyav_baseline_returns_exactly_the_frames_asked_for(tmp_path, size):
+@pytest.fixture(scope="module")
+def bench_videos(tmp_path_factory) -> Path:
+    """Two prepared 4 s videos, made once: both output sizes read the same files (making them is most of the cost)."""
     # As `gpufeed bench clips` makes them: on smaller frames h264 blurs the tag squares past reading.
-    videos = make_bench_videos(tmp_path, count=2, seconds=4, fps=30, size=256, gop=250, seed=0)
-    prepared = prepared_bench_videos(videos, 11, 1)
-    dataset = VideoDataset.from_folder(prepared)
+    videos = make_bench_videos(tmp_path_factory.mktemp("bench"), count=2, seconds=4, fps=30, size=256, gop=250, seed=0)
+    return prepared_bench_videos(videos, 11, 1)
+
+
+@pytest.mark.parametrize("size", [SizePx(112, 112), SizePx(144, 112)], ids=["square", "144x112"])
+def test_pyav_baseline_returns_exactly_the_frames_asked_for(bench_videos, size):
+    dataset = VideoDataset.from_folder(bench_videos)
     reader = PyAvSeekClips(dataset, clip_length_frames=11, stride_frames=2, size_px=size)
     width = size.width_px
     for video, start in ((0, 0), (1, 37), (0, 98), (1, 5), (0, 60)):

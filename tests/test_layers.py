@@ -35,11 +35,13 @@ or the file and line of an unexplained deferred import).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _sources import parsed_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,6 +112,11 @@ def _module_files() -> dict[str, Path]:
 MODULES = _module_files()
 
 
+def parsed(module: str) -> ast.Module:
+    """``module``'s source parsed: the session's one tree of it (``_sources.py``)."""
+    return parsed_file(MODULES[module])
+
+
 _NAMED_MODULE = re.compile(r"gpufeed(\.\w+)+(:\w+)?")
 
 
@@ -137,7 +144,7 @@ def _absolute(module: str, level: int, name: str | None) -> str:
 
 def imports_of(module: str, tree: ast.AST | None = None) -> list[Import]:
     """Every first-party import in ``module``, at any depth of its source, resolved to module names."""
-    tree = tree if tree is not None else ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    tree = tree if tree is not None else parsed(module)
     found: dict[Import, None] = {}  # ordered, and one edge per line however many names it imports
 
     def add(line: int, name: str) -> None:
@@ -280,7 +287,13 @@ def _circle(graph: dict[str, list[Import]], members: set[str]) -> list[Import]:
 
 
 def all_imports() -> list[Import]:
-    return [e for module in sorted(MODULES) for e in imports_of(module)]
+    return list(_all_imports())
+
+
+@functools.cache
+def _all_imports() -> tuple[Import, ...]:
+    """Every module's imports, collected once per session (five checks read them; a copy each)."""
+    return tuple(e for module in sorted(MODULES) for e in imports_of(module))
 
 
 DEFERRED_NOTE = "# Deferred"
@@ -319,12 +332,15 @@ def deferred_imports(module: str, tree: ast.AST) -> list[tuple[Deferred, ast.stm
     return sorted(found.values(), key=lambda pair: pair[0].line)
 
 
-def unexplained_deferrals(module: str, source: str) -> list[Deferred]:
-    """The deferred first-party imports of ``module`` with no ``# Deferred`` comment (see the module docs)."""
+def unexplained_deferrals(module: str, source: str, tree: ast.AST | None = None) -> list[Deferred]:
+    """The deferred first-party imports of ``module`` with no ``# Deferred`` comment (see the module docs).
+
+    ``tree`` is ``source`` parsed, when the caller has it already.
+    """
     lines = source.splitlines()
     if any(line.startswith(MODULE_DEFERRED_NOTE) for line in lines):
         return []
-    tree = ast.parse(source)
+    tree = tree if tree is not None else ast.parse(source)
     import_lines = {
         n
         for node in ast.walk(tree)
@@ -395,8 +411,8 @@ def test_no_import_cycles():
 def test_every_deferred_import_says_why():
     """A first-party import inside a function has a ``# Deferred`` comment saying why (see the module docs)."""
     sources = {module: path.read_text(encoding="utf-8") for module, path in sorted(MODULES.items())}
-    print(sum(len(deferred_imports(m, ast.parse(text))) for m, text in sources.items()), "deferred first-party imports")
-    bad = [d for module, text in sources.items() for d in unexplained_deferrals(module, text)]
+    print(sum(len(deferred_imports(m, parsed(m))) for m in sources), "deferred first-party imports")
+    bad = [d for module, text in sources.items() for d in unexplained_deferrals(module, text, parsed(module))]
     assert not bad, (
         "first-party imports inside functions with no '# Deferred: <why>' comment (move them to module level, "
         "or say why they wait):\n" + "\n".join(f"  {d}" for d in bad)

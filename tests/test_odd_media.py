@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import DEVICES
-from oddmedia import reference_rgb, write_image_corpus, write_video_corpus
+from oddmedia import reference_rgb, write_video_corpus
 from PIL import Image
 from videohelp import frame_tags
 
@@ -25,9 +25,8 @@ pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("odd")
-    images = write_image_corpus(root / "images")
+def corpus(odd_images):
+    root, images = odd_images  # the session's images (conftest.py); the videos beside them are this module's
     videos = write_video_corpus(root / "videos")
     return root, images, videos
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oddmedia import write_image_corpus
 
 from gpufeed.config import SizePx
 from gpufeed.server._preprocess import MAX_BANDS, ImageDecoder, inspect_image
@@ -34,8 +33,8 @@ def _decode(decoder: ImageDecoder, blobs: list[bytes], bands: int) -> np.ndarray
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> list[bytes]:
-    images = write_image_corpus(tmp_path_factory.mktemp("odd"))
+def corpus(odd_images) -> list[bytes]:
+    _, images = odd_images  # the session's (conftest.py)
     return [image.path.read_bytes() for image in images if image.path.parent.parent.name == "good"]
 
 
@@ -55,21 +54,33 @@ def test_bands_equal_the_whole_image_on_real_world_files(corpus, size_px):
     assert used.count(2) >= 1, f"no corpus file was decoded in bands: {used}"
 
 
-@pytest.mark.parametrize(
-    ("size_px", "crop_fraction"), [(SizePx(224, 224), 0.875), (SizePx(96, 96), 0.875), (SizePx(160, 96), 1.0)]
-)
-def test_bands_are_used_exactly_where_they_give_the_same_pixels(size_px, crop_fraction):
-    """Random sizes, half of them camera-like (divisible by 8): upscaling, 4x downscaling, odd heights."""
-    # Every image is compared, banded or not: bands_used says which path ran, the pixels must agree.
+@pytest.fixture(scope="module")
+def random_photos() -> list[tuple[int, int, bytes]]:
+    """40 JPEGs of random sizes, half of them camera-like (divisible by 8), as (width, height, bytes).
+
+    Made once for the module: every output size below decodes the same files, and drawing and
+    encoding them (up to 1600x1600) cost more than the decodes.
+    """
     rng = np.random.default_rng(7)
-    whole = ImageDecoder(size_px, crop_fraction, max_batch=1, device_id=None, num_threads=1)
-    banded = ImageDecoder(size_px, crop_fraction, max_batch=2, device_id=None, num_threads=2)
-    used = []
+    photos = []
     for t in range(40):
         width, height = (int(v) for v in rng.integers(24, 1600, 2))
         if t % 2 == 0:
             width, height = max(8, width - width % 8), max(8, height - height % 8)
-        blob = encode_image(photo_pixels(width, height, seed=t), "JPEG", quality=92)
+        photos.append((width, height, encode_image(photo_pixels(width, height, seed=t), "JPEG", quality=92)))
+    return photos
+
+
+@pytest.mark.parametrize(
+    ("size_px", "crop_fraction"), [(SizePx(224, 224), 0.875), (SizePx(96, 96), 0.875), (SizePx(160, 96), 1.0)]
+)
+def test_bands_are_used_exactly_where_they_give_the_same_pixels(random_photos, size_px, crop_fraction):
+    """Random sizes, half of them camera-like (divisible by 8): upscaling, 4x downscaling, odd heights."""
+    # Every image is compared, banded or not: bands_used says which path ran, the pixels must agree.
+    whole = ImageDecoder(size_px, crop_fraction, max_batch=1, device_id=None, num_threads=1)
+    banded = ImageDecoder(size_px, crop_fraction, max_batch=2, device_id=None, num_threads=2)
+    used = []
+    for width, height, blob in random_photos:
         exact = banded.exact_in_bands(banded._windows(_sizes([blob])))
         assert np.array_equal(_decode(banded, [blob], 2), _decode(whole, [blob], 1)), f"{width}x{height}"
         assert banded.bands_used == (2 if exact else 1)

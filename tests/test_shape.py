@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 
-from test_layers import MODULES, ROOT, deferred_imports
+from test_layers import MODULES, ROOT, deferred_imports, parsed
 
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
@@ -50,8 +50,8 @@ def module_lines() -> dict[str, int]:
 def function_lines() -> dict[str, int]:
     """Lines of every function and method (``path:name``; the longest of a name's definitions in a file)."""
     found: dict[str, int] = {}
-    for module, path in sorted(MODULES.items()):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for module in sorted(MODULES):
+        for node in ast.walk(parsed(module)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 key = f"{_relative(module)}:{node.name}"
                 found[key] = max(found.get(key, 0), node.end_lineno - node.lineno + 1)
@@ -85,7 +85,7 @@ def test_no_function_is_too_long():
 
 
 def test_few_deferred_imports():
-    count = sum(len(deferred_imports(m, ast.parse(p.read_text(encoding="utf-8")))) for m, p in MODULES.items())
+    count = sum(len(deferred_imports(m, parsed(m))) for m in MODULES)
     print(count, f"deferred first-party imports (at most {MAX_DEFERRED_IMPORTS})")
     assert count <= MAX_DEFERRED_IMPORTS, (
         f"{count} first-party imports inside functions, over {MAX_DEFERRED_IMPORTS}: move them to module level"

@@ -161,11 +161,13 @@ def _parse_size_px_uses() -> dict[str, int]:
     import ast
     from pathlib import Path
 
+    from _sources import parsed_file
+
     root = Path(__file__).resolve().parents[1]
     uses: dict[str, int] = {}
     for package in ("gpufeed", "pipelines", "models", "server"):
         for path in sorted((root / package).rglob("*.py")):
-            tree = ast.parse(path.read_text(encoding="utf-8"))
+            tree = parsed_file(path)  # the session's one tree of it
             count = sum(
                 (isinstance(node, ast.Name) and node.id == "parse_size_px")
                 or (isinstance(node, ast.Attribute) and node.attr == "parse_size_px")

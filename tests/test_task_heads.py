@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+from _sources import parsed_file
 
 from gpufeed.config import parse_config
 from gpufeed.models import (
@@ -72,15 +73,15 @@ def _is_text(node: ast.AST) -> bool:
     return isinstance(node, ast.Name) and node.id.isupper() and "TASK" in node.id
 
 
-def task_switches(source: str) -> list[tuple[int, str]]:
-    """(line, code) of every place a task is switched on by its name in a module's ``source``.
+def task_switches(source: str, tree: ast.AST | None = None) -> list[tuple[int, str]]:
+    """(line, code) of every place a task is switched on by its name in a module's ``source`` (``tree``: parsed).
 
     A comparison of something named ``*task*`` with a string (``task == "clip"``, ``spec.task in
     ("depth", ...)``, ``task_kind in DENSE_TASKS``), a ``match`` on it, or a table keyed by two or
     more task names (``{"depth": ..., "segmentation": ...}``).
     """
     names, found = set(list_tasks()), []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree if tree is not None else ast.parse(source)):
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if any(_mentions_task(s) for s in sides) and any(_is_text(s) for s in sides):
@@ -101,7 +102,7 @@ def _all_task_switches() -> dict[str, list[tuple[int, str]]]:
             rel = path.relative_to(ROOT).as_posix()
             if rel in ("models/_heads.py",):  # the registry and factory: where a task's name belongs
                 continue
-            found = task_switches(path.read_text())
+            found = task_switches(path.read_text(), parsed_file(path))
             if found:
                 out[rel] = found
     return out
@@ -270,7 +271,7 @@ def _calls(name: str) -> set[str]:
     """Server modules calling ``name(...)`` or ``<...>.name(...)``."""
     found = set()
     for path in sorted(SERVER.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed_file(path)):
             if isinstance(node, ast.Call):
                 func = node.func
                 called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
