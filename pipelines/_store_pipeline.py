@@ -23,7 +23,9 @@ clip, and checks every frame's tag against its clip's.
 
 from __future__ import annotations
 
-from gpufeed.core import SizePx
+import contextlib
+
+from gpufeed.core import SizePx, gc_frozen_for_fork
 from gpufeed.pipelines._executor import executor_args
 
 __all__ = ["STORE_READ_WORKERS", "build_store_pipeline", "store_read_workers"]
@@ -122,12 +124,6 @@ def build_store_pipeline(
 
     workers = {}
     if parallel:
-        # A forked worker inherits the parent's unreachable DALI pipelines and crashes if its garbage
-        # collector finalises one: collect them in the parent first.
-        if start_method == "fork" and build:
-            import gc
-
-            gc.collect()
         workers = {"py_num_workers": store_read_workers(num_threads), "py_start_method": start_method}
     pipe = store_graph(
         batch_size=frames_per_batch,
@@ -139,5 +135,8 @@ def build_store_pipeline(
         **workers,
     )
     if build:
-        pipe.build()
+        # A forked worker inherits the parent's unreachable DALI pipelines and crashes if its garbage
+        # collector finalises one: they are frozen out of its reach (gc_frozen_for_fork).
+        with gc_frozen_for_fork() if parallel and start_method == "fork" else contextlib.nullcontext():
+            pipe.build()
     return pipe
