@@ -108,3 +108,52 @@ def test_random_clips_read_in_batch_order_are_exact_and_cost_less(videos, name):
 def test_the_read_order_sorts_by_video_then_start_and_keeps_the_padding_rows():
     order = clip_read_order(np.array([2, 0, 2, 0, 1]), np.array([50, 90, 10, 5, 7]), 7)
     assert order.tolist() == [3, 1, 4, 2, 0, 5, 6]
+
+
+@pytest.mark.parametrize("name", ["plain", "bframes"])
+@pytest.mark.parametrize(("later", "earlier", "stride"), [(40, 10, 1), (100, 64, 1), (45, 36, 1), (50, 0, 2)])
+def test_frames_a_later_clip_reads_are_kept_on_the_way_and_serve_it_exactly(videos, name, later, earlier, stride):
+    """A read told a later clip's frames keeps those it decodes; that clip is then read without decoding."""
+    ref, reference = videos[name]
+    decoder = ClipDecoder()
+    ahead = frozenset(_frames(earlier, stride).tolist())
+    first = decoder.read(ref, _frames(later, stride), ahead)
+    assert np.array_equal(first, _cold(ref, _frames(later, stride))), "keeping frames does not change the read"
+    decoded = decoder.frames_decoded
+    clip = decoder.read(ref, _frames(earlier, stride))
+    assert decoder.kept_reads == 1 and decoder.frames_decoded == decoded, "served from the kept frames"
+    assert np.array_equal(clip, _cold(ref, _frames(earlier, stride)))
+    assert all(np.array_equal(clip[t], reference[f]) for t, f in enumerate(_frames(earlier, stride)))
+    assert [read_tag(frame, "HWC").ident for frame in clip] == _frames(earlier, stride).tolist()
+    decoder.close()
+
+
+def test_a_clip_only_partly_kept_is_decoded_and_retain_drops_what_no_later_clip_reads(videos):
+    ref, reference = videos["plain"]
+    decoder = ClipDecoder()
+    decoder.read(ref, _frames(20), frozenset(range(15, 26)))  # frames 15..30 pass by; 15..25 are kept
+    clip = decoder.read(ref, _frames(10))  # 10..14 were never decoded: a seek, not the kept frames
+    assert decoder.kept_reads == 0 and decoder.seek_reads == 2
+    assert all(np.array_equal(clip[t], reference[f]) for t, f in enumerate(_frames(10)))
+    decoder.retain({ref.path: frozenset(range(0, 15))})  # no later clip reads 15..25 any more
+    before = decoder.seek_reads
+    clip = decoder.read(ref, _frames(15))
+    assert decoder.kept_reads == 0 and decoder.seek_reads == before + 1, "dropped frames are decoded again"
+    assert all(np.array_equal(clip[t], reference[f]) for t, f in enumerate(_frames(15)))
+    decoder.close()
+
+
+def test_frames_ahead_names_the_frames_of_the_next_batches_and_the_look_ahead_fits_its_memory():
+    from gpufeed.core import SizePx
+    from gpufeed.pipelines._clip_read_plan import ahead_batches, frames_ahead
+
+    class Plan:  # the two members frames_ahead reads of a ClipPlan
+        def __getitem__(self, k):
+            from gpufeed.pipelines._clip_plan import PlanRows
+
+            return PlanRows(k, 0, np.array([k % 2, 1, 1]), np.array([10 * k, 0, 0]), 2)
+
+    offsets = np.arange(3) * 2
+    assert frames_ahead(Plan(), 2, 2, offsets) == {0: frozenset({20, 22, 24}), 1: frozenset({0, 2, 4, 30, 32, 34})}
+    assert ahead_batches(8, 11, SizePx(112, 112)) == 16
+    assert ahead_batches(64, 11, SizePx(224, 224)) == 0  # one batch of frames is over the budget: none kept
