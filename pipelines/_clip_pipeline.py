@@ -33,7 +33,7 @@ row ``j`` of iteration ``k`` is ``k * batch_size + j``:
   inside the reader where DALI can; on the CPU it uses FFmpeg (vp8, vp9, mjpeg only).
 * :class:`FeedInput`: a per-sample Python callback in an ``external_source``, run by DALI's worker
   processes (``parallel``: one per thread, started once) or in this thread:
-  :class:`gpufeed.pipelines._pyav.PyAVClips` (PyAV, seeking to the keyframe at or before each
+  :class:`gpufeed.pipelines._pyav_clips.PyAVClips` (PyAV, seeking to the keyframe at or before each
   clip), :class:`gpufeed.pipelines._pyav_sequential.SequentialFeed` (one video front to back, in
   this thread), both handing frames already fitted; or, on a CPU, stores of JPEG frames decoded
   DCT-scaled by a :class:`~gpufeed.pipelines._store_feed.ScaledJpegClips`, which the graph crops

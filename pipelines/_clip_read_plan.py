@@ -1,7 +1,7 @@
 """Which clips a PyAV worker reads in what order, and which frames the plan's next batches read.
 
 :func:`clip_read_order` orders a batch by (video, start) so that a worker meets a video's clips
-forward; :func:`frames_ahead` names the frames the next batches read, so that a worker decoding a
+forward; :func:`starts_ahead` names the clips the next batches read, so that a worker decoding a
 video on its way to one clip keeps those frames for later clips (:class:`~gpufeed.pipelines._pyav.ClipDecoder`),
 and :func:`ahead_batches` bounds how far it looks (the memory the kept frames take).
 
@@ -15,11 +15,11 @@ import numpy as np
 from gpufeed.core import SizePx
 from gpufeed.pipelines._clip_plan import ClipPlan, PlanRows
 
-__all__ = ["ahead_batches", "clip_read_order", "frames_ahead", "plan_read_order"]
+__all__ = ["ahead_batches", "clip_read_order", "plan_read_order", "starts_ahead"]
 
 
 def clip_read_order(videos: np.ndarray, starts: np.ndarray, batch_size: int) -> np.ndarray:
-    """The order :class:`~gpufeed.pipelines._pyav.PyAVClips` reads one batch's rows in: by (video, start), plan rows as positions.
+    """The order :class:`~gpufeed.pipelines._pyav_clips.PyAVClips` reads one batch's rows in: by (video, start), plan rows as positions.
 
     DALI hands each worker process a contiguous run of a batch's samples, so in this order a
     worker reads the clips of a video one after another, forward, and the decoder
@@ -47,11 +47,11 @@ def ahead_batches(batch_size: int, clip_length_frames: int, size_px: SizePx) -> 
     return max(0, min(_AHEAD_BATCHES, _KEPT_BYTES // max(1, batch_bytes) - 1))
 
 
-def frames_ahead(plan: ClipPlan, first: int, batches: int, offsets: np.ndarray) -> dict[int, frozenset[int]]:
-    """Video id -> the frames the clips of iterations ``first`` .. ``first + batches - 1`` read."""
-    found: dict[int, set[int]] = {}
-    for k in range(first, first + batches):
-        videos, starts = plan[k].clips()
-        for video, start in zip(videos.tolist(), starts.tolist(), strict=True):
-            found.setdefault(video, set()).update((start + offsets).tolist())
-    return {video: frozenset(frames) for video, frames in found.items()}
+def starts_ahead(plan: ClipPlan, first: int, batches: int) -> dict[int, np.ndarray]:
+    """Video id -> the sorted first frames of the clips of iterations ``first`` .. ``first + batches - 1``."""
+    if batches <= 0:
+        return {}
+    rows = [plan[k].clips() for k in range(first, first + batches)]
+    videos = np.concatenate([v for v, _ in rows])
+    starts = np.concatenate([s for _, s in rows])
+    return {int(v): np.unique(starts[videos == v]) for v in np.unique(videos)}

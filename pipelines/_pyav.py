@@ -6,7 +6,7 @@ start of a file: :class:`ClipDecoder` continues from where a file's decoder stan
 is further on in the same GOP, else seeks to the keyframe at or before the clip's first frame
 (known from the video index), and decodes forward only as far as the clip's last frame; open
 files stay open between clips of the same video (per process), because reopening costs more
-than a short seek. :class:`PyAVClips` reads each batch by (video, start) so that a worker meets
+than a short seek. :class:`~gpufeed.pipelines._pyav_clips.PyAVClips` reads each batch by (video, start) so that a worker meets
 a video's clips in order, and tells its decoder the frames the plan's next batches read: those
 decoded on the way to a clip are kept, fitted, and a later clip all of whose frames are kept is not
 decoded again (:mod:`gpufeed.pipelines._clip_read_plan`; in one-GOP videos, 8 decoded frames a
@@ -25,9 +25,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from gpufeed.core import SizePx, WorkerCallback, media_source
-from gpufeed.pipelines._clip_plan import ClipPlan
-from gpufeed.pipelines._clip_read_plan import ahead_batches, clip_read_order, frames_ahead, plan_read_order
+from gpufeed.core import media_source
+from gpufeed.pipelines._clip_read_plan import clip_read_order, plan_read_order
 from gpufeed.pipelines._frame_fit import FrameFitter
 from gpufeed.pipelines._frame_sizes import frame_size_problem
 from gpufeed.pipelines._frame_stores import FrameBytesReader, decode_frame
@@ -36,7 +35,6 @@ from gpufeed.pipelines._store_kinds import frame_store
 __all__ = [
     "ClipDecodeError",
     "ClipDecoder",
-    "PyAVClips",
     "VideoRef",
     "clip_read_order",
     "plan_read_order",
@@ -165,11 +163,12 @@ class ClipDecoder:
         if self._stores is not None:
             self._stores.close()
 
-    def read(self, video: VideoRef, frames: np.ndarray, ahead: frozenset[int] = frozenset()) -> np.ndarray:
+    def read(self, video: VideoRef, frames: np.ndarray, ahead: np.ndarray | None = None) -> np.ndarray:
         """RGB frames ``frames`` (ascending indices) of ``video`` as (T, H, W, 3) uint8 (after the fitter).
 
         Args:
-            ahead: Frames of ``video`` that later clips read: kept, fitted, when this read decodes them.
+            ahead: Sorted first frames of later clips of ``video``: the frames of those this read decodes
+                whole on its way are kept, fitted (see :meth:`_on_way`).
 
         Raises:
             ClipDecodeError: The file cannot be decoded there, or the frames are not all present.
@@ -244,7 +243,7 @@ class ClipDecoder:
             hit.container.close()
 
     def _decode_forward(
-        self, video: VideoRef, key: int, frames: np.ndarray, ahead: frozenset[int]
+        self, video: VideoRef, key: int, frames: np.ndarray, ahead: np.ndarray | None
     ) -> list[np.ndarray] | None:
         """The clip decoded on from where the file's decoder stands; ``None`` when a seek is the cheaper way.
 
@@ -255,7 +254,7 @@ class ClipDecoder:
         if hit is None or hit.packets is None or not key <= hit.last + 1 <= int(frames[0]):
             return None
         self._open.move_to_end(video.path)
-        got = self._take(hit, video, frames, ahead)
+        got = self._take(hit, video, key, frames, ahead)
         if got is None:
             hit.invalidate()
         else:
@@ -263,7 +262,7 @@ class ClipDecoder:
         return got
 
     def _decode_from(
-        self, video: VideoRef, key: int, frames: np.ndarray, ahead: frozenset[int]
+        self, video: VideoRef, key: int, frames: np.ndarray, ahead: np.ndarray | None
     ) -> list[np.ndarray] | None:
         """Decode from keyframe ``key``; ``None`` if the first frame decoded lies after ``frames[0]``."""
         hit = self._container(video.path)
@@ -271,28 +270,28 @@ class ClipDecoder:
         hit.invalidate()
         hit.packets = hit.container.demux(hit.stream)
         self.seek_reads += 1
-        got = self._take(hit, video, frames, ahead)
+        got = self._take(hit, video, key, frames, ahead)
         if got is None:
             hit.invalidate()
         return got
 
     def _take(
-        self, hit: _OpenVideo, video: VideoRef, frames: np.ndarray, ahead: frozenset[int]
+        self, hit: _OpenVideo, video: VideoRef, key: int, frames: np.ndarray, ahead: np.ndarray | None
     ) -> list[np.ndarray] | None:
         """The wanted frames from the decoder's next output on; ``None`` if that output is past ``frames[0]``.
 
         Until the first packet (in decode order) whose timestamp reaches the clip (or the first
-        frame ``ahead`` names on the way), the decoder skips non-reference frames: they show before
-        and nothing later depends on them, so with B-frames this saves a large share of the
-        decoding before the clip. Frames of ``ahead`` on the way are fitted into the kept frames.
+        frame kept on the way, :meth:`_on_way`), the decoder skips non-reference frames: they show
+        before and nothing later depends on them, so with B-frames this saves a large share of the
+        decoding before the clip. Frames kept on the way are fitted into the kept frames.
         Frames a packet gave beyond the clip's last stay in ``hit.pending`` for the next read.
         """
         context = hit.stream.codec_context
         first_index = int(frames[0])
         last = int(frames[-1])
-        kept = self._kept.setdefault(video.path, {}) if ahead else {}
-        on_way = [f for f in ahead if hit.last < f <= last and f not in kept]
-        needed_from = min(first_index, min(on_way, default=first_index))
+        keep = self._on_way(video, frames, ahead, max(key, hit.last + 1))
+        kept = self._kept.setdefault(video.path, {}) if keep else {}
+        needed_from = min(first_index, min(keep, default=first_index))
         target = int(video.pts[needed_from])
         context.skip_frame = "NONREF" if hit.last + 1 < needed_from and not hit.pending else "DEFAULT"
         wanted = set(frames.tolist())
@@ -307,14 +306,28 @@ class ClipDecoder:
             hit.last = max(hit.last, index)
             if index in wanted:
                 out.append(self.fitter(frame))
-                if index in ahead:
+                if index in keep:
                     kept[index] = out[-1]
-            elif index in ahead and index not in kept:
+            elif index in keep:
                 kept[index] = self.fitter(frame)
             if index >= last:
                 return out
         hit.invalidate()  # the stream ended: the decoder is drained, the next read seeks
         return out
+
+    def _on_way(self, video: VideoRef, frames: np.ndarray, ahead: np.ndarray | None, start: int) -> set[int]:
+        """Frames to keep: those of the later clips (first frames ``ahead``) decoded whole from ``start`` to ``frames[-1]``.
+
+        A clip that starts before ``start`` would be kept in part, which serves nothing (and
+        would stop the non-reference skipping from the start; camera-like B-frame video, simulated
+        over 64 batches: 11.7-12.3 ms a clip keeping whole clips only, 13.5-13.9 keeping none).
+        """
+        if ahead is None or len(ahead) == 0:
+            return set()
+        offsets = frames - frames[0]
+        whole = ahead[(ahead >= start) & (ahead + offsets[-1] <= int(frames[-1]))]
+        kept = self._kept.get(video.path, {})
+        return {f for f in (whole[:, None] + offsets).ravel().tolist() if f not in kept}
 
     def _frames(self, hit: _OpenVideo, target: int):
         """The decoder's frames in output order: those pending first, then from the next packets."""
@@ -330,90 +343,3 @@ class ClipDecoder:
             self.frames_decoded += len(hit.pending)
             while hit.pending:
                 yield hit.pending.pop(0)
-
-
-class PyAVClips(WorkerCallback):
-    """Per-sample callback for DALI's parallel ``external_source``: the clips of a plan, decoded with PyAV.
-
-    DALI's workers call it with ``sample_info``; sample ``idx_in_batch`` of pipeline iteration
-    ``iteration`` is row ``order[idx_in_batch]`` of ``plan[iteration]`` (the
-    :func:`clip_read_order`), so the workers start once and read epoch after epoch with no message
-    from the loader: everything is a pure function of the (picklable) plan and video facts.
-    Returns ``(frames (T, H, W, 3) uint8, tag (1,) int64)``, frames fitted to ``size_px`` (see
-    :class:`FrameFitter`), tag ``iteration * batch_size + order[idx_in_batch]``. Rows past a short
-    plan batch (DALI's batches here are always full) are black frames the loader drops. Each
-    worker keeps its :class:`ClipDecoder` (open files, decoder positions) for as long as the
-    pipeline lives, epoch after epoch, and tells it which frames the plan's next batches read
-    (:func:`frames_ahead`), so that frames it decodes on the way to one clip serve later ones.
-
-    Args:
-        plan: The clips of each iteration (:class:`~gpufeed.pipelines._clip_plan.ClipPlan`).
-        videos: :class:`VideoRef` per video id.
-        clip_length_frames, stride_frames: Which frames a clip holds from its start.
-        size_px, fit: The output size and fit (:class:`FrameFitter`).
-    """
-
-    def __init__(
-        self,
-        plan: ClipPlan,
-        videos: list[VideoRef],
-        *,
-        clip_length_frames: int,
-        stride_frames: int,
-        size_px: SizePx,
-        fit: str,
-    ) -> None:
-        self.plan, self.videos = plan, videos
-        self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
-        self.size, self.fit = size_px, fit
-        self._decoder: ClipDecoder | None = None
-        self._batch: tuple[int | None, tuple | None] = (None, None)  # (iteration, its rows): a worker reads many
-        self._ahead: dict[int, frozenset[int]] = {}  # video id -> frames the next batches read
-        self.ahead_batches = ahead_batches(plan.batch_size, len(self.offsets), size_px)
-        # PyAV imported here, in the loader's process, so that forked workers inherit it instead of each
-        # importing it inside its first clip (first batch 0.16-0.35 s against 0.24-0.6 s, prepared h264, load 5).
-        import av.video.reformatter  # noqa: F401
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["_decoder"] = None  # open files do not travel to worker processes
-        state["_batch"] = (None, None)
-        state["_ahead"] = {}
-        return state
-
-    def _rows(self, iteration: int):
-        """(video ids, starts, plan row of each) of ``iteration`` in :func:`clip_read_order`."""
-        cached, rows = self._batch
-        if cached != iteration:
-            plan_rows = self.plan[iteration]
-            videos, starts = plan_rows.clips()
-            order = plan_read_order(plan_rows)
-            n = plan_rows.count
-            rows = (videos[order[:n]], starts[order[:n]], order)
-            self._batch = (iteration, rows)
-            self._look_ahead(iteration)
-        return rows
-
-    def _look_ahead(self, iteration: int) -> None:
-        """On a worker's first clip of ``iteration``: the frames of the next batches, kept frames of older ones dropped."""
-        if self._decoder is None:
-            self._decoder = ClipDecoder(fitter=FrameFitter(self.size, self.fit))
-        after = frames_ahead(self.plan, iteration + 1, self.ahead_batches, self.offsets)
-        self._ahead = after
-        still = frames_ahead(self.plan, iteration, 1, self.offsets)  # this batch's clips may be kept already
-        for video, frames in after.items():
-            still[video] = still.get(video, frozenset()) | frames
-        self._decoder.retain({self.videos[v].path: frames for v, frames in still.items()})
-
-    def __call__(self, sample_info):
-        k, j = int(sample_info.iteration), int(sample_info.idx_in_batch)
-        videos, starts, order = self._rows(k)
-        tag = np.array([k * self.plan.batch_size + int(order[j])], dtype=np.int64)
-        if j >= len(videos):
-            return np.zeros((len(self.offsets), *self.size.hw, 3), dtype=np.uint8), tag
-        assert self._decoder is not None, "made by _rows"
-        video = int(videos[j])
-        clip = self._decoder.read(
-            self.videos[video], int(starts[j]) + self.offsets, self._ahead.get(video, frozenset())
-        )
-        return clip, tag

@@ -113,11 +113,10 @@ def test_the_read_order_sorts_by_video_then_start_and_keeps_the_padding_rows():
 @pytest.mark.parametrize("name", ["plain", "bframes"])
 @pytest.mark.parametrize(("later", "earlier", "stride"), [(40, 10, 1), (100, 64, 1), (45, 36, 1), (50, 0, 2)])
 def test_frames_a_later_clip_reads_are_kept_on_the_way_and_serve_it_exactly(videos, name, later, earlier, stride):
-    """A read told a later clip's frames keeps those it decodes; that clip is then read without decoding."""
+    """A read told of a later clip keeps its frames when it decodes them all; that clip is then read without decoding."""
     ref, reference = videos[name]
     decoder = ClipDecoder()
-    ahead = frozenset(_frames(earlier, stride).tolist())
-    first = decoder.read(ref, _frames(later, stride), ahead)
+    first = decoder.read(ref, _frames(later, stride), np.array([earlier]))
     assert np.array_equal(first, _cold(ref, _frames(later, stride))), "keeping frames does not change the read"
     decoded = decoder.frames_decoded
     clip = decoder.read(ref, _frames(earlier, stride))
@@ -131,7 +130,7 @@ def test_frames_a_later_clip_reads_are_kept_on_the_way_and_serve_it_exactly(vide
 def test_a_clip_only_partly_kept_is_decoded_and_retain_drops_what_no_later_clip_reads(videos):
     ref, reference = videos["plain"]
     decoder = ClipDecoder()
-    decoder.read(ref, _frames(20), frozenset(range(15, 26)))  # frames 15..30 pass by; 15..25 are kept
+    decoder.read(ref, _frames(20), np.array([15]))  # frames 0..30 pass by; the clip 15..25 is kept
     clip = decoder.read(ref, _frames(10))  # 10..14 were never decoded: a seek, not the kept frames
     assert decoder.kept_reads == 0 and decoder.seek_reads == 2
     assert all(np.array_equal(clip[t], reference[f]) for t, f in enumerate(_frames(10)))
@@ -143,17 +142,30 @@ def test_a_clip_only_partly_kept_is_decoded_and_retain_drops_what_no_later_clip_
     decoder.close()
 
 
-def test_frames_ahead_names_the_frames_of_the_next_batches_and_the_look_ahead_fits_its_memory():
+@pytest.mark.parametrize("name", ["plain", "bframes"])
+def test_a_later_clip_the_read_decodes_only_in_part_is_not_kept(videos, name):
+    ref, reference = videos[name]
+    decoder = ClipDecoder()
+    decoder.read(ref, _frames(70), np.array([55, 62]))  # from keyframe 60: 55..65 in part, 62..72 whole
+    decoder.read(ref, _frames(62))
+    assert decoder.kept_reads == 1, "the whole clip is kept"
+    clip = decoder.read(ref, _frames(55))
+    assert decoder.kept_reads == 1, "the clip from before the keyframe is decoded"
+    assert all(np.array_equal(clip[t], reference[f]) for t, f in enumerate(_frames(55)))
+    decoder.close()
+
+
+def test_starts_ahead_names_the_clips_of_the_next_batches_and_the_look_ahead_fits_its_memory():
     from gpufeed.core import SizePx
-    from gpufeed.pipelines._clip_read_plan import ahead_batches, frames_ahead
+    from gpufeed.pipelines._clip_plan import PlanRows
+    from gpufeed.pipelines._clip_read_plan import ahead_batches, starts_ahead
 
-    class Plan:  # the two members frames_ahead reads of a ClipPlan
+    class Plan:  # the one member starts_ahead reads of a ClipPlan
         def __getitem__(self, k):
-            from gpufeed.pipelines._clip_plan import PlanRows
+            return PlanRows(k, 0, np.array([k % 2, 1, 1]), np.array([10 * k, 0, 5]), 2)  # the third row fills
 
-            return PlanRows(k, 0, np.array([k % 2, 1, 1]), np.array([10 * k, 0, 0]), 2)
-
-    offsets = np.arange(3) * 2
-    assert frames_ahead(Plan(), 2, 2, offsets) == {0: frozenset({20, 22, 24}), 1: frozenset({0, 2, 4, 30, 32, 34})}
+    found = starts_ahead(Plan(), 2, 2)
+    assert {v: s.tolist() for v, s in found.items()} == {0: [20], 1: [0, 30]}
+    assert starts_ahead(Plan(), 2, 0) == {}
     assert ahead_batches(8, 11, SizePx(112, 112)) == 16
     assert ahead_batches(64, 11, SizePx(224, 224)) == 0  # one batch of frames is over the budget: none kept
