@@ -6,11 +6,12 @@ start of a file: :class:`ClipDecoder` continues from where a file's decoder stan
 is further on in the same GOP, else seeks to the keyframe at or before the clip's first frame
 (known from the video index), and decodes forward only as far as the clip's last frame; open
 files stay open between clips of the same video (per process), because reopening costs more
-than a short seek. :class:`~gpufeed.pipelines._pyav_clips.PyAVClips` reads each batch by (video, start) so that a worker meets
-a video's clips in order, and tells its decoder the frames the plan's next batches read: those
-decoded on the way to a clip are kept, fitted, and a later clip all of whose frames are kept is not
-decoded again (:mod:`gpufeed.pipelines._clip_read_plan`; in one-GOP videos, 8 decoded frames a
-clip instead of 32, simulated over 64 batches of 4 videos). The sequential reader's decoding is
+than a short seek. :class:`~gpufeed.pipelines._pyav_clips.PyAVClips` reads each batch by
+(video, start) so that a worker meets a video's clips in order, and names to its decoder the
+clips of the plan's next batches: the frames of those it decodes whole on the way to a clip are
+kept, fitted, and such a clip is later read from them without decoding
+(:mod:`gpufeed.pipelines._clip_read_plan`; in one-GOP videos, 9 decoded frames a clip instead of
+32, two workers simulated over 64 batches of 4 videos). The sequential reader's decoding is
 :mod:`gpufeed.pipelines._pyav_sequential`.
 
 This module is imported by DALI's parallel ``external_source`` worker processes, so it stays light:

@@ -21,14 +21,15 @@ class PyAVClips(WorkerCallback):
 
     DALI's workers call it with ``sample_info``; sample ``idx_in_batch`` of pipeline iteration
     ``iteration`` is row ``order[idx_in_batch]`` of ``plan[iteration]`` (the
-    :func:`clip_read_order`), so the workers start once and read epoch after epoch with no message
+    :func:`~gpufeed.pipelines._clip_read_plan.clip_read_order`), so the workers start once and read epoch after epoch with no message
     from the loader: everything is a pure function of the (picklable) plan and video facts.
     Returns ``(frames (T, H, W, 3) uint8, tag (1,) int64)``, frames fitted to ``size_px`` (see
     :class:`FrameFitter`), tag ``iteration * batch_size + order[idx_in_batch]``. Rows past a short
     plan batch (DALI's batches here are always full) are black frames the loader drops. Each
     worker keeps its :class:`ClipDecoder` (open files, decoder positions) for as long as the
-    pipeline lives, epoch after epoch, and tells it which frames the plan's next batches read
-    (:func:`~gpufeed.pipelines._clip_read_plan.starts_ahead`), so that frames it decodes on the way to one clip serve later ones.
+    pipeline lives, epoch after epoch, and names to it the clips of the plan's next batches
+    (:func:`~gpufeed.pipelines._clip_read_plan.starts_ahead`), so that frames it decodes on the
+    way to one clip serve later ones.
 
     Args:
         plan: The clips of each iteration (:class:`~gpufeed.pipelines._clip_plan.ClipPlan`).
@@ -66,7 +67,7 @@ class PyAVClips(WorkerCallback):
         return state
 
     def _rows(self, iteration: int):
-        """(video ids, starts, plan row of each) of ``iteration`` in :func:`clip_read_order`."""
+        """(video ids, starts, plan row of each) of ``iteration`` in its read order."""
         cached, rows = self._batch
         if cached != iteration:
             plan_rows = self.plan[iteration]
@@ -79,7 +80,7 @@ class PyAVClips(WorkerCallback):
         return rows
 
     def _look_ahead(self, iteration: int) -> None:
-        """On a worker's first clip of ``iteration``: the frames of the next batches, kept frames of older ones dropped."""
+        """On a worker's first clip of ``iteration``: the clips of the next batches; kept frames no longer read dropped."""
         if self._decoder is None:
             self._decoder = ClipDecoder(fitter=FrameFitter(self.size, self.fit))
         self._ahead = starts_ahead(self.plan, iteration + 1, self.ahead_batches)
