@@ -33,7 +33,7 @@ row ``j`` of iteration ``k`` is ``k * batch_size + j``:
   inside the reader where DALI can; on the CPU it uses FFmpeg (vp8, vp9, mjpeg only).
 * :class:`FeedInput`: a per-sample Python callback in an ``external_source``, run by DALI's worker
   processes (``parallel``: one per thread, started once) or in this thread:
-  :class:`gpufeed.pipelines._pyav.PyAVClips` (PyAV, seeking to the keyframe at or before each
+  :class:`gpufeed.pipelines._pyav_clips.PyAVClips` (PyAV, seeking to the keyframe at or before each
   clip), :class:`gpufeed.pipelines._pyav_sequential.SequentialFeed` (one video front to back, in
   this thread), both handing frames already fitted; or, on a CPU, stores of JPEG frames decoded
   DCT-scaled by a :class:`~gpufeed.pipelines._store_feed.ScaledJpegClips`, which the graph crops
@@ -48,6 +48,7 @@ reader, whose set-up costs about 66 us per list line (files are indexed once per
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -55,7 +56,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gpufeed.core import SizePx, forked_children_die_with_me
+from gpufeed.core import SizePx, forked_children_die_with_me, gc_frozen_for_fork
 from gpufeed.pipelines._augment import StreamAugmentFeed
 from gpufeed.pipelines._clip_plan import ClipPlan
 from gpufeed.pipelines._crop_windows import RoiFeed
@@ -344,18 +345,11 @@ def build_clip_pipeline(
 
     pool = _pipeline_args(workers, on_gpu, build, start_method, num_threads, prefetch_queue_depth)
     pipe = clip_graph(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed, **pool)
-    return _built(pipe) if build else pipe
+    return _built(pipe, forks=workers and start_method == "fork") if build else pipe
 
 
 def _pipeline_args(workers: bool, on_gpu: bool, build: bool, start_method: str, num_threads: int, depth: int) -> dict:
     """The graph's worker pool and queue depth (the rest of its arguments are the caller's)."""
-    if workers and build and start_method == "fork":
-        # Started once per pipeline, so once per loader. A forked worker inherits the parent's
-        # unreachable DALI pipelines and crashes if its garbage collector finalises one: collect
-        # them in the parent first.
-        import gc
-
-        gc.collect()
     pool = {"py_num_workers": num_threads, "py_start_method": start_method} if workers else {}
     # On a CPU, worker-process sources already decode max(2, depth) batches ahead; a pipeline queue on
     # top made the first batch wait for that many more (prepared h264: first batch 0.40-0.45 s instead
@@ -363,11 +357,13 @@ def _pipeline_args(workers: bool, on_gpu: bool, build: bool, start_method: str, 
     return {"prefetch_queue_depth": 1 if workers and not on_gpu else depth, **executor_args(on_gpu), **pool}
 
 
-def _built(pipe):
-    """``pipe`` built (its workers started) and its outputs checked."""
+def _built(pipe, forks: bool = False):
+    """``pipe`` built (its workers started, forked when ``forks``) and its outputs checked."""
     # build() starts the workers: forked ones die with this process (spawned ones arm themselves
     # when their callback is unpickled, see gpufeed.core._procs), never left blocked on a dead pipeline.
-    with forked_children_die_with_me():
+    # A forked worker inherits the parent's unreachable DALI pipelines and crashes if its garbage
+    # collector finalises one: they are frozen out of its reach (gc_frozen_for_fork).
+    with forked_children_die_with_me(), gc_frozen_for_fork() if forks else contextlib.nullcontext():
         pipe.build()
     _check_outputs(pipe)
     return pipe

@@ -37,7 +37,8 @@ from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._nvdec import choose_decoder
 from gpufeed.pipelines._nvdec_reader import ReaderBuild, fused_reader_resize, log_reader_budget, log_reader_build
 from gpufeed.pipelines._object_media import object_storage_reason, reader_local_paths
-from gpufeed.pipelines._pyav import PyAVClips, VideoRef, plan_read_order
+from gpufeed.pipelines._pyav import VideoRef, plan_read_order
+from gpufeed.pipelines._pyav_clips import PyAVClips
 from gpufeed.pipelines._pyav_sequential import SequentialFeed
 from gpufeed.pipelines._store_kinds import frame_store
 from gpufeed.pipelines._store_sources import ScaledJpegSource, StoreSource

@@ -6,8 +6,13 @@ start of a file: :class:`ClipDecoder` continues from where a file's decoder stan
 is further on in the same GOP, else seeks to the keyframe at or before the clip's first frame
 (known from the video index), and decodes forward only as far as the clip's last frame; open
 files stay open between clips of the same video (per process), because reopening costs more
-than a short seek. :class:`PyAVClips` reads each batch by (video, start) so that a worker meets
-a video's clips in order. The sequential reader's decoding is :mod:`gpufeed.pipelines._pyav_sequential`.
+than a short seek. :class:`~gpufeed.pipelines._pyav_clips.PyAVClips` reads each batch by
+(video, start) so that a worker meets a video's clips in order, and names to its decoder the
+clips of the plan's next batches: the frames of those it decodes whole on the way to a clip are
+kept, fitted, and such a clip is later read from them without decoding
+(:mod:`gpufeed.pipelines._clip_read_plan`; in one-GOP videos, 9 decoded frames a clip instead of
+32, two workers simulated over 64 batches of 4 videos). The sequential reader's decoding is
+:mod:`gpufeed.pipelines._pyav_sequential`.
 
 This module is imported by DALI's parallel ``external_source`` worker processes, so it stays light:
 numpy, PyAV and ``gpufeed.core._size`` (standard library only), and the feeds are plain picklable objects. The
@@ -21,8 +26,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from gpufeed.core import SizePx, WorkerCallback, media_source
-from gpufeed.pipelines._clip_plan import ClipPlan, PlanRows
+from gpufeed.core import media_source
+from gpufeed.pipelines._clip_read_plan import clip_read_order, plan_read_order
 from gpufeed.pipelines._frame_fit import FrameFitter
 from gpufeed.pipelines._frame_sizes import frame_size_problem
 from gpufeed.pipelines._frame_stores import FrameBytesReader, decode_frame
@@ -31,9 +36,9 @@ from gpufeed.pipelines._store_kinds import frame_store
 __all__ = [
     "ClipDecodeError",
     "ClipDecoder",
-    "PyAVClips",
     "VideoRef",
     "clip_read_order",
+    "plan_read_order",
 ]
 
 
@@ -116,9 +121,15 @@ class ClipDecoder:
         threads: FFmpeg decoding threads per file; 1 suits one decoder per core.
         fitter: Converts each wanted frame (default: RGB at the decoded size).
 
+    A read may also name the frames of this video that later clips read (``ahead``): those it
+    decodes on its way are fitted and kept, and a later clip whose frames are all kept is read from
+    them without decoding (:meth:`retain` drops the ones no later clip reads). In a one-GOP video,
+    a clip before where the decoder stands would otherwise decode again from the keyframe.
+
     Attributes:
         frames_decoded: Frames the decoder produced, wanted or not (the cost of the reads).
         forward_reads, seek_reads: Reads that continued from the decoder, and those that seeked.
+        kept_reads: Reads served from kept frames (no decoding).
     """
 
     def __init__(self, max_open: int = 8, threads: int = 1, fitter: FrameFitter | None = None) -> None:
@@ -127,9 +138,11 @@ class ClipDecoder:
         self.fitter = fitter or FrameFitter()
         self._stores: FrameBytesReader | None = None  # frame stores' open HDF5 files
         self._open: OrderedDict[str, _OpenVideo] = OrderedDict()
+        self._kept: dict[str, dict[int, np.ndarray]] = {}  # path -> frame index -> fitted frame a later clip reads
         self.frames_decoded = 0
         self.forward_reads = 0
         self.seek_reads = 0
+        self.kept_reads = 0
 
     def _container(self, path: str) -> _OpenVideo:
         import av
@@ -151,8 +164,12 @@ class ClipDecoder:
         if self._stores is not None:
             self._stores.close()
 
-    def read(self, video: VideoRef, frames: np.ndarray) -> np.ndarray:
+    def read(self, video: VideoRef, frames: np.ndarray, ahead: np.ndarray | None = None) -> np.ndarray:
         """RGB frames ``frames`` (ascending indices) of ``video`` as (T, H, W, 3) uint8 (after the fitter).
+
+        Args:
+            ahead: Sorted first frames of later clips of ``video``: the frames of those this read decodes
+                whole on its way are kept, fitted (see :meth:`_on_way`).
 
         Raises:
             ClipDecodeError: The file cannot be decoded there, or the frames are not all present.
@@ -164,13 +181,17 @@ class ClipDecoder:
             raise ClipDecodeError(f"{video.path}: frames {frames.tolist()} are outside [0, {video.num_frames})")
         if video.store:
             return self._read_store(video, frames)
+        kept = self._kept.get(video.path)
+        if kept is not None and all(f in kept for f in frames.tolist()):
+            self.kept_reads += 1
+            return np.stack([kept[f] for f in frames.tolist()])
         key = video.keyframe_before(int(frames[0]))
         try:
-            got = self._decode_forward(video, key, frames)
+            got = self._decode_forward(video, key, frames, ahead)
             if got is None:
-                got = self._decode_from(video, key, frames)
+                got = self._decode_from(video, key, frames, ahead)
             if got is None and key > 0:
-                got = self._decode_from(video, 0, frames)  # the seek landed late: start from the top
+                got = self._decode_from(video, 0, frames, ahead)  # the seek landed late: start from the top
         except av.FFmpegError as err:
             self._drop(video.path)
             raise ClipDecodeError(f"{video.path}: cannot decode frames {frames[0]}..{frames[-1]}: {err}") from None
@@ -182,6 +203,15 @@ class ClipDecoder:
                 "(the file is damaged or truncated)"
             )
         return np.stack(got)
+
+    def retain(self, ahead: dict[str, frozenset[int]]) -> None:
+        """Keep only the kept frames that ``ahead`` (path -> frame indices later clips read) still names."""
+        for path in list(self._kept):
+            wanted, kept = ahead.get(path, frozenset()), self._kept[path]
+            for index in [f for f in kept if f not in wanted]:
+                del kept[index]
+            if not kept:
+                del self._kept[path]
 
     def _read_store(self, video: VideoRef, frames: np.ndarray) -> np.ndarray:
         """A frame store's frames decoded with Pillow, fitted like video frames (a folder mixing stores and videos)."""
@@ -208,11 +238,14 @@ class ClipDecoder:
         return np.stack(out)
 
     def _drop(self, path: str) -> None:
+        self._kept.pop(path, None)
         hit = self._open.pop(path, None)
         if hit is not None:
             hit.container.close()
 
-    def _decode_forward(self, video: VideoRef, key: int, frames: np.ndarray) -> list[np.ndarray] | None:
+    def _decode_forward(
+        self, video: VideoRef, key: int, frames: np.ndarray, ahead: np.ndarray | None
+    ) -> list[np.ndarray] | None:
         """The clip decoded on from where the file's decoder stands; ``None`` when a seek is the cheaper way.
 
         Cheaper means: the decoder has not passed the clip's first frame, and the clip's keyframe
@@ -222,39 +255,47 @@ class ClipDecoder:
         if hit is None or hit.packets is None or not key <= hit.last + 1 <= int(frames[0]):
             return None
         self._open.move_to_end(video.path)
-        got = self._take(hit, video, frames)
+        got = self._take(hit, video, key, frames, ahead)
         if got is None:
             hit.invalidate()
         else:
             self.forward_reads += 1
         return got
 
-    def _decode_from(self, video: VideoRef, key: int, frames: np.ndarray) -> list[np.ndarray] | None:
+    def _decode_from(
+        self, video: VideoRef, key: int, frames: np.ndarray, ahead: np.ndarray | None
+    ) -> list[np.ndarray] | None:
         """Decode from keyframe ``key``; ``None`` if the first frame decoded lies after ``frames[0]``."""
         hit = self._container(video.path)
         hit.container.seek(int(video.pts[key]), stream=hit.stream, backward=True, any_frame=False)
         hit.invalidate()
         hit.packets = hit.container.demux(hit.stream)
         self.seek_reads += 1
-        got = self._take(hit, video, frames)
+        got = self._take(hit, video, key, frames, ahead)
         if got is None:
             hit.invalidate()
         return got
 
-    def _take(self, hit: _OpenVideo, video: VideoRef, frames: np.ndarray) -> list[np.ndarray] | None:
+    def _take(
+        self, hit: _OpenVideo, video: VideoRef, key: int, frames: np.ndarray, ahead: np.ndarray | None
+    ) -> list[np.ndarray] | None:
         """The wanted frames from the decoder's next output on; ``None`` if that output is past ``frames[0]``.
 
-        Until the first packet (in decode order) whose timestamp reaches the clip, the decoder
-        skips non-reference frames: they show before the clip and nothing later depends on them,
-        so with B-frames this saves a large share of the decoding before the clip. Frames a packet
-        gave beyond the clip's last stay in ``hit.pending`` for the next read.
+        Until the first packet (in decode order) whose timestamp reaches the clip (or the first
+        frame kept on the way, :meth:`_on_way`), the decoder skips non-reference frames: they show
+        before and nothing later depends on them, so with B-frames this saves a large share of the
+        decoding before the clip. Frames kept on the way are fitted into the kept frames.
+        Frames a packet gave beyond the clip's last stay in ``hit.pending`` for the next read.
         """
         context = hit.stream.codec_context
-        target = int(video.pts[frames[0]])
         first_index = int(frames[0])
-        context.skip_frame = "NONREF" if hit.last + 1 < first_index and not hit.pending else "DEFAULT"
-        wanted = set(frames.tolist())
         last = int(frames[-1])
+        keep = self._on_way(video, frames, ahead, max(key, hit.last + 1))
+        kept = self._kept.setdefault(video.path, {}) if keep else {}
+        needed_from = min(first_index, min(keep, default=first_index))
+        target = int(video.pts[needed_from])
+        context.skip_frame = "NONREF" if hit.last + 1 < needed_from and not hit.pending else "DEFAULT"
+        wanted = set(frames.tolist())
         out: list[np.ndarray] = []
         first = True
         for frame in self._frames(hit, target):
@@ -266,10 +307,28 @@ class ClipDecoder:
             hit.last = max(hit.last, index)
             if index in wanted:
                 out.append(self.fitter(frame))
+                if index in keep:
+                    kept[index] = out[-1]
+            elif index in keep:
+                kept[index] = self.fitter(frame)
             if index >= last:
                 return out
         hit.invalidate()  # the stream ended: the decoder is drained, the next read seeks
         return out
+
+    def _on_way(self, video: VideoRef, frames: np.ndarray, ahead: np.ndarray | None, start: int) -> set[int]:
+        """Frames to keep: those of the later clips (first frames ``ahead``) decoded whole from ``start`` to ``frames[-1]``.
+
+        A clip that starts before ``start`` would be kept in part, which serves nothing (and
+        would stop the non-reference skipping from the start; camera-like B-frame video, simulated
+        over 64 batches: 11.7-12.3 ms a clip keeping whole clips only, 13.5-13.9 keeping none).
+        """
+        if ahead is None or len(ahead) == 0:
+            return set()
+        offsets = frames - frames[0]
+        whole = ahead[(ahead >= start) & (ahead + offsets[-1] <= int(frames[-1]))]
+        kept = self._kept.get(video.path, {})
+        return {f for f in (whole[:, None] + offsets).ravel().tolist() if f not in kept}
 
     def _frames(self, hit: _OpenVideo, target: int):
         """The decoder's frames in output order: those pending first, then from the next packets."""
@@ -285,90 +344,3 @@ class ClipDecoder:
             self.frames_decoded += len(hit.pending)
             while hit.pending:
                 yield hit.pending.pop(0)
-
-
-def clip_read_order(videos: np.ndarray, starts: np.ndarray, batch_size: int) -> np.ndarray:
-    """The order :class:`PyAVClips` reads one batch's rows in: by (video, start), plan rows as positions.
-
-    DALI hands each worker process a contiguous run of a batch's samples, so in this order a
-    worker reads the clips of a video one after another, forward, and :class:`ClipDecoder`
-    continues from one clip to the next when they share a GOP instead of seeking back. Rows past
-    a short batch (``len(videos) < batch_size``) keep their places. Output row ``r`` is plan row
-    ``order[r]``; its tag says so and the loader puts the rows back in plan order.
-    """
-    n = len(videos)
-    return np.concatenate([np.lexsort((np.asarray(starts), np.asarray(videos))), np.arange(n, batch_size)])
-
-
-def plan_read_order(rows: PlanRows) -> np.ndarray:
-    """:func:`clip_read_order` of one iteration's rows."""
-    return clip_read_order(*rows.clips(), rows.batch_size)
-
-
-class PyAVClips(WorkerCallback):
-    """Per-sample callback for DALI's parallel ``external_source``: the clips of a plan, decoded with PyAV.
-
-    DALI's workers call it with ``sample_info``; sample ``idx_in_batch`` of pipeline iteration
-    ``iteration`` is row ``order[idx_in_batch]`` of ``plan[iteration]`` (the
-    :func:`clip_read_order`), so the workers start once and read epoch after epoch with no message
-    from the loader: everything is a pure function of the (picklable) plan and video facts.
-    Returns ``(frames (T, H, W, 3) uint8, tag (1,) int64)``, frames fitted to ``size_px`` (see
-    :class:`FrameFitter`), tag ``iteration * batch_size + order[idx_in_batch]``. Rows past a short
-    plan batch (DALI's batches here are always full) are black frames the loader drops. Each
-    worker keeps its :class:`ClipDecoder` (open files, decoder positions) for as long as the
-    pipeline lives, epoch after epoch.
-
-    Args:
-        plan: The clips of each iteration (:class:`~gpufeed.pipelines._clip_plan.ClipPlan`).
-        videos: :class:`VideoRef` per video id.
-        clip_length_frames, stride_frames: Which frames a clip holds from its start.
-        size_px, fit: The output size and fit (:class:`FrameFitter`).
-    """
-
-    def __init__(
-        self,
-        plan: ClipPlan,
-        videos: list[VideoRef],
-        *,
-        clip_length_frames: int,
-        stride_frames: int,
-        size_px: SizePx,
-        fit: str,
-    ) -> None:
-        self.plan, self.videos = plan, videos
-        self.offsets = np.arange(clip_length_frames, dtype=np.int64) * stride_frames
-        self.size, self.fit = size_px, fit
-        self._decoder: ClipDecoder | None = None
-        self._batch: tuple[int | None, tuple | None] = (None, None)  # (iteration, its rows): a worker reads many
-        # PyAV imported here, in the loader's process, so that forked workers inherit it instead of each
-        # importing it inside its first clip (first batch 0.16-0.35 s against 0.24-0.6 s, prepared h264, load 5).
-        import av.video.reformatter  # noqa: F401
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["_decoder"] = None  # open files do not travel to worker processes
-        state["_batch"] = (None, None)
-        return state
-
-    def _rows(self, iteration: int):
-        """(video ids, starts, plan row of each) of ``iteration`` in :func:`clip_read_order`."""
-        cached, rows = self._batch
-        if cached != iteration:
-            plan_rows = self.plan[iteration]
-            videos, starts = plan_rows.clips()
-            order = plan_read_order(plan_rows)
-            n = plan_rows.count
-            rows = (videos[order[:n]], starts[order[:n]], order)
-            self._batch = (iteration, rows)
-        return rows
-
-    def __call__(self, sample_info):
-        k, j = int(sample_info.iteration), int(sample_info.idx_in_batch)
-        videos, starts, order = self._rows(k)
-        tag = np.array([k * self.plan.batch_size + int(order[j])], dtype=np.int64)
-        if j >= len(videos):
-            return np.zeros((len(self.offsets), *self.size.hw, 3), dtype=np.uint8), tag
-        if self._decoder is None:
-            self._decoder = ClipDecoder(fitter=FrameFitter(self.size, self.fit))
-        clip = self._decoder.read(self.videos[int(videos[j])], int(starts[j]) + self.offsets)
-        return clip, tag

@@ -23,10 +23,10 @@ clip, and checks every frame's tag against its clip's.
 
 from __future__ import annotations
 
-import gc
+import contextlib
 from typing import Any
 
-from gpufeed.core import SizePx
+from gpufeed.core import SizePx, gc_frozen_for_fork
 from gpufeed.pipelines._executor import executor_args
 
 __all__ = ["STORE_READ_WORKERS", "build_store_pipeline", "store_read_workers"]
@@ -87,12 +87,8 @@ def fitted_frames(outputs, feed, *, size_px: SizePx, roi_feed, on_gpu: bool):
     return frames
 
 
-def _read_workers(num_threads: int, start_method: str, *, collect: bool) -> dict:
-    """The pipeline arguments of its file-reading worker processes (``collect``: the pipeline is built now)."""
-    # A forked worker inherits the parent's unreachable DALI pipelines and crashes if its garbage
-    # collector finalises one: collect them in the parent first.
-    if start_method == "fork" and collect:
-        gc.collect()
+def _read_workers(num_threads: int, start_method: str) -> dict:
+    """The pipeline arguments of its file-reading worker processes."""
     return {"py_num_workers": store_read_workers(num_threads), "py_start_method": start_method}
 
 
@@ -154,7 +150,7 @@ def build_store_pipeline(
             frames = fn.transpose(frames, perm=[2, 0, 1], output_layout="CHW")
         return frames, outputs[1]
 
-    workers = _read_workers(num_threads, start_method, collect=build) if parallel else {}
+    workers = _read_workers(num_threads, start_method) if parallel else {}
     pipe = store_graph(
         batch_size=frames_per_batch,
         num_threads=num_threads,
@@ -165,5 +161,8 @@ def build_store_pipeline(
         **workers,
     )
     if build:
-        pipe.build()
+        # A forked worker inherits the parent's unreachable DALI pipelines and crashes if its garbage
+        # collector finalises one: they are frozen out of its reach (gc_frozen_for_fork).
+        with gc_frozen_for_fork() if parallel and start_method == "fork" else contextlib.nullcontext():
+            pipe.build()
     return pipe

@@ -108,3 +108,64 @@ def test_random_clips_read_in_batch_order_are_exact_and_cost_less(videos, name):
 def test_the_read_order_sorts_by_video_then_start_and_keeps_the_padding_rows():
     order = clip_read_order(np.array([2, 0, 2, 0, 1]), np.array([50, 90, 10, 5, 7]), 7)
     assert order.tolist() == [3, 1, 4, 2, 0, 5, 6]
+
+
+@pytest.mark.parametrize("name", ["plain", "bframes"])
+@pytest.mark.parametrize(("later", "earlier", "stride"), [(40, 10, 1), (100, 64, 1), (45, 36, 1), (50, 0, 2)])
+def test_frames_a_later_clip_reads_are_kept_on_the_way_and_serve_it_exactly(videos, name, later, earlier, stride):
+    """A read told of a later clip keeps its frames when it decodes them all; that clip is then read without decoding."""
+    ref, reference = videos[name]
+    decoder = ClipDecoder()
+    first = decoder.read(ref, _frames(later, stride), np.array([earlier]))
+    assert np.array_equal(first, _cold(ref, _frames(later, stride))), "keeping frames does not change the read"
+    decoded = decoder.frames_decoded
+    clip = decoder.read(ref, _frames(earlier, stride))
+    assert decoder.kept_reads == 1 and decoder.frames_decoded == decoded, "served from the kept frames"
+    assert np.array_equal(clip, _cold(ref, _frames(earlier, stride)))
+    assert all(np.array_equal(clip[t], reference[f]) for t, f in enumerate(_frames(earlier, stride)))
+    assert [read_tag(frame, "HWC").ident for frame in clip] == _frames(earlier, stride).tolist()
+    decoder.close()
+
+
+def test_a_clip_only_partly_kept_is_decoded_and_retain_drops_what_no_later_clip_reads(videos):
+    ref, reference = videos["plain"]
+    decoder = ClipDecoder()
+    decoder.read(ref, _frames(20), np.array([15]))  # frames 0..30 pass by; the clip 15..25 is kept
+    clip = decoder.read(ref, _frames(10))  # 10..14 were never decoded: a seek, not the kept frames
+    assert decoder.kept_reads == 0 and decoder.seek_reads == 2
+    assert all(np.array_equal(clip[t], reference[f]) for t, f in enumerate(_frames(10)))
+    decoder.retain({ref.path: frozenset(range(0, 15))})  # no later clip reads 15..25 any more
+    before = decoder.seek_reads
+    clip = decoder.read(ref, _frames(15))
+    assert decoder.kept_reads == 0 and decoder.seek_reads == before + 1, "dropped frames are decoded again"
+    assert all(np.array_equal(clip[t], reference[f]) for t, f in enumerate(_frames(15)))
+    decoder.close()
+
+
+@pytest.mark.parametrize("name", ["plain", "bframes"])
+def test_a_later_clip_the_read_decodes_only_in_part_is_not_kept(videos, name):
+    ref, reference = videos[name]
+    decoder = ClipDecoder()
+    decoder.read(ref, _frames(70), np.array([55, 62]))  # from keyframe 60: 55..65 in part, 62..72 whole
+    decoder.read(ref, _frames(62))
+    assert decoder.kept_reads == 1, "the whole clip is kept"
+    clip = decoder.read(ref, _frames(55))
+    assert decoder.kept_reads == 1, "the clip from before the keyframe is decoded"
+    assert all(np.array_equal(clip[t], reference[f]) for t, f in enumerate(_frames(55)))
+    decoder.close()
+
+
+def test_starts_ahead_names_the_clips_of_the_next_batches_and_the_look_ahead_fits_its_memory():
+    from gpufeed.core import SizePx
+    from gpufeed.pipelines._clip_plan import PlanRows
+    from gpufeed.pipelines._clip_read_plan import ahead_batches, starts_ahead
+
+    class Plan:  # the one member starts_ahead reads of a ClipPlan
+        def __getitem__(self, k):
+            return PlanRows(k, 0, np.array([k % 2, 1, 1]), np.array([10 * k, 0, 5]), 2)  # the third row fills
+
+    found = starts_ahead(Plan(), 2, 2)
+    assert {v: s.tolist() for v, s in found.items()} == {0: [20], 1: [0, 30]}
+    assert starts_ahead(Plan(), 2, 0) == {}
+    assert ahead_batches(8, 11, SizePx(112, 112)) == 16
+    assert ahead_batches(64, 11, SizePx(224, 224)) == 0  # one batch of frames is over the budget: none kept

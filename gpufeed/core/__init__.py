@@ -15,7 +15,14 @@ from gpufeed.core._files import atomic_path, finite, remove_stale_temps, temp_pa
 from gpufeed.core._metric_values import PROTOCOLS, SERVER_SECONDS_BUCKETS, STAGES, TRAIN_SECONDS_BUCKETS
 from gpufeed.core._object_path import ObjectPath, is_object_url
 from gpufeed.core._prefetch import prefetch
-from gpufeed.core._procs import ParentWatch, WorkerCallback, descendants, forked_children_die_with_me, process_alive
+from gpufeed.core._procs import (
+    ParentWatch,
+    WorkerCallback,
+    descendants,
+    forked_children_die_with_me,
+    gc_frozen_for_fork,
+    process_alive,
+)
 from gpufeed.core._progress import progress_bar
 from gpufeed.core._report import Check, Checklist, finish
 from gpufeed.core._s3 import StorageError
@@ -79,6 +86,7 @@ __all__ = [
     "forked_children_die_with_me",
     "format_table",
     "from_mapping",
+    "gc_frozen_for_fork",
     "is_object_url",
     "is_remote",
     "join",

@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import gc
 import multiprocessing.util
 import os
 import signal
@@ -42,6 +43,7 @@ __all__ = [
     "descendants",
     "die_with_parent",
     "forked_children_die_with_me",
+    "gc_frozen_for_fork",
     "process_alive",
 ]
 
@@ -147,6 +149,23 @@ def forked_children_die_with_me() -> Iterator[None]:
         yield
     finally:
         del token  # the registry's weak reference dies with it: later forks are left alone
+
+
+@contextlib.contextmanager
+def gc_frozen_for_fork() -> Iterator[None]:
+    """Every object this process holds is out of reach of the garbage collectors of the processes forked in the block.
+
+    A forked child that collects an unreachable object it inherited runs its finaliser there: a
+    DALI pipeline's crashes a worker. ``gc.freeze()`` moves every tracked object to the permanent
+    generation, which no collection examines, in the child too; the parent unfreezes them after the
+    block. It costs next to nothing, where a ``gc.collect()`` before forking took 0.07-0.28 s in a
+    benchmark process holding torch and DALI (2-core CPU, load 4-8), inside every pipeline build.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _parent_of(pid: int) -> int | None:
