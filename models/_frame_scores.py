@@ -240,7 +240,7 @@ class WindowScorer:
         while self._next_window < total:
             first = self._next_window
             starts = self.plan._starts_between(first, min(total, first + self.batch_windows), self.num_frames)
-            last_frames = self.plan._frames_of_starts(starts, self.num_frames)[:, -1]
+            last_frames = np.minimum(starts + self.plan.span_frames - 1, self.num_frames - 1)  # frames_of's last
             # Last frames never decrease with the window: the windows whose frames have all arrived
             # are a prefix, counted in one search rather than window by window.
             count = int(np.searchsorted(last_frames, self._have, side="left"))
