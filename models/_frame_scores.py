@@ -96,6 +96,16 @@ class WindowPlan:
         frames = start + np.arange(self.clip_length_frames, dtype=np.int64) * self.stride_frames
         return np.minimum(frames, num_frames - 1)
 
+    def _starts_between(self, first: int, end: int, num_frames: int) -> np.ndarray:
+        # Windows first..end - 1 only: the scorer's batches, so memory stays a batch's whatever the length.
+        windows = np.arange(first, end, dtype=np.int64)
+        return np.minimum(windows * self.hop_frames, max(0, num_frames - self.span_frames))
+
+    def _frames_of_starts(self, starts: np.ndarray, num_frames: int) -> np.ndarray:
+        # frames_of for many windows at once: (N, T), row k the frames window starts[k] reads.
+        offsets = np.arange(self.clip_length_frames, dtype=np.int64) * self.stride_frames
+        return np.minimum(starts[:, None] + offsets, num_frames - 1)
+
     def covered_end(self, start: int, num_frames: int) -> int:
         """One past the last frame window ``start`` covers."""
         return min(start + self.span_frames, num_frames)
@@ -195,9 +205,6 @@ class WindowScorer:
     def _start(self, window: int) -> int:
         return self.plan.start_of(window, self.num_frames)
 
-    def _last_frame(self, window: int) -> int:
-        return int(self.plan.frames_of(self._start(window), self.num_frames)[-1])
-
     def add_frames(self, frames: torch.Tensor, first_frame: int | None = None) -> list[WindowBatch]:
         """Add the next frames, (C, 3, H, W) uint8; returns the batches of windows now complete.
 
@@ -231,17 +238,16 @@ class WindowScorer:
         batches = []
         total = self.windows
         while self._next_window < total:
-            ready = self._next_window
-            while (
-                ready < total
-                and ready - self._next_window < self.batch_windows
-                and self._last_frame(ready) < self._have
-            ):
-                ready += 1
-            count = ready - self._next_window
+            first = self._next_window
+            starts = self.plan._starts_between(first, min(total, first + self.batch_windows), self.num_frames)
+            last_frames = np.minimum(starts + self.plan.span_frames - 1, self.num_frames - 1)  # frames_of's last
+            # Last frames never decrease with the window: the windows whose frames have all arrived
+            # are a prefix, counted in one search rather than window by window.
+            count = int(np.searchsorted(last_frames, self._have, side="left"))
+            ready = first + count
             if count == 0 or (count < self.batch_windows and not final and ready < total):
                 break
-            batches.append(self._batch(self._next_window, ready))
+            batches.append(self._batch(starts[:count], ready))
             self._next_window = ready
         if self._next_window < total:  # keep the frames from the next window's first on
             self._drop_before(self._start(self._next_window))
@@ -249,10 +255,9 @@ class WindowScorer:
             self._drop_before(self._have)
         return batches
 
-    def _batch(self, first: int, end: int) -> WindowBatch:
+    def _batch(self, starts: np.ndarray, end: int) -> WindowBatch:
         assert self._frames is not None
-        starts = np.array([self._start(k) for k in range(first, end)], dtype=np.int64)
-        index = np.stack([self.plan.frames_of(int(s), self.num_frames) for s in starts]) - self._base
+        index = self.plan._frames_of_starts(starts, self.num_frames) - self._base
         gather = torch.from_numpy(index.reshape(-1)).to(self._frames.device)
         frames = self._frames.index_select(0, gather)  # (N * T, 3, H, W)
         n, t = index.shape
@@ -287,10 +292,17 @@ class WindowScorer:
         self._grow(end, logits.shape[1])
         assert self._sums is not None
         both = np.stack([probabilities, logits], axis=1).astype(np.float64)  # (N, 2, C)
-        for start, row in zip(batch.starts, both, strict=True):
-            lo, hi = int(start) - self._final, self.plan.covered_end(int(start), self.num_frames) - self._final
+        lows = batch.starts - self._final
+        highs = np.minimum(batch.starts + self.plan.span_frames, self.num_frames) - self._final
+        # One slice add per window, in start order: each frame's float64 sum adds its windows in the
+        # same order whatever the batching (a cumulative-sum trick would round differently).
+        for lo, hi, row in zip(lows.tolist(), highs.tolist(), both, strict=True):
             self._sums[lo:hi] += row
-            self._counts[lo:hi] += 1
+        # Counts are integers, exact in any order: +1 where each window's frames begin, -1 past their end.
+        steps = np.zeros(len(self._counts) + 1, dtype=np.int64)
+        np.add.at(steps, lows, 1)
+        np.add.at(steps, highs, -1)
+        self._counts += np.cumsum(steps[:-1])
         self._batches_scored += 1
         self.windows_scored += len(batch)
         ended = self._batch_ends.pop(batch.number)

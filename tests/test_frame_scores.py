@@ -106,6 +106,62 @@ def test_windows_hold_the_right_frames_for_any_chunking():
         assert np.concatenate([b.starts for b in batches]).tolist() == plan.starts(30).tolist()
 
 
+def _halve(logits: np.ndarray) -> np.ndarray:
+    """A head's rule that keeps the logits' range (sigmoid would flatten +-2**40 to 0 and 1)."""
+    return (logits * np.float32(0.5)).astype(np.float32)
+
+
+def _reference_scores(length, stride, hop, frames, logits_by_start):
+    """The module docs' rule written out window by window, frame by frame, without WindowPlan: the
+    windows' starts and frames, and each frame's float64 sums added in start order, then the mean."""
+    span = (length - 1) * stride + 1
+    last_start = max(0, frames - span)
+    starts = list(range(0, last_start + 1, hop))
+    if starts[-1] != last_start:
+        starts.append(last_start)
+    reads = [[min(s + t * stride, frames - 1) for t in range(length)] for s in starts]
+    classes = logits_by_start.shape[1]
+    sums, counts = np.zeros((frames, 2, classes)), np.zeros(frames, dtype=np.int64)
+    for s in starts:
+        row = np.stack([_halve(logits_by_start[s]), logits_by_start[s]]).astype(np.float64)
+        for i in range(s, min(s + span, frames)):
+            sums[i] += row
+            counts[i] += 1
+    means = (sums / counts[:, None, None]).astype(np.float32)
+    return starts, reads, means[:, 0], means[:, 1]
+
+
+def test_random_plans_match_the_rule_written_out():
+    """Random plans, chunkings and batch sizes with logits whose float64 sums round (so the order of the
+    additions shows): every window's start and frames, every frame's values, bit for bit."""
+    rng = np.random.default_rng(33)
+    for _ in range(60):
+        length, stride = int(rng.integers(1, 7)), int(rng.integers(1, 4))
+        span = (length - 1) * stride + 1
+        hop, frames = int(rng.integers(1, span + 1)), int(rng.integers(1, 70))
+        chunk, batch, classes = int(rng.integers(1, 25)), int(rng.integers(1, 9)), int(rng.integers(1, 5))
+        # Logits +-2**40 or about 1: in float64, 2**40 + x - 2**40 rounds x where x + 2**40 - 2**40 does
+        # not, so adding a frame's windows in another order changes its value.
+        big = rng.choice([-(2.0**40), 0.0, 2.0**40], (frames, classes))
+        logits_by_start = (big + rng.normal(0.0, 3.0, (frames, classes))).astype(np.float32)
+        starts, reads, probabilities, logits = _reference_scores(length, stride, hop, frames, logits_by_start)
+        clips_seen = []
+
+        def score(clips, table=logits_by_start, seen=clips_seen):
+            seen.append(clips[:, 0, :, 0, 0].numpy())  # (N, T): the frame indices each window read
+            return table[clips[:, 0, 0, 0, 0].numpy()]
+
+        plan = WindowPlan(length, stride, hop)
+        blocks = list(score_frames(_chunks(frames, chunk), frames, plan, score, _halve, batch, keep_windows=True))
+        case = f"T={length} d={stride} hop={hop} frames={frames} chunk={chunk} batch={batch}"
+        assert np.concatenate([b.window_starts for b in blocks]).tolist() == starts, case
+        assert np.concatenate(clips_seen).tolist() == reads, case
+        assert [len(c) for c in clips_seen[:-1]] == [batch] * (len(clips_seen) - 1), case
+        assert 1 <= len(clips_seen[-1]) <= batch, case
+        np.testing.assert_array_equal(np.concatenate([b.probabilities for b in blocks]), probabilities, err_msg=case)
+        np.testing.assert_array_equal(np.concatenate([b.logits for b in blocks]), logits, err_msg=case)
+
+
 def test_memory_stays_bounded_over_a_long_video():
     """A 200,000-frame stream: the frames held and the sums kept never exceed the bound, whatever the length."""
     plan, batch, chunk, frames = WindowPlan(11, 1, 1), 16, 64, 200_000

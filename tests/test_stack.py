@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import http.server
+import importlib.metadata
 import importlib.util
 import os
 import posixpath
@@ -206,6 +207,23 @@ def test_the_cuda_builds_of_the_installed_packages():
     assert builds["onnxruntime"] == build_and_package_info.cuda_version
     assert builds["nvidia-dali-cuda120"] == "12" and builds["DALI"].startswith("12.")
     assert builds["nvidia-nvjpeg-cu12"] == "12" and "torch" not in builds  # the CPU wheel of torch
+
+
+def test_the_installed_set_lists_the_files_importlib_metadata_lists(tmp_path):
+    """The set reads RECORD as text: the same paths as ``dist.files``, odd names included (a quoted
+    comma, ``./``, ``//`` and ``/./`` parts, a folder's slash, a backslash; files outside the folder left out)."""
+    dist = tmp_path / "odd-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: odd\nVersion: 1.0\n")
+    names = ["odd/__init__.py", '"odd/a,b.py"', "./odd/dot.py", "odd//double.py", "odd/./here.py", "odd/dir/",
+             "odd\\win.py", "../../bin/odd", "odd/lib.so.1", "odd-1.0.dist-info/RECORD"]  # fmt: skip
+    (dist / "RECORD").write_text("".join(f"{name},sha256=AAAA,12\n" for name in names))
+    (listed,) = importlib.metadata.distributions(path=[str(tmp_path)])
+    expected = [str(f).replace("\\", "/") for f in listed.files or () if not str(f).startswith("..")]
+    files = InstalledSet(tmp_path)
+    assert list(files.files) == expected and set(files.files.values()) == {"odd"}
+    assert {"odd/a,b.py", "odd/dot.py", "odd/double.py", "odd/here.py", "odd/dir", "odd/win.py"} <= set(files.files)
+    assert files.versions == {"odd": "1.0"}
 
 
 def test_a_wheel_member_lands_where_pip_puts_it():

@@ -16,6 +16,7 @@ from gpufeed.synth import (
     SynthSpec,
     TagError,
     draw_tag,
+    photo_pixels,
     read_tag,
     write_synthetic_dataset,
 )
@@ -84,3 +85,15 @@ def test_videos_are_h264_with_indexed_frames_and_multi_hot_labels(synth_dir):
         for index, frame in enumerate(frames):
             tag = read_tag(frame)
             assert (tag.ident, tag.aux) == (index, video_id)
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "seed"), [(1, 1, 0), (7, 5, 1), (640, 480, 2), (641, 479, 3), (33, 300, 4)]
+)
+def test_photo_pixels_are_the_gradients_texture_and_noise_pixel_by_pixel(width, height, seed):
+    """Every pixel, computed the plain way on full grids: the broadcast row and column must give the same bytes
+    (the server band tests and ``gpufeed bench images`` encode these pictures)."""
+    yy, xx = np.mgrid[0:height, 0:width]
+    want = np.stack([xx * 255 // width, yy * 255 // height, (xx // 7 + yy // 5) % 256], -1).astype(np.int16)
+    want += np.random.default_rng(seed).integers(-25, 25, want.shape, dtype=np.int16)
+    np.testing.assert_array_equal(photo_pixels(width, height, seed), np.clip(want, 0, 255).astype(np.uint8))

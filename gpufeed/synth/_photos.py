@@ -85,10 +85,14 @@ def make_bench_images(folder: Path, count: int, width: int, height: int, seed: i
 def photo_pixels(width: int, height: int, seed: int = 0) -> np.ndarray:
     """A ``(height, width, 3)`` uint8 picture: gradients and a texture plus +-25 noise."""
     rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:height, 0:width]
-    picture = np.stack([xx * 255 // width, yy * 255 // height, (xx // 7 + yy // 5) % 256], -1).astype(np.int16)
+    # A row and a column broadcast into the picture: full int64 grids cost 4x the CPU at 4000x3000.
+    x, y = np.arange(width), np.arange(height)[:, None]
+    picture = np.empty((height, width, 3), np.int16)
+    picture[..., 0] = x * 255 // width
+    picture[..., 1] = y * 255 // height
+    picture[..., 2] = (x // 7 + y // 5) % 256
     picture += rng.integers(-25, 25, picture.shape, dtype=np.int16)
-    return np.clip(picture, 0, 255).astype(np.uint8)
+    return np.clip(picture, 0, 255, out=picture).astype(np.uint8)
 
 
 def encode_image(pixels: np.ndarray, fmt: str = "JPEG", **options) -> bytes:
