@@ -282,7 +282,7 @@ def test_train_on_a_deepethogram_project_from_the_wheel(installed, form):
     assert len((run / "steps.jsonl").read_text().splitlines()) == 2
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_obs_reads_the_rules_and_dashboards_installed_with_the_package(installed):
     try:
         find_prometheus_binary()
@@ -318,7 +318,15 @@ def test_obs_reads_the_rules_and_dashboards_installed_with_the_package(installed
         verify = _run([installed["gpufeed"], *args], installed["cwd"], installed["env"])
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
+        # Prometheus flushes its storage on the way out (at most 20 s: LocalPrometheus.stop); a CI
+        # machine whose disk is busy with other jobs has taken over 30 s, so the bound is wide.
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(
+                f"gpufeed obs prometheus did not exit 90 s after SIGINT: {proc.communicate()[0]}"
+            ) from None
     # Every dashboard panel and rule was found and evaluated; nothing gpufeed exports is scraped
     # here, so queries lack data (exit 1), but none may be invalid.
     assert verify.returncode == 1 and "Traceback" not in verify.stderr, verify.stdout + verify.stderr
