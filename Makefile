@@ -96,9 +96,10 @@ test: setup docs
 	.ci/typecheck
 	GPUFEED_DOCS_SITE=$(SITE_DIR) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The unit tier alone (in-process tests: no child process, no server; tests/conftest.py holds it).
+# The unit tier alone (in-process tests: no child process, no server; tests/conftest.py holds it),
+# over two pytest-xdist workers: in-process tests share no port or folder, so they split cleanly.
 test-unit: setup
-	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m unit -n 2 $(PYTEST_ARGS)
 
 typecheck: setup
 	.ci/typecheck
