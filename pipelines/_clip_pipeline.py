@@ -59,7 +59,7 @@ import numpy as np
 from gpufeed.core import SizePx, forked_children_die_with_me, gc_frozen_for_fork
 from gpufeed.pipelines._augment import StreamAugmentFeed
 from gpufeed.pipelines._clip_plan import ClipPlan
-from gpufeed.pipelines._crop_windows import RoiFeed
+from gpufeed.pipelines._crop_windows import RoiFeed, resize_args
 from gpufeed.pipelines._executor import executor_args
 
 __all__ = [
@@ -212,7 +212,7 @@ class FeedInput(NamedTuple):
     fitted: bool
 
 
-def _decode(clip_input: ReaderInput | FeedInput, reader_args: dict, resize_args: dict, on_gpu: bool, depth: int):
+def _decode(clip_input: ReaderInput | FeedInput, reader_args: dict, resize: dict, on_gpu: bool, depth: int):
     """The graph's decode node: (frames, tag), from DALI's reader or from the callback."""
     from nvidia.dali import fn, types
 
@@ -231,7 +231,7 @@ def _decode(clip_input: ReaderInput | FeedInput, reader_args: dict, resize_args:
         }
         if clip_input.fused_resize:  # NVDEC's clips resized inside the reader, never handed on at full size
             resizing = fn.experimental.readers.video_resize  # type: ignore[attr-defined]  # newer DALIs; stubs lack it
-            return resizing(device="gpu", **reader_args, **resize_args)
+            return resizing(device="gpu", **reader_args, **resize)
         return fn.experimental.readers.video(device="gpu" if on_gpu else "cpu", **reader_args)
     parallel = clip_input.parallel
     source_args: dict[str, Any] = {
@@ -258,28 +258,6 @@ def _check_input(clip_input: ReaderInput | FeedInput, fit: str, roi_feed, on_gpu
     if fused and not on_gpu:
         raise ValueError("fused_resize is for the dali source on a GPU (NVDEC's reader) only")
     return resized, fused
-
-
-def _resize_args(out: SizePx, roi_feed: RoiFeed | None) -> dict:
-    """``fn.resize``'s arguments to the output size (bilinear, antialiased), the crop window fed by ``roi_feed``.
-
-    Called while a graph is defined: the window's ``external_source`` joins that graph.
-    """
-    from nvidia.dali import fn, types
-
-    args = {
-        "resize_x": out.width_px,  # DALI names the sides: x is the width, y the height
-        "resize_y": out.height_px,
-        "interp_type": types.INTERP_LINEAR,
-        "antialias": True,
-        "dtype": types.UINT8,
-    }
-    if roi_feed is not None:
-        roi_start, roi_end = fn.external_source(
-            source=roi_feed, num_outputs=2, batch=True, dtype=[types.FLOAT, types.FLOAT]
-        )
-        args.update(roi_start=roi_start, roi_end=roi_end, roi_relative=roi_feed.relative)
-    return args
 
 
 def build_clip_pipeline(
@@ -329,11 +307,11 @@ def build_clip_pipeline(
 
     @pipeline_def(enable_conditionals=False)
     def clip_graph():
-        resize_args = _resize_args(out, roi_feed if resized and fit == "centre_crop" else None)
+        resize = resize_args(out, roi_feed if resized and fit == "centre_crop" else None)
         shape = {"sequence_length": clip_length_frames, "stride": stride_frames}
-        frames, tag = _decode(clip_input, shape, resize_args, on_gpu, prefetch_queue_depth)
+        frames, tag = _decode(clip_input, shape, resize, on_gpu, prefetch_queue_depth)
         if resized and not fused:
-            frames = fn.resize(frames, **resize_args)
+            frames = fn.resize(frames, **resize)
         # Augmentation seam: per-clip colour matrix and flip, on every frame of the clip.
         if augment is not None:
             frames = augment.apply(frames)

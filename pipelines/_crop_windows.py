@@ -10,7 +10,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["RoiFeed", "centre_rois"]
+from gpufeed.core import SizePx
+
+__all__ = ["RoiFeed", "centre_rois", "resize_args"]
 
 
 def centre_rois(sizes: np.ndarray, output_aspect: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -61,3 +63,25 @@ class RoiFeed:
         videos = np.repeat(self.rows(self.iteration), self.repeat)
         self.iteration += 1
         return list(self.starts[videos]), list(self.ends[videos])
+
+
+def resize_args(out: SizePx, roi_feed: RoiFeed | None) -> dict:
+    """``fn.resize``'s arguments to the output size (bilinear, antialiased), the crop window fed by ``roi_feed``.
+
+    Called while a graph is defined: the window's ``external_source`` joins that graph.
+    """
+    from nvidia.dali import fn, types
+
+    args = {
+        "resize_x": out.width_px,  # DALI names the sides: x is the width, y the height
+        "resize_y": out.height_px,
+        "interp_type": types.INTERP_LINEAR,
+        "antialias": True,
+        "dtype": types.UINT8,
+    }
+    if roi_feed is not None:
+        roi_start, roi_end = fn.external_source(
+            source=roi_feed, num_outputs=2, batch=True, dtype=[types.FLOAT, types.FLOAT]
+        )
+        args.update(roi_start=roi_start, roi_end=roi_end, roi_relative=roi_feed.relative)
+    return args

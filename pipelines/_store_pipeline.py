@@ -27,6 +27,7 @@ import contextlib
 from typing import Any
 
 from gpufeed.core import SizePx, gc_frozen_for_fork
+from gpufeed.pipelines._crop_windows import resize_args
 from gpufeed.pipelines._executor import executor_args
 
 __all__ = ["STORE_READ_WORKERS", "build_store_pipeline", "store_read_workers"]
@@ -65,19 +66,7 @@ def fitted_frames(outputs, feed, *, size_px: SizePx, roi_feed, on_gpu: bool):
     fast: dict[str, Any] = {"use_fast_idct": True} if feed.fast_idct and not on_gpu else {}
     # Any: DALI's stubs type an operator's result as a node, a sequence of them or None.
     frames: Any = fn.decoders.image(outputs[0], device="mixed" if on_gpu else "cpu", output_type=types.RGB, **fast)
-    resize_args: dict = {
-        "resize_x": size_px.width_px,  # DALI names the sides: x is the width, y the height
-        "resize_y": size_px.height_px,
-        "interp_type": types.INTERP_LINEAR,
-        "antialias": True,
-        "dtype": types.UINT8,
-    }
-    if roi_feed is not None:
-        roi_start, roi_end = fn.external_source(
-            source=roi_feed, num_outputs=2, batch=True, dtype=[types.FLOAT, types.FLOAT]
-        )
-        resize_args.update(roi_start=roi_start, roi_end=roi_end, roi_relative=roi_feed.relative)
-    frames = fn.resize(frames, **resize_args)
+    frames = fn.resize(frames, **resize_args(size_px, roi_feed))
     # HDF5 channels put back after the resize, on far fewer pixels (decoding straight to BGR cost
     # the CPU decoder 20-50% of its throughput, measured).
     if feed.mode == "bgr":
