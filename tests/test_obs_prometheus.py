@@ -8,6 +8,7 @@ target turns GpufeedTargetDown pending, and the checker reports queries without 
 
 from __future__ import annotations
 
+import functools
 import re
 import signal
 import subprocess
@@ -151,7 +152,10 @@ def test_cli_prometheus_scrapes_a_training_run(tmp_path):
     run.mkdir()
     cmd = [sys.executable, "-m", "gpufeed", "obs", "prometheus", "--train", str(run), "--interval", "1s"]
     cmd += ["--workdir", str(tmp_path / "prom"), "--stack", str(STACK)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Ctrl-C's default in the child whatever this process ignores: a job started in the background by a
+    # non-interactive shell (a CI runner's, say) ignores SIGINT, and its children inherit that.
+    restore_ctrl_c = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=restore_ctrl_c)
     try:
         seen, match = [], None
         for line in proc.stdout:  # log lines come first; the URL line says where it listens
@@ -166,8 +170,7 @@ def test_cli_prometheus_scrapes_a_training_run(tmp_path):
         PrometheusAPI(url).wait_for_targets(["gpufeed-train"], timeout_s=60)
     finally:
         proc.send_signal(signal.SIGINT)
-        # Prometheus flushes its storage on the way out (at most 20 s: LocalPrometheus.stop); a CI
-        # machine whose disk is busy with other jobs has taken over 30 s, so the bound is wide.
+        # Prometheus flushes its storage on the way out (at most 20 s: LocalPrometheus.stop).
         try:
             proc.wait(timeout=90)
         except subprocess.TimeoutExpired:

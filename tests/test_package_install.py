@@ -14,6 +14,7 @@ commands whose extra is missing, and the README's own-loop quickstart, run as wr
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import json
 import os
@@ -295,6 +296,9 @@ def test_obs_reads_the_rules_and_dashboards_installed_with_the_package(installed
     proc = subprocess.Popen(
         [str(c) for c in cmd], cwd=installed["cwd"], env=installed["env"], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
+        # Ctrl-C's default in the child whatever this process ignores (a job a non-interactive shell
+        # started in the background ignores SIGINT, and its children inherit that).
+        preexec_fn=functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         seen, match = [], None
@@ -318,8 +322,7 @@ def test_obs_reads_the_rules_and_dashboards_installed_with_the_package(installed
         verify = _run([installed["gpufeed"], *args], installed["cwd"], installed["env"])
     finally:
         proc.send_signal(signal.SIGINT)
-        # Prometheus flushes its storage on the way out (at most 20 s: LocalPrometheus.stop); a CI
-        # machine whose disk is busy with other jobs has taken over 30 s, so the bound is wide.
+        # Prometheus flushes its storage on the way out (at most 20 s: LocalPrometheus.stop).
         try:
             proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
