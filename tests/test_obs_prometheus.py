@@ -8,18 +8,16 @@ target turns GpufeedTargetDown pending, and the checker reports queries without 
 
 from __future__ import annotations
 
-import functools
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from _obs_cli import obs_prometheus
 
 from gpufeed.obs import (
-    PrometheusAPI,
     PrometheusNotFoundError,
     Query,
     check_queries,
@@ -152,30 +150,5 @@ def test_cli_prometheus_scrapes_a_training_run(tmp_path):
     run.mkdir()
     cmd = [sys.executable, "-m", "gpufeed", "obs", "prometheus", "--train", str(run), "--interval", "1s"]
     cmd += ["--workdir", str(tmp_path / "prom"), "--stack", str(STACK)]
-    # Ctrl-C's default in the child whatever this process ignores: a job started in the background by a
-    # non-interactive shell (a CI runner's, say) ignores SIGINT, and its children inherit that.
-    restore_ctrl_c = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=restore_ctrl_c)
-    try:
-        seen, match = [], None
-        for line in proc.stdout:  # log lines come first; the URL line says where it listens
-            seen.append(line)
-            match = re.match(r"prometheus: (http://127\.0\.0\.1:(\d+))", line)
-            if match:
-                break
-        assert match, "".join(seen)
-        url, port = match.group(1), match.group(2)
-        # The run's rank 0 shows up after start; Prometheus's own endpoint stands in for it.
-        (run / "metrics-rank0.addr").write_text(f"127.0.0.1:{port}\n")
-        PrometheusAPI(url).wait_for_targets(["gpufeed-train"], timeout_s=60)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        # Prometheus flushes its storage on the way out (at most 20 s: LocalPrometheus.stop).
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise AssertionError(
-                f"gpufeed obs prometheus did not exit 90 s after SIGINT: {proc.communicate()[0]}"
-            ) from None
-    assert proc.returncode == 0
+    with obs_prometheus(cmd, run):
+        pass  # the train target came up; leaving interrupts it, which must exit 0

@@ -14,13 +14,11 @@ commands whose extra is missing, and the README's own-loop quickstart, run as wr
 from __future__ import annotations
 
 import ast
-import functools
 import importlib.metadata
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -29,8 +27,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from _obs_cli import obs_prometheus
 
-from gpufeed.obs import PrometheusAPI, PrometheusNotFoundError, find_prometheus_binary, load_queries
+from gpufeed.obs import PrometheusNotFoundError, find_prometheus_binary, load_queries
 
 pytestmark = pytest.mark.process
 
@@ -293,43 +292,16 @@ def test_obs_reads_the_rules_and_dashboards_installed_with_the_package(installed
     run.mkdir()
     cmd = [installed["gpufeed"], "obs", "prometheus", "--train", run, "--interval", "1s"]
     cmd += ["--workdir", installed["cwd"] / "prom"]
-    proc = subprocess.Popen(
-        [str(c) for c in cmd], cwd=installed["cwd"], env=installed["env"], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-        # Ctrl-C's default in the child whatever this process ignores (a job a non-interactive shell
-        # started in the background ignores SIGINT, and its children inherit that).
-        preexec_fn=functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
-    try:
-        seen, match = [], None
-        for line in proc.stdout:
-            seen.append(line)
-            match = re.match(r"prometheus: (http://127\.0\.0\.1:(\d+))", line)
-            if match:
-                break
-        assert match, "".join(seen)
-        url = match.group(1)
-        (run / "metrics-rank0.addr").write_text(f"127.0.0.1:{match.group(2)}\n")  # Prometheus stands in for rank 0
-        api = PrometheusAPI(url)
-        api.wait_for_targets(["gpufeed-train"], timeout_s=60)
+    with obs_prometheus(cmd, run, cwd=installed["cwd"], env=installed["env"]) as api:
         # Prometheus loaded the rule files from the installed package, not from the checkout.
         rule_files = {Path(g["file"]) for g in api.rule_groups()}
         assert rule_files and all(f.is_relative_to(installed["site"] / "gpufeed" / "obs" / "stack") for f in rule_files)
         queries = load_queries(STACK)
         assert sum(len(g["rules"]) for g in api.rule_groups()) == sum(q.kind in ("record", "alert") for q in queries)
         # No series here to take the dashboards' variables from: match every value.
-        args = ["obs", "verify", "--prometheus", url, "--since", "1m", "--all", "--set", "rank=.*", "--set", "model=.*"]
+        args = ["obs", "verify", "--prometheus", api.url, "--since", "1m", "--all", "--set", "rank=.*"]
+        args += ["--set", "model=.*"]
         verify = _run([installed["gpufeed"], *args], installed["cwd"], installed["env"])
-    finally:
-        proc.send_signal(signal.SIGINT)
-        # Prometheus flushes its storage on the way out (at most 20 s: LocalPrometheus.stop).
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise AssertionError(
-                f"gpufeed obs prometheus did not exit 90 s after SIGINT: {proc.communicate()[0]}"
-            ) from None
     # Every dashboard panel and rule was found and evaluated; nothing gpufeed exports is scraped
     # here, so queries lack data (exit 1), but none may be invalid.
     assert verify.returncode == 1 and "Traceback" not in verify.stderr, verify.stdout + verify.stderr
