@@ -26,6 +26,7 @@ from gpufeed.models._card import default_batch_sizes as default_batch_sizes
 from gpufeed.models._clip_sampling import ClipSampling
 from gpufeed.models._dense_heads import DenseHead
 from gpufeed.models._export import ExportError, export_model
+from gpufeed.models._export import parity_tolerance as parity_tolerance
 from gpufeed.models._export import resolve_batch_sizes as resolve_batch_sizes
 from gpufeed.models._frame_scores import FrameScores, WindowBatch, WindowPlan, WindowScorer, score_frames
 from gpufeed.models._head import Outputs, OutputTensor, TaskHead

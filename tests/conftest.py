@@ -91,6 +91,13 @@ def odd_images(tmp_path_factory) -> tuple[Path, list]:
     return root, write_image_corpus(root / "images")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _export_cache(tmp_path_factory):
+    """``gpufeed predict`` keeps a checkpoint's exports in the user's cache folder; the tests (and the
+    commands they start, which inherit the environment) keep theirs in a folder of the test run."""
+    os.environ.setdefault("GPUFEED_EXPORT_CACHE_DIR", str(tmp_path_factory.mktemp("exports")))
+
+
 @pytest.fixture(autouse=True)
 def _restore_random_state():
     """Puts back Python's, numpy's and torch's global random state after the test, whatever it seeded."""

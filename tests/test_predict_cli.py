@@ -18,6 +18,7 @@ from _serving import write_checkpoint
 from videohelp import encode_tagged_video, make_deepethogram_project
 
 from gpufeed.models import checkpoint_path, create_model, model_state
+from gpufeed.predict._export_cache import cached_export
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
@@ -88,6 +89,8 @@ def test_a_long_video_costs_no_more_memory_than_a_short_one(tmp_path):
     checkpoint = checkpoint_path(tmp_path / "run", 1)
     checkpoint.parent.mkdir(parents=True)
     torch.save({**model_state(model), "step": 1, "config": {"video": {"stride_frames": 8}}}, checkpoint)
+    # Its export made before, in the cache the children use: neither run's peak holds the exporter's.
+    cached_export(checkpoint, 8)
     peaks = {}
     for name, frames in (("short", 300), ("long", 9000)):
         encode_tagged_video(tmp_path / name / f"{name}.mp4", 1, frames, options={"g": "60"}, labels=False)
@@ -101,3 +104,30 @@ def test_a_long_video_costs_no_more_memory_than_a_short_one(tmp_path):
     assert grown_mb < 40, f"the long video's run peaked {grown_mb:.1f} MB higher"
     values = np.loadtxt(tmp_path / "long" / "long_predictions.csv", delimiter=",", skiprows=1)
     assert values[:, 0].tolist() == list(range(9000))
+
+
+def test_a_checkpoint_is_exported_by_the_first_run_only_and_the_runtime_flag_keeps_pytorch(tmp_path):
+    video = tmp_path / "videos" / "mouse.mp4"
+    encode_tagged_video(video, 1, 24, options={"bf": "2"}, labels=False)
+    checkpoint = write_checkpoint(tmp_path / "run", "r3d_small", num_classes=3, size_px=32, clip_length_frames=4)
+    cache = tmp_path / "exports"
+    outputs = {}
+    for run in ("first", "second", "torch"):
+        runtime = ["--runtime", "torch"] if run == "torch" else []
+        done = _gpufeed(
+            "predict", str(checkpoint), str(video), "--out", str(tmp_path / run), "--export-cache", str(cache), *runtime
+        )
+        assert done.returncode == 0, done.stderr
+        outputs[run] = (tmp_path / run / "mouse_predictions.csv").read_text()
+        said = done.stdout + done.stderr
+        if run == "torch":
+            assert ", PyTorch" in done.stdout and "exporting" not in said and "cached in" not in said
+        else:
+            assert f"its export, cached in {cache}" in done.stdout
+            assert ("exporting" in said) == (run == "first") and ("is in the cache" in said) == (run == "second")
+            assert "onnxruntime agrees with PyTorch on the first batch" in said
+    assert outputs["first"] == outputs["second"]
+    first, torch_run = (
+        np.loadtxt(text.splitlines()[1:], delimiter=",") for text in (outputs["first"], outputs["torch"])
+    )
+    assert np.abs(first - torch_run).max() < 1e-5

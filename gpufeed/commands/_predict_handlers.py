@@ -15,7 +15,13 @@ __all__ = ["predict"]
 
 
 def predict(args: argparse.Namespace) -> int:
-    predictor = load_predictor(args.model, resolve_device(args.device), batch_size=args.batch_size or 0)
+    predictor = load_predictor(
+        args.model,
+        resolve_device(args.device),
+        batch_size=args.batch_size or 0,
+        runtime=args.runtime,
+        export_cache=args.export_cache,
+    )
     print(f"predict: {predictor.describe()}", flush=True)
     if predictor.head.takes_clips:
         try:

@@ -42,7 +42,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--batch-size",
         type=_positive,
         metavar="N",
-        help="windows per model call of a checkpoint (default 8 CPU, 32 GPU)",
+        help="windows per model call of a checkpoint, and its export's largest batch (default 8 CPU, 32 GPU)",
+    )
+    p.add_argument(
+        "--runtime",
+        choices=("auto", "torch", "onnx"),
+        default="auto",
+        help="what runs a checkpoint: auto (default: its export on onnxruntime on a CPU, exported once and cached; "
+        "PyTorch on a GPU), torch, or onnx (an export that fails or disagrees with PyTorch on the first batch "
+        "is an error rather than PyTorch)",
+    )
+    p.add_argument(
+        "--export-cache",
+        type=Path,
+        metavar="DIR",
+        help="where a checkpoint's exports are kept (default: $GPUFEED_EXPORT_CACHE_DIR, else "
+        "~/.cache/gpufeed/exports)",
     )
     p.add_argument("--chunk-frames", type=_positive, default=64, metavar="N", help="frames decoded per step (64)")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")

@@ -1,9 +1,10 @@
 """gpufeed.predict: per-frame class probabilities for every frame of every video (``gpufeed predict``).
 
-:func:`load_predictor` loads a checkpoint (PyTorch) or an exported model folder (onnxruntime, the
-server's runner) as a :class:`Predictor`; :func:`predict_videos` scores a video, a folder of videos
-(encoded files, frame folders, HDF5 frame stores) or a DeepEthogram project with a clip model and
-writes one ``<name>_predictions.csv`` (or DeepEthogram's ``<name>_outputs.h5``) per video, resuming
+:func:`load_predictor` loads a checkpoint or an exported model folder (onnxruntime, the server's
+runner) as a :class:`Predictor`; a checkpoint runs on onnxruntime too on a CPU, through its export
+made once and cached (PyTorch on a GPU, or with ``runtime="torch"``); :func:`predict_videos` scores
+a video, a folder of videos (encoded files, frame folders, HDF5 frame stores) or a DeepEthogram
+project with a clip model and writes one ``<name>_predictions.csv`` (or DeepEthogram's ``<name>_outputs.h5``) per video, resuming
 where a run stopped; :func:`predict_images` scores a folder of images with an image model, one row
 per image. Both return a :class:`PredictReport`. The windows and the rule that gives each frame its
 probabilities are :class:`gpufeed.models.WindowPlan` and :func:`gpufeed.models.score_frames`, which
@@ -19,8 +20,17 @@ from gpufeed.predict._images import predict_images
 # here (``as`` marks a re-export) so no package reaches into another's ``_*`` modules. Not in the
 # API reference; they may change with the code that uses them.
 from gpufeed.predict._inputs import find_videos as find_videos
-from gpufeed.predict._model import Predictor, load_predictor
+from gpufeed.predict._model import RUNTIMES, ParityError, Predictor, load_predictor
 from gpufeed.predict._outputs import read_predictions_csv as read_predictions_csv
 from gpufeed.predict._run import PredictReport, VideoResult, predict_videos
 
-__all__ = ["PredictReport", "Predictor", "VideoResult", "load_predictor", "predict_images", "predict_videos"]
+__all__ = [
+    "RUNTIMES",
+    "ParityError",
+    "PredictReport",
+    "Predictor",
+    "VideoResult",
+    "load_predictor",
+    "predict_images",
+    "predict_videos",
+]

@@ -1,11 +1,24 @@
-"""The model ``gpufeed predict`` scores with: a checkpoint (PyTorch) or an exported model folder (onnxruntime).
+"""The model ``gpufeed predict`` scores with: a checkpoint or an exported model folder, on onnxruntime or PyTorch.
 
 Either way a :class:`Predictor` takes uint8 batches (``(N, 3, T, H, W)`` clips or ``(N, 3, H, W)``
 images, on the reader's device) and gives float32 logits on the host; its head turns them into
 probabilities. An exported model runs on the server's own onnxruntime runner
 (:class:`~gpufeed.server._runtime.OnnxRunner`: one session per batch size of its card, a batch run
 at the smallest size that holds it, padding rows discarded), so ``predict`` and ``gpufeed serve``
-compute the same numbers from the same windows. A checkpoint runs in PyTorch, in evaluation mode.
+compute the same numbers from the same windows.
+
+A checkpoint runs where ``runtime`` says (:data:`RUNTIMES`): ``torch``, PyTorch in evaluation mode;
+``onnx``, its export (made once and cached, :mod:`._export_cache`) on that same runner; ``auto``
+(the default), ``onnx`` on a CPU and ``torch`` on a GPU. On a CPU onnxruntime does the same
+arithmetic in about 20 % less CPU time than PyTorch's eager mode, and its threads sleep rather than
+spin while they wait, so on a busy machine it runs several times faster (docs/predict.md).
+
+From an export the first batch of the run is checked: its first two windows are scored by PyTorch
+too and the two compared within the export's own tolerance (``parity_tolerance``), on a real
+video's windows, not only the export's rendered frames. Beyond it, ``auto`` says so in one line
+naming the checkpoint and scores in PyTorch; ``onnx`` stops with that line (:class:`ParityError`).
+An export that cannot be made (an operator onnxruntime lacks, a cache folder that cannot be
+written) is likewise one line and PyTorch under ``auto``, an error under ``onnx``.
 
 The clip sampling (``video.stride_frames``, ``video.fit``) comes from where the model does: a
 checkpoint's training config, or the card's ``extra.clip_sampling`` (written by export); models
@@ -14,6 +27,9 @@ without it read frames 1 apart, stretched.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,18 +41,34 @@ from gpufeed.models import (
     CARD_FILE,
     ClassifierHead,
     ClipSampling,
+    ExportError,
     ModelCard,
     ModelSpec,
     TaskHead,
     find_checkpoint,
     load_model,
+    parity_tolerance,
     read_checkpoint,
     read_model_card,
 )
 from gpufeed.pipelines import DatasetError
+from gpufeed.predict._export_cache import CachedExport, cached_export
 from gpufeed.server import OnnxRunner
 
-__all__ = ["Predictor", "load_predictor"]
+__all__ = ["RUNTIMES", "ParityError", "Predictor", "load_predictor"]
+
+log = logging.getLogger("gpufeed.predict")
+
+# Rows of the first batch PyTorch scores to check an export against: rows never interact, so two
+# test the graph as well as eight, at a quarter of PyTorch's cost (a second of a short video's run).
+PARITY_ROWS = 2
+RUNTIMES = ("auto", "torch", "onnx")
+"""What may run a checkpoint (:func:`load_predictor`'s ``runtime``, ``gpufeed predict --runtime``):
+``auto`` (its cached export on onnxruntime on a CPU, PyTorch on a GPU), ``torch``, ``onnx``."""
+
+
+class ParityError(ExportError):
+    """A checkpoint's export disagrees with PyTorch on the first batch, and ``runtime`` ``onnx`` was asked for."""
 
 
 @dataclass
@@ -45,13 +77,19 @@ class Predictor:
 
     Attributes:
         source: What was loaded (checkpoint file or model folder).
-        kind: ``checkpoint`` (PyTorch) or ``exported`` (onnxruntime).
+        kind: ``checkpoint`` or ``exported`` (a model folder).
         spec: The model's :class:`~gpufeed.models.ModelSpec`.
         labels: Class names in output order (``class_<i>`` where the model names none).
         sampling: How clips were read at training.
-        batch_size: Samples per model call (the card's largest batch size for an exported model).
+        batch_size: Samples per model call (the card's largest batch size when onnxruntime runs it).
         device: :class:`~gpufeed.device.DeviceChoice` the model runs on.
-        card: The model card (exported models), else ``None``.
+        card: The model card when onnxruntime runs the model (an exported folder, or a checkpoint's
+            cached export), else ``None``.
+        export: A checkpoint's cached export (:class:`~gpufeed.predict._export_cache.CachedExport`)
+            when onnxruntime runs it, else ``None``.
+        first_batch_max_diff: Max |onnxruntime - PyTorch| over the logits of the first batch's first
+            windows, once a checkpoint's export has been checked on them (``None`` before, and for
+            other models).
     """
 
     source: Path
@@ -62,13 +100,22 @@ class Predictor:
     batch_size: int
     device: Any
     card: ModelCard | None = None
+    export: CachedExport | None = None
+    first_batch_max_diff: float | None = None
     _module: torch.nn.Module | None = None
     _runner: OnnxRunner | None = None
     _buffer: Any = None
+    _reference: torch.nn.Module | None = None  # PyTorch, for the first batch's check of an export
+    _strict: bool = False  # runtime "onnx": an export that disagrees stops the run
 
     @property
     def head(self) -> TaskHead:
         return self.spec.head
+
+    @property
+    def runtime(self) -> str:
+        """``onnx`` or ``torch``: what scores the batches now."""
+        return "torch" if self._module is not None else "onnx"
 
     def class_scores(self, logits: np.ndarray) -> np.ndarray:
         """Probabilities from logits, as the model's head makes them (sigmoid per class, or softmax).
@@ -82,13 +129,51 @@ class Predictor:
         return head.class_scores(logits)
 
     def logits(self, batch: torch.Tensor) -> np.ndarray:
-        """float32 logits ``(N, C)`` on the host for a uint8 batch (any N)."""
+        """float32 logits ``(N, C)`` on the host for a uint8 batch (any N).
+
+        Raises:
+            ParityError: The first batch through a checkpoint's export disagrees with PyTorch under
+                ``runtime`` ``onnx``.
+        """
         if self._module is not None:
-            with torch.inference_mode():
-                out = self._module(batch.to(self.device.torch_device, non_blocking=True))
-            return out.float().cpu().numpy()
+            return self._torch_logits(self._module, batch)
+        if self._reference is not None:
+            return self._first_batch(batch)
         rows = [self._run_onnx(batch[i : i + self.batch_size]) for i in range(0, len(batch), self.batch_size)]
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def _torch_logits(self, module: torch.nn.Module, batch: torch.Tensor) -> np.ndarray:
+        with torch.inference_mode():
+            out = module(batch.to(self.device.torch_device, non_blocking=True))
+        return out.float().cpu().numpy()
+
+    def _first_batch(self, batch: torch.Tensor) -> np.ndarray:
+        """The export's logits, once PyTorch's agree with them on this batch's first windows; else PyTorch's.
+
+        Rows never interact (evaluation mode), so the first :data:`PARITY_ROWS` rows test the graph
+        as well as the whole batch would, at a fraction of PyTorch's cost (see the module docs).
+        """
+        module, self._reference = self._reference, None
+        assert module is not None
+        got = self.logits(batch)
+        rows = min(len(batch), PARITY_ROWS)
+        with _full_fp32():
+            want = self._torch_logits(module, batch[:rows])
+        diff = float(np.abs(got[:rows] - want).max(initial=0.0))
+        self.first_batch_max_diff = diff
+        tolerance = parity_tolerance("fp32", want)
+        if diff <= tolerance:  # NaN compares False: a NaN output disagrees
+            log.info("predict: onnxruntime agrees with PyTorch on the first batch (max |diff| %.3g)", diff)
+            return got
+        message = (
+            f"{self.source}: its onnxruntime export disagrees with PyTorch on the first batch "
+            f"(max |diff| {diff:.3g} over {rows} windows, tolerance {tolerance:.3g})"
+        )
+        if self._strict:
+            raise ParityError(f"{message}; --runtime torch scores it in PyTorch")
+        log.warning("predict: %s; scoring it in PyTorch", message)
+        self._module, self._runner, self._buffer, self.card, self.export = module, None, None, None, None
+        return self._torch_logits(module, batch)
 
     def _run_onnx(self, batch: torch.Tensor) -> np.ndarray:
         runner = self._runner
@@ -109,6 +194,8 @@ class Predictor:
         where = self.device.describe()
         if self._runner is not None:
             where += f", onnxruntime {self._runner.providers[0]}"
+            if self.export is not None:
+                where += f" (its export, cached in {self.export.folder})"
         else:
             where += ", PyTorch"
         clip = ""
@@ -122,25 +209,56 @@ class Predictor:
         )
 
 
+@contextlib.contextmanager
+def _full_fp32() -> Iterator[None]:
+    """PyTorch without TF32 for a while: cuDNN's convolutions use it by default on a GPU, which would
+    blur the check against an export that onnxruntime runs in full fp32 (as the export's own check does)."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 def _labels(spec: ModelSpec) -> tuple[str, ...]:
     return spec.labels or tuple(f"class_{i}" for i in range(spec.num_classes))
 
 
-def load_predictor(source: str | Path, device, batch_size: int = 0, threads: int = 0) -> Predictor:
+def load_predictor(
+    source: str | Path,
+    device,
+    batch_size: int = 0,
+    threads: int = 0,
+    runtime: str = "auto",
+    export_cache: str | Path | None = None,
+) -> Predictor:
     """Load a checkpoint (file or run folder) or an exported model folder (``model_card.json``) for scoring.
 
     Args:
         source: The checkpoint, run folder or model folder.
         device: :class:`~gpufeed.device.DeviceChoice`.
-        batch_size: Samples per call of a checkpoint's model (0: 32 on a GPU, 8 on a CPU); an
-            exported model runs at its card's batch sizes.
-        threads: onnxruntime intra-op threads of an exported model (0: onnxruntime's default).
+        batch_size: Samples per call of a checkpoint's model (0: 32 on a GPU, 8 on a CPU), and the
+            largest batch size of its export; an exported model runs at its card's batch sizes.
+        threads: onnxruntime intra-op threads (0: onnxruntime's default).
+        runtime: What runs a checkpoint, one of :data:`RUNTIMES`: ``auto`` (its export on
+            onnxruntime on a CPU, PyTorch on a GPU), ``torch`` or ``onnx`` (see the module docs).
+            An exported model runs on onnxruntime whatever this says, except ``torch``: an error.
+        export_cache: Where a checkpoint's exports are kept (default:
+            :func:`~gpufeed.predict._export_cache.default_export_cache`).
 
     Raises:
-        DatasetError: ``source`` is neither (one line naming it).
+        DatasetError: ``source`` is neither, or ``runtime`` cannot run it (one line naming it).
+        ValueError: ``runtime`` is not one of :data:`RUNTIMES`.
     """
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime {runtime!r} is not allowed; allowed: {', '.join(RUNTIMES)}")
     source = Path(source)
     if (source / CARD_FILE).is_file():
+        if runtime == "torch":
+            raise DatasetError(
+                f"{source} is an exported model folder, which runs on onnxruntime; runtime torch needs a checkpoint"
+            )
         card = read_model_card(source)
         runner = OnnxRunner(source, card, device, "auto", threads)
         spec = card.spec
@@ -173,4 +291,29 @@ def load_predictor(source: str | Path, device, batch_size: int = 0, threads: int
     spec = module.spec
     size = batch_size or (32 if device.is_gpu else 8)
     sampling = ClipSampling.from_config(state.get("config"))
-    return Predictor(path, "checkpoint", spec, _labels(spec), sampling, size, device, _module=module)
+    predictor = Predictor(path, "checkpoint", spec, _labels(spec), sampling, size, device, _module=module)
+    # On a GPU predict keeps PyTorch, as it did: nothing measured yet says onnxruntime's CUDA provider is faster.
+    if runtime == "onnx" or (runtime == "auto" and not device.is_gpu and spec.head.classifies):
+        _run_export(predictor, module, runtime == "onnx", export_cache, threads)
+    return predictor
+
+
+def _run_export(predictor: Predictor, module: torch.nn.Module, strict: bool, export_cache, threads: int) -> None:
+    """Point ``predictor`` at its checkpoint's cached export on onnxruntime, PyTorch kept for the first batch.
+
+    Raises:
+        DatasetError: ``strict`` and the export cannot be made or run (one line naming the checkpoint).
+    """
+    device = predictor.device
+    try:
+        export = cached_export(predictor.source, predictor.batch_size, export_cache, device)
+        runner = OnnxRunner(export.folder, export.card, device, "auto", threads)
+    except (ExportError, OSError, RuntimeError) as err:  # RuntimeSetupError, onnxruntime's own errors
+        why = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+        if strict:
+            raise DatasetError(f"{predictor.source}: runtime onnx: no usable export: {why}") from None
+        log.warning("predict: %s cannot run on onnxruntime (%s); scoring it in PyTorch", predictor.source, why)
+        return
+    predictor.card, predictor.export, predictor.batch_size = export.card, export, export.card.batch_size
+    predictor._runner, predictor._buffer = runner, runner.new_batch()
+    predictor._module, predictor._reference, predictor._strict = None, module, strict

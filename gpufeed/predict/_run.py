@@ -23,7 +23,7 @@ from gpufeed.core import prefetch, progress_bar
 from gpufeed.models import WindowPlan, score_frames
 from gpufeed.pipelines import DatasetError, VideoFrameReader, VideoInfo, first_line, index_videos, read_in_order
 from gpufeed.predict._inputs import FORMATS, Target, find_videos, output_path
-from gpufeed.predict._model import Predictor
+from gpufeed.predict._model import ParityError, Predictor
 from gpufeed.predict._outputs import csv_sink, h5_sink, is_done
 
 __all__ = ["PredictReport", "VideoResult", "predict_videos", "window_plan"]
@@ -141,6 +141,8 @@ def predict_videos(
     Raises:
         DatasetError: ``source`` holds no video, or is not there.
         ValueError: ``fmt``, ``hop_frames`` or the model's kind is not allowed.
+        ParityError: A checkpoint's export disagrees with PyTorch on the first batch under
+            ``runtime`` ``onnx`` (the run stops: it is the model's fault, not a video's).
     """
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not allowed; allowed: {', '.join(FORMATS)}")
@@ -221,6 +223,8 @@ def _score_one(
                 frames += len(block)
                 bar.update(len(block))
         windows = plan.window_count(info.num_frames)
+    except ParityError:  # the model's, not the video's: no later video would fare better
+        raise
     except (DatasetError, RuntimeError, ValueError, OSError) as err:
         error = str(err) if isinstance(err, DatasetError) else f"{target.name}: {first_line(str(err))}"
         log.error("predict: %s", error)
