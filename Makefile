@@ -28,6 +28,10 @@ endif
 SETUPTOOLS_SPEC := setuptools>=77.0.1
 comma := ,
 PYTEST_ARGS ?=
+# make test spreads the tests over this many pytest-xdist workers, whole test files to a worker
+# (tests/_xdist.py): many tests wait on servers and child processes, so two workers keep both cores
+# of a 2-core machine busy. PYTEST_WORKERS=0 (or PYTEST_ARGS=-n0) runs them in one process.
+PYTEST_WORKERS ?= 2
 SITE_DIR := .cache/site
 
 .PHONY: setup deps install demo docs test test-unit typecheck lint format bench check-cuda-stack peers clean
@@ -94,7 +98,7 @@ test: setup docs
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	.ci/typecheck
-	GPUFEED_DOCS_SITE=$(SITE_DIR) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	GPUFEED_DOCS_SITE=$(SITE_DIR) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The unit tier alone (in-process tests: no child process, no server; tests/conftest.py holds it),
 # over two pytest-xdist workers: in-process tests share no port or folder, so they split cleanly.

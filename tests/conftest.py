@@ -12,6 +12,9 @@ runs the unit tier alone, and the tier is held, not only declared: a ``unit`` te
 child process or opens a listening socket, in its setup or its body, fails naming what it started
 (see ``_tiers.py``).
 
+``make test`` runs the suite over two pytest-xdist workers, whole test files to a worker
+(``_xdist.py``); every test must pass there as in one process.
+
 Every test runs with Python's, numpy's and torch's global random state restored afterwards, so a
 test that seeds them cannot change what a later test draws.
 """
@@ -35,6 +38,7 @@ import torch
 from _gpu_checks import item_problems
 from _s3server import s3_bucket, s3_server  # noqa: F401  # the S3 tests' server, shared by the session
 from _tiers import TIERS, unit_guard
+from _xdist import SHARED_FIXTURE_USERS, make_scheduler, shared_fixture_users
 
 from gpufeed.device import DeviceChoice, cuda_status
 
@@ -144,6 +148,12 @@ def pytest_runtest_call(item: pytest.Item):
         return (yield)
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a venv without it lacks
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile`` (``make test``): whole test files per worker, the files of a costly session fixture together."""
+    return make_scheduler(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)  # before the -m filter reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks every test outside the ``process`` and ``live`` tiers ``unit``; leaves ``slow`` tests out.
@@ -156,6 +166,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
         item.stash[_GPU_PROBLEMS] = item_problems(item)  # after the tier marks: the checks read them
+    config.stash[SHARED_FIXTURE_USERS] = shared_fixture_users(items)  # before -k or -m leave any out
     if "slow" in (config.getoption("markexpr") or ""):
         return
     slow = [item for item in items if item.get_closest_marker("slow") is not None]

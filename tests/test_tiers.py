@@ -16,8 +16,8 @@ pytestmark = pytest.mark.process  # each case runs pytest in a child process
 pytest_plugins = ["pytester"]
 
 HERE = Path(__file__).resolve().parent
-# What conftest.py needs beside it: the tier guard and the GPU tests' collection checks.
-SUPPORT = ("conftest.py", "_tiers.py", "_gpu_checks.py", "_gpu_source.py", "_s3server.py")
+# What conftest.py needs beside it: the tier guard, the GPU tests' collection checks, the xdist scheduler.
+SUPPORT = ("conftest.py", "_tiers.py", "_gpu_checks.py", "_gpu_source.py", "_s3server.py", "_xdist.py")
 
 CASES = """
 import multiprocessing
