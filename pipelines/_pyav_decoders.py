@@ -14,14 +14,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from gpufeed.core import media_source
-
-if TYPE_CHECKING:
-    from gpufeed.pipelines._pyav import VideoRef
 
 __all__ = ["DECODER_BYTES", "DecoderPool", "OpenDecoder"]
 
@@ -33,6 +30,17 @@ _INDEX_BYTES_PER_FRAME = 32
 # Memory the open decoders of one worker may take by that estimate: as many decoders as that
 # allows, and one per file up to max_open whatever they take (2-minute 256 px video: 54; 1080p: 1).
 DECODER_BYTES = 128 << 20
+
+
+class VideoRef(Protocol):
+    """What a decoder pool reads of a video (:class:`gpufeed.pipelines._pyav.VideoRef` has it)."""
+
+    path: str
+    width: int
+    height: int
+    num_frames: int
+
+    def keyframe_before(self, frame: int) -> int: ...
 
 
 class OpenDecoder:
