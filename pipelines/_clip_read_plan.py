@@ -15,7 +15,7 @@ import numpy as np
 from gpufeed.core import SizePx
 from gpufeed.pipelines._clip_plan import ClipPlan, PlanRows
 
-__all__ = ["ahead_batches", "clip_read_order", "plan_read_order", "starts_ahead"]
+__all__ = ["PARK_BATCHES", "ahead_batches", "clip_read_order", "plan_read_order", "starts_ahead"]
 
 
 def clip_read_order(videos: np.ndarray, starts: np.ndarray, batch_size: int) -> np.ndarray:
@@ -39,6 +39,10 @@ def plan_read_order(rows: PlanRows) -> np.ndarray:
 # Fitted frames a worker keeps for the next batches' clips, at most (the look-ahead is cut to fit).
 _KEPT_BYTES = 64 << 20
 _AHEAD_BATCHES = 16
+# Batches whose clips may keep a decoder where it stands (pipelines._pyav_decoders), whatever the kept frames' window:
+# long-GOP bench videos, two workers simulated over 120 batches: 58 decoded frames a clip with 16, 54-55 with 32-128,
+# for no less CPU (more decoders opened, and a longer plan to scan each batch).
+PARK_BATCHES = _AHEAD_BATCHES
 
 
 def ahead_batches(batch_size: int, clip_length_frames: int, size_px: SizePx) -> int:

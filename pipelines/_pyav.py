@@ -21,16 +21,13 @@ frames' conversion and fit is :class:`gpufeed.pipelines._frame_fit.FrameFitter`.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterator
-
 import numpy as np
 
-from gpufeed.core import media_source
 from gpufeed.pipelines._clip_read_plan import clip_read_order, plan_read_order
 from gpufeed.pipelines._frame_fit import FrameFitter
 from gpufeed.pipelines._frame_sizes import frame_size_problem
 from gpufeed.pipelines._frame_stores import FrameBytesReader, decode_frame
+from gpufeed.pipelines._pyav_decoders import DECODER_BYTES, DecoderPool, OpenDecoder
 from gpufeed.pipelines._store_kinds import frame_store
 
 __all__ = [
@@ -85,46 +82,30 @@ class VideoRef:
         return int(self.keyframes[pos]) if pos >= 0 else 0
 
 
-class _OpenVideo:
-    """One open file and where its decoder stands, so that the next clip can continue from there.
-
-    Attributes:
-        packets: The demuxer's packet iterator since the last seek (``None``: seek before decoding).
-        pending: Frames the decoder already returned that no read has taken yet (one packet can
-            give several), in output order.
-        last: Index of the last frame taken from the decoder (-1 after a seek).
-    """
-
-    __slots__ = ("container", "last", "packets", "pending", "stream")
-
-    def __init__(self, container, stream) -> None:
-        self.container, self.stream = container, stream
-        self.packets: Iterator | None = None
-        self.pending: list = []
-        self.last = -1
-
-    def invalidate(self) -> None:
-        self.packets, self.pending, self.last = None, [], -1
-
-
 class ClipDecoder:
     """Decode frames by index, keeping a few files open; each clip forward from the decoder or from a keyframe.
 
-    A read continues from where the file's decoder stands when that is before the clip's first
-    frame and no keyframe lies between (the same GOP): the frames between are fewer than from the
-    keyframe, and nothing is decoded twice. Otherwise it seeks to the keyframe at or before the
+    A read continues from where one of the file's decoders stands when that is before the clip's
+    first frame and no keyframe lies between (the same GOP): the frames between are fewer than from
+    the keyframe, and nothing is decoded twice. Otherwise it seeks to the keyframe at or before the
     clip. Either way the frames are the ones asked for: each frame's index comes from its
     timestamp, and a read that would not start at or before the clip falls back to a seek.
 
     Args:
-        max_open: Files kept open (least recently used closed first).
+        max_open: Files kept open, one decoder each (least recently used closed first).
         threads: FFmpeg decoding threads per file; 1 suits one decoder per core.
         fitter: Converts each wanted frame (default: RGB at the decoded size).
+        max_bytes: Decoders beyond ``max_open`` while their decoded pictures fit this estimate
+            (:class:`~gpufeed.pipelines._pyav_decoders.DecoderPool`).
 
     A read may also name the frames of this video that later clips read (``ahead``): those it
     decodes on its way are fitted and kept, and a later clip whose frames are all kept is read from
     them without decoding (:meth:`retain` drops the ones no later clip reads). In a one-GOP video,
-    a clip before where the decoder stands would otherwise decode again from the keyframe.
+    a clip before where the decoder stands would otherwise decode again from the keyframe. And a
+    decoder from which a later clip (``awaited``, default ``ahead``) would continue is left where it
+    stands: a read that must seek takes another decoder of the file, opening one while they fit
+    (long-GOP bench videos, two workers simulated over 120 batches: 58 decoded frames a clip
+    instead of 71, 9.6 ms of CPU instead of 10.7; camera-like B-frame video: 39 instead of 52).
 
     Attributes:
         frames_decoded: Frames the decoder produced, wanted or not (the cost of the reads).
@@ -132,44 +113,39 @@ class ClipDecoder:
         kept_reads: Reads served from kept frames (no decoding).
     """
 
-    def __init__(self, max_open: int = 8, threads: int = 1, fitter: FrameFitter | None = None) -> None:
-        self.max_open = max_open
-        self.threads = threads
+    def __init__(
+        self, max_open: int = 8, threads: int = 1, fitter: FrameFitter | None = None, max_bytes: int = DECODER_BYTES
+    ) -> None:
         self.fitter = fitter or FrameFitter()
         self._stores: FrameBytesReader | None = None  # frame stores' open HDF5 files
-        self._open: OrderedDict[str, _OpenVideo] = OrderedDict()
+        self._decoders = DecoderPool(max_open, threads, max_bytes)
         self._kept: dict[str, dict[int, np.ndarray]] = {}  # path -> frame index -> fitted frame a later clip reads
         self.frames_decoded = 0
         self.forward_reads = 0
         self.seek_reads = 0
         self.kept_reads = 0
 
-    def _container(self, path: str) -> _OpenVideo:
-        import av
-
-        hit = self._open.pop(path, None)
-        if hit is None:
-            container = av.open(media_source(path), "r")  # s3://: a ranged-read file (gpufeed.core._storage)
-            stream = container.streams.video[0]
-            stream.thread_count = self.threads
-            hit = _OpenVideo(container, stream)
-            while len(self._open) >= self.max_open:
-                self._open.popitem(last=False)[1].container.close()
-        self._open[path] = hit
-        return hit
+    @property
+    def decoders_opened(self) -> int:
+        """Decoders (files' opens) made so far: one per file, more where a decoder was left for a later clip."""
+        return self._decoders.opened
 
     def close(self) -> None:
-        while self._open:
-            self._open.popitem()[1].container.close()
+        self._decoders.close()
         if self._stores is not None:
             self._stores.close()
 
-    def read(self, video: VideoRef, frames: np.ndarray, ahead: np.ndarray | None = None) -> np.ndarray:
+    def read(
+        self, video: VideoRef, frames: np.ndarray, ahead: np.ndarray | None = None, awaited: np.ndarray | None = None
+    ) -> np.ndarray:
         """RGB frames ``frames`` (ascending indices) of ``video`` as (T, H, W, 3) uint8 (after the fitter).
 
         Args:
             ahead: Sorted first frames of later clips of ``video``: the frames of those this read decodes
                 whole on its way are kept, fitted (see :meth:`_on_way`).
+            awaited: Sorted first frames of later clips of ``video`` (default: ``ahead``): a decoder
+                one of them would continue from is left where it stands and, if the read must seek,
+                another decoder of the file seeks (:class:`~gpufeed.pipelines._pyav_decoders.DecoderPool`).
 
         Raises:
             ClipDecodeError: The file cannot be decoded there, or the frames are not all present.
@@ -186,12 +162,13 @@ class ClipDecoder:
             self.kept_reads += 1
             return np.stack([kept[f] for f in frames.tolist()])
         key = video.keyframe_before(int(frames[0]))
+        awaited = ahead if awaited is None else awaited
         try:
             got = self._decode_forward(video, key, frames, ahead)
             if got is None:
-                got = self._decode_from(video, key, frames, ahead)
+                got = self._decode_from(video, key, frames, ahead, awaited)
             if got is None and key > 0:
-                got = self._decode_from(video, 0, frames, ahead)  # the seek landed late: start from the top
+                got = self._decode_from(video, 0, frames, ahead, awaited)  # the seek landed late: start from the top
         except av.FFmpegError as err:
             self._drop(video.path)
             raise ClipDecodeError(f"{video.path}: cannot decode frames {frames[0]}..{frames[-1]}: {err}") from None
@@ -239,9 +216,7 @@ class ClipDecoder:
 
     def _drop(self, path: str) -> None:
         self._kept.pop(path, None)
-        hit = self._open.pop(path, None)
-        if hit is not None:
-            hit.container.close()
+        self._decoders.drop(path)
 
     def _decode_forward(
         self, video: VideoRef, key: int, frames: np.ndarray, ahead: np.ndarray | None
@@ -251,10 +226,9 @@ class ClipDecoder:
         Cheaper means: the decoder has not passed the clip's first frame, and the clip's keyframe
         is at or before the next frame it will give (no keyframe between, which a seek would start from).
         """
-        hit = self._open.get(video.path)
-        if hit is None or hit.packets is None or not key <= hit.last + 1 <= int(frames[0]):
+        hit = self._decoders.forward(video, int(frames[0]))
+        if hit is None:
             return None
-        self._open.move_to_end(video.path)
         got = self._take(hit, video, key, frames, ahead)
         if got is None:
             hit.invalidate()
@@ -263,10 +237,10 @@ class ClipDecoder:
         return got
 
     def _decode_from(
-        self, video: VideoRef, key: int, frames: np.ndarray, ahead: np.ndarray | None
+        self, video: VideoRef, key: int, frames: np.ndarray, ahead: np.ndarray | None, awaited: np.ndarray | None
     ) -> list[np.ndarray] | None:
         """Decode from keyframe ``key``; ``None`` if the first frame decoded lies after ``frames[0]``."""
-        hit = self._container(video.path)
+        hit = self._decoders.for_seek(video, awaited)
         hit.container.seek(int(video.pts[key]), stream=hit.stream, backward=True, any_frame=False)
         hit.invalidate()
         hit.packets = hit.container.demux(hit.stream)
@@ -277,7 +251,7 @@ class ClipDecoder:
         return got
 
     def _take(
-        self, hit: _OpenVideo, video: VideoRef, key: int, frames: np.ndarray, ahead: np.ndarray | None
+        self, hit: OpenDecoder, video: VideoRef, key: int, frames: np.ndarray, ahead: np.ndarray | None
     ) -> list[np.ndarray] | None:
         """The wanted frames from the decoder's next output on; ``None`` if that output is past ``frames[0]``.
 
@@ -330,7 +304,7 @@ class ClipDecoder:
         kept = self._kept.get(video.path, {})
         return {f for f in (whole[:, None] + offsets).ravel().tolist() if f not in kept}
 
-    def _frames(self, hit: _OpenVideo, target: int):
+    def _frames(self, hit: OpenDecoder, target: int):
         """The decoder's frames in output order: those pending first, then from the next packets."""
         context = hit.stream.codec_context
         while hit.pending:

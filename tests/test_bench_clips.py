@@ -7,12 +7,14 @@ test skips there with the reason and runs in the peers' venv (``make peers``; ``
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
+import time
 
 import pytest
 
 from gpufeed.bench._clip_readers import gpufeed_reader, unavailable_reason
-from gpufeed.bench._clip_rounds import child_pids, timed_round
+from gpufeed.bench._clip_rounds import child_pids, cpu_seconds, timed_round
 from gpufeed.bench._clip_sets import BenchSet, SetSpec
 from gpufeed.bench._clip_videos import make_bench_videos
 from gpufeed.bench.clips import run_clip_bench
@@ -43,6 +45,31 @@ def test_a_gpufeed_round_leaves_no_worker_decoding_behind(videos):
     assert bench_set.loader.pipeline_builds == 2, "each round starts its own pipeline: start-up is in every round"
 
 
+def _burn(seconds: float, done) -> None:
+    """Spin ``seconds`` of CPU, then wait to be told to go."""
+    until = time.process_time() + seconds
+    while time.process_time() < until:
+        pass
+    done.wait(60)
+
+
+def test_cpu_seconds_count_a_worker_process_while_it_still_runs():
+    """A round's CPU is taken at its last clip, when the reader's workers are alive and not yet waited for."""
+    context = multiprocessing.get_context("fork")
+    done = context.Event()
+    before = cpu_seconds()
+    worker = context.Process(target=_burn, args=(0.4, done))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while cpu_seconds() - before < 0.35 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cpu_seconds() - before >= 0.35, "the live worker's CPU counts before it exits"
+    finally:
+        done.set()
+        worker.join()
+
+
 def test_generated_sets_every_reader_exact(videos, tmp_path):
     cache = videos.parent.parent
     result = run_clip_bench(
@@ -51,6 +78,8 @@ def test_generated_sets_every_reader_exact(videos, tmp_path):
     )  # fmt: skip
     assert set(result["sets"]) == {"long_gop", "frame_folder"}
     assert result["sets"]["long_gop"]["exact_share"] == {"gpufeed": 1.0, "decode_from_start": 1.0, "opencv_seek": 1.0}
+    assert all(ms > 0 for ms in result["sets"]["long_gop"]["cpu_ms_per_clip"].values())
+    assert result["ratios"]["opencv_seek / gpufeed, CPU per clip (long_gop)"] > 0
     assert list(result["sets"]["frame_folder"]["clips_per_second"]) == ["gpufeed"]
     store = result["sets"]["frame_folder"]["store"]
     assert store["bytes_read_per_frame"] > 1000 and store["decode_ms_per_frame"] > 0

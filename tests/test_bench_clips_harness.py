@@ -54,6 +54,14 @@ def test_a_round_stops_its_reader_at_the_clips_asked_and_waits_for_its_processes
     assert 0 < times.first_batch_s <= times.seconds
 
 
+def test_a_rounds_cpu_runs_from_before_the_reader_opens_to_its_last_clip():
+    """Counted at the last clip, not after the reader stops: its workers' decoding past the round is left out."""
+    readings = iter([10.0, 12.5, 99.0])
+    times, _ = timed_round(_Reader(batches=100).open, 10, children=set, cpu=lambda: next(readings))
+    assert times.cpu_s == 2.5 and times.cpu_ms_per_clip == pytest.approx(2500 / 12)
+    assert next(readings) == 99.0, "no reading after the last clip"
+
+
 def test_a_reader_that_keeps_processes_alive_fails_the_round():
     with pytest.raises(RuntimeError, match=r"processes \[7\] a reader started still run 0 s after it was closed"):
         wait_for_exit({1}, timeout_s=0.0, children=lambda: {1, 7})
@@ -117,8 +125,8 @@ def _set(name: str) -> SimpleNamespace:
     )
 
 
-def _times(rate: float) -> list[RoundTime]:
-    return [RoundTime(100, 100 / rate, 0.4, 0.5, 8) for _ in range(3)]
+def _times(rate: float, cpu_s: float = float("nan")) -> list[RoundTime]:
+    return [RoundTime(100, 100 / rate, 0.4, 0.5, 8, cpu_s) for _ in range(3)]
 
 
 def test_targets_name_torchcodecs_best_seek_mode_and_say_whether_they_are_met():
@@ -135,6 +143,7 @@ def test_targets_name_torchcodecs_best_seek_mode_and_say_whether_they_are_met():
     settings = {"clip_length_frames": 11}
     result = summarise(settings, [_set("long_gop"), _set("frame_folder")], times, exact, {})
     assert result["ratios"]["gpufeed / torchcodec_approximate (long_gop)"] == pytest.approx(60 / 45)
+    assert not any("CPU" in name for name in result["ratios"]), "no CPU ratio where it was not measured"
     assert result["targets"] == [
         "long_gop: gpufeed / torchcodec's best seek mode (torchcodec_approximate): round 1.33x, steady 1.48x, "
         "target >= 1.2x: met; exact clips 100% / n/a",
@@ -142,3 +151,10 @@ def test_targets_name_torchcodecs_best_seek_mode_and_say_whether_they_are_met():
         "frame_folder: 2.17x the long-GOP clips/s, target >= 2.0x: met",
         "frame_folder: 1,430 frames/s, target >= 1,200: met",
     ]
+
+
+def test_cpu_per_clip_is_reported_beside_clips_per_second_and_paired_like_them():
+    times = {"prepared": {"gpufeed": _times(200, cpu_s=0.5), "torchcodec_exact": _times(150, cpu_s=0.65)}}
+    result = summarise({"clip_length_frames": 11}, [_set("prepared")], times, {"prepared": {}}, {})
+    assert result["sets"]["prepared"]["cpu_ms_per_clip"] == {"gpufeed": 5.0, "torchcodec_exact": 6.5}
+    assert result["ratios"]["torchcodec_exact / gpufeed, CPU per clip (prepared)"] == pytest.approx(1.3)

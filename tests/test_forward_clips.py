@@ -169,3 +169,39 @@ def test_starts_ahead_names_the_clips_of_the_next_batches_and_the_look_ahead_fit
     assert starts_ahead(Plan(), 2, 0) == {}
     assert ahead_batches(8, 11, SizePx(112, 112)) == 16
     assert ahead_batches(64, 11, SizePx(224, 224)) == 0  # one batch of frames is over the budget: none kept
+
+
+@pytest.mark.parametrize("name", ["plain", "bframes"])
+def test_a_decoder_a_later_clip_continues_from_stays_there_while_another_clip_of_the_file_seeks(videos, name):
+    """A clip elsewhere in the file opens a second decoder instead of moving the one a later clip awaits."""
+    ref, reference = videos[name]
+    decoder = ClipDecoder()
+    decoder.read(ref, _frames(5), awaited=np.array([30, 100]))  # 30 is in the same GOP, after the decoder
+    decoder.read(ref, _frames(70), awaited=np.array([30]))  # another GOP: seeks with a second decoder
+    assert (decoder.seek_reads, decoder.decoders_opened) == (2, 2)
+    before = decoder.frames_decoded
+    clip = decoder.read(ref, _frames(30))
+    assert (decoder.seek_reads, decoder.forward_reads) == (2, 1), "decoded on from the first decoder"
+    if name == "plain":  # no reordering: only the frames after the first clip's end
+        assert decoder.frames_decoded - before == _frames(30)[-1] - _frames(5)[-1]
+    assert np.array_equal(clip, _cold(ref, _frames(30)))
+    assert all(np.array_equal(clip[t], reference[f]) for t, f in enumerate(_frames(30)))
+    assert [read_tag(frame, "HWC").ident for frame in clip] == _frames(30).tolist()
+    decoder.close()
+
+
+def test_a_decoder_no_later_clip_awaits_is_the_one_that_seeks_and_the_decoders_fit_their_memory(videos):
+    ref, reference = videos["plain"]
+    decoder = ClipDecoder()
+    decoder.read(ref, _frames(5), awaited=np.array([100]))  # nothing later in this GOP awaits the decoder
+    decoder.read(ref, _frames(70))
+    assert (decoder.seek_reads, decoder.decoders_opened) == (2, 1), "the one decoder moved"
+    decoder.close()
+    tight = ClipDecoder(max_open=1, max_bytes=0)  # room for one decoder only: the awaited one moves
+    tight.read(ref, _frames(5), awaited=np.array([30]))
+    clip = tight.read(ref, _frames(70), awaited=np.array([30]))
+    assert (tight.seek_reads, tight.decoders_opened) == (2, 1)
+    assert all(np.array_equal(clip[t], reference[f]) for t, f in enumerate(_frames(70)))
+    tight.read(ref, _frames(30))
+    assert (tight.seek_reads, tight.forward_reads) == (3, 0)
+    tight.close()

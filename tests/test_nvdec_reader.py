@@ -126,7 +126,7 @@ def test_rebuilds_leave_one_live_pipeline_per_loader(vp9_dir, monkeypatch):
     loader = _clips(dataset, CPU, seed=1)
     pipes = []
     for _ in loader:
-        pipe = loader._session.iterator._pipes[0]
+        pipe = loader._session.iterator.pipe  # a CPU loader reads its pipeline through HostOutputs
         if not pipes or pipes[-1]() is not pipe:
             pipes.append(weakref.ref(pipe))
         del pipe

@@ -159,7 +159,8 @@ def test_store_clips_are_exactly_their_frames_and_the_loader_thread_reads_no_fil
                 video, start = int(batch.video_ids[k]), int(batch.start_frames[k])
                 assert frame_tags(batch.clips[k], "CTHW") == [(start + t, video) for t in range(T)], (epoch, k)
                 clips += 1
-        pipe = loader._session.iterator._pipes[0]
+        iterator = loader._session.iterator  # on a CPU the loader's HostOutputs, on a GPU DALI's iterator
+        pipe = iterator.pipe if hasattr(iterator, "pipe") else iterator._pipes[0]
         (decoder,) = image_decoders(pipe)
         assert decoder.device == ("mixed" if device.is_gpu else "cpu")
         (source,) = [op for op in external_sources(pipe) if isinstance(op.callback, StoreFrameFeed)]

@@ -3,6 +3,9 @@
 Clips/s is over the whole round, each reader's start-up included (processes, pipelines,
 decoders, index scans: see :mod:`gpufeed.bench._clip_rounds`); ``steady`` leaves the first wave of
 batches out (one per worker process), and ``start-up`` is the time to the first batch. Ratios are medians of per-round ratios.
+``CPU ms/clip`` is the CPU time a round's processes used per clip (the reader's workers and this
+process, start-up included): on a machine others share, the load moves clips/s from round to round
+far more than it moves the CPU a reader spends on a clip.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def _set_figures(bench_set, times: dict[str, list[RoundTime]], exact: dict, clip
             c: _finite_median([t.steady_clips_per_second for t in ts]) for c, ts in times.items()
         },
         "startup_s": {c: median([t.first_batch_s for t in ts]) for c, ts in times.items()},
+        "cpu_ms_per_clip": {c: _finite_median([t.cpu_ms_per_clip for t in ts]) for c, ts in times.items()},
         "frames_per_second": {c: v * clip_length for c, v in cps.items()},
         "clips_per_second_rounds": {c: [t.clips_per_second for t in ts] for c, ts in times.items()},
         "exact_share": exact,
@@ -57,6 +61,11 @@ def _ratios(times: dict[str, dict[str, list[RoundTime]]]) -> dict[str, float]:
                 ratios[f"gpufeed / {other} ({name})"] = paired_ratio(ours, [t.clips_per_second for t in theirs])
                 steady = [t.steady_clips_per_second for t in theirs]
                 ratios[f"gpufeed / {other} ({name}, steady)"] = paired_ratio(ours_steady, steady)
+                cpu = paired_ratio(
+                    [t.cpu_ms_per_clip for t in theirs], [t.cpu_ms_per_clip for t in by_reader["gpufeed"]]
+                )
+                if cpu == cpu:  # measured
+                    ratios[f"{other} / gpufeed, CPU per clip ({name})"] = cpu
     long_gop = times.get("long_gop", {}).get("gpufeed")
     for name in ("prepared", "frame_folder", "hdf5"):
         if long_gop and "gpufeed" in times.get(name, {}):
@@ -145,6 +154,7 @@ def print_clip_result(result: dict) -> None:
             rows.append([
                 name, f"{figures['gop_frames']:.0f}", f"{figures['disk_bytes_per_frame'] / 1000:.1f}", reader, cps,
                 _number(figures["steady_clips_per_second"][reader]), f"{figures['startup_s'][reader]:.2f}",
+                _number(figures.get("cpu_ms_per_clip", {}).get(reader, float("nan"))),
                 figures["frames_per_second"][reader], _share(figures["exact_share"].get(reader)),
             ])  # fmt: skip
     headers = [
@@ -155,6 +165,7 @@ def print_clip_result(result: dict) -> None:
         "clips/s",
         "steady clips/s",
         "start-up s",
+        "CPU ms/clip",
         "frames/s",
         "exact clips",
     ]

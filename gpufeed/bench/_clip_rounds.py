@@ -5,7 +5,8 @@ A round of one reader (contender) on one video set:
 1. the clock starts, then the reader is opened: its worker processes, pipelines, decoders and
    index scans start inside the round, for every reader alike (start-up counts the same way);
 2. the reader yields batches until the round's clips are in; the clock stops at the last one
-   (the time to the first batch is kept too: the start-up, reported on its own);
+   (the time to the first batch is kept too: the start-up, reported on its own), and so does the
+   count of CPU time its processes used (this one, and the worker processes it started);
 3. the reader is closed and the round waits, untimed, until every process it started has
    exited, so no reader keeps decoding ahead into the next reader's round (a DALI pipeline's
    workers would otherwise go on filling its prefetch queue while another reader is timed).
@@ -27,7 +28,7 @@ from typing import Any
 
 from gpufeed.bench._common import median
 
-__all__ = ["RoundTime", "child_pids", "interleaved", "paired_ratio", "timed_round", "wait_for_exit"]
+__all__ = ["RoundTime", "child_pids", "cpu_seconds", "interleaved", "paired_ratio", "timed_round", "wait_for_exit"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class RoundTime:
         warm_s, warm_clips: When the first wave of batches was in (one batch per worker process:
             a DataLoader's workers each deliver their first batch at about the same time), and the
             clips it held; ``steady`` figures start there.
+        cpu_s: CPU seconds (user and system) used from before the reader was opened to its last
+            clip by this process and every process it started (:func:`cpu_seconds`): what the
+            round cost, which the machine's load moves far less than its seconds (NaN: not measured).
     """
 
     clips: int
@@ -48,6 +52,7 @@ class RoundTime:
     first_batch_s: float
     warm_s: float
     warm_clips: int
+    cpu_s: float = float("nan")
 
     @property
     def clips_per_second(self) -> float:
@@ -59,6 +64,11 @@ class RoundTime:
         """Clips per second after the first wave of batches (start-up left out); NaN if none came after it."""
         after = self.seconds - self.warm_s
         return (self.clips - self.warm_clips) / after if after > 0 and self.clips > self.warm_clips else float("nan")
+
+    @property
+    def cpu_ms_per_clip(self) -> float:
+        """CPU milliseconds per clip over the whole round, start-up included (NaN: not measured)."""
+        return 1000 * self.cpu_s / self.clips if self.clips > 0 else float("nan")
 
 
 def child_pids(pid: int | None = None) -> set[int]:
@@ -80,6 +90,26 @@ def child_pids(pid: int | None = None) -> set[int]:
         if int(fields[1]) == parent and fields[0] not in ("Z", "X"):
             found.add(int(entry))
     return found
+
+
+def cpu_seconds(pids: Iterable[int] | None = None) -> float:
+    """CPU seconds (user and system) this process, its children already waited for, and the live processes ``pids`` have used.
+
+    Args:
+        pids: Live processes to count (default: this process's live children, :func:`child_pids`);
+            from ``/proc``, so on another system only this process and its waited-for children count.
+    """
+    times = os.times()
+    total = times.user + times.system + times.children_user + times.children_system
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for pid in child_pids() if pids is None else pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime and stime, fields 14 and 15
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or no /proc
+            continue
+    return total
 
 
 def wait_for_exit(before: set[int], timeout_s: float = 60.0, children: Callable[[], set[int]] = child_pids) -> set[int]:
@@ -109,6 +139,7 @@ def timed_round(
     keep: bool = False,
     warm_batches: int = 1,
     children: Callable[[], set[int]] = child_pids,
+    cpu: Callable[[], float] = cpu_seconds,
 ) -> tuple[RoundTime, list]:
     """One round of one reader (see the module docs): its times, and its batches when ``keep``.
 
@@ -119,12 +150,14 @@ def timed_round(
         size_of: Clips in a batch.
         keep: Keep the batches (the untimed exactness pass); timed rounds drop them.
         warm_batches: Batches in the first wave (see :class:`RoundTime`): the reader's worker processes.
+        children, cpu: The live child processes, and the CPU seconds used so far (:func:`cpu_seconds`).
     """
     before = children()
     batches: list = []
     got, count, first_s, warm_s, warm_clips = 0, 0, 0.0, 0.0, 0
+    cpu_start = cpu()
     start = time.perf_counter()
-    end = start
+    end, cpu_end = start, cpu_start
     with open_reader() as reader:
         for batch in reader:
             got += size_of(batch)
@@ -138,13 +171,14 @@ def timed_round(
             if got >= want:
                 break
         end = time.perf_counter()
+        cpu_end = cpu()  # before the reader stops: its workers' decoding past the round is not counted
     del reader
     wait_for_exit(before, children=children)
     if got < want:
         raise RuntimeError(f"the reader stopped after {got} of {want} clips")
     if count < warm_batches:
         warm_s, warm_clips = end - start, got
-    return RoundTime(got, end - start, first_s, warm_s, warm_clips), batches
+    return RoundTime(got, end - start, first_s, warm_s, warm_clips, cpu_end - cpu_start), batches
 
 
 def interleaved(jobs: Sequence, round_index: int) -> list:
