@@ -70,9 +70,10 @@ def test_the_least_recently_used_go_first_and_the_new_export_stays(checkpoints, 
     again = cached_export(checkpoints["a"], 1, cache)  # used again: b is now the least recently used
     assert again.export_s == 0.0 and again.folder == a.folder
     used = json.loads((a.folder / USE_FILE).read_text())
-    assert used["checkpoint"] == str(checkpoints["a"]) and used["unix_s"] > json.loads(
-        (b.folder / USE_FILE).read_text()
-    )["unix_s"]
+    assert (
+        used["checkpoint"] == str(checkpoints["a"])
+        and used["unix_s"] > json.loads((b.folder / USE_FILE).read_text())["unix_s"]
+    )
     assert [e.name for e in list_export_cache(cache).entries] == [b.folder.name, a.folder.name]
 
     # Room for two and a half: the new export pushes out b alone, with one line naming it.

@@ -127,6 +127,7 @@ class ExportCacheEntry:
 
     @property
     def name(self) -> str:
+        """The folder's name: the digest of the export's key."""
         return self.folder.name
 
     def describe(self) -> str:
