@@ -4,7 +4,8 @@ Real checkpoints and real exports (``gpufeed export``'s own, about 14.5 MB each 
 model): a load from the cache refreshes an entry's last use, an export past the limit removes the
 least recently used others (one log line each), an entry another loader holds is kept, and nothing
 gpufeed did not write is removed. ``gpufeed cache list|prune|clear`` and ``predict
---export-cache-max-mb`` run end to end, in this process.
+--export-cache-max-mb`` run end to end, in this process; one test (``process``) holds an entry from
+a second process.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import math
 import os
 import re
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -237,3 +241,47 @@ def test_the_cache_command_and_the_predict_flag_end_to_end(checkpoints, tmp_path
         assert f"argument --max-mb: {bad!r} is not a size limit; allowed: a number of MB >= 0, or none" in (
             capsys.readouterr().err
         )
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from gpufeed.predict._export_cache import held_export
+checkpoint, cache, ready, release = sys.argv[1:]
+with held_export(checkpoint, 1, cache) as export:
+    Path(ready).write_text(f"{export.folder} {export.export_s}")
+    deadline = time.monotonic() + 120
+    while not Path(release).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+"""
+
+
+@pytest.mark.process
+def test_an_export_held_by_another_process_is_kept_until_it_lets_go(checkpoints, tmp_path):
+    """Two processes sharing a cache: one holds an entry as ``predict`` does while it loads; the other prunes."""
+    cache = tmp_path / "cache"
+    a = cached_export(checkpoints["a"], 1, cache)
+    b = cached_export(checkpoints["b"], 1, cache)
+    ready, release = tmp_path / "ready", tmp_path / "release"
+    args = [sys.executable, "-c", HOLDER, str(checkpoints["a"]), str(cache), str(ready), str(release)]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as holder:
+        try:
+            deadline = time.monotonic() + 120
+            while not ready.exists() and holder.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert ready.exists(), (
+                f"the holder did not start: {holder.stdout.read() if holder.poll() is not None else ''}"
+            )
+            assert ready.read_text() == f"{a.folder} 0.0", "it found a's export in the cache"
+            # a is the least recently used no more (the holder just used it); a limit of 0 takes both if it can.
+            done = prune_export_cache(cache, 0)
+            assert [e.name for e in done.in_use] == [a.folder.name] and [e.name for e in done.removed] == [
+                b.folder.name
+            ]
+            assert (a.folder / ONNX_FILE).is_file()
+        finally:
+            release.write_text("")
+            output, _ = holder.communicate(timeout=60)
+    assert holder.returncode == 0, output
+    done = prune_export_cache(cache, 0)
+    assert [e.name for e in done.removed] == [a.folder.name] and _names(cache) == set()
