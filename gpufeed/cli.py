@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "gpufeed.commands.train",
     "gpufeed.commands.serve",
     "gpufeed.commands.predict",
+    "gpufeed.commands.cache",
     "gpufeed.commands.bench",
     "gpufeed.commands.obs",
     "gpufeed.commands.reliability",

@@ -21,6 +21,7 @@ def predict(args: argparse.Namespace) -> int:
         batch_size=args.batch_size or 0,
         runtime=args.runtime,
         export_cache=args.export_cache,
+        export_cache_max_mb=args.export_cache_max_mb,
     )
     print(f"predict: {predictor.describe()}", flush=True)
     if predictor.head.takes_clips:

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from gpufeed.commands.serve import _positive
 
 # Every gpufeed call imports this module to register its arguments; the handler, which imports what it
 # runs (torch, DALI, onnxruntime), is in _predict_handlers.py (bench predict's in _bench_handlers.py).
+
+
+def max_mb(text: str) -> float:
+    """An export cache's size limit: MB (10^6 bytes) >= 0, or ``none`` (``math.inf``: no limit)."""
+    if text.strip().lower() == "none":
+        return math.inf
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size limit; allowed: a number of MB >= 0, or none")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,6 +72,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="where a checkpoint's exports are kept (default: $GPUFEED_EXPORT_CACHE_DIR, else "
         "~/.cache/gpufeed/exports)",
+    )
+    p.add_argument(
+        "--export-cache-max-mb",
+        type=max_mb,
+        metavar="MB",
+        help="after a new export, remove the least recently used exports beyond MB (10^6 bytes; default: "
+        "$GPUFEED_EXPORT_CACHE_MAX_MB, else 2048; none: no limit; the new export is always kept)",
     )
     p.add_argument("--chunk-frames", type=_positive, default=64, metavar="N", help="frames decoded per step (64)")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")

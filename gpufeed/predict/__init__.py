@@ -8,17 +8,28 @@ project with a clip model and writes one ``<name>_predictions.csv`` (or DeepEtho
 where a run stopped; :func:`predict_images` scores a folder of images with an image model, one row
 per image. Both return a :class:`PredictReport`. The windows and the rule that gives each frame its
 probabilities are :class:`gpufeed.models.WindowPlan` and :func:`gpufeed.models.score_frames`, which
-the server's video input runs too.
+the server's video input runs too. A checkpoint's exports are kept in a cache bounded in size
+(least recently used removed first); :func:`list_export_cache` and :func:`prune_export_cache` look
+at it and clean it (``gpufeed cache``).
 
 This package sits beside ``bench`` and ``reliability`` (above the server, whose onnxruntime
 runner and image decoder it uses), below the command line.
 """
 
+# A name imported ``as`` itself is for gpufeed's own packages: one they use from this package's private
+# modules, re-exported here so no package reaches into another's ``_*`` modules. Not in the API
+# reference; they may change with the code that uses them.
+from gpufeed.predict._cache_entries import ENV_EXPORT_CACHE_MAX_MB as ENV_EXPORT_CACHE_MAX_MB
+from gpufeed.predict._cache_entries import (
+    ExportCacheEntry,
+    ExportCacheListing,
+    ExportCachePrune,
+    list_export_cache,
+    prune_export_cache,
+)
+from gpufeed.predict._cache_entries import export_cache_max_bytes as export_cache_max_bytes
+from gpufeed.predict._export_cache import default_export_cache as default_export_cache
 from gpufeed.predict._images import predict_images
-
-# For gpufeed's own packages: the names they use from this package's private modules, re-exported
-# here (``as`` marks a re-export) so no package reaches into another's ``_*`` modules. Not in the
-# API reference; they may change with the code that uses them.
 from gpufeed.predict._inputs import find_videos as find_videos
 from gpufeed.predict._model import RUNTIMES, ParityError, Predictor, load_predictor
 from gpufeed.predict._outputs import read_predictions_csv as read_predictions_csv
@@ -26,11 +37,16 @@ from gpufeed.predict._run import PredictReport, VideoResult, predict_videos
 
 __all__ = [
     "RUNTIMES",
+    "ExportCacheEntry",
+    "ExportCacheListing",
+    "ExportCachePrune",
     "ParityError",
     "PredictReport",
     "Predictor",
     "VideoResult",
+    "list_export_cache",
     "load_predictor",
     "predict_images",
     "predict_videos",
+    "prune_export_cache",
 ]

@@ -21,16 +21,22 @@ entry is used only when its key file holds the same key, its card reads, and ``m
 SHA-256 is the one its card recorded. Anything else (a truncated graph, a damaged card, a folder
 half-copied by hand) is logged in one line and exported again over it. A killed export's hidden
 folder is removed by a later run once its process is gone and it has lain untouched for ten minutes.
+
+**Bounded.** A load from the cache records the entry's use, and after a new export lands the least
+recently used entries beyond the limit are removed (never the one just made, nor one another
+process is loading): :mod:`._cache_entries`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,13 +50,20 @@ from gpufeed.models import (
     export_model,
     read_model_card,
 )
+from gpufeed.predict._cache_entries import (
+    KEY_FILE,
+    entry_name,
+    export_cache_max_bytes,
+    hold_entry,
+    prune_export_cache,
+    record_use,
+)
 
-__all__ = ["ENV_EXPORT_CACHE", "CachedExport", "cached_export", "default_export_cache", "export_key"]
+__all__ = ["ENV_EXPORT_CACHE", "CachedExport", "cached_export", "default_export_cache", "export_key", "held_export"]
 
 log = logging.getLogger("gpufeed.predict")
 
 ENV_EXPORT_CACHE = "GPUFEED_EXPORT_CACHE_DIR"
-KEY_FILE = "export_key.json"
 _PRECISION = "fp32"  # parity with PyTorch fp32 within 1e-3 relative; fp16 would change the numbers
 _OPSET = 18
 _STALE_S = 600.0
@@ -90,8 +103,7 @@ def export_key(checkpoint_sha256: str, batch_sizes: tuple[int, ...]) -> dict:
     }
 
 
-def _entry_name(key: dict) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+_entry_name = entry_name  # the tests' name for it
 
 
 @dataclass(frozen=True)
@@ -171,7 +183,23 @@ def _move_into_place(building: Path, folder: Path, key: dict) -> Path:
 def cached_export(
     checkpoint: str | Path, batch_size: int, cache_dir: str | Path | None = None, device=None
 ) -> CachedExport:
+    """:func:`held_export`, released at once (the entry may be removed by a later prune)."""
+    with held_export(checkpoint, batch_size, cache_dir, device) as export:
+        return export
+
+
+@contextlib.contextmanager
+def held_export(
+    checkpoint: str | Path,
+    batch_size: int,
+    cache_dir: str | Path | None = None,
+    device=None,
+    max_bytes: float | None = None,
+) -> Iterator[CachedExport]:
     """The ONNX export of ``checkpoint`` from the cache, made (and kept) when missing or unusable.
+
+    The entry is held in use for the block (no pruner removes it while its sessions load), its
+    use recorded; after a new export the cache is pruned to ``max_bytes``.
 
     Args:
         checkpoint: The checkpoint file.
@@ -179,6 +207,7 @@ def cached_export(
             of it, as ``gpufeed export --batch-size`` does).
         cache_dir: The cache folder (default: :func:`default_export_cache`).
         device: :class:`~gpufeed.device.DeviceChoice` for the export's parity check (default: CPU).
+        max_bytes: The cache's bound after a new export (default: :func:`._cache_entries.export_cache_max_bytes`).
 
     Raises:
         ExportError: The export failed its checks (nothing is kept).
@@ -190,14 +219,34 @@ def cached_export(
     name = _entry_name(key)
     folder = cache_dir / name
     rebuilt = None
-    if folder.exists():
-        rebuilt = _entry_problem(folder, key)
-        if rebuilt is None:
-            log.info("predict: the export of %s is in the cache (%s)", checkpoint, folder)
-            return CachedExport(folder, read_model_card(folder))
-        log.warning(
-            "predict: the cached export %s cannot be used (%s); exporting %s again", folder, rebuilt, checkpoint
-        )
+    with contextlib.ExitStack() as held:
+        if folder.exists():
+            held.enter_context(hold_entry(folder))
+            rebuilt = _entry_problem(folder, key)
+            if rebuilt is None:
+                log.info("predict: the export of %s is in the cache (%s)", checkpoint, folder)
+                record_use(folder, checkpoint)
+                yield CachedExport(folder, read_model_card(folder))
+                return
+            held.close()
+            log.warning(
+                "predict: the cached export %s cannot be used (%s); exporting %s again", folder, rebuilt, checkpoint
+            )
+        seconds = _export_into(checkpoint, batch_size, cache_dir, key, device, held)
+        limit = export_cache_max_bytes() if max_bytes is None else max_bytes
+        try:
+            prune_export_cache(cache_dir, limit, keep={name})
+        except OSError as err:  # the export is made and held: scoring goes on
+            log.warning("predict: cannot prune the export cache %s (%s)", cache_dir, err.strerror or err)
+        yield CachedExport(folder, read_model_card(folder), seconds, rebuilt)
+
+
+def _export_into(
+    checkpoint: Path, batch_size: int, cache_dir: Path, key: dict, device, held: contextlib.ExitStack
+) -> float:
+    """Export ``checkpoint`` into its entry (held in ``held`` from before its rename); the seconds it took."""
+    name = _entry_name(key)
+    folder = cache_dir / name
     cache_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_builds(cache_dir, name)
     building = cache_dir / f".{name}.tmp-{os.getpid()}"
@@ -214,11 +263,14 @@ def cached_export(
             name=checkpoint.stem,
             device=device,
         )
+        record_use(building, checkpoint)  # the freshest entry from the moment it appears
+        held.enter_context(hold_entry(building))  # the lock moves with the folder's rename
         write_json(building / KEY_FILE, key, atomic=True)  # last: a folder without it is no entry
-        folder = _move_into_place(building, folder, key)
+        _move_into_place(building, folder, key)
+        held.enter_context(hold_entry(folder))  # another process's entry may have won the race
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
     seconds = time.perf_counter() - started
     log.info("predict: exported %s in %.1f s", checkpoint, seconds)
-    return CachedExport(folder, read_model_card(folder), seconds, rebuilt)
+    return seconds

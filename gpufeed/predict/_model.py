@@ -52,7 +52,8 @@ from gpufeed.models import (
     read_model_card,
 )
 from gpufeed.pipelines import DatasetError
-from gpufeed.predict._export_cache import CachedExport, cached_export
+from gpufeed.predict._cache_entries import export_cache_max_bytes
+from gpufeed.predict._export_cache import CachedExport, held_export
 from gpufeed.server import OnnxRunner
 
 __all__ = ["RUNTIMES", "ParityError", "Predictor", "load_predictor"]
@@ -232,6 +233,7 @@ def load_predictor(
     threads: int = 0,
     runtime: str = "auto",
     export_cache: str | Path | None = None,
+    export_cache_max_mb: float | None = None,
 ) -> Predictor:
     """Load a checkpoint (file or run folder) or an exported model folder (``model_card.json``) for scoring.
 
@@ -246,6 +248,8 @@ def load_predictor(
             An exported model runs on onnxruntime whatever this says, except ``torch``: an error.
         export_cache: Where a checkpoint's exports are kept (default:
             :func:`~gpufeed.predict._export_cache.default_export_cache`).
+        export_cache_max_mb: The bound on that cache after a new export, in MB of 10^6 bytes
+            (``math.inf``: none; default: ``$GPUFEED_EXPORT_CACHE_MAX_MB``, else 2048).
 
     Raises:
         DatasetError: ``source`` is neither, or ``runtime`` cannot run it (one line naming it).
@@ -294,11 +298,12 @@ def load_predictor(
     predictor = Predictor(path, "checkpoint", spec, _labels(spec), sampling, size, device, _module=module)
     # On a GPU predict keeps PyTorch, as it did: nothing measured yet says onnxruntime's CUDA provider is faster.
     if runtime == "onnx" or (runtime == "auto" and not device.is_gpu and spec.head.classifies):
-        _run_export(predictor, module, runtime == "onnx", export_cache, threads)
+        cache = (export_cache, export_cache_max_bytes(export_cache_max_mb))
+        _run_export(predictor, module, runtime == "onnx", cache, threads)
     return predictor
 
 
-def _run_export(predictor: Predictor, module: torch.nn.Module, strict: bool, export_cache, threads: int) -> None:
+def _run_export(predictor: Predictor, module: torch.nn.Module, strict: bool, cache: tuple, threads: int) -> None:
     """Point ``predictor`` at its checkpoint's cached export on onnxruntime, PyTorch kept for the first batch.
 
     Raises:
@@ -306,8 +311,10 @@ def _run_export(predictor: Predictor, module: torch.nn.Module, strict: bool, exp
     """
     device = predictor.device
     try:
-        export = cached_export(predictor.source, predictor.batch_size, export_cache, device)
-        runner = OnnxRunner(export.folder, export.card, device, "auto", threads)
+        folder, max_bytes = cache
+        # Held until the sessions are made: they read the graph once, and then a prune may remove it.
+        with held_export(predictor.source, predictor.batch_size, folder, device, max_bytes) as export:
+            runner = OnnxRunner(export.folder, export.card, device, "auto", threads)
     except (ExportError, OSError, RuntimeError) as err:  # RuntimeSetupError, onnxruntime's own errors
         why = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
         if strict:
