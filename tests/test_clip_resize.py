@@ -144,9 +144,14 @@ def _store_set(root, fmt: str, width: int, height: int):
 
 @pytest.mark.process
 @pytest.mark.parametrize(
-    ("fmt", "width", "height", "fit"), [("folder", 256, 256, "stretch"), ("hdf5", 320, 240, "centre_crop")]
+    ("fmt", "width", "height", "fit", "start"),
+    [
+        ("folder", 256, 256, "stretch", "fork"),
+        ("hdf5", 320, 240, "centre_crop", "fork"),
+        ("folder", 320, 240, "centre_crop", "spawn"),  # the resizer pickled into spawned workers
+    ],
 )
-def test_the_loaders_clips_are_the_workers_fitted_clips(tmp_path, fmt, width, height, fit):
+def test_the_loaders_clips_are_the_workers_fitted_clips(tmp_path, fmt, width, height, fit, start):
     """Byte for byte: the graph hands the worker's fitted clips on (before, DALI resized them: 19% of values off by one)."""
     dataset = _store_set(tmp_path, fmt, width, height)
     size = SizePx(56, 56)
@@ -154,7 +159,7 @@ def test_the_loaders_clips_are_the_workers_fitted_clips(tmp_path, fmt, width, he
         dataset,
         train=False,
         video_cfg=VideoConfig(clip_length_frames=LENGTH, size_px=list(size), fit=fit),
-        loader_cfg=LoaderConfig(batch_size=2, num_threads=2),
+        loader_cfg=LoaderConfig(batch_size=2, num_threads=2, worker_start_method=start),
         device=DeviceChoice("cpu", None, "test"),
     )
     assert isinstance(loader.clip_source, ScaledJpegSource)
