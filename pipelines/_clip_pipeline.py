@@ -36,8 +36,9 @@ row ``j`` of iteration ``k`` is ``k * batch_size + j``:
   :class:`gpufeed.pipelines._pyav_clips.PyAVClips` (PyAV, seeking to the keyframe at or before each
   clip), :class:`gpufeed.pipelines._pyav_sequential.SequentialFeed` (one video front to back, in
   this thread), both handing frames already fitted; or, on a CPU, stores of JPEG frames decoded
-  DCT-scaled by a :class:`~gpufeed.pipelines._store_feed.ScaledJpegClips`, which the graph crops
-  (a region relative to the frame) and resizes. Every other frame store has a graph of its own,
+  DCT-scaled by a :class:`~gpufeed.pipelines._store_feed.ScaledJpegClips`, fitted in the worker
+  too where every crop window falls on whole decoded pixels, else cropped (a region relative to
+  the frame) and resized by the graph. Every other frame store has a graph of its own,
   every frame of a batch through one image decoder (:mod:`gpufeed.pipelines._store_pipeline`).
 
 Why a file list and not ``fn.decoders.video`` on in-memory files: that decoder needs each clip's

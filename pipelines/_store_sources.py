@@ -6,8 +6,10 @@
   :class:`~gpufeed.pipelines._store_feed.StoreFrameFeed` in DALI's worker processes; a clip comes
   out as ``T`` consecutive frames (:attr:`~gpufeed.pipelines._clip_source.ClipSource.frames_flat`).
 * :class:`ScaledJpegSource`: on a CPU, stores of JPEG frames only, decoded DCT-scaled by
-  libjpeg-turbo in the worker processes (:class:`~gpufeed.pipelines._store_feed.ScaledJpegClips`)
-  and handed to the clip graph at the resize, one (T, h, w, 3) clip per sample.
+  libjpeg-turbo in the worker processes (:class:`~gpufeed.pipelines._store_feed.ScaledJpegClips`),
+  one (T, h, w, 3) clip per sample, fitted to the output there too
+  (:class:`~gpufeed.pipelines._clip_resize.ClipResizer`) unless a crop window starts or ends inside
+  a decoded pixel (then the clip graph crops and resizes it).
 
 Both read a batch's rows in plan order. The sequential reader reads one video's ranges through the
 image-decoder graph in its own thread, either way.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpufeed.pipelines._clip_pipeline import FeedInput, build_clip_pipeline
+from gpufeed.pipelines._clip_resize import ClipResizer, crop_boxes
 from gpufeed.pipelines._clip_source import ClipJob, ClipSource, RangeJob, SourcePipeline, start_method
 from gpufeed.pipelines._crop_windows import RoiFeed, centre_rois
 from gpufeed.pipelines._epochs import worker_start_method
@@ -109,11 +112,15 @@ class ScaledJpegSource(StoreSource):
     def open(self, job: ClipJob, *, build: bool = True) -> SourcePipeline:
         roi, regions = self._crop(job, relative=True)
         decoded = jpeg_decode_sizes(job.frame_sizes(), regions, job.size_px)
+        # Fitted in the workers where every crop window falls on whole decoded pixels (stretch always).
+        boxes = crop_boxes(job.frame_sizes(), decoded, job.size_px, job.fit)
+        resizer = None if boxes is None else ClipResizer(job.size_px, boxes)
         clips = ScaledJpegClips(
-            job.plan, _stores(job), decoded, batch_size=job.batch_size, **_shape(job), **_decode(job)
+            job.plan, _stores(job), decoded, batch_size=job.batch_size, resizer=resizer, **_shape(job), **_decode(job)
         )
         method = start_method(job, job.num_threads, "JPEG decoding")
-        graph = FeedInput(clips, parallel=True, fitted=False)
+        graph = FeedInput(clips, parallel=True, fitted=resizer is not None)
+        roi = None if resizer is not None else roi
         return SourcePipeline(
             build_clip_pipeline(clip_input=graph, roi_feed=roi, start_method=method, build=build, **job.graph_args())
         )
