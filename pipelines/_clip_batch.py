@@ -18,7 +18,8 @@ class ClipBatch:
     Attributes:
         clips: (N, 3, T, H, W) torch.uint8 RGB ("NCTHW"), in channels_last_3d memory: a permuted
             view of DALI's (N, T, H, W, 3), the layout 3-D convolutions run in.
-        frame_labels: (N, T, K) torch.float32 multi-hot label of every frame of each clip.
+        frame_labels: (N, T, K) torch.float32 multi-hot label of every frame of each clip (zeros
+            for a video without labels, K = 0 when the dataset has none: ``require_labels=False``).
         centre_labels: (N, K) torch.float32 label of each clip's centre frame (index ``T // 2``).
         video_ids: (N,) torch.int64 video ids (positions in the dataset).
         start_frames: (N,) torch.int64 first frame of each clip; frame t is ``start + t * stride``.

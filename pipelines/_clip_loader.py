@@ -282,7 +282,7 @@ class ClipLoader(EpochLoader):
         if tuple(clips.shape[1:]) != self.clip_shape:
             raise RuntimeError(f"clip pipeline produced {tuple(clips.shape)}; expected (N, *{self.clip_shape})")
         frames = starts[:, None] + np.arange(self.geometry.clip_length_frames) * self.geometry.stride_frames
-        labels = np.stack([self.dataset.labels[v][f] for v, f in zip(videos, frames, strict=True)])
+        labels = np.stack([self._clip_labels(v, f) for v, f in zip(videos, frames, strict=True)])
         torch_device = self.device.torch_device
 
         def to_device(array, dtype):
@@ -301,6 +301,13 @@ class ClipLoader(EpochLoader):
             valid=to_device(batch.valid, torch.bool),
             behaviours=self.behaviours,
         )
+
+    def _clip_labels(self, video: int, frames: np.ndarray) -> np.ndarray:
+        """(T, K) labels of ``frames`` of ``video``: zeros for a video without (``require_labels=False``)."""
+        rows = self.dataset.labels[video]
+        if rows is None:
+            return np.zeros((len(frames), len(self.behaviours)), dtype=np.uint8)
+        return rows[frames]
 
     def _plan_order(self, out: dict, rows: PlanRows) -> torch.Tensor:
         """The batch's clips, (N, 3, T, H, W), in plan order, their tags checked against the plan.

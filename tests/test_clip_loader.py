@@ -105,6 +105,21 @@ def test_training_reads_random_clips_exactly_and_repeatably(videos):
     assert [c for batch in again for c in _check_batch(batch, dataset, 2, 48, device)] == first
 
 
+def test_videos_without_labels_give_clips_with_no_label_columns(synth_dir):
+    # A folder indexed without its label files (a benchmark's or a user's own videos) is still
+    # read: its batches carry K = 0 label columns instead of failing on the first batch.
+    dataset = VideoDataset.from_folder(synth_dir / "videos", require_labels=False)
+    assert dataset.behaviours == () and all(rows is None for rows in dataset.labels)
+    loader = _loader(dataset, "pyav", DeviceChoice("cpu", None, "test"), train=False, batch=4)
+    batch = next(iter(loader))
+    loader.close()
+    n = len(batch)
+    assert batch.frame_labels.shape == (n, 11, 0) and batch.centre_labels.shape == (n, 0)
+    for k in range(n):
+        video, start = int(batch.video_ids[k]), int(batch.start_frames[k])
+        assert frame_tags(batch.clips[k], "CTHW") == [(start + i, video) for i in range(11)]
+
+
 def test_epoch_clips_tells_what_an_epoch_will_read(synth_dir):
     dataset = VideoDataset.from_folder(synth_dir / "videos")
     loader = _loader(dataset, "pyav", DeviceChoice("cpu", None, "test"), train=True, seed=4, last_batch="pad", batch=8)
