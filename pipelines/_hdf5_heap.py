@@ -32,8 +32,8 @@ _REF = struct.Struct("<IQI")  # an element: sequence length, collection address,
 _OBJECT = struct.Struct("<HHIQ")  # a heap object: index, references, reserved, size
 _REF_BYTES = _REF.size  # 16
 _HEAD_BYTES = 16  # a collection's header: "GCOL", version, 3 reserved, size (u64)
-# A collection of small objects larger than this is not walked here (h5py reads it): HDF5 makes them
-# 4 kB and grows one only to fit a larger object, which comes first in it.
+# A collection larger than this is not walked here (h5py reads its objects): HDF5 makes them 4 kB, or
+# as large as an object that does not fit in that, and frames of that size were checked first in it.
 _MAX_WALK_BYTES = 1 << 20
 _MAX_CHUNKS = 4096  # chunk addresses remembered per dataset
 
