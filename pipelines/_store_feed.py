@@ -121,9 +121,9 @@ class StoreFrameFeed(WorkerCallback):
     samples): sample ``i`` of iteration ``k`` is frame ``t = i % T`` of clip ``j = i // T``, row ``j``
     of ``rows(k)``. It returns that frame's bytes, the clip's tag ``k * batch_size + j`` (int64)
     and, in ``per_clip`` channel mode, the clip's channel matrix. A clip's frames are read together
-    (one h5py read of an HDF5 clip's span) when its first frame is asked for and kept until another
-    clip's is: DALI hands each worker process a contiguous run of a batch's samples, so a clip is
-    read once, or twice where a run ends inside it.
+    (an HDF5 clip's references in one read, :mod:`gpufeed.pipelines._hdf5_heap`) when its first
+    frame is asked for and kept until another clip's is: DALI hands each worker process a contiguous
+    run of a batch's samples, so a clip is read once, or twice where a run ends inside it.
 
     Picklable (``rows`` must be), so DALI's worker processes may be forked or spawned; stores are
     opened in each process that reads them.

@@ -53,6 +53,7 @@ from gpufeed.core import (
     split_member,
 )
 from gpufeed.pipelines._containment import Roots, folder_link_problem, hdf5_link_problem
+from gpufeed.pipelines._hdf5_heap import HeapFrames
 from gpufeed.pipelines._shards import MANIFEST_NAME, read_shard_frames, tar_members
 
 # The registry itself too: tests add a kind to it for their run (monkeypatch.setitem).
@@ -119,9 +120,22 @@ def _file_bytes(path: str) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)[:got]
 
 
+def _local_file_bytes(path: str) -> np.ndarray:
+    """:func:`_file_bytes` of a local file in three system calls (0.25 ms for 11 frames of 51 kB, 0.35-0.5 with ``open()``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = bytearray(os.fstat(fd).st_size)
+        got = os.readv(fd, [data])
+    finally:
+        os.close(fd)
+    return np.frombuffer(data, dtype=np.uint8)[:got]
+
+
 class _FolderReader:
     def read(self, path: str, frame_name: str, frames) -> list[np.ndarray]:
-        return [_file_bytes(join(path, frame_name.format(int(i)))) for i in frames]
+        if is_object_url(path):
+            return [_file_bytes(join(path, frame_name.format(int(i)))) for i in frames]
+        return [_local_file_bytes(os.path.join(path, frame_name.format(int(i)))) for i in frames]
 
     def close(self) -> None:  # nothing stays open
         pass
@@ -238,12 +252,16 @@ class _Hdf5Reader:
     def read(self, path: str, frame_name: str, frames) -> list[np.ndarray]:
         hit = self._open.pop(path, None)
         if hit is None:
-            hit = _open_frames(data_path(path))
+            handle, dataset = _open_frames(data_path(path))
+            hit = (handle, dataset, HeapFrames.of(dataset))  # the frames straight from the file, where it can
             while len(self._open) >= self.max_open:
-                self._open.popitem(last=False)[1][0].close()
+                _close_hdf5(self._open.popitem(last=False)[1])
         self._open[path] = hit
         dataset = hit[1]
         frames = np.asarray(frames, dtype=np.int64)
+        direct = hit[2].read(frames) if hit[2] is not None else None
+        if direct is not None:
+            return direct
         if len(frames) > 1 and np.all(np.diff(frames) > 0):
             # One read of the clip's span: h5py costs far more per call than per element.
             span = dataset[int(frames[0]) : int(frames[-1]) + 1]
@@ -254,7 +272,13 @@ class _Hdf5Reader:
 
     def close(self) -> None:
         while self._open:
-            self._open.popitem()[1][0].close()
+            _close_hdf5(self._open.popitem()[1])
+
+
+def _close_hdf5(hit: tuple) -> None:
+    if hit[2] is not None:
+        hit[2].close()
+    hit[0].close()
 
 
 class Hdf5Store(FrameStore):

@@ -48,6 +48,7 @@ def test_header_sizes_of_png_and_jpeg_frames():
     jpeg = _encoded("JPEG")
     stray = jpeg[:2] + b"\x00\x17junk" + jpeg[2:]  # libjpeg skips stray bytes before a marker; so does the reader
     assert header_size(stray) == (96, 64)
+    assert header_size(np.frombuffer(stray, np.uint8)) == (96, 64)  # walked in place until a stray byte
     assert header_size(header_png(30000, 30000)) == (30000, 30000)
     assert (
         frame_refusal(header_png(30000, 30000), 40_000_000)
