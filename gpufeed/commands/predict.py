@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 from gpufeed.commands.serve import _positive
+from gpufeed.core import parse_limit_mb
 
 # Every gpufeed call imports this module to register its arguments; the handler, which imports what it
 # runs (torch, DALI, onnxruntime), is in _predict_handlers.py (bench predict's in _bench_handlers.py).
 
 
 def max_mb(text: str) -> float:
-    """An export cache's size limit: MB (10^6 bytes) >= 0, or ``none`` (``math.inf``: no limit)."""
-    if text.strip().lower() == "none":
-        return math.inf
+    """An export cache's size limit for argparse: MB (10^6 bytes) >= 0, or ``none`` (``math.inf``: no limit)."""
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size limit; allowed: a number of MB >= 0, or none")
-    return value
+        return parse_limit_mb(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -52,7 +52,7 @@ from gpufeed.core._storage import (
     walk,
 )
 from gpufeed.core._storage_settings import DEFAULT_BLOCK_BYTES, DEFAULT_CACHE_MAX_BYTES
-from gpufeed.core._text import format_table, quoted
+from gpufeed.core._text import format_table, parse_limit_mb, quoted
 from gpufeed.core._yaml import YamlError, parse_yaml, read_yaml
 
 __all__ = [
@@ -97,6 +97,7 @@ __all__ = [
     "missing_from_extra",
     "open_binary",
     "option",
+    "parse_limit_mb",
     "parse_size_px",
     "parse_yaml",
     "prefetch",

@@ -1,13 +1,15 @@
-"""Plain-text tables for reports printed to a terminal (benchmarks, training summaries, checks), and bounded quotes.
+"""Plain-text tables for reports printed to a terminal (benchmarks, training summaries, checks), bounded quotes,
+and size limits as people write them.
 
 The bottom layer: anything in gpufeed may import it, and it imports nothing of gpufeed's.
 """
 
 from __future__ import annotations
 
+import math
 import reprlib
 
-__all__ = ["QUOTE_CHARS", "format_table", "quoted"]
+__all__ = ["QUOTE_CHARS", "format_table", "parse_limit_mb", "quoted"]
 
 # How much of a value an error message quotes: enough to recognise a typo, never a file's worth.
 QUOTE_CHARS = 40
@@ -62,3 +64,22 @@ def format_table(headers: list[str], rows: list[list]) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def parse_limit_mb(text: str) -> float:
+    """A size limit in MB (10^6 bytes) as written on a command line or in the environment.
+
+    A number >= 0, or ``none`` for no limit (``math.inf``).
+
+    Raises:
+        ValueError: Anything else (the message names the value and what is allowed).
+    """
+    if text.strip().lower() == "none":
+        return math.inf
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0 or math.isinf(value):
+        raise ValueError(f"{quoted(text)} is not a size limit; allowed: a number of MB >= 0, or none (no limit)")
+    return value

@@ -39,7 +39,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufeed.core import process_alive, write_json
+from gpufeed.core import parse_limit_mb, process_alive, write_json
 
 __all__ = [
     "DEFAULT_MAX_MB",
@@ -73,23 +73,6 @@ def entry_name(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def parse_max_mb(text: str) -> float:
-    """A size limit in MB as written in the environment or on the command line: a number >= 0, or ``none``.
-
-    Raises:
-        ValueError: Anything else (the message names the value and what is allowed).
-    """
-    if text.strip().lower() == "none":
-        return math.inf
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value >= 0 or math.isinf(value):
-        raise ValueError(f"{text!r} is not a size limit; allowed: a number of MB >= 0, or none (no limit)")
-    return value
-
-
 def export_cache_max_bytes(max_mb: float | None = None) -> float:
     """The cache's bound in bytes: ``max_mb``, else ``$GPUFEED_EXPORT_CACHE_MAX_MB``, else 2048 MB.
 
@@ -98,7 +81,7 @@ def export_cache_max_bytes(max_mb: float | None = None) -> float:
     if max_mb is None:
         text = os.environ.get(ENV_EXPORT_CACHE_MAX_MB, "").strip()
         try:
-            max_mb = parse_max_mb(text) if text else DEFAULT_MAX_MB
+            max_mb = parse_limit_mb(text) if text else DEFAULT_MAX_MB
         except ValueError as err:
             log.warning("predict: $%s: %s; using %g MB", ENV_EXPORT_CACHE_MAX_MB, err, DEFAULT_MAX_MB)
             max_mb = DEFAULT_MAX_MB
