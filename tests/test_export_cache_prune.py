@@ -235,6 +235,8 @@ def test_the_cache_command_and_the_predict_flag_end_to_end(checkpoints, tmp_path
         math.inf
     )
     assert build_parser().parse_args(["cache", "prune", "--max-mb", "512"]).max_mb == 512.0
+    # The folder under predict's name for it too.
+    assert build_parser().parse_args(["cache", "list", "--export-cache", "x"]).dir == Path("x")
     for bad in ("-1", "lots", "inf"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["cache", "prune", "--max-mb", bad])

@@ -31,9 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         p = actions.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
         p.add_argument(
             "--dir",
+            "--export-cache",  # the name gpufeed predict gives it
+            dest="dir",
             type=Path,
             metavar="DIR",
-            help="the cache folder (default: $GPUFEED_EXPORT_CACHE_DIR, else ~/.cache/gpufeed/exports)",
+            help="the cache folder, as gpufeed predict --export-cache names it (default: "
+            "$GPUFEED_EXPORT_CACHE_DIR, else ~/.cache/gpufeed/exports)",
         )
         if name == "prune":
             p.add_argument(
