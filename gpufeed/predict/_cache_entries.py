@@ -53,6 +53,7 @@ __all__ = [
     "list_export_cache",
     "prune_export_cache",
     "record_use",
+    "removal_aside",
 ]
 
 log = logging.getLogger("gpufeed.predict")
@@ -286,12 +287,17 @@ def hold_entry(folder: Path) -> Iterator[bool]:
         os.close(fd)
 
 
+def removal_aside(folder: Path) -> Path:
+    """Where an entry is renamed before it is deleted: hidden, and cleaned up by a later prune if this process dies first."""
+    return folder.with_name(f".{folder.name}.removing-{os.getpid()}")
+
+
 def _remove(entry: ExportCacheEntry) -> str | None:
     """Remove ``entry`` unless in use; ``None`` when removed, else why not (``"in use"`` when being loaded)."""
     fd = _open_lock(entry.folder)
     if fd is None:
         return "gone" if not entry.folder.exists() else "its lock file cannot be opened"
-    aside = entry.folder.with_name(f".{entry.name}.removing-{os.getpid()}")
+    aside = removal_aside(entry.folder)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

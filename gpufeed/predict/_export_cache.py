@@ -57,6 +57,7 @@ from gpufeed.predict._cache_entries import (
     hold_entry,
     prune_export_cache,
     record_use,
+    removal_aside,
 )
 
 __all__ = ["ENV_EXPORT_CACHE", "CachedExport", "cached_export", "default_export_cache", "export_key", "held_export"]
@@ -166,7 +167,7 @@ def _move_into_place(building: Path, folder: Path, key: dict) -> Path:
         if _entry_problem(folder, key) is None:
             shutil.rmtree(building, ignore_errors=True)
             return folder
-        aside = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        aside = removal_aside(folder)  # a prune removes it if this process dies before the rmtree
         shutil.rmtree(aside, ignore_errors=True)
         os.rename(folder, aside)
         shutil.rmtree(aside, ignore_errors=True)
