@@ -8,6 +8,7 @@ test skips there with the reason and runs in the peers' venv (``make peers``; ``
 from __future__ import annotations
 
 import multiprocessing
+import os
 import shutil
 import time
 
@@ -43,6 +44,27 @@ def test_a_gpufeed_round_leaves_no_worker_decoding_behind(videos):
         times, _ = timed_round(lambda e=epoch: gpufeed_reader(bench_set.loader, e), 24)
         assert times.clips == 24 and child_pids() <= before, "no process the round started is left"
     assert bench_set.loader.pipeline_builds == 2, "each round starts its own pipeline: start-up is in every round"
+
+
+def test_a_round_whose_workers_are_spawned_ends(videos, monkeypatch):
+    """On a GPU the workers are spawned, which starts multiprocessing's resource tracker for good.
+
+    The tracker is this process's child until it exits; a round that waited for it failed every
+    GPU run of ``bench clips`` ("still run 60 s after it was closed", first seen on an H100).
+    """
+    from multiprocessing import resource_tracker
+
+    from gpufeed.pipelines import _epochs
+
+    monkeypatch.setattr(_epochs, "cuda_initialised", lambda: True)  # what makes a GPU run spawn
+    spec = SetSpec("long_gop", VideoDataset.from_folder(videos), True)
+    bench_set = BenchSet(spec, clip_length=5, stride=1, size=64, batch_size=4, workers=2, seed=0, device=CPU)
+    before = child_pids()
+    times, _ = timed_round(lambda: gpufeed_reader(bench_set.loader, 0), 8)
+    tracker = resource_tracker._resource_tracker._pid  # test-only look at the standard library's helper
+    assert times.clips >= 8 and child_pids() <= before
+    assert tracker is not None and os.path.exists(f"/proc/{tracker}"), "the spawn started the tracker, still alive"
+    assert tracker not in child_pids(), "and it is not a process the round waits for"
 
 
 def _burn(seconds: float, done) -> None:

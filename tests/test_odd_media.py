@@ -134,7 +134,14 @@ def test_loader_decodes_every_good_odd_image_like_pil(corpus, device, train):
             seen.append(int(sample_id))
     assert sorted(seen) == list(range(len(dataset))), "every good image, nothing skipped"
     assert loader.skipped == {}
-    assert max(errors.values()) < 1.5, errors
+    # Mean levels off PIL after the crop and resize. On the CPU the decoder is PIL's own
+    # (libjpeg-turbo), so only the resize differs. nvJPEG and the hardware JPEG decoder have
+    # their own IDCT and chroma upsampling: an H100 gave up to 2.0 on these JPEGs, and libjpeg's
+    # own fast IDCT with plain upsampling gives up to 3.2 here. A wrong orientation or channel
+    # order gives 30 or more on every image that shows one.
+    gpu_jpeg = device.kind == "gpu"
+    worst = {n: e for n, e in errors.items() if e >= (4.0 if gpu_jpeg and n.endswith(".jpg") else 1.5)}
+    assert not worst, (worst, errors)
 
 
 # -- videos ---------------------------------------------------------------------------------------

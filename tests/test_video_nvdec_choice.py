@@ -122,13 +122,21 @@ def test_check_says_which_decoder_each_video_gets_and_why(odd_formats):
     assert "[decoder]" in table and table.endswith("no problems found")
 
 
-def _read_all(loader):
+def _read_all(loader, tag_of=None):
+    """Every clip's (video, start), each checked frame by frame against its tags.
+
+    Args:
+        tag_of: The id written in each dataset video's tags (default: its dataset id); a folder
+            holding some of the formats numbers its videos afresh, while their tags keep the
+            index in ``FORMATS``.
+    """
     seen = []
     for batch in loader:
         for k in range(len(batch)):
             video, start = int(batch.video_ids[k]), int(batch.start_frames[k])
+            tag = video if tag_of is None else tag_of[video]
             frames = start + np.arange(5)
-            assert frame_tags(batch.clips[k], "CTHW") == [(int(f), video) for f in frames], "exactly the named frames"
+            assert frame_tags(batch.clips[k], "CTHW") == [(int(f), tag) for f in frames], "exactly the named frames"
             seen.append((video, start))
     return seen
 
@@ -167,17 +175,36 @@ def test_nvdec_fallback_reads_av1_and_high10_exactly_on_a_gpu(odd_formats):
     assert loader.skipped == {} and torch.cuda.is_available()
 
 
+def _nvdec_formats(odd_formats, folder):
+    """The formats NVDEC takes, copied into ``folder``: their dataset, and the tag id of each video."""
+    import shutil
+
+    folder.mkdir()
+    for name, (_, _, ok) in FORMATS.items():
+        if ok:  # the video and its label file
+            for path in odd_formats.glob(name.rsplit(".", 1)[0] + ".*"):
+                shutil.copy(path, folder / path.name)
+    dataset = VideoDataset.from_folder(folder)
+    names = list(FORMATS)
+    return dataset, [names.index(path.rsplit("/", 1)[-1]) for path in dataset.paths]
+
+
+@pytest.mark.process  # the PyAV worker processes
+def test_the_formats_nvdec_takes_read_exactly_through_pyav(odd_formats, tmp_path):
+    """The CPU twin of the test below: the same folder and checks, so that they are known to hold here."""
+    dataset, tag_of = _nvdec_formats(odd_formats, tmp_path / "videos")
+    assert tag_of == [0, 4, 5], "a folder of three numbers them 0-2; their tags keep the FORMATS index"
+    loader = _loader(dataset, DeviceChoice("cpu", None, "test"))
+    try:
+        assert {v for v, _ in _read_all(loader, tag_of)} == {0, 1, 2}
+    finally:
+        loader.close()
+
+
 @pytest.mark.gpu
 def test_nvdec_reads_what_it_takes_exactly_on_a_gpu(odd_formats, tmp_path):
     """The formats NVDEC takes (h264 High, hevc Main 10, VP9) go to DALI on a GPU and read exactly."""
-    import shutil
-
-    folder = tmp_path / "videos"
-    folder.mkdir()
-    for name, (_, _, ok) in FORMATS.items():
-        if ok:
-            for path in odd_formats.glob(name.rsplit(".", 1)[0] + ".*"):
-                shutil.copy(path, folder / path.name)
-    loader = _loader(VideoDataset.from_folder(folder), DeviceChoice("gpu", 0, "test"))
+    dataset, tag_of = _nvdec_formats(odd_formats, tmp_path / "videos")
+    loader = _loader(dataset, DeviceChoice("gpu", 0, "test"))
     assert loader.source == "dali", loader.decoder_reason
-    assert len({v for v, _ in _read_all(loader)}) == 3
+    assert {v for v, _ in _read_all(loader, tag_of)} == {0, 1, 2}

@@ -71,8 +71,28 @@ class RoundTime:
         return 1000 * self.cpu_s / self.clips if self.clips > 0 else float("nan")
 
 
+# Started by the standard library the first time this process spawns a worker (any reader on a GPU,
+# where forking after CUDA is unsafe), then kept for the rest of this process's life: not a reader's.
+_LASTING_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver")
+
+
+def _lasting_helper(pid: str) -> bool:
+    """Whether process ``pid`` is one of multiprocessing's per-process helpers (:data:`_LASTING_HELPERS`)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            command = cmdline.read()
+    except OSError:
+        return False
+    return any(helper in command for helper in _LASTING_HELPERS)
+
+
 def child_pids(pid: int | None = None) -> set[int]:
-    """Live (not zombie) child processes of ``pid`` (default: this process), from ``/proc``."""
+    """Live (not zombie) child processes of ``pid`` (default: this process), from ``/proc``.
+
+    Multiprocessing's resource tracker and fork server are left out: a reader whose workers are
+    spawned starts the tracker, which stays until this process exits, so waiting for it to go
+    would wait forever.
+    """
     parent = os.getpid() if pid is None else pid
     found: set[int] = set()
     try:
@@ -87,7 +107,7 @@ def child_pids(pid: int | None = None) -> set[int]:
                 fields = stat.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[1]) == parent and fields[0] not in ("Z", "X"):
+        if int(fields[1]) == parent and fields[0] not in ("Z", "X") and not _lasting_helper(entry):
             found.add(int(entry))
     return found
 
