@@ -21,7 +21,7 @@ from gpufeed.bench._clip_videos import make_bench_videos
 from gpufeed.bench.clips import run_clip_bench
 from gpufeed.config import SizePx
 from gpufeed.device import DeviceChoice
-from gpufeed.pipelines import VideoDataset
+from gpufeed.pipelines import DatasetError, VideoDataset
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
@@ -44,6 +44,15 @@ def test_a_gpufeed_round_leaves_no_worker_decoding_behind(videos):
         times, _ = timed_round(lambda e=epoch: gpufeed_reader(bench_set.loader, e), 24)
         assert times.clips == 24 and child_pids() <= before, "no process the round started is left"
     assert bench_set.loader.pipeline_builds == 2, "each round starts its own pipeline: start-up is in every round"
+
+
+def test_the_decoder_asked_for_reaches_the_loader(videos):
+    """``bench clips --decoder``: gpufeed's video.decoder for the video sets (PyAV against NVDEC on a GPU)."""
+    spec = SetSpec("long_gop", VideoDataset.from_folder(videos), True)
+    args = {"clip_length": 5, "stride": 1, "size": 64, "batch_size": 4, "workers": 2, "seed": 0, "device": CPU}
+    assert BenchSet(spec, decoder="pyav", **args).loader.source == "pyav"
+    with pytest.raises(DatasetError, match="dali cannot decode h264 without a GPU"):
+        BenchSet(spec, decoder="dali", **args)
 
 
 def test_a_round_whose_workers_are_spawned_ends(videos, monkeypatch):

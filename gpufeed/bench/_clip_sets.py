@@ -27,7 +27,7 @@ from gpufeed.bench._clip_videos import (
     prepared_bench_videos,
     stored_bench_videos,
 )
-from gpufeed.config import LoaderConfig, VideoConfig
+from gpufeed.config import LoaderConfig, VideoConfig, VideoDecoder
 from gpufeed.core import SizePx
 from gpufeed.pipelines import ClipLoader, DatasetError, VideoDataset, is_project, project_dataset
 
@@ -137,10 +137,11 @@ class BenchSet:
         workers: int,
         seed: int,
         device,
+        decoder: VideoDecoder = "auto",
     ) -> None:
         self.name, self.dataset, self.tagged = spec.name, spec.dataset, spec.tagged
         self.is_store = all(info.store for info in self.dataset.infos)
-        video_cfg = VideoConfig(clip_length_frames=clip_length, stride_frames=stride, size_px=size)
+        video_cfg = VideoConfig(clip_length_frames=clip_length, stride_frames=stride, size_px=size, decoder=decoder)
         loader_cfg = LoaderConfig(batch_size=batch_size, num_threads=workers, last_batch="drop")
         self.loader = ClipLoader(
             self.dataset, train=True, video_cfg=video_cfg, loader_cfg=loader_cfg, device=device, seed=seed

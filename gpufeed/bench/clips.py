@@ -40,6 +40,7 @@ from gpufeed.bench._clip_sets import BenchSet, generated_sets, user_sets
 from gpufeed.bench._clip_videos import make_bench_videos, prepared_bench_videos
 from gpufeed.bench._common import machine_facts
 from gpufeed.bench._store_figures import store_figures
+from gpufeed.config import VideoDecoder
 from gpufeed.core import SizePx, progress_bar
 from gpufeed.device import resolve_device
 from gpufeed.pipelines import VideoRef, default_num_threads
@@ -159,6 +160,7 @@ def run_clip_bench(
     contenders: tuple[str, ...] = CONTENDERS,
     seed: int = 0,
     device: str = "auto",
+    decoder: VideoDecoder = "auto",
     cache: Path = Path(".cache/bench"),
 ) -> dict:
     """Run every available contender on every set; return the figures (see the module docs).
@@ -177,6 +179,8 @@ def run_clip_bench(
         rounds: Timed rounds per reader, interleaved.
         workers: Processes per reader; 0 means one per core.
         contenders: Readers to run (of :data:`CONTENDERS`); those unavailable here are listed, not run.
+        decoder: gpufeed's ``video.decoder`` for the video sets (``auto``, ``dali``, ``pyav``): on a
+            GPU, ``pyav`` times PyAV's worker processes where ``auto`` would take NVDEC.
     """
     choice = resolve_device(device)
     cores = default_num_threads()
@@ -191,7 +195,7 @@ def run_clip_bench(
         )  # fmt: skip
     bench_sets = [
         BenchSet(spec, clip_length=clip_length, stride=stride, size=size, batch_size=batch_size,
-                 workers=a.workers, seed=seed, device=choice)
+                 workers=a.workers, seed=seed, device=choice, decoder=decoder)
         for spec in specs
     ]  # fmt: skip
     readers, missing = _readers(bench_sets, tuple(contenders))
@@ -208,6 +212,7 @@ def run_clip_bench(
         "height_px": a.size.height_px,
         "batch_size": batch_size,
         "workers": a.workers,
+        "decoder": decoder,
         "sampler_clips_per_call": sampler_clips,
         "rounds": rounds,
         "clips_per_round": {c: counts[c] for c in {c for r in readers.values() for c in r}},

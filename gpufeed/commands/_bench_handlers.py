@@ -80,6 +80,7 @@ def clips(args: argparse.Namespace) -> int:
         contenders=tuple(args.contenders),
         seed=args.seed,
         device=args.device,
+        decoder=args.decoder,
         cache=args.cache,
     )
     print_clip_result(result)

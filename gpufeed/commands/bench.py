@@ -174,6 +174,12 @@ def _register_clips(kinds: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
+    p.add_argument(
+        "--decoder",
+        choices=("auto", "dali", "pyav"),
+        default="auto",
+        help="gpufeed's video.decoder for the video sets (default auto: NVDEC on a GPU where it decodes the format)",
+    )
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated videos are kept")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func="gpufeed.commands._bench_handlers:clips")

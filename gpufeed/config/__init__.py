@@ -19,7 +19,14 @@ from typing import Any, Literal
 
 import yaml
 
-from gpufeed.config._data import DataConfig, DatasetConfig, ImagePipelineConfig, LoaderConfig, VideoConfig
+from gpufeed.config._data import (
+    DataConfig,
+    DatasetConfig,
+    ImagePipelineConfig,
+    LoaderConfig,
+    VideoConfig,
+    VideoDecoder,
+)
 from gpufeed.config._serve import ServeConfig
 from gpufeed.config._storage import StorageConfig
 from gpufeed.config._train import (
@@ -60,6 +67,7 @@ __all__ = [
     "TelemetryConfig",
     "TrainConfig",
     "VideoConfig",
+    "VideoDecoder",
     "describe_config",
     "load_config",
     "parse_config",
