@@ -30,7 +30,8 @@ does not release Python's lock, so the thread that trains waits through the whol
 thread runs it (measured on the CPU, 8,192 lines of a VP9 list: builds of 0.49-0.79 s in a second
 thread stopped the main thread for 485-789 ms, the whole build, load 3.7). Each build is timed
 instead (:class:`ReaderBuild`, logged on a GPU, kept in ``ClipLoader.reader_builds``) so a GPU run
-shows what its rebuilds cost.
+shows what its rebuilds cost. The first GPU figures (an H100, DALI 2.4): 6,912 lines in 53.8-56.9 s,
+about 8 ms a line against 0.06-0.1 ms on the CPU, so a GPU build that slow is a warning.
 
 **One reader per rank.** DALI's GPU reader decodes the samples of a batch one after another in
 its prefetch thread (``VideoReaderDecoderGpu::Prefetch`` calls each sample's ``Decode`` in turn),
@@ -281,7 +282,25 @@ class ReaderBuild:
         )
 
 
+# A GPU build slower than this per list line is a warning: an H100 took about 8 ms a line (6,912
+# lines in 53.8-56.9 s, three builds), the CPU 0.06-0.1 ms; every clip pays it before any decoding.
+SLOW_BUILD_MS_PER_LINE = 2.0
+
+
 def log_reader_build(build: ReaderBuild, number: int, on_gpu: bool) -> None:
-    """Log how long a reader took to make: on a GPU every time, on the CPU when lists are capped."""
-    if on_gpu or build.capped or number > 1:
+    """Log how long a reader took to make: on a GPU every time, on the CPU when lists are capped.
+
+    A GPU build slower than :data:`SLOW_BUILD_MS_PER_LINE` a line is a warning that says what each
+    clip pays for it and how to compare with PyAV's worker processes, which build nothing per clip.
+    """
+    per_line_ms = 1000 * build.build_s / build.lines if build.lines else 0.0
+    if on_gpu and per_line_ms >= SLOW_BUILD_MS_PER_LINE:
+        log.warning(
+            "%s; that is %.1f ms a clip on the training thread before NVDEC decodes it (DALI constructs a frame "
+            "decoder per line): compare with PyAV's worker processes, 'gpufeed bench clips --device gpu --decoder "
+            "pyav', and set video.decoder: pyav if they are faster",
+            build.text(number, on_gpu),
+            per_line_ms,
+        )
+    elif on_gpu or build.capped or number > 1:
         log.info("%s", build.text(number, on_gpu))
