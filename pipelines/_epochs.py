@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from typing import Any
 
 import numpy as np
@@ -121,6 +122,8 @@ class EpochLoader:
 
     Attributes:
         pipeline_builds: DALI pipelines built so far (one per loader unless rebuilt, see above).
+        build_times_s: Seconds each of those took to build and start (logged on a GPU, where the
+            first one was most of an H100 run's first batch, 2.3 s: the nvJPEG buffers, NVDEC lists).
     """
 
     # How many batches past the failing one DALI may have been preparing (prefetch queue + 1).
@@ -142,6 +145,7 @@ class EpochLoader:
         self.skipped: dict[int, str] = {}
         self.read_failures: dict[int, str] = {}
         self.pipeline_builds = 0
+        self.build_times_s: list[float] = []
         self._session: Session | None = None
 
     def _leave_out(self, bad: dict[int, str], what: str) -> None:
@@ -295,7 +299,14 @@ class EpochLoader:
             return session
         self.close()
         self.pipeline_builds += 1
+        started = time.perf_counter()
         self._session = self._open_session(PlanStream(spec, *here, plan_ahead=True))
+        self.build_times_s.append(time.perf_counter() - started)
+        if self.device.is_gpu:
+            log.info(
+                "%s: pipeline %d built and started in %.2f s (epoch %d, batch %d)",
+                type(self).__name__, self.pipeline_builds, self.build_times_s[-1], *here,
+            )  # fmt: skip
         return self._session
 
     def __iter__(self):

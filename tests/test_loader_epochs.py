@@ -146,6 +146,7 @@ def test_the_pipeline_is_rebuilt_only_when_the_position_jumps(train_set):
     assert all(torch.equal(a, b) for a, b in zip(got, straight, strict=True)) and loader.pipeline_builds == 1
     loader.load_state_dict({"epoch": 0, "batch": 1, "seed": 9})  # a jump back: rebuilt
     assert torch.equal(next(iter(loader)).sample_ids, straight[1]) and loader.pipeline_builds == 2
+    assert len(loader.build_times_s) == 2 and all(t > 0 for t in loader.build_times_s), "every build timed"
     loader.set_epoch(5)  # not the next epoch: rebuilt
     list(loader)
     loader.set_epoch(6)  # the next one: kept
