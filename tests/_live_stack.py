@@ -175,9 +175,14 @@ class LiveStack:
         return "\n".join(parts)
 
 
-def _spawn(work: Path, name: str, *args: str) -> subprocess.Popen:
+def _spawn(work: Path, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     with open(work / f"{name}.log", "wb") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen([sys.executable, "-m", "gpufeed", *args], stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "gpufeed", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
 
 
 def _wait(what: str, ready, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
@@ -211,7 +216,13 @@ def start_live_stack(work: Path, synth_dir: Path, stack_dir: Path) -> LiveStack:
         config = work / "train.yaml"
         config.write_text(yaml.safe_dump(train_config(synth_dir), sort_keys=False))
         run_dir = work / "train-run"
-        processes["train"] = _spawn(work, "train", "train", "--config", str(config), "--out", str(run_dir))
+        # The trainer is the module's background load, beside two test workers on a 2-core CI machine.
+        # With two intra-op threads its CPU backward spun forever there twice (before step 40, inside
+        # oneDNN's avx512 backward-weights kernel of smallcnn's channels-last first convolution, seen
+        # with py-spy) and starved every other test into timeouts; alone it ran 1,980 steps a minute.
+        processes["train"] = _spawn(
+            work, "train", "train", "--config", str(config), "--out", str(run_dir), env={"OMP_NUM_THREADS": "1"}
+        )
 
         # While the trainer starts: a checkpoint exactly as training writes one, exported and served.
         classes = (synth_dir / "images" / "classes.txt").read_text().split()
