@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import get_args
 
 from gpufeed.bench import CONTENDERS as CLIP_CONTENDERS
 from gpufeed.bench import GENERATED_SETS
 from gpufeed.commands._bench_storage import register_storage
 from gpufeed.commands.predict import register_predict_bench
 from gpufeed.commands.reliability import register_server_runs
+from gpufeed.config import VideoDecoder
 from gpufeed.core import ConfigError, SizePx, parse_size_px
 
 # Every gpufeed call imports this module to register its arguments; the handlers, which import the
@@ -176,7 +178,7 @@ def _register_clips(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument(
         "--decoder",
-        choices=("auto", "dali", "pyav"),
+        choices=get_args(VideoDecoder),
         default="auto",
         help="gpufeed's video.decoder for the video sets (default auto: NVDEC on a GPU where it decodes the format)",
     )
