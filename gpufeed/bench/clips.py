@@ -179,8 +179,7 @@ def run_clip_bench(
         rounds: Timed rounds per reader, interleaved.
         workers: Processes per reader; 0 means one per core.
         contenders: Readers to run (of :data:`CONTENDERS`); those unavailable here are listed, not run.
-        decoder: gpufeed's ``video.decoder`` for the video sets (``auto``, ``dali``, ``pyav``): on a
-            GPU, ``pyav`` times PyAV's worker processes where ``auto`` would take NVDEC.
+        decoder: gpufeed's ``video.decoder`` for the video sets (on a GPU ``pyav`` times PyAV against NVDEC).
     """
     choice = resolve_device(device)
     cores = default_num_threads()
@@ -189,15 +188,10 @@ def run_clip_bench(
     if data is not None:
         specs, left_out = user_sets(Path(data))
     else:
-        specs = generated_sets(
-            sets, cache=cache, videos=videos, seconds=seconds, video_size=video_size, gop=gop, seed=seed,
-            clip_length=clip_length, stride=stride,
-        )  # fmt: skip
-    bench_sets = [
-        BenchSet(spec, clip_length=clip_length, stride=stride, size=size, batch_size=batch_size,
-                 workers=a.workers, seed=seed, device=choice, decoder=decoder)
-        for spec in specs
-    ]  # fmt: skip
+        specs = generated_sets(sets, cache=cache, videos=videos, seconds=seconds, video_size=video_size, gop=gop,
+                               seed=seed, clip_length=clip_length, stride=stride)  # fmt: skip
+    bench_sets = [BenchSet(spec, clip_length=clip_length, stride=stride, size=size, batch_size=batch_size,
+                           workers=a.workers, seed=seed, device=choice, decoder=decoder) for spec in specs]  # fmt: skip
     readers, missing = _readers(bench_sets, tuple(contenders))
     counts = {c: naive_clips if c == "decode_from_start" else clips for c in CONTENDERS}
     jobs = [(s, c) for s in bench_sets for c in readers[s.name]]
