@@ -20,7 +20,7 @@ import pytest
 from gpufeed.doctor import DoctorReport, ProbeResult, run_doctor
 from gpufeed.doctor._media import VIDEO_CODECS, psnr_db, source_frame
 from gpufeed.doctor._probes import MIN_PSNR_DB, probe_dali_image, probe_nvdec, probe_onnxruntime
-from gpufeed.doctor._run import _installed_stack, _packages, run_isolated
+from gpufeed.doctor._run import _child, _installed_stack, _packages, run_isolated
 from gpufeed.stack import DriverInfo, GpuInfo
 from gpufeed.stack._sets import FileSet, InstalledSet
 
@@ -176,6 +176,18 @@ def test_a_probe_that_crashes_or_hangs_fails_alone():
 def test_a_probe_child_reports_through_its_marker():
     command = [sys.executable, "-m", "gpufeed.doctor._child", "onnxruntime", json.dumps({"device_id": None})]
     (result,) = run_isolated(command, ["onnxruntime-cpu"], 120)
+    assert result.name == "onnxruntime-cpu" and result.status == "pass", result.summary
+
+
+@pytest.mark.process
+def test_a_probe_ignores_a_gpufeed_folder_in_the_working_directory(tmp_path, monkeypatch):
+    # A user running `gpufeed doctor` from a checkout: its gpufeed/ folder (the core, without
+    # pipelines) came first on the child's import path and failed every probe on an H100.
+    shadow = tmp_path / "gpufeed"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('the working directory shadowed the installed gpufeed')\n")
+    monkeypatch.chdir(tmp_path)
+    (result,) = _child("onnxruntime", {"device_id": None}, ["onnxruntime-cpu"], 120)
     assert result.name == "onnxruntime-cpu" and result.status == "pass", result.summary
 
 

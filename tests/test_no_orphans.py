@@ -23,7 +23,7 @@ import yaml
 from _serving import IMAGE_MODEL, exported_repo
 from train_support import gpufeed_cmd
 
-from gpufeed.core._procs import descendants, process_alive
+from gpufeed.core._procs import descendants, module_argv, process_alive
 from gpufeed.models import read_model_card
 from gpufeed.reliability._common import step_records
 from gpufeed.reliability._serve_proc import ServeProcess
@@ -139,3 +139,16 @@ def test_a_worker_started_from_a_short_lived_thread_outlives_the_thread_not_the_
             proc.kill()
             proc.wait()
     assert _left_after([child]) == [], "the worker outlived its parent"
+
+
+@pytest.mark.process
+def test_a_module_child_ignores_a_gpufeed_folder_in_the_working_directory(tmp_path):
+    # `gpufeed serve` and the bench's servers are started as `python -m ...` children; from a
+    # checkout, its gpufeed/ folder (the core alone) would shadow the installed package.
+    shadow = tmp_path / "gpufeed"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('the working directory shadowed the installed gpufeed')\n")
+    proc = subprocess.run(module_argv("gpufeed", "--help"), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0 and "usage: gpufeed" in proc.stdout, proc.stderr[-2000:]
+    shadowed = subprocess.run([sys.executable, "-m", "gpufeed", "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert "shadowed the installed gpufeed" in shadowed.stderr  # what the plain command line does

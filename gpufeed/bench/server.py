@@ -25,7 +25,6 @@ import hashlib
 import os
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from gpufeed.bench._loadgen import run_load
 from gpufeed.bench._loadgen_grpc import run_grpc_load
 from gpufeed.bench._perf_analyzer import perf_analyzer_points
 from gpufeed.bench._server_report import batch_usage, print_batch_usage, print_verdicts, scrape_batch_rows, verdicts
-from gpufeed.core import SizePx, format_table, progress_bar
+from gpufeed.core import SizePx, format_table, module_argv, progress_bar
 from gpufeed.device import resolve_device
 from gpufeed.models import default_batch_sizes, export_model, read_model_card, untrained_checkpoint
 
@@ -80,10 +79,9 @@ def _wait_ready(proc: subprocess.Popen, url: str, name: str, timeout: float = 18
 
 def _start(name: str, models: dict[str, Path], port: int, max_delay_ms: float, device: str, grpc_port=None):
     """Start one contender; return (process, request path)."""
-    python = sys.executable
     if name == "gpufeed":
         cmd = [
-            python, "-m", "gpufeed", "serve", "--model", str(models["batched"]), "--port", str(port),
+            *module_argv("gpufeed"), "serve", "--model", str(models["batched"]), "--port", str(port),
             "--set", f"device={device}", "--set", f"serve.max_delay_ms={max_delay_ms}",
             "--set", "serve.queue_capacity=1024",
         ]  # fmt: skip
@@ -92,13 +90,13 @@ def _start(name: str, models: dict[str, Path], port: int, max_delay_ms: float, d
         path, ready = f"/v1/models/{_MODEL_NAME}/predict", "/v2/health/ready"
     elif name == "plain":
         cmd = [
-            python, "-m", "gpufeed.bench.peers.plain", "--model-dir", str(models["single"]), "--port", str(port),
+            *module_argv("gpufeed.bench.peers.plain"), "--model-dir", str(models["single"]), "--port", str(port),
             "--device", device,
         ]  # fmt: skip
         path, ready = "/predict", "/health"
     elif name == "litserve":
         cmd = [
-            python, "-m", "gpufeed.bench.peers.litserve_peer", "--model-dir", str(models["batched"]),
+            *module_argv("gpufeed.bench.peers.litserve_peer"), "--model-dir", str(models["batched"]),
             "--port", str(port), "--max-delay-ms", str(max_delay_ms), "--device", device,
         ]  # fmt: skip
         path, ready = "/predict", "/health"

@@ -21,6 +21,7 @@ from gpufeed.core._procs import (
     descendants,
     forked_children_die_with_me,
     gc_frozen_for_fork,
+    module_argv,
     process_alive,
 )
 from gpufeed.core._progress import progress_bar
@@ -95,6 +96,7 @@ __all__ = [
     "media_source",
     "member_ref",
     "missing_from_extra",
+    "module_argv",
     "open_binary",
     "option",
     "parse_limit_mb",

@@ -18,7 +18,7 @@ block runs (DALI starts its workers inside ``Pipeline.build()``); a spawned work
 from a pool initializer (:meth:`ParentWatch.arm`) or while its callback is unpickled
 (:class:`WorkerCallback`).
 :func:`descendants` lists a process's tree, which the reliability runs read before a kill and
-check after it.
+check after it. :func:`module_argv` is the command line of a Python module run as a child.
 """
 
 from __future__ import annotations
@@ -44,11 +44,24 @@ __all__ = [
     "die_with_parent",
     "forked_children_die_with_me",
     "gc_frozen_for_fork",
+    "module_argv",
     "process_alive",
 ]
 
 WATCH_INTERVAL_S = 0.5
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def module_argv(module: str, *args: str) -> list[str]:
+    """``python -m MODULE ARGS`` for this Python, without the working directory on the import path.
+
+    ``-m`` puts the working directory first on the child's import path, so from a gpufeed checkout
+    its ``gpufeed/`` folder (the core alone; ``pipelines``, ``models`` and ``server`` sit beside it)
+    would shadow the installed package. ``-P`` (Python 3.11+) leaves it off; on 3.10 the child
+    still imports from the working directory.
+    """
+    safe = ["-P"] if sys.version_info >= (3, 11) else []
+    return [sys.executable, *safe, "-m", module, *args]
 
 
 def _arm_parent_death_signal() -> bool:

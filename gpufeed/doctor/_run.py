@@ -14,12 +14,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import sysconfig
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gpufeed.core import module_argv
 from gpufeed.doctor._child import MARKER
 from gpufeed.doctor._media import VIDEO_CODECS
 from gpufeed.doctor._report import DoctorReport, ProbeResult
@@ -164,20 +165,30 @@ def _libraries(files: InstalledSet, stack: str | None, gpu: bool) -> ProbeResult
 
 
 def _child(probe: str, kwargs: dict, names: list[str], timeout_s: float) -> list[ProbeResult]:
-    """Run one probe in a child process; its results, or one failed result per expected name."""
-    return run_isolated([sys.executable, "-m", "gpufeed.doctor._child", probe, json.dumps(kwargs)], names, timeout_s)
+    """Run one probe in a child process; its results, or one failed result per expected name.
+
+    From a gpufeed checkout, the working directory's ``gpufeed/`` folder (the core alone, without
+    ``pipelines``) would shadow the installed package and fail every probe (seen on an H100): the
+    child runs without the working directory on its import path (:func:`~gpufeed.core.module_argv`)
+    and, for Python 3.10, which cannot leave it off, in an empty folder of its own.
+    """
+    command = module_argv("gpufeed.doctor._child", probe, json.dumps(kwargs))
+    with tempfile.TemporaryDirectory(prefix="gpufeed-doctor-") as folder:
+        return run_isolated(command, names, timeout_s, cwd=folder)
 
 
-def run_isolated(command: list[str], names: list[str], timeout_s: float) -> list[ProbeResult]:
+def run_isolated(command: list[str], names: list[str], timeout_s: float, cwd: str | None = None) -> list[ProbeResult]:
     """Run ``command`` (a probe's child process) and read its results after :data:`MARKER`.
 
     A child that crashes (a signal), exits with an error, prints no results or outlives
     ``timeout_s`` gives one ``fail`` result per name in ``names``, saying which, with the last
-    lines it wrote to stderr.
+    lines it wrote to stderr. ``cwd`` is the child's working directory (default: this one's).
     """
     started = time.monotonic()
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
+        proc = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s, start_new_session=True, cwd=cwd
+        )
     except subprocess.TimeoutExpired as err:
         last = (err.stderr or b"").decode(errors="replace").strip().splitlines()[-1:] if err.stderr else []
         why = f"did not finish within {timeout_s:g} s" + (f" (last words: {last[0][:200]})" if last else "")

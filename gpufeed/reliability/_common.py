@@ -6,13 +6,13 @@ import contextlib
 import io
 import json
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from gpufeed.core import module_argv
 from gpufeed.synth import SynthSpec, write_synthetic_dataset
 
 __all__ = [
@@ -70,7 +70,7 @@ def ensure_synth(folder: Path, progress: bool = False) -> Path:
 
 def gpufeed_argv(*args: str) -> list[str]:
     """The command line of a ``gpufeed`` subprocess run by this Python."""
-    return [sys.executable, "-m", "gpufeed", *args]
+    return module_argv("gpufeed", *args)
 
 
 def step_records(run_dir: Path, since_unix: float = 0.0) -> list[dict]:

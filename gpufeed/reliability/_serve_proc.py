@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from gpufeed.core import module_argv
 
 __all__ = ["ServeProcess", "rss_bytes"]
 
@@ -80,7 +81,7 @@ class ServeProcess:
         import httpx
 
         where = "--model" if (self.model_dir / "model_card.json").is_file() else "--model-repo"
-        cmd = [sys.executable, "-m", "gpufeed", "serve", where, str(self.model_dir), "--port", "0"]
+        cmd = module_argv("gpufeed", "serve", where, str(self.model_dir), "--port", "0")
         for item in self.overrides:
             cmd += ["--set", item]
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
