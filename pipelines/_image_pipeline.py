@@ -35,6 +35,7 @@ from dataclasses import replace
 import numpy as np
 
 from gpufeed.core import SizePx
+from gpufeed.pipelines._ahead import Ahead
 from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
 from gpufeed.pipelines._decoder_options import eval_decoder_options, gpu_decoder_options, percentile_pick
 from gpufeed.pipelines._executor import executor_args
@@ -114,8 +115,10 @@ def read_encoded(paths, lengths):
 class ImageFeed:
     """Batch-mode ``external_source`` callback: the inputs of the stream's next plan batch.
 
-    Called once per pipeline iteration, in order (DALI runs it on the thread that schedules the
-    iteration); iteration ``k`` returns plan batch ``stream[k]``.
+    Called once per pipeline iteration, in order; iteration ``k`` returns plan batch ``stream[k]``.
+    DALI calls it on the thread that schedules the iteration, the training thread: with
+    ``ahead_batches`` the inputs are prepared on a thread of their own (:class:`~gpufeed.pipelines._ahead.Ahead`)
+    and a call only takes them; :meth:`close` stops that thread.
 
     Args:
         stream: The plan batches, epoch after epoch.
@@ -127,6 +130,8 @@ class ImageFeed:
         seed: Seeds the augmentation parameters (the crop windows' seed).
         reader: Reads the samples' encoded bytes itself (tar shards, :class:`~gpufeed.pipelines._shards.ShardBytes`):
             the first output is then each row's bytes, not its path, and the graph skips its file read.
+        ahead_batches: Batches prepared ahead on the feed's thread (started by the first call);
+            0 prepares each on the calling thread.
     """
 
     def __init__(
@@ -138,10 +143,14 @@ class ImageFeed:
         augment: LoaderAugment | None = None,
         seed: int = 0,
         reader: ShardBytes | None = None,
+        ahead_batches: int = 0,
     ) -> None:
         self.stream, self.paths, self.labels, self.windows = stream, paths, np.asarray(labels), windows
         self.augment, self.seed, self.reader = (augment or None), seed, reader
-        self.iteration = 0
+        self.iteration = 0  # the next batch to prepare (ahead of DALI's calls with a feed thread)
+        self.ahead_batches = ahead_batches
+        self._ahead: Ahead | None = None
+        self._closed = False
 
     @property
     def has_colour(self) -> bool:
@@ -149,6 +158,22 @@ class ImageFeed:
         return self.augment is not None and self.augment.has_colour
 
     def __call__(self):
+        if self.ahead_batches <= 0:
+            return self._inputs()
+        if self._ahead is None:
+            if self._closed:  # its thread ran ahead of DALI: restarting would skip batches
+                raise RuntimeError("the image feed was closed with its pipeline")
+            self._ahead = Ahead(self._inputs, self.ahead_batches, name="gpufeed-image-feed")
+        return self._ahead.take()
+
+    def close(self) -> None:
+        """Stop the feed's thread (the session's pipeline is being released)."""
+        self._closed = True
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
+
+    def _inputs(self):
         k = self.iteration
         batch = self.stream[k]
         self.iteration = k + 1

@@ -174,6 +174,8 @@ class ImageLoader(SampleLoader):
             augment=self.augment,
             seed=self.seed,
             reader=self._shard_bytes,
+            # DALI asks for prefetch_queue_depth batches at once when it starts, then one per step.
+            ahead_batches=self.cfg.prefetch_queue_depth + 1,
         )
         pipe = build_image_pipeline(
             feed,
@@ -190,7 +192,9 @@ class ImageLoader(SampleLoader):
 
     def _open_session(self, stream: PlanStream) -> Session:
         pipe, feed = self._pipeline(stream)
-        return self._iterator_session(pipe, stream, feed)
+        session = self._iterator_session(pipe, stream, feed)
+        session.resources.append(feed)  # its thread stops when the session closes
+        return session
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ImageBatch:
         meta = out["meta"]

@@ -14,6 +14,7 @@ sampling from this one module.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -142,7 +143,8 @@ class PlanStream:
     """The plan batches a pipeline reads, epoch after epoch, from ``(epoch, batch)`` on.
 
     ``stream[k]`` is the k-th pipeline iteration's batch, a pure function of ``(spec, epoch,
-    batch, k)``; plans are computed when first needed and the two most recent kept.
+    batch, k)``; plans are computed when first needed and the two most recent kept. Thread-safe:
+    an image feed's thread reads it a few batches ahead of the loader.
     """
 
     def __init__(self, spec: PlanSpec, epoch: int, batch: int = 0, *, plan_ahead: bool = False) -> None:
@@ -156,6 +158,7 @@ class PlanStream:
         self._ends: list[int] = []  # iteration after each of those epochs
         self._plans: dict[int, EpochPlan] = {}
         self._ahead: dict[int, Future] = {}
+        self._lock = threading.RLock()
 
     def __getstate__(self) -> dict:
         return {"spec": self.spec, "epoch": self.epoch, "batch": self.batch}
@@ -170,18 +173,19 @@ class PlanStream:
         shuffling a large dataset takes tens of milliseconds, which would otherwise land in one
         training step per epoch.
         """
-        plan = self._plans.get(epoch)
-        if plan is None:
-            here = os.getpid() == self._pid
-            future = self._ahead.pop(epoch, None) if here else None
-            plan = future.result() if future is not None else self.spec.plan(epoch)
-            self._plans[epoch] = plan
-            for old in sorted(self._plans)[:-2]:
-                del self._plans[old]
-            upcoming = epoch + 1
-            if here and self.plan_ahead and upcoming not in self._plans and upcoming not in self._ahead:
-                self._ahead = {upcoming: _planner().submit(self.spec.plan, upcoming)}
-        return plan
+        with self._lock:
+            plan = self._plans.get(epoch)
+            if plan is None:
+                here = os.getpid() == self._pid
+                future = self._ahead.pop(epoch, None) if here else None
+                plan = future.result() if future is not None else self.spec.plan(epoch)
+                self._plans[epoch] = plan
+                for old in sorted(self._plans)[:-2]:
+                    del self._plans[old]
+                upcoming = epoch + 1
+                if here and self.plan_ahead and upcoming not in self._plans and upcoming not in self._ahead:
+                    self._ahead = {upcoming: _planner().submit(self.spec.plan, upcoming)}
+            return plan
 
     def _extend(self) -> None:
         if self._starts:
@@ -200,25 +204,28 @@ class PlanStream:
 
     def position(self, k: int) -> tuple[int, int]:
         """(epoch, batch) of iteration ``k``."""
-        if k < 0:
-            raise IndexError(f"iteration {k} is negative")
-        while not self._ends or self._ends[-1] <= k:
-            self._extend()
-        pos = int(np.searchsorted(self._ends, k, side="right"))
-        first, epoch, start_batch = self._starts[pos]
-        return epoch, start_batch + (k - first)
+        with self._lock:
+            if k < 0:
+                raise IndexError(f"iteration {k} is negative")
+            while not self._ends or self._ends[-1] <= k:
+                self._extend()
+            pos = int(np.searchsorted(self._ends, k, side="right"))
+            first, epoch, start_batch = self._starts[pos]
+            return epoch, start_batch + (k - first)
 
     def __getitem__(self, k: int) -> StreamBatch:
-        epoch, batch = self.position(k)
-        plan = self.plan(epoch)
-        size = self.spec.batch_size
-        first = (batch - plan.start_batch) * size  # a resumed epoch's plan starts where it was left
-        rows = slice(first, first + size)
-        return StreamBatch(epoch, batch, plan.sample_ids[rows], plan.valid[rows], batch * size)
+        with self._lock:
+            epoch, batch = self.position(k)
+            plan = self.plan(epoch)
+            size = self.spec.batch_size
+            first = (batch - plan.start_batch) * size  # a resumed epoch's plan starts where it was left
+            rows = slice(first, first + size)
+            return StreamBatch(epoch, batch, plan.sample_ids[rows], plan.valid[rows], batch * size)
 
     def iterations_until(self, epoch: int) -> int:
         """Iterations before the first batch of ``epoch`` (which must not precede the start)."""
-        k = 0
-        while self.position(k)[0] < epoch:
-            k = self._ends[int(np.searchsorted(self._ends, k, side="right"))]
-        return k
+        with self._lock:
+            k = 0
+            while self.position(k)[0] < epoch:
+                k = self._ends[int(np.searchsorted(self._ends, k, side="right"))]
+            return k

@@ -1,0 +1,101 @@
+"""The image feed's own thread: same inputs in the same order, off the training thread, and gone when closed."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.pipelines import ImageDataset, ImageLoader
+from gpufeed.pipelines._ahead import Ahead
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class _Counter:
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.calls, self.fail_at = 0, fail_at
+
+    def produce(self) -> int:
+        k = self.calls
+        self.calls += 1
+        if k == self.fail_at:
+            raise ValueError(f"batch {k} is bad")
+        return k
+
+
+def _feed_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("gpufeed-") and "feed" in t.name]
+
+
+def _ended(thread: threading.Thread, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not thread.is_alive()
+
+
+def test_results_come_in_order_and_an_error_in_its_turn():
+    counter = _Counter(fail_at=5)
+    ahead = Ahead(counter.produce, depth=2, name="gpufeed-test-feed")
+    assert [ahead.take() for _ in range(5)] == [0, 1, 2, 3, 4]
+    for _ in range(2):  # raised where the direct call would have raised, and again after
+        with pytest.raises(ValueError, match="batch 5 is bad"):
+            ahead.take()
+    assert _ended(ahead._thread) and counter.calls == 6  # it stopped at the error
+    ahead.close()
+
+
+def test_it_prepares_at_most_its_depth_ahead():
+    counter = _Counter()
+    ahead = Ahead(counter.produce, depth=3, name="gpufeed-test-feed")
+    assert ahead.take() == 0
+    time.sleep(0.5)  # ample time to run further ahead than it may
+    # 1 taken, 3 queued, and one more made that waits for a free slot.
+    assert counter.calls == 1 + 3 + 1
+    ahead.close()
+    assert not ahead._thread.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        ahead.take()
+
+
+def test_a_feed_dropped_without_close_ends_its_thread():
+    counter = _Counter()
+    ahead = Ahead(counter.produce, depth=1, name="gpufeed-test-feed")
+    thread = ahead._thread
+    del counter, ahead
+    gc.collect()
+    assert _ended(thread)
+
+
+def test_the_loader_prepares_batches_on_the_feed_thread_and_stops_it(synth_dir):
+    before = set(_feed_threads())
+    dataset = ImageDataset.from_folder(synth_dir / "images" / "train")
+    loader = ImageLoader(
+        dataset,
+        train=True,
+        image_cfg=ImagePipelineConfig(size_px=32),
+        loader_cfg=LoaderConfig(batch_size=8, num_threads=2),
+        device="cpu",
+        seed=3,
+    )
+    crops, threads = loader.crops, []
+
+    def recorded(ids, epoch):
+        threads.append(threading.current_thread().name)
+        return crops(ids, epoch)
+
+    loader.crops = recorded
+    seen = [batch.sample_ids.tolist() for batch in loader]
+    flat = np.concatenate(seen).tolist()
+    assert len(seen) == len(loader) and len(set(flat)) == len(flat)
+    # Every batch's windows were made off the training thread; a few more were made ahead.
+    assert set(threads) == {"gpufeed-image-feed"} and len(threads) >= len(seen)
+    feed_threads = [t for t in _feed_threads() if t.name == "gpufeed-image-feed" and t not in before]
+    assert len(feed_threads) == 1
+    loader.close()
+    assert all(_ended(t) for t in feed_threads)
