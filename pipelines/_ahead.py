@@ -2,8 +2,8 @@
 
 DALI calls a (non-parallel) ``external_source`` callback on the thread that schedules the
 pipeline's next iteration, and the iterator schedules it from inside ``next(loader)``: the
-training thread. On an H100 (ResNet-18, batches of 256 JPEGs) the training loop waited at least
-2-3 ms for every batch, however deep DALI's prefetch queue: work done on that thread, not a wait.
+training thread. On an H100 (ResNet-18, batches of 256 JPEGs) the training loop waited about
+2-4 ms for every batch, however deep DALI's prefetch queue: work done on that thread, not a wait.
 Under ``cProfile`` the image feed (crop windows, colour matrices, paths) was 1.6 ms of it; on the
 2-core development machine, without a profiler, it is 0.5 ms per batch of 256. Here the same
 calls run one after another on a daemon thread, a few batches ahead, and the callback only takes
