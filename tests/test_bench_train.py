@@ -121,6 +121,24 @@ def test_clips_run_feeds_both_loaders_the_same_clips(tmp_path, capsys, device):
     assert "DataLoader+PyAV" in out
 
 
+@pytest.mark.process
+def test_no_baseline_trains_gpufeed_alone(tmp_path, capsys):
+    result, out = _run(
+        tmp_path, capsys, "--device", "cpu", "--no-baseline", "--images", "40", "--image-size", "96x72",
+        "--batch-size", "8", "--size-px", "32", "--classes", "10",
+    )  # fmt: skip
+    assert result["sides"] == ["gpufeed"] and list(result["loaders"]) == ["gpufeed"]
+    figures = result["loaders"]["gpufeed"]
+    assert figures["steps"] == 10 and figures["samples_per_epoch"] == [[40, 40]]
+    assert result["same_samples_per_epoch"] is None and result["pairs"]["pairs"] == 0
+    assert all(value is None for value in result["ratios"].values())  # nothing to divide by
+    targets = {t["name"]: t for t in result["targets"]}
+    assert targets["gpu_wait_under_5pct"]["measured"].endswith("over 10 steps (no DataLoader in this run)")
+    assert not any(t["applies"] for t in targets.values())  # a CPU run, and the CPU targets compare
+    assert "DataLoader+PIL" not in out and "gpufeed / DataLoader" not in out and "--no-baseline" in out
+    assert "loader wait, share of step time" in out
+
+
 @pytest.mark.parametrize("size", [48, [48, 32]], ids=["square", "48x32"])
 def test_pil_baseline_crops_what_gpufeed_decodes(tmp_path, size):
     """The DataLoader's images show the same window and flip as gpufeed's (resamplers differ slightly)."""
@@ -170,7 +188,7 @@ def test_help_lists_the_options(capsys):
     assert stop.value.code == 0
     text = capsys.readouterr().out
     for option in ("--task", "--device", "--model", "--batch-size", "--epochs", "--rounds", "--data", "--json",
-                   "--plot", "--prefetch-factor", "--set"):  # fmt: skip
+                   "--plot", "--prefetch-factor", "--set", "--no-baseline"):  # fmt: skip
         assert option in text, option
 
 

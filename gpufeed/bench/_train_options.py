@@ -36,6 +36,8 @@ class TrainBenchOptions:
         clip_length: Frames per clip.
         overrides: ``KEY=VALUE`` config keys for both sides (not those the arguments above set).
         cache: Where generated data is kept.
+        baseline: Also train fed by the DataLoader (``False``: gpufeed's side alone, for tuning
+            gpufeed's settings or a run long enough to hold its start-up to a few percent).
     """
 
     task: str
@@ -58,3 +60,4 @@ class TrainBenchOptions:
     clip_length: int
     overrides: tuple[str, ...]
     cache: Path
+    baseline: bool

@@ -70,8 +70,23 @@ def pair_figures(pairs: list[dict]) -> dict:
     return {"pairs": len(ratios), "median": median, "p25": p25, "p75": p75}
 
 
+_CPU_TARGETS = {
+    "cpu_wait_no_higher": "gpufeed's data time on the step's critical path (loader wait + augment, per sample, "
+    "median step) no higher than the DataLoader's in the same run",
+    "cpu_samples_per_s_1_2x": "gpufeed >= 1.2x the DataLoader's samples/s (median of the chunk pairs, or of the rounds)",
+    "cpu_epoch2_first_batch": "gpufeed's first batch of epoch 2 waits no longer than a median batch",
+}
+
+
 def _targets(loaders: dict, on_gpu: bool, paired: dict) -> list[dict]:
-    g, d = loaders["gpufeed"], loaders["dataloader"]
+    g = loaders["gpufeed"]
+    if "dataloader" not in loaders:  # gpufeed's side alone: the comparisons have nothing to compare with
+        return [_gpu_target(g, on_gpu, "no DataLoader in this run")] + [
+            {"name": name, "machine": "2-core CPU", "target": text, "applies": False, "holds": None,
+             "measured": "no DataLoader in this run (--no-baseline)"}
+            for name, text in _CPU_TARGETS.items()
+        ]  # fmt: skip
+    d = loaders["dataloader"]
     first = g["first_batch_wait_s"]
     epoch2 = first[1] if len(first) > 1 else float("nan")
     ceiling = _ratio(1.0, 1.0 - d["median_data_share"])
@@ -79,8 +94,7 @@ def _targets(loaders: dict, on_gpu: bool, paired: dict) -> list[dict]:
         {
             "name": "cpu_wait_no_higher",
             "machine": "2-core CPU",
-            "target": "gpufeed's data time on the step's critical path (loader wait + augment, per sample, median "
-            "step) no higher than the DataLoader's in the same run",
+            "target": _CPU_TARGETS["cpu_wait_no_higher"],
             "applies": not on_gpu,
             "holds": bool(g["median_data_s_per_sample"] <= d["median_data_s_per_sample"]),
             "measured": f"{g['median_data_s_per_sample'] * 1e3:.2f} vs {d['median_data_s_per_sample'] * 1e3:.2f} ms "
@@ -89,7 +103,7 @@ def _targets(loaders: dict, on_gpu: bool, paired: dict) -> list[dict]:
         {
             "name": "cpu_samples_per_s_1_2x",
             "machine": "2-core CPU",
-            "target": "gpufeed >= 1.2x the DataLoader's samples/s (median of the chunk pairs, or of the rounds)",
+            "target": _CPU_TARGETS["cpu_samples_per_s_1_2x"],
             "applies": not on_gpu,
             "holds": bool(paired["median"] >= 1.2),
             "measured": f"{paired['median']:.2f}x (quartiles {paired['p25']:.2f}x to {paired['p75']:.2f}x over "
@@ -99,22 +113,26 @@ def _targets(loaders: dict, on_gpu: bool, paired: dict) -> list[dict]:
         {
             "name": "cpu_epoch2_first_batch",
             "machine": "2-core CPU",
-            "target": "gpufeed's first batch of epoch 2 waits no longer than a median batch",
+            "target": _CPU_TARGETS["cpu_epoch2_first_batch"],
             "applies": not on_gpu and len(first) > 1,
             "holds": bool(epoch2 <= g["median_wait_s"]) if len(first) > 1 else None,
             "measured": f"{epoch2 * 1e3:.1f} ms vs median {g['median_wait_s'] * 1e3:.1f} ms "
             f"(DataLoader: {d['first_batch_wait_s'][1] * 1e3 if len(first) > 1 else float('nan'):.1f} ms vs "
             f"{d['median_wait_s'] * 1e3:.1f} ms)",
         },
-        {
-            "name": "gpu_wait_under_5pct",
-            "machine": "GPU",
-            "target": "gpufeed's loader wait < 5% of step time over the whole run, epoch boundaries included",
-            "applies": on_gpu,
-            "holds": bool(g["loader_wait_share"] < _GPU_TARGET_SHARE),
-            "measured": f"{g['loader_wait_share']:.1%} (DataLoader: {d['loader_wait_share']:.1%})",
-        },
+        _gpu_target(g, on_gpu, f"DataLoader: {d['loader_wait_share']:.1%}"),
     ]
+
+
+def _gpu_target(g: dict, on_gpu: bool, beside: str) -> dict:
+    return {
+        "name": "gpu_wait_under_5pct",
+        "machine": "GPU",
+        "target": "gpufeed's loader wait < 5% of step time over the whole run, epoch boundaries included",
+        "applies": on_gpu,
+        "holds": bool(g["loader_wait_share"] < _GPU_TARGET_SHARE),
+        "measured": f"{g['loader_wait_share']:.1%} over {g['steps']} steps ({beside})",
+    }
 
 
 def _measured_text(device, settings: dict, cores: int) -> str:
@@ -123,11 +141,18 @@ def _measured_text(device, settings: dict, cores: int) -> str:
         if device.is_gpu
         else "augment and compute with time.perf_counter (the CPU runs synchronously)"
     )
-    copy = "; the DataLoader's includes its blocking copy to the GPU from pinned memory" if device.is_gpu else ""
+    alone = len(settings["sides"]) == 1
+    copy = (
+        "; the DataLoader's includes its blocking copy to the GPU from pinned memory"
+        if device.is_gpu and not alone
+        else ""
+    )
     orders = ", ".join(" then ".join(order) for order in settings["order"])
     chunk = settings["chunk_steps"]
     rounds = (
-        f"Each round trains every epoch with both loaders (fresh loader and model each), alternating every {chunk} "
+        "Each round trains every epoch with gpufeed's loader alone (--no-baseline; a fresh loader and model each round)"
+        if alone
+        else f"Each round trains every epoch with both loaders (fresh loader and model each), alternating every {chunk} "
         "steps, one side stepping at a time; each round's first chunks in order"
         if chunk
         else "Each round trains every epoch with one loader, then with the other (fresh loader and model each; one "
@@ -141,14 +166,21 @@ def _measured_text(device, settings: dict, cores: int) -> str:
     )
 
 
-def figures(device, settings: dict, blocks: dict[str, list[dict]], same_samples: bool, pairs: list[dict]) -> dict:
+def figures(
+    device, settings: dict, blocks: dict[str, list[dict]], same_samples: bool | None, pairs: list[dict]
+) -> dict:
     """The result document: settings, each side's figures, ratios and target verdicts.
 
     Args:
         pairs: The interleaved chunk pairs' samples/s (see :func:`gpufeed.bench._train_rounds.run_rounds`).
     """
-    loaders = {side: _side_figures(blocks[side]) for side in SIDES}
-    g, d = loaders["gpufeed"], loaders["dataloader"]
+    loaders = {side: _side_figures(blocks[side]) for side in settings["sides"]}
+    g = loaders["gpufeed"]
+    nan = float("nan")  # gpufeed's side alone: every ratio is null in the JSON, n/a in the table
+    d = loaders.get("dataloader") or {
+        **{k: nan for k in g},
+        "stages": {k: {"p50_s": nan, "p95_s": nan} for k in g["stages"]},
+    }
     paired = pair_figures(pairs)
     ratios = {
         "paired_samples_per_s": paired["median"],
@@ -166,10 +198,10 @@ def figures(device, settings: dict, blocks: dict[str, list[dict]], same_samples:
         {
             "benchmark": "train",
             **settings,
-            "labels": {side: side_label(side, settings["task"]) for side in SIDES},
+            "labels": {side: side_label(side, settings["task"]) for side in settings["sides"]},
             "machine": machine,
             "measured": _measured_text(device, settings, machine["cpu_cores"]),
-            "same_samples_per_epoch": bool(same_samples),
+            "same_samples_per_epoch": None if same_samples is None else bool(same_samples),
             "loaders": loaders,
             "pairs": {**paired, "each": pairs},
             "ratios": ratios,
@@ -195,59 +227,41 @@ def _pct(value) -> str:
 
 
 def print_train_result(result: dict) -> None:
-    """The comparison table, what was measured where, and the target verdicts."""
-    g, d = (result["loaders"][side] for side in SIDES)
-    r = result["ratios"]
+    """The comparison table (gpufeed's column alone with ``--no-baseline``), what was measured where, and the verdicts."""
+    sides = list(result["loaders"])
+    stats = [result["loaders"][side] for side in sides]
+    both = len(sides) == len(SIDES)
     clip = f", {result['clip_length_frames']}-frame clips" if result["task"] == "clips" else ""
     print(
         f"train benchmark ({result['task']}): {result['model']}, {result['size_px'].label} px{clip}, batch "
         f"{result['batch_size']}, amp {result['amp']}, channels_last {result['channels_last']}; {result['data']}"
     )
-    for side, label in (("gpufeed", "gpufeed"), ("dataloader", "DataLoader")):
+    for side in sides:
         placement = result.get("augment_placement", {}).get(side, {})
         where = ", ".join(f"{op} ({place})" for op, place in placement.items()) or "none"
-        print(f"augment, {label}: {where}")
+        print(f"augment, {'gpufeed' if side == 'gpufeed' else 'DataLoader'}: {where}")
     chunk = result["chunk_steps"]
+    order = (
+        f"{f'interleaved every {chunk} steps' if chunk else 'one side after the other'}"
+        if both
+        else "gpufeed's side alone (--no-baseline)"
+    )
     print(
         f"{result['rounds']} round(s) x {result['epochs']} epochs x {result['steps_per_epoch']} steps per loader, "
-        f"{f'interleaved every {chunk} steps' if chunk else 'one side after the other'}; "
-        f"{result['workers']} DALI threads / DataLoader workers (persistent, prefetch_factor "
-        f"{result['prefetch_factor']}, pin_memory {result['pin_memory']}; DALI prefetch_queue_depth "
-        f"{result['dali_prefetch_queue_depth']})"
+        f"{order}; {result['workers']} DALI threads"
+        + (
+            f" / DataLoader workers (persistent, prefetch_factor {result['prefetch_factor']}, pin_memory "
+            f"{result['pin_memory']}; DALI prefetch_queue_depth {result['dali_prefetch_queue_depth']})"
+            if both
+            else f" (DALI prefetch_queue_depth {result['dali_prefetch_queue_depth']})"
+        )
     )
-    p = result["pairs"]
-    rows = [
-        ["samples/s, median of chunk pairs (or rounds)", "", "",
-         f"{_x(p['median'])} ({_x(p['p25'])}-{_x(p['p75'])}, {p['pairs']} pairs)"],
-        ["data time on the critical path (ms/sample)", _ms(g["median_data_s_per_sample"]),
-         _ms(d["median_data_s_per_sample"]), _x(r["median_data_s_per_sample"])],
-        ["samples/s (over step time)", f"{g['samples_per_s']:,.1f}", f"{d['samples_per_s']:,.1f}", _x(r["samples_per_s"])],
-        ["samples/s (wall clock)", f"{g['samples_per_s_wall']:,.1f}", f"{d['samples_per_s_wall']:,.1f}",
-         _x(r["samples_per_s_wall"])],
-        ["loader wait, share of step time", _pct(g["loader_wait_share"]), _pct(d["loader_wait_share"]),
-         _x(r["loader_wait_share"])],
-        ["  without each epoch's first batch", _pct(g["steady_loader_wait_share"]),
-         _pct(d["steady_loader_wait_share"]), _x(r["steady_loader_wait_share"])],
-    ]  # fmt: skip
-    for key, name in (
-        ("step_s", "step"),
-        ("compute_s", "compute"),
-        ("augment_s", "augment"),
-        ("loader_wait_s", "loader wait"),
-    ):
-        cells = [f"{_ms(s['stages'][key]['p50_s'])} / {_ms(s['stages'][key]['p95_s'])}" for s in (g, d)]
-        base = key.removesuffix("_s")
-        ratio = f"{_x(r[f'{base}_p50'])} / {_x(r[f'{base}_p95'])}"
-        rows.append([f"{name} p50 / p95 (ms)", *cells, ratio])
-    for epoch, (gw, dw) in enumerate(zip(g["first_batch_wait_s"], d["first_batch_wait_s"], strict=True)):
-        cells = [f"{_ms(w)} ({_x(s['first_batch_wait_vs_median'][epoch])} median)" for w, s in ((gw, g), (dw, d))]
-        rows.append([f"epoch {epoch + 1}, first batch's wait (ms)", *cells, _x(gw / dw if gw and dw else None)])
-    rows.append(["median wait (ms)", _ms(g["median_wait_s"]), _ms(d["median_wait_s"]), ""])
-    per_epoch = [" | ".join(" ".join(map(str, r)) for r in s["samples_per_epoch"]) for s in (g, d)]
-    rows.append(["samples per epoch (each round)", *per_epoch, ""])
+
     labels = result["labels"]
-    print(format_table(["", labels["gpufeed"], labels["dataloader"], "gpufeed / DataLoader"], rows))
-    print(f"same samples in every epoch on both sides: {'yes' if result['same_samples_per_epoch'] else 'NO'}")
+    head = ["", *(labels[side] for side in sides)] + (["gpufeed / DataLoader"] if both else [])
+    print(format_table(head, _table_rows(result, stats, both)))
+    if both:
+        print(f"same samples in every epoch on both sides: {'yes' if result['same_samples_per_epoch'] else 'NO'}")
     print(f"measured: {result['measured']}")
     print("targets (measured verdicts, not test assertions):")
     for t in result["targets"]:
@@ -258,8 +272,58 @@ def print_train_result(result: dict) -> None:
             print(f"  [{t['machine']}] {t['target']}: not this machine's target ({t['measured']})")
 
 
+def _table_rows(result: dict, stats: list[dict], both: bool) -> list[list[str]]:
+    """The table's rows: a figure, its value for each side run, and the ratio when both ran."""
+    r = result["ratios"]
+
+    def row(name: str, cells: list[str], ratio: str) -> list[str]:
+        return [name, *cells, ratio] if both else [name, *cells]
+
+    p = result["pairs"]
+    rows = (
+        [
+            row(
+                "samples/s, median of chunk pairs (or rounds)",
+                ["" for _ in stats],
+                f"{_x(p['median'])} ({_x(p['p25'])}-{_x(p['p75'])}, {p['pairs']} pairs)",
+            )
+        ]
+        if both
+        else []
+    )
+    rows += [
+        row("data time on the critical path (ms/sample)", [_ms(s["median_data_s_per_sample"]) for s in stats],
+            _x(r["median_data_s_per_sample"])),
+        row("samples/s (over step time)", [f"{s['samples_per_s']:,.1f}" for s in stats], _x(r["samples_per_s"])),
+        row("samples/s (wall clock)", [f"{s['samples_per_s_wall']:,.1f}" for s in stats], _x(r["samples_per_s_wall"])),
+        row("loader wait, share of step time", [_pct(s["loader_wait_share"]) for s in stats],
+            _x(r["loader_wait_share"])),
+        row("  without each epoch's first batch", [_pct(s["steady_loader_wait_share"]) for s in stats],
+            _x(r["steady_loader_wait_share"])),
+    ]  # fmt: skip
+    for key, name in (
+        ("step_s", "step"),
+        ("compute_s", "compute"),
+        ("augment_s", "augment"),
+        ("loader_wait_s", "loader wait"),
+    ):
+        cells = [f"{_ms(s['stages'][key]['p50_s'])} / {_ms(s['stages'][key]['p95_s'])}" for s in stats]
+        base = key.removesuffix("_s")
+        rows.append(row(f"{name} p50 / p95 (ms)", cells, f"{_x(r[f'{base}_p50'])} / {_x(r[f'{base}_p95'])}"))
+    for epoch, waits in enumerate(zip(*(s["first_batch_wait_s"] for s in stats), strict=True)):
+        cells = [
+            f"{_ms(w)} ({_x(s['first_batch_wait_vs_median'][epoch])} median)" for w, s in zip(waits, stats, strict=True)
+        ]
+        ratio = _x(waits[0] / waits[1] if both and waits[0] and waits[1] else None)
+        rows.append(row(f"epoch {epoch + 1}, first batch's wait (ms)", cells, ratio))
+    rows.append(row("median wait (ms)", [_ms(s["median_wait_s"]) for s in stats], ""))
+    per_epoch = [" | ".join(" ".join(map(str, e)) for e in s["samples_per_epoch"]) for s in stats]
+    rows.append(row("samples per epoch (each round)", per_epoch, ""))
+    return rows
+
+
 def draw_train_plot(result: dict, out: str | Path) -> Path:
-    """Per step, loader wait / augment / compute of both loaders, epoch starts dotted, rounds solid."""
+    """Per step, loader wait / augment / compute of each loader run, epoch starts dotted, rounds solid."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -267,17 +331,20 @@ def draw_train_plot(result: dict, out: str | Path) -> Path:
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(len(SIDES), 1, figsize=(11, 7), sharex=True, sharey=True)
+    sides = list(result["loaders"])
+    fig, axes = plt.subplots(len(sides), 1, figsize=(11, 7 if len(sides) > 1 else 4), sharex=True, sharey=True,
+                             squeeze=False)  # fmt: skip
+    axes = axes[:, 0]
     colours = (("loader_wait_s", "#d62728"), ("augment_s", "#ff7f0e"), ("compute_s", "#1f77b4"))
     totals = [
         np.array([s["loader_wait_s"] + s["augment_s"] + s["compute_s"] for s in result["loaders"][side]["per_step"]])
-        for side in SIDES
+        for side in sides
     ]
     every = np.concatenate(totals) * 1e3
     # A loader start-up can take 100x a normal step; clip it so the normal steps stay readable.
     top = float(every.max(initial=1.0)) * 1.05
     ceiling = min(top, float(np.percentile(every, 95) * 3)) if len(every) >= 10 else top
-    for ax, side in zip(axes, SIDES, strict=True):
+    for ax, side in zip(axes, sides, strict=True):
         figs = result["loaders"][side]
         steps = figs["per_step"]
         x = np.arange(1, len(steps) + 1)

@@ -123,22 +123,23 @@ class _Side:
 def run_rounds(
     run, augmenters: dict, bar, chunk_steps: int
 ) -> tuple[dict[str, list[dict]], list[dict], list[list[str]]]:
-    """Every round, both sides interleaved by chunks of ``chunk_steps`` steps (0: each side's whole round).
+    """Every round, ``run.sides`` interleaved by chunks of ``chunk_steps`` steps (0: each side's whole round).
 
     Returns:
         ``(blocks, pairs, orders)``: per side, one block per round (steps, wall time, samples per
         epoch, the ids seen); one entry per chunk pair (round, pair index, each side's samples/s,
         the gpufeed / DataLoader ratio); the side order of each round's first pair.
     """
-    blocks: dict[str, list[dict]] = {side: [] for side in SIDES}
+    sides_run = run.sides  # both, or gpufeed's alone (no pairs then)
+    blocks: dict[str, list[dict]] = {side: [] for side in sides_run}
     pairs: list[dict] = []
     orders: list[list[str]] = []
     chunk = chunk_steps if chunk_steps > 0 else run.epochs * run.steps_per_epoch + 1
     for r in range(run.rounds):
-        sides = {side: _Side(run, side, augmenters[side], r) for side in SIDES}
+        sides = {side: _Side(run, side, augmenters[side], r) for side in sides_run}
         k = 0
         while not all(s.done for s in sides.values()):
-            order = list(SIDES) if (r + k) % 2 == 0 else list(reversed(SIDES))
+            order = list(sides_run) if (r + k) % 2 == 0 else list(reversed(sides_run))
             if k == 0:
                 orders.append(order)
             rates: dict[str, float] = {}  # the sides that ran samples in this pair
@@ -147,11 +148,11 @@ def run_rounds(
                 samples, seconds = sides[side].chunk(chunk, bar)
                 if samples and seconds > 0:
                     rates[side] = samples / seconds
-            if len(rates) == len(SIDES):
+            if len(rates) == len(SIDES):  # a pair: both sides ran
                 ratio = rates["gpufeed"] / rates["dataloader"]
                 pairs.append({"round": r, "pair": k, **{f"{s}_samples_per_s": rates[s] for s in SIDES}, "ratio": ratio})
             k += 1
-        for side in SIDES:
+        for side in sides_run:
             blocks[side].append(sides[side].block())
         del sides
         gc.collect()  # loader workers and DALI pipelines go now, before the next round starts (and forks)

@@ -129,6 +129,7 @@ class _Run:
         pick: dict[str, Any] = {k: v if given[k] is None else given[k] for k, v in defaults.items()}
         self.pick = pick
         self.epochs, self.rounds = int(pick["epochs"]), int(pick["rounds"])
+        self.sides = SIDES if args.baseline else SIDES[:1]  # gpufeed's side comes first
         self.workers = args.workers or default_num_threads()
         self.prefetch_factor = args.prefetch_factor
         self.cfg = _config(args, pick, self.workers)
@@ -347,18 +348,19 @@ def run_train_bench(
     clip_length: int = 11,
     overrides: tuple[str, ...] = (),
     cache: Path = Path(".cache/bench"),
+    baseline: bool = True,
 ) -> dict:
     """Run the benchmark (arguments: :class:`~gpufeed.bench._train_options.TrainBenchOptions`); return the figures."""
     options = TrainBenchOptions(**locals())  # the arguments, exactly: nothing else is defined yet
 
     run = _Run(options)
-    augmenters = {side: plan.augmenter for side, plan in run.plans.items()}
+    augmenters = {side: run.plans[side].augmenter for side in run.sides}
     warm_up(run, augmenters)
-    total = run.rounds * len(SIDES) * run.epochs * run.steps_per_epoch
+    total = run.rounds * len(run.sides) * run.epochs * run.steps_per_epoch
     with progress_bar(total=total, desc="bench train", unit="step", leave=True, dynamic_ncols=True) as bar:
         blocks, pairs, orders = run_rounds(run, augmenters, bar, int(run.pick["chunk_steps"]))
     # Every round, every epoch: the same samples on both sides (and the same clip starts).
-    same = all(
+    same = "dataloader" in blocks and all(
         sorted(g) == sorted(d)
         for gb, db in zip(blocks["gpufeed"], blocks["dataloader"], strict=True)
         for g, d in zip(gb["ids"], db["ids"], strict=True)
@@ -367,13 +369,14 @@ def run_train_bench(
         for block in side_blocks:
             del block["ids"]
     settings = _settings(run, augmenters, orders)
-    return figures(run.device, settings, blocks, same, pairs)
+    return figures(run.device, settings, blocks, same if len(run.sides) > 1 else None, pairs)
 
 
 def _settings(run: _Run, augmenters: dict, orders: list) -> dict:
     cfg = run.cfg
     return {
         "task": run.task_name,
+        "sides": list(run.sides),
         "model": cfg.model.name,
         "size_px": run.spec["size_px"],
         "clip_length_frames": run.spec.get("clip_length_frames"),

@@ -144,6 +144,7 @@ def train(args: argparse.Namespace) -> int:
         clip_length=args.clip_length,
         overrides=tuple(args.overrides),
         cache=args.cache,
+        baseline=args.baseline,
     )
     print_train_result(result)
     _written(result, args.json)

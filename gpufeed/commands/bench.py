@@ -293,7 +293,14 @@ def register_train(kinds: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="config key for both sides (train.*, augment.*, image crop, loader.prefetch_queue_depth, seed)",
     )
+    p.add_argument(
+        "--no-baseline",
+        dest="baseline",
+        action="store_false",
+        help="train fed by gpufeed alone, no DataLoader: to compare gpufeed's own settings (--set loader.*) or run "
+        "long enough that start-up is a few percent of the run; no ratios, no CPU verdicts",
+    )
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where generated data is kept")
     p.add_argument("--json", type=Path, help="write the figures (and every step's timings) here")
-    p.add_argument("--plot", type=Path, help="draw loader wait vs compute per step, both loaders, to this PNG")
+    p.add_argument("--plot", type=Path, help="draw loader wait vs compute per step, each loader run, to this PNG")
     p.set_defaults(func="gpufeed.commands._bench_handlers:train")
