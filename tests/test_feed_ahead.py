@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import DEVICES
 
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
 from gpufeed.pipelines import ImageDataset, ImageLoader
@@ -72,7 +73,8 @@ def test_a_feed_dropped_without_close_ends_its_thread():
     assert _ended(thread)
 
 
-def test_the_loader_prepares_batches_on_the_feed_thread_and_stops_it(synth_dir):
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_the_loader_prepares_batches_on_the_feed_thread_and_stops_it(synth_dir, device):
     before = set(_feed_threads())
     dataset = ImageDataset.from_folder(synth_dir / "images" / "train")
     loader = ImageLoader(
@@ -80,7 +82,7 @@ def test_the_loader_prepares_batches_on_the_feed_thread_and_stops_it(synth_dir):
         train=True,
         image_cfg=ImagePipelineConfig(size_px=32),
         loader_cfg=LoaderConfig(batch_size=8, num_threads=2),
-        device="cpu",
+        device=device,
         seed=3,
     )
     crops, threads = loader.crops, []
