@@ -83,8 +83,8 @@ class ClipJob:
         return self.device_id is not None
 
     def frame_sizes(self) -> np.ndarray:
-        """(videos, 2) (width, height) of every video's frames, by video id."""
-        return np.array([(info.width, info.height) for info in self.infos]).reshape(-1, 2)
+        """(videos, 2) (width, height) of every video's frames as shown (turned upright), by video id."""
+        return np.array([info.display_size for info in self.infos]).reshape(-1, 2)
 
     def graph_args(self) -> dict:
         """The arguments every clip graph over this job shares (``build_clip_pipeline``'s)."""
@@ -147,7 +147,7 @@ class RangeJob:
         """The crop window of every range (``centre_crop``), ``repeat`` times per range; else ``None``."""
         if self.fit != "centre_crop":
             return None
-        sizes = np.array([[self.info.width, self.info.height]])
+        sizes = np.array([self.info.display_size])
         aspect = self.size_px.width_px / self.size_px.height_px
         return RoiFeed(lambda _k: np.zeros(1, dtype=np.int64), sizes, aspect, repeat=repeat)
 

@@ -11,11 +11,36 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpufeed.core import SizePx
+from gpufeed.pipelines._orientation import Orientation, frame_orientation
 
 if TYPE_CHECKING:
     from av.video.reformatter import VideoReformatter
 
-__all__ = ["FrameFitter"]
+__all__ = ["FrameFitter", "orient_yuv420p"]
+
+
+def orient_yuv420p(frame, orientation: Orientation):
+    """A ``yuv420p`` frame as shown (:class:`~gpufeed.pipelines._orientation.Orientation`), each plane moved exactly.
+
+    For re-encoding a video upright (``gpufeed prepare``): no conversion, so no loss. The frame's
+    sides must be even; timestamps are the caller's to set.
+    """
+    import av
+
+    if not orientation:
+        return frame
+    planes = frame.to_ndarray()  # (h * 3 / 2, w): Y, then U and V, each (h / 2, w / 2) in a row-major run
+    height, width = frame.height, frame.width
+    chroma = height * width // 4
+    rest = planes[height:].reshape(-1)
+    y = orientation.apply(planes[:height])
+    u = orientation.apply(rest[:chroma].reshape(height // 2, width // 2))
+    v = orientation.apply(rest[chroma:].reshape(height // 2, width // 2))
+    out_h, out_w = y.shape
+    shown = np.concatenate([y.reshape(-1), u.reshape(-1), v.reshape(-1)]).reshape(out_h * 3 // 2, out_w)
+    new = av.VideoFrame.from_ndarray(shown, format="yuv420p")
+    new.colorspace, new.color_range = frame.colorspace, frame.color_range
+    return new
 
 
 class FrameFitter:
@@ -37,6 +62,11 @@ class FrameFitter:
     its own one- and two-tap forms, which round differently. So for each frame geometry (format,
     size, colour space and range, output size, filter) the fitter converts a noise frame both ways
     once, and takes the planar pass only where every byte agrees (:meth:`planar_is_exact`).
+
+    A frame whose display matrix turns or mirrors it (a phone held upright) comes out as shown, as
+    players, OpenCV and FFmpeg's command line show it
+    (:mod:`~gpufeed.pipelines._orientation`): the pass fits the stored frame to the shown output's
+    size, sides swapped for a quarter turn, and the array is turned after it (an exact move).
     """
 
     def __init__(self, size_px: SizePx | None = None, fit: str = "stretch") -> None:
@@ -56,7 +86,8 @@ class FrameFitter:
             # off by 1-2 levels (a flat 40 comes out 38); with them it matches DALI's conversion.
             exact = Interpolation.ACCURATE_RND | Interpolation.FULL_CHR_H_INT | Interpolation.FULL_CHR_H_INP
             self._shrink, self._grow = Interpolation.AREA | exact, Interpolation.BILINEAR | exact
-        width, height = frame.width, frame.height
+        orientation = frame_orientation(frame)
+        width, height = orientation.shown_size(frame.width, frame.height)
         size = self.size
         if size is None:
             out_w, out_h = width, height
@@ -66,18 +97,31 @@ class FrameFitter:
             scale = max(size.width_px / width, size.height_px / height)
             out_w, out_h = max(size.width_px, round(width * scale)), max(size.height_px, round(height * scale))
         interpolation = self._shrink if out_w * out_h < width * height else self._grow
-        key = (frame.format.name, width, height, frame.colorspace, frame.color_range, out_w, out_h, interpolation)
+        # The pass writes the stored orientation: a quarter turn swaps the output's sides.
+        pass_w, pass_h = orientation.shown_size(out_w, out_h)
+        key = (
+            frame.format.name,
+            frame.width,
+            frame.height,
+            frame.colorspace,
+            frame.color_range,
+            pass_w,
+            pass_h,
+            interpolation,
+        )
         planar = self._planar.get(key)
         if planar is None:
-            planar = self._planar[key] = self.planar_is_exact(frame, out_w, out_h, interpolation)
+            planar = self._planar[key] = self.planar_is_exact(frame, pass_w, pass_h, interpolation)
         rgb: np.ndarray = self._reformatter.reformat(
             frame,
-            width=out_w,
-            height=out_h,
+            width=pass_w,
+            height=pass_h,
             format="gbrp" if planar else "rgb24",
             interpolation=interpolation,
             threads=1,
         ).to_ndarray()  # gbrp: PyAV interleaves the planes in R, G, B order
+        if orientation:
+            rgb = np.ascontiguousarray(orientation.apply(rgb))
         if size is not None and (out_w, out_h) != size:
             top, left = (out_h - size.height_px) // 2, (out_w - size.width_px) // 2
             rgb = np.ascontiguousarray(rgb[top : top + size.height_px, left : left + size.width_px])

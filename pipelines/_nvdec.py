@@ -122,7 +122,13 @@ def _refusals(infos, on_gpu: bool, capability) -> dict[str, str]:
     """Video path -> why DALI's reader cannot decode it, for the videos it cannot."""
     refused = {}
     for info in infos:
-        if on_gpu:
+        if info.orientation:
+            # DALI's video decoders return the stored frames; PyAV's are turned as shown.
+            refused[info.path] = (
+                f"its display matrix shows the frames {info.orientation.describe()}: DALI's video decoders "
+                "return the stored frames, PyAV turns them as shown"
+            )
+        elif on_gpu:
             why = nvdec_problem(info, capability)
             if why:
                 refused[info.path] = why
@@ -160,21 +166,24 @@ def choose_decoder(requested: str, on_gpu: bool, infos, capability: tuple[int, i
     first_path, first_why = next(iter(refused.items()))
     lacking = ", ".join(sorted({info.codec for info in infos} - set(DALI_CPU_CODECS)))
     if requested == "dali":
-        if not on_gpu:
+        if not on_gpu and lacking:
             raise DatasetError(
                 f"video.decoder: dali cannot decode {lacking} without a GPU (DALI's CPU decoder "
                 f"handles {', '.join(DALI_CPU_CODECS)}); use decoder auto or pyav, or re-encode with "
                 "'gpufeed prepare --codec vp9'"
             )
         raise DatasetError(
-            f"video.decoder: dali, but NVDEC cannot decode {len(refused)} video(s), e.g. {first_path}: {first_why}; "
-            "use decoder auto or pyav, or re-encode them with 'gpufeed prepare' (h264 yuv420p)"
+            f"video.decoder: dali, but {'NVDEC' if on_gpu else 'DALI'} cannot decode {len(refused)} video(s), "
+            f"e.g. {first_path}: {first_why}; use decoder auto or pyav, or re-encode them with "
+            "'gpufeed prepare' (h264 yuv420p, upright)"
         )
     if on_gpu:
         reason = (
             f"video.decoder: auto; NVDEC cannot decode {len(refused)} of {len(infos)} video(s) (e.g. {first_path}: "
             f"{first_why}), so every clip decodes with PyAV; 'gpufeed prepare' re-encodes them for NVDEC"
         )
-    else:
+    elif lacking:
         reason = f"video.decoder: auto; no GPU and {lacking} needs PyAV keyframe seeks"
+    else:
+        reason = f"video.decoder: auto; {first_path}: {first_why}"
     return DecoderChoice("pyav", reason, refused)

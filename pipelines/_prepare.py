@@ -38,7 +38,7 @@ import numpy as np
 from gpufeed.core import SizePx, atomic_path, format_table, progress_bar
 from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._frame_fit import FrameFitter
+from gpufeed.pipelines._frame_fit import FrameFitter, orient_yuv420p
 from gpufeed.pipelines._frame_stores import label_path
 from gpufeed.pipelines._prepare_stores import IMAGE_FORMATS, VIDEO, measure_store_seek_cost, store_choices, write_store
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
@@ -146,20 +146,25 @@ class PrepareReport:
         for v in self.videos:
             if v.problem:
                 continue
-            speedup = v.ms_per_clip_before / v.ms_per_clip_after if v.ms_per_clip_after > 0 else float("nan")
+            timed = v.ms_per_clip_before > 0 and v.ms_per_clip_after > 0  # NaN (not timed) fails both
             name = Path(v.output).name
-            rows.append([name, v.frames, v.gop_before, v.gop_after, v.ms_per_clip_before, v.ms_per_clip_after])
-            rows[-1].append(f"{speedup:.1f}x")
+            rows.append([name, v.frames, v.gop_before, v.gop_after])
+            if timed:
+                speedup = v.ms_per_clip_before / v.ms_per_clip_after
+                rows[-1] += [v.ms_per_clip_before, v.ms_per_clip_after, f"{speedup:.1f}x"]
+            else:  # shorter than one clip, or no clips asked for: nothing to time
+                rows[-1] += ["-", "-", "-"]
         headers = ["video", "frames", "GOP before", "GOP after", "ms/clip before", "ms/clip after", "speed-up"]
         lines = [format_table(headers, rows)] if rows else []
-        done = [v for v in self.videos if not v.problem]
+        done = [v for v in self.videos if not v.problem and v.ms_per_clip_before > 0 and v.ms_per_clip_after > 0]
         if done and self.options.probe_clips:
             before = float(np.mean([v.ms_per_clip_before for v in done]))
             after = float(np.mean([v.ms_per_clip_after for v in done]))
+            short = sum(1 for v in self.videos if not v.problem) - len(done)
             lines.append(
                 f"random {self.options.clip_length_frames}-frame clip (stride {self.options.stride_frames}), "
-                f"keyframe-seek reader, mean over videos: {before:.2f} ms before, {after:.2f} ms after "
-                f"({before / after:.1f}x)"
+                f"keyframe-seek reader, mean over {len(done)} video(s): {before:.2f} ms before, {after:.2f} ms "
+                f"after ({before / after:.1f}x)" + (f"; {short} shorter than a clip, not timed" if short else "")
             )
         lines += [f"FAILED {v.source}: {v.problem}" for v in self.videos if v.problem]
         return "\n".join(lines)
@@ -206,7 +211,11 @@ def _encode(src: str, dst: Path, opts: PrepareOptions, info, bar) -> int:
         stream = out.add_stream(encoder, rate=rate)
         if not isinstance(stream, VideoStream):
             raise ValueError(f"encoder {encoder!r} is not a video encoder")
-        stream.width, stream.height, stream.pix_fmt = info.width // 2 * 2, info.height // 2 * 2, "yuv420p"
+        # Written upright (as shown; the display rotation baked in, none declared), so every decoder,
+        # NVDEC included, returns the frames PyAV's turn gives the original.
+        shown_w, shown_h = info.display_size
+        stream.width, stream.height, stream.pix_fmt = shown_w // 2 * 2, shown_h // 2 * 2, "yuv420p"
+        stored_w, stored_h = info.orientation.shown_size(stream.width, stream.height)
         if opts.codec == "h264":
             stream.options = {
                 "crf": str(opts.crf),
@@ -231,7 +240,8 @@ def _encode(src: str, dst: Path, opts: PrepareOptions, info, bar) -> int:
                 "row-mt": "1",
             }
         for frame in source.decode(stream_in):
-            frame = reformatter.reformat(frame, width=stream.width, height=stream.height, format="yuv420p")
+            frame = reformatter.reformat(frame, width=stored_w, height=stored_h, format="yuv420p")
+            frame = orient_yuv420p(frame, info.orientation)
             frame.pts, frame.time_base = count, Fraction(1) / rate
             frame.pict_type = PictureType.NONE  # a decoded frame keeps its type; an I here would force a keyframe
             for packet in stream.encode(frame):

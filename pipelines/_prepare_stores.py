@@ -25,6 +25,7 @@ import numpy as np
 
 from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._frame_stores import FrameBytesReader, probe_store
+from gpufeed.pipelines._orientation import frame_orientation
 from gpufeed.pipelines._store_kinds import frame_store, store_kinds
 
 __all__ = ["IMAGE_FORMATS", "VIDEO", "measure_store_seek_cost", "store_choices", "write_store"]
@@ -76,6 +77,8 @@ def write_store(src: str, dst: Path, store: str, image_format: str, quality: int
             def encoded():
                 for frame in source.decode(stream):
                     rgb = frame.to_ndarray(format="rgb24")
+                    orientation = frame_orientation(frame)  # stored as shown, as every reader hands the video over
+                    rgb = np.ascontiguousarray(orientation.apply(rgb)) if orientation else rgb
                     yield encode(np.ascontiguousarray(rgb[..., ::-1]) if kind.channels_reversed else rgb)
                     bar.update(1)
 

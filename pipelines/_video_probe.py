@@ -20,6 +20,7 @@ import numpy as np
 from gpufeed.core import ObjectPath, data_path, media_source
 from gpufeed.pipelines._frame_stores import probe_store
 from gpufeed.pipelines._mp4 import mp4_box_problem
+from gpufeed.pipelines._orientation import UPRIGHT, Orientation, frame_orientation
 from gpufeed.pipelines._store_kinds import store_kind
 
 __all__ = ["DALI_CPU_CODECS", "SUPPORTED_CODECS", "VideoInfo", "probe_video"]
@@ -55,6 +56,12 @@ class VideoInfo:
             (:mod:`gpufeed.pipelines._frame_stores`), whose ``codec`` is ``png`` or ``jpeg`` and
             whose every frame is a keyframe.
         frame_name: A frame folder's file name pattern (``"{:09d}.png"``).
+        rotation_degrees, mirrored: How the display matrix shows the stored frames: turned
+            counterclockwise (0, 90, 180 or 270; a phone held upright records 90 or 270), then
+            mirrored left-right (:mod:`gpufeed.pipelines._orientation`). ``width`` and ``height``
+            are the stored frames'; every reader hands frames over as shown (:attr:`display_size`),
+            PyAV turning them, so DALI's decoders, which return the stored frames, leave such a
+            video to PyAV.
     """
 
     path: str
@@ -74,6 +81,18 @@ class VideoInfo:
     profile: str = ""
     store: str = ""
     frame_name: str = ""
+    rotation_degrees: int = 0
+    mirrored: bool = False
+
+    @property
+    def orientation(self) -> Orientation:
+        """How the frames are shown (:class:`~gpufeed.pipelines._orientation.Orientation`)."""
+        return Orientation(self.rotation_degrees // 90 % 4, self.mirrored)
+
+    @property
+    def display_size(self) -> tuple[int, int]:
+        """(width, height) of the frames as shown: the stored size, its sides swapped by a quarter turn."""
+        return self.orientation.shown_size(self.width, self.height)
 
     @property
     def gop_frames(self) -> float:
@@ -133,10 +152,12 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
             seconds = container.duration / 1e6 if container.duration and len(container.streams) == 1 else 0.0
             tb = stream.time_base
             pts_keys = []
+            shown = _FirstFrameOrientation(stream, width * height)
             for packet in container.demux(stream):
                 if packet.size == 0 or packet.pts is None:
                     continue  # the flush packet, or one without a timestamp (nothing to show)
                 pts_keys.append((int(packet.pts), bool(packet.is_keyframe)))
+                shown.feed(packet)
     except av.FFmpegError as err:
         return VideoInfo(str(path), problem=f"cannot be read as a video: {err}")
     pts_keys.sort()
@@ -155,8 +176,44 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
         declared_seconds=seconds,
         pix_fmt=pix_fmt,
         profile=str(profile),
+        rotation_degrees=shown.orientation.degrees,
+        mirrored=shown.orientation.mirrored,
     )
     return _finish_info(info)
+
+
+class _FirstFrameOrientation:
+    """How a video is shown (its display matrix), read from its first decoded keyframe while the probe demuxes.
+
+    PyAV hands a stream's display matrix over on its frames only (their side data), so the
+    first keyframe in the file is decoded, alone (one thread, the decoder flushed after it), and
+    nothing else: the probe of a 10 s 1080p h264 file took 22 ms instead of 8 (measured; the index
+    probes a file once and caches what it learns). Skipped when the stream declares more than
+    :attr:`MAX_PIXELS` pixels a frame (a hostile header must not make the index allocate); a
+    decoding error leaves it upright (the check's full decode names damage). Unknown is upright:
+    the stored frames as they are.
+    """
+
+    MAX_PIXELS = 8192 * 8192
+
+    def __init__(self, stream, pixels: int) -> None:
+        self.stream, self.orientation = stream, UPRIGHT
+        self._done = not 0 < pixels <= self.MAX_PIXELS
+
+    def feed(self, packet) -> None:
+        if self._done or not packet.is_keyframe:
+            return
+        import av
+
+        self._done = True
+        context = self.stream.codec_context
+        context.thread_count = 1  # frame threads would hold the frame back for more packets
+        try:
+            frames = context.decode(packet) or context.decode(None)  # B-frame reordering may hold it: flush
+        except (av.FFmpegError, ValueError):
+            return
+        if frames:
+            self.orientation = frame_orientation(frames[0])
 
 
 def _store_info(path: Path | ObjectPath) -> VideoInfo:

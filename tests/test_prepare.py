@@ -81,3 +81,14 @@ def test_cli_prints_the_seek_table_and_fails_on_a_bad_video(source, tmp_path):
     assert f"FAILED {source / 'broken.mp4'}: truncated" in proc.stdout
     report = json.loads(out_json.read_text())
     assert report["ok"] is False and len(report["videos"]) == 3
+
+
+def test_a_video_shorter_than_a_clip_is_prepared_and_left_out_of_the_timing(source, tmp_path):
+    write_odd_video(source / "short.mp4", 2, 6)
+    report = prepare_videos(source, tmp_path / "out", PrepareOptions(probe_clips=4), progress=False)
+    assert report.ok, report.table()
+    table = report.table()
+    assert "nan" not in table
+    row = next(line for line in table.splitlines() if line.startswith("short.mp4"))
+    assert row.split()[1:] == ["6", "6.0", "6.0", "-", "-", "-"]
+    assert "mean over 2 video(s): " in table and "; 1 shorter than a clip, not timed" in table

@@ -165,6 +165,36 @@ def _unsupported_codec_video(tmp_path) -> bytes:
     return path.read_bytes()
 
 
+def test_a_phone_video_is_scored_as_shown(kserve_server, tmp_path):
+    """A portrait phone video (frames stored turned, a display matrix saying so): the server reads it as
+    ``gpufeed predict`` does, as shown, and not as stored (its twin without the matrix scores otherwise)."""
+    import av
+
+    from gpufeed.pipelines._orientation import Orientation
+
+    phone, stored = tmp_path / "phone.mp4", tmp_path / "stored.mp4"
+    encode_tagged_video(phone, 5, 30, width=62, height=106, shown=Orientation(1, False), labels=False)
+    with av.open(str(phone)) as source, av.open(str(stored), "w") as twin:  # the same packets, no display matrix
+        stream_in = source.streams.video[0]
+        stream = twin.add_stream_from_template(stream_in)
+        stream.set_display_rotation(0)  # the template brings the phone's matrix along
+        for packet in source.demux(stream_in):
+            if packet.dts is not None:
+                packet.stream = stream
+                twin.mux(packet)
+    predictor = load_predictor(exported_repo() / CLIP_MODEL, CPU)
+    scores = {}
+    for path in (phone, stored):
+        report = predict_videos(path, predictor, out=tmp_path / "out", progress=False)
+        assert [r.status for r in report.results] == ["scored"], report.results
+        scores[path.stem] = read_predictions_csv(tmp_path / "out" / f"{path.stem}_predictions.csv")[1]
+    answer = _post_video(kserve_server, phone.read_bytes())
+    assert answer.status_code == 200, answer.text
+    served = np.array(answer.json()["scores"], dtype=np.float32)
+    assert np.abs(served - scores["phone"]).max() < 1e-5, "the served phone video and gpufeed predict agree"
+    assert np.abs(scores["stored"] - scores["phone"]).max() > 1e-3, "the turn changes what the model sees"
+
+
 def test_bad_videos_get_a_clear_4xx(kserve_server, camera, tmp_path):
     cases = [
         (b"plain text, no video", 415, "unsupported_media_type", "is not a video container gpufeed reads"),

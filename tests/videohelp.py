@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed.pipelines._orientation import UPRIGHT, Orientation
 from gpufeed.synth import behaviour_labels, read_tag, render_frame
 from gpufeed.synth._videos import write_label_csv
 
@@ -25,6 +26,7 @@ def encode_tagged_video(
     audio: bool = False,
     labels: bool = True,
     label_seed: int | None = None,
+    shown: Orientation = UPRIGHT,
 ) -> np.ndarray:
     """Encode a video whose every frame carries its :mod:`gpufeed.synth` tag (frame index, video id).
 
@@ -35,6 +37,9 @@ def encode_tagged_video(
         audio: Also mux a silent AAC track as long as the video.
         labels: Write the per-frame label CSV beside the video.
         label_seed: Seed of the behaviour labels (default: ``video_id``).
+        shown: A display matrix, as a phone writes one: the frames are rendered ``width`` x
+            ``height`` as they are to be shown and stored turned back, so only a reader that applies
+            the matrix reads their tags.
 
     Returns:
         The per-frame label rows.
@@ -45,7 +50,10 @@ def encode_tagged_video(
     path.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(path), "w") as container:
         stream = container.add_stream(codec, rate=Fraction(30, 1))
-        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
+        stream.width, stream.height = shown.shown_size(width, height)  # shown_size is its own inverse
+        stream.pix_fmt = pix_fmt
+        if shown:
+            stream.set_display_rotation(shown.degrees, hflip=shown.mirrored)
         if durations_ms:
             stream.codec_context.time_base = Fraction(1, 1000)
         stream.options = dict(options or {})
@@ -53,6 +61,8 @@ def encode_tagged_video(
         t_ms = 0
         for index in range(num_frames):
             rgb = render_frame(index, video_id, rows[index], width, height)
+            if shown:  # undo the mirror, then the turn
+                rgb = np.ascontiguousarray(np.rot90(rgb[:, ::-1] if shown.mirrored else rgb, -shown.turns))
             frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
             if durations_ms:
                 frame.pts, frame.time_base = t_ms, Fraction(1, 1000)
