@@ -19,6 +19,7 @@ import numpy as np
 
 from gpufeed.core import ObjectPath, data_path, media_source
 from gpufeed.pipelines._frame_stores import probe_store
+from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._mp4 import mp4_box_problem
 from gpufeed.pipelines._orientation import UPRIGHT, Orientation, frame_orientation
 from gpufeed.pipelines._store_kinds import store_kind
@@ -189,12 +190,13 @@ class _FirstFrameOrientation:
     first keyframe in the file is decoded, alone (one thread, the decoder flushed after it), and
     nothing else: the probe of a 10 s 1080p h264 file took 22 ms instead of 8 (measured; the index
     probes a file once and caches what it learns). Skipped when the stream declares more than
-    :attr:`MAX_PIXELS` pixels a frame (a hostile header must not make the index allocate); a
+    :attr:`MAX_PIXELS` pixels a frame, the images' decompression-bomb limit (a hostile header must
+    not make the index, or the server probing an upload before its own limit refuses it, allocate); a
     decoding error leaves it upright (the check's full decode names damage). Unknown is upright:
     the stored frames as they are.
     """
 
-    MAX_PIXELS = 8192 * 8192
+    MAX_PIXELS = DEFAULT_MAX_IMAGE_PIXELS  # 8K UHD (33.2 million) fits
 
     def __init__(self, stream, pixels: int) -> None:
         self.stream, self.orientation = stream, UPRIGHT

@@ -158,3 +158,13 @@ def test_prepare_writes_them_upright(phone, tmp_path):
             frames = torch.cat([p.frames for p in VideoFrameReader(copy, size_px=SizePx(64, 96), device=CPU)])
             assert frame_tags(frames, "TCHW") == [(i, video_id) for i in range(FRAMES)], copy
             assert (frames.int() - original.int()).abs().float().mean() < 3, "a lossy copy of the frames as shown"
+
+
+def test_the_probe_decodes_no_frame_over_the_pixel_limit(phone, monkeypatch):
+    """A header declaring a huge frame must not make the index (or the server, probing an upload) allocate it."""
+    from gpufeed.pipelines import _video_probe
+
+    monkeypatch.setattr(_video_probe._FirstFrameOrientation, "MAX_PIXELS", 96 * 64 - 1)
+    assert probe_video(phone / "v0.mp4").orientation == UPRIGHT, "not decoded: shown as stored"
+    monkeypatch.setattr(_video_probe._FirstFrameOrientation, "MAX_PIXELS", 96 * 64)
+    assert probe_video(phone / "v0.mp4").orientation == Orientation(1, False)
