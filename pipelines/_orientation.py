@@ -1,9 +1,9 @@
 """How a video's frames are shown: its display matrix as quarter turns and a mirror.
 
 A phone held upright records landscape frames and a display matrix saying "turn them a quarter
-counterclockwise" (or clockwise); players, OpenCV (and so DeepEthogram's labelling GUI) and FFmpeg's
-command line show the frames turned. gpufeed hands every frame over as shown too, so a rotated
-phone video, its prepared copy and a frame store written from it give the same pixels.
+counterclockwise" (or clockwise); players, OpenCV (and so DeepEthogram's labelling GUI), FFmpeg's
+command line and torchcodec show the frames turned. gpufeed hands every frame over as shown too,
+so a rotated phone video, its prepared copy and a frame store written from it give the same pixels.
 
 FFmpeg's display matrix ``[a b u; c d v; x y w]`` maps a stored pixel ``(x, y)`` (y down) to
 ``(a x + c y, b x + d y)`` on screen, up to a shift; its 2x2 part, rounded to the nearest right
