@@ -128,6 +128,12 @@ def _refusals(infos, on_gpu: bool, capability) -> dict[str, str]:
                 f"its display matrix shows the frames {info.orientation.describe()}: DALI's video decoders "
                 "return the stored frames, PyAV turns them as shown"
             )
+        elif info.video_streams > 1:
+            # DALI asks FFmpeg for the best stream before reading any packets: it may pick another.
+            refused[info.path] = (
+                f"{info.video_streams} video streams: gpufeed reads FFmpeg's best ({info.codec} "
+                f"{info.width}x{info.height}) with PyAV, where DALI's reader might take another"
+            )
         elif on_gpu:
             why = nvdec_problem(info, capability)
             if why:

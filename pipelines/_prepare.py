@@ -43,6 +43,7 @@ from gpufeed.pipelines._frame_stores import label_path
 from gpufeed.pipelines._prepare_stores import IMAGE_FORMATS, VIDEO, measure_store_seek_cost, store_choices, write_store
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._store_kinds import FrameStore, frame_store
+from gpufeed.pipelines._streams import main_video_stream
 from gpufeed.pipelines._videos import list_videos, probe_video, read_label_csv
 
 __all__ = ["PrepareOptions", "PrepareReport", "PreparedVideo", "measure_seek_cost", "prepare_videos"]
@@ -206,7 +207,7 @@ def _encode(src: str, dst: Path, opts: PrepareOptions, info, bar) -> int:
         av.open(src) as source,
         av.open(str(tmp), "w", format=dst.suffix[1:], options=container_opts) as out,
     ):
-        stream_in = source.streams.video[0]
+        stream_in = main_video_stream(source)
         stream_in.thread_type = "AUTO"
         stream = out.add_stream(encoder, rate=rate)
         if not isinstance(stream, VideoStream):

@@ -27,6 +27,7 @@ from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._frame_stores import FrameBytesReader, probe_store
 from gpufeed.pipelines._orientation import frame_orientation
 from gpufeed.pipelines._store_kinds import frame_store, store_kinds
+from gpufeed.pipelines._streams import main_video_stream
 
 __all__ = ["IMAGE_FORMATS", "VIDEO", "measure_store_seek_cost", "store_choices", "write_store"]
 
@@ -71,7 +72,7 @@ def write_store(src: str, dst: Path, store: str, image_format: str, quality: int
     tmp = dst.with_name(f".{dst.name}.partial-{os.getpid()}")
     try:
         with av.open(src) as source:
-            stream = source.streams.video[0]
+            stream = main_video_stream(source)
             stream.thread_type = "AUTO"
 
             def encoded():

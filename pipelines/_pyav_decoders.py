@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from gpufeed.core import media_source
+from gpufeed.pipelines._streams import main_video_stream
 
 __all__ = ["DECODER_BYTES", "DecoderPool", "OpenDecoder"]
 
@@ -150,7 +151,7 @@ class DecoderPool:
         while self._open and not self._fits(video):
             self._open.popitem(last=False)[1].container.close()
         container = av.open(media_source(video.path), "r")  # s3://: a ranged-read file (gpufeed.core._storage)
-        stream = container.streams.video[0]
+        stream = main_video_stream(container)
         stream.thread_count = self.threads
         self._serial += 1
         hit = OpenDecoder(video.path, container, stream, nbytes, self._serial)

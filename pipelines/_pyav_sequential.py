@@ -11,6 +11,7 @@ import numpy as np
 from gpufeed.core import SizePx, media_source
 from gpufeed.pipelines._frame_fit import FrameFitter
 from gpufeed.pipelines._pyav import ClipDecodeError, VideoRef
+from gpufeed.pipelines._streams import main_video_stream
 
 __all__ = ["SequentialFeed", "decode_all_frames", "iter_frame_chunks"]
 
@@ -48,7 +49,7 @@ def iter_frame_chunks(video: VideoRef, chunk_frames: int, threads: int = 0, fitt
     count = 0
     try:
         with av.open(media_source(video.path), "r") as container:
-            stream = container.streams.video[0]
+            stream = main_video_stream(container)
             stream.thread_type = "AUTO"
             stream.thread_count = threads
             for frame in container.decode(stream):
@@ -72,7 +73,7 @@ def decode_all_frames(path: str) -> tuple[int, str | None]:
     count = 0
     try:
         with av.open(media_source(path), "r") as container:
-            stream = container.streams.video[0]
+            stream = main_video_stream(container)
             stream.thread_type = "AUTO"
             for _ in container.decode(stream):
                 count += 1

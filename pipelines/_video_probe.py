@@ -23,6 +23,7 @@ from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._mp4 import mp4_box_problem
 from gpufeed.pipelines._orientation import UPRIGHT, Orientation, frame_orientation
 from gpufeed.pipelines._store_kinds import store_kind
+from gpufeed.pipelines._streams import is_still_picture, main_video_stream, video_stream_count
 
 __all__ = ["DALI_CPU_CODECS", "SUPPORTED_CODECS", "VideoInfo", "probe_video"]
 
@@ -63,6 +64,9 @@ class VideoInfo:
             are the stored frames'; every reader hands frames over as shown (:attr:`display_size`),
             PyAV turning them, so DALI's decoders, which return the stored frames, leave such a
             video to PyAV.
+        video_streams: Video streams in the file, cover pictures not counted; every fact here is
+            of the one FFmpeg calls best (:mod:`gpufeed.pipelines._streams`), which every PyAV
+            path reads; DALI's readers leave a file of several to PyAV.
     """
 
     path: str
@@ -84,6 +88,7 @@ class VideoInfo:
     frame_name: str = ""
     rotation_degrees: int = 0
     mirrored: bool = False
+    video_streams: int = 1
 
     @property
     def orientation(self) -> Orientation:
@@ -140,10 +145,12 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
             return VideoInfo(str(path), problem=boxed)
     try:
         with av.open(media_source(path), "r") as container:
-            if not container.streams.video:
+            stream = main_video_stream(container)
+            if stream is None or is_still_picture(stream):
                 what = "audio only" if container.streams.audio else "no stream at all"
+                what = "a cover picture only" if stream is not None else what
                 return VideoInfo(str(path), problem=f"no video stream in the file ({what})")
-            stream = container.streams.video[0]
+            streams = video_stream_count(container)
             # The codec, not the decoder PyAV picked for it (AV1 opens as "libdav1d").
             codec = getattr(stream.codec_context.codec, "canonical_name", "") or stream.codec_context.name
             width, height = stream.codec_context.width, stream.codec_context.height
@@ -178,6 +185,7 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
         pix_fmt=pix_fmt,
         profile=str(profile),
         rotation_degrees=shown.orientation.degrees,
+        video_streams=streams,
         mirrored=shown.orientation.mirrored,
     )
     return _finish_info(info)

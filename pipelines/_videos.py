@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v")
-_INDEX_VERSION = 6  # 4: profile, frame stores; 5: both together; 6: display rotation
+_INDEX_VERSION = 6  # 4: profile, frame stores; 5: both together; 6: display matrix, video streams
 
 
 def list_videos(root: Path | ObjectPath) -> tuple[list[str], list[str]]:
