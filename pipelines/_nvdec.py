@@ -128,6 +128,11 @@ def _refusals(infos, on_gpu: bool, capability) -> dict[str, str]:
                 f"its display matrix shows the frames {info.orientation.describe()}: DALI's video decoders "
                 "return the stored frames, PyAV turns them as shown"
             )
+        elif info.hidden_frames:
+            refused[info.path] = (
+                f"an edit list hides its first {info.hidden_frames} decoded frame(s) (trimmed without "
+                "re-encoding): DALI's reader counts them as frames, PyAV and players do not"
+            )
         elif info.video_streams > 1:
             # DALI asks FFmpeg for the best stream before reading any packets: it may pick another.
             refused[info.path] = (

@@ -67,6 +67,10 @@ class VideoInfo:
         video_streams: Video streams in the file, cover pictures not counted; every fact here is
             of the one FFmpeg calls best (:mod:`gpufeed.pipelines._streams`), which every PyAV
             path reads; DALI's readers leave a file of several to PyAV.
+        hidden_frames: Packets before an edit list's start (a file trimmed without re-encoding):
+            decoded for the frames after them and never shown, so not frames here, as in every
+            player; ``keyframes`` then starts at 0, reached by a seek to the hidden keyframe before
+            it. DALI's readers, which count packets, leave such a file to PyAV.
     """
 
     path: str
@@ -89,6 +93,7 @@ class VideoInfo:
     rotation_degrees: int = 0
     mirrored: bool = False
     video_streams: int = 1
+    hidden_frames: int = 0
 
     @property
     def orientation(self) -> Orientation:
@@ -161,16 +166,26 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
             tb = stream.time_base
             pts_keys = []
             shown = _FirstFrameOrientation(stream, width * height)
+            hidden, hidden_key = 0, False
             for packet in container.demux(stream):
                 if packet.size == 0 or packet.pts is None:
                     continue  # the flush packet, or one without a timestamp (nothing to show)
-                pts_keys.append((int(packet.pts), bool(packet.is_keyframe)))
                 shown.feed(packet)
+                if packet.is_discard:
+                    # Before an edit list's start (a file trimmed without re-encoding): decoded for
+                    # the frames after it, never shown; every decoder drops it, so it is no frame.
+                    hidden, hidden_key = hidden + 1, hidden_key or bool(packet.is_keyframe)
+                    continue
+                pts_keys.append((int(packet.pts), bool(packet.is_keyframe)))
+        orientation = shown.finish(path)
     except av.FFmpegError as err:
         return VideoInfo(str(path), problem=f"cannot be read as a video: {err}")
     pts_keys.sort()
     pts = tuple(p for p, _ in pts_keys)
     keyframes = tuple(i for i, (_, key) in enumerate(pts_keys) if key)
+    if hidden_key and pts and (not keyframes or keyframes[0] != 0):
+        # A seek to frame 0 lands on the hidden keyframe before it, so decoding can start there.
+        keyframes = (0, *keyframes)
     info = VideoInfo(
         str(path),
         codec=codec,
@@ -184,9 +199,10 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
         declared_seconds=seconds,
         pix_fmt=pix_fmt,
         profile=str(profile),
-        rotation_degrees=shown.orientation.degrees,
+        rotation_degrees=orientation.degrees,
+        mirrored=orientation.mirrored,
         video_streams=streams,
-        mirrored=shown.orientation.mirrored,
+        hidden_frames=hidden,
     )
     return _finish_info(info)
 
@@ -209,21 +225,41 @@ class _FirstFrameOrientation:
     def __init__(self, stream, pixels: int) -> None:
         self.stream, self.orientation = stream, UPRIGHT
         self._done = not 0 < pixels <= self.MAX_PIXELS
+        self._hidden = False  # the first keyframe lies before an edit list's start
 
     def feed(self, packet) -> None:
         if self._done or not packet.is_keyframe:
             return
+        self._done = True
+        if packet.is_discard:  # the decoder would drop its frame: read again, edit list ignored (finish)
+            self._hidden = True
+        else:
+            self.orientation = self._decode(self.stream, packet)
+
+    def finish(self, path) -> Orientation:
+        """The orientation; a file whose first keyframe is hidden is opened once more to decode it."""
+        if self._hidden:
+            import av
+
+            with av.open(media_source(path), "r", options={"ignore_editlist": "1"}) as container:
+                stream = main_video_stream(container)
+                for packet in container.demux(stream):
+                    if packet.is_keyframe and packet.size:
+                        self.orientation = self._decode(stream, packet)
+                        break
+        return self.orientation
+
+    @staticmethod
+    def _decode(stream, packet) -> Orientation:
         import av
 
-        self._done = True
-        context = self.stream.codec_context
+        context = stream.codec_context
         context.thread_count = 1  # frame threads would hold the frame back for more packets
         try:
             frames = context.decode(packet) or context.decode(None)  # B-frame reordering may hold it: flush
         except (av.FFmpegError, ValueError):
-            return
-        if frames:
-            self.orientation = frame_orientation(frames[0])
+            return UPRIGHT
+        return frame_orientation(frames[0]) if frames else UPRIGHT
 
 
 def _store_info(path: Path | ObjectPath) -> VideoInfo:
@@ -262,8 +298,9 @@ def _finish_info(info: VideoInfo) -> VideoInfo:
         (info.num_frames == 0, "no frames: the video stream holds no packets"),
         (bool((deltas <= 0).any()), "broken timestamps: two frames share a presentation time"),
         (
-            0 < info.num_frames < info.declared_frames,
-            f"truncated: the container declares {info.declared_frames} frames but only {info.num_frames} are present",
+            0 < info.num_frames + info.hidden_frames < info.declared_frames,
+            f"truncated: the container declares {info.declared_frames} frames but only "
+            f"{info.num_frames + info.hidden_frames} are present",
         ),
         (
             # Containers without a frame count (webm, mkv) still declare their duration.
