@@ -27,6 +27,7 @@ from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._image_verify import decode_problem
 from gpufeed.pipelines._split_folders import split_folders, split_warning
+from gpufeed.pipelines._videos import VIDEO_EXTENSIONS
 
 __all__ = ["CHECKERS", "NOT_BAD", "CheckReport", "Finding", "check_images", "check_path"]
 
@@ -117,7 +118,6 @@ def _check_image_source(path: DataPath, progress: bool, max_pixels: int) -> Chec
 
 # Checkers for other kinds of data (videos) register here: (recognise(path) -> bool, check(path, progress)).
 CHECKERS: list[tuple] = []
-VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm")
 
 
 def _holds_videos(path: DataPath) -> bool:

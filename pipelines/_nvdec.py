@@ -133,6 +133,11 @@ def _refusals(infos, on_gpu: bool, capability) -> dict[str, str]:
                 f"an edit list hides its first {info.hidden_frames} decoded frame(s) (trimmed without "
                 "re-encoding): DALI's reader counts them as frames, PyAV and players do not"
             )
+        elif info.container == "mpegts":
+            refused[info.path] = (
+                "an MPEG transport stream: it has no index and FFmpeg's seeks in it can land a GOP late; "
+                "PyAV's reads step back, DALI's reader does not"
+            )
         elif info.video_streams > 1:
             # DALI asks FFmpeg for the best stream before reading any packets: it may pick another.
             refused[info.path] = (

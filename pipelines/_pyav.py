@@ -30,6 +30,9 @@ from gpufeed.pipelines._frame_stores import FrameBytesReader, decode_frame
 from gpufeed.pipelines._pyav_decoders import DECODER_BYTES, DecoderPool, OpenDecoder
 from gpufeed.pipelines._store_kinds import frame_store
 
+# Keyframes to step back when a seek lands past a clip, before reading the file from its first packet.
+_SEEK_STEPS_BACK = 2
+
 __all__ = [
     "ClipDecodeError",
     "ClipDecoder",
@@ -165,10 +168,18 @@ class ClipDecoder:
         awaited = ahead if awaited is None else awaited
         try:
             got = self._decode_forward(video, key, frames, ahead)
-            if got is None:
-                got = self._decode_from(video, key, frames, ahead, awaited)
-            if got is None and key > 0:
-                got = self._decode_from(video, 0, frames, ahead, awaited)  # the seek landed late: start from the top
+            steps = 0
+            while got is None:
+                top = steps > _SEEK_STEPS_BACK
+                got = self._decode_from(video, key, frames, ahead, awaited, top=top)
+                if got is not None or top:
+                    break
+                # The seek landed late (MPEG-TS has no index: FFmpeg's seek there can land a GOP
+                # after the timestamp asked for): seek from the keyframe before, then from the top.
+                if key > 0 and steps < _SEEK_STEPS_BACK:
+                    key, steps = video.keyframe_before(key - 1), steps + 1
+                else:
+                    steps = _SEEK_STEPS_BACK + 1
         except av.FFmpegError as err:
             self._drop(video.path)
             raise ClipDecodeError(f"{video.path}: cannot decode frames {frames[0]}..{frames[-1]}: {err}") from None
@@ -237,11 +248,24 @@ class ClipDecoder:
         return got
 
     def _decode_from(
-        self, video: VideoRef, key: int, frames: np.ndarray, ahead: np.ndarray | None, awaited: np.ndarray | None
+        self,
+        video: VideoRef,
+        key: int,
+        frames: np.ndarray,
+        ahead: np.ndarray | None,
+        awaited: np.ndarray | None,
+        top: bool = False,
     ) -> list[np.ndarray] | None:
-        """Decode from keyframe ``key``; ``None`` if the first frame decoded lies after ``frames[0]``."""
+        """Decode from keyframe ``key``; ``None`` if the first frame decoded lies after ``frames[0]``.
+
+        ``top``: from the first packet of a newly opened file, no seek (the file's decoders are
+        closed first), where even a seek to the first keyframe lands late.
+        """
+        if top:
+            self._decoders.drop(video.path)
         hit = self._decoders.for_seek(video, awaited)
-        hit.container.seek(int(video.pts[key]), stream=hit.stream, backward=True, any_frame=False)
+        if not top:
+            hit.container.seek(int(video.pts[key]), stream=hit.stream, backward=True, any_frame=False)
         hit.invalidate()
         hit.packets = hit.container.demux(hit.stream)
         self.seek_reads += 1
@@ -253,7 +277,7 @@ class ClipDecoder:
     def _take(
         self, hit: OpenDecoder, video: VideoRef, key: int, frames: np.ndarray, ahead: np.ndarray | None
     ) -> list[np.ndarray] | None:
-        """The wanted frames from the decoder's next output on; ``None`` if that output is past ``frames[0]``.
+        """The wanted frames from the decoder's next output on; ``None`` if that output is past ``frames[0]``, or none.
 
         Until the first packet (in decode order) whose timestamp reaches the clip (or the first
         frame kept on the way, :meth:`_on_way`), the decoder skips non-reference frames: they show
@@ -288,7 +312,7 @@ class ClipDecoder:
             if index >= last:
                 return out
         hit.invalidate()  # the stream ended: the decoder is drained, the next read seeks
-        return out
+        return None if first else out  # no frame at all: the seek landed past the end (MPEG-TS)
 
     def _on_way(self, video: VideoRef, frames: np.ndarray, ahead: np.ndarray | None, start: int) -> set[int]:
         """Frames to keep: those of the later clips (first frames ``ahead``) decoded whole from ``start`` to ``frames[-1]``.

@@ -71,6 +71,10 @@ class VideoInfo:
             decoded for the frames after them and never shown, so not frames here, as in every
             player; ``keyframes`` then starts at 0, reached by a seek to the hidden keyframe before
             it. DALI's readers, which count packets, leave such a file to PyAV.
+        container: FFmpeg's name of the file's format (``mov,mp4,m4a,3gp,3g2,mj2``, ``mpegts`` ...).
+            An MPEG transport stream has no index, and FFmpeg's seeks in it can land a GOP after
+            the timestamp asked for: PyAV's reads step back to the keyframe before, and DALI's
+            readers leave such a file to PyAV.
     """
 
     path: str
@@ -94,6 +98,7 @@ class VideoInfo:
     mirrored: bool = False
     video_streams: int = 1
     hidden_frames: int = 0
+    container: str = ""
 
     @property
     def orientation(self) -> Orientation:
@@ -156,6 +161,7 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
                 what = "a cover picture only" if stream is not None else what
                 return VideoInfo(str(path), problem=f"no video stream in the file ({what})")
             streams = video_stream_count(container)
+            fmt = container.format.name or ""
             # The codec, not the decoder PyAV picked for it (AV1 opens as "libdav1d").
             codec = getattr(stream.codec_context.codec, "canonical_name", "") or stream.codec_context.name
             width, height = stream.codec_context.width, stream.codec_context.height
@@ -203,6 +209,7 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
         mirrored=orientation.mirrored,
         video_streams=streams,
         hidden_frames=hidden,
+        container=fmt,
     )
     return _finish_info(info)
 

@@ -45,7 +45,8 @@ __all__ = [
     "read_label_csv",
 ]
 
-VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v")
+# .ts/.mts/.m2ts: MPEG transport streams (AVCHD camcorders write .mts); read with PyAV (see _nvdec).
+VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v", ".ts", ".mts", ".m2ts")
 _INDEX_VERSION = 6  # 4: profile, frame stores; 5: both together; 6: display matrix, video streams
 
 

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "predict",
         help="per-frame class probabilities for every frame of every video (or every image) with a trained model",
         description="Score SOURCE with MODEL: a checkpoint, a training run folder (its newest checkpoint) or an "
-        "exported model folder. SOURCE is a video (mp4/avi/mov/mkv/webm, a frame folder, an HDF5 file of encoded "
+        "exported model folder. SOURCE is a video (mp4/avi/mov/mkv/webm/m4v/ts/mts/m2ts, a frame folder, an HDF5 file of encoded "
         "frames), a folder of videos or a DeepEthogram project; a clip model reads every frame once, in order, and "
         "gives each frame the mean probabilities of the windows that cover it. Writes <name>_predictions.csv per "
         "video (frame, then one column per class), or with --format hdf5 DeepEthogram's <name>_outputs.h5, beside "
