@@ -97,6 +97,7 @@ from gpufeed.pipelines._videos import VIDEO_EXTENSIONS as VIDEO_EXTENSIONS
 from gpufeed.pipelines._videos import VideoInfo as VideoInfo
 from gpufeed.pipelines._videos import index_videos as index_videos
 from gpufeed.pipelines._videos import list_videos as list_videos
+from gpufeed.pipelines._videos import raw_stream_hint as raw_stream_hint
 from gpufeed.pipelines._windows import Windows as Windows
 from gpufeed.pipelines._windows import eval_windows as eval_windows
 from gpufeed.pipelines._windows import train_windows as train_windows

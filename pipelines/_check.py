@@ -27,7 +27,7 @@ from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._image_verify import decode_problem
 from gpufeed.pipelines._split_folders import split_folders, split_warning
-from gpufeed.pipelines._videos import VIDEO_EXTENSIONS
+from gpufeed.pipelines._videos import RAW_STREAM_SUFFIXES, VIDEO_EXTENSIONS
 
 __all__ = ["CHECKERS", "NOT_BAD", "CheckReport", "Finding", "check_images", "check_path"]
 
@@ -121,7 +121,8 @@ CHECKERS: list[tuple] = []
 
 
 def _holds_videos(path: DataPath) -> bool:
-    return any(p.suffix.lower() in VIDEO_EXTENSIONS for p in path.iterdir() if p.is_file())
+    # A folder of raw streams counts too: the video check then says what they are and what to do.
+    return any(p.suffix.lower() in VIDEO_EXTENSIONS + RAW_STREAM_SUFFIXES for p in path.iterdir() if p.is_file())
 
 
 def check_path(

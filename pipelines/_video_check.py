@@ -32,7 +32,14 @@ from gpufeed.pipelines._frame_stores import decode_store_frames, label_path
 from gpufeed.pipelines._nvdec import choose_decoder, gpu_capability
 from gpufeed.pipelines._pyav_sequential import decode_all_frames
 from gpufeed.pipelines._store_kinds import is_frame_folder, store_extensions
-from gpufeed.pipelines._videos import VIDEO_EXTENSIONS, VideoDataset, VideoInfo, list_videos
+from gpufeed.pipelines._videos import (
+    RAW_STREAM_SUFFIXES,
+    VIDEO_EXTENSIONS,
+    VideoDataset,
+    VideoInfo,
+    list_videos,
+    raw_stream_hint,
+)
 
 __all__ = ["check_videos", "holds_videos"]
 
@@ -40,13 +47,15 @@ __all__ = ["check_videos", "holds_videos"]
 def holds_videos(path: Path) -> bool:
     """True for a folder with a video file, an HDF5 frame file or a frame folder directly inside it.
 
+    A raw H.264/H.265 stream counts too, so that the check names it and says how to wrap it.
+
     A frame folder counts here only with its label CSV beside it: a class folder of an image
     dataset (``amber/000000.jpg`` ...) looks just like one.
     """
     if not path.is_dir() or is_frame_folder(path):
         return False
     for p in path.iterdir():
-        if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS + store_extensions():
+        if p.is_file() and p.suffix.lower() in VIDEO_EXTENSIONS + store_extensions() + RAW_STREAM_SUFFIXES:
             return True
         if p.is_dir() and not p.name.startswith(".") and label_path(p).is_file() and is_frame_folder(p):
             return True
@@ -116,6 +125,7 @@ def check_videos(folder: str | Path | ObjectPath, progress: bool = True) -> Chec
         if other in labels:
             continue
         what = "a label file without a video" if other.endswith(".csv") else "not a video; the loader ignores it"
+        what = raw_stream_hint(other) or what
         report.findings.append(Finding(other, what, "ignored"))
     return report
 

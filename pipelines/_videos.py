@@ -34,6 +34,7 @@ from gpufeed.pipelines._video_probe import DALI_CPU_CODECS, SUPPORTED_CODECS, Vi
 
 __all__ = [
     "DALI_CPU_CODECS",
+    "RAW_STREAM_SUFFIXES",
     "SUPPORTED_CODECS",
     "VIDEO_EXTENSIONS",
     "VideoDataset",
@@ -42,12 +43,33 @@ __all__ = [
     "labels_for",
     "list_videos",
     "probe_video",
+    "raw_stream_hint",
     "read_label_csv",
 ]
 
 # .ts/.mts/.m2ts: MPEG transport streams (AVCHD camcorders write .mts); read with PyAV (see _nvdec).
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v", ".ts", ".mts", ".m2ts")
 _INDEX_VERSION = 6  # 4: profile, frame stores; 5: both together; 6: display matrix, video streams
+
+
+# Raw video elementary streams (a Raspberry Pi camera writes .h264): no container, so no timestamps
+# and no index; a player guesses a frame rate. They are named, not read.
+RAW_STREAM_SUFFIXES = (".h264", ".264", ".h265", ".265", ".hevc")
+
+
+def raw_stream_hint(path: str) -> str | None:
+    """What a raw H.264/H.265 stream file is and how to wrap it (``None`` for any other file).
+
+    Phrased to follow "<path> is": ``f"{path} is {hint}"``.
+    """
+    name = str(path)
+    if not name.lower().endswith(RAW_STREAM_SUFFIXES):
+        return None
+    wrapped = name.rsplit(".", 1)[0] + ".mp4"
+    return (
+        "a raw H.264/H.265 stream (a Raspberry Pi camera's, say): no container, so no timestamps or index "
+        f"to seek by; wrap it first at its recording rate, e.g. ffmpeg -framerate 30 -i {name} -c copy {wrapped}"
+    )
 
 
 def list_videos(root: Path | ObjectPath) -> tuple[list[str], list[str]]:
@@ -130,10 +152,12 @@ class VideoDataset:
             return cls.from_shards(root, max_pixels=max_pixels)
         if not root.is_dir():
             raise DatasetError(f"video folder {root} does not exist or is not a folder")
-        paths, _ = list_videos(root)
+        paths, others = list_videos(root)
         if not paths:
+            raw = next((other for other in others if raw_stream_hint(other)), None)
             raise DatasetError(
                 f"no videos ({', '.join(VIDEO_EXTENSIONS + store_extensions())} files or folders of numbered frames) in {root}"
+                + (f"; {raw} is {raw_stream_hint(raw)}" if raw else "")
             )
         infos = index_videos(root, paths, progress)
         problems = {i: info.problem for i, info in enumerate(infos) if info.problem}

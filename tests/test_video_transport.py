@@ -74,7 +74,9 @@ def test_random_clips_read_exactly(camcorder):
     for epoch in range(2):
         loader.set_epoch(epoch)
         for batch in loader:
-            for clip, video, start in zip(batch.clips, batch.video_ids.tolist(), batch.start_frames.tolist(), strict=True):
+            for clip, video, start in zip(
+                batch.clips, batch.video_ids.tolist(), batch.start_frames.tolist(), strict=True
+            ):
                 assert frame_tags(clip, "CTHW") == [(start + t, video) for t in range(5)]
                 starts.add(start)
     assert max(starts) >= 4 * GOP, "clips from the last GOP too"
@@ -85,5 +87,7 @@ def test_prepare_rewrites_them_as_mp4(camcorder, tmp_path):
     assert report.ok, report.table()
     prepared = probe_video(tmp_path / "00000.mp4")
     assert prepared.container.startswith("mov,mp4") and prepared.num_frames == FRAMES
-    frames = torch.cat([part.frames for part in VideoFrameReader(tmp_path / "00000.mp4", size_px=SizePx(64, 48), device=CPU)])
+    frames = torch.cat(
+        [part.frames for part in VideoFrameReader(tmp_path / "00000.mp4", size_px=SizePx(64, 48), device=CPU)]
+    )
     assert frame_tags(frames, "TCHW") == [(i, 0) for i in range(FRAMES)]

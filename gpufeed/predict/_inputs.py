@@ -34,6 +34,7 @@ from gpufeed.pipelines import (
     is_frame_folder,
     is_project,
     list_videos,
+    raw_stream_hint,
     read_project,
     store_extensions,
 )
@@ -101,8 +102,10 @@ def find_videos(source: str | Path, out: str | Path | None = None, allowed_roots
     if source.is_file() or is_frame_folder(source):
         if source.is_file() and not _is_video_file(source):
             raise DatasetError(
-                f"{source} is not a video: expected {', '.join(VIDEO_EXTENSIONS + store_extensions())}, a frame folder, "
-                "a folder of videos or a DeepEthogram project"
+                f"{source} is {raw_stream_hint(str(source))}"
+                if raw_stream_hint(str(source))
+                else f"{source} is not a video: expected {', '.join(VIDEO_EXTENSIONS + store_extensions())}, a frame "
+                "folder, a folder of videos or a DeepEthogram project"
             )
         base = (out_dir or source.parent) / _stem(source)
         return [Target(source, source.name, base)]
