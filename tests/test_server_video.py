@@ -195,6 +195,18 @@ def test_a_phone_video_is_scored_as_shown(kserve_server, tmp_path):
     assert np.abs(scores["stored"] - scores["phone"]).max() > 1e-3, "the turn changes what the model sees"
 
 
+def test_a_camcorder_transport_stream_is_scored_as_predict_scores_it(kserve_server, tmp_path):
+    """An MPEG-TS body (an AVCHD camcorder's .mts) is recognised by its sync bytes and read in order."""
+    ts = tmp_path / "00001.mts"
+    encode_tagged_video(ts, 6, 24, width=62, height=46, options={"g": "8", "bf": "2"}, labels=False)
+    report = predict_videos(ts, load_predictor(exported_repo() / CLIP_MODEL, CPU), out=tmp_path, progress=False)
+    assert [r.status for r in report.results] == ["scored"], report.results
+    answer = _post_video(kserve_server, ts.read_bytes(), content_type="video/mp2t")
+    assert answer.status_code == 200, answer.text
+    expected = read_predictions_csv(tmp_path / "00001_predictions.csv")[1]
+    assert np.abs(np.array(answer.json()["scores"], dtype=np.float32) - expected).max() < 1e-5
+
+
 def test_bad_videos_get_a_clear_4xx(kserve_server, camera, tmp_path):
     cases = [
         (b"plain text, no video", 415, "unsupported_media_type", "is not a video container gpufeed reads"),
