@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from videohelp import encode_tagged_video, frame_tags
+from videohelp import cpu_clip_loader, encode_tagged_video, frame_tags
 
-from gpufeed.config import LoaderConfig, SizePx, VideoConfig
+from gpufeed.config import SizePx
 from gpufeed.device import DeviceChoice
-from gpufeed.pipelines import ClipLoader, VideoDataset, VideoFrameReader
+from gpufeed.pipelines import VideoFrameReader
 from gpufeed.pipelines._nvdec import choose_decoder
 from gpufeed.pipelines._orientation import Orientation
 from gpufeed.pipelines._video_probe import probe_video
@@ -75,15 +75,7 @@ def test_every_frame_shown_is_read_in_order(trimmed):
 
 @pytest.mark.process
 def test_clips_anywhere_read_the_frames_shown(trimmed):
-    dataset = VideoDataset.from_folder(trimmed.parent)
-    loader = ClipLoader(
-        dataset,
-        train=True,
-        video_cfg=VideoConfig(size_px=SizePx(64, 48), clip_length_frames=4),
-        loader_cfg=LoaderConfig(batch_size=4, num_threads=1),
-        device=CPU,
-        seed=5,
-    )
+    loader = cpu_clip_loader(trimmed.parent, SizePx(64, 48), 4, train=True, seed=5)
     starts = []
     for epoch in range(3):
         loader.set_epoch(epoch)

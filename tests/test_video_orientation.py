@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import DEVICES
-from videohelp import encode_tagged_video, frame_tags
+from videohelp import cpu_clip_loader, encode_tagged_video, frame_tags
 
-from gpufeed.config import LoaderConfig, SizePx, VideoConfig
+from gpufeed.config import SizePx
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import (
-    ClipLoader,
     DatasetError,
     PrepareOptions,
     VideoDataset,
@@ -125,14 +124,7 @@ def test_every_frame_reads_as_shown_in_order(phone, device):
 
 @pytest.mark.process
 def test_clips_read_as_shown(phone):
-    dataset = VideoDataset.from_folder(phone)
-    loader = ClipLoader(
-        dataset,
-        train=False,
-        video_cfg=VideoConfig(size_px=SizePx(64, 96), clip_length_frames=5),
-        loader_cfg=LoaderConfig(batch_size=4, num_threads=1),
-        device=CPU,
-    )
+    loader = cpu_clip_loader(phone, SizePx(64, 96), 5, train=False)
     assert loader.source == "pyav"
     clips = 0
     for batch in loader:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from videohelp import encode_tagged_video, frame_tags
+from videohelp import cpu_clip_loader, encode_tagged_video, frame_tags
 
-from gpufeed.config import LoaderConfig, SizePx, VideoConfig
+from gpufeed.config import SizePx
 from gpufeed.device import DeviceChoice
-from gpufeed.pipelines import ClipLoader, PrepareOptions, VideoDataset, VideoFrameReader, prepare_videos
+from gpufeed.pipelines import PrepareOptions, VideoDataset, VideoFrameReader, prepare_videos
 from gpufeed.pipelines._nvdec import choose_decoder
 from gpufeed.pipelines._pyav import ClipDecoder, VideoRef
 from gpufeed.pipelines._video_probe import probe_video
@@ -62,14 +62,7 @@ def test_a_clip_in_every_gop_reads_exactly_with_a_fresh_decoder(camcorder):
 
 @pytest.mark.process
 def test_random_clips_read_exactly(camcorder):
-    loader = ClipLoader(
-        VideoDataset.from_folder(camcorder),
-        train=True,
-        video_cfg=VideoConfig(size_px=SizePx(64, 48), clip_length_frames=5),
-        loader_cfg=LoaderConfig(batch_size=8, num_threads=2),
-        device=CPU,
-        seed=1,
-    )
+    loader = cpu_clip_loader(camcorder, SizePx(64, 48), 5, train=True, batch_size=8, threads=2, seed=1)
     starts = set()
     for epoch in range(2):
         loader.set_epoch(epoch)

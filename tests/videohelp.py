@@ -255,3 +255,21 @@ def make_deepethogram_project(root: Path, form: str, frames: tuple[int, ...], *,
         }
         (folder / "record.yaml").write_text(yaml.safe_dump(record), encoding="utf-8")
     return root
+
+
+def cpu_clip_loader(
+    folder, size, clip_length_frames: int, *, train: bool, batch_size: int = 4, threads: int = 1, seed: int = 0
+):
+    """A :class:`~gpufeed.pipelines.ClipLoader` on the CPU over the videos of ``folder`` (size: a ``SizePx``)."""
+    from gpufeed.config import LoaderConfig, VideoConfig
+    from gpufeed.device import DeviceChoice
+    from gpufeed.pipelines import ClipLoader, VideoDataset
+
+    return ClipLoader(
+        VideoDataset.from_folder(folder),
+        train=train,
+        video_cfg=VideoConfig(size_px=size, clip_length_frames=clip_length_frames),
+        loader_cfg=LoaderConfig(batch_size=batch_size, num_threads=threads),
+        device=DeviceChoice("cpu", None, "test"),
+        seed=seed,
+    )
