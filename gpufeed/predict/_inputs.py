@@ -101,9 +101,10 @@ def find_videos(source: str | Path, out: str | Path | None = None, allowed_roots
         return _project_targets(source, out_dir, allowed_roots)
     if source.is_file() or is_frame_folder(source):
         if source.is_file() and not _is_video_file(source):
+            raw = raw_stream_hint(str(source))
             raise DatasetError(
-                f"{source} is {raw_stream_hint(str(source))}"
-                if raw_stream_hint(str(source))
+                f"{source} is {raw}"
+                if raw
                 else f"{source} is not a video: expected {', '.join(VIDEO_EXTENSIONS + store_extensions())}, a frame "
                 "folder, a folder of videos or a DeepEthogram project"
             )
