@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.core import DataPath, ObjectPath, data_path, join, progress_bar, stat_key, walk
+from gpufeed.core import DataPath, ObjectPath, data_path, join, open_binary, progress_bar, stat_key, walk
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import label_path
@@ -88,10 +88,20 @@ def list_videos(root: Path | ObjectPath) -> tuple[list[str], list[str]]:
         here = [(n, True) for n in stores] + [(n, False) for n in filenames if not n.startswith(".")]
         for name, is_store in sorted(here):
             full = join(dirpath, name)
-            (videos if is_store or name.lower().endswith(VIDEO_EXTENSIONS + store_extensions()) else others).append(
-                full
-            )
+            video = is_store or name.lower().endswith(VIDEO_EXTENSIONS + store_extensions())
+            if video and name.lower().endswith(".ts"):
+                video = _is_transport_stream(full)  # .ts is also TypeScript's suffix
+            (videos if video else others).append(full)
     return videos, others
+
+
+def _is_transport_stream(path) -> bool:
+    """Whether a ``.ts`` file starts as an MPEG transport stream does (the 0x47 sync byte), not as text."""
+    try:
+        with open_binary(path) as file:
+            return file.read(1) == b"\x47"
+    except OSError:
+        return True  # unreadable: listed, so that the index names why
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@ to PyAV. Every clip here is checked by the frame tags in its pixels.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -16,7 +19,7 @@ from videohelp import cpu_clip_loader, encode_tagged_video, frame_tags
 
 from gpufeed.config import SizePx
 from gpufeed.device import DeviceChoice
-from gpufeed.pipelines import PrepareOptions, VideoDataset, VideoFrameReader, prepare_videos
+from gpufeed.pipelines import PrepareOptions, VideoDataset, VideoFrameReader, list_videos, prepare_videos
 from gpufeed.pipelines._nvdec import choose_decoder
 from gpufeed.pipelines._pyav import ClipDecoder, VideoRef
 from gpufeed.pipelines._video_probe import probe_video
@@ -84,3 +87,12 @@ def test_prepare_rewrites_them_as_mp4(camcorder, tmp_path):
         [part.frames for part in VideoFrameReader(tmp_path / "00000.mp4", size_px=SizePx(64, 48), device=CPU)]
     )
     assert frame_tags(frames, "TCHW") == [(i, 0) for i in range(FRAMES)]
+
+
+def test_a_typescript_file_is_not_taken_for_a_transport_stream(camcorder, tmp_path):
+    folder = tmp_path / "mixed"
+    shutil.copytree(camcorder, folder)
+    (folder / "app.ts").write_text("export const frames: number = 150;\n")
+    videos, others = list_videos(folder)
+    assert sorted(Path(v).name for v in videos) == ["00000.mts", "take.ts"]
+    assert str(folder / "app.ts") in others
