@@ -39,6 +39,8 @@ from gpufeed.models._io import untrained_checkpoint as untrained_checkpoint
 from gpufeed.models._nets import GpufeedModel
 from gpufeed.models._registry import create_model, list_models, register_model
 from gpufeed.models._registry import default_spec as default_spec
+from gpufeed.models._sliding_stem import SlidingStemError as SlidingStemError
+from gpufeed.models._sliding_stem import sliding_window_graph as sliding_window_graph
 from gpufeed.models._spec import ModelSpec
 
 __all__ = [

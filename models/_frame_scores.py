@@ -126,12 +126,17 @@ class WindowBatch:
     Attributes:
         number: Position of this batch in the video (0, 1, ...): scores go back in this order.
         starts: (N,) int64 first frame of each window.
-        clips: (N, 3, T, H, W) uint8, contiguous, on the frames' device.
+        clips: (N, 3, T, H, W) uint8, contiguous, on the frames' device; ``None`` when ``run`` holds
+            the windows instead.
+        run: For a scorer asked for runs (see :class:`WindowScorer`), windows at consecutive frames
+            whose frames are all in the video: their frames, ``starts[0] .. starts[-1] + span - 1``,
+            (F, 3, H, W) uint8 (window ``i`` is ``run[i :: stride][:T]``); else ``None``.
     """
 
     number: int
     starts: np.ndarray
-    clips: torch.Tensor
+    clips: torch.Tensor | None
+    run: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -172,6 +177,10 @@ class WindowScorer:
         batch_windows: Windows per batch.
         class_scores: Logits (N, C) float32 -> probabilities (the head's ``class_scores``).
         keep_windows: Also return each window's probabilities.
+        runs: Give a batch of windows at consecutive frames (``hop_frames`` 1) as the run of frames
+            they read (:attr:`WindowBatch.run`) rather than cut out one by one, for a model that
+            scores a run at once (:mod:`gpufeed.models._sliding_stem`); windows that repeat the
+            last frame (a video shorter than a span) are still cut.
     """
 
     def __init__(
@@ -181,11 +190,13 @@ class WindowScorer:
         batch_windows: int,
         class_scores: Callable[[np.ndarray], np.ndarray],
         keep_windows: bool = False,
+        runs: bool = False,
     ) -> None:
         if batch_windows < 1:
             raise ValueError(f"batch_windows {batch_windows} must be >= 1")
         self.plan, self.num_frames, self.batch_windows = plan, num_frames, batch_windows
         self.class_scores, self.keep_windows = class_scores, keep_windows
+        self.runs = runs and plan.hop_frames == 1
         self.windows = plan.window_count(num_frames)  # starts are computed, never listed: O(1) memory
         self._frames: torch.Tensor | None = None  # frames [self._base, self._have)
         self._base = self._have = 0
@@ -257,6 +268,13 @@ class WindowScorer:
 
     def _batch(self, starts: np.ndarray, end: int) -> WindowBatch:
         assert self._frames is not None
+        last = int(starts[-1]) + self.plan.span_frames  # one past the last window's frames
+        if self.runs and last <= self.num_frames and int(starts[-1] - starts[0]) == len(starts) - 1:
+            run = self._frames[int(starts[0]) - self._base : last - self._base]  # a view: no copy
+            batch = WindowBatch(self._batches_made, starts, None, run)
+            self._batches_made += 1
+            self._batch_ends[batch.number] = end
+            return batch
         index = self.plan._frames_of_starts(starts, self.num_frames) - self._base
         gather = torch.from_numpy(index.reshape(-1)).to(self._frames.device)
         frames = self._frames.index_select(0, gather)  # (N * T, 3, H, W)
@@ -357,6 +375,7 @@ def score_frames(
     class_scores: Callable[[np.ndarray], np.ndarray],
     batch_windows: int,
     keep_windows: bool = False,
+    score_run: Callable[[torch.Tensor], np.ndarray] | None = None,
 ) -> Iterator[FrameScores]:
     """Per-frame probabilities of one video, block by block, in frame order: the scoring path.
 
@@ -369,6 +388,9 @@ def score_frames(
         class_scores: Logits -> probabilities (the head's).
         batch_windows: Windows per call of ``score`` (the last may hold fewer).
         keep_windows: Also give each window's probabilities (:attr:`FrameScores.window_probabilities`).
+        score_run: With ``hop_frames`` 1: a run of frames (F, 3, H, W) uint8 -> the logits of its
+            ``F - span + 1`` windows at consecutive frames (:attr:`WindowBatch.run`); windows it
+            cannot take (a video shorter than a span) still go to ``score``.
 
     Yields:
         :class:`FrameScores` blocks covering frames ``0 .. num_frames - 1`` once each, in order.
@@ -376,11 +398,17 @@ def score_frames(
     Raises:
         ValueError: The chunks hold other frames than ``0 .. num_frames - 1`` in order.
     """
-    scorer = WindowScorer(plan, num_frames, batch_windows, class_scores, keep_windows)
+    scorer = WindowScorer(plan, num_frames, batch_windows, class_scores, keep_windows, runs=score_run is not None)
 
     def scored(batches: list[WindowBatch]) -> Iterator[FrameScores]:
         for batch in batches:
-            block = scorer.add_scores(batch, score(batch.clips))
+            if batch.run is not None:
+                assert score_run is not None
+                logits = score_run(batch.run)
+            else:
+                assert batch.clips is not None
+                logits = score(batch.clips)
+            block = scorer.add_scores(batch, logits)
             if block is not None:
                 yield block
 

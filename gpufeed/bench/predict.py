@@ -11,7 +11,11 @@ CSV), in the same run, rounds interleaved. The contenders:
 * **predict (checkpoint)**: :func:`gpufeed.predict.predict_videos` with the checkpoint as
   ``gpufeed predict`` loads it by default (``runtime`` ``auto``: on a CPU its export on onnxruntime,
   made once and cached, the first batch checked against PyTorch; on a GPU PyTorch): the figure the
-  target is read on, since it is what a user who trained with gpufeed runs;
+  target is read on, since it is what a user who trained with gpufeed runs; with a window at every
+  frame a stacked-frame model's windows go through its export in runs that share the first
+  convolution (:mod:`gpufeed.predict._sliding`);
+* **predict (checkpoint, one by one)**: the same with ``window_runs`` off, every window through
+  the plain graph (what the runs save, in the same run);
 * **predict (checkpoint, torch)**: the same with ``runtime`` ``torch`` (PyTorch eager);
 * **predict (exported)**: the same with the checkpoint exported by ``gpufeed export`` (onnxruntime,
   as the server runs it).
@@ -53,7 +57,8 @@ __all__ = ["TARGET_CPU_RATIO", "TARGET_GPU_FPS", "print_predict_result", "run_pr
 
 TARGET_CPU_RATIO = 1.5
 TARGET_GPU_FPS = 5000.0
-CONTENDERS = ("user loop", "predict (checkpoint)", "predict (checkpoint, torch)", "predict (exported)")
+ONE_BY_ONE = "predict (checkpoint, one by one)"
+CONTENDERS = ("user loop", "predict (checkpoint)", ONE_BY_ONE, "predict (checkpoint, torch)", "predict (exported)")
 VERDICT = "predict (checkpoint)"
 
 
@@ -284,6 +289,10 @@ def run_predict_bench(
                 started = time.perf_counter()
                 predictor = load_predictor(checkpoint, choice, batch_size=batch_size, export_cache=exports)
                 result.cached_load_s = time.perf_counter() - started
+            elif name == ONE_BY_ONE:
+                predictor = load_predictor(
+                    checkpoint, choice, batch_size=batch_size, export_cache=exports, window_runs=False
+                )
             else:
                 predictor = by_torch if name == "predict (checkpoint, torch)" else by_export
             return lambda: _predict_frames(videos, predictor, outs[name], hop_frames)
@@ -346,7 +355,8 @@ def print_predict_result(result: PredictBenchResult) -> None:
         verdict = "met" if result.ratio >= TARGET_CPU_RATIO else "not met"
         print(
             f"target: predict with the checkpoint >= {TARGET_CPU_RATIO}x the user loop on a CPU: {result.ratio:.2f}x, "
-            f"{verdict} (in PyTorch: {statistics.median(result.paired('predict (checkpoint, torch)')):.2f}x; "
+            f"{verdict} (windows one by one: {statistics.median(result.paired(ONE_BY_ONE)):.2f}x; "
+            f"in PyTorch: {statistics.median(result.paired('predict (checkpoint, torch)')):.2f}x; "
             f"exported: {statistics.median(result.paired('predict (exported)')):.2f}x); "
             f"the GPU target (>= {TARGET_GPU_FPS:,.0f} frames/s on an H100) is not measured on this machine"
         )

@@ -13,6 +13,11 @@ A checkpoint runs where ``runtime`` says (:data:`RUNTIMES`): ``torch``, PyTorch 
 arithmetic in about 20 % less CPU time than PyTorch's eager mode, and its threads sleep rather than
 spin while they wait, so on a busy machine it runs several times faster (docs/predict.md).
 
+With a window at every frame, a stacked-frame clip model on onnxruntime's CPU provider scores
+runs of consecutive windows at once through a rewritten graph that shares the first convolution
+between them (:mod:`gpufeed.predict._sliding`, :meth:`Predictor.run_logits`); its first run is
+checked against the plain graph, and other models, other hops and a GPU score windows one by one.
+
 From an export the first batch of the run is checked: its first two windows are scored by PyTorch
 too and the two compared within the export's own tolerance (``parity_tolerance``), on a real
 video's windows, not only the export's rendered frames. Beyond it, ``auto`` says so in one line
@@ -39,6 +44,7 @@ import torch
 
 from gpufeed.models import (
     CARD_FILE,
+    ONNX_FILE,
     ClassifierHead,
     ClipSampling,
     ExportError,
@@ -54,6 +60,7 @@ from gpufeed.models import (
 from gpufeed.pipelines import DatasetError
 from gpufeed.predict._cache_entries import export_cache_max_bytes
 from gpufeed.predict._export_cache import CachedExport, held_export
+from gpufeed.predict._sliding import SlidingRunner, sliding_runner
 from gpufeed.server import OnnxRunner
 
 __all__ = ["RUNTIMES", "ParityError", "Predictor", "load_predictor"]
@@ -108,6 +115,8 @@ class Predictor:
     _buffer: Any = None
     _reference: torch.nn.Module | None = None  # PyTorch, for the first batch's check of an export
     _strict: bool = False  # runtime "onnx": an export that disagrees stops the run
+    _sliding: SlidingRunner | None = None  # runs of windows, sharing the first convolution
+    _runs_agree: bool | None = None  # the first run against the plain graph (None: not yet compared)
 
     @property
     def head(self) -> TaskHead:
@@ -142,6 +151,54 @@ class Predictor:
             return self._first_batch(batch)
         rows = [self._run_onnx(batch[i : i + self.batch_size]) for i in range(0, len(batch), self.batch_size)]
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def run_windows(self, hop_frames: int) -> int:
+        """Windows per :meth:`run_logits` call for windows ``hop_frames`` apart; 0: windows go one by one.
+
+        Runs are for a stacked-frame model on onnxruntime's CPU provider with a window at every frame
+        (:mod:`gpufeed.predict._sliding`).
+        """
+        runner = self._sliding
+        if runner is None or self._runs_agree is False or self._module is not None or hop_frames != 1:
+            return 0
+        return runner.windows
+
+    def run_logits(self, run: torch.Tensor) -> np.ndarray:
+        """float32 logits (F - span + 1, C) of the windows at each frame of ``run`` (F, 3, H, W) uint8.
+
+        The first run's first :data:`PARITY_ROWS` windows also go through the plain graph (and so
+        through the export's first-batch check against PyTorch); beyond the export's tolerance that
+        run, and every later one, is scored window by window (one line says so).
+
+        Raises:
+            RuntimeError: The predictor has no sliding-window graph (:meth:`run_windows` was 0).
+        """
+        sliding = self._sliding
+        if sliding is None:
+            raise RuntimeError(f"{self.source}: no sliding-window graph; windows go one by one")
+        count = len(run) - sliding.shape.span_frames + 1
+        if self._runs_agree is None:
+            self._runs_agree = False  # until shown otherwise: a failure below leaves windows one by one
+            rows = min(count, PARITY_ROWS)
+            want = self.logits(sliding.windows_of(run, rows))
+            if self._module is None:  # the export held against PyTorch: now the sliding graph against it
+                got = sliding(run)
+                diff = float(np.abs(got[:rows] - want).max(initial=0.0))
+                tolerance = parity_tolerance("fp32", want)
+                if diff <= tolerance:
+                    log.info("predict: runs of windows agree with the plain graph (max |diff| %.3g)", diff)
+                    self._runs_agree = True
+                    return got
+                log.warning(
+                    "predict: %s: its sliding-window graph disagrees with the plain one (max |diff| %.3g, "
+                    "tolerance %.3g); scoring windows one by one",
+                    self.source,
+                    diff,
+                    tolerance,
+                )
+        if not self._runs_agree or self._module is not None:
+            return self.logits(sliding.windows_of(run, count))
+        return sliding(run)
 
     def _torch_logits(self, module: torch.nn.Module, batch: torch.Tensor) -> np.ndarray:
         with torch.inference_mode():
@@ -197,6 +254,8 @@ class Predictor:
             where += f", onnxruntime {self._runner.providers[0]}"
             if self.export is not None:
                 where += f" (its export, cached in {self.export.folder})"
+            if self._sliding is not None and self._runs_agree is not False:
+                where += f"; a window at every frame: runs of {self._sliding.windows} share the first convolution"
         else:
             where += ", PyTorch"
         clip = ""
@@ -234,6 +293,7 @@ def load_predictor(
     runtime: str = "auto",
     export_cache: str | Path | None = None,
     export_cache_max_mb: float | None = None,
+    window_runs: bool = True,
 ) -> Predictor:
     """Load a checkpoint (file or run folder) or an exported model folder (``model_card.json``) for scoring.
 
@@ -250,6 +310,9 @@ def load_predictor(
             :func:`~gpufeed.predict._export_cache.default_export_cache`).
         export_cache_max_mb: The bound on that cache after a new export, in MB of 10^6 bytes
             (``math.inf``: none; default: ``$GPUFEED_EXPORT_CACHE_MAX_MB``, else 2048).
+        window_runs: With a window at every frame, score a stacked-frame clip model on
+            onnxruntime's CPU provider in runs of windows that share its first convolution
+            (:mod:`gpufeed.predict._sliding`; other models, and a GPU, score windows one by one).
 
     Raises:
         DatasetError: ``source`` is neither, or ``runtime`` cannot run it (one line naming it).
@@ -266,7 +329,7 @@ def load_predictor(
         card = read_model_card(source)
         runner = OnnxRunner(source, card, device, "auto", threads)
         spec = card.spec
-        return Predictor(
+        predictor = Predictor(
             source,
             "exported",
             spec,
@@ -278,6 +341,9 @@ def load_predictor(
             _runner=runner,
             _buffer=runner.new_batch(),
         )
+        if window_runs:
+            _attach_runs(predictor, runner, source, threads)
+        return predictor
     try:
         path = find_checkpoint(source)
     except FileNotFoundError as err:
@@ -299,11 +365,21 @@ def load_predictor(
     # On a GPU predict keeps PyTorch, as it did: nothing measured yet says onnxruntime's CUDA provider is faster.
     if runtime == "onnx" or (runtime == "auto" and not device.is_gpu and spec.head.classifies):
         cache = (export_cache, export_cache_max_bytes(export_cache_max_mb))
-        _run_export(predictor, module, runtime == "onnx", cache, threads)
+        _run_export(predictor, module, runtime == "onnx", cache, threads, window_runs)
     return predictor
 
 
-def _run_export(predictor: Predictor, module: torch.nn.Module, strict: bool, cache: tuple, threads: int) -> None:
+def _attach_runs(predictor: Predictor, runner: OnnxRunner, folder: Path, threads: int) -> None:
+    """Give a clip model on onnxruntime's CPU provider its sliding-window graph, where it has one."""
+    clip_length = predictor.spec.clip_length_frames
+    if runner.on_gpu or not clip_length:
+        return
+    predictor._sliding = sliding_runner(folder / ONNX_FILE, clip_length, predictor.sampling.stride_frames, threads)
+
+
+def _run_export(
+    predictor: Predictor, module: torch.nn.Module, strict: bool, cache: tuple, threads: int, window_runs: bool
+) -> None:
     """Point ``predictor`` at its checkpoint's cached export on onnxruntime, PyTorch kept for the first batch.
 
     Raises:
@@ -315,6 +391,8 @@ def _run_export(predictor: Predictor, module: torch.nn.Module, strict: bool, cac
         # Held until the sessions are made: they read the graph once, and then a prune may remove it.
         with held_export(predictor.source, predictor.batch_size, folder, device, max_bytes) as export:
             runner = OnnxRunner(export.folder, export.card, device, "auto", threads)
+            if window_runs:
+                _attach_runs(predictor, runner, export.folder, threads)
     except (ExportError, OSError, RuntimeError) as err:  # RuntimeSetupError, onnxruntime's own errors
         why = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
         if strict:

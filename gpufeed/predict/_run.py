@@ -209,8 +209,15 @@ def _score_one(
             decoder=decoder,
         )
         chunks = prefetch(read_in_order(reader, target.name))
+        run_windows = predictor.run_windows(plan.hop_frames)
         blocks = score_frames(
-            chunks, info.num_frames, plan, predictor.logits, predictor.class_scores, predictor.batch_size
+            chunks,
+            info.num_frames,
+            plan,
+            predictor.logits,
+            predictor.class_scores,
+            run_windows or predictor.batch_size,
+            score_run=predictor.run_logits if run_windows else None,
         )
         if fmt == "csv":
             sink_context = csv_sink(path, predictor.labels, info.num_frames)

@@ -1,0 +1,152 @@
+"""Runs of windows that share a stacked-frame model's first convolution: the rewritten graph and ``predict``'s use of it.
+
+Real exports (``gpufeed export``'s own graph of ``clip_resnet18``), real onnxruntime sessions, real
+video files: the rewritten graph answers what the plain graph answers for every window of a run,
+at any frame stride and for a short (padded) run; a graph of another shape is refused with its
+reason; ``predict`` scores runs and writes what it writes window by window; and a sliding graph
+that disagrees with the plain one is caught on the first run and set aside.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from _serving import write_checkpoint
+from predicthelp import CPU
+from videohelp import encode_tagged_video
+
+from gpufeed.models import ONNX_FILE, WindowPlan, WindowScorer, export_model
+from gpufeed.models._sliding_stem import SlidingStemError, sliding_window_graph
+from gpufeed.predict import load_predictor, predict_videos
+from gpufeed.predict._outputs import read_predictions_csv
+from gpufeed.predict._sliding import SlidingRunner
+
+pytestmark = pytest.mark.timeout(600)
+
+T = 5  # frames per window
+SPEC = {"num_classes": 3, "size_px": 32, "clip_length_frames": T}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    """A stacked-frame clip model and a 3-D one, each a checkpoint and an export, and a video."""
+    root = tmp_path_factory.mktemp("sliding")
+    found = {}
+    for name in ("clip_resnet18", "r3d_small"):
+        checkpoint = write_checkpoint(root / f"run-{name}", name, seed=3, **SPEC)
+        export_model(checkpoint, root / name, batch_size=4)
+        found[name], found[f"{name}-checkpoint"] = root / name, checkpoint
+    found["video"] = root / "videos" / "mouse.mp4"
+    encode_tagged_video(found["video"], 1, 90, width=64, height=48, options={"bf": "2", "g": "12"}, labels=False)
+    return found
+
+
+def _plain_logits(folder: Path, clips: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(folder / ONNX_FILE), providers=["CPUExecutionProvider"])
+    return np.concatenate([session.run(None, {"pixels": clips[i : i + 4]})[0] for i in range(0, len(clips), 4)])
+
+
+def _clips(frames: np.ndarray, count: int, stride: int) -> np.ndarray:
+    """Windows at frames 0 .. count - 1 as the plain graph takes them, (count, 3, T, H, W)."""
+    index = np.arange(count)[:, None] + np.arange(T)[None, :] * stride
+    return np.ascontiguousarray(frames[index].transpose(0, 2, 1, 3, 4))
+
+
+@pytest.mark.parametrize("stride", [1, 3])
+def test_the_rewritten_graph_answers_the_plain_graph_for_every_window(models, stride):
+    graph, shape = sliding_window_graph(onnx.load(str(models["clip_resnet18"] / ONNX_FILE)), T, stride, 9)
+    assert shape.windows == 9 and shape.span_frames == (T - 1) * stride + 1
+    assert shape.block_frames == 9 + shape.span_frames - 1
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    frames = np.random.default_rng(stride).integers(0, 256, (shape.block_frames, 3, 32, 32), dtype=np.uint8)
+    got = session.run(None, {"frames": frames})[0]
+    want = _plain_logits(models["clip_resnet18"], _clips(frames, 9, stride))
+    assert got.shape == want.shape == (9, 3)
+    assert np.abs(want[1:] - want[:-1]).max() > 1e-3, "the windows' logits differ, so a shifted window would show"
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_a_short_run_is_padded_and_only_its_own_windows_come_back(models):
+    runner = SlidingRunner(models["clip_resnet18"] / ONNX_FILE, T, 2, threads=1, windows=8)
+    span = runner.shape.span_frames
+    frames = np.random.default_rng(0).integers(0, 256, (span + 2, 3, 32, 32), dtype=np.uint8)
+    got = runner(torch.from_numpy(frames))
+    assert got.shape == (3, 3)
+    np.testing.assert_allclose(got, _plain_logits(models["clip_resnet18"], _clips(frames, 3, 2)), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="holds 0 windows"):
+        runner(torch.from_numpy(frames[: span - 1]))
+
+
+def test_a_model_of_another_shape_is_refused_with_its_reason(models):
+    with pytest.raises(SlidingStemError, match="after Add comes Conv, not Reshape"):
+        sliding_window_graph(onnx.load(str(models["r3d_small"] / ONNX_FILE)), T, 1, 8)
+    with pytest.raises(SlidingStemError, match=r"not \(batch, 3, 7, H, W\) clips"):
+        sliding_window_graph(onnx.load(str(models["clip_resnet18"] / ONNX_FILE)), 7, 1, 8)
+
+
+def test_the_scorer_hands_over_runs_of_the_held_frames_and_cuts_what_no_run_holds():
+    frames = torch.arange(30, dtype=torch.uint8).view(30, 1, 1, 1).expand(30, 3, 2, 2).contiguous()
+    plan = WindowPlan(T, 2, 1)  # span 9
+    scorer = WindowScorer(plan, 30, 8, lambda x: x, runs=True)
+    batches = scorer.add_frames(frames[:20]) + scorer.add_frames(frames[20:]) + scorer.finish()
+    assert [b.starts.tolist() for b in batches] == [list(range(0, 8)), list(range(8, 16)), list(range(16, 22))]
+    for batch in batches:
+        assert batch.clips is None and batch.run is not None
+        assert batch.run[:, 0, 0, 0].tolist() == list(range(int(batch.starts[0]), int(batch.starts[-1]) + 9))
+    # A video shorter than a span: its one window repeats the last frame, which no run holds.
+    short = WindowScorer(plan, 6, 8, lambda x: x, runs=True)
+    (batch,) = short.add_frames(frames[:6]) + short.finish()
+    assert batch.run is None and batch.clips is not None
+    assert batch.clips[0, 0, :, 0, 0].tolist() == [0, 2, 4, 5, 5]
+
+
+def _predict(predictor, video: Path, out: Path, hop: int = 1) -> np.ndarray:
+    report = predict_videos(video, predictor, out=out, hop_frames=hop, progress=False)
+    assert [r.status for r in report.results] == ["scored"], report.results
+    return read_predictions_csv(out / f"{video.stem}_predictions.csv")[1]
+
+
+@pytest.mark.parametrize("source", ["clip_resnet18", "clip_resnet18-checkpoint"])
+def test_predict_scores_runs_and_writes_what_windows_one_by_one_write(models, tmp_path, caplog, source):
+    caplog.set_level(logging.INFO, "gpufeed.predict")
+    runs = load_predictor(models[source], CPU, export_cache=tmp_path / "cache")
+    one_by_one = load_predictor(models[source], CPU, export_cache=tmp_path / "cache", window_runs=False)
+    assert runs.run_windows(1) > 0 and runs.run_windows(2) == 0 and one_by_one.run_windows(1) == 0
+    assert "share the first convolution" in runs.describe()
+    got, want = _predict(runs, models["video"], tmp_path / "a"), _predict(one_by_one, models["video"], tmp_path / "b")
+    assert runs._runs_agree is True and "runs of windows agree with the plain graph" in caplog.text
+    assert got.shape == (90, 3)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    # A 3-D model has no first convolution to share: its windows go one by one, saying why.
+    assert load_predictor(models["r3d_small"], CPU).run_windows(1) == 0
+    assert "windows are scored one by one: after Add comes Conv" in caplog.text
+
+
+class _Shifted:
+    """A sliding runner whose answers are off by one: what the first run's check must catch."""
+
+    def __init__(self, runner: SlidingRunner) -> None:
+        self.runner, self.shape, self.windows = runner, runner.shape, runner.windows
+
+    def windows_of(self, run, count):
+        return self.runner.windows_of(run, count)
+
+    def __call__(self, run):
+        return self.runner(run) + 1.0
+
+
+def test_a_sliding_graph_that_disagrees_is_set_aside_on_the_first_run(models, tmp_path, caplog):
+    predictor = load_predictor(models["clip_resnet18"], CPU)
+    assert predictor._sliding is not None
+    predictor._sliding = _Shifted(predictor._sliding)
+    got = _predict(predictor, models["video"], tmp_path / "a")
+    assert predictor._runs_agree is False and predictor.run_windows(1) == 0
+    assert "its sliding-window graph disagrees with the plain one" in caplog.text
+    want = _predict(load_predictor(models["clip_resnet18"], CPU, window_runs=False), models["video"], tmp_path / "b")
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
