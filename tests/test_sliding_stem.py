@@ -21,6 +21,7 @@ from _serving import write_checkpoint
 from predicthelp import CPU
 from videohelp import encode_tagged_video
 
+from gpufeed.cli import main
 from gpufeed.models import ONNX_FILE, WindowPlan, WindowScorer, export_model
 from gpufeed.models._sliding_stem import SlidingStemError, sliding_window_graph
 from gpufeed.predict import load_predictor, predict_videos
@@ -150,3 +151,13 @@ def test_a_sliding_graph_that_disagrees_is_set_aside_on_the_first_run(models, tm
     assert "its sliding-window graph disagrees with the plain one" in caplog.text
     want = _predict(load_predictor(models["clip_resnet18"], CPU, window_runs=False), models["video"], tmp_path / "b")
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_the_command_scores_runs_and_no_window_runs_scores_every_window_alone(models, tmp_path, capsys):
+    common = [str(models["clip_resnet18-checkpoint"]), str(models["video"]), "--export-cache", str(tmp_path / "c")]
+    assert main(["predict", *common, "--out", str(tmp_path / "runs"), "--quiet"]) == 0
+    assert "runs of 32 share the first convolution" in capsys.readouterr().out
+    assert main(["predict", *common, "--out", str(tmp_path / "alone"), "--quiet", "--no-window-runs"]) == 0
+    assert "share the first convolution" not in capsys.readouterr().out
+    runs, alone = (read_predictions_csv(tmp_path / d / "mouse_predictions.csv")[1] for d in ("runs", "alone"))
+    np.testing.assert_allclose(runs, alone, rtol=0, atol=1e-6)

@@ -22,6 +22,7 @@ def predict(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         export_cache=args.export_cache,
         export_cache_max_mb=args.export_cache_max_mb,
+        window_runs=args.window_runs,
     )
     print(f"predict: {predictor.describe()}", flush=True)
     if predictor.head.takes_clips:

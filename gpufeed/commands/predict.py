@@ -62,6 +62,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "is an error rather than PyTorch)",
     )
     p.add_argument(
+        "--no-window-runs",
+        dest="window_runs",
+        action="store_false",
+        help="score every window through the plain graph; by default, with a window at every frame, a "
+        "stacked-frame model on onnxruntime's CPU provider scores runs of windows that share its first "
+        "convolution (the same probabilities within 1e-6, about 1.6x fewer CPU seconds)",
+    )
+    p.add_argument(
         "--export-cache",
         type=Path,
         metavar="DIR",
