@@ -39,14 +39,16 @@ def predict(args: argparse.Namespace) -> int:
                 latent_name=args.latent_name,
                 allowed_roots=tuple(args.allowed_roots),
                 progress=not args.quiet,
+                plot=args.plot,
             )
         except ValueError as err:
             print(f"gpufeed predict: error: {err}", file=sys.stderr)
             return 2
     elif predictor.head.classifies and not predictor.head.takes_clips:
-        if args.fmt != "csv" or args.hop_frames is not None:
+        if args.fmt != "csv" or args.hop_frames is not None or args.plot:
             print(
-                "gpufeed predict: error: an image model writes one CSV; --format hdf5 and --hop-frames are for clip models",
+                "gpufeed predict: error: an image model writes one CSV; --format hdf5, --hop-frames and --plot are "
+                "for clip models",
                 file=sys.stderr,
             )
             return 2

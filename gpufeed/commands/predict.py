@@ -97,6 +97,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="a folder outside a DeepEthogram project its records may name (as data.allowed_roots); repeatable",
     )
+    p.add_argument(
+        "--plot",
+        action="store_true",
+        help="also draw <name>_predictions.png beside each output: each class's probability along the video "
+        "and the most probable class",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func="gpufeed.commands._predict_handlers:predict")
 

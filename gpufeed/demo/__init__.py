@@ -10,6 +10,7 @@ module per stage:
 * ``_images``: the synthetic dataset, its check, an epoch of each image loader.
 * ``_video``: :func:`run_clip_demo`, clips read and verified frame by frame.
 * ``_train``: :func:`run_train_demo`, a short training run of the image and clip models.
+* ``_predict``: :func:`run_predict_demo`, the clip model's per-frame probabilities for every video, and their pictures.
 * ``_serve``: :func:`run_serve_demo`, export, serve, classify through tritonclient and REST.
 * ``_dense``: :func:`run_dense_demo`, RGB + depth pairs checked, trained, exported, served as a PNG.
 * ``_obs``: :func:`run_obs_demo`, the monitoring stack checked with promtool and a real Prometheus.
@@ -24,6 +25,7 @@ from gpufeed.demo._base import DEMO_CONFIG, banner, demo_config
 from gpufeed.demo._dense import run_dense_demo
 from gpufeed.demo._images import run_image_demo
 from gpufeed.demo._obs import run_obs_demo
+from gpufeed.demo._predict import run_predict_demo
 from gpufeed.demo._serve import DEMO_MODEL_NAME, run_serve_demo
 from gpufeed.demo._train import demo_train_config, run_train_demo
 from gpufeed.demo._video import run_clip_demo
@@ -38,6 +40,7 @@ __all__ = [
     "run_demo",
     "run_dense_demo",
     "run_obs_demo",
+    "run_predict_demo",
     "run_serve_demo",
     "run_train_demo",
 ]
@@ -61,7 +64,8 @@ def run_demo(out: str | Path, device: str = "auto") -> Config:
     run_clip_demo(cfg, choice)
 
     image_run = run_train_demo(out, cfg)
-    run_train_demo(out, cfg, model="clip_resnet18")
+    clip_run = run_train_demo(out, cfg, model="clip_resnet18")
+    run_predict_demo(out, cfg, choice, clip_run)
 
     banner("serving")
     run_serve_demo(cfg, out, choice, find_checkpoint(image_run))

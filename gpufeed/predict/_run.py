@@ -25,6 +25,7 @@ from gpufeed.pipelines import DatasetError, VideoFrameReader, VideoInfo, first_l
 from gpufeed.predict._inputs import FORMATS, Target, find_videos, output_path
 from gpufeed.predict._model import ParityError, Predictor
 from gpufeed.predict._outputs import csv_sink, h5_sink, is_done
+from gpufeed.predict._plot import EthogramBins, plot_path
 
 __all__ = ["PredictReport", "VideoResult", "predict_videos", "window_plan"]
 
@@ -119,6 +120,7 @@ def predict_videos(
     latent_name: str | None = None,
     allowed_roots: tuple = (),
     progress: bool = True,
+    plot: bool = False,
 ) -> PredictReport:
     """Score every frame of every video under ``source`` with a clip model (see the module docs).
 
@@ -134,6 +136,9 @@ def predict_videos(
         latent_name: The HDF5 group (default: the model's architecture name).
         allowed_roots: Folders outside a DeepEthogram project its records may name.
         progress: Show the progress display.
+        plot: Also draw each scored video's ``<name>_predictions.png`` beside its output
+            (:mod:`gpufeed.predict._plot`: the probabilities along the video and the most probable
+            class; a picture that cannot be drawn is one warning, the output stays).
 
     Returns:
         The :class:`PredictReport`; failures are in it, not raised.
@@ -169,7 +174,7 @@ def predict_videos(
     try:
         for (target, path), info in zip(todo, infos, strict=True):
             report.results.append(
-                _score_one(target, path, info, predictor, plan, fmt, group, chunk_frames, decoder, bar)
+                _score_one(target, path, info, predictor, plan, fmt, group, chunk_frames, decoder, bar, plot)
             )
     finally:
         bar.close()
@@ -190,6 +195,7 @@ def _score_one(
     chunk_frames: int,
     decoder: str,
     bar,
+    plot: bool = False,
 ) -> VideoResult:
     """One video, start to end; any failure becomes its result's one-line error."""
     started = time.perf_counter()
@@ -224,12 +230,17 @@ def _score_one(
         else:
             attrs = {"source": "gpufeed predict", "model": str(predictor.source), "hop_frames": plan.hop_frames}
             sink_context = h5_sink(path, group, predictor.labels, info.num_frames, attrs)
+        bins = EthogramBins(info.num_frames, len(predictor.labels)) if plot else None
         with sink_context as sink:
             for block in blocks:
                 sink.write(block.first_frame, block.probabilities, block.logits)
+                if bins is not None:
+                    bins.add(block.first_frame, block.probabilities)
                 frames += len(block)
                 bar.update(len(block))
         windows = plan.window_count(info.num_frames)
+        if bins is not None:
+            _draw(bins, path, predictor.labels, target.name, info.fps)
     except ParityError:  # the model's, not the video's: no later video would fare better
         raise
     except (DatasetError, RuntimeError, ValueError, OSError) as err:
@@ -238,3 +249,11 @@ def _score_one(
         bar.update(info.num_frames - frames)  # its frames are accounted for: the bar still ends at its total
         return VideoResult(target.name, "failed", path, error=error, seconds=time.perf_counter() - started)
     return VideoResult(target.name, "scored", path, frames, windows, time.perf_counter() - started)
+
+
+def _draw(bins: EthogramBins, output: Path, labels: tuple[str, ...], name: str, fps: float) -> None:
+    """The video's picture beside its output; a failure is a warning (the output is written)."""
+    try:
+        bins.draw(plot_path(output), labels, name, fps)
+    except Exception as err:  # matplotlib's errors, a full disk: the predictions themselves are safe
+        log.warning("predict: %s: no picture: %s", name, first_line(str(err)))

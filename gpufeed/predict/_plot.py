@@ -1,0 +1,125 @@
+"""A video's predictions as a picture: ``<name>_predictions.png`` (``gpufeed predict --plot``).
+
+What a behaviour lab looks at first is an ethogram: each behaviour's probability along the video,
+and which one wins where. :class:`EthogramBins` collects it while the video is scored, block by
+block, into at most :data:`MAX_COLUMNS` time bins (each the mean of its frames' probabilities), so
+the memory is the same for a 10-second clip and a 10-hour recording; :meth:`EthogramBins.draw`
+writes the picture: a heat map (one row per class, probability 0 to 1 along the frames) above a
+strip of the most probable class per bin, in the class's colour. The PNG is written beside its
+output under a temporary name and renamed into place, so a half-written picture never shows.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["MAX_COLUMNS", "EthogramBins", "plot_path"]
+
+MAX_COLUMNS = 1000
+"""Time bins of a picture at most: one per pixel column of the 10-inch-wide figure at 100 dpi."""
+
+
+def plot_path(output: Path) -> Path:
+    """Where the picture of an output (``<name>_predictions.csv`` or ``<name>_outputs.h5``) goes."""
+    base = output.name
+    for suffix in ("_predictions.csv", "_outputs.h5"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+    return output.with_name(base + "_predictions.png")
+
+
+class EthogramBins:
+    """Per-class mean probabilities of a video in at most ``max_columns`` time bins (see the module docs).
+
+    Args:
+        num_frames: Frames in the video.
+        classes: Number of classes.
+        max_columns: Bins at most; a video of fewer frames gets one bin per frame.
+    """
+
+    def __init__(self, num_frames: int, classes: int, max_columns: int = MAX_COLUMNS) -> None:
+        if num_frames < 1 or classes < 1 or max_columns < 1:
+            raise ValueError(
+                f"num_frames {num_frames}, classes {classes}, max_columns {max_columns}: each must be >= 1"
+            )
+        self.num_frames = num_frames
+        self.columns = min(num_frames, max_columns)
+        # Frame i falls in bin i * columns // num_frames: bins of equal size within one frame.
+        self._sums = np.zeros((self.columns, classes), dtype=np.float64)
+        self._counts = np.zeros(self.columns, dtype=np.int64)
+
+    def add(self, first_frame: int, probabilities: np.ndarray) -> None:
+        """Add the probabilities (F, classes) of frames ``first_frame .. first_frame + F - 1``."""
+        frames = first_frame + np.arange(len(probabilities), dtype=np.int64)
+        if len(frames) and (frames[0] < 0 or frames[-1] >= self.num_frames):
+            raise ValueError(f"frames {frames[0]}..{frames[-1]} are outside 0..{self.num_frames - 1}")
+        bins = frames * self.columns // self.num_frames
+        np.add.at(self._sums, bins, np.asarray(probabilities, dtype=np.float64))
+        np.add.at(self._counts, bins, 1)
+
+    def means(self) -> np.ndarray:
+        """(columns, classes) float32 mean probability per bin (NaN for a bin no frame reached)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (self._sums / self._counts[:, None]).astype(np.float32)
+
+    def draw(self, path: Path, labels: tuple[str, ...], title: str, fps: float = 0.0) -> Path:
+        """Write the picture to ``path`` (atomically) and return it.
+
+        Args:
+            path: The PNG (:func:`plot_path` of the output).
+            labels: Class names, in the columns' order.
+            title: The figure's title (the video's name).
+            fps: Frames per second: the axis is in seconds too when known.
+        """
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display: a file only
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import ListedColormap
+
+        means = self.means()
+        classes = means.shape[1]
+        extent = (0.0, float(self.num_frames), classes - 0.5, -0.5)
+        height = 2.2 + 0.28 * classes
+        fig, (heat, strip) = plt.subplots(
+            2,
+            1,
+            figsize=(10, height),
+            sharex=True,
+            layout="constrained",
+            gridspec_kw={"height_ratios": [max(classes, 2), 1]},
+        )
+        image = heat.imshow(
+            means.T, aspect="auto", interpolation="nearest", vmin=0.0, vmax=1.0, cmap="viridis", extent=extent
+        )
+        heat.set_yticks(range(classes), labels)
+        heat.set_title(f"{title}: per-frame probability ({self.num_frames:,} frames)", fontsize=10)
+        fig.colorbar(image, ax=[heat, strip], fraction=0.02, pad=0.01, label="probability")
+        colours = plt.get_cmap("tab10" if classes <= 10 else "tab20")(np.arange(classes) % 20)
+        winner = np.where(np.isnan(means).all(axis=1), -1, np.nanargmax(np.nan_to_num(means, nan=-1.0), axis=1))
+        strip.imshow(
+            np.ma.masked_less(winner, 0)[None, :],
+            aspect="auto",
+            interpolation="nearest",
+            cmap=ListedColormap(colours),
+            vmin=-0.5,
+            vmax=classes - 0.5,
+            extent=(0.0, float(self.num_frames), 0.5, -0.5),
+        )
+        strip.set_yticks([0], ["most probable"])
+        seconds = f" ({self.num_frames / fps:,.1f} s at {fps:g} frames/s)" if fps > 0 else ""
+        strip.set_xlabel(f"frame{seconds}")
+        handles = [plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in range(classes)]
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(classes, 6), fontsize=8)
+        path = Path(path)
+        temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            fig.savefig(temporary, dpi=100, format="png")
+            os.replace(temporary, path)
+        finally:
+            plt.close(fig)
+            temporary.unlink(missing_ok=True)
+        return path
