@@ -161,3 +161,34 @@ def test_the_command_scores_runs_and_no_window_runs_scores_every_window_alone(mo
     assert "share the first convolution" not in capsys.readouterr().out
     runs, alone = (read_predictions_csv(tmp_path / d / "mouse_predictions.csv")[1] for d in ("runs", "alone"))
     np.testing.assert_allclose(runs, alone, rtol=0, atol=1e-6)
+
+
+@pytest.mark.live
+def test_the_served_video_equals_predicts_runs(models, tmp_path):
+    """The server scores a posted video's windows one by one (its batcher mixes requests), `predict` in runs."""
+    import shutil
+
+    import httpx
+
+    from gpufeed.config import parse_config
+    from gpufeed.server import start_server
+
+    shutil.copytree(models["clip_resnet18"], tmp_path / "repo" / "stacked")
+    predictor = load_predictor(tmp_path / "repo" / "stacked", CPU)
+    want = _predict(predictor, models["video"], tmp_path / "out")
+    assert predictor._runs_agree is True
+    cfg = parse_config({"device": "cpu"})
+    server = start_server(repo=tmp_path / "repo", cfg=cfg, port=0, device=CPU)
+    try:
+        answer = httpx.post(
+            f"{server.url}/v1/models/stacked/predict",
+            content=models["video"].read_bytes(),
+            headers={"content-type": "video/mp4"},
+            timeout=120,
+        )
+    finally:
+        server.stop()
+    assert answer.status_code == 200, answer.text
+    served = np.array(answer.json()["scores"], dtype=np.float32)
+    assert served.shape == want.shape == (90, 3)
+    assert np.abs(served - want).max() < 1e-5, "the served video and gpufeed predict agree"
