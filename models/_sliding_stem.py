@@ -122,38 +122,53 @@ def _chain(graph):
     return chain
 
 
-def sliding_window_graph(model, clip_length_frames: int, stride_frames: int, windows: int):
-    """Rewrite a stacked-frame clip model so one run scores ``windows`` windows at consecutive frames.
+def _unfixed_batch(graph, node, batch: int, inits: list):
+    """``node``, or a copy whose ``Reshape`` to ``(batch, ...)`` reshapes to ``(-1, ...)`` (a new initializer)."""
+    from onnx import helper, numpy_helper
 
-    Args:
-        model: The exported ``onnx.ModelProto`` (not changed).
-        clip_length_frames: Frames per window, the model's ``T``.
-        stride_frames: Gap between a window's frames (the sampling the model was trained with).
-        windows: Windows per run (64 is near the measured best: fewer convolutions per window
-            against a larger inverse transform).
+    if node.op_type != "Reshape":
+        return node
+    target = _const(graph, node.input[1])
+    if target is None or target.ndim != 1 or len(target) < 2 or int(target[0]) != batch or (target == -1).any():
+        return node
+    name = f"{_PREFIX}{node.output[0]}_shape"
+    inits.append(numpy_helper.from_array(np.concatenate([[-1], target[1:]]).astype(np.int64), name))
+    return helper.make_node("Reshape", [node.input[0], name], list(node.output), name=node.name, **_attrs(node))
 
-    Returns:
-        ``(graph, SlidingWindows)``: the new ``onnx.ModelProto`` and what it takes and gives.
 
-    Raises:
-        SlidingStemError: The graph is not a stacked-frame model of that clip length (why).
-    """
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+@dataclass(frozen=True)
+class _Stem:
+    """The graph's front, read and checked: its nodes up to the first convolution, and that convolution's facts."""
 
-    if windows < 1 or clip_length_frames < 1 or stride_frames < 1:
-        raise ValueError(f"windows {windows}, clip_length_frames {clip_length_frames}, stride_frames {stride_frames}")
-    graph = model.graph
+    nodes: tuple
+    batch: int  # the input's batch dimension (0: symbolic)
+    height: int
+    width: int
+    scale: np.ndarray  # (3,) per channel
+    shift: np.ndarray
+    weight: np.ndarray  # (out_ch, 3T, kh, kw), channel c * T + t
+    bias: np.ndarray | None
+    attrs: dict  # strides, pads, dilations
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        kh, kw = self.weight.shape[2:]
+        (sh, sw), pads, (dh, dw) = self.attrs["strides"], self.attrs["pads"], self.attrs["dilations"]
+        out_h = (self.height + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1
+        return out_h, (self.width + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
+
+
+def _read_stem(graph, frames_t: int) -> _Stem:
+    """The front of a stacked-frame model of ``frames_t`` frames (or :class:`SlidingStemError`, saying why not)."""
+    from onnx import TensorProto
+
     cast, mul, add, reshape, conv = _chain(graph)
     dims = [d.dim_value for d in graph.input[0].type.tensor_type.shape.dim]
-    frames_t = clip_length_frames
     if len(dims) != 5 or dims[1] != 3 or dims[2] != frames_t or not dims[3] or not dims[4]:
         raise SlidingStemError(f"the graph takes {dims}, not (batch, 3, {frames_t}, H, W) clips")
     height, width = dims[3], dims[4]
     if graph.input[0].type.tensor_type.elem_type != TensorProto.UINT8 or _attrs(cast).get("to") != TensorProto.FLOAT:
         raise SlidingStemError("the graph does not cast uint8 clips to float32")
-    scale = _per_channel(_const(graph, mul.input[1]), "scale")
-    shift = _per_channel(_const(graph, add.input[1]), "shift")
     target = _const(graph, reshape.input[1])
     if target is None or list(target[1:]) != [3 * frames_t, height, width]:
         raise SlidingStemError(f"the clip is reshaped to {target}, not (batch, {3 * frames_t}, {height}, {width})")
@@ -163,16 +178,27 @@ def sliding_window_graph(model, clip_length_frames: int, stride_frames: int, win
         raise SlidingStemError("the first convolution is not a plain 2-D one over the stacked frames")
     if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         raise SlidingStemError("the first convolution pads automatically")
-    bias = _const(graph, conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
-    out_ch, _, kh, kw = weight.shape
-    strides = list(attrs.get("strides", [1, 1]))
-    pads = list(attrs.get("pads", [0, 0, 0, 0]))
-    dilations = list(attrs.get("dilations", [1, 1]))
-    out_h = (height + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
-    out_w = (width + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+    facts = {
+        "strides": list(attrs.get("strides", [1, 1])),
+        "pads": list(attrs.get("pads", [0, 0, 0, 0])),
+        "dilations": list(attrs.get("dilations", [1, 1])),
+    }
+    return _Stem(
+        nodes=(cast, mul, add, reshape, conv),
+        batch=dims[0],
+        height=height,
+        width=width,
+        scale=_per_channel(_const(graph, mul.input[1]), "scale"),
+        shift=_per_channel(_const(graph, add.input[1]), "shift"),
+        weight=weight,
+        bias=_const(graph, conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None,
+        attrs=facts,
+    )
 
-    span = (frames_t - 1) * stride_frames + 1
-    n = windows + span - 1
+
+def _transforms(weight: np.ndarray, frames_t: int, stride_frames: int, n: int, windows: int):
+    """The forward DFT (2K, N), the per-frequency grouped weights (K 2O, 6, kh, kw) and the inverse DFT (windows, 2K)."""
+    out_ch, _, kh, kw = weight.shape
     k = n // 2 + 1
     freq = np.arange(k, dtype=np.float64)
     # Forward real DFT along the frames: rows cos, then -sin (real and imaginary parts).
@@ -196,14 +222,26 @@ def sliding_window_graph(model, clip_length_frames: int, stride_frames: int, win
     inverse = np.empty((windows, 2 * k))
     inverse[:, 0::2] = (weights[:, None] * np.cos(keep)).T / n
     inverse[:, 1::2] = (-weights[:, None] * np.sin(keep)).T / n
+    return forward, grouped, inverse
+
+
+def _front(stem: _Stem, transforms: tuple, n: int, windows: int) -> tuple[list, list]:
+    """The new graph's nodes and initializers up to the first convolution's output (same name as before)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    forward, grouped, inverse = transforms
+    k = n // 2 + 1
+    out_ch, _, kh, kw = stem.weight.shape
+    out_h, out_w = stem.out_hw
+    height, width = stem.height, stem.width
 
     def init(name: str, value: ArrayLike, dtype=np.float32):
         return numpy_helper.from_array(np.ascontiguousarray(value, dtype=dtype), _PREFIX + name)
 
     p = _PREFIX
     inits = [
-        init("scale", scale.reshape(1, 3, 1, 1)),
-        init("shift", shift.reshape(1, 3, 1, 1)),
+        init("scale", stem.scale.reshape(1, 3, 1, 1)),
+        init("shift", stem.shift.reshape(1, 3, 1, 1)),
         init("forward", forward),
         init("weight", grouped),
         init("inverse", inverse),
@@ -213,8 +251,11 @@ def sliding_window_graph(model, clip_length_frames: int, stride_frames: int, win
         init("rows", [2 * k, out_ch * out_h * out_w], np.int64),
         init("out", [windows, out_ch, out_h, out_w], np.int64),
     ]
-    out_name = conv.output[0]
-    last = out_name if bias is None else p + "unbiased"
+    out_name = stem.nodes[-1].output[0]
+    last = out_name if stem.bias is None else p + "unbiased"
+    conv = helper.make_node(
+        "Conv", [p + "stacked_spectrum", p + "weight"], [p + "products"], group=k, kernel_shape=[kh, kw], **stem.attrs
+    )
     nodes = [
         helper.make_node("Cast", [FRAMES_INPUT], [p + "float"], to=TensorProto.FLOAT),
         helper.make_node("Mul", [p + "float", p + "scale"], [p + "scaled"]),
@@ -224,29 +265,52 @@ def sliding_window_graph(model, clip_length_frames: int, stride_frames: int, win
         helper.make_node("Reshape", [p + "spectrum", p + "split"], [p + "parts"]),
         helper.make_node("Transpose", [p + "parts"], [p + "by_frequency"], perm=[1, 0, 2, 3, 4]),
         helper.make_node("Reshape", [p + "by_frequency", p + "stacked"], [p + "stacked_spectrum"]),
-        helper.make_node(
-            "Conv",
-            [p + "stacked_spectrum", p + "weight"],
-            [p + "products"],
-            group=k,
-            kernel_shape=[kh, kw],
-            strides=strides,
-            pads=pads,
-            dilations=dilations,
-        ),
+        conv,
         helper.make_node("Reshape", [p + "products", p + "rows"], [p + "product_rows"]),
         helper.make_node("MatMul", [p + "inverse", p + "product_rows"], [p + "windows"]),
         helper.make_node("Reshape", [p + "windows", p + "out"], [last]),
     ]
-    if bias is not None:
-        inits.append(init("bias", np.asarray(bias).reshape(1, out_ch, 1, 1)))
+    if stem.bias is not None:
+        inits.append(init("bias", np.asarray(stem.bias).reshape(1, out_ch, 1, 1)))
         nodes.append(helper.make_node("Add", [last, p + "bias"], [out_name]))
+    return nodes, inits
 
-    removed = {id(x) for x in (cast, mul, add, reshape, conv)}
+
+def sliding_window_graph(model, clip_length_frames: int, stride_frames: int, windows: int):
+    """Rewrite a stacked-frame clip model so one run scores ``windows`` windows at consecutive frames.
+
+    Args:
+        model: The exported ``onnx.ModelProto`` (not changed).
+        clip_length_frames: Frames per window, the model's ``T``.
+        stride_frames: Gap between a window's frames (the sampling the model was trained with).
+        windows: Windows per run (32 to 64 measured best: fewer convolutions per window against a
+            larger inverse transform).
+
+    Returns:
+        ``(graph, SlidingWindows)``: the new ``onnx.ModelProto`` and what it takes and gives.
+
+    Raises:
+        SlidingStemError: The graph is not a stacked-frame model of that clip length (why).
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    if windows < 1 or clip_length_frames < 1 or stride_frames < 1:
+        raise ValueError(f"windows {windows}, clip_length_frames {clip_length_frames}, stride_frames {stride_frames}")
+    graph = model.graph
+    stem = _read_stem(graph, clip_length_frames)
+    span = (clip_length_frames - 1) * stride_frames + 1
+    n = windows + span - 1
+    transforms = _transforms(stem.weight, clip_length_frames, stride_frames, n, windows)
+    nodes, inits = _front(stem, transforms, n, windows)
+
+    removed = {id(x) for x in stem.nodes}
     rest = [node for node in graph.node if id(node) not in removed]
+    if stem.batch > 0:  # an export at one batch size: its later reshapes name that size (the flatten before fc)
+        rest = [_unfixed_batch(graph, node, stem.batch, inits) for node in rest]
     used = {name for node in rest for name in node.input} | {o.name for o in graph.output}
     kept_inits = [i for i in graph.initializer if i.name in used]
-    frames_in = helper.make_tensor_value_info(FRAMES_INPUT, TensorProto.UINT8, [n, 3, height, width])
+    frames_in = helper.make_tensor_value_info(FRAMES_INPUT, TensorProto.UINT8, [n, 3, stem.height, stem.width])
     outputs = []
     for output in graph.output:
         dims = [d.dim_value or d.dim_param for d in output.type.tensor_type.shape.dim]
@@ -256,4 +320,4 @@ def sliding_window_graph(model, clip_length_frames: int, stride_frames: int, win
     new_graph = helper.make_graph(nodes + rest, graph.name + "_sliding", [frames_in], outputs, inits + kept_inits)
     new_model = helper.make_model(new_graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     onnx.checker.check_model(new_model)
-    return new_model, SlidingWindows(n, windows, span, height, width)
+    return new_model, SlidingWindows(n, windows, span, stem.height, stem.width)

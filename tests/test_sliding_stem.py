@@ -43,6 +43,9 @@ def models(tmp_path_factory) -> dict[str, Path]:
         checkpoint = write_checkpoint(root / f"run-{name}", name, seed=3, **SPEC)
         export_model(checkpoint, root / name, batch_size=4)
         found[name], found[f"{name}-checkpoint"] = root / name, checkpoint
+        if name == "clip_resnet18":  # a graph fixed at one batch size: its flatten names the size
+            export_model(checkpoint, root / "fixed", batch_sizes=[4])
+            found["fixed"] = root / "fixed"
     found["video"] = root / "videos" / "mouse.mp4"
     encode_tagged_video(found["video"], 1, 90, width=64, height=48, options={"bf": "2", "g": "12"}, labels=False)
     return found
@@ -71,6 +74,14 @@ def test_the_rewritten_graph_answers_the_plain_graph_for_every_window(models, st
     assert got.shape == want.shape == (9, 3)
     assert np.abs(want[1:] - want[:-1]).max() > 1e-3, "the windows' logits differ, so a shifted window would show"
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_a_graph_fixed_at_one_batch_size_runs_at_the_run_s_windows(models):
+    runner = SlidingRunner(models["fixed"] / ONNX_FILE, T, 1, threads=1, windows=9)
+    frames = np.random.default_rng(1).integers(0, 256, (13, 3, 32, 32), dtype=np.uint8)
+    clips = _clips(frames, 9, 1)
+    want = _plain_logits(models["fixed"], np.concatenate([clips, np.repeat(clips[-1:], 3, axis=0)]))[:9]
+    np.testing.assert_allclose(runner(torch.from_numpy(frames)), want, rtol=0, atol=1e-5)
 
 
 def test_a_short_run_is_padded_and_only_its_own_windows_come_back(models):

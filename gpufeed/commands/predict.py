@@ -20,6 +20,40 @@ def max_mb(text: str) -> float:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _runtime_options(p: argparse.ArgumentParser) -> None:
+    """What runs the model: the runtime, runs of windows, the export cache."""
+    p.add_argument(
+        "--runtime",
+        choices=("auto", "torch", "onnx"),
+        default="auto",
+        help="what runs a checkpoint: auto (default: its export on onnxruntime on a CPU, exported once and cached; "
+        "PyTorch on a GPU), torch, or onnx (an export that fails or disagrees with PyTorch on the first batch "
+        "is an error rather than PyTorch)",
+    )
+    p.add_argument(
+        "--no-window-runs",
+        dest="window_runs",
+        action="store_false",
+        help="score every window through the plain graph; by default, with a window at every frame, a "
+        "stacked-frame model on onnxruntime's CPU provider scores runs of windows that share its first "
+        "convolution (the same probabilities within 1e-6, about 1.6x fewer CPU seconds)",
+    )
+    p.add_argument(
+        "--export-cache",
+        type=Path,
+        metavar="DIR",
+        help="where a checkpoint's exports are kept (default: $GPUFEED_EXPORT_CACHE_DIR, else "
+        "~/.cache/gpufeed/exports)",
+    )
+    p.add_argument(
+        "--export-cache-max-mb",
+        type=max_mb,
+        metavar="MB",
+        help="after a new export, remove the least recently used exports beyond MB (10^6 bytes; default: "
+        "$GPUFEED_EXPORT_CACHE_MAX_MB, else 2048; none: no limit; the new export is always kept)",
+    )
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "predict",
@@ -53,36 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="windows per model call of a checkpoint, and its export's largest batch (default 8 CPU, 32 GPU)",
     )
-    p.add_argument(
-        "--runtime",
-        choices=("auto", "torch", "onnx"),
-        default="auto",
-        help="what runs a checkpoint: auto (default: its export on onnxruntime on a CPU, exported once and cached; "
-        "PyTorch on a GPU), torch, or onnx (an export that fails or disagrees with PyTorch on the first batch "
-        "is an error rather than PyTorch)",
-    )
-    p.add_argument(
-        "--no-window-runs",
-        dest="window_runs",
-        action="store_false",
-        help="score every window through the plain graph; by default, with a window at every frame, a "
-        "stacked-frame model on onnxruntime's CPU provider scores runs of windows that share its first "
-        "convolution (the same probabilities within 1e-6, about 1.6x fewer CPU seconds)",
-    )
-    p.add_argument(
-        "--export-cache",
-        type=Path,
-        metavar="DIR",
-        help="where a checkpoint's exports are kept (default: $GPUFEED_EXPORT_CACHE_DIR, else "
-        "~/.cache/gpufeed/exports)",
-    )
-    p.add_argument(
-        "--export-cache-max-mb",
-        type=max_mb,
-        metavar="MB",
-        help="after a new export, remove the least recently used exports beyond MB (10^6 bytes; default: "
-        "$GPUFEED_EXPORT_CACHE_MAX_MB, else 2048; none: no limit; the new export is always kept)",
-    )
+    _runtime_options(p)
     p.add_argument("--chunk-frames", type=_positive, default=64, metavar="N", help="frames decoded per step (64)")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--decoder", choices=("auto", "dali", "pyav"), default="auto", help="as video.decoder (auto)")

@@ -13,10 +13,8 @@ A checkpoint runs where ``runtime`` says (:data:`RUNTIMES`): ``torch``, PyTorch 
 arithmetic in about 20 % less CPU time than PyTorch's eager mode, and its threads sleep rather than
 spin while they wait, so on a busy machine it runs several times faster (docs/predict.md).
 
-With a window at every frame, a stacked-frame clip model on onnxruntime's CPU provider scores
-runs of consecutive windows at once through a rewritten graph that shares the first convolution
-between them (:mod:`gpufeed.predict._sliding`, :meth:`Predictor.run_logits`); its first run is
-checked against the plain graph, and other models, other hops and a GPU score windows one by one.
+A stacked-frame clip model on onnxruntime's CPU provider scores a window at every frame in runs
+that share its first convolution (:mod:`gpufeed.predict._sliding`, :meth:`Predictor.run_logits`).
 
 From an export the first batch of the run is checked: its first two windows are scored by PyTorch
 too and the two compared within the export's own tolerance (``parity_tolerance``), on a real
@@ -326,24 +324,7 @@ def load_predictor(
             raise DatasetError(
                 f"{source} is an exported model folder, which runs on onnxruntime; runtime torch needs a checkpoint"
             )
-        card = read_model_card(source)
-        runner = OnnxRunner(source, card, device, "auto", threads)
-        spec = card.spec
-        predictor = Predictor(
-            source,
-            "exported",
-            spec,
-            card.labels,
-            ClipSampling.from_card(card),
-            card.batch_size,
-            device,
-            card=card,
-            _runner=runner,
-            _buffer=runner.new_batch(),
-        )
-        if window_runs:
-            _attach_runs(predictor, runner, source, threads)
-        return predictor
+        return _load_exported(source, device, threads, window_runs)
     try:
         path = find_checkpoint(source)
     except FileNotFoundError as err:
@@ -369,12 +350,26 @@ def load_predictor(
     return predictor
 
 
-def _attach_runs(predictor: Predictor, runner: OnnxRunner, folder: Path, threads: int) -> None:
-    """Give a clip model on onnxruntime's CPU provider its sliding-window graph, where it has one."""
-    clip_length = predictor.spec.clip_length_frames
-    if runner.on_gpu or not clip_length:
-        return
-    predictor._sliding = sliding_runner(folder / ONNX_FILE, clip_length, predictor.sampling.stride_frames, threads)
+def _load_exported(source: Path, device, threads: int, window_runs: bool) -> Predictor:
+    """An exported model folder on the server's onnxruntime runner (and its sliding-window graph)."""
+    card = read_model_card(source)
+    runner = OnnxRunner(source, card, device, "auto", threads)
+    spec = card.spec
+    predictor = Predictor(
+        source,
+        "exported",
+        spec,
+        card.labels,
+        ClipSampling.from_card(card),
+        card.batch_size,
+        device,
+        card=card,
+        _runner=runner,
+        _buffer=runner.new_batch(),
+    )
+    if window_runs:
+        predictor._sliding = sliding_runner(runner.on_gpu, spec, predictor.sampling, source / ONNX_FILE, threads)
+    return predictor
 
 
 def _run_export(
@@ -392,7 +387,8 @@ def _run_export(
         with held_export(predictor.source, predictor.batch_size, folder, device, max_bytes) as export:
             runner = OnnxRunner(export.folder, export.card, device, "auto", threads)
             if window_runs:
-                _attach_runs(predictor, runner, export.folder, threads)
+                sampling, path = predictor.sampling, export.folder / ONNX_FILE
+                predictor._sliding = sliding_runner(runner.on_gpu, predictor.spec, sampling, path, threads)
     except (ExportError, OSError, RuntimeError) as err:  # RuntimeSetupError, onnxruntime's own errors
         why = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
         if strict:

@@ -59,6 +59,11 @@ class SlidingRunner:
         self.session = ort.InferenceSession(graph.SerializeToString(), options, providers=["CPUExecutionProvider"])
         self.input_name = self.session.get_inputs()[0].name
         self._block = np.zeros((self.shape.block_frames, 3, self.shape.height_px, self.shape.width_px), np.uint8)
+        # One run now, on black frames: a graph onnxruntime accepts but cannot run (a shape fixed somewhere
+        # the rewrite did not reach) fails here, where the plain graph takes over, not mid-video.
+        logits = self.session.run(None, {self.input_name: self._block})[0]
+        if logits.ndim != 2 or len(logits) != self.windows:
+            raise RuntimeError(f"the sliding-window graph answers {logits.shape} for {self.windows} windows")
 
     @property
     def windows(self) -> int:
@@ -84,10 +89,20 @@ class SlidingRunner:
         return self.session.run(None, {self.input_name: np.ascontiguousarray(frames)})[0][:count]
 
 
-def sliding_runner(onnx_path: Path, clip_length_frames: int, stride_frames: int, threads: int) -> SlidingRunner | None:
-    """A :class:`SlidingRunner` for the model at ``onnx_path``, or ``None`` with the reason logged."""
+def sliding_runner(on_gpu: bool, spec, sampling, onnx_path: Path, threads: int) -> SlidingRunner | None:
+    """A :class:`SlidingRunner` for a clip model on onnxruntime's CPU provider, or ``None`` (the reason logged).
+
+    Args:
+        on_gpu: The model's plain runner is on a GPU (no runs there: not measured).
+        spec: The model's :class:`~gpufeed.models.ModelSpec` (its clip length).
+        sampling: Its :class:`~gpufeed.models.ClipSampling` (the frames' stride).
+        onnx_path: Its ``model.onnx``.
+        threads: Intra-op threads, as its plain runner's.
+    """
+    if on_gpu or not spec.clip_length_frames:
+        return None
     try:
-        return SlidingRunner(onnx_path, clip_length_frames, stride_frames, threads)
+        return SlidingRunner(onnx_path, spec.clip_length_frames, sampling.stride_frames, threads)
     except SlidingStemError as err:  # another architecture: its windows go one by one, as always
         log.info("predict: windows are scored one by one: %s", err)
     except Exception as err:  # onnx or onnxruntime refusing the rewritten graph: the plain one still runs
