@@ -68,6 +68,7 @@ from gpufeed.pipelines._epochs import default_num_threads as default_num_threads
 from gpufeed.pipelines._frame_fit import FrameFitter as FrameFitter
 from gpufeed.pipelines._frame_stores import FrameBytesReader as FrameBytesReader
 from gpufeed.pipelines._frame_stores import decode_frame as decode_frame
+from gpufeed.pipelines._frame_stores import label_path as label_path
 from gpufeed.pipelines._frame_stores import stored_colorspace as stored_colorspace
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS as DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._image_pipeline import decode_window as decode_window
@@ -96,6 +97,7 @@ from gpufeed.pipelines._videos import SUPPORTED_CODECS as SUPPORTED_CODECS
 from gpufeed.pipelines._videos import VIDEO_EXTENSIONS as VIDEO_EXTENSIONS
 from gpufeed.pipelines._videos import VideoInfo as VideoInfo
 from gpufeed.pipelines._videos import index_videos as index_videos
+from gpufeed.pipelines._videos import labels_for as labels_for
 from gpufeed.pipelines._videos import list_videos as list_videos
 from gpufeed.pipelines._videos import raw_stream_hint as raw_stream_hint
 from gpufeed.pipelines._windows import Windows as Windows

@@ -65,17 +65,31 @@ def test_the_picture_is_drawn_from_every_frames_probabilities(tmp_path, monkeypa
     drawn = {}
 
     def record(self, path, labels, title, fps=0.0):
-        drawn[title] = (self.means(), labels)
+        drawn[title] = (self.means(), labels, self.labels, self.labels_name)
         return path
 
     monkeypatch.setattr(EthogramBins, "draw", record)  # the picture's data, not its pixels
     video = tmp_path / "mouse1.mp4"
-    encode_tagged_video(video, 1, FRAMES[1], width=96, height=64, labels=False)
+    # Its label file (mouse1.csv: background, groom, rear, walk) labels the model's three classes.
+    rows = encode_tagged_video(video, 1, FRAMES[1], width=96, height=64, labels=True)
     predictor = tag_predictor(FRAMES, clip_length_frames=5, batch_size=3)
     predict_videos(video, predictor, out=tmp_path / "out", progress=False, plot=True)
-    means, labels = drawn["mouse1.mp4"]
-    assert labels == TAG_CLASSES
+    means, labels, truth, source = drawn["mouse1.mp4"]
+    assert labels == TAG_CLASSES and source == "mouse1.csv"
     np.testing.assert_allclose(means, expected_frames(WindowPlan(5), FRAMES[1]), rtol=1e-6)
+    np.testing.assert_array_equal(truth, rows[:, :3].astype(np.float32))
+
+
+def test_labels_are_binned_under_the_models_classes_by_name():
+    labels = np.array([[1, 0], [1, 1], [0, 1], [0, 0], [1, 1]], dtype=np.uint8)  # columns: rear, groom
+    bins = EthogramBins(5, 3, max_columns=2)  # frames 0 0 0 1 1
+    assert bins.set_labels(("rear", "groom"), labels, ("groom", "walk", "rear"), "m.csv") == 2
+    want = np.array([[2 / 3, np.nan, 2 / 3], [0.5, np.nan, 0.5]], dtype=np.float32)
+    np.testing.assert_allclose(bins.labels, want, rtol=1e-6)
+    assert bins.set_labels(("sleep",), labels[:, :1], ("groom", "walk", "rear"), "other.csv") == 0
+    assert bins.labels_name == "m.csv", "a file labelling none of the classes leaves the labels drawn as they were"
+    with pytest.raises(ValueError, match=r"m\.csv has 4 rows for 5 frames"):
+        bins.set_labels(("rear", "groom"), labels[:4], ("groom", "walk", "rear"), "m.csv")
 
 
 def test_plot_is_for_clip_models(tmp_path, capsys):

@@ -5,7 +5,9 @@ and which one wins where. :class:`EthogramBins` collects it while the video is s
 block, into at most :data:`MAX_COLUMNS` time bins (each the mean of its frames' probabilities), so
 the memory is the same for a 10-second clip and a 10-hour recording; :meth:`EthogramBins.draw`
 writes the picture: a heat map (one row per class, probability 0 to 1 along the frames) above a
-strip of the most probable class per bin, in the class's colour. The PNG is written beside its
+strip of the most probable class per bin, in the class's colour, and, where the video has a label
+file (:meth:`EthogramBins.set_labels`), the labels binned alike below (the share of each bin's
+frames labelled with each class), so predictions and labels line up. The PNG is written beside its
 output under a temporary name and renamed into place, so a half-written picture never shows.
 """
 
@@ -50,6 +52,8 @@ class EthogramBins:
         # Frame i falls in bin i * columns // num_frames: bins of equal size within one frame.
         self._sums = np.zeros((self.columns, classes), dtype=np.float64)
         self._counts = np.zeros(self.columns, dtype=np.int64)
+        self.labels: np.ndarray | None = None  # (columns, classes) share of frames labelled, NaN: no column
+        self.labels_name = ""
 
     def add(self, first_frame: int, probabilities: np.ndarray) -> None:
         """Add the probabilities (F, classes) of frames ``first_frame .. first_frame + F - 1``."""
@@ -59,6 +63,28 @@ class EthogramBins:
         bins = frames * self.columns // self.num_frames
         np.add.at(self._sums, bins, np.asarray(probabilities, dtype=np.float64))
         np.add.at(self._counts, bins, 1)
+
+    def set_labels(self, names: tuple[str, ...], labels: np.ndarray, classes: tuple[str, ...], source: str) -> int:
+        """Bin a label file's (frames, K') 0/1 ``labels`` (columns ``names``) under the model's ``classes``.
+
+        Returns:
+            How many of the model's classes the file labels (0: nothing is drawn for it).
+        """
+        labels = np.asarray(labels)
+        if len(labels) != self.num_frames:
+            raise ValueError(f"{source} has {len(labels)} rows for {self.num_frames} frames")
+        bins = np.arange(self.num_frames, dtype=np.int64) * self.columns // self.num_frames
+        counts = np.bincount(bins, minlength=self.columns).astype(np.float64)
+        shares = np.full((self.columns, len(classes)), np.nan)
+        found = 0
+        for k, name in enumerate(classes):
+            if name in names:
+                column = labels[:, names.index(name)].astype(np.float64)
+                shares[:, k] = np.bincount(bins, weights=column, minlength=self.columns) / np.maximum(counts, 1)
+                found += 1
+        if found:
+            self.labels, self.labels_name = shares.astype(np.float32), source
+        return found
 
     def means(self) -> np.ndarray:
         """(columns, classes) float32 mean probability per bin (NaN for a bin no frame reached)."""
@@ -83,21 +109,18 @@ class EthogramBins:
         means = self.means()
         classes = means.shape[1]
         extent = (0.0, float(self.num_frames), classes - 0.5, -0.5)
-        height = 2.2 + 0.28 * classes
-        fig, (heat, strip) = plt.subplots(
-            2,
-            1,
-            figsize=(10, height),
-            sharex=True,
-            layout="constrained",
-            gridspec_kw={"height_ratios": [max(classes, 2), 1]},
+        rows = [max(classes, 2), 1] + ([max(classes, 2)] if self.labels is not None else [])
+        height = 2.2 + 0.28 * classes * (2 if self.labels is not None else 1)
+        fig, axes = plt.subplots(
+            len(rows), 1, figsize=(10, height), sharex=True, layout="constrained", gridspec_kw={"height_ratios": rows}
         )
+        heat, strip = axes[0], axes[1]
         image = heat.imshow(
             means.T, aspect="auto", interpolation="nearest", vmin=0.0, vmax=1.0, cmap="viridis", extent=extent
         )
         heat.set_yticks(range(classes), labels)
         heat.set_title(f"{title}: per-frame probability ({self.num_frames:,} frames)", fontsize=10)
-        fig.colorbar(image, ax=[heat, strip], fraction=0.02, pad=0.01, label="probability")
+        fig.colorbar(image, ax=list(axes), fraction=0.02, pad=0.01, label="probability (labels: share of frames)")
         colours = plt.get_cmap("tab10" if classes <= 10 else "tab20")(np.arange(classes) % 20)
         winner = np.where(np.isnan(means).all(axis=1), -1, np.nanargmax(np.nan_to_num(means, nan=-1.0), axis=1))
         strip.imshow(
@@ -110,8 +133,16 @@ class EthogramBins:
             extent=(0.0, float(self.num_frames), 0.5, -0.5),
         )
         strip.set_yticks([0], ["most probable"])
+        if self.labels is not None:
+            truth = axes[2]
+            truth.imshow(
+                np.ma.masked_invalid(self.labels.T), aspect="auto", interpolation="nearest", vmin=0.0, vmax=1.0,
+                cmap="viridis", extent=extent,
+            )  # fmt: skip
+            truth.set_yticks(range(classes), labels)
+            truth.set_title(f"labels ({self.labels_name})", fontsize=9)
         seconds = f" ({self.num_frames / fps:,.1f} s at {fps:g} frames/s)" if fps > 0 else ""
-        strip.set_xlabel(f"frame{seconds}")
+        axes[-1].set_xlabel(f"frame{seconds}")
         handles = [plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in range(classes)]
         fig.legend(handles, labels, loc="outside lower center", ncol=min(classes, 6), fontsize=8)
         path = Path(path)

@@ -21,7 +21,16 @@ from pathlib import Path
 
 from gpufeed.core import prefetch, progress_bar
 from gpufeed.models import WindowPlan, score_frames
-from gpufeed.pipelines import DatasetError, VideoFrameReader, VideoInfo, first_line, index_videos, read_in_order
+from gpufeed.pipelines import (
+    DatasetError,
+    VideoFrameReader,
+    VideoInfo,
+    first_line,
+    index_videos,
+    label_path,
+    labels_for,
+    read_in_order,
+)
 from gpufeed.predict._inputs import FORMATS, Target, find_videos, output_path
 from gpufeed.predict._model import ParityError, Predictor
 from gpufeed.predict._outputs import csv_sink, h5_sink, is_done
@@ -240,7 +249,7 @@ def _score_one(
                 bar.update(len(block))
         windows = plan.window_count(info.num_frames)
         if bins is not None:
-            _draw(bins, path, predictor.labels, target.name, info.fps)
+            _draw(bins, path, predictor.labels, target, info)
     except ParityError:  # the model's, not the video's: no later video would fare better
         raise
     except (DatasetError, RuntimeError, ValueError, OSError) as err:
@@ -251,9 +260,13 @@ def _score_one(
     return VideoResult(target.name, "scored", path, frames, windows, time.perf_counter() - started)
 
 
-def _draw(bins: EthogramBins, output: Path, labels: tuple[str, ...], name: str, fps: float) -> None:
-    """The video's picture beside its output; a failure is a warning (the output is written)."""
+def _draw(bins: EthogramBins, output: Path, classes: tuple[str, ...], target: Target, info: VideoInfo) -> None:
+    """The video's picture beside its output, with its labels where it has a label file (``<name>.csv``
+    beside it); a failure is a warning (the output is written)."""
     try:
-        bins.draw(plot_path(output), labels, name, fps)
+        labels, _, names = labels_for(target.path, info)
+        if labels is not None:
+            bins.set_labels(names, labels, classes, label_path(target.path).name)
+        bins.draw(plot_path(output), classes, target.name, info.fps)
     except Exception as err:  # matplotlib's errors, a full disk: the predictions themselves are safe
-        log.warning("predict: %s: no picture: %s", name, first_line(str(err)))
+        log.warning("predict: %s: no picture: %s", target.name, first_line(str(err)))
