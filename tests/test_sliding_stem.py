@@ -140,6 +140,18 @@ def test_predict_scores_runs_and_writes_what_windows_one_by_one_write(models, tm
     assert "windows are scored one by one: after Add comes Conv" in caplog.text
 
 
+def test_a_video_of_few_windows_goes_one_by_one(models, tmp_path):
+    """A short run costs a whole run's work in the sliding graph: under 60 % of its windows go one by one."""
+    video = tmp_path / "short.mp4"
+    encode_tagged_video(video, 2, T + 6, width=64, height=48, labels=False)  # 7 windows of 32
+    predictor = load_predictor(models["clip_resnet18"], CPU)
+    assert predictor._sliding is not None and predictor._sliding.is_short(7) and not predictor._sliding.is_short(20)
+    got = _predict(predictor, video, tmp_path / "a")
+    assert predictor._runs_agree is None, "no run went through the sliding graph"
+    want = _predict(load_predictor(models["clip_resnet18"], CPU, window_runs=False), video, tmp_path / "b")
+    np.testing.assert_array_equal(got, want)
+
+
 class _Shifted:
     """A sliding runner whose answers are off by one: what the first run's check must catch."""
 
@@ -148,6 +160,8 @@ class _Shifted:
 
     def windows_of(self, run, count):
         return self.runner.windows_of(run, count)
+
+    is_short, first_run = SlidingRunner.is_short, SlidingRunner.first_run  # the real check, on these answers
 
     def __call__(self, run):
         return self.runner(run) + 1.0

@@ -166,7 +166,9 @@ class Predictor:
 
         The first run's first :data:`PARITY_ROWS` windows also go through the plain graph (and so
         through the export's first-batch check against PyTorch); beyond the export's tolerance that
-        run, and every later one, is scored window by window (one line says so).
+        run, and every later one, is scored window by window (one line says so). A short run (a
+        video's last) costs a whole run's work in the sliding graph, so one of few windows goes
+        window by window too (:meth:`~gpufeed.predict._sliding.SlidingRunner.is_short`).
 
         Raises:
             RuntimeError: The predictor has no sliding-window graph (:meth:`run_windows` was 0).
@@ -175,26 +177,15 @@ class Predictor:
         if sliding is None:
             raise RuntimeError(f"{self.source}: no sliding-window graph; windows go one by one")
         count = len(run) - sliding.shape.span_frames + 1
-        if self._runs_agree is None:
+        if self._runs_agree is None and not sliding.is_short(count):
             self._runs_agree = False  # until shown otherwise: a failure below leaves windows one by one
-            rows = min(count, PARITY_ROWS)
-            want = self.logits(sliding.windows_of(run, rows))
-            if self._module is None:  # the export held against PyTorch: now the sliding graph against it
-                got = sliding(run)
-                diff = float(np.abs(got[:rows] - want).max(initial=0.0))
-                tolerance = parity_tolerance("fp32", want)
-                if diff <= tolerance:
-                    log.info("predict: runs of windows agree with the plain graph (max |diff| %.3g)", diff)
-                    self._runs_agree = True
-                    return got
-                log.warning(
-                    "predict: %s: its sliding-window graph disagrees with the plain one (max |diff| %.3g, "
-                    "tolerance %.3g); scoring windows one by one",
-                    self.source,
-                    diff,
-                    tolerance,
-                )
-        if not self._runs_agree or self._module is not None:
+            want = self.logits(sliding.windows_of(run, min(count, PARITY_ROWS)))
+            # Only an export that held against PyTorch is compared: else PyTorch scores from now on.
+            got = sliding.first_run(run, want, str(self.source)) if self._module is None else None
+            self._runs_agree = got is not None
+            if got is not None:
+                return got
+        if not self._runs_agree or self._module is not None or sliding.is_short(count):
             return self.logits(sliding.windows_of(run, count))
         return sliding(run)
 
