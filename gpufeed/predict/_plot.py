@@ -120,7 +120,8 @@ class EthogramBins:
         )
         heat.set_yticks(range(classes), labels)
         heat.set_title(f"{title}: per-frame probability ({self.num_frames:,} frames)", fontsize=10)
-        fig.colorbar(image, ax=list(axes), fraction=0.02, pad=0.01, label="probability (labels: share of frames)")
+        scale = "probability" + (" (labels: share of frames)" if self.labels is not None else "")
+        fig.colorbar(image, ax=list(axes), fraction=0.02, pad=0.01, label=scale)
         colours = plt.get_cmap("tab10" if classes <= 10 else "tab20")(np.arange(classes) % 20)
         winner = np.where(np.isnan(means).all(axis=1), -1, np.nanargmax(np.nan_to_num(means, nan=-1.0), axis=1))
         strip.imshow(
