@@ -99,3 +99,23 @@ def test_plot_is_for_clip_models(tmp_path, capsys):
     (tmp_path / "images").mkdir()
     assert main(["predict", str(checkpoint), str(tmp_path / "images"), "--plot", "--quiet"]) == 2
     assert "--plot are for clip models" in capsys.readouterr().err
+
+
+def test_a_project_records_picture_holds_its_own_label_file(tmp_path, monkeypatch):
+    from videohelp import make_deepethogram_project
+
+    from gpufeed.synth import behaviour_labels
+
+    drawn = {}
+
+    def record(self, path, labels, title, fps=0.0):
+        drawn[title] = (path, self.labels, self.labels_name)
+        return path
+
+    monkeypatch.setattr(EthogramBins, "draw", record)
+    project = make_deepethogram_project(tmp_path / "proj", "mp4", (21, 30))
+    predictor = tag_predictor({0: 21, 1: 30}, clip_length_frames=4)
+    predict_videos(project, predictor, fmt="hdf5", progress=False, plot=True)
+    path, truth, source = drawn["record mouse00 (mouse00.mp4)"]
+    assert path == project / "DATA" / "mouse00" / "mouse00_predictions.png" and source == "mouse00_labels.csv"
+    np.testing.assert_array_equal(truth, behaviour_labels(21, seed=0)[:, :3].astype(np.float32))

@@ -57,12 +57,15 @@ class Target:
         out_base: Its output's path without the format's suffix (``.../mouse01`` ->
             ``.../mouse01_predictions.csv``).
         problem: Why it cannot be scored before anything is read (a project record's problem), or ``None``.
+        labels: Its label file where it is not ``<name>.csv`` beside it (a project record's), for the
+            picture (``--plot``); ``None``: that default.
     """
 
     path: DataPath
     name: str
     out_base: Path
     problem: str | None = None
+    labels: DataPath | None = None
 
 
 def output_path(target: Target, fmt: str) -> Path:
@@ -137,7 +140,7 @@ def _project_targets(root: Path, out_dir: Path | None, allowed_roots: tuple) -> 
         stem = _stem(video) if video is not None else record.key
         base = (out_dir / record.key if out_dir is not None else folder) / stem
         name = f"record {record.key} ({video.name})" if video is not None else f"record {record.key}"
-        targets.append(Target(video if video is not None else folder, name, base, problem))
+        targets.append(Target(video if video is not None else folder, name, base, problem, record.labels))
     return targets
 
 

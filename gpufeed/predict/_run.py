@@ -262,11 +262,11 @@ def _score_one(
 
 def _draw(bins: EthogramBins, output: Path, classes: tuple[str, ...], target: Target, info: VideoInfo) -> None:
     """The video's picture beside its output, with its labels where it has a label file (``<name>.csv``
-    beside it); a failure is a warning (the output is written)."""
+    beside it, or its project record's); a failure is a warning (the output is written)."""
     try:
-        labels, _, names = labels_for(target.path, info)
+        labels, _, names = labels_for(target.path, info, target.labels)
         if labels is not None:
-            bins.set_labels(names, labels, classes, label_path(target.path).name)
+            bins.set_labels(names, labels, classes, (target.labels or label_path(target.path)).name)
         bins.draw(plot_path(output), classes, target.name, info.fps)
     except Exception as err:  # matplotlib's errors, a full disk: the predictions themselves are safe
         log.warning("predict: %s: no picture: %s", target.name, first_line(str(err)))
