@@ -29,6 +29,7 @@ from gpufeed.models._export import ExportError, export_model
 from gpufeed.models._export import parity_tolerance as parity_tolerance
 from gpufeed.models._export import resolve_batch_sizes as resolve_batch_sizes
 from gpufeed.models._frame_scores import FrameScores, WindowBatch, WindowPlan, WindowScorer, score_frames
+from gpufeed.models._frame_scores import gather_clips as gather_clips
 from gpufeed.models._head import Outputs, OutputTensor, TaskHead
 from gpufeed.models._heads import ClassifierHead, head_for, list_tasks, register_head
 from gpufeed.models._io import CHECKPOINT_DIR as CHECKPOINT_DIR

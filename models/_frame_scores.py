@@ -43,7 +43,7 @@ import torch
 
 from gpufeed.models._window_plan import WindowPlan
 
-__all__ = ["FrameScores", "WindowBatch", "WindowPlan", "WindowScorer", "score_frames"]
+__all__ = ["FrameScores", "WindowBatch", "WindowPlan", "WindowScorer", "gather_clips", "score_frames"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,14 @@ class FrameScores:
 
     def __len__(self) -> int:
         return len(self.probabilities)
+
+
+def gather_clips(frames: torch.Tensor, index: np.ndarray) -> torch.Tensor:
+    """Clips (N, 3, T, H, W), contiguous, of ``frames`` (F, 3, H, W): row ``k`` holds frames ``index[k]`` ((N, T))."""
+    gather = torch.from_numpy(np.ascontiguousarray(index).reshape(-1)).to(frames.device)
+    picked = frames.index_select(0, gather)  # (N * T, 3, H, W)
+    n, t = index.shape
+    return picked.view(n, t, *frames.shape[1:]).permute(0, 2, 1, 3, 4).contiguous()
 
 
 class WindowScorer:
@@ -196,18 +204,12 @@ class WindowScorer:
     def _batch(self, starts: np.ndarray, end: int) -> WindowBatch:
         assert self._frames is not None
         last = int(starts[-1]) + self.plan.span_frames  # one past the last window's frames
+        clips, run = None, None
         if self.runs and last <= self.num_frames and int(starts[-1] - starts[0]) == len(starts) - 1:
             run = self._frames[int(starts[0]) - self._base : last - self._base]  # a view: no copy
-            batch = WindowBatch(self._batches_made, starts, None, run)
-            self._batches_made += 1
-            self._batch_ends[batch.number] = end
-            return batch
-        index = self.plan._frames_of_starts(starts, self.num_frames) - self._base
-        gather = torch.from_numpy(index.reshape(-1)).to(self._frames.device)
-        frames = self._frames.index_select(0, gather)  # (N * T, 3, H, W)
-        n, t = index.shape
-        clips = frames.view(n, t, *frames.shape[1:]).permute(0, 2, 1, 3, 4).contiguous()
-        batch = WindowBatch(self._batches_made, starts, clips)
+        else:
+            clips = gather_clips(self._frames, self.plan._frames_of_starts(starts, self.num_frames) - self._base)
+        batch = WindowBatch(self._batches_made, starts, clips, run)
         self._batches_made += 1
         self._batch_ends[batch.number] = end
         return batch

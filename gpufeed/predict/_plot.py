@@ -49,18 +49,20 @@ class EthogramBins:
             )
         self.num_frames = num_frames
         self.columns = min(num_frames, max_columns)
-        # Frame i falls in bin i * columns // num_frames: bins of equal size within one frame.
         self._sums = np.zeros((self.columns, classes), dtype=np.float64)
         self._counts = np.zeros(self.columns, dtype=np.int64)
         self.labels: np.ndarray | None = None  # (columns, classes) share of frames labelled, NaN: no column
         self.labels_name = ""
+
+    def _bins(self, frames: np.ndarray) -> np.ndarray:
+        return frames * self.columns // self.num_frames  # bins of equal size within one frame
 
     def add(self, first_frame: int, probabilities: np.ndarray) -> None:
         """Add the probabilities (F, classes) of frames ``first_frame .. first_frame + F - 1``."""
         frames = first_frame + np.arange(len(probabilities), dtype=np.int64)
         if len(frames) and (frames[0] < 0 or frames[-1] >= self.num_frames):
             raise ValueError(f"frames {frames[0]}..{frames[-1]} are outside 0..{self.num_frames - 1}")
-        bins = frames * self.columns // self.num_frames
+        bins = self._bins(frames)
         np.add.at(self._sums, bins, np.asarray(probabilities, dtype=np.float64))
         np.add.at(self._counts, bins, 1)
 
@@ -73,7 +75,7 @@ class EthogramBins:
         labels = np.asarray(labels)
         if len(labels) != self.num_frames:
             raise ValueError(f"{source} has {len(labels)} rows for {self.num_frames} frames")
-        bins = np.arange(self.num_frames, dtype=np.int64) * self.columns // self.num_frames
+        bins = self._bins(np.arange(self.num_frames, dtype=np.int64))
         counts = np.bincount(bins, minlength=self.columns).astype(np.float64)
         shares = np.full((self.columns, len(classes)), np.nan)
         found = 0

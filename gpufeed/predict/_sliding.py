@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpufeed.models import SlidingStemError, parity_tolerance, sliding_window_graph
+from gpufeed.models import SlidingStemError, gather_clips, parity_tolerance, sliding_window_graph
 
 __all__ = ["RUN_WINDOWS", "SlidingRunner", "sliding_runner"]
 
@@ -71,10 +71,8 @@ class SlidingRunner:
 
     def windows_of(self, run: torch.Tensor, count: int) -> torch.Tensor:
         """The first ``count`` windows of ``run`` as clips (N, 3, T, H, W), as the plain graph takes them."""
-        offsets = torch.arange(self.clip_length_frames) * self.stride_frames
-        index = (torch.arange(count)[:, None] + offsets[None, :]).reshape(-1)
-        frames = run.index_select(0, index.to(run.device))
-        return frames.view(count, self.clip_length_frames, *run.shape[1:]).permute(0, 2, 1, 3, 4).contiguous()
+        offsets = np.arange(self.clip_length_frames, dtype=np.int64) * self.stride_frames
+        return gather_clips(run, np.arange(count, dtype=np.int64)[:, None] + offsets)
 
     def is_short(self, count: int) -> bool:
         """A run of ``count`` windows costs less one by one: under 60 % of :attr:`windows` (a run costs
