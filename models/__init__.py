@@ -40,6 +40,9 @@ from gpufeed.models._io import untrained_checkpoint as untrained_checkpoint
 from gpufeed.models._nets import GpufeedModel
 from gpufeed.models._registry import create_model, list_models, register_model
 from gpufeed.models._registry import default_spec as default_spec
+from gpufeed.models._sliding_runner import RUN_WINDOWS as RUN_WINDOWS
+from gpufeed.models._sliding_runner import SlidingRunner as SlidingRunner
+from gpufeed.models._sliding_runner import sliding_runner as sliding_runner
 from gpufeed.models._sliding_stem import SlidingStemError as SlidingStemError
 from gpufeed.models._sliding_stem import sliding_window_graph as sliding_window_graph
 from gpufeed.models._spec import ModelSpec

@@ -182,13 +182,24 @@ class Inference:
             left = self.seconds_left()
             if left <= 0 or (stop is not None and stop.is_set()):
                 model.batcher.cancel(futures)
-                if stop is not None and stop.is_set():
-                    raise concurrent.futures.CancelledError("the request was given up")
-                raise RequestError(
-                    "timeout", f"no answer within {cfg.request_timeout_seconds:g} s (serve.request_timeout_seconds)"
-                )
+                self.raise_if_given_up(stop)
             _, pending = concurrent.futures.wait(pending, timeout=min(left, 0.1))
         return np.stack([f.result() for f in futures])
+
+    def raise_if_given_up(self, stop: threading.Event | None) -> None:
+        """Between a video's batches: stop when its client left (``stop``) or its time is up.
+
+        Raises:
+            concurrent.futures.CancelledError: ``stop`` is set.
+            RequestError: ``timeout``, past ``serve.request_timeout_seconds``.
+        """
+        if stop is not None and stop.is_set():
+            raise concurrent.futures.CancelledError("the request was given up")
+        if self.seconds_left() <= 0:
+            raise RequestError(
+                "timeout",
+                f"no answer within {self.plane.cfg.request_timeout_seconds:g} s (serve.request_timeout_seconds)",
+            )
 
     def rows_answered(self, items: list[Item]) -> None:
         """The rows whose times this request's answer reports (a video's windows), now that they are all scored."""

@@ -15,16 +15,18 @@ them to :meth:`ServedModel.run_batch`, which
 
 Rows of the model never interact (eval-mode batch norm), so an item's logits do not depend on
 its neighbours, on padding or on the batch size it ran at: the tests check that against
-one-at-a-time answers at every size.
+one-at-a-time answers at every size. A served video's runs of windows are batches of their own
+on the same lanes (:mod:`gpufeed.server._video_runs`).
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import queue
 import time
+from collections.abc import Iterator
 from concurrent.futures import CancelledError
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,9 +37,10 @@ from gpufeed.models import ModelCard
 from gpufeed.server._batcher import Batch, Batcher
 from gpufeed.server._errors import RequestError
 from gpufeed.server._metrics import ServerMetrics
-from gpufeed.server._preprocess import ImageDecoder
+from gpufeed.server._preprocess import ImageDecoder, warmup_image
 from gpufeed.server._runtime import OnnxRunner, served_batch_sizes
 from gpufeed.server._threads import ThreadBudget
+from gpufeed.server._video_runs import VideoRuns
 
 __all__ = ["Item", "ServedModel"]
 
@@ -98,16 +101,6 @@ def _split_rows(items: list[Item], live: list[int]) -> tuple[list[int], list[byt
         else:
             raise ValueError(f"{items[i].where} holds neither encoded bytes nor pixels")
     return encoded, blobs, decoded, pixels
-
-
-def _warmup_image(width_px: int, height_px: int) -> bytes:
-    from PIL import Image
-
-    yy, xx = np.mgrid[0 : height_px * 2, 0 : width_px * 2]
-    pixels = np.stack([xx % 256, yy % 256, (xx + yy) % 256], -1).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
-    return buffer.getvalue()
 
 
 class ServedModel:
@@ -197,6 +190,7 @@ class ServedModel:
             workers=self.workers,
         )
         metrics.track_queue_depth(name, lambda: self.batcher.depth)
+        self.video_runs = VideoRuns.load(self)  # checked at warm-up
 
     @property
     def batch_size(self) -> int:
@@ -226,6 +220,7 @@ class ServedModel:
             "batch_size": self.batch_size,
             "batch_sizes": list(self.batch_sizes),
             "workers": self.workers,
+            "video_window_runs": self.video_runs.windows if self.video_runs is not None else 0,
             "threads": {
                 "decode_per_worker": self.decode_threads if lane.decoder is not None else 0,
                 "decode_alone": self._decoder_alone.num_threads if self._decoder_alone is not None else 0,
@@ -283,6 +278,17 @@ class ServedModel:
         if isinstance(items, Batch):
             return [i for i, gone in enumerate(items.abandoned()) if not gone]
         return list(range(len(items)))
+
+    @contextmanager
+    def on_lane(self) -> Iterator[bool]:
+        """Hold one lane and a place among the batches in inference, for work of the batch's kind (a
+        video's run of windows); yields whether it started alone (no other batch in inference)."""
+        lane = self._lanes.get()
+        try:
+            with self.budget.batches.one() as first:
+                yield first
+        finally:
+            self._lanes.put(lane)
 
     def _run_in_lane(
         self, lane: _Lane, items: list[Item], alone: bool | None = None
@@ -347,7 +353,7 @@ class ServedModel:
         """Run ``serve.warmup_batches`` full batches of every batch size end to end, then mark the model ready."""
         if self.head.accepts_encoded:
             width, height = self.card.spec.size_px
-            image = _warmup_image(width, height)
+            image = warmup_image(width, height)
             size = (width * 2, height * 2)
             item = Item(encoded=image, size=size, where="warm-up image")
         else:
@@ -368,9 +374,19 @@ class ServedModel:
             for result in outcome:
                 if isinstance(result, BaseException):
                     raise RuntimeError(f"model {self.name} failed its warm-up batch: {result}")
+        if self.video_runs is not None and not self.video_runs.check(self._plain_logits):
+            self.video_runs = None  # the warning says why; windows go one by one
         self.batcher.start()
         self.ready = True
         self.metrics.set_ready(self.name, True)
+
+    def _plain_logits(self, clips) -> np.ndarray:
+        """Logits of decoded clips (N, 3, T, H, W) through the plain graph: the runs' warm-up check."""
+        results = self.run_batch([Item(pixels=row, where="warm-up window") for row in clips.numpy()])
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise RuntimeError(f"model {self.name} failed its warm-up windows: {errors[0]}")
+        return np.stack(results)
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         self.ready = False

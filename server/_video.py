@@ -23,7 +23,9 @@ cuts the windows (the card's clip length, its training's frame gap and fit, the 
 joins their scores into each frame's: the mean over the windows covering it. Each batch of windows
 goes through the model's batcher as rows (so video windows and other requests share batches, the
 limits and the accounting); on a GPU the windows stay CUDA tensors from the decoder to the model's
-input buffer. Memory is bounded by the frames the next windows need, a batch of windows in flight and
+input buffer. With a window at every frame, a stacked-frame model on the CPU scores runs of
+windows that share its first convolution instead, as ``gpufeed predict`` does, each run a batch
+of its own on the model's lanes (:mod:`gpufeed.server._video_runs`). Memory is bounded by the frames the next windows need, a batch of windows in flight and
 the answer (``max_video_frames`` rows). A video that fails mid-way is 400 ``corrupt_video`` naming
 where decoding stopped; a request past ``serve.request_timeout_seconds`` is 504 and its windows
 leave the queue.
@@ -220,6 +222,17 @@ def score_video(call: Inference, job: VideoJob, device, stop: threading.Event) -
         answered.extend(Item(where=item.where, times=item.times) for item in items)  # no pixels kept
         return logits
 
+    runs = model.video_runs
+    run_windows = runs.windows_for(job.plan.hop_frames) if runs is not None else 0
+
+    def logits_of_run(run) -> np.ndarray:
+        if runs.is_short(run):  # a run of few windows costs less one by one, through the batcher
+            return logits_of(runs.windows_of(run, runs.count(run)))
+        call.raise_if_given_up(stop)
+        logits, times = runs(run)
+        answered.extend(Item(where=f"window {k} of {job.where}", times=times) for k in range(len(logits)))
+        return logits
+
     try:
         reader = VideoFrameReader(
             info, size_px=model.card.spec.size_px, fit=sampling.fit, chunk_frames=CHUNK_FRAMES, device=device
@@ -229,9 +242,16 @@ def score_video(call: Inference, job: VideoJob, device, stop: threading.Event) -
         scores = np.zeros((info.num_frames, classes), dtype=np.float32)
         starts: list[np.ndarray] = []
         windows: list[np.ndarray] = []
-        batch = model.batch_size * model.workers  # every lane busy
+        batch = run_windows or model.batch_size * model.workers  # every lane busy
         for block in score_frames(
-            chunks, info.num_frames, job.plan, logits_of, model.head.class_scores, batch, job.keep_windows
+            chunks,
+            info.num_frames,
+            job.plan,
+            logits_of,
+            model.head.class_scores,
+            batch,
+            job.keep_windows,
+            score_run=logits_of_run if run_windows else None,
         ):
             scores[block.first_frame : block.first_frame + len(block)] = block.probabilities
             if job.keep_windows and block.window_probabilities is not None:

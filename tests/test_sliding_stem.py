@@ -22,11 +22,10 @@ from predicthelp import CPU
 from videohelp import encode_tagged_video
 
 from gpufeed.cli import main
-from gpufeed.models import ONNX_FILE, WindowPlan, WindowScorer, export_model
+from gpufeed.models import ONNX_FILE, SlidingRunner, WindowPlan, WindowScorer, export_model
 from gpufeed.models._sliding_stem import SlidingStemError, sliding_window_graph
 from gpufeed.predict import load_predictor, predict_videos
 from gpufeed.predict._outputs import read_predictions_csv
-from gpufeed.predict._sliding import SlidingRunner
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -126,7 +125,7 @@ def _predict(predictor, video: Path, out: Path, hop: int = 1) -> np.ndarray:
 
 @pytest.mark.parametrize("source", ["clip_resnet18", "clip_resnet18-checkpoint"])
 def test_predict_scores_runs_and_writes_what_windows_one_by_one_write(models, tmp_path, caplog, source):
-    caplog.set_level(logging.INFO, "gpufeed.predict")
+    caplog.set_level(logging.INFO, "gpufeed")
     runs = load_predictor(models[source], CPU, export_cache=tmp_path / "cache")
     one_by_one = load_predictor(models[source], CPU, export_cache=tmp_path / "cache", window_runs=False)
     assert runs.run_windows(1) > 0 and runs.run_windows(2) == 0 and one_by_one.run_windows(1) == 0
@@ -156,15 +155,15 @@ class _Shifted:
     """A sliding runner whose answers are off by one: what the first run's check must catch."""
 
     def __init__(self, runner: SlidingRunner) -> None:
-        self.runner, self.shape, self.windows = runner, runner.shape, runner.windows
+        self.runner, self.shape, self.windows, self.owner = runner, runner.shape, runner.windows, runner.owner
 
     def windows_of(self, run, count):
         return self.runner.windows_of(run, count)
 
     is_short, first_run = SlidingRunner.is_short, SlidingRunner.first_run  # the real check, on these answers
 
-    def __call__(self, run):
-        return self.runner(run) + 1.0
+    def __call__(self, run, alone=False):
+        return self.runner(run, alone) + 1.0
 
 
 def test_a_sliding_graph_that_disagrees_is_set_aside_on_the_first_run(models, tmp_path, caplog):
@@ -189,8 +188,10 @@ def test_the_command_scores_runs_and_no_window_runs_scores_every_window_alone(mo
 
 
 @pytest.mark.live
-def test_the_served_video_equals_predicts_runs(models, tmp_path):
-    """The server scores a posted video's windows one by one (its batcher mixes requests), `predict` in runs."""
+@pytest.mark.parametrize("runs", [True, False], ids=["runs", "one-by-one"])
+def test_the_served_video_equals_predicts_runs(models, tmp_path, runs):
+    """The server scores a posted video in runs of windows, as `predict` does; with serve.video_window_runs
+    off, every window through its batcher. Both give `predict`'s numbers; the statistics show which ran."""
     import shutil
 
     import httpx
@@ -202,7 +203,7 @@ def test_the_served_video_equals_predicts_runs(models, tmp_path):
     predictor = load_predictor(tmp_path / "repo" / "stacked", CPU)
     want = _predict(predictor, models["video"], tmp_path / "out")
     assert predictor._runs_agree is True
-    cfg = parse_config({"device": "cpu"})
+    cfg = parse_config({"device": "cpu", "serve": {"video_window_runs": runs}})
     server = start_server(repo=tmp_path / "repo", cfg=cfg, port=0, device=CPU)
     try:
         answer = httpx.post(
@@ -211,9 +212,47 @@ def test_the_served_video_equals_predicts_runs(models, tmp_path):
             headers={"content-type": "video/mp4"},
             timeout=120,
         )
+        stats = httpx.get(f"{server.url}/v2/models/stacked/stats", timeout=30).json()["model_stats"][0]
     finally:
         server.stop()
     assert answer.status_code == 200, answer.text
     served = np.array(answer.json()["scores"], dtype=np.float32)
     assert served.shape == want.shape == (90, 3)
     assert np.abs(served - want).max() < 1e-5, "the served video and gpufeed predict agree"
+    batches = {entry["batch_size"]: entry["compute_infer"]["count"] for entry in stats["batch_stats"]}
+    assert stats["inference_count"] == 90 - T + 1, "each window counted once"
+    # Runs of 32 windows, the last of 22 padded (not short: over 60 % full); else the card's batches of 4.
+    assert batches == ({32: 2, 22: 1} if runs else {4: 21, 2: 1}), batches
+
+
+@pytest.mark.parametrize("agree", [True, False], ids=["agrees", "disagrees"])
+def test_a_served_models_runs_are_checked_at_warm_up(models, caplog, agree):
+    """Before its first request, a served stacked-frame model's sliding graph must agree with its plain
+    batches on a run of noise frames; one that does not is set aside, and its videos go window by window."""
+    from gpufeed.config import parse_config
+    from gpufeed.models import read_model_card
+    from gpufeed.server._metrics import ServerMetrics
+    from gpufeed.server._model import ServedModel
+
+    caplog.set_level(logging.INFO, "gpufeed")
+    folder = models["clip_resnet18"]
+    card = read_model_card(folder)
+    cfg = parse_config({"device": "cpu"}).serve
+    model = ServedModel("stacked", folder, card, cfg, CPU, ServerMetrics({"stacked": card.batch_size}))
+    try:
+        assert model.video_runs is not None and model.video_runs.windows_for(2) == 0
+        if not agree:
+            model.video_runs.sliding = _Shifted(model.video_runs.sliding)
+        model.warm_up()
+        assert (model.video_runs is not None) is agree
+        assert model.describe()["video_window_runs"] == (32 if agree else 0)
+        said = "runs of windows agree" if agree else "its sliding-window graph disagrees with the plain one"
+        assert said in caplog.text and "model stacked: " in caplog.text
+    finally:
+        model.close(drain=False)
+    # serve.video_window_runs: false, and a 3-D model, have no runs at all.
+    off = parse_config({"device": "cpu", "serve": {"video_window_runs": False}}).serve
+    assert ServedModel("stacked", folder, card, off, CPU, ServerMetrics({"stacked": card.batch_size})).video_runs is None
+    r3d = read_model_card(models["r3d_small"])
+    metrics = ServerMetrics({"r3d": r3d.batch_size})
+    assert ServedModel("r3d", models["r3d_small"], r3d, cfg, CPU, metrics).video_runs is None

@@ -13,12 +13,15 @@ CSV), in the same run, rounds interleaved. The contenders:
   made once and cached, the first batch checked against PyTorch; on a GPU PyTorch): the figure the
   target is read on, since it is what a user who trained with gpufeed runs; with a window at every
   frame a stacked-frame model's windows go through its export in runs that share the first
-  convolution (:mod:`gpufeed.predict._sliding`);
+  convolution (:mod:`gpufeed.models._sliding_runner`);
 * **predict (checkpoint, one by one)**: the same with ``window_runs`` off, every window through
   the plain graph (what the runs save, in the same run);
 * **predict (checkpoint, torch)**: the same with ``runtime`` ``torch`` (PyTorch eager);
 * **predict (exported)**: the same with the checkpoint exported by ``gpufeed export`` (onnxruntime,
-  as the server runs it).
+  as the server runs it);
+* **served video (REST)**, and **served video (REST, one by one)** with ``serve.video_window_runs``
+  off: that export served by ``gpufeed serve`` in this process, each video posted as an mp4 body
+  and its answer written as a CSV (:mod:`gpufeed.bench._served_video`).
 
 Each round times the whole call on one video with the model loaded before, as in the user's loop
 (the checkpoint is loaded again before each round, from the export cache, so every round pays the
@@ -48,6 +51,7 @@ import numpy as np
 
 from gpufeed.bench._clip_videos import make_camera_videos
 from gpufeed.bench._common import machine_facts
+from gpufeed.bench._served_video import SERVED, SERVED_ONE_BY_ONE, served_contenders
 from gpufeed.core import format_table
 from gpufeed.device import resolve_device
 from gpufeed.models import WindowPlan, checkpoint_path, create_model, export_model, model_state
@@ -58,7 +62,15 @@ __all__ = ["TARGET_CPU_RATIO", "TARGET_GPU_FPS", "print_predict_result", "run_pr
 TARGET_CPU_RATIO = 1.5
 TARGET_GPU_FPS = 5000.0
 ONE_BY_ONE = "predict (checkpoint, one by one)"
-CONTENDERS = ("user loop", "predict (checkpoint)", ONE_BY_ONE, "predict (checkpoint, torch)", "predict (exported)")
+CONTENDERS = (
+    "user loop",
+    "predict (checkpoint)",
+    ONE_BY_ONE,
+    "predict (checkpoint, torch)",
+    "predict (exported)",
+    SERVED,
+    SERVED_ONE_BY_ONE,
+)
 VERDICT = "predict (checkpoint)"
 
 
@@ -268,7 +280,10 @@ def run_predict_bench(
     result.facts["torch_threads"] = torch.get_num_threads()
     result.rounds = {name: [] for name in CONTENDERS}
     result.cpu_ms = {name: [] for name in CONTENDERS}
-    with tempfile.TemporaryDirectory(prefix="gpufeed-bench-predict-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="gpufeed-bench-predict-") as tmp,
+        served_contenders(exported, choice, hop_frames) as served,
+    ):
         exports = Path(tmp) / "exports"  # a fresh cache: the first load exports, and is timed
         started = time.perf_counter()
         result.runtime = load_predictor(checkpoint, choice, batch_size=batch_size, export_cache=exports).runtime
@@ -285,6 +300,8 @@ def run_predict_bench(
                     user_loop(v, user_model, plan, size_px, batch_size, device, outs[name] / f"{v.stem}.csv")
                     for v in videos
                 )
+            if name in served:
+                return lambda: served[name](videos, outs[name])
             if name == VERDICT:  # loaded as predict loads it, from the cache: each round checks its first batch
                 started = time.perf_counter()
                 predictor = load_predictor(checkpoint, choice, batch_size=batch_size, export_cache=exports)
@@ -297,20 +314,25 @@ def run_predict_bench(
                 predictor = by_torch if name == "predict (checkpoint, torch)" else by_export
             return lambda: _predict_frames(videos, predictor, outs[name], hop_frames)
 
-        for round_number in range(rounds):
-            # Each round starts one contender later, so none always runs right after another.
-            shift = round_number % len(CONTENDERS)
-            for name in CONTENDERS[shift:] + CONTENDERS[:shift]:
-                call = prepare(name)
-                wall_s, cpu_s = time.perf_counter(), time.process_time()
-                frames = call()
-                wall_s, cpu_s = time.perf_counter() - wall_s, time.process_time() - cpu_s
-                result.rounds[name].append(frames / wall_s)
-                result.cpu_ms[name].append(1000 * cpu_s / frames)
-                result.frames = frames
+        _time_rounds(result, prepare, rounds)
         result.agreement = _agreement(outs, videos)
     result.load_after = _loadavg()
     return result
+
+
+def _time_rounds(result: PredictBenchResult, prepare, rounds: int) -> None:
+    """``rounds`` rounds of every contender (``prepare(name)`` -> its timed call), into ``result``."""
+    for round_number in range(rounds):
+        # Each round starts one contender later, so none always runs right after another.
+        shift = round_number % len(CONTENDERS)
+        for name in CONTENDERS[shift:] + CONTENDERS[:shift]:
+            call = prepare(name)
+            wall_s, cpu_s = time.perf_counter(), time.process_time()
+            frames = call()
+            wall_s, cpu_s = time.perf_counter() - wall_s, time.process_time() - cpu_s
+            result.rounds[name].append(frames / wall_s)
+            result.cpu_ms[name].append(1000 * cpu_s / frames)
+            result.frames = frames
 
 
 def print_predict_result(result: PredictBenchResult) -> None:
@@ -357,8 +379,9 @@ def print_predict_result(result: PredictBenchResult) -> None:
             f"target: predict with the checkpoint >= {TARGET_CPU_RATIO}x the user loop on a CPU: {result.ratio:.2f}x, "
             f"{verdict} (windows one by one: {statistics.median(result.paired(ONE_BY_ONE)):.2f}x; "
             f"in PyTorch: {statistics.median(result.paired('predict (checkpoint, torch)')):.2f}x; "
-            f"exported: {statistics.median(result.paired('predict (exported)')):.2f}x); "
-            f"the GPU target (>= {TARGET_GPU_FPS:,.0f} frames/s on an H100) is not measured on this machine"
+            f"exported: {statistics.median(result.paired('predict (exported)')):.2f}x; "
+            f"served: {statistics.median(result.paired(SERVED)):.2f}x, one by one "
+            f"{statistics.median(result.paired(SERVED_ONE_BY_ONE)):.2f}x); the GPU target (>= {TARGET_GPU_FPS:,.0f} frames/s on an H100) is not measured on this machine"
         )
     cores = os.cpu_count() or 0
     if result.load_before != "unknown" and float(result.load_before.split()[0]) > cores:

@@ -121,7 +121,9 @@ def register_predict_bench(kinds: argparse._SubParsersAction) -> None:
         description="Score the same video (a generated camera-like h264 file, or your own with --data) with the same "
         "clip model and windows several ways, rounds interleaved: a careful user's loop (PyAV decode in order, "
         "to_ndarray resize, a rolling frame buffer, PyTorch inference_mode), gpufeed predict with the checkpoint "
-        "(as loaded by default; with its windows one by one; in PyTorch) and with its export (onnxruntime). Prints frames/s, ratios, the agreement of the outputs, the "
+        "(as loaded by default; with its windows one by one; in PyTorch), with its export (onnxruntime), and that "
+        "export served by gpufeed serve, each video posted as an mp4 (with runs of windows, and without). Prints "
+        "frames/s, ratios, the agreement of the outputs, the "
         "load average and the verdicts (>= 1.5x on a CPU; >= 5,000 frames/s for a clip ResNet-18 at 112 px on an H100).",
     )
     p.add_argument("--data", type=Path, help="your own video file or folder of videos (default: a generated video)")

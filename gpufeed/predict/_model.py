@@ -14,7 +14,7 @@ arithmetic in about 20 % less CPU time than PyTorch's eager mode, and its thread
 spin while they wait, so on a busy machine it runs several times faster (docs/predict.md).
 
 A stacked-frame clip model on onnxruntime's CPU provider scores a window at every frame in runs
-that share its first convolution (:mod:`gpufeed.predict._sliding`, :meth:`Predictor.run_logits`).
+that share its first convolution (:mod:`gpufeed.models._sliding_runner`, :meth:`Predictor.run_logits`).
 
 From an export the first batch of the run is checked: its first two windows are scored by PyTorch
 too and the two compared within the export's own tolerance (``parity_tolerance``), on a real
@@ -48,17 +48,18 @@ from gpufeed.models import (
     ExportError,
     ModelCard,
     ModelSpec,
+    SlidingRunner,
     TaskHead,
     find_checkpoint,
     load_model,
     parity_tolerance,
     read_checkpoint,
     read_model_card,
+    sliding_runner,
 )
 from gpufeed.pipelines import DatasetError
 from gpufeed.predict._cache_entries import export_cache_max_bytes
 from gpufeed.predict._export_cache import CachedExport, held_export
-from gpufeed.predict._sliding import SlidingRunner, sliding_runner
 from gpufeed.server import OnnxRunner
 
 __all__ = ["RUNTIMES", "ParityError", "Predictor", "load_predictor"]
@@ -154,7 +155,7 @@ class Predictor:
         """Windows per :meth:`run_logits` call for windows ``hop_frames`` apart; 0: windows go one by one.
 
         Runs are for a stacked-frame model on onnxruntime's CPU provider with a window at every frame
-        (:mod:`gpufeed.predict._sliding`).
+        (:mod:`gpufeed.models._sliding_runner`).
         """
         runner = self._sliding
         if runner is None or self._runs_agree is False or self._module is not None or hop_frames != 1:
@@ -168,7 +169,7 @@ class Predictor:
         through the export's first-batch check against PyTorch); beyond the export's tolerance that
         run, and every later one, is scored window by window (one line says so). A short run (a
         video's last) costs a whole run's work in the sliding graph, so one of few windows goes
-        window by window too (:meth:`~gpufeed.predict._sliding.SlidingRunner.is_short`).
+        window by window too (:meth:`~gpufeed.models.SlidingRunner.is_short`).
 
         Raises:
             RuntimeError: The predictor has no sliding-window graph (:meth:`run_windows` was 0).
@@ -301,7 +302,7 @@ def load_predictor(
             (``math.inf``: none; default: ``$GPUFEED_EXPORT_CACHE_MAX_MB``, else 2048).
         window_runs: With a window at every frame, score a stacked-frame clip model on
             onnxruntime's CPU provider in runs of windows that share its first convolution
-            (:mod:`gpufeed.predict._sliding`; other models, and a GPU, score windows one by one).
+            (:mod:`gpufeed.models._sliding_runner`; other models, and a GPU, score windows one by one).
 
     Raises:
         DatasetError: ``source`` is neither, or ``runtime`` cannot run it (one line naming it).
