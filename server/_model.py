@@ -382,11 +382,12 @@ class ServedModel:
 
     def _plain_logits(self, clips) -> np.ndarray:
         """Logits of decoded clips (N, 3, T, H, W) through the plain graph: the runs' warm-up check."""
-        results = self.run_batch([Item(pixels=row, where="warm-up window") for row in clips.numpy()])
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise RuntimeError(f"model {self.name} failed its warm-up windows: {errors[0]}")
-        return np.stack(results)
+        rows = []
+        for result in self.run_batch([Item(pixels=row, where="warm-up window") for row in clips.numpy()]):
+            if isinstance(result, BaseException):
+                raise RuntimeError(f"model {self.name} failed its warm-up windows: {result}")
+            rows.append(result)
+        return np.stack(rows)
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         self.ready = False

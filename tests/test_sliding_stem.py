@@ -252,7 +252,9 @@ def test_a_served_models_runs_are_checked_at_warm_up(models, caplog, agree):
         model.close(drain=False)
     # serve.video_window_runs: false, and a 3-D model, have no runs at all.
     off = parse_config({"device": "cpu", "serve": {"video_window_runs": False}}).serve
-    assert ServedModel("stacked", folder, card, off, CPU, ServerMetrics({"stacked": card.batch_size})).video_runs is None
+    assert (
+        ServedModel("stacked", folder, card, off, CPU, ServerMetrics({"stacked": card.batch_size})).video_runs is None
+    )
     r3d = read_model_card(models["r3d_small"])
     metrics = ServerMetrics({"r3d": r3d.batch_size})
     assert ServedModel("r3d", models["r3d_small"], r3d, cfg, CPU, metrics).video_runs is None
