@@ -11,25 +11,15 @@ from __future__ import annotations
 import pytest
 
 from gpufeed.bench.predict import CONTENDERS, print_predict_result, run_predict_bench
-from gpufeed.device import DeviceChoice
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(600)]
 
-CPU = DeviceChoice("cpu", None, "test")
+# 60 frames of 64 px, windows of 5 frames at 32 px: the harness, not the speed.
+SMALL = {"seconds": 2, "video_size": 64, "size_px": 32, "clip_length": 5, "classes": 3, "batch_size": 4}
 
 
 def test_every_contender_scores_the_same_video_and_agrees(tmp_path, capsys):
-    result = run_predict_bench(
-        seconds=2,
-        video_size=64,
-        size_px=32,
-        clip_length=5,
-        classes=3,
-        batch_size=4,
-        rounds=1,
-        device="cpu",
-        cache=tmp_path,
-    )
+    result = run_predict_bench(**SMALL, rounds=1, device="cpu", cache=tmp_path)
     assert result.frames == 60 and set(result.rounds) == set(CONTENDERS)
     assert all(len(rounds) == 1 and rounds[0] > 0 for rounds in result.rounds.values())
     # Every contender wrote its CSVs (a contender without one has a NaN here, which fails); the user's
