@@ -10,7 +10,7 @@ module per stage:
 * ``_images``: the synthetic dataset, its check, an epoch of each image loader.
 * ``_video``: :func:`run_clip_demo`, clips read and verified frame by frame.
 * ``_train``: :func:`run_train_demo`, a short training run of the image and clip models.
-* ``_predict``: :func:`run_predict_demo`, the clip model's per-frame probabilities for every video, and their pictures.
+* ``_predict``: :func:`run_predict_demo`, the clip model's per-frame probabilities for every video, their pictures, and one video posted to the served model.
 * ``_serve``: :func:`run_serve_demo`, export, serve, classify through tritonclient and REST.
 * ``_dense``: :func:`run_dense_demo`, RGB + depth pairs checked, trained, exported, served as a PNG.
 * ``_obs``: :func:`run_obs_demo`, the monitoring stack checked with promtool and a real Prometheus.
