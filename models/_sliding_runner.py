@@ -24,6 +24,7 @@ import torch
 from gpufeed.models._export import parity_tolerance
 from gpufeed.models._frame_scores import gather_clips
 from gpufeed.models._sliding_stem import SlidingStemError, sliding_window_graph
+from gpufeed.pipelines import first_line
 
 __all__ = ["RUN_WINDOWS", "SlidingRunner", "sliding_runner"]
 
@@ -169,9 +170,7 @@ def sliding_runner(
     except SlidingStemError as err:  # another architecture: its windows go one by one, as always
         log.info("%s: windows are scored one by one: %s", owner, err)
     except Exception as err:  # onnx or onnxruntime refusing the rewritten graph: the plain one still runs
-        log.warning("%s: windows are scored one by one: the sliding-window graph failed: %s", owner, first_line(err))
+        log.warning(
+            "%s: windows are scored one by one: the sliding-window graph failed: %s", owner, first_line(str(err))
+        )
     return None
-
-
-def first_line(err: BaseException) -> str:
-    return (str(err).splitlines() or [type(err).__name__])[0][:300]
