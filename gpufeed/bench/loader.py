@@ -129,8 +129,16 @@ def run_loader_bench(
         windows.append((w.anchor, w.shape, w.flip))
     baseline = PilCropDataset([dataset.paths[i] for i in ids], windows, out)
     batches = EpochBatches(len(ids), batch_size)
+    # Spawned, not forked: this process already runs our loader's threads (DALI's pool, the feed), and a
+    # child forked while one of them held a lock can wait on it forever (seen once in CI: the baseline's
+    # worker never answered). The workers persist, so starting them is in the untimed warm-up epoch.
     dl: torch.utils.data.DataLoader[torch.Tensor] = torch.utils.data.DataLoader(
-        baseline, batch_sampler=batches, num_workers=workers, persistent_workers=True, pin_memory=choice.is_gpu
+        baseline,
+        batch_sampler=batches,
+        num_workers=workers,
+        persistent_workers=True,
+        pin_memory=choice.is_gpu,
+        multiprocessing_context="spawn" if workers else None,
     )
     to_device = choice.torch_device if choice.is_gpu else None
 
