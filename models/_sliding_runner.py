@@ -98,6 +98,10 @@ class SlidingRunner:
         block[: len(frames)] = frames
         return block
 
+    def count(self, run: torch.Tensor) -> int:
+        """Windows in ``run`` (F, 3, H, W): one at each frame with a whole span after it."""
+        return len(run) - self.shape.span_frames + 1
+
     def windows_of(self, run: torch.Tensor, count: int) -> torch.Tensor:
         """The first ``count`` windows of ``run`` as clips (N, 3, T, H, W), as the plain graph takes them."""
         offsets = np.arange(self.clip_length_frames, dtype=np.int64) * self.stride_frames
@@ -133,7 +137,7 @@ class SlidingRunner:
         ``alone``: the run starts while nothing else of its owner runs (:attr:`session_alone`).
         Threads may call it at once (the server's video streams).
         """
-        count = len(run) - self.shape.span_frames + 1
+        count = self.count(run)
         if not 1 <= count <= self.windows:
             raise ValueError(f"a run of {len(run)} frames holds {count} windows; this graph scores 1 to {self.windows}")
         frames = run.cpu().numpy()

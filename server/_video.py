@@ -25,8 +25,9 @@ goes through the model's batcher as rows (so video windows and other requests sh
 limits and the accounting); on a GPU the windows stay CUDA tensors from the decoder to the model's
 input buffer. With a window at every frame, a stacked-frame model on the CPU scores runs of
 windows that share its first convolution instead, as ``gpufeed predict`` does, each run a batch
-of its own on the model's lanes (:mod:`gpufeed.server._video_runs`). Memory is bounded by the frames the next windows need, a batch of windows in flight and
-the answer (``max_video_frames`` rows). A video that fails mid-way is 400 ``corrupt_video`` naming
+of its own on the model's lanes (:mod:`gpufeed.server._video_runs`). Memory is bounded by the
+frames the next windows need, a batch of windows in flight and the answer (``max_video_frames``
+rows). A video that fails mid-way is 400 ``corrupt_video`` naming
 where decoding stopped; a request past ``serve.request_timeout_seconds`` is 504 and its windows
 leave the queue.
 """
@@ -227,7 +228,7 @@ def score_video(call: Inference, job: VideoJob, device, stop: threading.Event) -
 
     def logits_of_run(run) -> np.ndarray:
         if runs.is_short(run):  # a run of few windows costs less one by one, through the batcher
-            return logits_of(runs.windows_of(run, runs.count(run)))
+            return logits_of(runs.windows_of(run))
         call.raise_if_given_up(stop)
         logits, times = runs(run)
         answered.extend(Item(where=f"window {k} of {job.where}", times=times) for k in range(len(logits)))

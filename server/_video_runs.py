@@ -22,7 +22,6 @@ model's videos go window by window.
 
 from __future__ import annotations
 
-import logging
 import time
 
 import numpy as np
@@ -31,8 +30,6 @@ import torch
 from gpufeed.models import ClipSampling, SlidingRunner, sliding_runner
 
 __all__ = ["VideoRuns"]
-
-log = logging.getLogger("gpufeed.server")
 
 _CHECK_WINDOWS = 4  # windows of the warm-up run compared with the plain graph: one batch of 4 at most
 
@@ -52,7 +49,7 @@ class VideoRuns:
     def load(cls, model) -> VideoRuns | None:
         """The runs of ``model``, or ``None`` where its windows go one by one (the reason logged)."""
         card, cfg = model.card, model.cfg
-        if not cfg.video_window_runs or not card.spec.head.accepts_video or model.on_gpu:
+        if not cfg.video_window_runs or not card.spec.head.accepts_video:
             return None
         threads = model.runner.threads
         sliding = sliding_runner(
@@ -77,15 +74,11 @@ class VideoRuns:
 
     def is_short(self, run: torch.Tensor) -> bool:
         """Whether ``run``'s windows cost less one by one (:meth:`~gpufeed.models.SlidingRunner.is_short`)."""
-        return self.sliding.is_short(self.count(run))
+        return self.sliding.is_short(self.sliding.count(run))
 
-    def count(self, run: torch.Tensor) -> int:
-        """Windows in ``run`` (F, 3, H, W)."""
-        return len(run) - self.sliding.shape.span_frames + 1
-
-    def windows_of(self, run: torch.Tensor, count: int) -> torch.Tensor:
-        """The first ``count`` windows of ``run`` as clips, as the plain graph takes them."""
-        return self.sliding.windows_of(run, count)
+    def windows_of(self, run: torch.Tensor) -> torch.Tensor:
+        """Every window of ``run`` as clips, as the plain graph takes them (a short run's, one by one)."""
+        return self.sliding.windows_of(run, self.sliding.count(run))
 
     def check(self, plain) -> bool:
         """At warm-up: whether the sliding graph agrees with ``plain`` (clips -> logits) on a noise run.
@@ -98,7 +91,7 @@ class VideoRuns:
             0, 256, (shape.span_frames + _CHECK_WINDOWS - 1, 3, shape.height_px, shape.width_px)
         )
         run = torch.from_numpy(noise.astype(np.uint8))
-        want = plain(self.windows_of(run, _CHECK_WINDOWS))
+        want = plain(self.sliding.windows_of(run, _CHECK_WINDOWS))
         return self.sliding.first_run(run, want, str(self.model.runner.path)) is not None
 
     def __call__(self, run: torch.Tensor) -> tuple[np.ndarray, dict]:

@@ -160,7 +160,8 @@ class _Shifted:
     def windows_of(self, run, count):
         return self.runner.windows_of(run, count)
 
-    is_short, first_run = SlidingRunner.is_short, SlidingRunner.first_run  # the real check, on these answers
+    # The real count and check, on these answers.
+    count, is_short, first_run = SlidingRunner.count, SlidingRunner.is_short, SlidingRunner.first_run
 
     def __call__(self, run, alone=False):
         return self.runner(run, alone) + 1.0

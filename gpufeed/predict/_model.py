@@ -177,7 +177,7 @@ class Predictor:
         sliding = self._sliding
         if sliding is None:
             raise RuntimeError(f"{self.source}: no sliding-window graph; windows go one by one")
-        count = len(run) - sliding.shape.span_frames + 1
+        count = sliding.count(run)
         if self._runs_agree is None and not sliding.is_short(count):
             self._runs_agree = False  # until shown otherwise: a failure below leaves windows one by one
             want = self.logits(sliding.windows_of(run, min(count, PARITY_ROWS)))
