@@ -285,7 +285,9 @@ class ServedModel:
         video's run of windows); yields whether it started alone (no other batch in inference)."""
         lane = self._lanes.get()
         try:
-            with self.budget.batches.one() as first:
+            # Counted among the batches in onnxruntime too: a plain batch that starts beside a run
+            # then takes its shared session, not every core.
+            with self.budget.batches.one() as first, self.budget.inferences.one():
                 yield first
         finally:
             self._lanes.put(lane)
@@ -382,11 +384,13 @@ class ServedModel:
 
     def _plain_logits(self, clips) -> np.ndarray:
         """Logits of decoded clips (N, 3, T, H, W) through the plain graph: the runs' warm-up check."""
+        items = [Item(pixels=row, where="warm-up window") for row in clips.numpy()]
         rows = []
-        for result in self.run_batch([Item(pixels=row, where="warm-up window") for row in clips.numpy()]):
-            if isinstance(result, BaseException):
-                raise RuntimeError(f"model {self.name} failed its warm-up windows: {result}")
-            rows.append(result)
+        for start in range(0, len(items), self.batch_size):  # a model may batch fewer than the check's windows
+            for result in self.run_batch(items[start : start + self.batch_size]):
+                if isinstance(result, BaseException):
+                    raise RuntimeError(f"model {self.name} failed its warm-up windows: {result}")
+                rows.append(result)
         return np.stack(rows)
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:

@@ -10,8 +10,8 @@ does a run of few windows (a short video, a video's last run), which costs a who
 
 A run is a batch of its own: it holds one of the model's lanes while it runs, so runs and the
 batcher's batches together keep to ``serve.workers_per_model`` at a time, and counts in the thread
-budget's batches in inference (one that starts alone gets the lone batch's threads, as the plain
-sessions do). It is observed as a batch of its windows (inference time, rows per batch). It does
+budget's batches and its batches in onnxruntime (one that starts alone gets the lone batch's
+threads, as the plain sessions do, and a plain batch beside it keeps to its share). It is observed as a batch of its windows (inference time, rows per batch). It does
 not wait in the batcher's queue (its video already holds one of ``serve.video_streams``); between
 runs the request's time and its client are checked, as between batches of windows.
 
@@ -31,7 +31,7 @@ from gpufeed.models import ClipSampling, SlidingRunner, sliding_runner
 
 __all__ = ["VideoRuns"]
 
-_CHECK_WINDOWS = 4  # windows of the warm-up run compared with the plain graph: one batch of 4 at most
+_CHECK_WINDOWS = 4  # windows of the warm-up run compared with the plain graph, in the model's own batches
 
 
 class VideoRuns:

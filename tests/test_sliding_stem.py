@@ -44,7 +44,8 @@ def models(tmp_path_factory) -> dict[str, Path]:
         found[name], found[f"{name}-checkpoint"] = root / name, checkpoint
         if name == "clip_resnet18":  # a graph fixed at one batch size: its flatten names the size
             export_model(checkpoint, root / "fixed", batch_sizes=[4])
-            found["fixed"] = root / "fixed"
+            export_model(checkpoint, root / "pairs", batch_size=2)  # fewer than the warm-up check's windows
+            found["fixed"], found["pairs"] = root / "fixed", root / "pairs"
     found["video"] = root / "videos" / "mouse.mp4"
     encode_tagged_video(found["video"], 1, 90, width=64, height=48, options={"bf": "2", "g": "12"}, labels=False)
     return found
@@ -259,3 +260,66 @@ def test_a_served_models_runs_are_checked_at_warm_up(models, caplog, agree):
     r3d = read_model_card(models["r3d_small"])
     metrics = ServerMetrics({"r3d": r3d.batch_size})
     assert ServedModel("r3d", models["r3d_small"], r3d, cfg, CPU, metrics).video_runs is None
+
+
+def test_a_model_of_small_batches_checks_its_runs_in_them_and_a_run_keeps_plain_batches_to_their_share(models):
+    """A model exported at batch size 2 checks its runs at warm-up in batches of 2 (the check has 4
+    windows); while a run holds a lane, a plain batch takes the shared session, not every core."""
+    from gpufeed.config import parse_config
+    from gpufeed.models import read_model_card
+    from gpufeed.server._metrics import ServerMetrics
+    from gpufeed.server._model import ServedModel
+
+    folder = models["pairs"]
+    card = read_model_card(folder)
+    cfg = parse_config({"device": "cpu", "serve": {"inference_threads": 1, "inference_threads_alone": 2}}).serve
+    model = ServedModel("pairs", folder, card, cfg, CPU, ServerMetrics({"pairs": card.batch_size}))
+    try:
+        model.warm_up()
+        assert card.batch_size == 2 and model.describe()["video_window_runs"] == 32
+        runner = model.runner
+        assert runner.sessions_alone[2] is not runner.sessions[2]
+        with runner._host_session(2) as session:
+            assert session is runner.sessions_alone[2]  # nothing else runs: every core
+        with model.on_lane() as alone:
+            assert alone
+            with runner._host_session(2) as session:
+                assert session is runner.sessions[2]  # beside a run: its share
+    finally:
+        model.close(drain=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.live
+def test_a_gpu_host_on_the_cpu_provider_scores_runs_of_gpu_decoded_frames_as_one_by_one(models, tmp_path):
+    """On a GPU host with ``serve.execution_provider: cpu`` the model runs on onnxruntime's CPU provider,
+    so a posted video's windows go in runs, though its frames are decoded on the GPU: the runs answer
+    what the same server answers window by window (same decoder, same frames)."""
+    import shutil
+
+    import httpx
+
+    from gpufeed.config import parse_config
+    from gpufeed.device import DeviceChoice
+    from gpufeed.server import start_server
+
+    gpu = DeviceChoice("gpu", 0, "test")
+    shutil.copytree(models["clip_resnet18"], tmp_path / "repo" / "stacked")
+    answers = {}
+    for runs in (True, False):
+        serve = {"execution_provider": "cpu", "video_window_runs": runs}
+        server = start_server(repo=tmp_path / "repo", cfg=parse_config({"serve": serve}), port=0, device=gpu)
+        try:
+            assert server.state.models["stacked"].describe()["video_window_runs"] == (32 if runs else 0)
+            answer = httpx.post(
+                f"{server.url}/v1/models/stacked/predict",
+                content=models["video"].read_bytes(),
+                headers={"content-type": "video/mp4"},
+                timeout=120,
+            )
+        finally:
+            server.stop()
+        assert answer.status_code == 200, answer.text
+        answers[runs] = np.array(answer.json()["scores"], dtype=np.float32)
+    assert answers[True].shape == answers[False].shape == (90, 3)
+    assert np.abs(answers[True] - answers[False]).max() < 1e-5
