@@ -53,11 +53,24 @@ def run_predict_demo(out: str | Path, cfg: Config, choice: DeviceChoice, clip_ru
     first = report.results[0]
     print(f"{len(report.results)} CSVs of per-frame probabilities, e.g. {first.output}")
     print(f"and a picture of each: {first.output.with_name(first.output.name.replace('.csv', '.png'))}")
-    _serve_a_video(out, cfg, choice, find_checkpoint(clip_run), Path(str(cfg.video.val)) / first.name, first.output)
+    video = Path(str(cfg.video.val)) / first.name
+    _serve_a_video(out, cfg, choice, find_checkpoint(clip_run), video, first.output, _tolerance(predictor, choice))
     return folder
 
 
-def _serve_a_video(out: Path, cfg: Config, choice: DeviceChoice, checkpoint: Path, video: Path, csv: Path) -> None:
+def _tolerance(predictor, choice: DeviceChoice) -> float:
+    """How far the served scores may be from ``predict``'s: the server runs the export on onnxruntime.
+
+    On a GPU ``predict`` keeps PyTorch, whose cuDNN convolutions run in TF32 by default, while the
+    server's CUDA provider runs fp32 (``serve.cuda_tf32`` off); the GPU tests bound that at 2e-3.
+    Elsewhere both run the same export on onnxruntime and differ only in batch composition.
+    """
+    return 2e-3 if choice.is_gpu and predictor.runtime == "torch" else 1e-5
+
+
+def _serve_a_video(
+    out: Path, cfg: Config, choice: DeviceChoice, checkpoint: Path, video: Path, csv: Path, tolerance: float
+) -> None:
     """Serve the clip model, post ``video`` as an mp4, and check the answer against ``predict``'s ``csv``."""
     import httpx  # the demo extra's client
 
@@ -87,5 +100,5 @@ def _serve_a_video(out: Path, cfg: Config, choice: DeviceChoice, checkpoint: Pat
         f"served: {video.name} posted to /v1/models/behaviour/predict, {len(served)} frames in "
         f"{seconds:.2f} s ({how}); max |diff| against predict's CSV {diff:.2g}"
     )
-    if diff > 1e-5:
-        raise SystemExit(f"the served video's scores differ from predict's by {diff:.2g}")
+    if diff > tolerance:
+        raise SystemExit(f"the served video's scores differ from predict's by {diff:.2g} (more than {tolerance:g})")
