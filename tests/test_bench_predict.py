@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufeed.bench.predict import CONTENDERS, print_predict_result, run_predict_bench
+from gpufeed.bench.predict import CONTENDERS, contenders, print_predict_result, run_predict_bench
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(600)]
 
@@ -29,3 +29,15 @@ def test_every_contender_scores_the_same_video_and_agrees(tmp_path, capsys):
     print_predict_result(result)
     out = capsys.readouterr().out
     assert "served video (REST, one by one)" in out and "served: " in out
+
+
+def test_a_gpu_run_leaves_out_the_contenders_that_would_repeat_others():
+    """Runs of windows are a CPU-provider graph: on a GPU "one by one" is what the others already time."""
+    assert contenders(False) == CONTENDERS
+    assert contenders(True) == (
+        "user loop",
+        "predict (checkpoint)",
+        "predict (checkpoint, torch)",
+        "predict (exported)",
+        "served video (REST)",
+    )

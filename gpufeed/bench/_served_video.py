@@ -35,9 +35,10 @@ _LIMITS = {
 
 @contextmanager
 def served_contenders(
-    exported: Path, device, hop_frames: int
+    exported: Path, device, hop_frames: int, names: list[str]
 ) -> Iterator[dict[str, Callable[[list[Path], Path], int]]]:
-    """Two servers of ``exported`` while the block runs: per contender, ``score(videos, out) -> frames``."""
+    """A server of ``exported`` per contender of ``names`` (:data:`SERVED`, :data:`SERVED_ONE_BY_ONE`)
+    while the block runs: per contender, ``score(videos, out) -> frames``."""
     import httpx  # the bench extra's client
 
     def scorer(url: str) -> Callable[[list[Path], Path], int]:
@@ -62,7 +63,8 @@ def served_contenders(
 
     with ExitStack() as servers:
         contenders = {}
-        for name, runs in ((SERVED, True), (SERVED_ONE_BY_ONE, False)):
+        for name in names:
+            runs = name == SERVED
             cfg = parse_config({"serve": {**_LIMITS, "video_window_runs": runs}})
             server = start_server(model=exported, cfg=cfg, port=0, device=device)
             servers.callback(server.stop)

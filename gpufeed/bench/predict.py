@@ -23,6 +23,9 @@ CSV), in the same run, rounds interleaved. The contenders:
   off: that export served by ``gpufeed serve`` in this process, each video posted as an mp4 body
   and its answer written as a CSV (:mod:`gpufeed.bench._served_video`).
 
+On a GPU the two "one by one" contenders are left out (:func:`contenders`): runs of windows are
+a graph for onnxruntime's CPU provider, so there they would repeat their partners.
+
 Each round times the whole call on one video with the model loaded before, as in the user's loop
 (the checkpoint is loaded again before each round, from the export cache, so every round pays the
 first batch's check against PyTorch): wall time, and the process's CPU time over all its threads,
@@ -57,7 +60,7 @@ from gpufeed.device import resolve_device
 from gpufeed.models import WindowPlan, checkpoint_path, create_model, export_model, model_state
 from gpufeed.predict import find_videos, load_predictor, predict_videos, read_predictions_csv
 
-__all__ = ["TARGET_CPU_RATIO", "TARGET_GPU_FPS", "print_predict_result", "run_predict_bench", "user_loop"]
+__all__ = ["TARGET_CPU_RATIO", "TARGET_GPU_FPS", "contenders", "print_predict_result", "run_predict_bench", "user_loop"]
 
 TARGET_CPU_RATIO = 1.5
 TARGET_GPU_FPS = 5000.0
@@ -72,6 +75,12 @@ CONTENDERS = (
     SERVED_ONE_BY_ONE,
 )
 VERDICT = "predict (checkpoint)"
+
+
+def contenders(on_gpu: bool) -> tuple[str, ...]:
+    """The contenders of a run on a GPU or not: runs of windows are a CPU-provider graph, so on a GPU
+    the two "one by one" contenders would repeat ``predict (checkpoint)`` and the served video."""
+    return tuple(name for name in CONTENDERS if not (on_gpu and name in (ONE_BY_ONE, SERVED_ONE_BY_ONE)))
 
 
 @dataclass
@@ -122,7 +131,7 @@ class PredictBenchResult:
             "checkpoint_runtime": self.runtime,
             "export_s": self.export_s,
             "cached_load_s": self.cached_load_s,
-            "paired_ratios": {name: self.paired(name) for name in CONTENDERS[1:]},
+            "paired_ratios": {name: self.paired(name) for name in list(self.rounds)[1:]},
             "max_abs_diff_vs_user": self.agreement,
             "facts": self.facts,
             "loadavg": [self.load_before, self.load_after],
@@ -237,7 +246,7 @@ def _agreement(outs: dict[str, Path], videos: list[Path]) -> dict[str, float]:
     """Per contender, the max |diff| of its CSVs against the user loop's."""
     reference = {v.stem: read_predictions_csv(outs["user loop"] / f"{v.stem}.csv")[1] for v in videos}
     agreement = {}
-    for name in CONTENDERS[1:]:
+    for name in list(outs)[1:]:
         diffs = []
         for path in outs[name].rglob("*_predictions.csv"):
             stem = path.name.removesuffix("_predictions.csv")
@@ -278,17 +287,18 @@ def run_predict_bench(
     )
     result.facts, result.load_before = machine_facts(choice), _loadavg()
     result.facts["torch_threads"] = torch.get_num_threads()
-    result.rounds = {name: [] for name in CONTENDERS}
-    result.cpu_ms = {name: [] for name in CONTENDERS}
+    names = contenders(choice.is_gpu)
+    result.rounds = {name: [] for name in names}
+    result.cpu_ms = {name: [] for name in names}
     with (
         tempfile.TemporaryDirectory(prefix="gpufeed-bench-predict-") as tmp,
-        served_contenders(exported, choice, hop_frames) as served,
+        served_contenders(exported, choice, hop_frames, [name for name in names if "served" in name]) as served,
     ):
         exports = Path(tmp) / "exports"  # a fresh cache: the first load exports, and is timed
         started = time.perf_counter()
         result.runtime = load_predictor(checkpoint, choice, batch_size=batch_size, export_cache=exports).runtime
         result.export_s = time.perf_counter() - started
-        outs = {name: Path(tmp) / f"out{k}" for k, name in enumerate(CONTENDERS)}
+        outs = {name: Path(tmp) / f"out{k}" for k, name in enumerate(names)}
         for out in outs.values():
             out.mkdir()
 
@@ -324,8 +334,9 @@ def _time_rounds(result: PredictBenchResult, prepare, rounds: int) -> None:
     """``rounds`` rounds of every contender (``prepare(name)`` -> its timed call), into ``result``."""
     for round_number in range(rounds):
         # Each round starts one contender later, so none always runs right after another.
-        shift = round_number % len(CONTENDERS)
-        for name in CONTENDERS[shift:] + CONTENDERS[:shift]:
+        names = list(result.rounds)
+        shift = round_number % len(names)
+        for name in names[shift:] + names[:shift]:
             call = prepare(name)
             wall_s, cpu_s = time.perf_counter(), time.process_time()
             frames = call()
@@ -338,8 +349,7 @@ def _time_rounds(result: PredictBenchResult, prepare, rounds: int) -> None:
 def print_predict_result(result: PredictBenchResult) -> None:
     """The table, the ratios and the verdicts."""
     rows = []
-    for name in CONTENDERS:
-        values = result.rounds[name]
+    for name, values in result.rounds.items():
         rows.append(
             [
                 name,
