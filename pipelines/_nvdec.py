@@ -7,9 +7,13 @@ bit depth) and size, checked against NVIDIA's NVDEC support matrix (Video Codec 
 own abilities matter for AV1 only: the data-centre parts (A100, H100, compute capability 8.0 and
 9.0) have no AV1 decoder, the GA10x/AD10x ones (8.6, 8.9) and Blackwell (10.x, 12.x) do.
 
-A video NVDEC cannot take is decoded with PyAV. The clip loader reads all of a dataset through
-one pipeline, so one such video moves the whole dataset to PyAV under ``video.decoder: auto``
-(logged, with the videos and why), and is refused up front under ``video.decoder: dali``.
+Some videos no DALI reader takes, on any device, because it would hand over other frames than
+PyAV's reads: a display matrix (DALI returns the stored frames), an edit list (it counts the
+hidden frames), an MPEG transport stream (it trusts FFmpeg's late seeks), several video streams or
+a cover picture (it might open another stream). A video NVDEC or DALI's reader cannot take is
+decoded with PyAV. The clip loader reads all of a dataset through one pipeline, so one such video
+moves the whole dataset to PyAV under ``video.decoder: auto`` (logged, with the videos and why),
+and is refused up front under ``video.decoder: dali``.
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ class DecoderChoice:
     Attributes:
         source: ``"dali"`` (NVDEC on a GPU, DALI's CPU reader otherwise) or ``"pyav"``.
         reason: Why, in words, for logs and run summaries.
-        refused: Video path -> why DALI's reader (NVDEC, or DALI's CPU decoder) cannot decode it,
+        refused: Video path -> why DALI's reader (NVDEC, or DALI's CPU decoder) cannot take it,
             for ``gpufeed check``; such a video needs PyAV.
     """
 
@@ -118,38 +122,51 @@ class DecoderChoice:
         return iter((self.source, self.reason))
 
 
+def _reader_problem(info) -> str | None:
+    """Why DALI's reader, on any device, would not read this video's frames as PyAV does (``None``: it would)."""
+    if info.orientation:
+        # DALI's video decoders return the stored frames; PyAV's are turned as shown.
+        return (
+            f"its display matrix shows the frames {info.orientation.describe()}: DALI's video decoders "
+            "return the stored frames, PyAV turns them as shown"
+        )
+    if info.hidden_frames:
+        return (
+            f"an edit list hides its first {info.hidden_frames} decoded frame(s) (trimmed without "
+            "re-encoding): DALI's reader counts them as frames, PyAV and players do not"
+        )
+    if info.container == "mpegts":
+        return (
+            "an MPEG transport stream: it has no index and FFmpeg's seeks in it can land a GOP late; "
+            "PyAV's reads step back, DALI's reader does not"
+        )
+    if info.video_streams + info.still_pictures > 1:
+        # DALI asks FFmpeg for the best stream before reading any packets, when a cover picture and
+        # a video both have no frames counted yet: it may pick another stream, or the cover.
+        streams = f"{info.video_streams} video streams" if info.video_streams > 1 else "a video stream"
+        if info.still_pictures:
+            streams += f" and {info.still_pictures} cover picture(s)"
+            other = "another stream or the cover picture"
+        else:
+            other = "another"
+        return (
+            f"{streams}: gpufeed reads FFmpeg's best ({info.codec} {info.width}x{info.height}) with PyAV, "
+            f"where DALI's reader might take {other}"
+        )
+    return None
+
+
 def _refusals(infos, on_gpu: bool, capability) -> dict[str, str]:
-    """Video path -> why DALI's reader cannot decode it, for the videos it cannot."""
+    """Video path -> why DALI's reader cannot take it, for the videos it cannot."""
     refused = {}
     for info in infos:
-        if info.orientation:
-            # DALI's video decoders return the stored frames; PyAV's are turned as shown.
-            refused[info.path] = (
-                f"its display matrix shows the frames {info.orientation.describe()}: DALI's video decoders "
-                "return the stored frames, PyAV turns them as shown"
-            )
-        elif info.hidden_frames:
-            refused[info.path] = (
-                f"an edit list hides its first {info.hidden_frames} decoded frame(s) (trimmed without "
-                "re-encoding): DALI's reader counts them as frames, PyAV and players do not"
-            )
-        elif info.container == "mpegts":
-            refused[info.path] = (
-                "an MPEG transport stream: it has no index and FFmpeg's seeks in it can land a GOP late; "
-                "PyAV's reads step back, DALI's reader does not"
-            )
-        elif info.video_streams > 1:
-            # DALI asks FFmpeg for the best stream before reading any packets: it may pick another.
-            refused[info.path] = (
-                f"{info.video_streams} video streams: gpufeed reads FFmpeg's best ({info.codec} "
-                f"{info.width}x{info.height}) with PyAV, where DALI's reader might take another"
-            )
-        elif on_gpu:
+        why = _reader_problem(info)
+        if why is None and on_gpu:
             why = nvdec_problem(info, capability)
-            if why:
-                refused[info.path] = why
-        elif info.codec not in DALI_CPU_CODECS:
-            refused[info.path] = f"no GPU and DALI's CPU decoder lacks {info.codec}"
+        elif why is None and info.codec not in DALI_CPU_CODECS:
+            why = f"no GPU and DALI's CPU decoder lacks {info.codec}"
+        if why:
+            refused[info.path] = why
     return refused
 
 
@@ -180,6 +197,9 @@ def choose_decoder(requested: str, on_gpu: bool, infos, capability: tuple[int, i
         what = "NVDEC decodes" if on_gpu else "DALI's CPU decoder handles"
         return DecoderChoice("dali", f"video.decoder: {requested}; {what} every video ({codecs})", refused)
     first_path, first_why = next(iter(refused.items()))
+    # "NVDEC cannot decode" only where every refusal is NVDEC's (a codec, profile, format or size).
+    codecs_only = on_gpu and not any(_reader_problem(info) for info in infos)
+    cannot = "NVDEC cannot decode" if codecs_only else "DALI's reader cannot take"
     lacking = ", ".join(sorted({info.codec for info in infos} - set(DALI_CPU_CODECS)))
     if requested == "dali":
         if not on_gpu and lacking:
@@ -189,13 +209,13 @@ def choose_decoder(requested: str, on_gpu: bool, infos, capability: tuple[int, i
                 "'gpufeed prepare --codec vp9'"
             )
         raise DatasetError(
-            f"video.decoder: dali, but {'NVDEC' if on_gpu else 'DALI'} cannot decode {len(refused)} video(s), "
+            f"video.decoder: dali, but {cannot} {len(refused)} video(s), "
             f"e.g. {first_path}: {first_why}; use decoder auto or pyav, or re-encode them with "
             "'gpufeed prepare' (h264 yuv420p, upright)"
         )
     if on_gpu:
         reason = (
-            f"video.decoder: auto; NVDEC cannot decode {len(refused)} of {len(infos)} video(s) (e.g. {first_path}: "
+            f"video.decoder: auto; {cannot} {len(refused)} of {len(infos)} video(s) (e.g. {first_path}: "
             f"{first_why}), so every clip decodes with PyAV; 'gpufeed prepare' re-encodes them for NVDEC"
         )
     elif lacking:

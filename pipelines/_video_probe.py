@@ -23,7 +23,7 @@ from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._mp4 import mp4_box_problem
 from gpufeed.pipelines._orientation import UPRIGHT, Orientation, frame_orientation
 from gpufeed.pipelines._store_kinds import store_kind
-from gpufeed.pipelines._streams import is_still_picture, main_video_stream, video_stream_count
+from gpufeed.pipelines._streams import is_still_picture, main_video_stream, still_picture_count, video_stream_count
 
 __all__ = ["DALI_CPU_CODECS", "SUPPORTED_CODECS", "VideoInfo", "probe_video"]
 
@@ -75,6 +75,10 @@ class VideoInfo:
             An MPEG transport stream has no index, and FFmpeg's seeks in it can land a GOP after
             the timestamp asked for: PyAV's reads step back to the keyframe before, and DALI's
             readers leave such a file to PyAV.
+        still_pictures: Cover pictures (``attached_pic`` streams: an MP4's ``covr``, an MKV's
+            attached image), which ``video_streams`` leaves out and no path here reads. DALI's
+            readers ask FFmpeg for the best stream before it has counted any frames, so might open
+            one, and leave such a file to PyAV.
     """
 
     path: str
@@ -99,6 +103,7 @@ class VideoInfo:
     video_streams: int = 1
     hidden_frames: int = 0
     container: str = ""
+    still_pictures: int = 0
 
     @property
     def orientation(self) -> Orientation:
@@ -160,7 +165,7 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
                 what = "audio only" if container.streams.audio else "no stream at all"
                 what = "a cover picture only" if stream is not None else what
                 return VideoInfo(str(path), problem=f"no video stream in the file ({what})")
-            streams = video_stream_count(container)
+            streams, stills = video_stream_count(container), still_picture_count(container)
             fmt = container.format.name or ""
             # The codec, not the decoder PyAV picked for it (AV1 opens as "libdav1d").
             codec = getattr(stream.codec_context.codec, "canonical_name", "") or stream.codec_context.name
@@ -210,6 +215,7 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
         video_streams=streams,
         hidden_frames=hidden,
         container=fmt,
+        still_pictures=stills,
     )
     return _finish_info(info)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import DEVICES
 from videohelp import cpu_clip_loader, encode_tagged_video, frame_tags
 
 from gpufeed.config import SizePx
@@ -67,9 +68,13 @@ def test_the_index_counts_the_frames_shown(trimmed):
     assert choice.source == "pyav" and f"hides its first {HIDDEN} decoded frame(s)" in choice.refused[info.path]
 
 
-def test_every_frame_shown_is_read_in_order(trimmed):
-    reader = VideoFrameReader(trimmed, size_px=SizePx(64, 48), chunk_frames=7, device=CPU)
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_every_frame_shown_is_read_in_order(trimmed, device):
+    """On a GPU too the file goes to PyAV: DALI's reader would count the hidden frames."""
+    reader = VideoFrameReader(trimmed, size_px=SizePx(64, 48), chunk_frames=7, device=device)
+    assert reader.source == "pyav", reader.decoder_reason
     frames = torch.cat([part.frames for part in reader])
+    assert frames.device.type == ("cuda" if device.is_gpu else "cpu")
     assert frame_tags(frames, "TCHW") == [(HIDDEN + i, 2) for i in range(FRAMES - HIDDEN)]
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import DEVICES
-from videohelp import cpu_clip_loader, encode_tagged_video, frame_tags
+from videohelp import clip_loader_on, encode_tagged_video, frame_tags
 
 from gpufeed.config import SizePx
 from gpufeed.device import DeviceChoice
@@ -103,7 +103,7 @@ def test_the_index_knows_the_turn_and_dali_leaves_them_to_pyav(phone):
     assert "mirrored left-right" in choice.refused[dataset.infos[1].path]
     vp9 = VideoInfo("turned.webm", codec="vp9", width=96, height=64, num_frames=10, rotation_degrees=270)
     with pytest.raises(
-        DatasetError, match=r"dali, but DALI cannot decode 1 video\(s\), e\.g\. turned\.webm: .*turned 270"
+        DatasetError, match=r"dali, but DALI's reader cannot take 1 video\(s\), e\.g\. turned\.webm: .*turned 270"
     ):
         choose_decoder("dali", False, [vp9])
     assert choose_decoder("dali", False, [VideoInfo("plain.webm", codec="vp9")]).source == "dali"
@@ -122,16 +122,25 @@ def test_every_frame_reads_as_shown_in_order(phone, device):
         assert seen == list(range(FRAMES))
 
 
-@pytest.mark.process
-def test_clips_read_as_shown(phone):
-    loader = cpu_clip_loader(phone, SizePx(64, 96), 5, train=False)
-    assert loader.source == "pyav"
-    clips = 0
-    for batch in loader:
-        assert batch.clips.shape[1:] == (3, 5, 96, 64)
-        for clip, video, start in zip(batch.clips, batch.video_ids.tolist(), batch.start_frames.tolist(), strict=True):
-            assert frame_tags(clip, "CTHW") == [(start + t, video) for t in range(5)]
-            clips += 1
+@pytest.mark.process  # the PyAV worker processes
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_clips_read_as_shown(phone, device):
+    """On a GPU too the clip loader reads them with PyAV's workers, and hands the clips over on the device."""
+    loader = clip_loader_on(device, phone, SizePx(64, 96), 5, train=False)
+    try:
+        assert loader.source == "pyav", loader.decoder_reason
+        assert not device.is_gpu or "display matrix" in loader.decoder_reason, loader.decoder_reason
+        clips = 0
+        for batch in loader:
+            assert batch.clips.shape[1:] == (3, 5, 96, 64)
+            assert batch.clips.device.type == ("cuda" if device.is_gpu else "cpu")
+            for clip, video, start in zip(
+                batch.clips, batch.video_ids.tolist(), batch.start_frames.tolist(), strict=True
+            ):
+                assert frame_tags(clip, "CTHW") == [(start + t, video) for t in range(5)]
+                clips += 1
+    finally:
+        loader.close()  # its PyAV worker processes go now, not whenever the loader is collected
     assert clips > 0
 
 
@@ -150,6 +159,24 @@ def test_prepare_writes_them_upright(phone, tmp_path):
             frames = torch.cat([p.frames for p in VideoFrameReader(copy, size_px=SizePx(64, 96), device=CPU)])
             assert frame_tags(frames, "TCHW") == [(i, video_id) for i in range(FRAMES)], copy
             assert (frames.int() - original.int()).abs().float().mean() < 3, "a lossy copy of the frames as shown"
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_the_upright_copy_reads_in_order_on_each_device(phone, tmp_path, device):
+    """``prepare``'s copy declares no matrix: on a GPU NVDEC reads it (on the CPU PyAV, for h264), tags in order."""
+    report = prepare_videos(phone, tmp_path, PrepareOptions(probe_clips=0), False)
+    assert report.ok, report.table()
+    for video_id in (0, 1):
+        copy = tmp_path / f"v{video_id}.mp4"
+        reader = VideoFrameReader(copy, size_px=SizePx(64, 96), chunk_frames=10, device=device)
+        assert reader.source == ("dali" if device.is_gpu else "pyav"), reader.decoder_reason
+        seen = []
+        for part in reader:
+            assert part.frames.shape[1:] == (3, 96, 64)
+            assert part.frames.device.type == ("cuda" if device.is_gpu else "cpu")
+            assert frame_tags(part.frames, "TCHW") == [(i, video_id) for i in part.frame_indices.tolist()], copy
+            seen += part.frame_indices.tolist()
+        assert seen == list(range(FRAMES)), copy
 
 
 def test_the_probe_decodes_no_frame_over_the_pixel_limit(phone, monkeypatch):

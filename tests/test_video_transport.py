@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import DEVICES
 from videohelp import cpu_clip_loader, encode_tagged_video, frame_tags
 
 from gpufeed.config import SizePx
@@ -61,6 +62,17 @@ def test_a_clip_in_every_gop_reads_exactly_with_a_fresh_decoder(camcorder):
         finally:
             decoder.close()
         assert frame_tags(clip, "TCHW") == [(int(f), 0) for f in frames], start
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_every_frame_reads_in_order_on_each_device(camcorder, device):
+    """On a GPU too transport streams go to PyAV (the sequential reader), every frame in order."""
+    for video_id, name in ((0, "00000.mts"), (1, "take.ts")):
+        reader = VideoFrameReader(camcorder / name, size_px=SizePx(64, 48), chunk_frames=64, device=device)
+        assert reader.source == "pyav", reader.decoder_reason
+        frames = torch.cat([part.frames for part in reader])
+        assert frames.device.type == ("cuda" if device.is_gpu else "cpu")
+        assert frame_tags(frames, "TCHW") == [(i, video_id) for i in range(FRAMES)], name
 
 
 @pytest.mark.process

@@ -273,3 +273,20 @@ def cpu_clip_loader(
         device=DeviceChoice("cpu", None, "test"),
         seed=seed,
     )
+
+
+def clip_loader_on(
+    device, folder, size, clip_length_frames: int, *, train: bool, batch_size: int = 4, threads: int = 1, seed: int = 0
+):
+    """:func:`cpu_clip_loader` on ``device`` (a :class:`~gpufeed.device.DeviceChoice`): its GPU twins read the same clips."""
+    from gpufeed.config import LoaderConfig, VideoConfig
+    from gpufeed.pipelines import ClipLoader, VideoDataset
+
+    return ClipLoader(
+        VideoDataset.from_folder(folder),
+        train=train,
+        video_cfg=VideoConfig(size_px=size, clip_length_frames=clip_length_frames),
+        loader_cfg=LoaderConfig(batch_size=batch_size, num_threads=threads),
+        device=device,
+        seed=seed,
+    )
