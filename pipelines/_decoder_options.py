@@ -58,12 +58,13 @@ def eval_decoder_options(hw_decoder_load: float) -> dict:
     gives evaluation's pixels bit for bit.
 
     * ``hw_decoder_load``: 1.0 when ``hw_decoder_load`` > 0, else 0.0, never a share in between.
-      nvImageCodec (DALI's decoder) hands the hardware JPEG decoder the first
-      ``round(share x batch size)`` JPEGs of each batch it can take (rounded up to whole engines)
-      and the rest to nvJPEG's CUDA decoder (``canDecode`` in its ``nvjpeg/hw_decoder.cpp``): with
-      a share between 0 and 1 the decoder of an image depends on its place in the batch and the
-      batch's size, which differ between an evaluation batch and a served one. At 1.0 every JPEG
-      the hardware decoder takes goes to it, at 0.0 none does, whatever the batch.
+      nvImageCodec (DALI's decoder) gives the hardware JPEG decoder a quota of
+      ``round(share x batch size)`` JPEGs (rounded up to whole engines, set at the first batch),
+      filled in its own order (chroma subsampling, then area, largest first), and the rest to
+      nvJPEG's CUDA decoder (``image_generic_decoder.cpp`` and ``nvjpeg/hw_decoder.cpp``): with a
+      share between 0 and 1 the decoder of an image depends on the other images of its batch and
+      the batch's size, which differ between an evaluation batch and a served one. At 1.0 every
+      JPEG the hardware decoder takes goes to it, at 0.0 none does, whatever the batch.
     * ``affine``: off (see :func:`gpu_decoder_options`).
 
     Args:
