@@ -128,6 +128,8 @@ class EpochLoader:
 
     # How many batches past the failing one DALI may have been preparing (prefetch queue + 1).
     _lookahead_batches = 1
+    # Whether the loader reads loader.pipelines (several pipelines in turn: the image loader).
+    _reads_pipelines = False
     dataset: Any
 
     def _setup_epochs(self, *, train: bool, loader_cfg, device, shard_id: int, num_shards: int, seed: int) -> None:
@@ -139,6 +141,11 @@ class EpochLoader:
         # Evaluation keeps every sample: "drop" is read as "partial" there.
         self.last_batch = loader_cfg.last_batch if train or loader_cfg.last_batch == "pad" else "partial"
         self.num_threads = loader_cfg.num_threads or loader_num_threads(train)
+        self.parallel_pipelines = getattr(loader_cfg, "pipelines", 1) if self._reads_pipelines else 1
+        if getattr(loader_cfg, "pipelines", 1) > 1 and not self._reads_pipelines:
+            log.warning(
+                "loader.pipelines: %d is for the image loader; %s reads one", loader_cfg.pipelines, type(self).__name__
+            )
         self.epoch = 0
         self._start_batch = 0
         self._history: EpochHistory | None = None  # segments other world sizes read (a resharded resume)
@@ -343,7 +350,8 @@ class EpochLoader:
             stream, first = PlanStream(self._spec(), self.epoch, self._start_batch), 0
         self.close()  # a failed pipeline is invalid: the next iteration builds a new one
         # DALI may have been preparing a few batches ahead of the one that failed, past the epoch's end too.
-        ahead = self.cfg.prefetch_queue_depth + self._lookahead_batches
+        # Each of the loader's pipelines may have been that far ahead of its own turns.
+        ahead = (self.cfg.prefetch_queue_depth + self._lookahead_batches + 1) * self.parallel_pipelines - 1
         suspects = self._suspects([stream[first + i] for i in range(ahead + 1)])
         message = str(err)
         problems = {

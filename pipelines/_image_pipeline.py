@@ -36,6 +36,7 @@ import numpy as np
 
 from gpufeed.core import SizePx
 from gpufeed.pipelines._ahead import Ahead
+from gpufeed.pipelines._alternate import StreamSlice
 from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
 from gpufeed.pipelines._decoder_options import eval_decoder_options, gpu_decoder_options, percentile_pick
 from gpufeed.pipelines._executor import executor_args
@@ -121,7 +122,7 @@ class ImageFeed:
     and a call only takes them; :meth:`close` stops that thread.
 
     Args:
-        stream: The plan batches, epoch after epoch.
+        stream: The plan batches, epoch after epoch (or every P-th of them: ``loader.pipelines``).
         paths: The dataset's file paths.
         labels: Label of every sample id.
         windows: ``windows(sample_ids, epoch) -> Windows``: the crop windows, a pure function.
@@ -136,7 +137,7 @@ class ImageFeed:
 
     def __init__(
         self,
-        stream: PlanStream,
+        stream: PlanStream | StreamSlice,
         paths: PathTable,
         labels: np.ndarray,
         windows: Callable[[np.ndarray, int], Windows],

@@ -27,6 +27,7 @@ import numpy as np
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
 from gpufeed.core import split_member
 from gpufeed.device import DeviceChoice
+from gpufeed.pipelines._alternate import RoundRobin, StreamSlice
 from gpufeed.pipelines._augment import LoaderAugment
 from gpufeed.pipelines._dataset import ImageDataset
 from gpufeed.pipelines._image_pipeline import ImageFeed, PathTable, build_image_pipeline, gpu_decoder_options
@@ -99,6 +100,8 @@ class ImageLoader(SampleLoader):
             config field (the message names the argument and what is allowed).
     """
 
+    _reads_pipelines = True  # loader.pipelines: several pipelines in turn (pipelines/_alternate.py)
+
     def __init__(
         self,
         dataset: ImageDataset | str | Path,
@@ -164,7 +167,7 @@ class ImageLoader(SampleLoader):
             log.info("%s loader: %s", "train" if self.train else "eval", self.decoder_memory)
         return options
 
-    def _pipeline(self, stream: PlanStream, *, build: bool = True):
+    def _pipeline(self, stream: PlanStream | StreamSlice, *, build: bool = True, num_threads: int | None = None):
         """(pipeline, feed) over ``stream``; ``build=False``: defined only (see ``build_image_pipeline``)."""
         feed = ImageFeed(
             stream,
@@ -182,7 +185,7 @@ class ImageLoader(SampleLoader):
             size_px=self.image_cfg.size_px,
             batch_size=self.batch_size,
             device_id=self.device.device_id,
-            num_threads=self.num_threads,
+            num_threads=num_threads or self.num_threads,
             prefetch_queue_depth=self.cfg.prefetch_queue_depth,
             seed=self.seed,
             gpu_options=self._decoder_options(),
@@ -191,15 +194,24 @@ class ImageLoader(SampleLoader):
         return pipe, feed
 
     def _open_session(self, stream: PlanStream) -> Session:
-        pipe, feed = self._pipeline(stream)
-        session = self._iterator_session(pipe, stream, feed)
-        session.resources.append(feed)  # its thread stops when the session closes
+        if self.parallel_pipelines == 1:
+            pipe, feed = self._pipeline(stream)
+            session = self._iterator_session(pipe, stream, feed)
+            session.resources.append(feed)  # its thread stops when the session closes
+            return session
+        # loader.pipelines: pipeline j decodes plan batches j, j + P, ... and they are read in turn.
+        count = self.parallel_pipelines
+        threads = max(1, self.num_threads // count)
+        parts = [self._pipeline(StreamSlice(stream, j, count), num_threads=threads) for j in range(count)]
+        session = Session(RoundRobin([self._outputs_of(pipe) for pipe, _ in parts]), stream)
+        session.resources.extend(feed for _, feed in parts)
         return session
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ImageBatch:
         meta = out["meta"]
         n = len(batch)
-        expected = np.stack([np.full(n, iteration), np.arange(n)], axis=1)
+        # A pipeline tags its own iterations: with several, output k is its pipeline's (k // P)-th.
+        expected = np.stack([np.full(n, iteration // self.parallel_pipelines), np.arange(n)], axis=1)
         self._check_rows(meta[:, :2].numpy(), expected)
         on_device = out.get("meta_gpu", meta)
         return ImageBatch(

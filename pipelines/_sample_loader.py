@@ -85,14 +85,17 @@ class SampleLoader(EpochLoader):
                 "Use a smaller batch_size or last_batch: partial."
             )
 
-    def _iterator_session(self, pipe, stream: PlanStream, feed, outputs: tuple[str, ...] = ()) -> Session:
-        """The iterator over ``pipe`` (outputs ``images, meta[, meta_gpu], *outputs``) as a session."""
+    def _outputs_of(self, pipe, outputs: tuple[str, ...] = ()):
+        """The iterator over ``pipe``'s outputs ``images, meta[, meta_gpu], *outputs``."""
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
         names = ["images", "meta", "meta_gpu"] if self.device.is_gpu else ["images", "meta"]
         # No reader and no size: the iterator runs as long as the feed does, epoch after epoch.
-        iterator = DALIGenericIterator(pipe, names + list(outputs), auto_reset=False, prepare_first_batch=False)
-        return Session(iterator, stream, feed=feed)
+        return DALIGenericIterator(pipe, names + list(outputs), auto_reset=False, prepare_first_batch=False)
+
+    def _iterator_session(self, pipe, stream: PlanStream, feed, outputs: tuple[str, ...] = ()) -> Session:
+        """The iterator over ``pipe`` (:meth:`_outputs_of`) as a session."""
+        return Session(self._outputs_of(pipe, outputs), stream, feed=feed)
 
     @staticmethod
     def _batch_ids(batches: list[StreamBatch]) -> list[int]:

@@ -137,6 +137,15 @@ class LoaderConfig:
         "use nvJPEG's CUDA path with CPU threads. Lower it if the hardware decoder is the bottleneck. Evaluation "
         "and serving send every JPEG to it when above 0, none at 0, so an image decodes alike wherever it sits",
     )
+    pipelines: int = option(
+        1,
+        ge=1,
+        le=8,
+        doc="image loader: DALI pipelines decoding alternate batches, each with its own decoder and "
+        "num_threads / pipelines threads (nvImageCodec submits a decoder's hardware-JPEG batches from one "
+        "thread); the same batches in the same order. Measure before raising it: gpufeed bench loader "
+        "--vary loader.pipelines=1,2. The clip and dense loaders read one",
+    )
     worker_start_method: WorkerStart = option(
         "auto",
         doc="how PyAV clip workers start: auto = spawn when CUDA is already initialised in the process, else fork; "
