@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from gpufeed.bench.loader import EpochBatches, PilCropDataset, run_loader_bench
-from gpufeed.config import SizePx
+from gpufeed.bench.loader import (
+    EpochBatches,
+    PilCropDataset,
+    parse_vary,
+    print_sweep_result,
+    run_loader_bench,
+    run_loader_sweep,
+)
+from gpufeed.config import ConfigError, SizePx
 from gpufeed.pipelines import ImageDataset
 from gpufeed.pipelines._windows import train_windows
 from gpufeed.synth._photos import make_bench_images
@@ -35,3 +42,51 @@ def test_loader_bench_keeps_one_pipeline_and_feeds_both_sides_the_same_windows(t
     batches.epoch = 1
     assert next(iter(batches))[1] == (1, 1)
     assert torch.equal(baseline[(0, 3)], baseline[3]) and not torch.equal(baseline[(1, 3)], baseline[(0, 3)])
+
+
+@pytest.mark.parametrize(
+    ("items", "words"),
+    [
+        (["image.size_px=64,96"], "--vary takes loader.KEY=V1,V2"),
+        (["loader.hw_decoder_load"], "--vary takes loader.KEY=V1,V2"),
+        (["loader.num_threads=1", "loader.num_threads=2"], "given to --vary twice"),
+        (["loader.hw_decoder_load=0.5,1.5"], r"loader\.hw_decoder_load"),
+        (["loader.no_such_key=1"], r"unknown key"),
+        (["loader.num_threads=1,2,3,4", "loader.prefetch_queue_depth=1,2,3,4"], "16 combinations; at most 12"),
+    ],
+)
+def test_a_sweep_refuses_what_is_not_a_loader_setting_naming_it(items, words):
+    with pytest.raises(ConfigError, match=words):
+        parse_vary(items)
+
+
+def test_a_sweep_times_every_combination_on_its_own_pipeline_against_the_first(tmp_path, capsys):
+    """Two keys of two values: four variants, each one pipeline for the whole run, each round timing one
+    epoch's batches after the ones prepared while the others ran; the first is the reference."""
+    variants = parse_vary(["loader.prefetch_queue_depth=1,3", "loader.num_threads=1,2"])
+    assert variants[0] == {"loader.prefetch_queue_depth": "1", "loader.num_threads": "1"} and len(variants) == 4
+    data = make_bench_images(tmp_path, 12, 64, 48)
+    result = run_loader_sweep(data, variants, batch_size=4, rounds=2, size_px=SizePx(32, 32), device="cpu")
+    assert result["batches_per_round"] == 3 and list(result["variants"])[1] == "prefetch_queue_depth=1, num_threads=2"
+    for name, figures in result["variants"].items():
+        assert len(figures["images_per_second"]) == 2 and all(v > 0 for v in figures["images_per_second"]), name
+        assert all(busy > 0 for busy in figures["cores_busy"])
+        # No GPU here: the engines' summary says why instead of a figure.
+        assert all("NVML is not usable here" in summary["unavailable"] for summary in figures["engines"])
+    assert result["variants"]["prefetch_queue_depth=1, num_threads=1"]["paired"] == [1.0, 1.0]
+    print_sweep_result(result)
+    out = capsys.readouterr().out
+    assert "vs first (paired)" in out and "prefetch_queue_depth=3, num_threads=2" in out and "JPEG %" in out
+
+
+@pytest.mark.gpu
+def test_the_engine_sampler_reads_the_gpus_jpeg_engines_while_they_decode(tmp_path):
+    """On a GPU, NVML answers for the SMs and the JPEG engines while the loader decodes with the
+    hardware decoder (a GPU without one would say which query failed, not a number)."""
+    data = make_bench_images(tmp_path, 64, 640, 480)
+    variants = parse_vary(["loader.hw_decoder_load=1.0"])
+    result = run_loader_sweep(data, variants, batch_size=32, rounds=1, device="gpu")
+    (summary,) = result["variants"]["hw_decoder_load=1.0"]["engines"]
+    assert "unavailable" not in summary, summary
+    assert isinstance(summary["sm"], float) and 0 <= summary["sm"] <= 100
+    assert isinstance(summary["jpeg"], float) and 0 <= summary["jpeg"] <= 100, summary

@@ -7,7 +7,8 @@ baseline's batches are also copied to the GPU (pinned memory), since feeding the
 Epochs alternate between the two, after one warm-up epoch each, and the medians are reported.
 Our loader runs its epochs on one persistent pipeline, as training does (``pipeline_builds`` in
 the result says so); the baseline keeps its workers (``persistent_workers``) and reads each epoch's
-same windows.
+same windows. ``--vary`` compares gpufeed's loader with itself instead
+(:mod:`gpufeed.bench._loader_sweep`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,21 @@ import numpy as np
 import torch
 
 from gpufeed.bench._common import machine_facts, median
+from gpufeed.bench._loader_sweep import parse_vary, print_sweep_result, run_loader_sweep
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
 from gpufeed.core import SizePx, format_table
 from gpufeed.device import resolve_device
 from gpufeed.pipelines import ImageDataset, ImageLoader, default_num_threads, train_windows
 
-__all__ = ["EpochBatches", "PilCropDataset", "print_loader_result", "run_loader_bench"]
+__all__ = [
+    "EpochBatches",
+    "PilCropDataset",
+    "parse_vary",
+    "print_loader_result",
+    "print_sweep_result",
+    "run_loader_bench",
+    "run_loader_sweep",
+]
 
 
 class PilCropDataset(torch.utils.data.Dataset[torch.Tensor]):

@@ -13,7 +13,7 @@ from gpufeed.bench import print_perf_analyzer_points, quiet_http_logs
 from gpufeed.bench.augment import print_augment_result, run_augment_bench
 from gpufeed.bench.clips import print_clip_result, run_clip_bench
 from gpufeed.bench.image_checks import print_image_checks, run_image_checks
-from gpufeed.bench.loader import print_loader_result, run_loader_bench
+from gpufeed.bench.loader import parse_vary, print_loader_result, print_sweep_result, run_loader_bench, run_loader_sweep
 from gpufeed.bench.predict import print_predict_result, run_predict_bench
 from gpufeed.bench.server import plot_server_results, print_server_result, run_server_bench
 from gpufeed.bench.storage import print_storage_result, run_storage_bench
@@ -26,7 +26,20 @@ __all__ = ["augment", "clips", "images", "loader", "predict", "server", "storage
 
 
 def loader(args: argparse.Namespace) -> int:
+    variants = parse_vary(args.vary)  # a bad key or value stops here, before any image is made
     data = args.data or make_bench_images(args.cache, args.images, *args.image_size)
+    if variants:
+        sweep = run_loader_sweep(
+            Path(data),
+            variants,
+            batch_size=args.batch_size,
+            rounds=args.rounds,
+            size_px=args.size_px,
+            device=args.device,
+            workers=args.workers,
+        )
+        print_sweep_result(sweep)
+        return _written(sweep, args.json)
     result = run_loader_bench(
         Path(data),
         batch_size=args.batch_size,

@@ -74,6 +74,14 @@ def _register_loader(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3, help="timed epochs per loader, interleaved (default 3)")
     p.add_argument("--workers", type=int, default=0, help="workers/threads; 0 = one per core")
+    p.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="loader.KEY=V1,V2",
+        help="compare gpufeed's loader with itself under each value (repeat for more keys: every combination; "
+        "the first is the reference); no DataLoader runs. E.g. --vary loader.hw_decoder_load=0.9,1.0",
+    )
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.set_defaults(func="gpufeed.commands._bench_handlers:loader")
