@@ -27,27 +27,19 @@ __all__ = ["augment", "clips", "images", "loader", "predict", "server", "storage
 
 def loader(args: argparse.Namespace) -> int:
     variants = parse_vary(args.vary)  # a bad key or value stops here, before any image is made
-    data = args.data or make_bench_images(args.cache, args.images, *args.image_size)
-    if variants:
-        sweep = run_loader_sweep(
-            Path(data),
-            variants,
-            batch_size=args.batch_size,
-            rounds=args.rounds,
-            size_px=args.size_px,
-            device=args.device,
-            workers=args.workers,
-        )
+    data = Path(args.data or make_bench_images(args.cache, args.images, *args.image_size))
+    common = {
+        "batch_size": args.batch_size,
+        "rounds": args.rounds,
+        "size_px": args.size_px,
+        "device": args.device,
+        "workers": args.workers,
+    }
+    if variants:  # the loader against itself: no DataLoader
+        sweep = run_loader_sweep(data, variants, **common)
         print_sweep_result(sweep)
         return _written(sweep, args.json)
-    result = run_loader_bench(
-        Path(data),
-        batch_size=args.batch_size,
-        rounds=args.rounds,
-        size_px=args.size_px,
-        device=args.device,
-        workers=args.workers,
-    )
+    result = run_loader_bench(data, **common)
     print_loader_result(result)
     return _written(result, args.json)
 
