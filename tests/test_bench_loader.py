@@ -56,6 +56,7 @@ def test_loader_bench_keeps_one_pipeline_and_feeds_both_sides_the_same_windows(t
     ],
 )
 def test_a_sweep_refuses_what_is_not_a_loader_setting_naming_it(items, words):
+    assert parse_vary([]) == [], "no --vary: the DataLoader comparison, not a sweep"
     with pytest.raises(ConfigError, match=words):
         parse_vary(items)
 
@@ -90,3 +91,17 @@ def test_the_engine_sampler_reads_the_gpus_jpeg_engines_while_they_decode(tmp_pa
     assert "unavailable" not in summary, summary
     assert isinstance(summary["sm"], float) and 0 <= summary["sm"] <= 100
     assert isinstance(summary["jpeg"], float) and 0 <= summary["jpeg"] <= 100, summary
+
+
+@pytest.mark.process  # the DataLoader's worker
+@pytest.mark.parametrize("vary", [[], ["--vary", "loader.pipelines=1,2"]], ids=["dataloader", "sweep"])
+def test_the_command_compares_with_the_dataloader_unless_asked_to_vary(tmp_path, capsys, vary):
+    from gpufeed.cli import main
+
+    args = ["bench", "loader", "--images", "8", "--image-size", "64x48", "--batch-size", "4", "--rounds", "1"]
+    assert main([*args, "--workers", "1", "--size-px", "32", "--device", "cpu", "--cache", str(tmp_path), *vary]) == 0
+    out = capsys.readouterr().out
+    if vary:
+        assert "loader sweep:" in out and "pipelines=2" in out and "DataLoader" not in out
+    else:
+        assert "ratio gpufeed / DataLoader+PIL" in out and "loader sweep" not in out

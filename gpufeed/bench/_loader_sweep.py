@@ -37,12 +37,15 @@ MAX_VARIANTS = 12
 
 
 def parse_vary(items: list[str]) -> list[dict[str, str]]:
-    """The variants of ``--vary loader.KEY=V1,V2`` items: every combination, in order, as overrides.
+    """The variants of ``--vary loader.KEY=V1,V2`` items: every combination, in order, as overrides
+    (none without items).
 
     Raises:
         ConfigError: An item that is not ``loader.KEY=V1[,V2...]``, a key twice, a value the config
             refuses (naming the key), or more than :data:`MAX_VARIANTS` combinations.
     """
+    if not items:  # no --vary: the comparison with the DataLoader, not a sweep of one variant
+        return []
     dimensions: dict[str, list[str]] = {}
     for item in items:
         key, sep, values = item.partition("=")
