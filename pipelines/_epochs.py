@@ -141,11 +141,10 @@ class EpochLoader:
         # Evaluation keeps every sample: "drop" is read as "partial" there.
         self.last_batch = loader_cfg.last_batch if train or loader_cfg.last_batch == "pad" else "partial"
         self.num_threads = loader_cfg.num_threads or loader_num_threads(train)
-        self.parallel_pipelines = getattr(loader_cfg, "pipelines", 1) if self._reads_pipelines else 1
-        if getattr(loader_cfg, "pipelines", 1) > 1 and not self._reads_pipelines:
-            log.warning(
-                "loader.pipelines: %d is for the image loader; %s reads one", loader_cfg.pipelines, type(self).__name__
-            )
+        asked = getattr(loader_cfg, "pipelines", 1)
+        self.parallel_pipelines = asked if self._reads_pipelines else 1
+        if asked > self.parallel_pipelines:
+            log.warning("loader.pipelines: %d is for the image loader; %s reads one", asked, type(self).__name__)
         self.epoch = 0
         self._start_batch = 0
         self._history: EpochHistory | None = None  # segments other world sizes read (a resharded resume)
