@@ -167,8 +167,18 @@ class ImageLoader(SampleLoader):
             log.info("%s loader: %s", "train" if self.train else "eval", self.decoder_memory)
         return options
 
-    def _pipeline(self, stream: PlanStream | StreamSlice, *, build: bool = True, num_threads: int | None = None):
-        """(pipeline, feed) over ``stream``; ``build=False``: defined only (see ``build_image_pipeline``)."""
+    def _pipeline(
+        self,
+        stream: PlanStream | StreamSlice,
+        *,
+        build: bool = True,
+        num_threads: int | None = None,
+        gpu_options: dict | None = None,
+    ):
+        """(pipeline, feed) over ``stream``; ``build=False``: defined only (see ``build_image_pipeline``).
+
+        ``gpu_options``: the decoder's arguments when already worked out (several pipelines share them).
+        """
         feed = ImageFeed(
             stream,
             self._path_table,
@@ -188,7 +198,7 @@ class ImageLoader(SampleLoader):
             num_threads=num_threads or self.num_threads,
             prefetch_queue_depth=self.cfg.prefetch_queue_depth,
             seed=self.seed,
-            gpu_options=self._decoder_options(),
+            gpu_options=gpu_options if gpu_options is not None else self._decoder_options(),
             build=build,
         )
         return pipe, feed
@@ -202,7 +212,11 @@ class ImageLoader(SampleLoader):
         # loader.pipelines: pipeline j decodes plan batches j, j + P, ... and they are read in turn.
         count = self.parallel_pipelines
         threads = max(1, self.num_threads // count)
-        parts = [self._pipeline(StreamSlice(stream, j, count), num_threads=threads) for j in range(count)]
+        options = self._decoder_options()  # sized and logged once for all of them
+        parts = [
+            self._pipeline(StreamSlice(stream, j, count), num_threads=threads, gpu_options=options)
+            for j in range(count)
+        ]
         session = Session(RoundRobin([self._outputs_of(pipe) for pipe, _ in parts]), stream)
         session.resources.extend(feed for _, feed in parts)
         return session
