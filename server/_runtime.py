@@ -161,7 +161,6 @@ class OnnxRunner:
         self.sessions_alone = {n: self._session(n, wanted, threads_alone) for n in sizes} if alone else {}
         self.threads = {"alone": threads_alone if alone else threads, "shared": threads}
         self.output_name = self.sessions[sizes[-1]].get_outputs()[0].name
-        self.num_classes = card.spec.num_classes
         self._local = threading.local()  # per calling thread: {size: (IOBinding, output buffer)}
         log.info(
             "model %s: onnxruntime providers %s, batch sizes %s, intra-op threads %s alone / %s beside others",
@@ -234,7 +233,8 @@ class OnnxRunner:
         return np.zeros(shape, dtype=np.uint8)
 
     def run(self, batch) -> np.ndarray:
-        """Logits ``(n, num_classes)`` float32 on the host for a batch of n rows, n one of ``batch_sizes``.
+        """The graph's float32 output on the host for a batch of n rows, n one of ``batch_sizes``:
+        ``card.spec.output_shape(n)``, ``(n, C)`` logits or ``(n, C, H, W)`` maps of a dense model.
 
         ``batch`` is a contiguous uint8 array (CUDA tensor on a GPU), e.g. the first n rows of
         :meth:`new_batch`. Thread-safe: onnxruntime sessions run concurrently; each thread binds
@@ -255,16 +255,30 @@ class OnnxRunner:
         if bound is None:
             bound = self._local.bound = {}
         if size not in bound:
-            output = torch.empty((size, self.num_classes), dtype=torch.float32, device=batch.device)
-            bound[size] = (session.io_binding(), output)
+            bound[size] = (session.io_binding(), self.output_buffer(size, batch.device))
         binding, output = bound[size]
-        device_id = self.device.device_id or 0
-        binding.bind_input(self.card.input_name, "cuda", device_id, np.uint8, tuple(batch.shape), batch.data_ptr())
-        binding.bind_output(self.output_name, "cuda", device_id, np.float32, tuple(output.shape), output.data_ptr())
-        session.run_with_iobinding(binding)
-        binding.synchronize_outputs()
+        self.run_bound(session, binding, batch, output, "cuda", self.device.device_id or 0)
         torch.cuda.current_stream(batch.device).synchronize()
         return output.cpu().numpy()
+
+    def output_buffer(self, size: int, device):
+        """An empty float32 torch tensor of the graph's output shape for a batch of ``size``, on ``device``."""
+        import torch
+
+        return torch.empty(self.card.spec.output_shape(size), dtype=torch.float32, device=device)
+
+    def run_bound(self, session, binding, batch, output, device_type: str, device_id: int) -> None:
+        """Runs ``session`` from ``batch`` into ``output`` (torch tensors on ``device_type``) by I/O binding.
+
+        The binding names the buffers' shapes; onnxruntime refuses an output whose rank or size is
+        not the graph's, so ``output`` comes from :meth:`output_buffer`.
+        """
+        binding.bind_input(self.card.input_name, device_type, device_id, np.uint8, tuple(batch.shape), batch.data_ptr())
+        binding.bind_output(
+            self.output_name, device_type, device_id, np.float32, tuple(output.shape), output.data_ptr()
+        )
+        session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
 
     @contextlib.contextmanager
     def _host_session(self, size: int):

@@ -27,6 +27,7 @@ CLIP_MODEL = "clips"  # r3d_small, 32 px, 4 frames, batch sizes 1, 2
 IMAGE_BATCH = 4
 CLIP_BATCH = 2
 CLASSES = ("amber", "birch", "cedar", "daisy")
+DENSE_SIZE = 64  # the dense models' input, square
 
 
 @functools.cache
@@ -58,6 +59,23 @@ def exported_repo() -> Path:
     )
     export_model(clip_ckpt, repo / CLIP_MODEL, batch_size=CLIP_BATCH)
     return repo
+
+
+@functools.cache
+def exported_dense_repo() -> Path:
+    """A model repository with a depth model ``depth`` and a 4-class segmentation model ``seg`` (U-Nets at
+    64 px, batch sizes 1 and 2), exported once per session."""
+    root = _workdir() / "dense"
+    common = {"size_px": DENSE_SIZE, "eval_crop_fraction": 1.0}
+    depth = write_checkpoint(
+        root / "run-depth", "unet_resnet18", task="depth", num_classes=1, depth_scale=0.001, map_fill=0, **common
+    )
+    seg = write_checkpoint(
+        root / "run-seg", "unet_resnet18", task="segmentation", num_classes=4, map_fill=255, seed=1, **common
+    )
+    export_model(depth, root / "repo" / "depth", batch_sizes=[1, 2])
+    export_model(seg, root / "repo" / "seg", batch_sizes=[1, 2])
+    return root / "repo"
 
 
 def encode(pixels: np.ndarray, fmt: str = "JPEG") -> bytes:

@@ -7,35 +7,24 @@ import io
 import httpx
 import numpy as np
 import pytest
-from _serving import encode, kserve_image_outputs, write_checkpoint
+from _serving import DENSE_SIZE, encode, exported_dense_repo, kserve_image_outputs
 from PIL import Image
 
 from gpufeed.config import parse_config
 from gpufeed.device import DeviceChoice
-from gpufeed.models import export_model
 from gpufeed.server import start_server
 from gpufeed.synth import render_pair
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
-SIZE = 64  # model input, square; the test image is 96 x 72, so the window is the centre 72 x 72 (x 12..83)
+SIZE = DENSE_SIZE  # model input, square; the test image is 96 x 72, so the window is the centre 72 x 72 (x 12..83)
 W, H, X0 = 96, 72, 12
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    # pytest's own folder, so the two checkpoints and their ONNX files (about 200 MB) go when pytest prunes.
-    root = tmp_path_factory.mktemp("dense-serve")
-    common = {"size_px": SIZE, "eval_crop_fraction": 1.0}
-    depth = write_checkpoint(
-        root / "run-depth", "unet_resnet18", task="depth", num_classes=1, depth_scale=0.001, map_fill=0, **common
-    )
-    seg = write_checkpoint(
-        root / "run-seg", "unet_resnet18", task="segmentation", num_classes=4, map_fill=255, seed=1, **common
-    )
-    export_model(depth, root / "repo" / "depth", batch_sizes=[1, 2])
-    export_model(seg, root / "repo" / "seg", batch_sizes=[1, 2])
+def server():
     cfg = parse_config({"device": "cpu", "serve": {"max_delay_ms": 5, "decode_threads": 2, "warmup_batches": 1}})
-    running = start_server(repo=root / "repo", cfg=cfg, port=0, device=DeviceChoice("cpu", None, "test"), grpc_port=0)
+    cpu = DeviceChoice("cpu", None, "test")
+    running = start_server(repo=exported_dense_repo(), cfg=cfg, port=0, device=cpu, grpc_port=0)
     yield running
     running.stop()
 

@@ -12,8 +12,9 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
+import torch
 import tritonclient.http as triton
-from _serving import CLASSES, CLIP_BATCH, CLIP_MODEL, IMAGE_BATCH, IMAGE_MODEL, exported_repo
+from _serving import CLASSES, CLIP_BATCH, CLIP_MODEL, IMAGE_BATCH, IMAGE_MODEL, exported_dense_repo, exported_repo
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufeed.config import ImagePipelineConfig, LoaderConfig, parse_config
@@ -378,6 +379,24 @@ def test_runner_has_a_session_per_batch_size_and_refuses_other_sizes():
         runner.bucket_for(5)
     with pytest.raises(RuntimeSetupError, match=r"batch sizes \[2\] are not a subset"):
         OnnxRunner(model_dir, card, CPU, batch_sizes=(2,))
+
+
+@pytest.mark.parametrize("model", [IMAGE_MODEL, "depth", "seg"])
+def test_the_bound_run_takes_the_graphs_output_shape(model):
+    """The GPU path's I/O binding, run here on host buffers: onnxruntime refuses an output buffer whose
+    rank is not the graph's, so a dense model's (n, C, H, W) maps need their own shape, not (n, C)."""
+    from gpufeed.models import read_model_card
+    from gpufeed.server._runtime import OnnxRunner
+
+    model_dir = (exported_repo() if model == IMAGE_MODEL else exported_dense_repo()) / model
+    card = read_model_card(model_dir)
+    runner = OnnxRunner(model_dir, card, CPU)
+    rows = np.random.default_rng(3).integers(0, 256, (2, *card.sample_shape), dtype=np.uint8)
+    session = runner.sessions[2]
+    output = runner.output_buffer(2, "cpu")
+    runner.run_bound(session, session.io_binding(), torch.from_numpy(rows), output, "cpu", 0)
+    assert tuple(output.shape) == card.spec.output_shape(2)
+    np.testing.assert_array_equal(output.numpy(), runner.run(rows))
 
 
 def test_a_lone_batch_gets_every_core_and_batches_side_by_side_their_share():

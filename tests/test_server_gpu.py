@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from _serving import CLIP_MODEL, IMAGE_MODEL, exported_repo
+from _serving import CLIP_MODEL, IMAGE_MODEL, exported_dense_repo, exported_repo
 
 from gpufeed.config import parse_config
 from gpufeed.device import DeviceChoice
@@ -99,6 +99,27 @@ def test_cuda_runner_binds_every_batch_size_and_agrees_with_the_cpu_runner():
     np.testing.assert_allclose(gpu.run(batch[:1]), cpu.run(rows[:1].copy()), atol=1e-3)  # its binding, reused
     with pytest.raises(ValueError, match=r"a batch of 3 rows: this model runs batches of \[1, 2, 4\]"):
         gpu.run(batch[:3])
+
+
+@pytest.mark.parametrize("model", ["depth", "seg"])
+def test_cuda_runner_serves_a_dense_models_maps_like_the_cpu_runner(model):
+    """A dense graph's (n, C, H, W) maps, bound on the device at every batch size (a (n, C) buffer is refused)."""
+    import torch
+
+    from gpufeed.models import read_model_card
+    from gpufeed.server._runtime import OnnxRunner
+
+    model_dir = exported_dense_repo() / model
+    card = read_model_card(model_dir)
+    gpu, cpu = OnnxRunner(model_dir, card, GPU), OnnxRunner(model_dir, card, CPU)
+    assert gpu.on_gpu
+    rows = np.random.default_rng(2).integers(0, 256, (card.batch_size, *card.sample_shape), dtype=np.uint8)
+    batch = gpu.new_batch()
+    for n in card.batch_sizes:
+        batch[:n].copy_(torch.from_numpy(rows[:n]))
+        got = gpu.run(batch[:n])
+        assert got.shape == card.spec.output_shape(n) and got.dtype == np.float32
+        np.testing.assert_allclose(got, cpu.run(rows[:n].copy()), rtol=1e-3, atol=1e-3, err_msg=f"batch size {n}")
 
 
 @pytest.mark.live
