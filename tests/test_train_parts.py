@@ -22,7 +22,8 @@ from gpufeed.train._checkpoint import (
     save_checkpoint,
     temp_path,
 )
-from gpufeed.train._optim import lr_factor
+from gpufeed.device import DeviceChoice
+from gpufeed.train._optim import lr_factor, resolve_amp
 from gpufeed.train._profiling import parse_profile_steps
 from gpufeed.train._summary import format_summary, summarize
 from gpufeed.train._tasks import Accuracy, ImageTask, MultiLabelF1
@@ -133,6 +134,22 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
     linear = TrainConfig(schedule="linear")
     assert lr_factor(5, 10, linear) == pytest.approx(0.5)
     assert lr_factor(7, 10, TrainConfig(schedule="constant")) == 1.0
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_amp_auto_takes_bf16_only_where_the_gpu_has_it_natively(monkeypatch, native):
+    """torch counts emulated bf16 (a T4's) as supported unless asked not to; auto must then take fp16."""
+    # A GPU whose bf16 is native (an A100) or emulated only: torch's own answer for each question.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    gpu = DeviceChoice("gpu", 0, "test")
+    assert resolve_amp("auto", gpu) is (torch.bfloat16 if native else torch.float16)
+    assert resolve_amp("fp16", gpu) is torch.float16
+    if native:
+        assert resolve_amp("bf16", gpu) is torch.bfloat16
+    else:
+        with pytest.raises(ConfigError, match="train.amp.*bf16 is not supported by Tesla T4; use fp16"):
+            resolve_amp("bf16", gpu)
 
 
 def test_checkpoints_are_written_atomically_and_pruned(tmp_path):

@@ -60,7 +60,8 @@ def resolve_amp(mode: str, device) -> torch.dtype | None:
         if mode == "fp16":
             raise ConfigError("train.amp", "fp16 needs a GPU and this run uses the CPU; use bf16, auto or off")
         return torch.bfloat16 if mode == "bf16" else None
-    bf16_ok = torch.cuda.is_bf16_supported()
+    # Native bf16 only (compute capability 8.0+): torch's default also counts emulated bf16 (a T4, a V100).
+    bf16_ok = torch.cuda.is_bf16_supported(including_emulation=False)
     if mode == "bf16" and not bf16_ok:
         raise ConfigError(
             "train.amp", f"bf16 is not supported by {torch.cuda.get_device_name(device.device_id)}; use fp16"
