@@ -11,9 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import DEVICES
 
-from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips
+from gpufeed.bench._dense_feeds import dense_batch
+from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, clip_batch, image_batch
 from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
 from gpufeed.cli import main
 from gpufeed.config import ImagePipelineConfig, LoaderConfig, SizePx
@@ -137,6 +139,56 @@ def test_no_baseline_trains_gpufeed_alone(tmp_path, capsys):
     assert not any(t["applies"] for t in targets.values())  # a CPU run, and the CPU targets compare
     assert "DataLoader+PIL" not in out and "gpufeed / DataLoader" not in out and "--no-baseline" in out
     assert "loader wait, share of step time" in out
+
+
+def _device_batches(device, rows: int = 2) -> list:
+    """The DataLoader side's three batch makers on ``device``, from pinned collated batches on a GPU."""
+    pin = (lambda t: t.pin_memory()) if device.type == "cuda" else (lambda t: t)
+    ids = pin(torch.arange(rows))
+    valid = torch.ones(rows, dtype=torch.bool, device=device)
+    image = (pin(torch.zeros(rows, 224, 224, 3, dtype=torch.uint8)), pin(torch.zeros(rows, dtype=torch.int64)), ids)
+    clip = (
+        pin(torch.zeros(rows, 11, 64, 64, 3, dtype=torch.uint8)),
+        pin(torch.zeros(rows, 11, dtype=torch.int64)),
+        ids,
+        ids,
+    )
+    dense = (pin(torch.zeros(rows, 64, 64, 3, dtype=torch.uint8)), pin(torch.zeros(rows, 64, 64)), ids)
+    return [
+        image_batch(image, device, valid),
+        clip_batch(clip, device, valid, ("walk",), centre=5),
+        dense_batch(dense, device, valid),
+    ]
+
+
+def test_the_dataloader_sides_copies_do_not_wait_for_the_queued_step(monkeypatch):
+    """The bench queues each step one ahead, so a blocking copy to the GPU (a copy, then a stream
+    synchronise) would also wait for the previous step and count its compute as loader wait."""
+    blocking = []
+    real = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        blocking.append(not kwargs.get("non_blocking", False))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    _device_batches(torch.device("cpu"))
+    assert len(blocking) == 10 and not any(blocking)
+
+
+@pytest.mark.gpu
+def test_the_dataloader_sides_copies_do_not_synchronise_on_a_gpu():
+    """Behind a queued kernel (the step launched ahead), no copy may wait for the stream."""
+    cuda = torch.device("cuda", 0)
+    torch.cuda._sleep(int(2e8))  # a step still running on the stream
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        batches = _device_batches(cuda, rows=64)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    images, clips, dense = batches
+    assert images.images.is_cuda and clips.clips.is_cuda and dense.maps["depth"].is_cuda
 
 
 @pytest.mark.parametrize("size", [48, [48, 32]], ids=["square", "48x32"])

@@ -71,5 +71,6 @@ class PilDensePairs(torch.utils.data.Dataset):
 def dense_batch(raw, device, valid) -> DenseBatch:
     """A collated batch of :class:`PilDensePairs` as a :class:`~gpufeed.pipelines.DenseBatch` on ``device``."""
     hwc, depth, ids = raw
-    images = hwc.to(device).permute(0, 3, 1, 2)  # channels_last view, like gpufeed's
-    return DenseBatch(images, {"depth": depth.to(device)}, ids.to(device), valid[: len(images)])
+    images = hwc.to(device, non_blocking=True).permute(0, 3, 1, 2)  # channels_last view, like gpufeed's
+    depth, ids = depth.to(device, non_blocking=True), ids.to(device, non_blocking=True)
+    return DenseBatch(images, {"depth": depth}, ids, valid[: len(images)])

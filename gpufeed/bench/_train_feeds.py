@@ -20,8 +20,8 @@ The DataLoader side is what a careful user writes, doing the same work per sampl
 
 Both sides read the same samples in the same order (gpufeed's epoch plan). The DataLoader runs
 one worker per core, pinned memory on a GPU, persistent workers and ``prefetch_factor``; its
-batch is copied to the GPU inside the timed wait (a blocking copy: the training step synchronises
-every step, so nothing else could overlap it).
+batch is copied to the GPU inside the timed wait, asynchronously from its pinned memory: the step
+is queued one ahead (:mod:`gpufeed.train._timeline`), and a blocking copy would wait for it to end.
 """
 
 from __future__ import annotations
@@ -192,21 +192,23 @@ def gpufeed_feed(make_loader, epochs: int):
 def image_batch(raw, device, valid) -> ImageBatch:
     """A collated ``(hwc, labels, ids)`` of :class:`PilTrainImages` as an :class:`ImageBatch` on ``device``."""
     hwc, labels, ids = raw
-    images = hwc.to(device).permute(0, 3, 1, 2)  # (N, S, S, 3) -> (N, 3, S, S), channels_last: a view
-    return ImageBatch(images, labels.to(device), ids.to(device), valid[: len(images)])
+    # Asynchronous from pinned memory: the previous step is still queued on the stream (launch ahead).
+    images = hwc.to(device, non_blocking=True).permute(0, 3, 1, 2)  # (N, 3, S, S) channels_last: a view
+    labels, ids = labels.to(device, non_blocking=True), ids.to(device, non_blocking=True)
+    return ImageBatch(images, labels, ids, valid[: len(images)])
 
 
 def clip_batch(raw, device, valid, behaviours, centre: int) -> ClipBatch:
     """A collated batch of :class:`PyAvSeekClips` as a :class:`ClipBatch` on ``device``."""
     frames, frame_labels, videos, starts = raw
-    clips = frames.to(device).permute(0, 4, 1, 2, 3)  # (N, T, S, S, 3) -> (N, 3, T, S, S): channels_last_3d
-    frame_labels = frame_labels.to(device)
+    clips = frames.to(device, non_blocking=True).permute(0, 4, 1, 2, 3)  # (N, 3, T, S, S): channels_last_3d
+    frame_labels = frame_labels.to(device, non_blocking=True)
     return ClipBatch(
         clips=clips,
         frame_labels=frame_labels,
         centre_labels=frame_labels[:, centre].contiguous(),
-        video_ids=videos.to(device),
-        start_frames=starts.to(device),
+        video_ids=videos.to(device, non_blocking=True),
+        start_frames=starts.to(device, non_blocking=True),
         valid=valid[: len(clips)],
         behaviours=behaviours,
     )

@@ -143,7 +143,7 @@ def _measured_text(device, settings: dict, cores: int) -> str:
     )
     alone = len(settings["sides"]) == 1
     copy = (
-        "; the DataLoader's includes its blocking copy to the GPU from pinned memory"
+        "; the DataLoader's includes its copy to the GPU (asynchronous, from pinned memory)"
         if device.is_gpu and not alone
         else ""
     )
