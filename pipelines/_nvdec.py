@@ -28,17 +28,20 @@ __all__ = ["DecoderChoice", "choose_decoder", "gpu_capability", "nvdec_problem",
 
 # Per codec: (chroma formats, bit depths, smallest (width, height), largest width/height) NVDEC
 # decodes, from NVIDIA's NVDEC support matrix for Turing to Hopper. 4:2:2 only arrives with Blackwell,
-# so it is left out. The smallest sizes are the decoder capabilities' minimums: below one, DALI's
+# so it is left out; 4:4:4 too, although NVDEC decodes it, because DALI 2.4's GPU reader cannot
+# output it (below). The smallest sizes are the decoder capabilities' minimums: below one, DALI's
 # reader fails the whole pipeline at its first clip (a 96x64 hevc video on an H200: "Video is too
 # small in at least one dimension ... supported: 144x144").
 _NVDEC = {
     "h264": (("420", "400"), (8,), (48, 16), 4096),
-    "hevc": (("420", "444", "400"), (8, 10, 12), (144, 144), 8192),
+    # No 4:4:4: DALI 2.4's GPU reader creates every decoder with an NV12 output surface (it never
+    # sets OutputFormat) and converts NV12 only (color_space.cu), while 4:4:4 needs a YUV444 one.
+    "hevc": (("420", "400"), (8, 10, 12), (144, 144), 8192),
     "vp8": (("420",), (8,), (48, 16), 4096),
     "vp9": (("420",), (8, 10, 12), (128, 128), 8192),
     "av1": (("420", "400"), (8, 10), (128, 128), 8192),
     "mpeg4": (("420",), (8,), (48, 16), 2032),
-    "mjpeg": (("420", "422", "444", "400"), (8,), (64, 64), 32768),
+    "mjpeg": (("420", "400"), (8,), (64, 64), 32768),
 }
 # h264 profiles NVDEC decodes (FFmpeg's names); High 10/4:2:2/4:4:4 and the intra profiles it does not.
 _H264_PROFILES = ("Baseline", "Constrained Baseline", "Main", "Extended", "High", "")
@@ -93,11 +96,20 @@ def nvdec_problem(info, capability: tuple[int, int] | None = None) -> str | None
     if codec == "h264" and profile not in _H264_PROFILES:
         return f"h264 profile {profile!r}: NVDEC decodes h264 Baseline, Main and High (8-bit 4:2:0) only"
     if chroma and chroma not in chromas:
-        return f"{codec} {info.pix_fmt}: NVDEC decodes {codec} as 4:{'/'.join(c[1:] for c in chromas)} chroma only"
+        kept = "/".join(f"4:{c[1]}:{c[2]}" for c in chromas)
+        return f"{codec} {info.pix_fmt}: DALI's NVDEC reader decodes {codec} with {kept} chroma only"
     if bits not in depths:
         return f"{codec} {info.pix_fmt}: {bits}-bit; NVDEC decodes {codec} at {'/'.join(map(str, depths))} bits"
     if info.width < smallest[0] or info.height < smallest[1]:
         return f"{codec} {info.width}x{info.height}: smaller than NVDEC's {smallest[0]}x{smallest[1]} for {codec}"
+    if info.width % 2 or info.height % 2:
+        # DALI 2.4's NV12 to RGB kernel (color_space.cu) writes 2x2 pixels a thread, checking only
+        # the even corner, and reads chroma from height x pitch where NVDEC starts it at the height
+        # rounded up to even: wrong colours and writes past the frame, with no error.
+        return (
+            f"{codec} {info.width}x{info.height}: an odd frame size, which DALI's NVDEC reader converts to RGB "
+            "wrongly (gpufeed prepare makes it even)"
+        )
     if max(info.width, info.height) > largest:
         return f"{codec} {info.width}x{info.height}: larger than NVDEC's {largest}x{largest} for {codec}"
     return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import DEVICES
 from videohelp import encode_tagged_video, frame_tags
 
 from gpufeed.config import LoaderConfig, VideoConfig
@@ -57,6 +58,51 @@ def test_nvdec_refuses_videos_below_its_smallest_size():
     assert nvdec_problem(info("hevc", 144, 144), (9, 0)) is None
     assert nvdec_problem(info("vp9", 160, 120), (9, 0)) == "vp9 160x120: smaller than NVDEC's 128x128 for vp9"
     assert nvdec_problem(info("h264", 96, 64), (9, 0)) is None
+
+
+@pytest.fixture(scope="module")
+def unconvertible(tmp_path_factory):
+    """Videos NVDEC decodes but DALI's GPU reader turns into RGB wrongly: hevc 4:4:4, an odd-size VP9."""
+    folder = tmp_path_factory.mktemp("nv12") / "videos"
+    x265 = {"x265-params": "log-level=error:keyint=10"}
+    encode_tagged_video(
+        folder / "a_hevc_444.mp4", 0, 30, width=160, height=144, codec="libx265", pix_fmt="yuv444p", options=x265
+    )
+    encode_tagged_video(
+        folder / "b_vp9_odd.webm", 1, 30, width=161, height=145, codec="libvpx-vp9", options={"g": "10"}
+    )
+    return folder
+
+
+def test_nvdec_refuses_what_dalis_reader_cannot_turn_into_rgb(unconvertible):
+    """DALI 2.4's reader gives every decoder an NV12 surface and converts NV12 only, two rows at a time."""
+    hevc, vp9 = (probe_video(unconvertible / name) for name in ("a_hevc_444.mp4", "b_vp9_odd.webm"))
+    assert (hevc.pix_fmt, hevc.profile) == ("yuv444p", "Rext") and (vp9.width, vp9.height) == (161, 145)
+    assert nvdec_problem(hevc, (9, 0)) == "hevc yuv444p: DALI's NVDEC reader decodes hevc with 4:2:0/4:0:0 chroma only"
+    assert nvdec_problem(vp9, (9, 0)) == (
+        "vp9 161x145: an odd frame size, which DALI's NVDEC reader converts to RGB wrongly (gpufeed prepare makes it even)"
+    )
+    from types import SimpleNamespace
+
+    for pix_fmt, ok in (("yuvj420p", True), ("yuvj422p", False), ("yuvj444p", False)):
+        mjpeg = SimpleNamespace(codec="mjpeg", pix_fmt=pix_fmt, profile="", width=160, height=144)
+        assert (nvdec_problem(mjpeg, (9, 0)) is None) == ok, pix_fmt
+    for width, height in ((160, 145), (161, 144)):
+        odd = SimpleNamespace(codec="h264", pix_fmt="yuv420p", profile="High", width=width, height=height)
+        assert "odd frame size" in nvdec_problem(odd, (9, 0))
+    choice = choose_decoder("auto", True, VideoDataset.from_folder(unconvertible).infos, (9, 0))
+    assert choice.source == "pyav" and "NVDEC cannot decode 2 of 2 video(s)" in choice.reason
+
+
+@pytest.mark.process  # PyAV's worker processes
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_videos_dalis_reader_cannot_convert_read_exactly_through_pyav(unconvertible, device):
+    loader = _loader(VideoDataset.from_folder(unconvertible), device)
+    try:
+        assert loader.source == "pyav", loader.decoder_reason
+        assert {v for v, _ in _read_all(loader)} == {0, 1} and loader.skipped == {}
+    finally:
+        loader.close()
 
 
 def test_pixel_format_facts():
