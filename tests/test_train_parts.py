@@ -12,6 +12,7 @@ import torch
 from prometheus_client import generate_latest
 
 from gpufeed.config import AugmentConfig, ConfigError, TrainConfig, parse_config
+from gpufeed.device import DeviceChoice
 from gpufeed.models._io import list_checkpoints
 from gpufeed.train._augment import build_augmenter
 from gpufeed.train._checkpoint import (
@@ -22,7 +23,6 @@ from gpufeed.train._checkpoint import (
     save_checkpoint,
     temp_path,
 )
-from gpufeed.device import DeviceChoice
 from gpufeed.train._optim import lr_factor, resolve_amp
 from gpufeed.train._profiling import parse_profile_steps
 from gpufeed.train._summary import format_summary, summarize
@@ -148,7 +148,7 @@ def test_amp_auto_takes_bf16_only_where_the_gpu_has_it_natively(monkeypatch, nat
     if native:
         assert resolve_amp("bf16", gpu) is torch.bfloat16
     else:
-        with pytest.raises(ConfigError, match="train.amp.*bf16 is not supported by Tesla T4; use fp16"):
+        with pytest.raises(ConfigError, match=r"train\.amp.*bf16 is not supported by Tesla T4; use fp16"):
             resolve_amp("bf16", gpu)
 
 
