@@ -15,10 +15,9 @@ Which clips an epoch holds is decided by :class:`gpufeed.pipelines._clips.ClipTa
 :func:`gpufeed.pipelines._sampler.plan_epoch` (order, shards, last batch), so every decoder reads the same
 clips for the same seed. How they are decoded is the loader's
 :class:`~gpufeed.pipelines._clip_source.ClipSource`, picked from the videos' facts by
-:func:`~gpufeed.pipelines._clip_sources.choose_clip_source`; the loader asks it for the pipeline
-over each plan stream and for the order its rows come in. The pipeline (and its worker processes)
-is built once and reads epoch after epoch (see :mod:`gpufeed.pipelines._epochs`);
-``loader.pipeline_builds`` counts builds.
+:func:`~gpufeed.pipelines._clip_sources.choose_clip_source`; the loader asks it for the pipeline over each
+plan stream and for the order its rows come in. The pipeline (and its worker processes) is built once and
+reads epoch after epoch (see :mod:`gpufeed.pipelines._epochs`); ``loader.pipeline_builds`` counts builds.
 """
 
 from __future__ import annotations
@@ -258,6 +257,8 @@ class ClipLoader(EpochLoader):
             fast_idct=self.video_cfg.jpeg_idct == "fast",
             augment=augment,
             reader_builds=self.reader_builds,
+            hw_decoder_load=getattr(self.cfg, "hw_decoder_load", 0.9),
+            train=self.train,
         )
 
     def _open_session(self, stream: PlanStream) -> Session:

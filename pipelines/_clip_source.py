@@ -56,6 +56,9 @@ class ClipJob:
         fast_idct: JPEG frames with libjpeg-turbo's fast IDCT on a CPU (``video.jpeg_idct: fast``).
         augment: The loader's augmentation feed (in the order the source outputs rows), or ``None``.
         reader_builds: The loader's list of DALI reader builds, which a reader source appends to.
+        hw_decoder_load: ``loader.hw_decoder_load``: the hardware JPEG decoder's share of frame
+            stores' frames on a GPU (all or nothing in evaluation, as the image loader's).
+        train: A training job (else evaluation).
     """
 
     plan: ClipPlan
@@ -73,6 +76,8 @@ class ClipJob:
     fast_idct: bool = False
     augment: StreamAugmentFeed | None = None
     reader_builds: list = field(default_factory=list)
+    hw_decoder_load: float = 0.9
+    train: bool = True
 
     @property
     def batch_size(self) -> int:

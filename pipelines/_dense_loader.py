@@ -187,6 +187,8 @@ def build_dense_pipeline(
     num_threads: int,
     prefetch_queue_depth: int,
     seed: int,
+    gpu_options: dict | None = None,
+    build: bool = True,
 ):
     """Build the dense DALI pipeline: outputs ``(images, meta, *maps)`` (maps in ``feed.kinds`` order).
 
@@ -194,6 +196,9 @@ def build_dense_pipeline(
         size: Output (width, height) of the RGB and every map.
         map_bits: Bit depth per map kind: the decoded dtype (uint8 or uint16, values unscaled).
         depth_interp: ``nearest`` or ``linear`` resampling of depth maps (masks are always nearest).
+        gpu_options: The RGB's ``mixed`` decoder arguments (the loader's ``_decoder_options``, as the
+            image loader's); ``None`` on the CPU.
+        build: Build it (False: the graph alone, to inspect).
     """
     from nvidia.dali import fn, pipeline_def, types
 
@@ -215,7 +220,8 @@ def build_dense_pipeline(
         paths, lengths, anchor, shape, roi_start, roi_end, meta = outs[:7]
         # The RGB goes through the image loader's own fragment: the same decode and resample.
         encoded = read_encoded(paths, lengths)
-        images = decode_window(encoded, anchor, shape, roi_start, roi_end, size_px=SizePx(width, height), on_gpu=on_gpu)
+        window = (anchor, shape, roi_start, roi_end)
+        images = decode_window(encoded, *window, size_px=SizePx(width, height), on_gpu=on_gpu, gpu_options=gpu_options)
         if feed.has_colour:  # colour on the RGB only: a map's values are targets, never augmented
             images = apply_augment_nodes(images, colour=outs[-1])
         maps = [
@@ -238,7 +244,8 @@ def build_dense_pipeline(
         seed=seed,
         **executor_args(on_gpu),
     )
-    pipe.build()
+    if build:
+        pipe.build()
     return pipe
 
 
@@ -320,6 +327,11 @@ class DenseLoader(SampleLoader):
         self.crops = CropPolicy.for_split(data.sizes, train, seed, image_cfg, self.size)
 
     def _open_session(self, stream: PlanStream) -> Session:
+        pipe, feed = self._pipeline(stream)
+        return self._iterator_session(pipe, stream, feed, feed.kinds)
+
+    def _pipeline(self, stream: PlanStream, *, build: bool = True) -> tuple:
+        """The DALI pipeline over ``stream`` and its feed (``build=False``: the graph alone, to inspect)."""
         feed = DenseFeed(stream, self.dataset, self.crops, augment=self.augment, seed=self.seed)
         pipe = build_dense_pipeline(
             feed,
@@ -331,8 +343,10 @@ class DenseLoader(SampleLoader):
             num_threads=self.num_threads,
             prefetch_queue_depth=self.cfg.prefetch_queue_depth,
             seed=self.seed,
+            gpu_options=self._decoder_options() if self.device.is_gpu else None,
+            build=build,
         )
-        return self._iterator_session(pipe, stream, feed, feed.kinds)
+        return pipe, feed
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> DenseBatch:
         meta = out["meta"]

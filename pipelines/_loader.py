@@ -17,7 +17,6 @@ The loader builds its DALI pipeline once and feeds it epoch after epoch (see
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,7 +29,7 @@ from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._alternate import RoundRobin, StreamSlice
 from gpufeed.pipelines._augment import LoaderAugment
 from gpufeed.pipelines._dataset import ImageDataset
-from gpufeed.pipelines._image_pipeline import ImageFeed, PathTable, build_image_pipeline, gpu_decoder_options
+from gpufeed.pipelines._image_pipeline import ImageFeed, PathTable, build_image_pipeline
 from gpufeed.pipelines._image_verify import find_bad_files
 from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._pipeline_session import Session
@@ -43,8 +42,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["CropPolicy", "ImageBatch", "ImageLoader", "find_bad_files"]
-
-log = logging.getLogger("gpufeed")
 
 
 @dataclass(frozen=True)
@@ -157,16 +154,6 @@ class ImageLoader(SampleLoader):
         self._shard_bytes = ShardBytes(list(data.paths)) if data.paths and split_member(data.paths[0]) else None
 
     # -- EpochLoader hooks --------------------------------------------------------------------
-    def _decoder_options(self) -> dict:
-        usable = self._usable
-        sizes = np.asarray(self.dataset.sizes)[usable] if len(usable) else np.ones((1, 2), dtype=np.int64)
-        options, self.decoder_memory = gpu_decoder_options(
-            sizes, getattr(self.cfg, "hw_decoder_load", 0.9), train=self.train, num_threads=self.num_threads
-        )
-        if self.device.is_gpu:
-            log.info("%s loader: %s", "train" if self.train else "eval", self.decoder_memory)
-        return options
-
     def _pipeline(
         self,
         stream: PlanStream | StreamSlice,

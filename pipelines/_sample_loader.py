@@ -9,10 +9,12 @@ those parts once. The clip loader plans over clip slots instead and has its own.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
+from gpufeed.pipelines._decoder_options import gpu_decoder_options
 from gpufeed.pipelines._epochs import EpochLoader
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._pipeline_session import Session
@@ -20,6 +22,8 @@ from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
 
 __all__ = ["CropPolicy", "SampleLoader"]
+
+log = logging.getLogger("gpufeed")
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +88,19 @@ class SampleLoader(EpochLoader):
                 f"{self.dataset.source}, batch_size {self.batch_size}, last_batch '{self.last_batch}'. "
                 "Use a smaller batch_size or last_batch: partial."
             )
+
+    def _decoder_options(self) -> dict:
+        """The ``mixed`` RGB decoder's arguments (:func:`gpu_decoder_options`): ``loader.hw_decoder_load``
+        in training, all or nothing in evaluation (the server's), nvJPEG's buffers sized for the
+        usable samples' images."""
+        usable = self._usable
+        sizes = np.asarray(self.dataset.sizes)[usable] if len(usable) else np.ones((1, 2), dtype=np.int64)
+        options, self.decoder_memory = gpu_decoder_options(
+            sizes, getattr(self.cfg, "hw_decoder_load", 0.9), train=self.train, num_threads=self.num_threads
+        )
+        if self.device.is_gpu:
+            log.info("%s loader: %s", "train" if self.train else "eval", self.decoder_memory)
+        return options
 
     def _outputs_of(self, pipe, outputs: tuple[str, ...] = ()):
         """The iterator over ``pipe``'s outputs ``images, meta[, meta_gpu], *outputs``."""

@@ -45,7 +45,7 @@ def store_read_workers(num_threads: int) -> int:
     return max(1, min(STORE_READ_WORKERS, num_threads))
 
 
-def fitted_frames(outputs, feed, *, size_px: SizePx, roi_feed, on_gpu: bool):
+def fitted_frames(outputs, feed, *, size_px: SizePx, roi_feed, on_gpu: bool, gpu_options: dict | None = None):
     """Graph fragment: the feed's frames decoded, fitted to ``size_px`` and in RGB order.
 
     Args:
@@ -55,6 +55,8 @@ def fitted_frames(outputs, feed, *, size_px: SizePx, roi_feed, on_gpu: bool):
         size_px: Output frame size.
         roi_feed: The crop windows' feed (``centre_crop``), or ``None`` to stretch the whole frame.
         on_gpu: Decode with nvJPEG and resize on the GPU.
+        gpu_options: nvJPEG's arguments there (:func:`~gpufeed.pipelines._decoder_options.gpu_decoder_options`:
+            threads unpinned, the hardware decoder's share, buffer sizes).
 
     Returns:
         uint8 (h, w, 3) RGB frames.
@@ -64,6 +66,8 @@ def fitted_frames(outputs, feed, *, size_px: SizePx, roi_feed, on_gpu: bool):
     # The CPU decoder's default IDCT is the exact one (bit-equal to Pillow's and OpenCV's decode);
     # the fast one (video.jpeg_idct: fast) decoded 1.5x faster but about a level off on average.
     fast: dict[str, Any] = {"use_fast_idct": True} if feed.fast_idct and not on_gpu else {}
+    if on_gpu:
+        fast.update(gpu_options or {})
     # Any: DALI's stubs type an operator's result as a node, a sequence of them or None.
     frames: Any = fn.decoders.image(outputs[0], device="mixed" if on_gpu else "cpu", output_type=types.RGB, **fast)
     frames = fn.resize(frames, **resize_args(size_px, roi_feed))
@@ -96,6 +100,7 @@ def build_store_pipeline(
     start_method: str = "fork",
     frames_first: bool = False,
     augment=None,
+    gpu_options: dict | None = None,
     build: bool = True,
 ):
     """Build (not yet run) a frame-store clip pipeline over ``feed`` (see the module docs).
@@ -111,6 +116,7 @@ def build_store_pipeline(
         start_method: ``"fork"`` or ``"spawn"`` for those workers.
         frames_first: Output (3, h, w) "CHW" frames instead of (h, w, 3).
         augment: A :class:`~gpufeed.pipelines._augment.StreamAugmentFeed` built with ``repeat=T``.
+        gpu_options: nvJPEG's arguments on a GPU (see :func:`fitted_frames`).
         build: ``False`` returns the pipeline defined but not built (no worker, no device needed).
 
     Returns:
@@ -130,9 +136,8 @@ def build_store_pipeline(
         dtypes = [types.UINT8, types.INT64] + ([types.FLOAT] if feed.mode == "per_clip" else [])
         extra = {"parallel": True, "prefetch_queue_depth": max(2, prefetch_queue_depth)} if parallel else {}
         outputs = fn.external_source(source=feed, num_outputs=feed.num_outputs, batch=False, dtype=dtypes, **extra)
-        frames = fitted_frames(
-            outputs, feed, size_px=size_px, roi_feed=roi_feed if fit == "centre_crop" else None, on_gpu=on_gpu
-        )
+        roi = roi_feed if fit == "centre_crop" else None
+        frames = fitted_frames(outputs, feed, size_px=size_px, roi_feed=roi, on_gpu=on_gpu, gpu_options=gpu_options)
         if augment is not None:
             frames = augment.apply(frames)
         if frames_first:

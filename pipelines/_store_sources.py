@@ -23,6 +23,7 @@ from gpufeed.pipelines._clip_pipeline import FeedInput, build_clip_pipeline
 from gpufeed.pipelines._clip_resize import ClipResizer, crop_boxes
 from gpufeed.pipelines._clip_source import ClipJob, ClipSource, RangeJob, SourcePipeline, start_method
 from gpufeed.pipelines._crop_windows import RoiFeed, centre_rois
+from gpufeed.pipelines._decoder_options import gpu_decoder_options
 from gpufeed.pipelines._epochs import worker_start_method
 from gpufeed.pipelines._store_feed import ScaledJpegClips, StoreFrameFeed, StoreRef, channel_mode, jpeg_decode_sizes
 from gpufeed.pipelines._store_pipeline import build_store_pipeline, store_read_workers
@@ -32,6 +33,12 @@ __all__ = ["ScaledJpegSource", "StoreSource"]
 
 def _stores(job: ClipJob) -> list[StoreRef | None]:
     return [StoreRef.from_info(info) if info.store else None for info in job.infos]
+
+
+def _decoder_options(sizes, share: float, train: bool, num_threads: int, on_gpu: bool) -> dict | None:
+    """nvJPEG's arguments on a GPU, the image loader's (:func:`gpu_decoder_options`): threads unpinned,
+    the hardware share in training and all or nothing in evaluation, buffers sized for the frames."""
+    return gpu_decoder_options(sizes, share, train=train, num_threads=num_threads)[0] if on_gpu else None
 
 
 def _shape(job: ClipJob) -> dict:
@@ -71,6 +78,9 @@ class StoreSource(ClipSource):
         else:
             method = worker_start_method(job.start_method)[0]
         args = {k: v for k, v in job.graph_args().items() if k not in ("clip_length_frames", "stride_frames")}
+        args["gpu_options"] = _decoder_options(
+            job.frame_sizes(), job.hw_decoder_load, job.train, job.num_threads, job.on_gpu
+        )  # fmt: skip
         return SourcePipeline(build_store_pipeline(feed, roi_feed=roi, start_method=method, build=build, **args))
 
     def open_ranges(self, job: RangeJob, *, build: bool = True):
@@ -90,6 +100,9 @@ class StoreSource(ClipSource):
         args = job.graph_args()
         for key in ("clip_length_frames", "stride_frames"):
             del args[key]
+        # Evaluation's all-or-nothing share: a frame's decoder never depends on the rest of its range.
+        sizes = np.array([job.info.display_size])
+        args["gpu_options"] = _decoder_options(sizes, 0.9, False, job.num_threads, job.on_gpu)
         return build_store_pipeline(
             feed, roi_feed=job.roi_feed(repeat=job.chunk_frames), parallel=False, build=build, **args
         )

@@ -23,11 +23,14 @@ from dali_graph import image_decoders
 from gpufeed.config import ImagePipelineConfig, LoaderConfig, SizePx, parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ImageDataset, ImageLoader
+from gpufeed.pipelines._dense_loader import DenseLoader
 from gpufeed.pipelines._image_pipeline import eval_decoder_options, gpu_decoder_options, percentile_pick
+from gpufeed.pipelines._pairs import PairedDataset
 from gpufeed.pipelines._sampler import PlanStream
 from gpufeed.server._preprocess import serve_pipeline
 from gpufeed.server._repo import load_repository
 from gpufeed.server._state import ServingState
+from gpufeed.synth._pairs import write_paired_split
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -103,6 +106,28 @@ def test_the_server_and_the_eval_loader_build_one_decoder_with_the_same_options(
     assert evaluation.device == serving.device == "mixed"
     assert evaluation.args == serving.args
     assert serving.args["hw_decoder_load"] == (1.0 if share else 0.0) and serving.args["affine"] is False
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_the_dense_loader_decodes_its_rgb_as_the_image_loader_does(tmp_path, train):
+    """The dense GPU graph, traced on the CPU: the configured share in training, the server's all or
+    nothing in evaluation, unpinned threads and nvJPEG's buffers sized for the data (DALI's 0.65 and
+    pinned threads before)."""
+    dataset = PairedDataset.from_root(write_paired_split(tmp_path / "train", 6, 96, 72, seed=3))
+    share = 0.7
+    loader = DenseLoader(
+        dataset,
+        train=train,
+        image_cfg=ImagePipelineConfig(size_px=48),
+        loader_cfg=LoaderConfig(batch_size=2, num_threads=2, hw_decoder_load=share),
+        device=GPU,
+    )
+    pipe, _ = loader._pipeline(PlanStream(loader._spec(), 0, 0), build=False)
+    # The RGB's decoder; the maps' PNGs decode on the CPU, where these arguments do not exist.
+    (decoder,) = [op for op in image_decoders(pipe) if op.device == "mixed"]
+    want, _ = gpu_decoder_options(np.asarray(dataset.sizes), share, train=train, num_threads=2)
+    assert decoder.args == {**decoder.args, **want}
+    assert decoder.args["hw_decoder_load"] == (share if train else 1.0) and decoder.args["affine"] is False
 
 
 def test_the_served_models_decoders_take_the_configs_options():

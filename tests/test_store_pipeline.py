@@ -60,12 +60,16 @@ def _loader(dataset, device, *, batch=4, fit="stretch", **kw):
 def test_a_gpu_store_graph_has_one_decoder_and_a_parallel_source(jpeg_stores, monkeypatch, form, fit):
     """Traced on the CPU: one nvJPEG decoder for all ``batch x T`` frames, fed by DALI's worker processes."""
     monkeypatch.setattr(_clip_loader, "gpu_capability", lambda device: (9, 0))  # an H100, as the GPU would say
-    loader = _loader(VideoDataset.from_folder(jpeg_stores / form), GPU, fit=fit)
+    loader = _loader(VideoDataset.from_folder(jpeg_stores / form), GPU, fit=fit, hw_decoder_load=0.7)
     assert loader.source == "frames" and loader.clip_source.frames_flat
     stream = PlanStream(loader._spec(), 0, 0)
     pipe = loader.clip_source.open(loader._clip_job(stream), build=False).pipe
     (decoder,) = image_decoders(pipe)
     assert decoder.device == "mixed" and decoder.schema == "decoders__Image"
+    # The image loader's options: threads unpinned (DALI pins thread i to core i on every rank), the
+    # configured hardware share in training (DALI's own is 0.65), buffers for the frames.
+    assert decoder.args["affine"] is False and decoder.args["hw_decoder_load"] == 0.7
+    assert decoder.args["preallocate_width_hint"] > 0
     assert pipe.max_batch_size == 4 * T, "a batch's clips, frame by frame"
     (source,) = [op for op in external_sources(pipe) if isinstance(op.callback, StoreFrameFeed)]
     assert source.parallel is True and source.batch is False, "the files are read in DALI's worker processes"
@@ -81,6 +85,8 @@ def test_the_sequential_reader_decodes_a_range_with_one_decoder(jpeg_stores, mon
     pipe = VideoFrameReader(info, size_px=SizePx(32, 32), chunk_frames=16, device=GPU)._pipeline(tmp_path, build=False)
     (decoder,) = image_decoders(pipe)
     assert decoder.device == "mixed" and pipe.max_batch_size == 16
+    # Evaluation's all-or-nothing share: a frame takes the same decoder whatever else is in its range.
+    assert decoder.args["hw_decoder_load"] == 1.0 and decoder.args["affine"] is False
     (source,) = [op for op in external_sources(pipe) if isinstance(op.callback, StoreFrameFeed)]
     assert source.parallel is False, "worker processes for one pass over one video would cost more than its reads"
 
