@@ -201,7 +201,10 @@ class LoaderAugment:
 def reference_augment(pixels: np.ndarray, colour: np.ndarray | None, flip: bool = False) -> np.ndarray:
     """numpy reference of what the graph does to one sample: HWC image or FHWC clip, uint8.
 
-    Colour in float64, rounded half to even and saturated, then the flip (along W).
+    Colour in float64, rounded half to even and saturated, then the flip (along W). DALI rounds a
+    float to an integer half to even on the GPU and half away from zero on the CPU (``ConvertSat``
+    in ``dali/core/convert.h``), so at an exact tie of .5 the CPU's pixel may be one level above
+    this; with real-valued matrices such ties are rare.
     """
     out = pixels
     if colour is not None:

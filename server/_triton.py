@@ -219,7 +219,8 @@ def input_facts(spec) -> dict[str, Any]:
 def model_config_of(state: ServingState, name: str) -> dict[str, Any]:
     """Triton's model configuration of served model ``name`` (JSON form), loaded or not yet."""
     cfg, model = state.cfg, state.models.get(name)
-    on_gpu = model.on_gpu if model is not None else state.device.is_gpu
+    # Before the model loads: where its sessions will run (a GPU host may serve on the CPU provider).
+    on_gpu = model.on_gpu if model is not None else state.device.is_gpu and cfg.execution_provider != "cpu"
     workers = model.workers if model is not None else state.budget.workers
     sizes = model.batch_sizes if model is not None else None
     card = state.entries[name].card

@@ -27,7 +27,7 @@ from gpufeed.models import read_model_card
 from gpufeed.server._app import build_app
 from gpufeed.server._repo import load_repository
 from gpufeed.server._state import ServingState
-from gpufeed.server._triton import EXTENSIONS, batch_sizes_of
+from gpufeed.server._triton import EXTENSIONS, batch_sizes_of, model_config_of
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -115,6 +115,16 @@ def test_model_config_is_tritons_model_config_for_the_card(server):
     assert same == client.get_model_config(IMAGE_MODEL)
     missing = httpx.get(f"{server.url}/v2/models/nope/config")
     assert missing.status_code == 404 and missing.json()["reason"] == "unknown_model"
+
+
+@pytest.mark.parametrize("provider", ["auto", "cpu"])
+def test_a_gpu_hosts_config_says_where_a_model_not_yet_loaded_will_run(provider):
+    """Before loading, the configuration follows the provider: a GPU host set to the CPU one says KIND_CPU."""
+    cfg = parse_config({"serve": {"execution_provider": provider}})
+    state = ServingState.from_config(load_repository(exported_repo()), cfg, DeviceChoice("gpu", 0, "test"))
+    (group,) = model_config_of(state, IMAGE_MODEL)["instance_group"]
+    assert group["kind"] == ("KIND_GPU" if provider == "auto" else "KIND_CPU")
+    assert group["gpus"] == ([0] if provider == "auto" else [])
 
 
 def test_model_metadata_lists_exactly_the_inputs_a_request_may_send(server):
