@@ -133,7 +133,8 @@ class LoaderConfig:
         0.9,
         ge=0.0,
         le=1.0,
-        doc="GPU only: share of JPEGs decoded by the GPU's hardware JPEG decoder (A100/H100) in training; the rest "
+        doc="GPU only: share of JPEGs (images, dense pairs' RGB, frame stores' frames) decoded by the GPU's hardware "
+        "JPEG decoder (A100/H100) in training; the rest "
         "use nvJPEG's CUDA path with CPU threads. Lower it if the hardware decoder is the bottleneck. Evaluation "
         "and serving send every JPEG to it when above 0, none at 0, so an image decodes alike wherever it sits",
     )
