@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -73,23 +75,41 @@ def test_a_sweep_times_every_combination_on_its_own_pipeline_against_the_first(t
         assert len(figures["images_per_second"]) == 2 and all(v > 0 for v in figures["images_per_second"]), name
         assert all(busy > 0 for busy in figures["cores_busy"])
         # No GPU here: the engines' summary says why instead of a figure.
-        assert all("NVML is not usable here" in summary["unavailable"] for summary in figures["engines"])
+        assert all(summary == {"unavailable": "no GPU"} for summary in figures["engines"])
     assert result["variants"]["prefetch_queue_depth=1, num_threads=1"]["paired"] == [1.0, 1.0]
     print_sweep_result(result)
     out = capsys.readouterr().out
     assert "vs first (paired)" in out and "prefetch_queue_depth=3, num_threads=2" in out and "JPEG %" in out
 
 
+def test_the_engine_sampler_names_its_gpu_by_uuid_not_by_cuda_index(monkeypatch):
+    """NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES: CUDA device 0 may be NVML's 3."""
+    import uuid
+
+    import torch
+
+    from gpufeed.bench._gpu_engines import EngineSampler, nvml_uuids
+
+    card = uuid.UUID("6b1b2d6e-0b1c-4f5e-9a8b-7c6d5e4f3a2b")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(uuid=card))
+    assert nvml_uuids(1) == (f"GPU-{card}", f"MIG-{card}")
+    with EngineSampler(None) as off_gpu:
+        pass
+    assert off_gpu.summary() == {"unavailable": "no GPU"}
+    missing = EngineSampler(nvml_uuids(1), library="libnvidia-ml-absent.so.1")
+    assert missing.summary()["unavailable"].startswith("NVML is not usable here:")
+
+
 @pytest.mark.gpu
 def test_the_engine_sampler_reads_the_gpus_jpeg_engines_while_they_decode(tmp_path):
-    """On a GPU, NVML answers for the SMs and the JPEG engines while the loader decodes with the
+    """On a GPU, NVML answers for the kernels and the JPEG engines while the loader decodes with the
     hardware decoder (a GPU without one would say which query failed, not a number)."""
     data = make_bench_images(tmp_path, 64, 640, 480)
     variants = parse_vary(["loader.hw_decoder_load=1.0"])
     result = run_loader_sweep(data, variants, batch_size=32, rounds=1, device="gpu")
     (summary,) = result["variants"]["hw_decoder_load=1.0"]["engines"]
     assert "unavailable" not in summary, summary
-    assert isinstance(summary["sm"], float) and 0 <= summary["sm"] <= 100
+    assert isinstance(summary["kernels"], float) and 0 <= summary["kernels"] <= 100
     assert isinstance(summary["jpeg"], float) and 0 <= summary["jpeg"] <= 100, summary
 
 

@@ -1,4 +1,4 @@
-"""How busy the GPU's engines were while a benchmark ran: SMs, NVDEC and the hardware JPEG decoder.
+"""How busy the GPU's engines were while a benchmark ran: its kernels, NVDEC and the hardware JPEG decoder.
 
 A loader that cannot keep up is either short of decoder (the JPEG engines or NVDEC near 100 %) or
 held up elsewhere (the engines idle while the CPU works). NVML, the driver's own library, answers
@@ -15,7 +15,7 @@ import ctypes
 import threading
 from types import TracebackType
 
-__all__ = ["ENGINES", "EngineSampler"]
+__all__ = ["ENGINES", "EngineSampler", "nvml_uuids"]
 
 # engine name -> NVML query; each takes (device, unsigned *utilization, unsigned *sampling period in us)
 ENGINES = {"nvdec": "nvmlDeviceGetDecoderUtilization", "jpeg": "nvmlDeviceGetJpgUtilization"}
@@ -25,37 +25,60 @@ class _Rates(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]  # nvmlUtilization_t, in percent
 
 
+def nvml_uuids(cuda_index: int) -> tuple[str, ...]:
+    """The names NVML may know CUDA device ``cuda_index`` by: its UUID with NVML's prefix, ``GPU-`` (or
+    ``MIG-`` for a MIG slice). NVML numbers GPUs in its own (PCI) order and ignores
+    ``CUDA_VISIBLE_DEVICES``, so a CUDA index is no NVML index; the UUID names one GPU for both. torch
+    gives it without the prefix."""
+    import torch
+
+    uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
+    return f"GPU-{uuid}", f"MIG-{uuid}"
+
+
 class EngineSampler:
-    """Mean utilisation (percent) of the GPU's SMs, NVDEC and JPEG engines while the block runs.
+    """Mean utilisation (percent) of the GPU, NVDEC and JPEG engines while the block runs.
+
+    ``kernels`` is NVML's GPU utilisation: the share of time some kernel ran, not how many SMs it
+    kept busy (one small kernel running all the time reads 100).
 
     Args:
-        device_index: The GPU's NVML index (CUDA's, when ``CUDA_VISIBLE_DEVICES`` does not reorder).
+        uuids: The GPU's NVML names (:func:`nvml_uuids`), tried in turn; ``None`` off a GPU.
         period_s: Seconds between reads (NVML's own window for NVDEC and JPEG is about that long).
         library: The NVML library to load.
 
     Example::
 
-        with EngineSampler(0) as engines:
+        with EngineSampler(nvml_uuids(0)) as engines:
             run_the_loader()
-        engines.summary()  # {"sm": 41.0, "nvdec": 0.0, "jpeg": 97.5} or {"unavailable": "why"}
+        engines.summary()  # {"kernels": 41.0, "nvdec": 0.0, "jpeg": 97.5} or {"unavailable": "why"}
     """
 
-    def __init__(self, device_index: int, period_s: float = 0.1, library: str = "libnvidia-ml.so.1") -> None:
+    def __init__(
+        self, uuids: tuple[str, ...] | None, period_s: float = 0.1, library: str = "libnvidia-ml.so.1"
+    ) -> None:
         self.period_s = period_s
-        self.samples: dict[str, list[int]] = {"sm": [], **{name: [] for name in ENGINES}}
+        self.samples: dict[str, list[int]] = {"kernels": [], **{name: [] for name in ENGINES}}
         self.missing: dict[str, str] = {}
         self.why_not = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lib, self._handle = None, ctypes.c_void_p()
+        if not uuids:
+            self.why_not = "no GPU"
+            return
         try:
             lib = ctypes.CDLL(library)
             if lib.nvmlInit_v2() != 0:
                 raise OSError("nvmlInit_v2 failed")
-            code = lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(device_index), ctypes.byref(self._handle))
+            code = -1
+            for uuid in uuids:
+                code = lib.nvmlDeviceGetHandleByUUID(uuid.encode("ascii"), ctypes.byref(self._handle))
+                if code == 0:
+                    break
             if code != 0:
                 lib.nvmlShutdown()
-                raise OSError(f"no GPU {device_index} (NVML error {code})")
+                raise OSError(f"no GPU {uuids[0]} (NVML error {code})")
         except (OSError, AttributeError) as err:
             self.why_not = f"NVML is not usable here: {err}"
             return
@@ -86,7 +109,7 @@ class EngineSampler:
         assert lib is not None  # the thread runs only while NVML is loaded
         rates = _Rates()
         if lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(rates)) == 0:
-            self.samples["sm"].append(rates.gpu)
+            self.samples["kernels"].append(rates.gpu)
         for name, query in ENGINES.items():
             if name in self.missing:
                 continue

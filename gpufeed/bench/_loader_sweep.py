@@ -10,7 +10,7 @@ are interleaved, each starting one variant later. A variant's round first takes 
 pipelines prepared while the others ran (``prefetch_queue_depth`` each, untimed: a deeper queue
 would otherwise start each round with more done), then times one epoch's worth of batches, the
 GPU synchronised at the end. Beside images/s: the CPU cores the process kept busy (its CPU time
-over the wall time) and, on a GPU, how busy its SMs, NVDEC and JPEG engines were
+over the wall time) and, on a GPU, how busy it was (the share of time a kernel ran), and its NVDEC and JPEG engines
 (:class:`~gpufeed.bench._gpu_engines.EngineSampler`): a loader short of decoder has its engines
 near 100 %, one held up elsewhere leaves them idle.
 """
@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpufeed.bench._common import machine_facts
-from gpufeed.bench._gpu_engines import EngineSampler
+from gpufeed.bench._gpu_engines import EngineSampler, nvml_uuids
 from gpufeed.config import ConfigError, ImagePipelineConfig, parse_config
 from gpufeed.core import SizePx, format_table
 from gpufeed.device import resolve_device
@@ -106,6 +106,7 @@ def run_loader_sweep(
     figures: dict[str, dict[str, list]] = {
         name: {"images_per_second": [], "cores_busy": [], "engines": []} for name in names
     }
+    uuids = nvml_uuids(choice.device_id or 0) if choice.is_gpu else None
     try:
         for number in range(rounds + 1):  # round 0 warms every variant up, untimed
             shift = number % len(names)
@@ -114,7 +115,7 @@ def run_loader_sweep(
                 # Prepared while the others ran: each of its pipelines' queues.
                 for _ in range(loader.cfg.prefetch_queue_depth * loader.parallel_pipelines if number else 0):
                     next(stream)
-                with EngineSampler(choice.device_id or 0) as engines:
+                with EngineSampler(uuids) as engines:
                     wall, cpu = time.perf_counter(), time.process_time()
                     images = sum(int(next(stream).images.shape[0]) for _ in range(per_round))
                     if choice.is_gpu:
@@ -163,7 +164,7 @@ def print_sweep_result(result: dict) -> None:
                 ", ".join(f"{v:,.0f}" for v in fig["images_per_second"]),
                 f"{statistics.median(fig['paired']):.2f}x",
                 f"{statistics.median(fig['cores_busy']):.1f}",
-                *(_engine_cell(engines, engine) for engine in ("sm", "nvdec", "jpeg")),
+                *(_engine_cell(engines, engine) for engine in ("kernels", "nvdec", "jpeg")),
             ]
         )
     print(
@@ -177,7 +178,7 @@ def print_sweep_result(result: dict) -> None:
         "rounds",
         "vs first (paired)",
         "CPU cores busy",
-        "SM %",
+        "kernels %",
         "NVDEC %",
         "JPEG %",
     ]
