@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 from _serving import IMAGE_MODEL, encode, exported_repo
+from conftest import DEVICES
 
 from gpufeed.bench._loadgen import run_load
 from gpufeed.bench._loadgen_grpc import run_grpc_load
@@ -123,3 +124,25 @@ def test_batch_usage_and_verdicts_from_figures():
     missed = got({"1": point(41.0, 25.0, 29.0), "32": point(50.0, 600.0, 801.0)}, plain)
     assert missed == {("cpu", 1): "MISSED", ("cpu", 32): "MISSED", ("gpu", 32): "not measured"}, "p50 and p99 higher"
     assert got({"1": point(39.0, 20.0, 25.0), "32": point(43.0, 500.0, 600.0)}, plain)[("cpu", 1)] == "MISSED"
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_a_gpu_baseline_runs_on_cuda_without_tf32_or_stops(device):
+    """onnxruntime falls back to its CPU provider with a line on stdout, which the bench discards: a
+    baseline that did so would be timed on the CPU against gpufeed on the GPU, so it stops instead.
+    On a GPU it runs on CUDA with TF32 off, as gpufeed's server does (onnxruntime's default is on)."""
+    import torch
+
+    from gpufeed.bench.peers._common import onnx_session
+
+    path = str(exported_repo() / IMAGE_MODEL / "model.onnx")
+    assert onnx_session(path, "cpu").get_providers() == ["CPUExecutionProvider"]
+    if device.is_gpu:
+        session = onnx_session(path, "gpu")
+        assert session.get_providers()[0] == "CUDAExecutionProvider"
+        assert session.get_provider_options()["CUDAExecutionProvider"]["use_tf32"] == "0"
+    elif torch.cuda.is_available():
+        pytest.skip("CUDA starts here: the gpu case checks the baseline")
+    else:
+        with pytest.raises(SystemExit, match=r"model\.onnx: onnxruntime did not start its CUDA provider"):
+            onnx_session(path, "gpu")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 import numpy as np
 
 from gpufeed.core import SizePx
 
-__all__ = ["onnx_providers", "pil_preprocess", "top_k_reply"]
+__all__ = ["onnx_providers", "onnx_session", "pil_preprocess", "top_k_reply"]
 
 
 def pil_preprocess(data: bytes, size_px: SizePx, crop_fraction: float) -> np.ndarray:
@@ -41,6 +42,33 @@ def top_k_reply(logits: np.ndarray, labels: tuple[str, ...], k: int = 5) -> dict
     return {"top_k": [{"label": labels[j], "index": int(j), "score": float(probs[j])} for j in top]}
 
 
-def onnx_providers(device: str) -> list[str]:
-    """CUDA then CPU on a GPU (as gpufeed's server does), CPU only otherwise."""
-    return ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "gpu" else ["CPUExecutionProvider"]
+def onnx_providers(device: str) -> list:
+    """CUDA then CPU on a GPU (as gpufeed's server does), CPU only otherwise.
+
+    TF32 off, as gpufeed's server runs by default (``serve.cuda_tf32: false``): onnxruntime's CUDA
+    provider turns it on unless told (``CUDAExecutionProviderInfo::use_tf32{true}``), which would time
+    the baselines' convolutions in TF32 against gpufeed's in full fp32.
+    """
+    if device != "gpu":
+        return ["CPUExecutionProvider"]
+    return [("CUDAExecutionProvider", {"use_tf32": 0}), "CPUExecutionProvider"]
+
+
+def onnx_session(path: str, device: str):
+    """An onnxruntime session on ``device``; on a GPU it must have taken the CUDA provider.
+
+    Raises:
+        SystemExit: ``device`` is ``gpu`` and onnxruntime fell back to its CPU provider (it prints
+            why to stdout, which the benchmark discards): a baseline on the CPU would make gpufeed
+            look many times faster than it is.
+    """
+    import onnxruntime as ort
+
+    preload = getattr(ort, "preload_dlls", None)  # what gpufeed's server does before its CUDA sessions
+    if device == "gpu" and preload is not None:
+        with contextlib.suppress(Exception):  # a missing library shows as the session's fallback below
+            preload()
+    session = ort.InferenceSession(path, providers=onnx_providers(device))
+    if device == "gpu" and session.get_providers()[0] != "CUDAExecutionProvider":
+        raise SystemExit(f"{path}: onnxruntime did not start its CUDA provider (it offers {session.get_providers()})")
+    return session

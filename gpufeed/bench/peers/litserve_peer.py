@@ -16,7 +16,7 @@ import argparse
 import litserve as ls
 import numpy as np
 
-from gpufeed.bench.peers._common import onnx_providers, pil_preprocess, top_k_reply
+from gpufeed.bench.peers._common import onnx_session, pil_preprocess, top_k_reply
 from gpufeed.models import read_model_card
 
 __all__ = ["OnnxImageAPI", "main"]
@@ -30,10 +30,8 @@ class OnnxImageAPI(ls.LitAPI):
         self.model_dir, self.device_kind = model_dir, device
 
     def setup(self, device) -> None:
-        import onnxruntime as ort
-
         self.card = read_model_card(self.model_dir)
-        self.session = ort.InferenceSession(f"{self.model_dir}/model.onnx", providers=onnx_providers(self.device_kind))
+        self.session = onnx_session(f"{self.model_dir}/model.onnx", self.device_kind)
         self.fixed = isinstance(self.session.get_inputs()[0].shape[0], int)
 
     def decode_request(self, request):

@@ -12,19 +12,17 @@ import argparse
 
 from fastapi import FastAPI, File, UploadFile
 
-from gpufeed.bench.peers._common import onnx_providers, pil_preprocess, top_k_reply
+from gpufeed.bench.peers._common import onnx_session, pil_preprocess, top_k_reply
 from gpufeed.models import read_model_card
 
 __all__ = ["build_app", "main"]
 
 
 def build_app(model_dir: str, device: str = "cpu"):
-    import onnxruntime as ort
-
     card = read_model_card(model_dir)
     if card.batch_size != 1:
         raise SystemExit(f"the plain baseline runs one image per inference: export {model_dir} with --batch-size 1")
-    session = ort.InferenceSession(f"{model_dir}/model.onnx", providers=onnx_providers(device))
+    session = onnx_session(f"{model_dir}/model.onnx", device)
     app = FastAPI()
 
     @app.get("/health")
