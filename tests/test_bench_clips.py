@@ -13,6 +13,7 @@ import shutil
 import time
 
 import pytest
+from conftest import DEVICES
 
 from gpufeed.bench._clip_readers import gpufeed_reader, unavailable_reason
 from gpufeed.bench._clip_rounds import child_pids, cpu_seconds, timed_round
@@ -118,16 +119,20 @@ def test_generated_sets_every_reader_exact(videos, tmp_path):
     assert any(line.startswith("frame_folder: ") for line in result["targets"])
 
 
-def test_the_users_own_folder_without_labels_and_a_deepethogram_project(videos, tmp_path):
-    """--data: no tags there, so each reader's clips are compared with its own in-order decode."""
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_the_users_own_folder_without_labels(videos, tmp_path, device):
+    """--data: no tags there, so each reader's clips are compared with its own in-order decode (gpufeed's
+    on a GPU through its sequential reader on NVDEC: FFmpeg's scaler differs from DALI's resize)."""
     own = tmp_path / "own"
     own.mkdir()
     for path in videos.glob("*.mp4"):
         shutil.copy(path, own / path.name)  # the videos without their label CSVs
-    result = run_clip_bench(data=own, device="cpu", contenders=("gpufeed", "opencv_seek"), **SMALL)
+    result = run_clip_bench(data=own, device=device.kind, contenders=("gpufeed", "opencv_seek"), **SMALL)
     assert result["data"] == str(own) and list(result["sets"]) == ["videos"]
     assert result["sets"]["videos"]["exact_share"] == {"gpufeed": 1.0, "opencv_seek": 1.0}
 
+
+def test_a_deepethogram_project_as_the_users_own_data(tmp_path):
     from videohelp import make_deepethogram_project
 
     project = make_deepethogram_project(tmp_path / "project", "folder", (40, 30))

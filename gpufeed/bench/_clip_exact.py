@@ -66,11 +66,30 @@ def sampler_tag_share(batches: list, video_of_clip: Callable[[int], int], length
     return good / max(1, len(stacked))
 
 
-def sequential_frames(reader: str, path: str, wanted: set[int], size: SizePx, ref: VideoRef) -> dict[int, np.ndarray]:
-    """Frames ``wanted`` of ``path`` as ``reader`` decodes them in order from frame 0, (H, W, 3) uint8 each."""
+def sequential_frames(
+    reader: str, path: str, wanted: set[int], size: SizePx, ref: VideoRef, loader=None, info=None
+) -> dict[int, np.ndarray]:
+    """Frames ``wanted`` of ``path`` as ``reader`` decodes them in order from frame 0, (H, W, 3) uint8 each.
+
+    ``loader`` (gpufeed's ClipLoader) and ``info`` (the video's VideoInfo): gpufeed's reference is read by
+    its sequential reader on the loader's own device and decoder (NVDEC on a GPU), whose frames are the
+    clip loader's; FFmpeg's swscale pass differs from NVDEC plus DALI's resize by a level here and there.
+    """
     last = max(wanted)
     out: dict[int, np.ndarray] = {}
-    if reader == "gpufeed":
+    if reader == "gpufeed" and loader is not None and loader.device.is_gpu and loader.clip_source.name == "dali":
+        from gpufeed.pipelines import VideoFrameReader
+
+        frames_reader = VideoFrameReader(
+            info, size_px=size, fit=loader.video_cfg.fit, chunk_frames=64, device=loader.device, decoder="dali"
+        )
+        for chunk in frames_reader:
+            first = int(chunk.frame_indices[0])
+            frames = chunk.frames.permute(0, 2, 3, 1).cpu().numpy()  # (C, 3, H, W) -> (C, H, W, 3)
+            out.update({first + k: frame for k, frame in enumerate(frames) if first + k in wanted})
+            if first + len(frames) > last:
+                break
+    elif reader == "gpufeed":
         for first, chunk in iter_frame_chunks(ref, 64, threads=1, fitter=FrameFitter(size)):
             out.update({first + k: frame for k, frame in enumerate(chunk) if first + k in wanted})
             if first + len(chunk) > last:
@@ -103,14 +122,20 @@ def reference_share(
     length: int,
     stride: int,
     size: SizePx,
+    loader=None,
+    infos: dict | None = None,
 ) -> float:
-    """Share of clips equal, bit for bit, to ``reader``'s own in-order decode of the same frames."""
+    """Share of clips equal, bit for bit, to ``reader``'s own in-order decode of the same frames
+    (gpufeed's: through ``loader``'s device and decoder, ``infos`` per path; see :func:`sequential_frames`)."""
     stacked = _stacked(batches)[: len(clips)]
     wanted: dict[str, set[int]] = {}
     for path, start in clips[: len(stacked)]:
         wanted.setdefault(path, set()).update(range(start, start + length * stride, stride))
     kind = "torchcodec" if reader.startswith("torchcodec") else reader
-    frames = {path: sequential_frames(kind, path, indices, size, refs[path]) for path, indices in wanted.items()}
+    frames = {
+        path: sequential_frames(kind, path, indices, size, refs[path], loader, (infos or {}).get(path))
+        for path, indices in wanted.items()
+    }
     good = 0
     for clip, (path, start) in zip(stacked, clips, strict=False):
         arr = clip.detach().cpu().numpy() if hasattr(clip, "detach") else np.asarray(clip)

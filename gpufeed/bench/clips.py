@@ -106,7 +106,10 @@ def _exact_share(bench_set: BenchSet, contender: str, count: int, a: _Settings) 
         path: VideoRef.from_info(info)
         for path, info in zip(bench_set.dataset.paths, bench_set.dataset.infos, strict=True)
     }
-    return reference_share(contender, batches, bench_set.paths_of(clips), refs, a.clip_length, a.stride, a.size)
+    infos = dict(zip(bench_set.dataset.paths, bench_set.dataset.infos, strict=True))
+    return reference_share(
+        contender, batches, bench_set.paths_of(clips), refs, a.clip_length, a.stride, a.size, bench_set.loader, infos
+    )
 
 
 def _readers(sets: list[BenchSet], contenders: tuple[str, ...]) -> tuple[dict[str, list[str]], dict[str, str]]:

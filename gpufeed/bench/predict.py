@@ -265,15 +265,20 @@ def run_predict_bench(
     clip_length: int = 11,
     classes: int = 5,
     hop_frames: int = 1,
-    batch_size: int = 8,
+    batch_size: int | None = None,
     rounds: int = 3,
     device: str = "auto",
     cache: Path = Path(".cache/bench"),
 ) -> PredictBenchResult:
-    """Run the benchmark (see the module docs) and return its figures."""
+    """Run the benchmark (see the module docs) and return its figures.
+
+    ``batch_size`` ``None``: what ``gpufeed predict`` takes by default (:func:`~gpufeed.predict.load_predictor`:
+    32 windows per call on a GPU, 8 on a CPU), so the GPU target is read at the batch predict runs.
+    """
     import torch
 
     choice = resolve_device(device)
+    batch_size = batch_size or (32 if choice.is_gpu else 8)
     work = Path(cache) / f"predict-{architecture}-{size_px}px-{clip_length}f-{classes}c-b{batch_size}"
     checkpoint, exported = _model(work, architecture, size_px, clip_length, classes, batch_size)
     source = Path(data) if data is not None else make_camera_videos(cache, count=1, seconds=seconds, size=video_size)
@@ -374,10 +379,16 @@ def print_predict_result(result: PredictBenchResult) -> None:
     ]
     print(format_table(header, rows))
     print(f"load average before / after: {result.load_before} / {result.load_after}")
-    print(
-        f"predict (checkpoint) ran on {'onnxruntime' if result.runtime == 'onnx' else 'PyTorch'}: the first load "
-        f"exported it in {result.export_s:.1f} s (a fresh cache), a load from the cache took {result.cached_load_s:.1f} s"
-    )
+    if result.runtime == "onnx":
+        print(
+            f"predict (checkpoint) ran on onnxruntime: the first load exported it in {result.export_s:.1f} s "
+            f"(a fresh cache), a load from the cache took {result.cached_load_s:.1f} s"
+        )
+    else:  # runtime auto on a GPU, or an export that failed its check: PyTorch, nothing exported
+        print(
+            f"predict (checkpoint) ran on PyTorch (no export): a load took {result.export_s:.1f} s, "
+            f"{result.cached_load_s:.1f} s in the timed rounds"
+        )
     on_gpu = "gpu" in result.facts and "cuda" in result.device
     if on_gpu:
         fps = result.median("predict (exported)")

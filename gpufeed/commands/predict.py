@@ -133,7 +133,12 @@ def register_predict_bench(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--size-px", type=int, default=112, help="model input size (default 112)")
     p.add_argument("--clip-length", type=int, default=11, help="frames per window (default 11)")
     p.add_argument("--hop-frames", type=int, default=1, help="frames between window starts (default 1)")
-    p.add_argument("--batch-size", type=int, default=8, help="windows per model call (default 8)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="windows per model call (default: predict's, 32 on a GPU, 8 on a CPU)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per contender, interleaved (default 3)")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--cache", type=Path, default=Path(".cache/bench"), help="where the video and model are kept")
