@@ -106,10 +106,7 @@ def nvdec_problem(info, capability: tuple[int, int] | None = None) -> str | None
         # DALI 2.4's NV12 to RGB kernel (color_space.cu) writes 2x2 pixels a thread, checking only
         # the even corner, and reads chroma from height x pitch where NVDEC starts it at the height
         # rounded up to even: wrong colours and writes past the frame, with no error.
-        return (
-            f"{codec} {info.width}x{info.height}: an odd frame size, which DALI's NVDEC reader converts to RGB "
-            "wrongly (gpufeed prepare makes it even)"
-        )
+        return f"{codec} {info.width}x{info.height}: an odd frame size, which DALI's NVDEC reader turns into wrong RGB"
     if max(info.width, info.height) > largest:
         return f"{codec} {info.width}x{info.height}: larger than NVDEC's {largest}x{largest} for {codec}"
     return None

@@ -80,7 +80,7 @@ def test_nvdec_refuses_what_dalis_reader_cannot_turn_into_rgb(unconvertible):
     assert (hevc.pix_fmt, hevc.profile) == ("yuv444p", "Rext") and (vp9.width, vp9.height) == (161, 145)
     assert nvdec_problem(hevc, (9, 0)) == "hevc yuv444p: DALI's NVDEC reader decodes hevc with 4:2:0/4:0:0 chroma only"
     assert nvdec_problem(vp9, (9, 0)) == (
-        "vp9 161x145: an odd frame size, which DALI's NVDEC reader converts to RGB wrongly (gpufeed prepare makes it even)"
+        "vp9 161x145: an odd frame size, which DALI's NVDEC reader turns into wrong RGB"
     )
     from types import SimpleNamespace
 
