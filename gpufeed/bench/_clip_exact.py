@@ -17,7 +17,7 @@ import numpy as np
 
 from gpufeed.bench._clip_readers import _torchcodec_decoder
 from gpufeed.core import SizePx
-from gpufeed.pipelines import FrameFitter, VideoRef, iter_frame_chunks
+from gpufeed.pipelines import FrameFitter, VideoFrameReader, VideoRef, iter_frame_chunks
 from gpufeed.synth import TagError, read_tag
 
 __all__ = ["reference_share", "sampler_tag_share", "sequential_frames", "tag_share"]
@@ -78,8 +78,6 @@ def sequential_frames(
     last = max(wanted)
     out: dict[int, np.ndarray] = {}
     if reader == "gpufeed" and loader is not None and loader.device.is_gpu and loader.clip_source.name == "dali":
-        from gpufeed.pipelines import VideoFrameReader
-
         frames_reader = VideoFrameReader(
             info, size_px=size, fit=loader.video_cfg.fit, chunk_frames=64, device=loader.device, decoder="dali"
         )

@@ -1,8 +1,8 @@
 """``gpufeed bench predict``: frames/s of ``gpufeed predict`` against a careful user's PyAV + PyTorch loop.
 
-The same video, the same model weights, the same windows (the model's clip every ``hop_frames``,
-one more ending at the last frame, each frame the mean over its windows), the same output (one
-CSV), in the same run, rounds interleaved. The contenders:
+The same video, the same model weights, the same windows (the model's clip every ``hop_frames``, one more
+ending at the last frame, each frame the mean over its windows), the same output (one CSV), in the same run,
+rounds interleaved. The contenders:
 
 * **user loop**: what a careful user writes: PyAV decodes the file once in order (FFmpeg's own
   threads), each frame converted and resized by ``to_ndarray(width=, height=)`` (one swscale
@@ -23,21 +23,20 @@ CSV), in the same run, rounds interleaved. The contenders:
   off: that export served by ``gpufeed serve`` in this process, each video posted as an mp4 body
   and its answer written as a CSV (:mod:`gpufeed.bench._served_video`).
 
-On a GPU the two "one by one" contenders are left out (:func:`contenders`): runs of windows are
-a graph for onnxruntime's CPU provider, so there they would repeat their partners.
+On a GPU the two "one by one" contenders are left out (:func:`contenders`): runs of windows are a graph for
+onnxruntime's CPU provider, so there they would repeat their partners.
 
-Each round times the whole call on one video with the model loaded before, as in the user's loop
-(the checkpoint is loaded again before each round, from the export cache, so every round pays the
-first batch's check against PyTorch): wall time, and the process's CPU time over all its threads,
-which a shared machine's load moves less (though a thread that spins while it waits spends CPU time
-too). Each round starts one contender later than the last, so none always runs right after another.
-The export itself is timed once per run, into a fresh cache, and printed beside the figures with
-the time of a load from the cache. The CPU verdict reads the median of the paired per-round ratios
-of **predict (checkpoint)**: the target is >= 1.5x on a 2-core CPU; the GPU verdict reads
-**predict (exported)**: on an H100, >= 5,000 frames/s for a clip ResNet-18 at 112 px (not measured
-here: no GPU). The load average is printed beside the figures, since the machine may be shared.
-``--data`` scores the user's own videos instead (each
-contender over every video found, frames/s over all of them).
+Each round times the whole call on one video with the model loaded before, as in the user's loop (the
+checkpoint is loaded again before each round, from the export cache, so every round pays the first batch's
+check against PyTorch): wall time, and the process's CPU time over all its threads, which a shared machine's
+load moves less (though a thread that spins while it waits spends CPU time too). Each round starts one
+contender later than the last, so none always runs right after another. The export itself is timed once per
+run, into a fresh cache, and printed beside the figures with the time of a load from the cache. The CPU
+verdict reads the median of the paired per-round ratios of **predict (checkpoint)**: the target is >= 1.5x on
+a 2-core CPU; the GPU verdict reads **predict (exported)**: on an H100, >= 5,000 frames/s for a clip ResNet-18
+at 112 px (not measured here: no GPU). The load average is printed beside the figures, since the machine may
+be shared. ``--data`` scores the user's own videos instead (each contender over every video found, frames/s
+over all of them).
 """
 
 from __future__ import annotations
@@ -270,11 +269,7 @@ def run_predict_bench(
     device: str = "auto",
     cache: Path = Path(".cache/bench"),
 ) -> PredictBenchResult:
-    """Run the benchmark (see the module docs) and return its figures.
-
-    ``batch_size`` ``None``: what ``gpufeed predict`` takes by default (:func:`~gpufeed.predict.load_predictor`:
-    32 windows per call on a GPU, 8 on a CPU), so the GPU target is read at the batch predict runs.
-    """
+    """Run the benchmark (see the module docs) and return its figures (``batch_size`` None: predict's own)."""
     import torch
 
     choice = resolve_device(device)
@@ -369,26 +364,16 @@ def print_predict_result(result: PredictBenchResult) -> None:
         f"bench predict: {result.videos} video(s), {result.frames:,} frames, {result.model}, hop {result.hop_frames}, "
         f"on {result.device}; {result.facts.get('cpu_cores')} cores, torch threads {result.facts.get('torch_threads')}"
     )
-    header = [
-        "contender",
-        "frames/s (median)",
-        "rounds",
-        "vs user loop (median of paired rounds)",
-        "CPU ms/frame (median)",
-        "max |diff| vs user",
-    ]
+    header = ["contender", "frames/s (median)", "rounds", "vs user loop (median of paired rounds)"]
+    header += ["CPU ms/frame (median)", "max |diff| vs user"]
     print(format_table(header, rows))
     print(f"load average before / after: {result.load_before} / {result.load_after}")
-    if result.runtime == "onnx":
-        print(
-            f"predict (checkpoint) ran on onnxruntime: the first load exported it in {result.export_s:.1f} s "
-            f"(a fresh cache), a load from the cache took {result.cached_load_s:.1f} s"
-        )
-    else:  # runtime auto on a GPU, or an export that failed its check: PyTorch, nothing exported
-        print(
-            f"predict (checkpoint) ran on PyTorch (no export): a load took {result.export_s:.1f} s, "
-            f"{result.cached_load_s:.1f} s in the timed rounds"
-        )
+    # runtime auto on a GPU (or an export that failed its check) runs PyTorch: nothing is exported
+    onnx = result.runtime == "onnx"
+    loads = "the first load exported it in {:.1f} s (a fresh cache), a load from the cache took {:.1f} s"
+    loads = loads if onnx else "a load took {:.1f} s, {:.1f} s in the timed rounds"
+    runtime = "onnxruntime" if onnx else "PyTorch (no export)"
+    print(f"predict (checkpoint) ran on {runtime}: " + loads.format(result.export_s, result.cached_load_s))
     on_gpu = "gpu" in result.facts and "cuda" in result.device
     if on_gpu:
         fps = result.median("predict (exported)")
