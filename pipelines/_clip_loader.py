@@ -43,7 +43,7 @@ from gpufeed.pipelines._frame_stores import decode_store_frames
 from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._nvdec import gpu_capability
 from gpufeed.pipelines._nvdec_reader import ReaderBuild
-from gpufeed.pipelines._pipeline_session import HostOutputs, Session
+from gpufeed.pipelines._pipeline_session import HostOutputs, Session, SideStreamCopies
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
@@ -262,15 +262,13 @@ class ClipLoader(EpochLoader):
         )
 
     def _open_session(self, stream: PlanStream) -> Session:
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator
-
         job = self._clip_job(stream)
         pipe, limit = self.clip_source.open(job)
         self._clip_plan = job.plan
         if job.device_id is None:  # each batch as soon as it is in, not one worker batch later
             iterator = HostOutputs(pipe, ["clips", "tags"])
         else:
-            iterator = DALIGenericIterator(pipe, ["clips", "tags"], auto_reset=False, prepare_first_batch=False)
+            iterator = SideStreamCopies(pipe, ["clips", "tags"], self.device.torch_device)
         return Session(iterator, stream, limit=limit, resources=[self.clip_source], worker_pids=worker_pids(pipe))
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ClipBatch:

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 
-__all__ = ["HostOutputs", "Session"]
+__all__ = ["HostOutputs", "Session", "SideStreamCopies"]
 
 
 def _process_state(pid: int) -> str | None:
@@ -56,6 +56,49 @@ class HostOutputs:
         batch = {name: torch.from_dlpack(out.as_tensor()) for name, out in zip(self.names, outputs, strict=True)}
         self.pipe.release_outputs()  # the dynamic executor keeps the buffers the tensors hold
         return [batch]
+
+
+class SideStreamCopies:
+    """A GPU pipeline's outputs through ``DALIGenericIterator``, its copies made on a CUDA stream of their own.
+
+    The iterator copies each GPU output into a new torch tensor on torch's current stream, and DALI
+    then makes the output's own stream wait for that copy (``copy_to_external`` with a stream,
+    ``CopyToExternalImplGPU`` in DALI's ``backend_impl.cc``). On the training stream the copy sits
+    behind the step the loop has queued ahead, so DALI's decode and resize streams, and every batch
+    DALI starts after it, waited for that step to end: the loader could run no more than a step
+    ahead of the model, and a slow batch was never made up. Here the copies go to an idle stream;
+    the caller's stream waits for them (an event, on the GPU, not the host), and each tensor is
+    marked as used on it, so that the caching allocator keeps the tensor's block until that use ends.
+
+    Args:
+        pipe: A built GPU pipeline.
+        names: A name for each of its outputs.
+        device: Its torch device.
+    """
+
+    def __init__(self, pipe, names: list[str], device) -> None:
+        import torch
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+        # No reader and no size: the iterator runs as long as the feed does, epoch after epoch.
+        self.iterator = DALIGenericIterator(pipe, list(names), auto_reset=False, prepare_first_batch=False)
+        self.stream = torch.cuda.Stream(device=device)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list[dict]:
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            out = next(self.iterator)
+        consumer = torch.cuda.current_stream(self.stream.device)
+        consumer.wait_stream(self.stream)
+        for batch in out:
+            for tensor in batch.values():
+                if tensor.is_cuda:
+                    tensor.record_stream(consumer)
+        return out
 
 
 @dataclass
