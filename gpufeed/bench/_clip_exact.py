@@ -71,16 +71,18 @@ def sequential_frames(
 ) -> dict[int, np.ndarray]:
     """Frames ``wanted`` of ``path`` as ``reader`` decodes them in order from frame 0, (H, W, 3) uint8 each.
 
-    ``loader`` (gpufeed's ClipLoader) and ``info`` (the video's VideoInfo): gpufeed's reference is read by
-    its sequential reader on the loader's own device and decoder (NVDEC on a GPU), whose frames are the
-    clip loader's; FFmpeg's swscale pass differs from NVDEC plus DALI's resize by a level here and there.
+    ``loader`` (gpufeed's ClipLoader) and ``info`` (the video's VideoInfo): on a GPU gpufeed's reference is
+    read by its sequential reader on the loader's own device and decoder (NVDEC, or nvJPEG for a frame
+    store), whose frames are the clip loader's; FFmpeg's swscale pass differs from NVDEC plus DALI's
+    resize by a level here and there.
     """
     last = max(wanted)
     out: dict[int, np.ndarray] = {}
-    if reader == "gpufeed" and loader is not None and loader.device.is_gpu and loader.clip_source.name == "dali":
-        frames_reader = VideoFrameReader(
-            info, size_px=size, fit=loader.video_cfg.fit, chunk_frames=64, device=loader.device, decoder="dali"
-        )
+    if reader == "gpufeed" and loader is not None and loader.device.is_gpu:
+        args = {"size_px": size, "fit": loader.video_cfg.fit, "chunk_frames": 64, "device": loader.device}
+        frames_reader = VideoFrameReader(info, decoder=loader.video_cfg.decoder, **args)
+        if frames_reader.source != loader.source:  # the folder went to PyAV where this video alone would not
+            frames_reader = VideoFrameReader(info, decoder=loader.source, **args)
         for chunk in frames_reader:
             first = int(chunk.frame_indices[0])
             frames = chunk.frames.permute(0, 2, 3, 1).cpu().numpy()  # (C, 3, H, W) -> (C, H, W, 3)
