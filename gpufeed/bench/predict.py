@@ -57,7 +57,7 @@ from gpufeed.bench._served_video import SERVED, SERVED_ONE_BY_ONE, served_conten
 from gpufeed.core import format_table
 from gpufeed.device import resolve_device
 from gpufeed.models import WindowPlan, checkpoint_path, create_model, export_model, model_state
-from gpufeed.predict import find_videos, load_predictor, predict_videos, read_predictions_csv
+from gpufeed.predict import default_batch_size, find_videos, load_predictor, predict_videos, read_predictions_csv
 
 __all__ = ["TARGET_CPU_RATIO", "TARGET_GPU_FPS", "contenders", "print_predict_result", "run_predict_bench", "user_loop"]
 
@@ -273,7 +273,7 @@ def run_predict_bench(
     import torch
 
     choice = resolve_device(device)
-    batch_size = batch_size or (32 if choice.is_gpu else 8)
+    batch_size = batch_size or default_batch_size(choice)
     work = Path(cache) / f"predict-{architecture}-{size_px}px-{clip_length}f-{classes}c-b{batch_size}"
     checkpoint, exported = _model(work, architecture, size_px, clip_length, classes, batch_size)
     source = Path(data) if data is not None else make_camera_videos(cache, count=1, seconds=seconds, size=video_size)

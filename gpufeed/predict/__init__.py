@@ -33,7 +33,7 @@ from gpufeed.predict._cache_entries import export_cache_max_bytes as export_cach
 from gpufeed.predict._export_cache import default_export_cache as default_export_cache
 from gpufeed.predict._images import predict_images
 from gpufeed.predict._inputs import find_videos as find_videos
-from gpufeed.predict._model import RUNTIMES, ParityError, Predictor, load_predictor
+from gpufeed.predict._model import RUNTIMES, ParityError, Predictor, default_batch_size, load_predictor
 from gpufeed.predict._outputs import read_predictions_csv as read_predictions_csv
 from gpufeed.predict._run import PredictReport, VideoResult, predict_videos
 
@@ -46,6 +46,7 @@ __all__ = [
     "PredictReport",
     "Predictor",
     "VideoResult",
+    "default_batch_size",
     "list_export_cache",
     "load_predictor",
     "predict_images",

@@ -62,7 +62,7 @@ from gpufeed.predict._cache_entries import export_cache_max_bytes
 from gpufeed.predict._export_cache import CachedExport, held_export
 from gpufeed.server import OnnxRunner
 
-__all__ = ["RUNTIMES", "ParityError", "Predictor", "load_predictor"]
+__all__ = ["RUNTIMES", "ParityError", "Predictor", "default_batch_size", "load_predictor"]
 
 log = logging.getLogger("gpufeed.predict")
 
@@ -271,6 +271,11 @@ def _full_fp32() -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+def default_batch_size(device) -> int:
+    """Samples per call of a checkpoint's model when none is asked for: 32 on a GPU, 8 on a CPU."""
+    return 32 if device.is_gpu else 8
+
+
 def _labels(spec: ModelSpec) -> tuple[str, ...]:
     return spec.labels or tuple(f"class_{i}" for i in range(spec.num_classes))
 
@@ -332,7 +337,7 @@ def load_predictor(
     except Exception as err:  # a dict without the keys, or weights that do not fit its spec
         raise DatasetError(f"cannot load a gpufeed model from {path}: {str(err).splitlines()[0][:200]}") from None
     spec = module.spec
-    size = batch_size or (32 if device.is_gpu else 8)
+    size = batch_size or default_batch_size(device)
     sampling = ClipSampling.from_config(state.get("config"))
     predictor = Predictor(path, "checkpoint", spec, _labels(spec), sampling, size, device, _module=module)
     # On a GPU predict keeps PyTorch, as it did: nothing measured yet says onnxruntime's CUDA provider is faster.
