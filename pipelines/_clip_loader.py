@@ -265,6 +265,7 @@ class ClipLoader(EpochLoader):
         job = self._clip_job(stream)
         pipe, limit = self.clip_source.open(job)
         self._clip_plan = job.plan
+        iterator: HostOutputs | SideStreamCopies
         if job.device_id is None:  # each batch as soon as it is in, not one worker batch later
             iterator = HostOutputs(pipe, ["clips", "tags"])
         else:
