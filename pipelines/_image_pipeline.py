@@ -164,8 +164,19 @@ class ImageFeed:
         if self._ahead is None:
             if self._closed:  # its thread ran ahead of DALI: restarting would skip batches
                 raise RuntimeError("the image feed was closed with its pipeline")
-            self._ahead = Ahead(self._inputs, self.ahead_batches, name="gpufeed-image-feed")
+            self._ahead = Ahead(self._tensor_lists, self.ahead_batches, name="gpufeed-image-feed")
         return self._ahead.take()
+
+    def _tensor_lists(self) -> tuple:
+        """:meth:`_inputs` as DALI tensor lists, made on the feed's thread.
+
+        DALI turns a callback's arrays into tensor lists on the thread that called it, the training
+        thread: 0.17 ms a batch of 256 paths on the 2-core machine, 1 ms for 256 shard members
+        (one tensor each). Handed over already made, they pass through unchanged (3 µs).
+        """
+        from nvidia.dali.backend import TensorListCPU
+
+        return tuple(TensorListCPU(out) for out in self._inputs())
 
     def close(self) -> None:
         """Stop the feed's thread (the session's pipeline is being released)."""

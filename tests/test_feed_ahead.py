@@ -101,3 +101,37 @@ def test_the_loader_prepares_batches_on_the_feed_thread_and_stops_it(synth_dir, 
     assert len(feed_threads) == 1
     loader.close()
     assert all(_ended(t) for t in feed_threads)
+
+
+def test_the_feed_thread_hands_over_tensor_lists_equal_to_the_arrays(synth_dir):
+    # DALI's own conversion of arrays would otherwise run on the training thread, batch by batch.
+    from nvidia.dali.backend import TensorListCPU
+
+    from gpufeed.pipelines._epochs import PlanStream
+    from gpufeed.pipelines._image_pipeline import ImageFeed
+
+    dataset = ImageDataset.from_folder(synth_dir / "images" / "train")
+    loader = ImageLoader(
+        dataset,
+        train=True,
+        image_cfg=ImagePipelineConfig(size_px=32),
+        loader_cfg=LoaderConfig(batch_size=8, num_threads=2),
+        seed=3,
+    )
+
+    def feed(ahead_batches: int) -> ImageFeed:
+        stream = PlanStream(loader._spec(), 0, 0)
+        return ImageFeed(stream, loader._path_table, loader._labels, loader.crops, seed=3, ahead_batches=ahead_batches)
+
+    ahead, inline = feed(2), feed(0)
+    try:
+        for _ in range(3):
+            handed, arrays = ahead(), inline()
+            assert all(isinstance(out, TensorListCPU) for out in handed)
+            assert not any(isinstance(out, TensorListCPU) for out in arrays)
+            assert len(handed) == len(arrays) == 7
+            for out, array in zip(handed, arrays, strict=True):
+                assert np.array_equal(out.as_array(), array)
+    finally:
+        ahead.close()
+        loader.close()
