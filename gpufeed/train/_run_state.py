@@ -22,6 +22,7 @@ from gpufeed.core import to_mapping
 from gpufeed.models import ModelSpec, model_state
 from gpufeed.train._checkpoint import restore_rng, threads_mismatch
 from gpufeed.train._errors import TrainError
+from gpufeed.train._optim import load_optimizer_state
 
 __all__ = ["checkpoint_payload", "restore_run"]
 
@@ -79,7 +80,7 @@ def restore_run(session, path: Path, state: dict) -> None:
     if int(loader_states[0].get("seed", cfg.seed)) != cfg.seed:
         raise ConfigError("seed", f"value {cfg.seed} differs from the seed {loader_states[0]['seed']} of {path}")
     s.model.load_state_dict(state["model"])
-    s.optimizer.load_state_dict(state["optimizer"])
+    load_optimizer_state(s.optimizer, state["optimizer"])
     s.scheduler.load_state_dict(state["scheduler"])
     if state.get("scaler") and s.scaler.is_enabled():
         s.scaler.load_state_dict(state["scaler"])

@@ -119,7 +119,8 @@ class Stepper:
     def launch(self, batch) -> PendingStep:
         """Queue one step without waiting for the device (no host synchronisation on a GPU).
 
-        Except under fp16, where ``GradScaler.step`` reads its inf check on the host.
+        Under fp16 too: the fused AdamW of a GPU takes ``GradScaler``'s inf check on the device
+        (:func:`~gpufeed.train._optim.build_optimizer`).
         """
         task = self.task
         marks = self.clock.start()
