@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from gpufeed.pipelines._pipeline_session import start_prefetch
+
 __all__ = ["RoundRobin", "StreamSlice"]
 
 
@@ -34,6 +36,9 @@ class StreamSlice:
 class RoundRobin:
     """The outputs of several pipelines' iterators in turn: output ``n`` is iterator ``n % P``'s next.
 
+    The first ``next()`` starts every pipeline's prefetch (:func:`start_prefetch`), so that all P
+    decoders work on the session's first batches.
+
     Args:
         iterators: One per pipeline, pipeline ``j`` over ``StreamSlice(stream, j, P)``.
     """
@@ -41,11 +46,16 @@ class RoundRobin:
     def __init__(self, iterators: list[Iterator]) -> None:
         self.iterators = list(iterators)
         self.turn = 0
+        self.started = False
 
     def __iter__(self) -> RoundRobin:
         return self
 
     def __next__(self):
+        if not self.started:
+            self.started = True
+            for iterator in self.iterators:
+                start_prefetch(iterator)
         out = next(self.iterators[self.turn])
         self.turn = (self.turn + 1) % len(self.iterators)
         return out

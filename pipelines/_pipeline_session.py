@@ -8,7 +8,7 @@ from typing import Any
 
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 
-__all__ = ["HostOutputs", "Session", "SideStreamCopies"]
+__all__ = ["HostOutputs", "Session", "SideStreamCopies", "start_prefetch"]
 
 
 def _process_state(pid: int) -> str | None:
@@ -99,6 +99,20 @@ class SideStreamCopies:
                 if tensor.is_cuda:
                     tensor.record_stream(consumer)
         return out
+
+
+def start_prefetch(iterator) -> None:
+    """Schedule a ``DALIGenericIterator``'s first runs now rather than at its first ``next()``.
+
+    With several pipelines taking turns (``loader.pipelines``), pipeline ``j`` would start filling
+    its prefetch queue only at its first turn, after pipeline 0 had decoded and handed over batch
+    0: every session began with one decoder at work. This is what the iterator's first ``next()``
+    does itself (``_schedule_runs(False)``, DALI's ``base_iterator.py``); an iterator without it
+    (another DALI) starts at its first turn, as before.
+    """
+    inner = iterator.iterator if isinstance(iterator, SideStreamCopies) else iterator
+    if getattr(inner, "_ever_scheduled", True) is False and hasattr(inner, "_schedule_runs"):
+        inner._schedule_runs(False)
 
 
 @dataclass

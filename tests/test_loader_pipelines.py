@@ -70,6 +70,18 @@ def test_several_pipelines_hand_over_one_pipelines_batches(train_set, device, pi
     one.close()
 
 
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_every_pipeline_starts_decoding_with_the_first_batch(train_set, device):
+    # DALI calls a feed when it schedules that pipeline's runs: every feed was called for batch 0.
+    loader = _images(train_set, device, 3)
+    iterator = iter(loader)
+    next(iterator)
+    feeds = loader._session.resources
+    assert len(feeds) == 3
+    assert all(feed._ahead is not None for feed in feeds), "a pipeline waited for its first turn to start"
+    loader.close()
+
+
 def test_a_resume_continues_as_one_pipeline_would(train_set):
     """Stopped after three batches, a loader of two pipelines resumed from its state (or from a
     one-pipeline loader's) gives the rest of the epoch as an unbroken one-pipeline loader does."""
