@@ -27,9 +27,9 @@ from gpufeed.pipelines._videos import DALI_CPU_CODECS
 __all__ = ["DecoderChoice", "choose_decoder", "gpu_capability", "nvdec_problem", "pix_fmt_facts"]
 
 # Per codec: (chroma formats, bit depths, smallest (width, height), largest width/height) NVDEC
-# decodes, from NVIDIA's NVDEC support matrix for Turing to Hopper. 4:2:2 only arrives with Blackwell,
-# so it is left out; 4:4:4 too, although NVDEC decodes it, because DALI 2.4's GPU reader cannot
-# output it (below). The smallest sizes are the decoder capabilities' minimums: below one, DALI's
+# decodes, from NVIDIA's NVDEC support matrix for Turing to Hopper. 4:2:2 only arrives with Blackwell
+# (JPEG aside), so it is left out; hevc 4:4:4 too, although NVDEC decodes it, because DALI 2.4's GPU
+# reader cannot output it (below). The smallest sizes are the decoder capabilities' minimums: below one, DALI's
 # reader fails the whole pipeline at its first clip (a 96x64 hevc video on an H200: "Video is too
 # small in at least one dimension ... supported: 144x144").
 _NVDEC = {
@@ -41,7 +41,9 @@ _NVDEC = {
     "vp9": (("420",), (8, 10, 12), (128, 128), 8192),
     "av1": (("420", "400"), (8, 10), (128, 128), 8192),
     "mpeg4": (("420",), (8,), (48, 16), 2032),
-    "mjpeg": (("420", "400"), (8,), (64, 64), 32768),
+    # JPEG is the exception: NVDEC turns 4:2:2 and 4:4:4 JPEG into an NV12 surface itself, which is
+    # how FFmpeg's nvdec (YUV444 output only for hevc) and NVIDIA's SDK sample decoder open them.
+    "mjpeg": (("420", "422", "444", "400"), (8,), (64, 64), 32768),
 }
 # h264 profiles NVDEC decodes (FFmpeg's names); High 10/4:2:2/4:4:4 and the intra profiles it does not.
 _H264_PROFILES = ("Baseline", "Constrained Baseline", "Main", "Extended", "High", "")

@@ -84,7 +84,7 @@ def test_nvdec_refuses_what_dalis_reader_cannot_turn_into_rgb(unconvertible):
     )
     from types import SimpleNamespace
 
-    for pix_fmt, ok in (("yuvj420p", True), ("yuvj422p", False), ("yuvj444p", False)):
+    for pix_fmt, ok in (("yuvj420p", True), ("yuvj422p", True), ("yuvj444p", True), ("yuv444p", True)):
         mjpeg = SimpleNamespace(codec="mjpeg", pix_fmt=pix_fmt, profile="", width=160, height=144)
         assert (nvdec_problem(mjpeg, (9, 0)) is None) == ok, pix_fmt
     for width, height in ((160, 145), (161, 144)):
@@ -254,3 +254,79 @@ def test_nvdec_reads_what_it_takes_exactly_on_a_gpu(odd_formats, tmp_path):
     loader = _loader(dataset, DeviceChoice("gpu", 0, "test"))
     assert loader.source == "dali", loader.decoder_reason
     assert {v for v, _ in _read_all(loader, tag_of)} == {0, 1, 2}
+
+
+# Camera MJPEG: full-range JPEG frames, 4:2:0 or 4:2:2 (most USB and lab cameras).
+MJPEG = {"a_mjpeg_420.avi": "yuvj420p", "b_mjpeg_422.avi": "yuvj422p"}
+
+
+@pytest.fixture(scope="module")
+def mjpeg_videos(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mjpeg") / "videos"
+    for video_id, (name, pix_fmt) in enumerate(MJPEG.items()):
+        encode_tagged_video(folder / name, video_id, 30, width=160, height=144, codec="mjpeg", pix_fmt=pix_fmt)
+    return folder
+
+
+def test_camera_mjpeg_goes_to_nvdec_on_a_gpu(mjpeg_videos):
+    infos = VideoDataset.from_folder(mjpeg_videos).infos
+    assert [(info.codec, info.pix_fmt) for info in infos] == [("mjpeg", "yuvj420p"), ("mjpeg", "yuvj422p")]
+    choice = choose_decoder("auto", True, infos, (9, 0))
+    assert choice.source == "dali", choice.reason
+
+
+def _clips_by_start(dataset, device, decoder: str) -> dict[tuple[int, int], torch.Tensor]:
+    loader = ClipLoader(
+        dataset,
+        train=False,
+        video_cfg=VideoConfig(clip_length_frames=5, stride_frames=1, size_px=48, decoder=decoder),
+        loader_cfg=LoaderConfig(batch_size=4, num_threads=2, last_batch="partial"),
+        device=device,
+    )
+    try:
+        out = {}
+        for batch in loader:
+            for k in range(len(batch)):
+                out[(int(batch.video_ids[k]), int(batch.start_frames[k]))] = batch.clips[k].float().cpu()
+        return out
+    finally:
+        loader.close()
+
+
+def _contrast_slope(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Least-squares slope of ``got`` on ``want``: 1 for the same range, about 1.16 (255/219) where
+    full-range frames were read as limited-range."""
+    x, y = want.flatten() - want.mean(), got.flatten() - got.mean()
+    return float((x * y).sum() / (x * x).sum())
+
+
+def _same_frames(got: dict, want: dict) -> None:
+    """The same clips, frames (by their tags) and range, within a decoder's rounding."""
+    assert got.keys() == want.keys() and {v for v, _ in got} == {0, 1}
+    for key, clip in want.items():
+        assert frame_tags(got[key], "CTHW") == frame_tags(clip, "CTHW"), key
+        assert 0.96 < _contrast_slope(got[key], clip) < 1.04, key
+        assert float((got[key] - clip).abs().mean()) < 6.0, key
+
+
+@pytest.mark.process  # the PyAV worker processes
+def test_camera_mjpeg_reads_the_same_through_dalis_cpu_reader_and_pyav(mjpeg_videos):
+    """The CPU half of the test below, with DALI's CPU reader (FFmpeg inside DALI) for NVDEC:
+    the checks hold between two decoders, and tell a limited-range reading apart."""
+    dataset = VideoDataset.from_folder(mjpeg_videos)
+    cpu = DeviceChoice("cpu", None, "test")
+    dali, pyav = _clips_by_start(dataset, cpu, "dali"), _clips_by_start(dataset, cpu, "pyav")
+    _same_frames(dali, pyav)
+    for clip in pyav.values():
+        misread = ((clip - 16.0) * 255.0 / 219.0).clamp(0, 255).round()  # full range taken for limited
+        assert _contrast_slope(misread, clip) > 1.06
+
+
+@pytest.mark.gpu
+@pytest.mark.process  # the PyAV reference's worker processes
+def test_nvdec_reads_camera_mjpeg_as_pyav_does(mjpeg_videos):
+    """NVDEC's MJPEG (4:2:2 handed over as NV12) against PyAV's on the same GPU graph: the same
+    frames, and the same full range (a limited-range reading would stretch the contrast by 16%)."""
+    dataset = VideoDataset.from_folder(mjpeg_videos)
+    gpu = DeviceChoice("gpu", 0, "test")
+    _same_frames(_clips_by_start(dataset, gpu, "dali"), _clips_by_start(dataset, gpu, "pyav"))
