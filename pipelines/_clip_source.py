@@ -118,6 +118,7 @@ class RangeJob:
         size_px, fit: The output size and fit.
         device_id, num_threads: The DALI pipeline's.
         work: A folder for the pass's file list (removed with the pass).
+        hw_decoder_load: ``loader.hw_decoder_load``, taken by evaluation's all-or-nothing rule.
     """
 
     info: VideoInfo
@@ -128,6 +129,7 @@ class RangeJob:
     device_id: int | None
     num_threads: int
     work: Path
+    hw_decoder_load: float = 0.9
 
     @property
     def on_gpu(self) -> bool:

@@ -65,6 +65,8 @@ class VideoFrameReader:
         device: :class:`gpufeed.device.DeviceChoice`.
         decoder: ``auto`` / ``dali`` / ``pyav``, chosen as for the clip loader.
         num_threads: DALI CPU threads.
+        hw_decoder_load: ``loader.hw_decoder_load`` of the run (frame stores on a GPU): the JPEG frames
+            take evaluation's decoder for it, all of them the hardware one unless it is 0.
 
     Raises:
         DatasetError: The video cannot be used (the reason names the file).
@@ -80,6 +82,7 @@ class VideoFrameReader:
         device,
         decoder="auto",
         num_threads=1,
+        hw_decoder_load: float = 0.9,
     ):
         info = video if isinstance(video, VideoInfo) else probe_video(video)  # a path, or s3://
         if info.problem:
@@ -88,6 +91,7 @@ class VideoFrameReader:
             raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
         self.info = info
         self.size, self.fit, self.device, self.num_threads = size_px, fit, device, num_threads
+        self.hw_decoder_load = hw_decoder_load
         self.chunk_frames = min(chunk_frames, info.num_frames)
         self.clip_source: ClipSource = choose_clip_source(
             decoder, device.is_gpu, [info], info.path, gpu_capability(device), whole_clips=False
@@ -157,5 +161,6 @@ class VideoFrameReader:
             self.device.device_id,
             self.num_threads,
             work,
+            self.hw_decoder_load,
         )
         return self.clip_source.open_ranges(job, build=build)

@@ -100,10 +100,10 @@ class StoreSource(ClipSource):
         args = job.graph_args()
         for key in ("clip_length_frames", "stride_frames"):
             del args[key]
-        # Evaluation's rule (every JPEG the hardware decoder takes goes to it): a frame's decoder never
-        # depends on the rest of its range.
+        # Evaluation's rule (all or nothing): a frame's decoder never depends on the rest of its range,
+        # and is the one evaluation gives it.
         sizes = np.array([job.info.display_size])
-        args["gpu_options"] = _decoder_options(sizes, 1.0, False, job.num_threads, job.on_gpu)
+        args["gpu_options"] = _decoder_options(sizes, job.hw_decoder_load, False, job.num_threads, job.on_gpu)
         return build_store_pipeline(
             feed, roi_feed=job.roi_feed(repeat=job.chunk_frames), parallel=False, build=build, **args
         )

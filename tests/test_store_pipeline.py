@@ -23,6 +23,7 @@ from gpufeed.config import LoaderConfig, SizePx, VideoConfig
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ClipLoader, VideoDataset, VideoFrameReader, _clip_loader
 from gpufeed.pipelines._image_facts import read_image_facts
+from gpufeed.pipelines._image_pipeline import eval_decoder_options
 from gpufeed.pipelines._sampler import PlanStream
 from gpufeed.pipelines._store_feed import StoreFrameFeed
 
@@ -76,17 +77,20 @@ def test_a_gpu_store_graph_has_one_decoder_and_a_parallel_source(jpeg_stores, mo
     assert [op.device for op in operators(pipe) if op.schema == "Resize"] == ["gpu"]
 
 
-def test_the_sequential_reader_decodes_a_range_with_one_decoder(jpeg_stores, monkeypatch, tmp_path):
+@pytest.mark.parametrize(("share", "routed"), [(0.9, 1.0), (0.3, 1.0), (0.0, 0.0)])
+def test_the_sequential_reader_decodes_a_range_with_one_decoder(jpeg_stores, monkeypatch, tmp_path, share, routed):
     """One pass over one video: a range of 16 frames is one batch of one decoder, read in this thread."""
     from gpufeed.pipelines import _frames
 
     monkeypatch.setattr(_frames, "gpu_capability", lambda device: (9, 0))
     info = VideoDataset.from_folder(jpeg_stores / "folders").infos[0]
-    pipe = VideoFrameReader(info, size_px=SizePx(32, 32), chunk_frames=16, device=GPU)._pipeline(tmp_path, build=False)
+    reader = VideoFrameReader(info, size_px=SizePx(32, 32), chunk_frames=16, device=GPU, hw_decoder_load=share)
+    pipe = reader._pipeline(tmp_path, build=False)
     (decoder,) = image_decoders(pipe)
     assert decoder.device == "mixed" and pipe.max_batch_size == 16
-    # Evaluation's all-or-nothing share: a frame takes the same decoder whatever else is in its range.
-    assert decoder.args["hw_decoder_load"] == 1.0 and decoder.args["affine"] is False
+    # Evaluation's all-or-nothing share: a frame takes evaluation's decoder, whatever else is in its range.
+    assert decoder.args["hw_decoder_load"] == routed == eval_decoder_options(share)["hw_decoder_load"]
+    assert decoder.args["affine"] is False
     (source,) = [op for op in external_sources(pipe) if isinstance(op.callback, StoreFrameFeed)]
     assert source.parallel is False, "worker processes for one pass over one video would cost more than its reads"
 

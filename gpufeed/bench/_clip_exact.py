@@ -79,7 +79,13 @@ def sequential_frames(
     last = max(wanted)
     out: dict[int, np.ndarray] = {}
     if reader == "gpufeed" and loader is not None and loader.device.is_gpu:
-        args = {"size_px": size, "fit": loader.video_cfg.fit, "chunk_frames": 64, "device": loader.device}
+        args = {
+            "size_px": size,
+            "fit": loader.video_cfg.fit,
+            "chunk_frames": 64,
+            "device": loader.device,
+            "hw_decoder_load": getattr(loader.cfg, "hw_decoder_load", 0.9),
+        }
         frames_reader = VideoFrameReader(info, decoder=loader.video_cfg.decoder, **args)
         if frames_reader.source != loader.source:  # the folder went to PyAV where this video alone would not
             frames_reader = VideoFrameReader(info, decoder=loader.source, **args)

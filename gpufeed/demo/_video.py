@@ -67,7 +67,12 @@ def run_clip_demo(cfg: Config, choice: DeviceChoice) -> dict:
 
     info = val.dataset.infos[0]
     reader = VideoFrameReader(
-        info, size_px=cfg.video.size_px, chunk_frames=32, device=choice, decoder=cfg.video.decoder
+        info,
+        size_px=cfg.video.size_px,
+        chunk_frames=32,
+        device=choice,
+        decoder=cfg.video.decoder,
+        hw_decoder_load=cfg.loader.hw_decoder_load,
     )
     seen = [int(i) for chunk in reader for i in chunk.frame_indices.tolist()]
     if seen != list(range(info.num_frames)):
