@@ -33,6 +33,18 @@ def _feed_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("gpufeed-") and "feed" in t.name]
 
 
+def _loader(synth_dir, device=None) -> ImageLoader:
+    """A training loader over the synthetic images, batches of 8 at 32 px."""
+    return ImageLoader(
+        ImageDataset.from_folder(synth_dir / "images" / "train"),
+        train=True,
+        image_cfg=ImagePipelineConfig(size_px=32),
+        loader_cfg=LoaderConfig(batch_size=8, num_threads=2),
+        device=device,
+        seed=3,
+    )
+
+
 def _ended(thread: threading.Thread, within_s: float = 10.0) -> bool:
     deadline = time.monotonic() + within_s
     while thread.is_alive() and time.monotonic() < deadline:
@@ -76,15 +88,7 @@ def test_a_feed_dropped_without_close_ends_its_thread():
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_the_loader_prepares_batches_on_the_feed_thread_and_stops_it(synth_dir, device):
     before = set(_feed_threads())
-    dataset = ImageDataset.from_folder(synth_dir / "images" / "train")
-    loader = ImageLoader(
-        dataset,
-        train=True,
-        image_cfg=ImagePipelineConfig(size_px=32),
-        loader_cfg=LoaderConfig(batch_size=8, num_threads=2),
-        device=device,
-        seed=3,
-    )
+    loader = _loader(synth_dir, device)
     crops, threads = loader.crops, []
 
     def recorded(ids, epoch):
@@ -110,14 +114,7 @@ def test_the_feed_thread_hands_over_tensor_lists_equal_to_the_arrays(synth_dir):
     from gpufeed.pipelines._epochs import PlanStream
     from gpufeed.pipelines._image_pipeline import ImageFeed
 
-    dataset = ImageDataset.from_folder(synth_dir / "images" / "train")
-    loader = ImageLoader(
-        dataset,
-        train=True,
-        image_cfg=ImagePipelineConfig(size_px=32),
-        loader_cfg=LoaderConfig(batch_size=8, num_threads=2),
-        seed=3,
-    )
+    loader = _loader(synth_dir)
 
     def feed(ahead_batches: int) -> ImageFeed:
         stream = PlanStream(loader._spec(), 0, 0)
