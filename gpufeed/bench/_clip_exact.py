@@ -84,7 +84,7 @@ def sequential_frames(
             "fit": loader.video_cfg.fit,
             "chunk_frames": 64,
             "device": loader.device,
-            "hw_decoder_load": getattr(loader.cfg, "hw_decoder_load", 0.9),
+            "hw_decoder_load": loader.cfg.hw_decoder_load,
         }
         frames_reader = VideoFrameReader(info, decoder=loader.video_cfg.decoder, **args)
         if frames_reader.source != loader.source:  # the folder went to PyAV where this video alone would not
