@@ -33,6 +33,8 @@ PYTEST_ARGS ?=
 # of a 2-core machine busy. PYTEST_WORKERS=0 (or PYTEST_ARGS=-n0) runs them in one process.
 PYTEST_WORKERS ?= 2
 SITE_DIR := .cache/site
+JUNIT_REPORT := .cache/pytest-report.xml
+INFLIGHT_DIR := .cache/pytest-inflight
 
 .PHONY: setup deps install demo docs test test-unit typecheck lint format bench check-cuda-stack peers clean
 
@@ -93,12 +95,17 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet --site-dir $(SITE_DIR)
 
 # The docs first (seconds), so the tests can read the site just built instead of building it again.
+# A failing run ends with .ci/failures: the failed tests, a line each, and the slowest (a CI log is
+# read from its end, where a worker's internal error can bury pytest's own summary).
 test: setup docs
 	.ci/ensure-prometheus
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	.ci/typecheck
-	GPUFEED_DOCS_SITE=$(SITE_DIR) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	@rm -rf $(JUNIT_REPORT) $(INFLIGHT_DIR)
+	GPUFEED_DOCS_SITE=$(SITE_DIR) GPUFEED_TEST_INFLIGHT_DIR=$(INFLIGHT_DIR) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) \
+		--dist loadfile --junitxml=$(JUNIT_REPORT) $(PYTEST_ARGS) \
+		|| { status=$$?; $(BIN)/python .ci/failures $(JUNIT_REPORT) $(INFLIGHT_DIR); exit $$status; }
 
 # The unit tier alone (in-process tests: no child process, no server; tests/conftest.py holds it),
 # over two pytest-xdist workers: in-process tests share no port or folder, so they split cleanly.

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 
 # OpenMP's threads (torch's intra-op pool) wait for work by sleeping, not by spinning. GNU OpenMP
@@ -146,6 +147,27 @@ def pytest_runtest_setup(item: pytest.Item):
 def pytest_runtest_call(item: pytest.Item):
     with unit_guard(item, "body"):
         return (yield)
+
+
+def _inflight_file() -> Path | None:
+    folder = os.environ.get("GPUFEED_TEST_INFLIGHT_DIR")
+    return Path(folder) / os.environ.get("PYTEST_XDIST_WORKER", "main") if folder else None
+
+
+def pytest_runtest_logstart(nodeid: str, location) -> None:
+    """With ``GPUFEED_TEST_INFLIGHT_DIR`` set (``make test``), each worker's running test is kept in a file there.
+
+    A worker that stops mid-test (an internal error, a crash) leaves its file behind, and
+    ``.ci/failures`` names the test, which neither pytest's summary nor its JUnit report can.
+    """
+    if (path := _inflight_file()) is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{nodeid}\t{time.time():.0f}\n")
+
+
+def pytest_runtest_logfinish(nodeid: str, location) -> None:
+    if (path := _inflight_file()) is not None:
+        path.unlink(missing_ok=True)
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a venv without it lacks

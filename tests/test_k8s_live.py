@@ -98,6 +98,12 @@ def _until(condition, timeout_s: float, what: str) -> None:
 def _check_queries(prom: LocalPrometheus) -> None:
     """Each autoscaler's PromQL reads its own pod's series only, and gives the mean of its samples."""
     at, found = time.time(), queries()
+    # A scrape that began before `at` may still be on its way in (a loaded machine: 2.0 against 1.5,
+    # one sample more for the second query); a series' samples arrive in order, so once each pod has
+    # one stamped after `at`, every query at `at` reads the same samples.
+    for pod in POD.values():
+        newest = f'timestamp(gpufeed_server_inflight_requests{{pod="{pod}"}}) > {at:.3f}'
+        _until(lambda expr=newest: prom.api.query(expr), 30, f"no sample of {pod} after the chosen instant")
     matchers = f'namespace="{one("Namespace")["metadata"]["name"]}",pod=~"{POD["Deployment"]}"'
     # prometheus-adapter fills the template with the HPA's pods and groups by pod.
     adapter = found["adapter query"].replace("<<.LabelMatchers>>", matchers).replace("<<.GroupBy>>", "pod")
