@@ -26,7 +26,7 @@ from typing import Any
 
 __all__ = ["Ahead"]
 
-# How long the producer blocks on a full queue before checking whether it was closed.
+# How long the producer (consumer) blocks on a full (empty) queue before checking whether it was closed.
 _PUT_POLL_S = 0.1
 
 
@@ -70,13 +70,28 @@ class Ahead:
         """The next result, waiting for it if needed; raises what ``produce`` raised in its turn."""
         if self._failed is not None:
             raise self._failed
-        if self._closed.is_set():
-            raise RuntimeError("the feed's thread was closed")
-        value, err = self._queue.get()
+        value, err = self._next()
         if err is not None:
             self._failed = err
             raise err
         return value
+
+    def _next(self) -> tuple[Any, BaseException | None]:
+        # Polled rather than one blocking get: a close() from another thread, or a thread that
+        # ended without handing anything over, would otherwise leave the training thread waiting
+        # for ever with no trace of why.
+        while True:
+            if self._closed.is_set():
+                raise RuntimeError("the feed's thread was closed")
+            try:
+                return self._queue.get(timeout=_PUT_POLL_S)
+            except queue.Empty:
+                if self._thread.is_alive():
+                    continue
+            try:  # it may have handed over its last result just before it ended
+                return self._queue.get_nowait()
+            except queue.Empty:
+                raise RuntimeError(f"the feed's thread {self._thread.name!r} ended without a result") from None
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the thread (once its current call returns) and drop what it prepared."""

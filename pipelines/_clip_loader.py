@@ -353,9 +353,9 @@ class ClipLoader(EpochLoader):
         import torch
 
         host = torch.empty(tags.shape, dtype=tags.dtype, pin_memory=True)
-        host.copy_(tags, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
+        host.copy_(tags, non_blocking=True)  # queued on the tags' device's current stream
+        copied = torch.cuda.Event(blocking=True)  # on that stream (not cuda:0's for a loader on cuda:1)
+        copied.record(torch.cuda.current_stream(tags.device))
         pending = getattr(self, "_tag_checks", [])
         pending.append((host, copied, expected))
         while pending and (len(pending) > 2 or pending[0][1].query()):

@@ -71,6 +71,7 @@ __all__ = [
     "ReaderList",
     "build_clip_pipeline",
     "new_work_dir",
+    "range_lines",
     "reader_order",
     "write_stream_list",
 ]
@@ -97,20 +98,40 @@ def _safe_paths(paths: list[str], folder: Path) -> list[str]:
     return safe
 
 
-def write_file_list(folder: Path, paths: list[str], video_ids, starts, span_frames: int, tags=None) -> Path:
+def write_file_list(folder: Path, paths: list[str], video_ids, starts, span_frames, tags=None) -> Path:
     """A reader file list: one ``path tag start end`` line per row (``frames`` format).
 
     Args:
-        span_frames: ``end - start`` of every line (``clip_length_frames * stride_frames``).
+        span_frames: ``end - start`` of every line (``clip_length_frames * stride_frames``), or of each.
         tags: The label of each line (default: its line number).
     """
     safe = _safe_paths(paths, folder)
     starts = np.asarray(starts, dtype=np.int64)
+    ends = starts + np.asarray(span_frames, dtype=np.int64)
     tags = np.arange(len(starts)) if tags is None else np.asarray(tags)
-    lines = [f"{safe[v]} {t} {s} {s + span_frames}\n" for v, t, s in zip(video_ids, tags, starts, strict=True)]
+    rows = zip(video_ids, tags, starts, ends, strict=True)
+    lines = [f"{safe[v]} {t} {s} {e}\n" for v, t, s, e in rows]
     list_path = folder / "clips.txt"
     list_path.write_text("".join(lines), encoding="utf-8")
     return list_path
+
+
+def range_lines(starts, span_frames: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, span) of the fewest list lines whose reader samples are the ranges at ``starts``, in order.
+
+    A line holds every sample ``span_frames`` long that starts a multiple of ``span_frames`` after
+    its start (the reader's default step is its ``sequence_length``), so ranges that follow one
+    another end to end share a line; a range that overlaps the one before starts a new line.
+    """
+    firsts: list[int] = []
+    spans: list[int] = []
+    for start in (int(s) for s in starts):
+        if firsts and start == firsts[-1] + spans[-1]:
+            spans[-1] += span_frames
+        else:
+            firsts.append(start)
+            spans.append(span_frames)
+    return np.asarray(firsts, dtype=np.int64), np.asarray(spans, dtype=np.int64)
 
 
 def reader_order(videos: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -191,10 +212,13 @@ class ReaderInput(NamedTuple):
         fused_resize: Resize inside the reader (``fn.experimental.readers.video_resize``, where
             this DALI has it, see :func:`gpufeed.pipelines._nvdec_reader.fused_reader_resize`):
             on a GPU only.
+        frame_numbers: Each sample's tag is the number of its first frame (the reader's
+            ``enable_frame_num``), not its line's tag: for lines that hold many samples.
     """
 
     file_list: Path
     fused_resize: bool = False
+    frame_numbers: bool = False
 
 
 class FeedInput(NamedTuple):
@@ -229,11 +253,14 @@ def _decode(clip_input: ReaderInput | FeedInput, reader_args: dict, resize: dict
             # One batch of full-size clips waits in the reader, whatever the pipeline's depth.
             "prefetch_queue_depth": 1,
             "name": READER_NAME,
+            "enable_frame_num": clip_input.frame_numbers,
         }
         if clip_input.fused_resize:  # NVDEC's clips resized inside the reader, never handed on at full size
             resizing = fn.experimental.readers.video_resize  # type: ignore[attr-defined]  # newer DALIs; stubs lack it
-            return resizing(device="gpu", **reader_args, **resize)
-        return fn.experimental.readers.video(device="gpu" if on_gpu else "cpu", **reader_args)
+            outputs = resizing(device="gpu", **reader_args, **resize)
+        else:
+            outputs = fn.experimental.readers.video(device="gpu" if on_gpu else "cpu", **reader_args)
+        return (outputs[0], outputs[2]) if clip_input.frame_numbers else outputs  # (frames, line tag, first frame)
     parallel = clip_input.parallel
     source_args: dict[str, Any] = {
         "source": clip_input.callback,

@@ -182,12 +182,15 @@ class ClipSource:
         full_ranges: The sequential reader's ranges each hold ``chunk_frames`` frames, the last
             one aligned to the video's end; otherwise the video decodes front to back, the last
             range shorter.
+        ranges_tagged_by_frame: The sequential reader's ranges come tagged with their first
+            frame; otherwise with their index.
     """
 
     name: ClassVar[str] = ""
     frames_flat: ClassVar[bool] = False
     in_plan_order: ClassVar[bool] = True
     full_ranges: ClassVar[bool] = True
+    ranges_tagged_by_frame: ClassVar[bool] = False
 
     def __init__(self, reason: str, *, fell_back: bool = False) -> None:
         self.reason, self.fell_back = reason, fell_back

@@ -26,6 +26,7 @@ from gpufeed.pipelines._clip_pipeline import (
     build_clip_pipeline,
     check_reader_size,
     new_work_dir,
+    range_lines,
     reader_order,
     write_file_list,
     write_stream_list,
@@ -51,6 +52,7 @@ class ReaderSource(ClipSource):
 
     name = "dali"
     in_plan_order = False
+    ranges_tagged_by_frame = True
 
     def read_order(self, rows: PlanRows) -> np.ndarray:
         return reader_order(rows.videos, rows.starts)
@@ -82,10 +84,18 @@ class ReaderSource(ClipSource):
         return SourcePipeline(pipe, listed.iterations)
 
     def open_ranges(self, job: RangeJob, *, build: bool = True):
-        """Consecutive ranges read with the reader: a list of ``(video, start)`` lines, one per range."""
-        zeros = np.zeros(len(job.starts), dtype=np.int64)
-        listed = write_file_list(job.work, reader_local_paths([job.info.path]), zeros, job.starts, job.chunk_frames)
-        graph = ReaderInput(listed, fused_resize=fused_reader_resize(job.on_gpu)[0])
+        """Consecutive ranges read with the reader: at most two list lines, each range tagged by its first frame.
+
+        DALI builds a frame decoder (on a GPU an NVDEC session, about 8 ms on an H100) for every
+        list line while the pipeline builds, holding Python's lock: a line per range froze a
+        server's every thread for most of a second per long video, even on the CPU. One line over
+        the whole ranges gives the same samples, since the reader steps ``sequence_length`` frames
+        from sample to sample; the end-aligned last range, when it overlaps, is a second line.
+        """
+        firsts, spans = range_lines(job.starts, job.chunk_frames)
+        zeros = np.zeros(len(firsts), dtype=np.int64)
+        listed = write_file_list(job.work, reader_local_paths([job.info.path]), zeros, firsts, spans)
+        graph = ReaderInput(listed, fused_resize=fused_reader_resize(job.on_gpu)[0], frame_numbers=True)
         return build_clip_pipeline(clip_input=graph, roi_feed=job.roi_feed(), build=build, **job.graph_args())
 
 

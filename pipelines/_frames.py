@@ -30,6 +30,7 @@ from gpufeed.pipelines._clip_source import ClipSource, RangeJob
 from gpufeed.pipelines._clip_sources import choose_clip_source
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._nvdec import gpu_capability
+from gpufeed.pipelines._pipeline_session import SideStreamCopies
 from gpufeed.pipelines._videos import VideoInfo, probe_video
 
 if TYPE_CHECKING:
@@ -124,17 +125,24 @@ class VideoFrameReader:
         try:
             rows = len(self._starts)
             pipe = self._pipeline(Path(work.name))
-            # Exactly one output per range: the reader's list and the feed both wrap or repeat after it.
-            iterator = DALIGenericIterator(pipe, ["frames", "rows"], auto_reset=False)
-            done = 0  # frames already yielded: the end-aligned last range overlaps them
             torch_device = self.device.torch_device
+            # Exactly one output per range: the reader's list and the feed both wrap or repeat after it.
+            # On a GPU the copies run on a stream of their own, and the tags are read there: on the
+            # current stream they would queue behind the model's work (the loaders' SideStreamCopies).
+            copies = SideStreamCopies(pipe, ["frames", "rows"], torch_device) if self.device.is_gpu else None
+            iterator = copies or DALIGenericIterator(pipe, ["frames", "rows"], auto_reset=False)
+            done = 0  # frames already yielded: the end-aligned last range overlaps them
+            by_frame = self.clip_source.ranges_tagged_by_frame
             for expected in range(rows):
                 out = next(iterator)[0]
                 tags = out["rows"].view(-1)  # one per range, or one per frame of it (frame stores)
-                if int(tags.min()) != expected or int(tags.max()) != expected:
-                    raise RuntimeError(
-                        f"{self.info.path}: frame range {int(tags.min())} arrived where {expected} was expected"
-                    )
+                if copies is not None and tags.is_cuda:
+                    with torch.cuda.stream(copies.stream):
+                        tags = tags.cpu()  # waits for this chunk's copy only
+                want = int(self._starts[expected]) if by_frame else expected
+                if int(tags.min()) != want or int(tags.max()) != want:
+                    what = f"the range from frame {want}" if by_frame else f"frame range {expected}"
+                    raise RuntimeError(f"{self.info.path}: tag {int(tags.min())} arrived where {what} was expected")
                 frames = out["frames"] if self.clip_source.frames_flat else out["frames"][0]
                 first = int(self._starts[expected])
                 skip = max(0, done - first)

@@ -85,6 +85,44 @@ def test_a_feed_dropped_without_close_ends_its_thread():
     assert _ended(thread)
 
 
+def test_a_take_waiting_when_the_feed_is_closed_raises_instead_of_waiting_for_ever():
+    release = threading.Event()
+
+    def slow() -> int:
+        release.wait(30)
+        return 1
+
+    ahead = Ahead(slow, depth=1, name="gpufeed-test-feed")
+    raised: list[BaseException] = []
+
+    def take() -> None:
+        try:
+            ahead.take()
+        except RuntimeError as err:
+            raised.append(err)
+
+    taker = threading.Thread(target=take, daemon=True)
+    taker.start()
+    time.sleep(0.3)  # the taker is waiting on an empty queue
+    ahead.close(timeout_s=0.1)
+    assert _ended(taker, within_s=5.0), "take() still waits after close()"
+    assert "closed" in str(raised[0])
+    release.set()
+    assert _ended(ahead._thread)
+
+
+def test_a_take_after_the_thread_ended_without_a_result_raises():
+    ahead = Ahead(_Counter().produce, depth=1, name="gpufeed-test-feed")
+    assert ahead.take() == 0
+    ahead._closed.set()  # the thread stops as if its owner were gone; nothing more is handed over
+    assert _ended(ahead._thread)
+    ahead._closed.clear()
+    while not ahead._queue.empty():
+        ahead._queue.get_nowait()
+    with pytest.raises(RuntimeError, match="ended without a result"):
+        ahead.take()
+
+
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_the_loader_prepares_batches_on_the_feed_thread_and_stops_it(synth_dir, device):
     before = set(_feed_threads())

@@ -110,6 +110,26 @@ def test_training_steps_make_no_host_sync_and_reuse_events():
 
 
 @pytest.mark.gpu
+def test_reading_a_step_sleeps_while_the_gpu_works():
+    """The training thread waits for a step's end on a blocking event: it sleeps, not spins a core."""
+    import time
+
+    from gpufeed.train._telemetry import StageClock
+
+    clock = StageClock(on_gpu=True)
+    marks = clock.start()
+    torch.cuda._sleep(2_000_000_000)  # about a second of GPU time on an H100 (cycles)
+    marks.mark(1)
+    marks.mark(2)
+    marks.keep_loss(torch.zeros((), device="cuda"))
+    wall, cpu = time.perf_counter(), time.thread_time()
+    marks.read()
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    assert wall > 0.2, f"the wait took {wall:.3f} s: the GPU's sleep was too short to tell"
+    assert cpu < 0.25 * wall, f"{cpu:.3f} s of CPU in a {wall:.3f} s wait: the thread spun"
+
+
+@pytest.mark.gpu
 def test_nvdec_clip_batches_make_no_host_sync(synth_dir):
     loader = ClipLoader(
         VideoDataset.from_folder(synth_dir / "videos"),

@@ -268,3 +268,48 @@ def test_a_camera_like_video_of_an_odd_size(tmp_path):
     report = predict_videos(path, tag_predictor({5: 40}, clip_length_frames=4), out=tmp_path / "out", progress=False)
     assert [r.status for r in report.results] == ["scored"], report.results
     _check_rows(tmp_path / "out" / "camera_predictions.csv", WindowPlan(4), 40)
+
+
+def test_a_checkpoint_decodes_with_its_evaluation_decoder_share(tmp_path, monkeypatch):
+    """``loader.hw_decoder_load`` of the training config reaches predict's image and frame decoders
+    (on a GPU 0 means nvJPEG's CUDA path, as evaluation decoded); an exported model takes the default."""
+    from gpufeed.config import LoaderConfig
+    from gpufeed.models import checkpoint_path, export_model, model_state
+    from gpufeed.pipelines import eval_decoder_options
+    from gpufeed.predict import _images, _run, load_predictor
+    from gpufeed.synth._photos import encode_image
+
+    model = create_model("smallcnn", num_classes=2, size_px=32)
+    path = checkpoint_path(tmp_path / "run", 1)
+    path.parent.mkdir(parents=True)
+    torch.save({**model_state(model), "step": 1, "config": {"loader": {"hw_decoder_load": 0}}}, path)
+    loaded = load_predictor(path, CPU, runtime="torch")
+    assert loaded.hw_decoder_load == 0.0
+    seen: list[dict] = []
+
+    class _Recorded(_images.ImageDecoder):
+        def __init__(self, *args, **kwargs):
+            seen.append(args[5] if len(args) > 5 else kwargs["gpu_options"])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(_images, "ImageDecoder", _Recorded)
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "a.jpg").write_bytes(encode_image(render_frame(0, 0, np.zeros(5, np.uint8), 40, 30), "JPEG"))
+    report = predict_images(tmp_path / "img", loaded, progress=False)
+    assert [r.status for r in report.results] == ["scored"]
+    assert seen == [eval_decoder_options(0.0)]
+    readers: list[float] = []
+    real_reader = _run.VideoFrameReader
+    monkeypatch.setattr(
+        _run, "VideoFrameReader", lambda *a, **k: readers.append(k["hw_decoder_load"]) or real_reader(*a, **k)
+    )
+    clip_model = create_model("r3d_small", num_classes=3, size_px=32, clip_length_frames=4)
+    clip_path = checkpoint_path(tmp_path / "clips", 1)
+    clip_path.parent.mkdir(parents=True)
+    torch.save({**model_state(clip_model), "step": 1, "config": {"loader": {"hw_decoder_load": 0.25}}}, clip_path)
+    encode_tagged_video(tmp_path / "v.mp4", 0, 12, width=48, height=32)
+    clips = load_predictor(clip_path, CPU, runtime="torch")
+    report = predict_videos(tmp_path / "v.mp4", clips, out=tmp_path / "out", progress=False)
+    assert [r.status for r in report.results] == ["scored"] and readers == [0.25]
+    export_model(path, tmp_path / "exported", batch_size=2)
+    assert load_predictor(tmp_path / "exported", CPU).hw_decoder_load == LoaderConfig().hw_decoder_load

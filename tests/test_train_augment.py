@@ -156,15 +156,17 @@ def test_bench_augment_prints_every_op_beside_the_model_step(capsys, size):
     assert f"smallcnn, {32 if size == SizePx(32, 32) else '48x32'} px" in out
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("separable", [True, False])
-def test_the_gpu_blur_equals_kornias_gaussian_blur(separable):
-    # On a GPU the blur skips Kornia's positivity check (a host read per step); the pixels must not change.
+def test_the_gpu_blur_equals_kornias_gaussian_blur(separable, dtype):
+    # On a GPU the blur skips Kornia's positivity check (a host read per step); the pixels must not
+    # change, under AMP too (Kornia blurs half-precision pixels in float32 and rounds once).
     from kornia.filters import gaussian_blur2d
 
     from gpufeed.train._augment import _kernels_blur
 
     generator = torch.Generator().manual_seed(3)
-    pixels = torch.rand(4, 3, 33, 20, generator=generator)
+    pixels = torch.rand(4, 3, 33, 20, generator=generator).to(dtype)
     sigma = torch.rand(4, 2, generator=generator) * 1.4 + 0.1
     for kernel in [(5, 5), (3, 7)]:
         ours = _kernels_blur(pixels, kernel, sigma, "reflect", separable)

@@ -252,3 +252,19 @@ def test_training_keys_are_described_with_contract_defaults():
         9400,
         0.0,
     )
+
+
+def test_a_resume_seeds_the_generators_a_checkpoint_does_not_hold_per_rank():
+    """A CPU-written checkpoint resumed on GPUs: each rank's device generator is seeded afresh (the
+    session's common seed would otherwise give every rank the same device-drawn augmentations)."""
+    from gpufeed.train._run_state import resume_generators
+
+    torch.manual_seed(1)
+    cpu_written = capture_rng()
+    assert cpu_written["cuda"] is None, "this machine has no CUDA"
+    gpu_written = {**cpu_written, "cuda": torch.zeros(16, dtype=torch.uint8)}
+    assert resume_generators([cpu_written, cpu_written], 1, on_gpu=True) == (cpu_written, "cuda")
+    assert resume_generators([cpu_written, cpu_written], 1, on_gpu=False) == (cpu_written, "none")
+    assert resume_generators([gpu_written], 0, on_gpu=True) == (gpu_written, "none")
+    assert resume_generators([gpu_written], 2, on_gpu=True) == (None, "all"), "a rank it has none for"
+    assert resume_generators([], 0, on_gpu=False) == (None, "all")

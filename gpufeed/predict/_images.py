@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from gpufeed.core import atomic_path, progress_bar
+from gpufeed.pipelines import eval_decoder_options
 from gpufeed.predict._inputs import find_images
 from gpufeed.predict._model import Predictor
 from gpufeed.predict._outputs import _cell
@@ -56,7 +57,8 @@ def predict_images(
         return report
     spec, batch = predictor.spec, predictor.batch_size
     device_id = predictor.device.device_id if predictor.device.is_gpu else None
-    decoder = ImageDecoder(spec.size_px, spec.eval_crop_fraction, batch, device_id, num_threads=2)
+    options = eval_decoder_options(predictor.hw_decoder_load)  # as the checkpoint's evaluation decoded
+    decoder = ImageDecoder(spec.size_px, spec.eval_crop_fraction, batch, device_id, 2, options)
     shape = (batch, 3, spec.size_px.height_px, spec.size_px.width_px)
     buffer = (
         torch.zeros(shape, dtype=torch.uint8, device=predictor.device.torch_device) if device_id is not None else None

@@ -25,7 +25,8 @@ written) is likewise one line and PyTorch under ``auto``, an error under ``onnx`
 
 The clip sampling (``video.stride_frames``, ``video.fit``) comes from where the model does: a
 checkpoint's training config, or the card's ``extra.clip_sampling`` (written by export); models
-without it read frames 1 apart, stretched.
+without it read frames 1 apart, stretched. So does a checkpoint's ``loader.hw_decoder_load`` (evaluation's
+JPEG decoder on a GPU); an exported model takes the default, as the server does by default.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpufeed.config import LoaderConfig
 from gpufeed.models import (
     CARD_FILE,
     ONNX_FILE,
@@ -97,6 +99,7 @@ class Predictor:
         first_batch_max_diff: Max |onnxruntime - PyTorch| over the logits of the first batch's first
             windows, once a checkpoint's export has been checked on them (``None`` before, and for
             other models).
+        hw_decoder_load: ``loader.hw_decoder_load`` of a checkpoint's training config (else the default).
     """
 
     source: Path
@@ -109,6 +112,7 @@ class Predictor:
     card: ModelCard | None = None
     export: CachedExport | None = None
     first_batch_max_diff: float | None = None
+    hw_decoder_load: float = LoaderConfig().hw_decoder_load  # evaluation's JPEG decoder on a GPU
     _module: torch.nn.Module | None = None
     _runner: OnnxRunner | None = None
     _buffer: Any = None
@@ -248,15 +252,10 @@ class Predictor:
                 where += f"; a window at every frame: runs of {self._sliding.windows} share the first convolution"
         else:
             where += ", PyTorch"
-        clip = ""
-        if self.spec.clip_length_frames:
-            clip = (
-                f", clips of {self.spec.clip_length_frames} frames {self.sampling.stride_frames} apart "
-                f"({self.sampling.fit})"
-            )
-        return (
-            f"{self.spec.name} ({self.spec.head.kind}, {len(self.labels)} classes{clip}) from {self.source} on {where}"
-        )
+        spec, sampling = self.spec, self.sampling
+        clip = f", clips of {spec.clip_length_frames} frames {sampling.stride_frames} apart ({sampling.fit})"
+        clip = clip if spec.clip_length_frames else ""
+        return f"{spec.name} ({spec.head.kind}, {len(self.labels)} classes{clip}) from {self.source} on {where}"
 
 
 @contextlib.contextmanager
@@ -340,6 +339,10 @@ def load_predictor(
     size = batch_size or default_batch_size(device)
     sampling = ClipSampling.from_config(state.get("config"))
     predictor = Predictor(path, "checkpoint", spec, _labels(spec), sampling, size, device, _module=module)
+    config = state.get("config")
+    loader = config.get("loader") if isinstance(config, dict) else None
+    if isinstance(loader, dict) and isinstance(loader.get("hw_decoder_load"), (int, float)):
+        predictor.hw_decoder_load = float(loader["hw_decoder_load"])
     # On a GPU predict keeps PyTorch, as it did: nothing measured yet says onnxruntime's CUDA provider is faster.
     if runtime == "onnx" or (runtime == "auto" and not device.is_gpu and spec.head.classifies):
         cache = (export_cache, export_cache_max_bytes(export_cache_max_mb))

@@ -222,6 +222,7 @@ def _score_one(
             chunk_frames=chunk_frames,
             device=predictor.device,
             decoder=decoder,
+            hw_decoder_load=predictor.hw_decoder_load,
         )
         chunks = prefetch(read_in_order(reader, target.name))
         run_windows = predictor.run_windows(plan.hop_frames)

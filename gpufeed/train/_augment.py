@@ -87,6 +87,9 @@ def _blur_on_device(input: torch.Tensor, kernel_size, sigma: torch.Tensor, borde
 
 def _kernels_blur(input: torch.Tensor, kernel_size, sigma: torch.Tensor, border_type: str, separable: bool):
     """Kornia's Gaussian kernels and filters applied as ``gaussian_blur2d`` does, reading nothing back."""
+    if input.dtype in (torch.float16, torch.bfloat16):  # as Kornia: float32 kernels and passes, rounded once
+        with torch.autocast(input.device.type, enabled=False):
+            return _kernels_blur(input.float(), kernel_size, sigma.float(), border_type, separable).to(input.dtype)
     from kornia.filters import filter2d, filter2d_separable, get_gaussian_kernel1d
     from kornia.filters.kernels import get_gaussian_kernel2d
 

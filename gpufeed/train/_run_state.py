@@ -98,10 +98,14 @@ def restore_run(session, path: Path, state: dict) -> None:
             int(loader_states[0]["epoch"]) + 1,
         )
     rng = state.get("rng") or []
+    own, reseed = resume_generators(rng, rank, s.device.is_gpu)
     if rng:
-        restore_rng(rng[rank] if rank < len(rng) else rng[0])
-        if rank >= len(rng):  # a rank the checkpoint has no generators for draws its own, not rank 0's
-            torch.manual_seed(cfg.seed + 1 + rank + (int(state["step"]) << 20))
+        restore_rng(own if own is not None else rng[0])
+    fresh = cfg.seed + 1 + rank + (int(state["step"]) << 20)
+    if reseed == "all":  # a rank the checkpoint has no generators for draws its own, not rank 0's
+        torch.manual_seed(fresh)
+    elif reseed == "cuda":  # written on a CPU: every rank's device generator would be at cfg.seed
+        torch.cuda.manual_seed(fresh)
     s.step = int(state["step"])
     if not s.device.is_gpu and (mismatch := threads_mismatch(path, state.get("threads"), rank, s.dist.world_size)):
         log.warning(mismatch)
@@ -119,3 +123,17 @@ def restore_run(session, path: Path, state: dict) -> None:
             "resumed with changed settings: %s", ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
         )
     log.info("resumed from %s: step %d, epoch %d", path, s.step, s.epoch + 1)
+
+
+def resume_generators(rng: list, rank: int, on_gpu: bool) -> tuple[dict | None, str]:
+    """(this rank's saved generators or ``None``, which to seed afresh for it: ``all``, ``cuda`` or ``none``).
+
+    A checkpoint written on a CPU holds no CUDA generator; resumed on GPUs, each rank's device
+    generator would then stay where the session's ``manual_seed(cfg.seed)`` left it, the same on
+    every rank, and so would every augmentation drawn on the device: the same flips and colours on
+    every rank's images.
+    """
+    own = rng[rank] if rank < len(rng) else None
+    if own is None:
+        return None, "all"
+    return own, ("cuda" if on_gpu and own.get("cuda") is None else "none")

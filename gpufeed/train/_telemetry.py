@@ -179,7 +179,10 @@ class StageClock:
         import torch
 
         if not self._pool:
-            events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            # The last is the one read() waits on: blocking, so the training thread sleeps there. A
+            # default event's wait spins (CUDA's automatic scheduling with fewer contexts than cores),
+            # a core taken from the loader's decoding threads for most of every GPU-bound step.
+            events = [*(torch.cuda.Event(enable_timing=True) for _ in range(3)), torch.cuda.Event(blocking=True)]
             # The step's loss and its target fault, copied together.
             self._pool.append([*events, torch.empty(2, dtype=torch.float32, pin_memory=True)])
             self.events_created += 4
