@@ -38,17 +38,18 @@ INFLIGHT_DIR := .cache/pytest-inflight
 
 .PHONY: setup deps install demo docs test test-unit typecheck lint format bench check-cuda-stack peers clean
 
-# A venv with pip, setuptools and the stack's torch build (tomli reads pyproject.toml on Python
-# 3.10, which has no tomllib). A venv holds one stack: DALI's cuda120 and cuda130 wheels install
-# the same files, so switching stacks starts from `make clean`.
+# A venv with pip, setuptools and the stack's torch build, from a Python 3.11 or later (Kornia 0.9
+# has no build for 3.10, Ubuntu 22.04's python3: there `make PYTHON=python3.11`). A venv holds one
+# stack: DALI's cuda120 and cuda130 wheels install the same files, so switching starts from `make clean`.
 define make_venv
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "make: $(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'); gpufeed needs 3.11 or later (Kornia 0.9 has no build for older ones): install one and run make PYTHON=python3.11 (or python3.12)" >&2; exit 2; }
 	@case "$(CUDA_STACK)" in cpu|cuda12|cuda13) ;; *) echo "make: CUDA_STACK is '$(CUDA_STACK)', not cpu, cuda12 or cuda13 (an error above says why none was chosen); set it" >&2; exit 2;; esac
 	@for other in $(VENV)/.gpufeed-installed-*; do \
 		if [ -e "$$other" ] && [ "$$other" != "$(STAMP)" ]; then \
 			echo "make: $(VENV) holds the $${other##*-} stack, not $(CUDA_STACK); run 'make clean' first" >&2; exit 2; fi; done
 	@echo "CUDA stack: $(CUDA_STACK) (torch: $(TORCH_ARGS))"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip "$(SETUPTOOLS_SPEC)" "tomli>=2; python_version < '3.11'"
+	$(BIN)/python -m pip install --quiet --upgrade pip "$(SETUPTOOLS_SPEC)"
 	$(BIN)/python -m pip install --quiet $(TORCH_ARGS)
 endef
 

@@ -185,10 +185,10 @@ class ReaderList(NamedTuple):
     plan_videos: np.ndarray
 
 
-def write_stream_list(folder: Path, paths: list[str], plan: ClipPlan) -> ReaderList:
+def write_stream_list(folder: Path, paths: list[str], plan: ClipPlan, max_lines: int | None = None) -> ReaderList:
     """The reader's file list for the plan stream's first iterations (:func:`list_iterations`)."""
     batch_size = plan.batch_size
-    iterations, capped = list_iterations(plan.stream, batch_size)
+    iterations, capped = list_iterations(plan.stream, batch_size, max_lines)
     videos, starts, tags, plan_videos = [], [], [], []
     for k in range(iterations):
         rows = plan[k]

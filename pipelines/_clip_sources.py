@@ -48,11 +48,17 @@ __all__ = ["PyAVSource", "ReaderSource", "choose_clip_source"]
 
 
 class ReaderSource(ClipSource):
-    """DALI's video reader over a file list of the plan's clips (see the module docs)."""
+    """DALI's video reader over a file list of the plan's clips (see the module docs).
+
+    Attributes:
+        list_lines: Most lines of a list (``None``: :data:`~gpufeed.pipelines._clip_pipeline.LIST_LINES`);
+            a reader read for a few batches (a benchmark's round) is built for those, not whole epochs.
+    """
 
     name = "dali"
     in_plan_order = False
     ranges_tagged_by_frame = True
+    list_lines: int | None = None
 
     def read_order(self, rows: PlanRows) -> np.ndarray:
         return reader_order(rows.videos, rows.starts)
@@ -63,7 +69,7 @@ class ReaderSource(ClipSource):
         started = time.perf_counter()
         try:
             # s3://: cached copies (DALI's reader opens local files only)
-            listed = write_stream_list(Path(work.name), reader_local_paths(job.paths), job.plan)
+            listed = write_stream_list(Path(work.name), reader_local_paths(job.paths), job.plan, self.list_lines)
             written = time.perf_counter()
             fused = log_reader_budget(job.infos, listed, job.batch_size, job.geometry, job.on_gpu)
             roi = None

@@ -56,6 +56,25 @@ def test_the_decoder_asked_for_reaches_the_loader(videos):
         BenchSet(spec, decoder="dali", **args)
 
 
+def test_dalis_reader_lists_what_a_round_reads_not_whole_epochs(videos, tmp_path):
+    """Each round builds its reader anew; DALI makes a frame decoder per list line while it builds (an
+    NVDEC session, ~8 ms each, on an H100), so a list of whole epochs timed the build, not the reading."""
+    from gpufeed.pipelines import PrepareOptions, prepare_videos
+
+    report = prepare_videos(videos, tmp_path, PrepareOptions(codec="vp9", gop_frames=30, probe_clips=0), False)
+    assert report.ok, report.table()
+    spec = SetSpec("long_gop", VideoDataset.from_folder(tmp_path), True)
+    args = {"clip_length": 5, "stride": 1, "size": 64, "batch_size": 4, "workers": 2, "seed": 0, "device": CPU}
+    lines = {}
+    for round_clips in (0, 16):
+        bench_set = BenchSet(spec, decoder="dali", round_clips=round_clips, **args)
+        times, _ = timed_round(lambda b=bench_set: gpufeed_reader(b.loader, 0), 16)
+        assert times.clips == 16 and bench_set.loader.source == "dali"
+        (build,) = bench_set.loader.reader_builds
+        lines[round_clips] = build.lines
+    assert lines[16] <= 16 + (2 + 2) * 4 < lines[0], lines
+
+
 def test_a_round_whose_workers_are_spawned_ends(videos, monkeypatch):
     """On a GPU the workers are spawned, which starts multiprocessing's resource tracker for good.
 

@@ -100,17 +100,70 @@ def test_the_engine_sampler_names_its_gpu_by_uuid_not_by_cuda_index(monkeypatch)
     assert missing.summary()["unavailable"].startswith("NVML is not usable here:")
 
 
+# An NVML whose engines are idle for the first 0.3 s after nvmlInit_v2 and 80 % busy after, with a
+# 0.3 s sample period: a read sooner than a period into a block mostly covers the time before it.
+_TIMED_NVML = r"""
+#include <time.h>
+static double t0;
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+static unsigned busy(void) { return now() - t0 >= 0.3 ? 80 : 0; }
+int nvmlInit_v2(void) { t0 = now(); return 0; }
+int nvmlShutdown(void) { return 0; }
+int nvmlDeviceGetHandleByUUID(const char *uuid, void **h) { *h = (void *)1; return 0; }
+int nvmlDeviceGetUtilizationRates(void *h, unsigned *rates) { rates[0] = busy(); rates[1] = 0; return 0; }
+int nvmlDeviceGetDecoderUtilization(void *h, unsigned *u, unsigned *p) { *u = busy(); *p = 300000; return 0; }
+int nvmlDeviceGetJpgUtilization(void *h, unsigned *u, unsigned *p) { *u = busy(); *p = 300000; return 0; }
+"""
+
+
+@pytest.mark.process  # the compiler
+def test_engine_figures_count_only_reads_whose_window_lies_inside_the_block(tmp_path):
+    import time
+
+    from _fake_nvml import compile_nvml
+
+    from gpufeed.bench._gpu_engines import EngineSampler
+
+    library = compile_nvml(tmp_path, _TIMED_NVML)
+    with EngineSampler(("GPU-x",), period_s=0.05, library=library) as engines:
+        time.sleep(1.0)
+    summary = engines.summary()
+    assert summary["window_s"] == pytest.approx(0.3)
+    assert summary["kernels"] == summary["nvdec"] == summary["jpeg"] == 80.0, summary
+    with EngineSampler(("GPU-x",), period_s=0.05, library=library) as short:
+        time.sleep(0.15)
+    assert "shorter than NVML's 0.30 s window" in str(short.summary()["jpeg"])
+
+
 @pytest.mark.gpu
 def test_the_engine_sampler_reads_the_gpus_jpeg_engines_while_they_decode(tmp_path):
     """On a GPU, NVML answers for the kernels and the JPEG engines while the loader decodes with the
-    hardware decoder (a GPU without one would say which query failed, not a number)."""
+    hardware decoder for over a second (a GPU without one would say which query failed, not a number)."""
+    import time
+
+    from gpufeed.bench._gpu_engines import EngineSampler, nvml_uuids
+    from gpufeed.config import ImagePipelineConfig, LoaderConfig
+    from gpufeed.device import DeviceChoice
+    from gpufeed.pipelines import ImageLoader
+
     data = make_bench_images(tmp_path, 64, 640, 480)
-    variants = parse_vary(["loader.hw_decoder_load=1.0"])
-    result = run_loader_sweep(data, variants, batch_size=32, rounds=1, device="gpu")
-    (summary,) = result["variants"]["hw_decoder_load=1.0"]["engines"]
-    assert "unavailable" not in summary, summary
+    loader = ImageLoader(
+        ImageDataset.from_folder(data),
+        train=True,
+        image_cfg=ImagePipelineConfig(size_px=224),
+        loader_cfg=LoaderConfig(batch_size=32, hw_decoder_load=1.0),
+        device=DeviceChoice("gpu", 0, "test"),
+    )
+    with EngineSampler(nvml_uuids(0)) as engines:
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until:
+            for _ in loader:
+                pass
+    loader.close()
+    summary = engines.summary()
+    assert "unavailable" not in summary and 0 < summary["window_s"] <= 1.0, summary
     assert isinstance(summary["kernels"], float) and 0 <= summary["kernels"] <= 100
-    assert isinstance(summary["jpeg"], float) and 0 <= summary["jpeg"] <= 100, summary
+    assert isinstance(summary["jpeg"], float) and 0 < summary["jpeg"] <= 100, summary
 
 
 @pytest.mark.process  # the DataLoader's worker

@@ -64,6 +64,12 @@ def test_a_failed_probe_makes_the_gpu_path_broken_and_names_it():
         ProbeResult("x", "ok", "")
 
 
+def test_a_failure_on_a_cpu_machine_is_not_called_nothing_broken():
+    report = DoctorReport(gpu=False, results=[ProbeResult("libraries", "fail", "CUDA majors 12, 13 in one set")])
+    assert report.exit_code == 1
+    assert report.verdict().endswith("; but libraries failed") and "nothing is broken" not in report.verdict()
+
+
 # --- the probes, on the CPU path ---------------------------------------------------------------
 
 

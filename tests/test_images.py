@@ -114,7 +114,7 @@ def test_make_deps_reads_exactly_the_stacks_set_from_pyproject(stack, tmp_path):
         assert lines == runtime + extras["cuda12"]
     else:
         replaced = {"nvidia-dali-cuda120>=2.4": "nvidia-dali-cuda130>=2.4",
-                    "onnxruntime-gpu>=1.20,<1.27": "onnxruntime-gpu[cuda,cudnn]>=1.27"}  # fmt: skip
+                    "onnxruntime-gpu>=1.20,<1.27": "onnxruntime-gpu[cuda,cudnn]>=1.27,<1.29"}  # fmt: skip
         assert lines == [replaced.get(line, line) for line in runtime]
 
 

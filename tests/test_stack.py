@@ -266,6 +266,11 @@ def test_no_stack_fits_an_old_driver_a_blackwell_on_a_cuda_12_driver_or_a_blackw
         choose_stack(_driver((13, 0), (10, 0), (7, 0)))
     with pytest.raises(StackChoiceError, match=r"GPU0 \(compute capability 3\.7\) is older than every stack's kernels"):
         choose_stack(_driver((12, 4), (3, 7)))
+    # Maxwell: torch's cu126 build has sm_50 code, onnxruntime-gpu 1.26's CUDA provider none below sm_60.
+    with pytest.raises(
+        StackChoiceError, match=r"GPU0 \(compute capability 5\.2\) is older than every stack's kernels \(6\.0"
+    ):
+        choose_stack(_driver((12, 4), (5, 2)))
 
 
 # --- the requirement sets ----------------------------------------------------------------------
@@ -283,7 +288,14 @@ def test_the_cuda_12_builds_are_the_runtime_dependencies_and_cuda12_the_only_sta
     assert "nvidia-dali-cuda120>=2.4" in runtime and "onnxruntime-gpu>=1.20,<1.27" in runtime
     assert extras["cuda12"] == ["onnxruntime-gpu[cuda,cudnn]>=1.21,<1.27"]
     assert not {"cpu", "cuda13"} & set(extras), "an extra can only add: a cuda13 extra would install both DALIs"
-    assert STACKS["cpu"].torch_args == ("torch==2.13.0",) and STACKS["cuda13"].torch_args == ("torch==2.13.0",)
+    # The CPU build by its local version (PyPI's 2.13.0 is the CUDA 13 build), from PyTorch's CPU index
+    # where no local wheel has it; cuda13 takes PyPI's.
+    assert STACKS["cpu"].torch_args == (
+        "torch==2.13.0+cpu",
+        "--extra-index-url",
+        "https://download.pytorch.org/whl/cpu",
+    )
+    assert STACKS["cuda13"].torch_args == ("torch==2.13.0",)
     assert STACKS["cuda12"].torch_args[-1] == "https://download.pytorch.org/whl/cu126"
 
 
@@ -300,7 +312,7 @@ def test_the_cuda13_set_replaces_the_cuda_12_builds_and_repeats_nothing(extras):
     assert not [line for line in lines if _CUDA12_NAMES.match(line)], lines
     names = _names(lines)
     assert names.count("nvidia-dali-cuda130") == 1 and names.count("onnxruntime-gpu") == 1, lines
-    assert "onnxruntime-gpu[cuda,cudnn]>=1.27" in lines and "gpufeed" not in names
+    assert "onnxruntime-gpu[cuda,cudnn]>=1.27,<1.29" in lines and "gpufeed" not in names
     assert len(lines) == len(set(lines)), "a line repeated"
     assert lines[: len(runtime)] == [CUDA13_REPLACEMENTS.get(_names([r])[0], r) for r in runtime]
     if extras:  # gpufeed[bench,demo,grpc,docs] inside test: their packages, once each
@@ -327,6 +339,43 @@ def test_an_unknown_stack_or_extra_or_cuda12_with_another_stack_is_refused():
 def test_without_a_driver_nvml_is_not_found_and_says_so():
     driver, why = read_driver("libnvidia-ml-that-does-not-exist.so.1")
     assert driver is None and why.startswith("no NVIDIA driver: libnvidia-ml-that-does-not-exist.so.1 cannot be loaded")
+
+
+# A stand-in for NVML with a node's answers: GPU 0 refused (another job's, under cgroups), GPU 1 an
+# H100; FAKE_NVML=broken makes the name query fail, as a driver/library mismatch can.
+_FAKE_NVML = r"""
+#include <stdlib.h>
+#include <string.h>
+static int broken(void) { const char *m = getenv("FAKE_NVML"); return m && !strcmp(m, "broken"); }
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+const char *nvmlErrorString(int code) { return code == 999 ? "Unknown Error" : "error"; }
+int nvmlSystemGetDriverVersion(char *v, unsigned n) { strncpy(v, "580.82.07", n); return 0; }
+int nvmlSystemGetCudaDriverVersion_v2(int *v) { *v = 13000; return 0; }
+int nvmlDeviceGetCount_v2(unsigned *n) { *n = 2; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) { if (i == 0) return 4; *h = (void *)1; return 0; }
+int nvmlDeviceGetName(void *h, char *v, unsigned n) { if (broken()) return 999; strncpy(v, "H100", n); return 0; }
+int nvmlDeviceGetCudaComputeCapability(void *h, int *a, int *b) { *a = 9; *b = 0; return 0; }
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_nvml(tmp_path_factory):
+    from _fake_nvml import compile_nvml
+
+    return compile_nvml(tmp_path_factory.mktemp("nvml"), _FAKE_NVML)
+
+
+@pytest.mark.process  # the compiler
+def test_gpus_another_job_holds_are_left_out_and_a_failing_nvml_is_no_cpu_machine(fake_nvml, monkeypatch):
+    driver, why = read_driver(fake_nvml, strict=True)
+    assert driver is not None and [g.name for g in driver.gpus] == ["H100"], why
+    assert why.endswith("1 GPU(s): H100 (9.0); 1 more this process may not use")
+    assert choose_stack(driver)[0].name == "cuda12"
+    monkeypatch.setenv("FAKE_NVML", "broken")
+    assert read_driver(fake_nvml)[0] is None  # the doctor reads on, and says why
+    with pytest.raises(StackChoiceError, match=r"NVML answered but a query failed .*Unknown Error.*: set CUDA_STACK"):
+        read_driver(fake_nvml, strict=True)  # make stops there rather than install the cpu stack
 
 
 @pytest.mark.process

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from types import TracebackType
 
 __all__ = ["ENGINES", "EngineSampler", "nvml_uuids"]
@@ -42,9 +43,14 @@ class EngineSampler:
     ``kernels`` is NVML's GPU utilisation: the share of time some kernel ran, not how many SMs it
     kept busy (one small kernel running all the time reads 100).
 
+    Each read is NVML's figure over its own last sample period (1/6 s to 1 s by product; the NVDEC and
+    JPEG queries return it), so a read taken sooner than one period after the block began mostly
+    covers the time before it: only later reads count (the GPU figure, whose query returns no
+    period, takes the engines'). A block shorter than a period has no figure, and says so.
+
     Args:
         uuids: The GPU's NVML names (:func:`nvml_uuids`), tried in turn; ``None`` off a GPU.
-        period_s: Seconds between reads (NVML's own window for NVDEC and JPEG is about that long).
+        period_s: Seconds between reads.
         library: The NVML library to load.
 
     Example::
@@ -59,6 +65,9 @@ class EngineSampler:
     ) -> None:
         self.period_s = period_s
         self.samples: dict[str, list[int]] = {"kernels": [], **{name: [] for name in ENGINES}}
+        self.read_at_s: dict[str, list[float]] = {name: [] for name in self.samples}  # after the block began
+        self.window_s = 0.0  # NVML's sample period, the longest its queries reported
+        self._started = 0.0
         self.missing: dict[str, str] = {}
         self.why_not = ""
         self._stop = threading.Event()
@@ -85,6 +94,7 @@ class EngineSampler:
         self._lib = lib
 
     def __enter__(self) -> EngineSampler:
+        self._started = time.monotonic()
         if self._lib is not None:
             self._thread = threading.Thread(target=self._run, name="gpufeed-engine-sampler", daemon=True)
             self._thread.start()
@@ -108,8 +118,9 @@ class EngineSampler:
         lib, handle = self._lib, self._handle
         assert lib is not None  # the thread runs only while NVML is loaded
         rates = _Rates()
+        at = time.monotonic() - self._started
         if lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(rates)) == 0:
-            self.samples["kernels"].append(rates.gpu)
+            self._keep("kernels", rates.gpu, at)
         for name, query in ENGINES.items():
             if name in self.missing:
                 continue
@@ -120,18 +131,28 @@ class EngineSampler:
                 self.missing[name] = f"this driver's NVML has no {query}"
                 continue
             if code == 0:
-                self.samples[name].append(value.value)
+                self._keep(name, value.value, at)
+                self.window_s = max(self.window_s, period.value / 1e6)
             else:
                 self.missing[name] = f"{query} answered NVML error {code} (no such engine?)"
 
+    def _keep(self, name: str, value: int, at: float) -> None:
+        self.samples[name].append(value)
+        self.read_at_s[name].append(at)
+
     def summary(self) -> dict[str, float | str]:
-        """Per engine the mean of its reads, or why there is none (``unavailable`` when NVML is not)."""
+        """Per engine the mean of its reads that cover the block, or why there is none (``unavailable``
+        when NVML is not); ``window_s``: NVML's sample period."""
         if self.why_not:
             return {"unavailable": self.why_not}
-        out: dict[str, float | str] = {}
+        out: dict[str, float | str] = {"window_s": self.window_s}
         for name, values in self.samples.items():
-            if values:
-                out[name] = sum(values) / len(values)
+            inside = [v for v, at in zip(values, self.read_at_s[name], strict=True) if at >= self.window_s]
+            if inside:
+                out[name] = sum(inside) / len(inside)
+            elif values:
+                last = self.read_at_s[name][-1]
+                out[name] = f"the block ({last:.2f} s read) was shorter than NVML's {self.window_s:.2f} s window"
             else:
                 out[name] = self.missing.get(name, "no reads")
         return out

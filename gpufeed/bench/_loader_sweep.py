@@ -34,6 +34,8 @@ from gpufeed.pipelines import ImageDataset, ImageLoader, default_num_threads
 __all__ = ["MAX_VARIANTS", "parse_vary", "print_sweep_result", "run_loader_sweep"]
 
 MAX_VARIANTS = 12
+# Longest wait for a variant's runs in flight to end between rounds (a slow variant's are bounded by it).
+_SETTLE_MAX_S = 5.0
 
 
 def parse_vary(items: list[str]) -> list[dict[str, str]]:
@@ -112,17 +114,16 @@ def run_loader_sweep(
             shift = number % len(names)
             for name in names[shift:] + names[:shift]:
                 loader, stream = loaders[name], streams[name]
+                ahead = loader.cfg.prefetch_queue_depth * loader.parallel_pipelines
                 # Prepared while the others ran: each of its pipelines' queues.
-                for _ in range(loader.cfg.prefetch_queue_depth * loader.parallel_pipelines if number else 0):
+                for _ in range(ahead if number else 0):
                     next(stream)
                 with EngineSampler(uuids) as engines:
                     wall, cpu = time.perf_counter(), time.process_time()
                     images = sum(int(next(stream).images.shape[0]) for _ in range(per_round))
-                    if choice.is_gpu:
-                        import torch
-
-                        torch.cuda.synchronize(choice.torch_device)
+                    _handed_over(choice)
                     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                _settle(choice, ahead * wall / per_round)
                 if number:
                     figures[name]["images_per_second"].append(images / wall)
                     figures[name]["cores_busy"].append(cpu / wall)
@@ -145,6 +146,26 @@ def run_loader_sweep(
         "variants": figures,
         "machine": machine_facts(choice),
     }
+
+
+def _handed_over(choice) -> None:
+    """Wait for the batches handed over (the consumer's stream waits for their copies), not for the
+    decodes DALI has started for later ones: a device-wide sync would time those too."""
+    if choice.is_gpu:
+        import torch
+
+        torch.cuda.current_stream(choice.torch_device).synchronize()
+
+
+def _settle(choice, in_flight_s: float) -> None:
+    """Let a variant's pipelines finish the runs its reads scheduled (``prefetch_queue_depth`` per
+    pipeline) before another variant's round: they would run inside it, on the same cores and engines,
+    favouring whichever variant follows one with fewer runs in flight."""
+    time.sleep(min(_SETTLE_MAX_S, 1.5 * in_flight_s + 0.05))
+    if choice.is_gpu:
+        import torch
+
+        torch.cuda.synchronize(choice.torch_device)
 
 
 def _engine_cell(summaries: list[dict], name: str) -> str:

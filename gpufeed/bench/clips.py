@@ -194,7 +194,8 @@ def run_clip_bench(
         specs = generated_sets(sets, cache=cache, videos=videos, seconds=seconds, video_size=video_size, gop=gop,
                                seed=seed, clip_length=clip_length, stride=stride)  # fmt: skip
     bench_sets = [BenchSet(spec, clip_length=clip_length, stride=stride, size=size, batch_size=batch_size,
-                           workers=a.workers, seed=seed, device=choice, decoder=decoder) for spec in specs]  # fmt: skip
+                           workers=a.workers, seed=seed, device=choice, decoder=decoder, round_clips=clips)
+                  for spec in specs]  # fmt: skip
     readers, missing = _readers(bench_sets, tuple(contenders))
     counts = {c: naive_clips if c == "decode_from_start" else clips for c in CONTENDERS}
     jobs = [(s, c) for s in bench_sets for c in readers[s.name]]

@@ -85,15 +85,16 @@ class EpochBatches:
 def _time_epoch(batches, to_device=None) -> tuple[float, int]:
     start = time.perf_counter()
     count = 0
+    images = None
     for batch in batches:
         images = batch.images if hasattr(batch, "images") else batch
         if to_device is not None:
             images = images.to(to_device, non_blocking=True)
         count += int(images.shape[0])
-    if to_device is not None and to_device.type == "cuda":
-        import torch
+    if images is not None and images.is_cuda:  # both sides: until the last batch is there, not every
+        import torch  # stream of the device (DALI's, already decoding the next epoch's batches)
 
-        torch.cuda.synchronize(to_device)
+        torch.cuda.current_stream(images.device).synchronize()
     return time.perf_counter() - start, count
 
 

@@ -231,13 +231,20 @@ def probe_nvdec(codec: str, device_id: int | None, capability: tuple[int, int] |
 
 
 def _tiny_model() -> bytes:
-    """Conv (cuDNN) -> Relu -> GlobalAveragePool -> Gemm (cuBLAS): float32 (1, 3, 16, 16) in, (1, 5) out."""
+    """uint8 (1, 3, 16, 16) in, (1, 5) out: Cast, Sub, Div (onnxruntime's own kernels, as the normalisation
+    an export carries inside), Conv (cuDNN), Relu, GlobalAveragePool, Gemm (cuBLAS). A provider built
+    without code for this GPU fails in the first three, whatever cuDNN and cuBLAS can run."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     conv_w = np.linspace(-0.5, 0.5, 8 * 3 * 3 * 3, dtype=np.float32).reshape(8, 3, 3, 3)
     gemm_w = np.linspace(-1, 1, 8 * 5, dtype=np.float32).reshape(8, 5)
+    mean = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(1, 3, 1, 1) * 255
+    std = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(1, 3, 1, 1) * 255
     nodes = [
+        helper.make_node("Cast", ["pixels"], ["xf"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", ["xf", "mean"], ["xc"]),
+        helper.make_node("Div", ["xc", "std"], ["x"]),
         helper.make_node("Conv", ["x", "conv_w"], ["c"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c"], ["r"]),
         helper.make_node("GlobalAveragePool", ["r"], ["p"]),
@@ -245,9 +252,9 @@ def _tiny_model() -> bytes:
         helper.make_node("Gemm", ["f", "gemm_w"], ["y"]),
     ]
     graph = helper.make_graph(
-        nodes, "doctor", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        nodes, "doctor", [helper.make_tensor_value_info("pixels", TensorProto.UINT8, [1, 3, 16, 16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],
-        [numpy_helper.from_array(conv_w, "conv_w"), numpy_helper.from_array(gemm_w, "gemm_w")],
+        [numpy_helper.from_array(a, n) for a, n in ((conv_w, "conv_w"), (gemm_w, "gemm_w"), (mean, "mean"), (std, "std"))],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -261,8 +268,8 @@ def probe_onnxruntime(device_id: int | None) -> list[ProbeResult]:
 
     started = time.monotonic()
     model = _tiny_model()
-    x = source_frame(0, 16, 16).transpose(2, 0, 1)[None].astype(np.float32) / 255
-    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    x = np.ascontiguousarray(source_frame(0, 16, 16).transpose(2, 0, 1)[None])  # uint8, as a served batch
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"pixels": x})[0]
     name = "onnxruntime-cuda" if device_id is not None else "onnxruntime-cpu"
     details = {"onnxruntime": ort.__version__, "available_providers": ort.get_available_providers()}
     fallback = "'gpufeed serve' refuses to start on the GPU (set serve.execution_provider: cpu to serve on the CPU)"
@@ -276,7 +283,7 @@ def probe_onnxruntime(device_id: int | None) -> list[ProbeResult]:
         options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     try:
         session = ort.InferenceSession(model, options, providers=providers)
-        got = session.run(None, {"x": x})[0]
+        got = session.run(None, {"pixels": x})[0]
     except Exception as err:  # any failure to build or run the session is the finding
         return [_timed(name, started, "fail", _words(err), details=details,
                        fallback=fallback)]  # fmt: skip
@@ -288,7 +295,7 @@ def probe_onnxruntime(device_id: int | None) -> list[ProbeResult]:
     error = float(np.max(np.abs(got - want)))
     details["max_abs_error"] = error
     if not np.allclose(got, want, rtol=1e-4, atol=1e-5):
-        return [_timed(name, started, "fail", f"a Conv+Gemm model's output differs from the CPU's by {error:.3g}",
+        return [_timed(name, started, "fail", f"a normalise+Conv+Gemm model's output differs from the CPU's by {error:.3g}",
                        details=details)]  # fmt: skip
-    return [_timed(name, started, "pass", f"a Conv+Gemm model ran on {wanted} (every node), matching the CPU "
+    return [_timed(name, started, "pass", f"a normalise+Conv+Gemm model ran on {wanted} (every node), matching the CPU "
                    f"within {error:.1g}; onnxruntime {ort.__version__}", details=details)]  # fmt: skip

@@ -73,6 +73,8 @@ class DoctorReport:
                 "no NVIDIA GPU on this machine: gpufeed runs on the CPU (DALI's CPU operators, onnxruntime's "
                 "CPU provider, torch's CPU build)"
             )
+            if self.failed:  # the CPU path's own checks (the installed set) failed: say so, not "nothing"
+                return f"{line}; but {', '.join(r.name for r in self.failed)} failed"
             return line + (": a GPU was required (--require-gpu)" if self.require_gpu else "; nothing is broken")
         counts = {s: sum(r.status == s for r in self.results) for s in STATUSES}
         shown = ", ".join(f"{n} {s}" for s, n in counts.items() if n)

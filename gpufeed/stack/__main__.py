@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         return _requirements_main(argv[1:], prog="python -m gpufeed.stack requirements")
     args = parser.parse_args(argv)
     if args.command == "choose":
-        driver, found = read_driver()
         try:
+            driver, found = read_driver(strict=True)
             stack, why = choose_stack(driver)
         except StackChoiceError as err:
             print(f"error: {err}", file=sys.stderr)

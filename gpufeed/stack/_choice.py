@@ -7,7 +7,7 @@ CPU machine and CI get. Three stacks build on them, each with a torch build inst
 
 * ``cpu``: no NVIDIA driver. The runtime dependencies alone (DALI's CPU operators, onnxruntime's
   CPU provider, no CUDA library wheels) and torch's CPU wheel.
-* ``cuda12``: every GPU has kernels in torch's CUDA 12.6 build (Maxwell to Hopper), on any driver
+* ``cuda12``: every GPU has kernels in the CUDA 12 builds (Pascal to Hopper), on any driver
   with CUDA 12.0 or later, 13 included. The runtime dependencies, the ``cuda12`` extra (the CUDA
   libraries onnxruntime's CUDA provider loads) and torch's cu126 build from PyTorch's index.
 * ``cuda13``: a GPU newer than Hopper (Blackwell) on a CUDA 13 driver (580+). Not an extra: its
@@ -76,21 +76,26 @@ class Stack:
 
 
 _CU126_INDEX = "https://download.pytorch.org/whl/cu126"
+_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 STACKS: dict[str, Stack] = {
     "cpu": Stack(
         "cpu",
         None,
-        (f"torch=={TORCH_VERSION}",),
+        # The CPU build by its local version: PyPI's torch 2.13.0 is the CUDA 13 build (GBs of CUDA
+        # libraries beside DALI's and onnxruntime's CUDA 12 ones). An extra index, so a machine
+        # holding the wheel locally (pip's find-links) needs no answer from PyTorch's.
+        (f"torch=={TORCH_VERSION}+cpu", "--extra-index-url", _CPU_INDEX),
         about="no NVIDIA driver: torch's CPU wheel, DALI's CPU operators, onnxruntime's CPU provider",
-        install=f"pip install torch=={TORCH_VERSION} --index-url https://download.pytorch.org/whl/cpu && pip install gpufeed",
+        install=f"pip install torch=={TORCH_VERSION} --index-url {_CPU_INDEX} && pip install gpufeed",
     ),
     "cuda12": Stack(
         "cuda12",
         12,
         (f"torch=={TORCH_VERSION}", "--index-url", _CU126_INDEX),
         min_driver_cuda=(12, 0),
-        # torch's CUDA 12.6 build: sm_50 to sm_90 (Maxwell to Hopper), no Blackwell kernels.
-        compute_capabilities=((5, 0), (9, 9)),
+        # torch's CUDA 12.6 build: sm_50 to sm_90 (Maxwell to Hopper), no Blackwell kernels; onnxruntime-gpu
+        # 1.26's provider: sm_60 and later (no Maxwell code).
+        compute_capabilities=((6, 0), (9, 9)),
         about="CUDA 12: torch 2.13 cu126 (PyTorch's index), nvidia-dali-cuda120, onnxruntime-gpu 1.21-1.26",
         install=f"pip install torch=={TORCH_VERSION} --index-url {_CU126_INDEX} && pip install 'gpufeed[cuda12]'",
     ),
@@ -102,15 +107,17 @@ STACKS: dict[str, Stack] = {
         # CUDA 13 builds start at Turing (7.5): the toolkit dropped Maxwell, Pascal and Volta.
         compute_capabilities=((7, 5), (99, 9)),
         about="CUDA 13: torch 2.13 (PyPI, CUDA 13.0), nvidia-dali-cuda130, onnxruntime-gpu 1.27+",
-        install="pip install --no-deps gpufeed && pip install -r <(python -m gpufeed.stack requirements cuda13)",
+        install=f"pip install torch=={TORCH_VERSION} && pip install --no-deps gpufeed && "
+        "pip install -r <(python -m gpufeed.stack requirements cuda13)",
     ),
 }
 """The three stacks by name: ``cpu``, ``cuda12``, ``cuda13``."""
 
 CUDA13_REPLACEMENTS = {
     "nvidia-dali-cuda120": "nvidia-dali-cuda130>=2.4",
-    # 1.27 is the first onnxruntime-gpu on PyPI built for CUDA 13 (its build info says 13.0).
-    "onnxruntime-gpu": "onnxruntime-gpu[cuda,cudnn]>=1.27",
+    # 1.27 is the first onnxruntime-gpu on PyPI built for CUDA 13 (its build info says 13.0); from 1.29
+    # its CUDA provider holds no sm_100 code and no PTX (only 7.5-9.0 and 12.0): no kernels for a B200.
+    "onnxruntime-gpu": "onnxruntime-gpu[cuda,cudnn]>=1.27,<1.29",
 }
 """The CUDA 13 stack's requirement in place of each CUDA 12 runtime dependency, by its name."""
 
@@ -159,12 +166,22 @@ def _nvml_call(lib, name: str, *args) -> None:
         raise OSError(f"{name} failed: {text.decode() if text else code}")
 
 
-def read_driver(library: str = "libnvidia-ml.so.1") -> tuple[DriverInfo | None, str]:
-    """The driver's CUDA version and GPUs through NVML, or ``None`` and why not.
+# NVML_ERROR_NO_PERMISSION: a GPU the node has and this process may not use (another job's, under
+# cgroups: SLURM's ConstrainDevices, some Kubernetes set-ups). nvmlDeviceGetCount_v2 counts it too.
+_NVML_NO_PERMISSION = 4
+
+
+def read_driver(library: str = "libnvidia-ml.so.1", *, strict: bool = False) -> tuple[DriverInfo | None, str]:
+    """The driver's CUDA version and the GPUs this process may use, through NVML, or ``None`` and why not.
 
     ``None`` when NVML cannot be loaded (no NVIDIA driver: a CPU machine, or a container started
     without the ``utility`` capability), fails to start (a driver/library mismatch after an update
-    without a reboot), or sees no GPU.
+    without a reboot) or to answer, or sees no GPU. GPUs NVML refuses with ``NO_PERMISSION`` are
+    left out.
+
+    Raises:
+        StackChoiceError: ``strict`` and NVML loads but fails: a GPU machine whose driver cannot be
+            read, which must not be taken for one without a GPU (the cpu stack).
     """
     try:
         lib = ctypes.CDLL(library)
@@ -173,7 +190,12 @@ def read_driver(library: str = "libnvidia-ml.so.1") -> tuple[DriverInfo | None, 
     try:
         _nvml_call(lib, "nvmlInit_v2")
     except OSError as err:
+        if strict:
+            raise StackChoiceError(
+                f"the NVIDIA driver does not answer ({err}): reboot after a driver update, or set CUDA_STACK"
+            ) from None
         return None, f"the NVIDIA driver does not answer: {err}"
+    refused = 0
     try:
         version = ctypes.create_string_buffer(96)
         _nvml_call(lib, "nvmlSystemGetDriverVersion", version, ctypes.c_uint(96))
@@ -184,6 +206,9 @@ def read_driver(library: str = "libnvidia-ml.so.1") -> tuple[DriverInfo | None, 
         gpus = []
         for index in range(count.value):
             handle = ctypes.c_void_p()
+            if lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) == _NVML_NO_PERMISSION:
+                refused += 1
+                continue
             _nvml_call(lib, "nvmlDeviceGetHandleByIndex_v2", ctypes.c_uint(index), ctypes.byref(handle))
             name = ctypes.create_string_buffer(96)
             _nvml_call(lib, "nvmlDeviceGetName", handle, name, ctypes.c_uint(96))
@@ -191,15 +216,18 @@ def read_driver(library: str = "libnvidia-ml.so.1") -> tuple[DriverInfo | None, 
             _nvml_call(lib, "nvmlDeviceGetCudaComputeCapability", handle, ctypes.byref(major), ctypes.byref(minor))
             gpus.append(GpuInfo(index, name.value.decode(errors="replace"), (major.value, minor.value)))
     except OSError as err:
+        if strict:
+            raise StackChoiceError(f"NVML answered but a query failed ({err}): set CUDA_STACK") from None
         return None, f"NVML answered but a query failed: {err}"
     finally:
         lib.nvmlShutdown()
     info = DriverInfo(
         version.value.decode(errors="replace"), (cuda.value // 1000, cuda.value % 1000 // 10), tuple(gpus)
     )
+    others = f"; {refused} more this process may not use" if refused else ""
     if not gpus:
-        return None, f"the NVIDIA driver sees no GPU ({info.describe()})"
-    return info, info.describe()
+        return None, f"the NVIDIA driver sees no GPU this process may use ({info.describe()}{others})"
+    return info, info.describe() + others
 
 
 def _fits(stack: Stack, gpu: GpuInfo) -> bool:
@@ -214,7 +242,7 @@ def _cc(gpu: GpuInfo) -> str:
 def choose_stack(driver: DriverInfo | None) -> tuple[Stack, str]:
     """The stack for this driver and its GPUs, and why, in words.
 
-    The CUDA 12 stack wherever torch's CUDA 12.6 build has kernels for every GPU (Maxwell to
+    The CUDA 12 stack wherever the CUDA 12 builds have kernels for every GPU (Pascal to
     Hopper), whatever the driver's CUDA (12.x or 13: a driver runs the builds of older CUDA
     versions); the CUDA 13 stack only where a GPU is newer (Blackwell); ``cpu`` without a driver.
     CUDA 12 is the default because it is gpufeed's own dependency set, the one CI tests and
@@ -235,10 +263,10 @@ def choose_stack(driver: DriverInfo | None) -> tuple[Stack, str]:
             "later (driver 525+): update the driver, or set CUDA_STACK=cpu"
         )
     if all(_fits(cuda12, g) for g in driver.gpus):
-        return cuda12, f"torch's CUDA 12.6 build has kernels for every GPU (5.0 to 9.x) and the driver supports {shown}"
+        return cuda12, f"the CUDA 12 builds have kernels for every GPU (6.0 to 9.x) and the driver supports {shown}"
     new = next(g for g in driver.gpus if not _fits(cuda12, g))
     if new.compute_capability < cuda12.compute_capabilities[0]:
-        raise StackChoiceError(f"{_cc(new)} is older than every stack's kernels (5.0 and up): use CUDA_STACK=cpu")
+        raise StackChoiceError(f"{_cc(new)} is older than every stack's kernels (6.0 and up): use CUDA_STACK=cpu")
     if cuda < cuda13.min_driver_cuda:
         raise StackChoiceError(
             f"{_cc(new)} needs the CUDA 13 builds (torch {TORCH_VERSION}'s CUDA 12.6 build has no kernels for it), "
@@ -390,8 +418,8 @@ def _main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    driver, found = read_driver()
     try:
+        driver, found = read_driver(strict=True)
         stack, why = choose_stack(driver)
     except StackChoiceError as err:
         print(f"error: {err}", file=sys.stderr)
