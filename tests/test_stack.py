@@ -294,6 +294,8 @@ def test_the_cuda_12_builds_are_the_runtime_dependencies_and_cuda12_the_only_sta
         "torch==2.13.0+cpu",
         "--extra-index-url",
         "https://download.pytorch.org/whl/cpu",
+        "--retries",
+        "1",
     )
     assert STACKS["cuda13"].torch_args == ("torch==2.13.0",)
     assert STACKS["cuda12"].torch_args[-1] == "https://download.pytorch.org/whl/cu126"

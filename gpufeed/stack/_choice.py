@@ -83,8 +83,9 @@ STACKS: dict[str, Stack] = {
         None,
         # The CPU build by its local version: PyPI's torch 2.13.0 is the CUDA 13 build (GBs of CUDA
         # libraries beside DALI's and onnxruntime's CUDA 12 ones). An extra index, so a machine
-        # holding the wheel locally (pip's find-links) needs no answer from PyTorch's.
-        (f"torch=={TORCH_VERSION}+cpu", "--extra-index-url", _CPU_INDEX),
+        # holding the wheel locally (pip's find-links) needs no answer from PyTorch's; one retry, so
+        # an index out of reach costs a moment per package rather than five tries with back-off.
+        (f"torch=={TORCH_VERSION}+cpu", "--extra-index-url", _CPU_INDEX, "--retries", "1"),
         about="no NVIDIA driver: torch's CPU wheel, DALI's CPU operators, onnxruntime's CPU provider",
         install=f"pip install torch=={TORCH_VERSION} --index-url {_CPU_INDEX} && pip install gpufeed",
     ),
