@@ -26,7 +26,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from gpufeed.bench._common import median
+from gpufeed.bench._common import handed_over, median
 
 __all__ = ["RoundTime", "child_pids", "cpu_seconds", "interleaved", "paired_ratio", "timed_round", "wait_for_exit"]
 
@@ -151,14 +151,6 @@ def wait_for_exit(before: set[int], timeout_s: float = 60.0, children: Callable[
         time.sleep(0.05)
 
 
-def _handed_over(batch) -> None:
-    """Wait until a GPU batch is there (its resize and copy may still be queued): the CPU readers' are."""
-    if getattr(batch, "is_cuda", False):
-        import torch
-
-        torch.cuda.current_stream(batch.device).synchronize()
-
-
 def timed_round(
     open_reader: Callable[[], AbstractContextManager[Iterable[Any]]],
     want: int,
@@ -197,7 +189,7 @@ def timed_round(
             if keep:  # a copy: a pipeline may reuse its output buffers for later batches
                 batches.append(batch.clone() if hasattr(batch, "clone") else copy.deepcopy(batch))
             if got >= want:
-                _handed_over(batch)
+                handed_over(batch)  # a GPU batch's resize and copy may still be queued; the CPU readers' are done
                 break
         end = time.perf_counter()
         cpu_end = cpu()  # before the reader stops: its workers' decoding past the round is not counted

@@ -9,7 +9,7 @@ import logging
 import platform
 import statistics
 
-__all__ = ["machine_facts", "median", "quiet_http_logs"]
+__all__ = ["handed_over", "machine_facts", "median", "quiet_http_logs"]
 
 
 def machine_facts(device) -> dict:
@@ -38,3 +38,13 @@ def median(values: list[float]) -> float:
 def quiet_http_logs() -> None:
     """httpx logs every request at INFO; the runs poll and probe a lot, so keep that out of their output."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def handed_over(batch) -> None:
+    """Wait until ``batch`` (a tensor) is there: on a GPU, its device's current stream, where the
+    consumer would use it; not every stream of the device, whose DALI streams already decode later
+    batches (a device-wide sync would time those too). A CPU tensor is there already."""
+    if getattr(batch, "is_cuda", False):
+        import torch
+
+        torch.cuda.current_stream(batch.device).synchronize()

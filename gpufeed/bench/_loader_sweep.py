@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from gpufeed.bench._common import machine_facts
+from gpufeed.bench._common import handed_over, machine_facts
 from gpufeed.bench._gpu_engines import EngineSampler, nvml_uuids
 from gpufeed.config import ConfigError, ImagePipelineConfig, parse_config
 from gpufeed.core import SizePx, format_table
@@ -120,8 +120,11 @@ def run_loader_sweep(
                     next(stream)
                 with EngineSampler(uuids) as engines:
                     wall, cpu = time.perf_counter(), time.process_time()
-                    images = sum(int(next(stream).images.shape[0]) for _ in range(per_round))
-                    _handed_over(choice)
+                    images, last = 0, None
+                    for _ in range(per_round):  # each batch dropped as the next comes, as a training loop does
+                        last = next(stream).images
+                        images += int(last.shape[0])
+                    handed_over(last)
                     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
                 _settle(choice, ahead * wall / per_round)
                 if number:
@@ -146,15 +149,6 @@ def run_loader_sweep(
         "variants": figures,
         "machine": machine_facts(choice),
     }
-
-
-def _handed_over(choice) -> None:
-    """Wait for the batches handed over (the consumer's stream waits for their copies), not for the
-    decodes DALI has started for later ones: a device-wide sync would time those too."""
-    if choice.is_gpu:
-        import torch
-
-        torch.cuda.current_stream(choice.torch_device).synchronize()
 
 
 def _settle(choice, in_flight_s: float) -> None:

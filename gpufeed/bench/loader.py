@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpufeed.bench._common import machine_facts, median
+from gpufeed.bench._common import handed_over, machine_facts, median
 from gpufeed.bench._loader_sweep import parse_vary, print_sweep_result, run_loader_sweep
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
 from gpufeed.core import SizePx, format_table
@@ -91,10 +91,7 @@ def _time_epoch(batches, to_device=None) -> tuple[float, int]:
         if to_device is not None:
             images = images.to(to_device, non_blocking=True)
         count += int(images.shape[0])
-    if images is not None and images.is_cuda:  # both sides: until the last batch is there, not every
-        import torch  # stream of the device (DALI's, already decoding the next epoch's batches)
-
-        torch.cuda.current_stream(images.device).synchronize()
+    handed_over(images)  # both sides: until the last batch is there
     return time.perf_counter() - start, count
 
 
