@@ -45,6 +45,8 @@ from gpufeed.models._sliding_runner import SlidingRunner as SlidingRunner
 from gpufeed.models._sliding_runner import sliding_runner as sliding_runner
 from gpufeed.models._sliding_stem import SlidingStemError as SlidingStemError
 from gpufeed.models._sliding_stem import sliding_window_graph as sliding_window_graph
+from gpufeed.models._spec import IMAGENET_MEAN as IMAGENET_MEAN
+from gpufeed.models._spec import IMAGENET_STD as IMAGENET_STD
 from gpufeed.models._spec import ModelSpec
 
 __all__ = [

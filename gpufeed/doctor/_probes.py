@@ -19,6 +19,7 @@ import numpy as np
 from gpufeed.device import DeviceChoice, cuda_status
 from gpufeed.doctor._media import VIDEO_CODECS, jpeg_bytes, psnr_db, source_frame, video_bytes
 from gpufeed.doctor._report import ProbeResult
+from gpufeed.models import IMAGENET_MEAN, IMAGENET_STD
 from gpufeed.pipelines import DALI_CPU_CODECS, nvdec_problem
 from gpufeed.server import execution_providers, preload_cuda_libraries
 
@@ -239,8 +240,8 @@ def _tiny_model() -> bytes:
 
     conv_w = np.linspace(-0.5, 0.5, 8 * 3 * 3 * 3, dtype=np.float32).reshape(8, 3, 3, 3)
     gemm_w = np.linspace(-1, 1, 8 * 5, dtype=np.float32).reshape(8, 5)
-    mean = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(1, 3, 1, 1) * 255
-    std = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(1, 3, 1, 1) * 255
+    mean = np.array(IMAGENET_MEAN, dtype=np.float32).reshape(1, 3, 1, 1) * 255  # a model's defaults
+    std = np.array(IMAGENET_STD, dtype=np.float32).reshape(1, 3, 1, 1) * 255
     nodes = [
         helper.make_node("Cast", ["pixels"], ["xf"], to=TensorProto.FLOAT),
         helper.make_node("Sub", ["xf", "mean"], ["xc"]),

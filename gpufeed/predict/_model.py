@@ -337,9 +337,9 @@ def load_predictor(
         raise DatasetError(f"cannot load a gpufeed model from {path}: {str(err).splitlines()[0][:200]}") from None
     spec = module.spec
     size = batch_size or default_batch_size(device)
-    sampling = ClipSampling.from_config(state.get("config"))
-    predictor = Predictor(path, "checkpoint", spec, _labels(spec), sampling, size, device, _module=module)
     config = state.get("config")
+    sampling = ClipSampling.from_config(config)
+    predictor = Predictor(path, "checkpoint", spec, _labels(spec), sampling, size, device, _module=module)
     loader = config.get("loader") if isinstance(config, dict) else None
     if isinstance(loader, dict) and isinstance(loader.get("hw_decoder_load"), (int, float)):
         predictor.hw_decoder_load = float(loader["hw_decoder_load"])
