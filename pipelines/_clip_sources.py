@@ -66,10 +66,12 @@ class ReaderSource(ClipSource):
     def open(self, job: ClipJob, *, build: bool = True) -> SourcePipeline:
         """The reader over a list of the stream's first iterations; its ``limit`` is how many the list holds."""
         work = new_work_dir()
+        pins: list = []
         started = time.perf_counter()
         try:
-            # s3://: cached copies (DALI's reader opens local files only)
-            listed = write_stream_list(Path(work.name), reader_local_paths(job.paths), job.plan, self.list_lines)
+            # s3://: pinned cached copies (DALI's reader opens local files only)
+            local = reader_local_paths(job.paths, pins)
+            listed = write_stream_list(Path(work.name), local, job.plan, self.list_lines)
             written = time.perf_counter()
             fused = log_reader_budget(job.infos, listed, job.batch_size, job.geometry, job.on_gpu)
             roi = None
@@ -81,9 +83,10 @@ class ReaderSource(ClipSource):
             if build:
                 check_reader_size(pipe, listed.iterations * job.batch_size)
         except Exception:
-            work.cleanup()
+            for folder in (work, *pins):
+                folder.cleanup()
             raise
-        self._resources.append(work)
+        self._resources += [work, *pins]
         made = ReaderBuild(len(listed.videos), listed.capped, written - started, time.perf_counter() - written)
         job.reader_builds.append(made)
         log_reader_build(made, len(job.reader_builds), job.on_gpu)

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpufeed.core import ObjectPath, is_object_url, read_bytes
+from gpufeed.core import ObjectPath, is_object_url, open_binary
 from gpufeed.pipelines._image_walk import DAMAGED, UNSUPPORTED, JpegWalk, walk_png
 
 __all__ = [
@@ -66,6 +66,17 @@ _OTHER_FORMATS = (
     (0, b"\xff\x0a", "JPEG XL"),
     (0, b"\x00\x00\x00\x0cJXL ", "JPEG XL"),
 )
+# An object is read by ranges, never whole (it may be any size): first this much, grown 4x at a
+# time while the header walk runs off its end, up to _MAX_HEADER_BYTES (Exif, ICC and XMP segments
+# before the image data are a few hundred kB in practice).
+_HEAD_BYTES = 64 * 1024
+_MAX_HEADER_BYTES = 16 * 1024 * 1024
+# The image data the full walk reads after the header, per declared pixel: a 16-bit RGBA PNG stored
+# uncompressed takes 8 bytes and a filter byte a row, a quality-100 JPEG of noise 4-6 (CMYK); more
+# bytes before the end marker than this allows mean the object is not the image its header says.
+_BYTES_PER_PIXEL = 9
+_DATA_SLACK_BYTES = 1024 * 1024
+_PIECE_BYTES = 4 * 1024 * 1024
 # Problem kinds (what a caller does about them): the server answers 415 for "unsupported" and
 # "not_image" with a known format name, 400 otherwise.
 EMPTY, UNREADABLE, NOT_IMAGE, TOO_MANY_PIXELS = "empty", "unreadable", "not_image", "too_many_pixels"
@@ -170,14 +181,12 @@ def read_image_facts(
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _facts(bytes(source) if isinstance(source, memoryview) else source, header_only)
-    if isinstance(source, ObjectPath) or is_object_url(source):  # read whole, once: the index caches its facts
+    if isinstance(source, ObjectPath) or is_object_url(source):
         try:
-            whole = read_bytes(str(source))
+            with open_binary(str(source)) as fh:
+                return _object_facts(fh, header_only)
         except OSError as err:
             return ImageFacts(problem=f"unreadable: {err.strerror or err}", problem_kind=UNREADABLE)
-        if not whole:
-            return ImageFacts(problem="empty: a zero-byte file", problem_kind=EMPTY)
-        return _facts(whole, header_only)
     path = Path(source)
     try:
         with open(path, "rb") as fh:
@@ -188,6 +197,66 @@ def read_image_facts(
                 return _facts(data, header_only)
     except OSError as err:
         return ImageFacts(problem=f"unreadable: {err.strerror or err}", problem_kind=UNREADABLE)
+
+
+def _object_facts(fh, header_only: bool) -> ImageFacts:
+    """:func:`read_image_facts` of an object's ranged-read file, reading only what the walk needs (bounded).
+
+    The header is walked on a prefix grown while the walk runs off its end; the full walk then reads
+    at most what the declared size allows (see ``_BYTES_PER_PIXEL``). An object whose header or image
+    data runs past those bounds is a problem naming its size, not a read of all of it.
+    """
+    size = fh.size
+    if size == 0:
+        return ImageFacts(problem="empty: a zero-byte file", problem_kind=EMPTY)
+    data = _fill(fh, bytearray(), min(size, _HEAD_BYTES))
+    head = _facts(data, True)
+    while _ran_off(head) and len(data) < min(size, _MAX_HEADER_BYTES):
+        data = _fill(fh, data, min(size, _MAX_HEADER_BYTES, 4 * len(data)))
+        head = _facts(data, True)
+    if _ran_off(head) and len(data) < size:
+        return ImageFacts(
+            head.format,
+            problem=f"damaged {head.format}: its header runs past {len(data):,} bytes of the {size:,}-byte object; "
+            "refused unread",
+            problem_kind=DAMAGED,
+            size_bytes=size,
+        )
+    if header_only or head.problem:  # a header problem is the full walk's too: both walk the same bytes to it
+        return replace(head, size_bytes=size)
+    cap = min(size, len(data) + _BYTES_PER_PIXEL * head.pixels + _DATA_SLACK_BYTES)
+    full = _facts(_fill(fh, data, cap))
+    if _ran_off(full) and cap < size:
+        full = replace(
+            full,
+            problem=f"damaged {full.format}: no end marker in the first {cap:,} bytes of the {size:,}-byte object, "
+            f"more than a {head.stored_width}x{head.stored_height} image takes; refused unread",
+        )
+    return replace(full, size_bytes=size)
+
+
+def _fill(fh, data: bytearray, upto: int) -> bytearray:
+    """The object's first ``upto`` bytes (fewer if it ends early), ``data`` being its first ones already read.
+
+    Read in pieces straight into the result: one ``read(n)`` would hold the object's blocks, a copy
+    of them and the result at once.
+    """
+    grown = bytearray(upto)
+    grown[: len(data)] = data
+    pos = len(data)
+    fh.seek(pos)
+    with memoryview(grown) as view:
+        while pos < upto:
+            got = fh.readinto(view[pos : min(upto, pos + _PIECE_BYTES)])
+            if not got:
+                break
+            pos += got
+    return grown if pos == upto else grown[:pos]
+
+
+def _ran_off(facts: ImageFacts) -> bool:
+    """Whether a walk stopped because its bytes ended (a prefix of an object may simply be too short)."""
+    return (facts.problem or "").startswith("truncated")
 
 
 def _facts(data, header_only: bool = False) -> ImageFacts:

@@ -14,9 +14,10 @@ these two functions; both leave local datasets untouched.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 
-from gpufeed.core import is_object_url, local_file, storage_cache
+from gpufeed.core import ObjectPath, is_object_url, local_file, storage_cache
 
 __all__ = ["object_storage_reason", "reader_local_paths"]
 
@@ -38,10 +39,40 @@ def object_storage_reason(requested: str, infos, where: str) -> str | None:
     )
 
 
-def reader_local_paths(paths: Sequence[str]) -> list[str]:
-    """The paths DALI's video reader is given: local ones as they are, objects as their cached copies.
+def reader_local_paths(paths: Sequence[str], keep: list | None = None) -> list[str]:
+    """The paths DALI's video reader is given: local ones as they are, objects as pinned cached copies.
+
+    DALI opens every file of its list while the pipeline builds and reads them all the time it
+    runs, so the copies are pinned (:meth:`~gpufeed.core._blob_cache.BlockCache.pin`): copying
+    the next object must not evict one already listed, nor may another process's eviction.
+    Together they must fit in ``storage.cache_max_bytes``, which is checked as they are copied.
+
+    Args:
+        paths: The reader's videos.
+        keep: Where the pin folder goes (the reader's resources, cleaned up when it closes);
+            ``None``: the copies are the cache's own entries, unpinned.
 
     Raises:
-        OSError: An object, but no ``storage.cache_dir`` (the message says so), or it cannot be copied.
+        OSError: An object, but no ``storage.cache_dir`` (the message says so); it cannot be
+            copied; or the objects together do not fit in the cache.
     """
-    return [local_file(path) if is_object_url(path) else path for path in paths]
+    remote = [p for p in paths if is_object_url(p)]
+    cache = storage_cache() if remote else None
+    if cache is None or keep is None:  # local only, or no cache (local_file says what to set)
+        return [local_file(path) if is_object_url(path) else path for path in paths]
+    folder = cache.pin_folder()
+    keep.append(folder)
+    pinned: dict[str, str] = {}
+    held = 0
+    for path in dict.fromkeys(remote):
+        link = cache.pin(ObjectPath(path), folder.name)
+        held += link.stat().st_size
+        if held > cache.max_bytes:
+            raise OSError(
+                errno.EFBIG,
+                f"the {len(set(remote))} videos of this reader from {ObjectPath(path).parent} hold more than "
+                f"storage.cache_max_bytes ({cache.max_bytes:,} bytes), and DALI's reader needs them all on disk at "
+                "once: raise storage.cache_max_bytes, or set video.decoder: pyav (ranged reads, no copies)",
+            )
+        pinned[path] = str(link)
+    return [pinned.get(path, path) for path in paths]

@@ -38,25 +38,14 @@ arguments of the evaluation loader, its decoder options included (on a GPU: one 
 DALI fails on a batch (an image that passed validation but whose data is damaged), each image is
 decoded alone so only the bad ones fail.
 
-**Bands** (:meth:`ImageDecoder.decode_into` with ``bands`` > 1, CPU only): DALI decodes and resizes
-one sample on one thread, so a lone image leaves the other cores idle while a client waits. Cut
-into horizontal bands, an image becomes several samples that decode and resize side by side:
-band ``b`` of ``n`` is output rows ``[H*b/n, H*(b+1)/n)``, the resize ROI over source rows
-``[h*b/n, h*(b+1)/n)`` of the window, and its decode slice takes a few rows more on each side so the
-antialiasing filter reads the same source pixels it reads for the whole image. Every output pixel
-reads the same source pixels as in the whole-image resize, and where the image is downscaled by a binary
-fraction (:meth:`ImageDecoder.exact_in_bands`; a shorter side divisible by 8 at 224 px and crop
-0.875, as camera sizes are) DALI's float32 arithmetic gives it the same value, so the bands put
-together equal the evaluation loader's image bit for bit (tests/test_server_bands.py); other
-images decode whole. Measured on the development machine (2-core CPU, 640x480
-JPEG to 224x224): 2.7-2.8 ms whole on one thread, 2.1-2.2 ms in two bands on two threads.
+**Bands** (CPU only): a lone image is cut into horizontal bands decoded side by side, bit for bit
+the whole image's where that holds (:mod:`gpufeed.server._bands`).
 """
 
 from __future__ import annotations
 
 import io
 import logging
-import math
 import re
 
 import numpy as np
@@ -64,6 +53,8 @@ import numpy as np
 from gpufeed.config import LoaderConfig
 from gpufeed.core import SizePx
 from gpufeed.pipelines import Windows, decode_window, eval_decoder_options, eval_windows, read_image_facts
+from gpufeed.server._bands import MAX_BANDS as MAX_BANDS
+from gpufeed.server._bands import MIN_BAND_ROWS, band_samples, binary_fraction
 from gpufeed.server._errors import RequestError
 
 __all__ = ["MAX_BANDS", "ImageDecoder", "ImageInfo", "inspect_image", "serve_pipeline", "warmup_image"]
@@ -71,10 +62,6 @@ __all__ = ["MAX_BANDS", "ImageDecoder", "ImageInfo", "inspect_image", "serve_pip
 log = logging.getLogger("gpufeed.server")
 
 MAX_PIXELS_KEY = "serve.max_image_pixels"
-# Most bands an image is cut into. Every band entropy-decodes the JPEG rows above it again, so
-# more bands gain less; 2 is what a 2-core machine measured (more cores: unmeasured).
-MAX_BANDS = 2
-MIN_BAND_ROWS = 16
 # loader.hw_decoder_load's default: a decoder made without the server's config decodes as evaluation does by default.
 _DEFAULT_HW_LOAD = LoaderConfig().hw_decoder_load
 # ImageFacts problem kinds -> the request's failure reason.
@@ -191,12 +178,65 @@ class ImageDecoder:
         self.device_id, self.num_threads = device_id, num_threads
         self.gpu_options = dict(gpu_options) if gpu_options is not None else eval_decoder_options(_DEFAULT_HW_LOAD)
         self.bands_used = 1  # bands per image of the last decode_into call
-        self._pipe = self._build()
+        self.builds = 0  # pipelines built, the first included
+        self._probe = None  # a fresh pipeline's decode of the warm-up image (see _recover)
+        self._build()
 
-    def _build(self):
-        pipe = serve_pipeline(self.size, self.max_batch, self.device_id, self.num_threads, self.gpu_options)
-        pipe.build()
-        return pipe
+    def _build(self) -> None:
+        """Build the pipeline; on a GPU whose decoder takes the hardware decoder, decode one full batch.
+
+        nvImageCodec fixes the hardware JPEG decoder's quota at its first batch (``round(load x
+        batch size)``, rounded up to whole engines; ``image_generic_codec.h``) and sends the images
+        of a larger batch past that quota to nvJPEG's CUDA decoder, whose pixels differ by a level.
+        The server's first batch is a warm-up batch of its smallest size, so without this a served
+        batch of 32 took two decoders where evaluation took one, and an image's pixels depended
+        on its place in the batch.
+        """
+        self._pipe = serve_pipeline(self.size, self.max_batch, self.device_id, self.num_threads, self.gpu_options)
+        self._pipe.build()
+        self.builds += 1
+        if self.device_id is not None and self.gpu_options.get("hw_decoder_load", 0.0) > 0:
+            self._decode_warmup(self.max_batch)
+
+    def _recover(self) -> bool:
+        """Make the pipeline usable after a failed run, rebuilding it only where it has to be.
+
+        DALI's dynamic executor keeps running after an operator error (on the CPU the next runs
+        give a fresh pipeline's pixels), and a rebuild is a new decoder (22 ms on the 2-core CPU;
+        on a GPU a new nvJPEG decoder, built holding Python's lock). So the warm-up image is
+        decoded and compared bit for bit with a fresh pipeline's decode of it; a pipeline that
+        differs (inputs fed but never consumed, a decoder in a bad state) is rebuilt.
+
+        Returns:
+            Whether the pipeline was found broken (and replaced): the failure may not be the image's.
+        """
+        if self._probe is None:  # the first failure: a new pipeline, and the reference from it
+            self._build()
+            self._probe = self._decode_warmup(1)
+            return False
+        try:
+            if _same(self._decode_warmup(1), self._probe):
+                return False
+        except RuntimeError:
+            pass
+        log.warning("the image decoder no longer decodes a known image as it did; building a new one")
+        self._build()
+        return True
+
+    def _rows(self, n: int):
+        """A destination of ``n`` decoded rows: numpy on the CPU, a CUDA tensor on a GPU."""
+        out_h, out_w = self.size.hw
+        if self.device_id is None:
+            return np.zeros((n, 3, out_h, out_w), np.uint8)
+        import torch
+
+        return torch.zeros((n, 3, out_h, out_w), dtype=torch.uint8, device=f"cuda:{self.device_id}")
+
+    def _decode_warmup(self, n: int):
+        out_h, out_w = self.size.hw
+        out = self._rows(n)
+        self._run([warmup_image(out_w, out_h)] * n, self._windows(np.array([[out_w * 2, out_h * 2]] * n)), out)
+        return out
 
     def band_count(self, images: int) -> int:
         """How many bands each of ``images`` images is cut into so they use this decoder's threads (CPU).
@@ -234,7 +274,7 @@ class ImageDecoder:
         """
         out_h, out_w = self.size.hw
         for w, h in windows.shape.tolist():
-            if w < out_w or h < out_h or not (_binary_fraction(h, out_h) and _binary_fraction(w, out_w)):
+            if w < out_w or h < out_h or not (binary_fraction(h, out_h) and binary_fraction(w, out_w)):
                 return False
         return True
 
@@ -245,7 +285,7 @@ class ImageDecoder:
         if bands == 1:
             samples = (encoded, list(windows.anchor), list(windows.shape), list(roi_start), list(roi_end))
         else:
-            samples = _band_samples(encoded, windows, roi_start, roi_end, out_h, bands)
+            samples = band_samples(encoded, windows, roi_start, roi_end, out_h, bands)
         pipe = self._pipe
         for name, data in zip(("encoded", "anchor", "shape", "roi_start", "roi_end"), samples, strict=True):
             pipe.feed_input(name, data)
@@ -306,20 +346,30 @@ class ImageDecoder:
             self._run(images, windows, out, bands)
             return [None] * len(images)
         except RuntimeError as err:
-            # DALI marks a pipeline that hit an operator error as no longer valid: start a new one.
-            self._pipe = self._build()
             if len(images) == 1 and bands == 1:
-                return [self._failure(err)]
+                return [self._decode_one(images[0], windows, out, err)]
+            self._recover()
             log.warning("decoding a batch of %d failed; decoding its images one by one", len(images))
-        results: list[BaseException | None] = []
-        for i in range(len(images)):
-            try:
-                self._run(images[i : i + 1], windows.select(i), out[i : i + 1])
-                results.append(None)
-            except RuntimeError as err:
-                self._pipe = self._build()
-                results.append(self._failure(err))
-        return results
+        return [self._decode_one(images[i], windows.select(i), out[i : i + 1]) for i in range(len(images))]
+
+    def _decode_one(self, image: bytes, windows: Windows, out, err: RuntimeError | None = None) -> RequestError | None:
+        """Decode one image into ``out``: ``None``, or why it failed (``err``: its failure already seen)."""
+        err = err or self._try_one(image, windows, out)
+        if err is None:
+            return None
+        if self._recover():  # the pipeline was broken, so the image may not be: once more on the new one
+            err = self._try_one(image, windows, out)
+            if err is None:
+                return None
+            self._recover()
+        return self._failure(err)
+
+    def _try_one(self, image: bytes, windows: Windows, out) -> RuntimeError | None:
+        try:
+            self._run([image], windows, out)
+        except RuntimeError as err:
+            return err
+        return None
 
     @staticmethod
     def _failure(err: RuntimeError) -> RequestError:
@@ -330,34 +380,13 @@ class ImageDecoder:
         return RequestError("corrupt_image", f"the image data is damaged ({detail[:200]})")
 
 
-def _binary_fraction(source: int, output: int) -> bool:
-    """Whether ``source / output`` is a binary fraction (``output / gcd`` a power of two)."""
-    q = output // math.gcd(int(source), output)
-    return q & (q - 1) == 0
+def _same(got, want) -> bool:
+    """Whether two decoded batches (numpy arrays, or CUDA tensors on a GPU) are equal bit for bit."""
+    if isinstance(got, np.ndarray):
+        return np.array_equal(got, want)
+    import torch
 
-
-def _band_samples(encoded: list, windows, roi_start: np.ndarray, roi_end: np.ndarray, out_h: int, bands: int):
-    """The DALI inputs of ``bands`` horizontal bands per image: (encoded, anchor, shape, roi_start, roi_end).
-
-    Band ``b`` resamples source rows ``[h*b/n, h*(b+1)/n)`` of the window (exact in float32: ``n``
-    is a power of two) into ``out_h / n`` output rows, and decodes the window rows it covers plus a
-    margin wider than the antialiasing filter's reach (``h / out_h`` source rows, plus the
-    interpolation's one), so every output pixel reads the same source pixels as in the whole image.
-    """
-    columns: tuple[list, list, list, list, list] = ([], [], [], [], [])
-    for i, blob in enumerate(encoded):
-        (x, y), (w, h) = windows.anchor[i], windows.shape[i]
-        margin = math.ceil(h / out_h) + 2
-        for b in range(bands):
-            first, last = h * b / bands, h * (b + 1) / bands  # source rows of this band, in the window
-            top = max(0, math.floor(first) - margin)
-            bottom = min(int(h), math.ceil(last) + margin)
-            columns[0].append(blob)
-            columns[1].append(np.array([x, y + top], dtype=np.int32))
-            columns[2].append(np.array([w, bottom - top], dtype=np.int32))
-            columns[3].append(np.array([first - top, roi_start[i][1]], dtype=np.float32))
-            columns[4].append(np.array([last - top, roi_end[i][1]], dtype=np.float32))
-    return columns
+    return bool(torch.equal(got, want))  # a host read: this runs only after a failed decode
 
 
 def warmup_image(width_px: int, height_px: int) -> bytes:

@@ -154,8 +154,10 @@ def test_the_engine_sampler_reads_the_gpus_jpeg_engines_while_they_decode(tmp_pa
         loader_cfg=LoaderConfig(batch_size=32, hw_decoder_load=1.0),
         device=DeviceChoice("gpu", 0, "test"),
     )
+    for _ in loader:  # the pipeline's build (about 2 s on an H100) and first epoch, outside the sampled time
+        pass
     with EngineSampler(nvml_uuids(0)) as engines:
-        until = time.monotonic() + 1.5
+        until = time.monotonic() + 3.0  # three of NVML's windows (at most 1 s each) of decoding
         while time.monotonic() < until:
             for _ in loader:
                 pass

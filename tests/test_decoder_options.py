@@ -175,3 +175,36 @@ def test_a_served_image_equals_evaluation_bit_for_bit_wherever_it_sits_in_a_batc
         assert decoder.decode_into([blob], np.array([loader.dataset.sizes[k]]), out) == [None]
         # exact: one decoder for every JPEG (eval_decoder_options), one device
         assert torch.equal(out[0].cpu(), batch.images[k].cpu()), f"image {k} of the evaluation batch"
+
+
+@pytest.mark.gpu
+def test_a_served_batch_takes_the_hardware_decoder_for_every_image_after_a_small_first_batch(synth_dir):
+    """nvImageCodec fixes the hardware decoder's quota at its first batch; the server's is a warm-up of one.
+
+    Without the decoder's priming full batch (server/_preprocess.py), images past the quota of a
+    batch of 16 went to nvJPEG's CUDA decoder and differed from evaluation by a level.
+    """
+    import torch
+
+    from gpufeed.server._preprocess import ImageDecoder
+
+    dataset = ImageDataset.from_list(synth_dir / "images" / "val.txt")
+    loader = ImageLoader(
+        dataset,
+        train=False,
+        image_cfg=ImagePipelineConfig(size_px=48),
+        loader_cfg=LoaderConfig(batch_size=16, num_threads=2, hw_decoder_load=0.9),
+        device=GPU,
+    )
+    batch = next(iter(loader))
+    state = ServingState.from_config(load_repository(exported_repo()), parse_config({}), GPU)
+    decoder = ImageDecoder(SizePx(48, 48), 0.875, 16, 0, 2, state.decoder_options)
+    blobs = [Path(p).read_bytes() for p in dataset.paths[:16]]
+    sizes = np.array(dataset.sizes[:16])
+    first = torch.zeros((1, 3, 48, 48), dtype=torch.uint8, device="cuda")
+    assert decoder.decode_into(blobs[:1], sizes[:1], first) == [None]  # as the server's warm-up starts
+    out = torch.zeros((16, 3, 48, 48), dtype=torch.uint8, device="cuda")
+    assert decoder.decode_into(blobs, sizes, out) == [None] * 16
+    for k in range(16):
+        # exact: one decoder for every JPEG in both (eval_decoder_options and the priming batch), one device
+        assert torch.equal(out[k].cpu(), batch.images[k].cpu()), f"image {k} of a served batch of 16"

@@ -111,6 +111,23 @@ def test_a_video_that_cannot_be_read_is_named_and_the_others_are_scored(videos, 
     _check_rows(tmp_path / "out" / "mouse3_predictions.csv", WindowPlan(5), FRAMES[3])
 
 
+def test_an_object_storage_source_is_refused_in_one_line_naming_it(tmp_path):
+    for source in ("s3://bucket/videos", "s3://bucket/one.mp4"):
+        with pytest.raises(DatasetError, match=r"^s3://bucket/\S+: gpufeed predict reads local videos") as refused:
+            predict_videos(source, tag_predictor(FRAMES), out=tmp_path / "out", progress=False)
+        assert "s3:/b" not in str(refused.value).replace("s3://", "")  # not Path's "s3:/bucket"
+        with pytest.raises(DatasetError, match=r"^s3://bucket/\S+: gpufeed predict reads local"):
+            predict_images(source, tag_predictor(FRAMES), out=tmp_path / "out", progress=False)
+
+
+def test_indexing_the_videos_shows_progress(videos, tmp_path, monkeypatch, capsys):
+    shutil.copytree(videos / "cam", tmp_path / "cam")  # not indexed yet: the index is cached beside the data
+    monkeypatch.setenv("GPUFEED_PROGRESS", "lines")
+    monkeypatch.setenv("GPUFEED_PROGRESS_INTERVAL_S", "0.000001")  # a line however short the task
+    predict_videos(tmp_path / "cam", tag_predictor(FRAMES), out=tmp_path / "out", progress=True)
+    assert "indexing videos: 1/1 video" in capsys.readouterr().err
+
+
 def test_a_deepethogram_project_gets_its_outputs_in_each_record(tmp_path):
     project = make_deepethogram_project(tmp_path / "proj", "mp4", (21, 30))
     record = project / "DATA" / "mouse01"

@@ -22,7 +22,9 @@ def doctor(args: argparse.Namespace) -> int:
     timeout_s = DEFAULT_TIMEOUT_S if args.timeout_s is None else args.timeout_s
     if timeout_s <= 0:
         raise SystemExit(f"gpufeed doctor: error: --timeout-s {timeout_s:g} must be positive")
-    report = run_doctor(require_gpu=args.require_gpu, device_id=args.device_id, timeout_s=timeout_s)
+    if args.model is not None and not (Path(args.model).is_file() or (Path(args.model) / "model.onnx").is_file()):
+        raise SystemExit(f"gpufeed doctor: error: --model {args.model}: no .onnx file or model folder with model.onnx")
+    report = run_doctor(require_gpu=args.require_gpu, device_id=args.device_id, timeout_s=timeout_s, model=args.model)
     if args.json_out == "-":
         print(json.dumps(report.to_json(), indent=2))
     else:

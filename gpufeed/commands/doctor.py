@@ -22,5 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", dest="json_out", nargs="?", const="-", metavar="FILE",
                    help="write the report as JSON to FILE (or to stdout with no FILE) instead of text")  # fmt: skip
     p.add_argument("--device-id", type=int, default=0, help="the CUDA device to probe (default 0)")
+    p.add_argument("--model", metavar="PATH", help="also run this exported model (.onnx or model folder) once in the "
+                   "server's session and report any node onnxruntime runs on the CPU inside a CUDA session")  # fmt: skip
     p.add_argument("--timeout-s", type=float, default=None, help="time limit of each probe's process (default 60)")
     p.set_defaults(func="gpufeed.commands._doctor_handlers:doctor")

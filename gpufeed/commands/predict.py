@@ -68,9 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "over an image folder writes one predictions.csv, a row per image.",
     )
     p.add_argument("model", type=Path, metavar="MODEL", help="checkpoint, run folder or exported model folder")
-    p.add_argument(
-        "source", type=Path, metavar="SOURCE", help="video, folder of videos or images, DeepEthogram project"
-    )
+    p.add_argument("source", metavar="SOURCE", help="video, folder of videos or images, DeepEthogram project (local)")
     p.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: beside each video)")
     p.add_argument(
         "--format", dest="fmt", choices=("csv", "hdf5"), default="csv", help="csv (default) or DeepEthogram's HDF5"

@@ -6,7 +6,11 @@ Two kinds of entry live under the cache folder:
   the object's URL, size and entity tag, the block size and the block's number, so a changed
   object never serves old bytes;
 * ``objects/``: whole objects, for readers that open local files only (DALI's video reader):
-  :meth:`BlockCache.materialize`.
+  :meth:`BlockCache.materialize`;
+* ``readers/``: one folder per reader that opened whole objects (:meth:`BlockCache.pin`), holding
+  hard links to them: eviction (this process's, while it copies the next object, or another's)
+  removes the entry's name only, never a file a reader was handed. Not counted against the
+  bound (they are the entries' own bytes); a folder whose process is gone is removed.
 
 **The bound.** Each process keeps a running total of what it wrote; when a write would take it
 past ``max_bytes`` it lists the folder, and deletes the least recently used entries (a read
@@ -21,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -35,6 +41,9 @@ __all__ = ["BlockCache"]
 
 _KEEP_FRACTION = 0.9
 _COPY_BYTES = 8 << 20
+_READERS = "readers"
+# A temporary file this much older than its last write is a crashed writer's, not one being written.
+_TMP_IN_FLIGHT_S = 3600.0
 
 
 class BlockCache:
@@ -116,6 +125,32 @@ class BlockCache:
         self._add(found.st_size)
         return path
 
+    def pin_folder(self) -> tempfile.TemporaryDirectory:
+        """A folder for one reader's :meth:`pin` links, under ``readers/``; clean it up when the reader closes."""
+        readers = self.root / _READERS
+        readers.mkdir(parents=True, exist_ok=True)
+        return tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-", dir=readers)
+
+    def pin(self, source: ObjectPath, folder: str | os.PathLike) -> Path:
+        """A local copy of the whole object that no eviction removes: a hard link in ``folder`` to its entry.
+
+        Args:
+            source: The object.
+            folder: A :meth:`pin_folder` (on the cache's file system, as a hard link needs).
+
+        Raises:
+            OSError: As :meth:`materialize`, or the file system has no hard links.
+        """
+        path = self.materialize(source)
+        link = Path(folder) / path.name
+        try:
+            os.link(path, link)
+        except FileExistsError:  # listed twice
+            pass
+        except FileNotFoundError:  # evicted by another process between the copy and the link: once more
+            os.link(self.materialize(source), link)
+        return link
+
     def _write(self, path: Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -131,14 +166,29 @@ class BlockCache:
             self._total = (self._total or 0) + size
 
     def _entries(self) -> list[tuple[float, int, str]]:
+        """Every entry as (last used, bytes, path); readers' links and files being written left out."""
         found = []
-        for dirpath, _dirs, files in os.walk(self.root):
+        now = time.time()
+        for dirpath, dirs, files in os.walk(self.root):
+            if dirpath == str(self.root) and _READERS in dirs:
+                dirs.remove(_READERS)
+                self._remove_orphan_pins()
             for name in files:
                 full = os.path.join(dirpath, name)
                 with contextlib.suppress(OSError):
                     st = os.stat(full)
+                    if name.endswith(".tmp") and now - st.st_mtime < _TMP_IN_FLIGHT_S:
+                        continue  # another writer's, in flight: its rename would fail
                     found.append((st.st_mtime, st.st_size, full))
         return found
+
+    def _remove_orphan_pins(self) -> None:
+        """Remove the pin folders of processes that no longer run (a crash left them)."""
+        with contextlib.suppress(OSError):
+            for folder in (self.root / _READERS).iterdir():
+                pid = folder.name.split("-", 1)[0]
+                if pid.isdigit() and not _alive(int(pid)):
+                    shutil.rmtree(folder, ignore_errors=True)
 
     def _make_room(self, incoming: int) -> None:
         """List the folder and evict least recently used entries when ``incoming`` would pass the bound."""
@@ -167,3 +217,13 @@ class BlockCache:
             f"storage cache {self.root}: {self.total_bytes() / 2**20:,.1f} of {self.max_bytes / 2**20:,.1f} MiB, "
             f"{self.hits} hit(s), {self.misses} miss(es), {self.evicted} evicted ({time.strftime('%H:%M:%S')})"
         )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True

@@ -22,7 +22,7 @@ from typing import Any, Self
 
 from gpufeed.core._text import quoted
 
-__all__ = ["OBJECT_SCHEMES", "ObjectPath", "is_object_url", "url_scheme"]
+__all__ = ["OBJECT_SCHEMES", "ObjectPath", "is_object_url", "key_problem", "url_scheme"]
 
 OBJECT_SCHEMES = ("s3",)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -178,6 +178,26 @@ class ObjectPath:
     def url(self) -> str:
         """``s3://bucket/key``."""
         return str(self)
+
+
+def key_problem(key: str) -> str | None:
+    """What keeps a stored key from being named by an :class:`ObjectPath`, or ``None`` when nothing does.
+
+    S3 stores ``data//a.mp4`` and ``videos/../../x.mp4`` as ordinary keys, but an ``ObjectPath``
+    normalises its key (see the module docs), so such a key would be read as another object (or, in
+    a listing, as the prefix itself or a folder outside it). Listings skip these keys.
+
+    Returns:
+        ``"has an empty part"``, ``"has a '.' part"`` or ``"has a '..' part"``.
+    """
+    parts = key.split("/")
+    if "" in parts:
+        return "has an empty part"
+    if "." in parts:
+        return "has a '.' part"
+    if ".." in parts:
+        return "has a '..' part"
+    return None
 
 
 def _normal_key(key: str, url: str) -> str:

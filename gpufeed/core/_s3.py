@@ -19,6 +19,13 @@ request's headers, its signature or the credentials, so no secret reaches a log 
 questions about keys under it (does ``mouse1.csv`` exist, how large is it) are answered from that
 listing instead of one request each.
 
+**Keys gpufeed cannot name** (an empty, ``.`` or ``..`` part: ``data//a.mp4``) are left out of every
+listing, each named once in a warning: read through a normalised path they would be another object
+(:func:`~gpufeed.core._object_path.key_problem`), or a folder outside the prefix listed.
+
+**Retries.** botocore retries a request up to its response headers; a body that breaks while it
+streams (a reset, a read timeout, fewer bytes than announced) is fetched again here, a few times.
+
 **Accounting.** Every ranged or whole read counts its request and bytes in this process
 (:func:`fetch_stats`): the benchmarks print bytes fetched per clip from it.
 """
@@ -26,13 +33,15 @@ listing instead of one request each.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from gpufeed.core._object_path import ObjectPath
+from gpufeed.core._object_path import ObjectPath, key_problem
+from gpufeed.core._text import quoted
 
 __all__ = [
     "FetchStats",
@@ -45,6 +54,7 @@ __all__ = [
     "list_level",
     "list_tree",
     "lookup",
+    "nameable_key",
     "put_bytes",
     "read_object",
     "read_range",
@@ -56,6 +66,8 @@ ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 # What a new client is told besides AWS's settings: connections for the readers' threads, retries.
 _MAX_CONNECTIONS = 64
 _SNAPSHOT_S = 60.0
+_BODY_TRIES, _BODY_BACKOFF_S = 4, 0.25  # a body that fails mid-stream: tries, first pause (doubled each time)
+log = logging.getLogger("gpufeed")
 _lock = threading.Lock()
 _clients: dict[tuple, object] = {}
 _sessions: dict[tuple, object] = {}
@@ -98,6 +110,24 @@ class FetchStats:
 
 _counts = [0, 0]  # requests, bytes
 _snapshots: dict[tuple[str, str], tuple[float, dict[str, ObjectStat]]] = {}
+_warned: set[tuple[str, str]] = set()  # (bucket, key) of the unnameable keys already named in a warning
+
+
+def nameable_key(bucket: str, key: str, kind: str = "key") -> bool:
+    """Whether a listed ``key`` can be read as itself; if not, names it once in a warning (see the module docs).
+
+    Args:
+        kind: ``"key"``, or ``"key prefix"`` for a listing's common prefix (its ``/`` kept).
+    """
+    problem = key_problem(key.removesuffix("/") if kind != "key" else key)
+    if problem is None:
+        return True
+    with _lock:
+        first = (bucket, key) not in _warned
+        _warned.add((bucket, key))
+    if first:
+        log.warning("%s %s of s3://%s %s; gpufeed cannot address it, skipped", kind, quoted(key), bucket, problem)
+    return False
 
 
 def fetch_stats() -> FetchStats:
@@ -224,8 +254,8 @@ def list_tree(path: ObjectPath) -> list[ObjectStat]:
         for page in pages:
             for item in page.get("Contents", ()):
                 key = item["Key"]
-                if key.endswith("/"):
-                    continue  # a "folder marker" some tools write: no data
+                if key.endswith("/") or not nameable_key(path.bucket, key):
+                    continue  # a "folder marker" some tools write (no data), or a key no path can name
                 url = f"s3://{path.bucket}/{key}"
                 stamp = int(item["LastModified"].timestamp() * 1e9)
                 found[key] = ObjectStat(url, int(item["Size"]), stamp, str(item.get("ETag", "")).strip('"'))
@@ -250,11 +280,13 @@ def list_level(path: ObjectPath) -> tuple[list[str], list[str]]:
     try:
         pages = client().get_paginator("list_objects_v2").paginate(Bucket=path.bucket, Prefix=prefix, Delimiter="/")
         for page in pages:
-            folders.update(p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", ()))
-            files.update(i["Key"][len(prefix) :] for i in page.get("Contents", ()) if not i["Key"].endswith("/"))
+            below = (p["Prefix"] for p in page.get("CommonPrefixes", ()))  # each ends with the "/"
+            folders.update(k[len(prefix) : -1] for k in below if nameable_key(path.bucket, k, "key prefix"))
+            keys = (i["Key"] for i in page.get("Contents", ()) if not i["Key"].endswith("/"))
+            files.update(k[len(prefix) :] for k in keys if nameable_key(path.bucket, k))
     except Exception as err:
         raise _error(err, str(path), "listing") from None
-    return sorted(f for f in folders if f), sorted(f for f in files if f)
+    return sorted(folders), sorted(files)
 
 
 def has_children(path: ObjectPath) -> bool:
@@ -301,13 +333,39 @@ def read_range(path: ObjectPath, start: int, length: int) -> bytes:
     """``length`` bytes of the object from byte ``start`` (fewer at its end): one ranged GET."""
     if length <= 0:
         return b""
-    try:
-        reply = client().get_object(Bucket=path.bucket, Key=path.key, Range=f"bytes={start}-{start + length - 1}")
-        data = reply["Body"].read()
-    except Exception as err:
-        raise _error(err, str(path), "reading") from None
-    _count(len(data))
-    return data
+    return _get(path, Range=f"bytes={start}-{start + length - 1}")
+
+
+def _get(path: ObjectPath, **ranged: str) -> bytes:
+    """One GET's body, the GET made again when the body breaks while it streams (see the module docs)."""
+    from botocore import exceptions as bex
+
+    broken = (bex.ResponseStreamingError, bex.IncompleteReadError, bex.ReadTimeoutError)
+    for attempt in range(_BODY_TRIES):
+        try:  # botocore has already retried this request up to its headers
+            reply = client().get_object(Bucket=path.bucket, Key=path.key, **ranged)
+        except Exception as err:
+            raise _error(err, str(path), "reading") from None
+        body, announced = reply["Body"], int(reply.get("ContentLength", -1))
+        try:
+            data = body.read()
+        except broken as err:
+            failure: Exception = err
+        except Exception as err:
+            raise _error(err, str(path), "reading") from None
+        else:
+            if len(data) >= announced:
+                _count(len(data))
+                return data
+            failure = StorageError(
+                errno.EIO, f"{path}: reading failed (the body ended after {len(data):,} of {announced:,} bytes)"
+            )
+        body.close()
+        if attempt + 1 < _BODY_TRIES:
+            time.sleep(_BODY_BACKOFF_S * 2**attempt)
+    if isinstance(failure, StorageError):
+        raise failure
+    raise _error(failure, str(path), "reading") from None
 
 
 def read_object(path: ObjectPath, max_bytes: int | None = None) -> bytes:
@@ -323,12 +381,7 @@ def read_object(path: ObjectPath, max_bytes: int | None = None) -> bytes:
         size = stat(path).st_size
         if size > max_bytes:
             raise StorageError(errno.EFBIG, f"{path}: {size:,} bytes, more than the {max_bytes:,} allowed here")
-    try:
-        data = client().get_object(Bucket=path.bucket, Key=path.key)["Body"].read()
-    except Exception as err:
-        raise _error(err, str(path), "reading") from None
-    _count(len(data))
-    return data
+    return _get(path)
 
 
 def put_bytes(path: ObjectPath, data: bytes) -> None:

@@ -101,9 +101,9 @@ class S3Path(ObjectPath):
         return _s3.has_children(self)
 
     def iterdir(self) -> Iterator[S3Path]:
-        """The keys and sub-prefixes one level below this prefix, sorted."""
+        """The keys and sub-prefixes one level below this prefix, sorted (never one outside it)."""
         folders, files = _s3.list_level(self)
-        return iter(sorted([self / name for name in folders] + [self / name for name in files]))
+        return iter(sorted(child for name in folders + files if (child := self / name).parent == self))
 
     def glob(self, pattern: str) -> Iterator[S3Path]:
         """The keys one level below this prefix whose names match ``pattern`` (no ``/`` in it)."""
@@ -112,7 +112,8 @@ class S3Path(ObjectPath):
         import fnmatch
 
         _folders, files = _s3.list_level(self)
-        return iter(self / name for name in sorted(files) if fnmatch.fnmatchcase(name, pattern))
+        matches = (self / name for name in sorted(files) if fnmatch.fnmatchcase(name, pattern))
+        return (child for child in matches if child.parent == self)
 
     def read_bytes(self) -> bytes:
         return _s3.read_object(self)
@@ -202,7 +203,10 @@ def walk(root: PathArg) -> Iterator[tuple[str, list[str], list[str]]]:
     children: dict[str, tuple[set[str], list[str]]] = {"": (set(), [])}
     base = f"{top.key}/" if top.key else ""
     for found in _s3.list_tree(top):
-        parts = found.url.split("/", 3)[3][len(base) :].split("/")
+        key = found.url.split("/", 3)[3]
+        if not key.startswith(base) or not _s3.nameable_key(top.bucket, key):
+            continue  # an empty part would make the root its own child, a ".." a folder outside it
+        parts = key[len(base) :].split("/")
         for depth in range(len(parts) - 1):
             parent, child = "/".join(parts[:depth]), parts[depth]
             children.setdefault(parent, (set(), []))[0].add(child)

@@ -18,13 +18,14 @@ MARKER = "@@gpufeed-doctor-results@@"
 def main(argv: list[str]) -> int:
     name, kwargs = argv[0], json.loads(argv[1]) if len(argv) > 1 else {}
     # Deferred: the probes import torch, DALI and onnxruntime, which only this child should load.
-    from gpufeed.doctor import _probes
+    from gpufeed.doctor import _placement, _probes
 
     probes: dict[str, Callable[..., list]] = {
         "torch": _probes.probe_torch,
         "dali-image": _probes.probe_dali_image,
         "nvdec": _probes.probe_nvdec,
         "onnxruntime": _probes.probe_onnxruntime,
+        "placement": _placement.probe_placement,
     }
     probe = probes[name]
     results = probe(**kwargs)

@@ -214,13 +214,18 @@ def _gpu_probes(device_id: int, timeout_s: float) -> list[ProbeResult]:
         return [result for future in futures for result in future.result()]
 
 
-def run_doctor(*, require_gpu: bool = False, device_id: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> DoctorReport:
+def run_doctor(
+    *, require_gpu: bool = False, device_id: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, model: str | None = None
+) -> DoctorReport:
     """Probe the GPU path and report what works, what falls back and why.
 
     Args:
         require_gpu: Count a machine without a GPU as a failure (exit status 1).
         device_id: The GPU to probe (among those CUDA shows this process).
         timeout_s: Time limit of each child probe.
+        model: An exported model (``.onnx`` or a model folder) to run once in the server's session
+            and report where onnxruntime placed its nodes (:mod:`gpufeed.doctor._placement`);
+            on a machine without a GPU, on the CPU provider.
 
     Returns:
         The report; its ``exit_code`` is 1 when the GPU path is broken (or missing and required).
@@ -240,8 +245,11 @@ def run_doctor(*, require_gpu: bool = False, device_id: int = 0, timeout_s: floa
             "onnxruntime-cuda",
         ]
         report.results += [ProbeResult(n, "skip", "no NVIDIA GPU") for n in names]
-        return report
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        report.results[0].details["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
-    report.results += _gpu_probes(device_id, timeout_s)
+    else:
+        if "CUDA_VISIBLE_DEVICES" in os.environ:
+            report.results[0].details["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        report.results += _gpu_probes(device_id, timeout_s)
+    if model is not None:
+        kwargs = {"model": str(model), "device_id": device_id if gpu else None}
+        report.results += _child("placement", kwargs, ["model-placement"], timeout_s)
     return report

@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed.core import DataPath
+from gpufeed.core import DataPath, is_object_url
 from gpufeed.pipelines import (
     IMAGE_EXTENSIONS,
     VIDEO_EXTENSIONS,
@@ -39,7 +39,7 @@ from gpufeed.pipelines import (
     store_extensions,
 )
 
-__all__ = ["FORMATS", "OUTPUT_SUFFIXES", "Target", "find_images", "find_videos", "output_path"]
+__all__ = ["FORMATS", "OUTPUT_SUFFIXES", "Target", "find_images", "find_videos", "local_source", "output_path"]
 
 FORMATS = ("csv", "hdf5")
 OUTPUT_SUFFIXES = {"csv": "_predictions.csv", "hdf5": "_outputs.h5"}
@@ -85,6 +85,20 @@ def _own_output(path: str) -> bool:
     return os.path.basename(path).endswith(OUTPUT_SUFFIXES["hdf5"])
 
 
+def local_source(source: str | Path) -> Path:
+    """``source`` as a local path; an ``s3://`` URL is refused in one line (before ``Path`` makes it ``s3:/``).
+
+    Raises:
+        DatasetError: ``source`` is in object storage.
+    """
+    if is_object_url(str(source)):
+        raise DatasetError(
+            f"{source}: gpufeed predict reads local videos and images; copy the objects to a local folder first "
+            "(object storage is read by train, check and prepare)"
+        )
+    return Path(source)
+
+
 def find_videos(source: str | Path, out: str | Path | None = None, allowed_roots: tuple = ()) -> list[Target]:
     """The videos under ``source`` (see the module docs), sorted, each with its output's place.
 
@@ -96,7 +110,7 @@ def find_videos(source: str | Path, out: str | Path | None = None, allowed_roots
     Raises:
         DatasetError: ``source`` does not exist, or holds no video (one line naming it).
     """
-    source = Path(source)
+    source = local_source(source)
     if not source.exists():
         raise DatasetError(f"{source} does not exist")
     out_dir = Path(out) if out is not None else None
@@ -150,7 +164,7 @@ def find_images(source: str | Path, out: str | Path | None = None) -> tuple[list
     Raises:
         DatasetError: ``source`` does not exist or holds no JPEG/PNG image.
     """
-    source = Path(source)
+    source = local_source(source)
     if not source.exists():
         raise DatasetError(f"{source} does not exist")
     if source.is_file():

@@ -176,7 +176,7 @@ def predict_videos(
     # as the training index caches them, so a resumed run over hundreds of hours does not demux again.
     probe = [t for t, _ in todo if t.problem is None]
     root = Path(source) if Path(source).is_dir() else Path(source).parent
-    probed = dict(zip((t.name for t in probe), index_videos(root, [str(t.path) for t in probe]), strict=True))
+    probed = dict(zip((t.name for t in probe), index_videos(root, [str(t.path) for t in probe], progress), strict=True))
     infos = [probed.get(t.name) or VideoInfo(str(t.path), problem=t.problem) for t, _ in todo]
     total = sum(info.num_frames for info in infos if not info.problem)
     bar = progress_bar(total=total, desc="predict", unit="frame", disable=not progress, leave=True)
