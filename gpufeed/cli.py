@@ -12,14 +12,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+from collections.abc import Mapping
 
 from gpufeed import __version__
 from gpufeed.commands import MissingExtraError, require_stack, resolve_handler
 from gpufeed.core import ConfigError, StorageError
 from gpufeed.device import DeviceUnavailableError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["LOG_FORMAT", "build_parser", "log_format", "main"]
 
 # Commands that run without DALI and onnxruntime; the others check for them first (an install made
 # with --no-deps may lack them).
@@ -53,6 +55,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def log_format(environ: Mapping[str, str] | None = None) -> str:
+    """The log line format: :data:`LOG_FORMAT`, with ``[rank R]`` after the level under a launcher.
+
+    Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank logs the same lines; the rank tells whose a
+    line is (a bad sample, a resume). A single process logs as it always has.
+
+    Args:
+        environ: The environment to read ``RANK`` and ``WORLD_SIZE`` from; default ``os.environ``.
+    """
+    environ = os.environ if environ is None else environ
+    try:
+        several = int(environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:  # training names a malformed launcher variable itself, in one line
+        several = False
+    if not several:
+        return LOG_FORMAT
+    rank = (environ.get("RANK", "?").strip() or "?").replace("%", "%%")  # a literal in the format
+    return LOG_FORMAT.replace("%(levelname)s ", f"%(levelname)s [rank {rank}] ", 1)
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
     # Errors caused by input (config, data, device choice) are reported in one line, no traceback.
     # Deferred: these modules load torch, DALI and the server (about 1 s), which only a command that
@@ -73,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=log_format(),
         datefmt="%H:%M:%S",
     )
     if not args.verbose:

@@ -16,7 +16,8 @@ Documented behaviour (shared by the image and clip loaders):
 * **Skipped samples.** Files found bad while reading (``on_bad_sample: skip``) are removed from
   this rank's shard only after the permutation and the split, so the rest of the epoch keeps its
   order and no sample changes shard. Under ``drop`` a shard left short is topped up by repeating
-  its own samples, so every rank still runs the same number of steps.
+  its own samples (a shard left with none, the epoch's other usable ones, as rows that count), so
+  every rank still runs the same number of steps.
 * **Resume.** A plan can start at any batch; the samples before it are skipped, not re-read.
 * **Resume on another world size.** The epoch's global order depends on ``(seed, epoch, dataset)``
   alone. A checkpoint records, per rank, how many entries of its share it had consumed (a
@@ -206,19 +207,22 @@ def plan_epoch(
     if len(excluded):
         shard = shard[~np.isin(shard, np.asarray(excluded, dtype=np.int64))]
     valid = np.ones(len(shard), dtype=bool)
+    # A shard left empty (fewer samples remain than ranks, or all of its own were bad) still runs the
+    # others' steps, on the epoch's usable samples: a rank that planned none would leave the others'
+    # collectives unmatched (a hang).
+    filler = shard if len(shard) else ids[~np.isin(ids, np.asarray(excluded, dtype=np.int64))]
     if last_batch == "drop":
         keep = (len(ids) // num_shards) // batch_size * batch_size
-        if len(shard) < keep and len(shard):
-            shard = np.resize(shard, keep)
+        # As rows that count, like a short shard's repeats of its own: under drop every row is
+        # real, so no rank's loss needs weighting by its real rows (a few samples train twice).
+        if len(shard) < keep and len(filler):
+            shard = np.resize(filler, keep)
         shard = shard[:keep]
         valid = np.ones(len(shard), dtype=bool)
     elif last_batch == "pad" and len(ids):
         per_shard = -(-len(ids) // num_shards)
         total = -(-per_shard // batch_size) * batch_size
         extra = total - len(shard)
-        # A shard left empty (fewer samples remain than ranks, or all of its own were bad) still runs
-        # the others' steps, on the epoch's first usable samples as padding.
-        filler = shard if len(shard) else ids[~np.isin(ids, np.asarray(excluded, dtype=np.int64))]
         if len(filler):
             shard = np.concatenate([shard, np.resize(filler, extra)])
             valid = np.concatenate([valid, np.zeros(extra, dtype=bool)])

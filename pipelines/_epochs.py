@@ -241,6 +241,18 @@ class EpochLoader:
         """Batches in the current epoch (all of them, including any already consumed)."""
         return self._epoch_plan(self._spec(), self.epoch).num_batches
 
+    def batches_left(self, epochs: int) -> int:
+        """Batches this rank reads from where it stands to the end of epoch ``epochs - 1``: a run's steps to go.
+
+        The rest of the current epoch (in a resharded resume, of what remains of it, split over
+        this loader's shards), then whole epochs as they are planned now.
+        """
+        spec = self._spec()
+        left = max(0, self._epoch_plan(spec, self.epoch).num_batches - self._start_batch)
+        if self.epoch + 1 < epochs:
+            left += spec.plan(self.epoch + 1).num_batches * (epochs - self.epoch - 1)
+        return left
+
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at the beginning of ``epoch`` (of what remains of it, in a resharded resume)."""
         history = self.history_of(epoch)

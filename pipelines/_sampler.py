@@ -135,7 +135,9 @@ def _planner() -> ThreadPoolExecutor:
     return _PLANNER[1]
 
 
-# Epochs in a row whose plan is empty (every sample of the shard excluded) before giving up.
+# Epochs in a row whose plan is empty before giving up: nothing left of a resumed epoch, too few
+# samples for a batch (both alike on every rank), or every sample of the epoch excluded on this
+# rank (a shard emptied by its own exclusions reads the epoch's other samples; see plan_epoch).
 _MAX_EMPTY_EPOCHS = 64
 
 

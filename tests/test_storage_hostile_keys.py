@@ -148,3 +148,15 @@ def test_a_body_that_never_streams_is_one_line_after_the_last_try(s3_bucket, bro
         read_range(s3_bucket / "v.mp4", 0, 10)
     assert str(caught.value) == f"{s3_bucket / 'v.mp4'}: reading failed (ResponseStreamingError)"
     assert 1000 - broken_bodies[0] > 1  # tried again before giving up
+
+
+def test_without_boto3_every_request_is_the_one_line_install_hint(monkeypatch):
+    """A wheel installed without the s3 extra: ``gpufeed check s3://...`` printed botocore's ImportError traceback."""
+    import sys
+
+    for name in ("boto3", "botocore", "botocore.config", "botocore.exceptions"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed: importing raises ImportError
+    monkeypatch.setattr(_s3, "_clients", {})
+    for call in (lambda: _s3.list_tree(S3Path("s3://bucket/img")), lambda: read_range("s3://bucket/a.jpg", 0, 10)):
+        with pytest.raises(OSError, match=r"^reading s3:// needs boto3: pip install 'gpufeed\[s3\]'$"):
+            call()

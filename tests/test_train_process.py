@@ -153,6 +153,8 @@ def test_two_process_ddp_run_reads_disjoint_shards_and_agrees_on_weights(synth_d
     summary = json.loads((run / "summary.json").read_text())
     digests = [entry["param_digest"] for entry in summary["ranks"]]
     assert [entry["rank"] for entry in summary["ranks"]] == [0, 1] and digests[0] == digests[1]
+    assert summary["job"]["steps"] == 2 and summary["job"]["worst_rank"] in (0, 1), "the job's loader wait, over ranks"
+    assert "[rank 1]" in proc.stderr, "each rank's log lines say which rank"
     state = torch.load(list_checkpoints(run)[-1], weights_only=True)
     assert state["world_size"] == 2 and len(state["loader"]) == 2 and len(state["rng"]) == 2
     assert param_digest(load_model(run)) == digests[0], "the checkpoint holds the weights both ranks have"

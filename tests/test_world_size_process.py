@@ -10,6 +10,7 @@ multiset, against the uninterrupted epoch's: each sample once.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -183,6 +184,24 @@ def test_a_run_resumed_from_1_rank_on_2_reads_each_image_once(synth_dir, tmp_pat
     read, padding = _read_ids(run)
     assert sorted(read) == list(range(96)) and set(read.values()) == {1} and padding == 0
     assert _final_position(run)["epoch"] == 1
+
+
+def test_a_resume_on_more_ranks_keeps_the_learning_rate_going_down_to_the_runs_last_step(synth_dir, tmp_path):
+    """2 epochs of 24 steps on 1 rank, stopped at step 30; the 72 images left on 2 ranks are 9 steps more.
+
+    The schedule used to take its length from the new rank count from step 0 (2 x 12 = 24 steps):
+    every step after the resume sat at the floor. It now goes on from where it stood to step 39.
+    """
+    cfg, run = _config(tmp_path / "train.yaml", synth_dir, 4, "drop"), tmp_path / "run"
+    sets = ("train.epochs=2", "train.schedule=cosine", "train.warmup_steps=0")
+    _train(1, cfg, run, *sets, "train.checkpoint_every_steps=30", "train.max_steps=30")
+    _train(2, cfg, run, *sets, resume=True)
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, (run / "steps.jsonl").read_text().splitlines())}
+    assert sorted(lrs) == list(range(1, 40)), "30 steps on 1 rank, then 9 on 2"
+    before, after = lrs[30], [lrs[k] for k in range(31, 40)]
+    assert 0 < after[0] < before, f"the rate goes on from {before} (it was {after[0]})"
+    assert all(b < a for a, b in itertools.pairwise(after)), f"still going down: {after}"
+    assert after[-1] < 0.05 * lrs[1], f"near the floor at the run's last step: {after[-1]}"
 
 
 def _free_port() -> int:

@@ -21,10 +21,9 @@ listing instead of one request each.
 
 **Keys gpufeed cannot name** (an empty, ``.`` or ``..`` part: ``data//a.mp4``) are left out of every
 listing, each named once in a warning: read through a normalised path they would be another object
-(:func:`~gpufeed.core._object_path.key_problem`), or a folder outside the prefix listed.
-
-**Retries.** botocore retries a request up to its response headers; a body that breaks while it
-streams (a reset, a read timeout, fewer bytes than announced) is fetched again here, a few times.
+(:func:`~gpufeed.core._object_path.key_problem`), or a folder outside the prefix listed. **Retries.**
+botocore retries a request up to its response headers; a body that breaks while it streams (a
+reset, a read timeout, fewer bytes than announced) is fetched again here, a few times.
 
 **Accounting.** Every ranged or whole read counts its request and bytes in this process
 (:func:`fetch_stats`): the benchmarks print bytes fetched per clip from it.
@@ -64,8 +63,7 @@ __all__ = [
 
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 # What a new client is told besides AWS's settings: connections for the readers' threads, retries.
-_MAX_CONNECTIONS = 64
-_SNAPSHOT_S = 60.0
+_MAX_CONNECTIONS, _SNAPSHOT_S = 64, 60.0
 _BODY_TRIES, _BODY_BACKOFF_S = 4, 0.25  # a body that fails mid-stream: tries, first pause (doubled each time)
 log = logging.getLogger("gpufeed")
 _lock = threading.Lock()
@@ -198,6 +196,8 @@ def client():
 
 def _error(err: Exception, url: str, doing: str) -> StorageError:
     """The :class:`StorageError` for a failed request: code and status only (see the module docs)."""
+    if isinstance(err, StorageError):  # already one line (boto3 missing: botocore cannot be imported either)
+        return err
     from botocore import exceptions as bex
 
     if isinstance(err, bex.ClientError):
@@ -338,12 +338,13 @@ def read_range(path: ObjectPath, start: int, length: int) -> bytes:
 
 def _get(path: ObjectPath, **ranged: str) -> bytes:
     """One GET's body, the GET made again when the body breaks while it streams (see the module docs)."""
+    s3 = client()  # first: without boto3, its one line (botocore cannot be imported either)
     from botocore import exceptions as bex
 
     broken = (bex.ResponseStreamingError, bex.IncompleteReadError, bex.ReadTimeoutError)
     for attempt in range(_BODY_TRIES):
         try:  # botocore has already retried this request up to its headers
-            reply = client().get_object(Bucket=path.bucket, Key=path.key, **ranged)
+            reply = s3.get_object(Bucket=path.bucket, Key=path.key, **ranged)
         except Exception as err:
             raise _error(err, str(path), "reading") from None
         body, announced = reply["Body"], int(reply.get("ContentLength", -1))
@@ -363,9 +364,7 @@ def _get(path: ObjectPath, **ranged: str) -> bytes:
         body.close()
         if attempt + 1 < _BODY_TRIES:
             time.sleep(_BODY_BACKOFF_S * 2**attempt)
-    if isinstance(failure, StorageError):
-        raise failure
-    raise _error(failure, str(path), "reading") from None
+    raise _error(failure, str(path), "reading") from None  # a StorageError as it is
 
 
 def read_object(path: ObjectPath, max_bytes: int | None = None) -> bytes:

@@ -199,9 +199,10 @@ def threads_mismatch(path: Path, saved: list[int] | None, rank: int, world_size:
 
 
 def param_digest(model: torch.nn.Module) -> str:
-    """SHA-256 over a model's parameters (names and values, in order): equal digests, equal weights."""
+    """SHA-256 over a model's parameters and buffers (names and values, in order): equal digests, equal models."""
     digest = hashlib.sha256()
-    for name, param in getattr(model, "module", model).named_parameters():
+    bare = getattr(model, "module", model)
+    for name, param in [*bare.named_parameters(), *bare.named_buffers()]:
         digest.update(name.encode())
         digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()

@@ -9,7 +9,8 @@ segmentation    ``batch.maps["mask"]`` (N,H,W)   cross-entropy (``data.mask_igno
                                                pixels excluded)                            ``pixel_accuracy``
 ==============  =============================  ==========================================  =====================
 
-Padding rows (``batch.valid`` false) are excluded too. Metrics are sums over pixels (and a
+Padding rows (``batch.valid`` false) are excluded too; under DDP with padding the losses are
+means over the global batch's counted pixels (see :mod:`gpufeed.train._tasks`). Metrics are sums over pixels (and a
 confusion matrix for segmentation) reduced over ranks, then: ``abs_rel`` = mean |pred - true| /
 true, ``rmse`` = sqrt(mean (pred - true)^2), ``delta1`` = share of pixels with max(pred / true,
 true / pred) < 1.25; ``miou`` = mean over classes present in the targets or predictions of
@@ -101,9 +102,16 @@ class DepthTask(Task):
         return prediction, targets.float() * self.depth_scale, counted
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        total, count = self.loss_terms(logits, targets, valid)
+        return total / count.clamp_min(1.0)
+
+    def loss_terms(
+        self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L1 summed over counted pixels, their number)."""
         prediction, target, counted = self.pixels(logits, targets, valid)
         weights = counted.float()
-        return ((prediction - target).abs() * weights).sum() / weights.sum().clamp_min(1.0)
+        return ((prediction - target).abs() * weights).sum(), weights.sum()
 
     def new_metric(self) -> DepthMetrics:
         return DepthMetrics(self)
@@ -209,10 +217,17 @@ class SegmentationTask(Task):
         return torch.where(_row_mask(valid, targets), targets, torch.full_like(targets, self.ignore_id))
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        total, count = self.loss_terms(logits, targets, valid)
+        return total / count.clamp_min(1.0)
+
+    def loss_terms(
+        self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cross-entropy summed over counted pixels, their number)."""
         targets = self._ignored(targets, valid)
         losses = F.cross_entropy(logits.float(), targets, ignore_index=self.ignore_id, reduction="none")
         counted = (targets != self.ignore_id).float()
-        return (losses * counted).sum() / counted.sum().clamp_min(1.0)
+        return (losses * counted).sum(), counted.sum()
 
     def new_metric(self) -> SegmentationMetrics:
         return SegmentationMetrics(self)

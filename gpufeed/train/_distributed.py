@@ -39,6 +39,7 @@ __all__ = [
     "agree_on_device",
     "all_gather_objects",
     "all_reduce_sum",
+    "broadcast_buffers",
     "broadcast_object",
     "env_dist_info",
     "exchange_reports",
@@ -297,3 +298,16 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def broadcast_buffers(model: torch.nn.Module, src: int = 0) -> None:
+    """Rank ``src``'s buffers (BatchNorm's running statistics) on every rank (a no-op without a group).
+
+    DDP hands rank 0's buffers to every rank before each training forward, which then updates
+    them with its own batch: after the last step each rank holds other statistics, and each would
+    evaluate another model than the checkpoint (rank 0's) holds. Called on every rank alike.
+    """
+    if not dist.is_initialized():
+        return
+    for buffer in getattr(model, "module", model).buffers():
+        dist.broadcast(buffer.data, src=src)

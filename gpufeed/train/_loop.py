@@ -32,6 +32,7 @@ import torch
 
 from gpufeed.config import Config
 from gpufeed.core import progress_bar
+from gpufeed.train._distributed import broadcast_buffers
 from gpufeed.train._mask_ids import MaskIdError
 from gpufeed.train._profiling import ProfileWindow, StageRanges
 from gpufeed.train._resume import missed_evaluation
@@ -119,6 +120,7 @@ class Loop:
             memory_format=s.input_format,
             grad_clip_norm=self.cfg.train.grad_clip_norm,
             on_gpu=self.on_gpu,
+            padded=self.cfg.loader.last_batch == "pad",  # only padded batches weigh ranks by their real rows
         )
         self.profile = ProfileWindow(s.profile_steps, s.run_dir, s.dist.rank, self.on_gpu)
         self.stats = StepStats()
@@ -264,6 +266,7 @@ class Loop:
         if s.data.val is None or self._last_eval_step == s.step:
             return None
         model = s.bare_model
+        broadcast_buffers(model)  # every rank evaluates the model the checkpoint holds
         model.eval()
         metric = s.data.task.new_metric()
         started = time.perf_counter()

@@ -9,7 +9,14 @@ from torch import nn
 
 from gpufeed.config import ConfigError, TrainConfig
 
-__all__ = ["build_optimizer", "build_scheduler", "load_optimizer_state", "lr_factor", "resolve_amp"]
+__all__ = [
+    "build_optimizer",
+    "build_scheduler",
+    "load_optimizer_state",
+    "lr_factor",
+    "resolve_amp",
+    "schedule_progress",
+]
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -57,26 +64,42 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     optimizer.load_state_dict({**saved, "param_groups": saved_groups})
 
 
-def lr_factor(step: int, total_steps: int, cfg: TrainConfig) -> float:
+def lr_factor(step: int, total_steps: int, cfg: TrainConfig, anchor: tuple[int, float] | None = None) -> float:
     """The learning rate of optimizer step ``step`` (0-based) as a fraction of ``cfg.lr``.
 
     Linear warm-up over ``warmup_steps``, then ``schedule`` from 1 down to ``min_lr_fraction`` at
     ``total_steps`` (cosine or linear), or flat (constant).
+
+    Args:
+        anchor: ``(step, progress)``: the schedule stood at ``progress`` (0 to 1) at that step and
+            runs on from there to 1 at ``total_steps``. A run resumed on another number of ranks
+            has another number of steps to go; anchored, its rate goes on from where it was
+            instead of jumping to where the new length would put that step.
     """
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
     if cfg.schedule == "constant":
         return 1.0
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
     floor = cfg.min_lr_fraction
+    progress = schedule_progress(step, total_steps, cfg, anchor)
     if cfg.schedule == "cosine":
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     return floor + (1.0 - floor) * (1.0 - progress)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, cfg: TrainConfig):
+def schedule_progress(step: int, total_steps: int, cfg: TrainConfig, anchor: tuple[int, float] | None = None) -> float:
+    """How far the decay of :func:`lr_factor` has gone at ``step``, from 0 to 1."""
+    if anchor is not None and step >= anchor[0]:
+        first, done = anchor
+        return min(1.0, done + (1.0 - done) * (step - first) / max(1, total_steps - first))
+    return min(1.0, max(0.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)))
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, total_steps: int, cfg: TrainConfig, anchor: tuple[int, float] | None = None
+):
     """A ``LambdaLR`` stepping :func:`lr_factor` once per optimizer step."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg, anchor))
 
 
 def resolve_amp(mode: str, device) -> torch.dtype | None:

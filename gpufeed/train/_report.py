@@ -1,11 +1,14 @@
 """``gpufeed report RUN_DIR``: a PNG of loader wait against compute over a run.
 
 Top panel: each step's time split into loader wait, augmentation, compute and the rest of its
-period (rank 0; on a GPU, where a step's device work overlaps the host's wait, the parts can add
-up to more than the period), as stacked bars, so stalls show up where they happen (epoch starts,
-evaluations, slow files).
-Bottom panel: the share of step time spent waiting for data, per rank, as a rolling mean; the
-dashed line is the 5% a well-fed GPU stays under.
+period (on a GPU, where a step's device work overlaps the host's wait, the parts can add up to
+more than the period), as stacked bars, so stalls show up where they happen (epoch starts,
+evaluations, slow files). It shows one rank, named in its title: under DDP the rank that waited
+most for data (on the others that wait is booked as compute: they wait for its gradients), with
+the job's loader-wait share (:func:`~gpufeed.train._summary.job_loader_wait`).
+Bottom panel: the share of step time spent waiting for data, per rank and, under DDP, for the
+job (each step's longest wait over its longest period), as a rolling mean; the dashed line is the
+5% a well-fed GPU stays under.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.train._summary import format_summary, summarize
+from gpufeed.train._summary import JobSteps, format_job, format_summary, summarize
 from gpufeed.train._telemetry import read_step_logs
 
 __all__ = ["draw_report"]
@@ -35,7 +38,8 @@ def draw_report(run_dir: str | Path, out: str | Path | None = None, window: int 
     """Draw the report of ``run_dir`` into ``out`` (default ``RUN_DIR/report.png``).
 
     Returns:
-        ``(png_path, text)``: where the PNG went, and the loader-vs-compute table of each rank.
+        ``(png_path, text)``: where the PNG went, and the loader-vs-compute table of each rank
+        (under DDP followed by the job's line, :func:`~gpufeed.train._summary.format_job`).
 
     Raises:
         FileNotFoundError: ``run_dir`` has no step log.
@@ -49,11 +53,50 @@ def draw_report(run_dir: str | Path, out: str | Path | None = None, window: int 
     run_dir = Path(run_dir)
     logs = read_step_logs(run_dir)
     out = Path(out) if out is not None else run_dir / "report.png"
-    main_rank = min(logs)
-    records = logs[main_rank]
-    steps = np.array([r["step"] for r in records])
+    job_steps = JobSteps(r for records in logs.values() for r in records)
+    job = job_steps.summary()
+    # Under DDP the slow rank's wait is the others' compute (the gradient all-reduce waits for it):
+    # the rank that waited most is the one whose bars show where the job's time went.
+    shown = job["worst_rank"] if len(logs) > 1 else min(logs)
+    title = f"{run_dir.name}: loader wait vs compute (rank {shown}, {len(logs[shown])} steps)"
+    if len(logs) > 1:
+        title = (
+            f"{run_dir.name}: loader wait vs compute, rank {shown} (waited most of {len(logs)} ranks, "
+            f"{len(logs[shown])} steps)\njob loader wait {job['loader_wait_share'] * 100:.1f}% "
+            "(each step's longest wait over its longest period)"
+        )
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    _draw_stages(top, logs[shown])
+    top.set_title(title)
+    for rank, rank_records in sorted(logs.items()):
+        wait = np.array([r["loader_wait_s"] for r in rank_records])
+        total = np.array([r["step_s"] for r in rank_records])
+        share = _rolling(wait, window) / np.maximum(_rolling(total, window), 1e-12) * 100
+        bottom.plot([r["step"] for r in rank_records], share, label=f"rank {rank}", linewidth=1.2)
+    if len(logs) > 1:
+        share = _rolling(job_steps.wait, window) / np.maximum(_rolling(job_steps.period, window), 1e-12) * 100
+        # Wide and pale, under the ranks' lines: it lies on the waiting rank's line where one rank waits.
+        bottom.plot(job_steps.steps, share, label="job (longest wait)", color="black", alpha=0.3, linewidth=4, zorder=1)
+    bottom.axhline(5.0, color="black", linestyle="--", linewidth=0.8, label="5% target")
+    bottom.set_ylabel(f"loader wait share (%)\nrolling mean of {window} steps")
+    bottom.set_xlabel("step")
+    bottom.set_ylim(bottom=0)
+    bottom.legend(loc="upper right")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+    text = "\n\n".join(format_summary(summarize(r), f"rank {rank}") for rank, r in sorted(logs.items()))
+    if len(logs) > 1:
+        text += "\n\n" + format_job(job)
+    return out, text
+
+
+def _draw_stages(top, records: list[dict]) -> None:
+    """One rank's steps as stacked bars of wait, augment, compute and the rest of the period."""
+    steps = np.array([r["step"] for r in records])
     base = np.zeros(len(records))
     for key in ("loader_wait_s", "augment_s", "compute_s", "rest"):
         if key == "rest":  # the step's period beyond its parts (logging, the host's own work)
@@ -70,26 +113,7 @@ def draw_report(run_dir: str | Path, out: str | Path | None = None, window: int 
             if height > ceiling:
                 top.annotate(f"{height:,.0f} ms", (step, ceiling), ha="center", va="top", fontsize=8, rotation=90)
     top.set_ylabel("time per step (ms)")
-    top.set_title(f"{run_dir.name}: loader wait vs compute (rank {main_rank}, {len(records)} steps)")
     top.legend(loc="upper right")
     epoch_starts = [r["step"] for r in records if r.get("batch") == 0]
     for step in epoch_starts:
         top.axvline(step - 0.5, color="grey", linewidth=0.6, linestyle=":")
-
-    for rank, rank_records in sorted(logs.items()):
-        wait = np.array([r["loader_wait_s"] for r in rank_records])
-        total = np.array([r["step_s"] for r in rank_records])
-        share = _rolling(wait, window) / np.maximum(_rolling(total, window), 1e-12) * 100
-        bottom.plot([r["step"] for r in rank_records], share, label=f"rank {rank}", linewidth=1.2)
-    bottom.axhline(5.0, color="black", linestyle="--", linewidth=0.8, label="5% target")
-    bottom.set_ylabel(f"loader wait share (%)\nrolling mean of {window} steps")
-    bottom.set_xlabel("step")
-    bottom.set_ylim(bottom=0)
-    bottom.legend(loc="upper right")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-    text = "\n\n".join(format_summary(summarize(r), f"rank {rank}") for rank, r in sorted(logs.items()))
-    return out, text

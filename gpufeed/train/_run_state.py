@@ -22,7 +22,7 @@ from gpufeed.core import to_mapping
 from gpufeed.models import ModelSpec, model_state
 from gpufeed.train._checkpoint import restore_rng, threads_mismatch
 from gpufeed.train._errors import TrainError
-from gpufeed.train._optim import load_optimizer_state
+from gpufeed.train._optim import build_scheduler, load_optimizer_state, schedule_progress
 
 __all__ = ["checkpoint_payload", "restore_run"]
 
@@ -45,6 +45,7 @@ def checkpoint_payload(session, position: dict, gathered: list[dict]) -> dict:
         **model_state(s.model),
         "optimizer": s.optimizer.state_dict(),
         "scheduler": s.scheduler.state_dict(),
+        "schedule": {"total_steps": s.total_steps, "anchor": list(s.schedule_anchor) if s.schedule_anchor else None},
         "scaler": s.scaler.state_dict() if s.scaler.is_enabled() else None,
         "step": s.step,
         "epoch": int(position["epoch"]),  # the loader's: the next epoch once this one's batches are done
@@ -107,6 +108,7 @@ def restore_run(session, path: Path, state: dict) -> None:
     elif reseed == "cuda":  # written on a CPU: every rank's device generator would be at cfg.seed
         torch.cuda.manual_seed(fresh)
     s.step = int(state["step"])
+    _resume_schedule(s, state)
     if not s.device.is_gpu and (mismatch := threads_mismatch(path, state.get("threads"), rank, s.dist.world_size)):
         log.warning(mismatch)
     # Read back from the loader: a checkpoint of an earlier version written after an epoch's last
@@ -123,6 +125,30 @@ def restore_run(session, path: Path, state: dict) -> None:
             "resumed with changed settings: %s", ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
         )
     log.info("resumed from %s: step %d, epoch %d", path, s.step, s.epoch + 1)
+
+
+def _resume_schedule(s, state: dict) -> None:
+    """Rebuild the learning-rate schedule for the steps this run has to go, going on from where it stood.
+
+    On another number of ranks (or with other ``train.epochs``) the run has another number of
+    steps to go than the checkpoint's schedule planned: the schedule is anchored at the
+    checkpoint's step and progress (:func:`~gpufeed.train._optim.lr_factor`) and ends at this
+    run's last step. A checkpoint without its schedule (written before gpufeed kept it) keeps the
+    schedule of this run's length.
+    """
+    saved = state.get("schedule")
+    total = s.step + s.data.train.batches_left(s.cfg.train.epochs)
+    if not saved or int(saved["total_steps"]) == total:
+        return
+    cfg = s.cfg.train
+    old_anchor = tuple(saved["anchor"]) if saved.get("anchor") else None
+    first = max(s.step, cfg.warmup_steps)
+    anchor = (first, schedule_progress(first, int(saved["total_steps"]), cfg, old_anchor))
+    s.total_steps, s.schedule_anchor = total, anchor
+    s.scheduler = build_scheduler(s.optimizer, total, cfg, anchor)
+    s.scheduler.load_state_dict(state["scheduler"])
+    log.info("learning-rate schedule: %d steps to go (the checkpoint's planned %d in all); it goes on from %.0f%% of "
+             "its decay", total - s.step, int(saved["total_steps"]), 100 * anchor[1])  # fmt: skip
 
 
 def resume_generators(rng: list, rank: int, on_gpu: bool) -> tuple[dict | None, str]:

@@ -37,6 +37,7 @@ from gpufeed.train._data import build_data
 from gpufeed.train._dense import refuse_device_geometry
 from gpufeed.train._distributed import (
     all_gather_objects,
+    broadcast_buffers,
     broadcast_object,
     group_dist_info,
     init_distributed,
@@ -55,7 +56,7 @@ from gpufeed.train._preflight import (
 )
 from gpufeed.train._run_state import checkpoint_payload, restore_run
 from gpufeed.train._skipped import merge_skipped, report_skipped, skipped_files, skipped_line
-from gpufeed.train._summary import format_summary
+from gpufeed.train._summary import format_job, format_summary, job_loader_wait_of_run
 from gpufeed.train._tasks import to_channels_last
 from gpufeed.train._telemetry import (
     MetricsServer,
@@ -156,6 +157,7 @@ class Session:
         self.augment_placement = augment.placement
         self.optimizer = build_optimizer(model, cfg.train)
         self.total_steps = cfg.train.epochs * len(self.data.train)
+        self.schedule_anchor: tuple[int, float] | None = None  # set by a resume with another length to go
         self.scheduler = build_scheduler(self.optimizer, self.total_steps, cfg.train)
         self.scaler = torch.amp.GradScaler(self.device.torch_device.type, enabled=self.amp_dtype == torch.float16)
         self.model: torch.nn.Module = model  # DistributedDataParallel wraps it on several ranks
@@ -271,11 +273,14 @@ class Session:
     def _run(self) -> TrainResult:
         self.last_checkpoint = None
         summary, evaluations = Loop(self).run()
+        broadcast_buffers(self.model)  # the statistics rank 0's checkpoint holds, on every rank
         mine = {"rank": self.dist.rank, "summary": summary, "param_digest": param_digest(self.model)}
         everyone = all_gather_objects(mine)
         skipped = merge_skipped(all_gather_objects(skipped_files(self.data)))
         if self.dist.is_main:
             report_skipped(skipped, clips=self.data.task.clips)
+            # Every rank has logged its last step: the gathers above follow each rank's loop.
+            job = job_loader_wait_of_run(self.run_dir)
             document = {
                 "model": self.cfg.model.name,
                 "device": self.device.describe(),
@@ -285,12 +290,15 @@ class Session:
                 "amp": str(self.amp_dtype).replace("torch.", "") if self.amp_dtype else "off",
                 "evaluations": evaluations,
                 "skipped": skipped,
+                "job": job,
                 "ranks": everyone,
             }
             title = f"loader vs compute: {self.cfg.model.name} on {self.device.describe()}"
             for entry in everyone:
                 heading = f"{title}, rank {entry['rank']}" if len(everyone) > 1 else title
                 print("\n" + format_summary(entry["summary"], heading), flush=True)
+            if len(everyone) > 1:
+                print("\n" + format_job(job), flush=True)
             print(skipped_line(skipped, clips=self.data.task.clips), flush=True)
             # Written last: its presence tells watchers (and tests) the run has finished.
             write_json(self.run_dir / "summary.json", finite(document), allow_nan=False)

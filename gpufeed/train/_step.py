@@ -9,10 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from gpufeed.train._profiling import StageRanges
-from gpufeed.train._tasks import Task
+from gpufeed.train._tasks import Task, global_mean_loss
 from gpufeed.train._telemetry import StageClock
 
 __all__ = ["PendingStep", "StepOutcome", "Stepper"]
@@ -82,6 +84,9 @@ class Stepper:
             ``None`` to leave inputs as they come.
         grad_clip_norm: Clip the gradient norm to this (``None``: no clipping).
         on_gpu: Time with CUDA events (read after the step is done) rather than ``perf_counter``.
+        padded: Batches may hold padding rows (``last_batch: pad``). Under DDP each rank's loss is
+            then weighted by its share of the global batch's real rows, at the cost of one
+            all-reduce of a device scalar per step; ``False`` (every row real: ``drop``) skips it.
     """
 
     def __init__(
@@ -97,8 +102,11 @@ class Stepper:
         memory_format: torch.memory_format | None = None,
         grad_clip_norm: float | None = None,
         on_gpu: bool = False,
+        padded: bool = True,
     ) -> None:
         self.model, self.task, self.optimizer, self.scheduler = model, task, optimizer, scheduler
+        # The group DDP averages gradients over, where ranks' real rows may differ (else None).
+        self._ranks = _averaging_group(model) if padded else None
         self.augment, self.scaler = augment, scaler
         self.amp_dtype, self.memory_format, self.grad_clip_norm = amp_dtype, memory_format, grad_clip_norm
         self.device_type = "cuda" if on_gpu else "cpu"
@@ -130,7 +138,7 @@ class Stepper:
         fault = task.target_fault(batch)  # read with the loss, after the step: no host wait here
         with self.autocast(), self.ranges("forward"):
             logits = self.model(pixels)
-            loss = task.loss(logits, task.targets(batch), task.valid(batch))
+            loss, shown = self._loss(logits, task.targets(batch), task.valid(batch))
         with self.ranges("backward"):
             self.scaler.scale(loss).backward()
         with self.ranges("optimizer"):
@@ -143,14 +151,35 @@ class Stepper:
             lr = self.scheduler.get_last_lr()[0]
             self.scheduler.step()
         marks.mark(2)
-        marks.keep_loss(loss, fault)
+        marks.keep_loss(shown, fault)
         if fault is None:
             return PendingStep(marks, lr, int(pixels.shape[0]))
         ids = getattr(batch, "sample_ids", None)
         return PendingStep(marks, lr, int(pixels.shape[0]), task, ids, task.fault_evidence(batch))
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None):
+        """(the loss to backpropagate, the loss to report: this rank's mean over its real rows)."""
+        if self._ranks is None or valid is None:
+            loss = self.task.loss(logits, targets, valid)
+            return loss, loss
+        total, count = self.task.loss_terms(logits, targets, valid)
+        shown = total.detach() / count.detach().clamp_min(1.0)
+        return global_mean_loss(total, count, self._ranks), shown
 
     @torch.no_grad()
     def predict(self, model: nn.Module, batch) -> torch.Tensor:
         """Evaluation logits of ``batch`` (no augmentation), under the same autocast."""
         with self.autocast():
             return model(self.prepare(self.task.inputs(batch)))
+
+
+def _averaging_group(model: nn.Module):
+    """The process group a DDP ``model`` averages gradients over if it has several ranks, else ``None``.
+
+    Taken from the model rather than from whether a group runs: only DDP averages gradients, so
+    only then may a rank's loss be rescaled for it.
+    """
+    if not isinstance(model, DistributedDataParallel) or not dist.is_initialized():
+        return None
+    group = model.process_group
+    return group if dist.get_world_size(group) > 1 else None

@@ -12,7 +12,10 @@ image       ``batch.images`` (N,3,S,S) u8   ``batch.labels`` (N,) int64         
 clip        ``batch.clips`` (N,3,T,H,W) u8  ``batch.centre_labels`` (N,K) f32     per-class and macro F1
 ==========  ==============================  ====================================  =======================
 
-Rows with ``batch.valid`` false (padding) are left out of the loss and of evaluation.
+Rows with ``batch.valid`` false (padding) are left out of the loss and of evaluation. Under DDP,
+where ranks may hold different numbers of real rows (``last_batch: pad``), the step weights each
+rank's loss by its share of the global batch's real rows (:func:`global_mean_loss`), so the
+averaged gradient is that of the mean over all of them, as one process with the whole batch has.
 """
 
 from __future__ import annotations
@@ -20,11 +23,22 @@ from __future__ import annotations
 from typing import TypeVar
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from gpufeed.train._distributed import all_reduce_sum
 
-__all__ = ["Accuracy", "ClipTask", "ImageTask", "MultiLabelF1", "Task", "masked_mean", "to_channels_last"]
+__all__ = [
+    "Accuracy",
+    "ClipTask",
+    "ImageTask",
+    "MultiLabelF1",
+    "Task",
+    "global_mean_loss",
+    "masked_mean",
+    "masked_sum",
+    "to_channels_last",
+]
 
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
@@ -35,6 +49,33 @@ def masked_mean(per_sample: torch.Tensor, valid: torch.Tensor | None) -> torch.T
         return per_sample.mean()
     weights = valid.to(per_sample.dtype)
     return (per_sample * weights).sum() / weights.sum().clamp_min(1.0)
+
+
+def masked_sum(per_sample: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of per-sample losses over valid rows, number of valid rows), device scalars."""
+    weights = torch.ones_like(per_sample) if valid is None else valid.to(per_sample.dtype)
+    return (per_sample * weights).sum(), weights.sum()
+
+
+def global_mean_loss(total: torch.Tensor, count: torch.Tensor, group=None) -> torch.Tensor:
+    """This rank's loss such that DDP's average of the ranks' gradients is that of the global mean.
+
+    DDP averages gradients over ranks equally, so a rank holding fewer real rows (padding) would
+    weigh each of them more, and a rank of padding alone would scale the step down. Scaling the
+    rank's sum by ``world_size / global count`` makes the average the gradient of
+    ``sum over ranks / global count``. The count is summed on the device, in a collective every
+    rank issues at the same point of its step; nothing is read back to the host (on NCCL the
+    collective is queued on the device's streams and the host goes on, as for DDP's own).
+
+    Args:
+        total: This rank's sum of the loss over its counted rows (or pixels).
+        count: How many it counted.
+        group: The process group DDP averages over (``None``: the default one).
+    """
+    everyone = count.detach().double()
+    dist.all_reduce(everyone, op=dist.ReduceOp.SUM, group=group)
+    scale = dist.get_world_size(group) / everyone.clamp_min(1.0)
+    return total * scale.to(total.dtype)
 
 
 class Task:
@@ -79,6 +120,12 @@ class Task:
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """The training loss: mean over valid rows, computed in float32 even under autocast."""
         return masked_mean(self.per_sample_loss(logits.float(), targets), valid)
+
+    def loss_terms(
+        self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum, count) whose ratio :meth:`loss` is: what ranks add up for a mean over all of them."""
+        return masked_sum(self.per_sample_loss(logits.float(), targets), valid)
 
     def new_metric(self):
         raise NotImplementedError
