@@ -147,6 +147,21 @@ def test_the_served_models_decoders_take_the_configs_options():
         state.close(drain=False)
 
 
+def _evaluation_batch_and_serving_options(synth_dir):
+    """(the validation set, evaluation's first batch of 16 on the GPU at 48 px, the server's decoder options)."""
+    dataset = ImageDataset.from_list(synth_dir / "images" / "val.txt")
+    loader = ImageLoader(
+        dataset,
+        train=False,
+        image_cfg=ImagePipelineConfig(size_px=48),
+        loader_cfg=LoaderConfig(batch_size=16, num_threads=2, hw_decoder_load=0.9),
+        device=GPU,
+    )
+    batch = next(iter(loader))
+    state = ServingState.from_config(load_repository(exported_repo()), parse_config({}), GPU)
+    return loader.dataset, batch, state.decoder_options
+
+
 @pytest.mark.gpu
 def test_a_served_image_equals_evaluation_bit_for_bit_wherever_it_sits_in_a_batch(synth_dir):
     """Evaluation decodes batches of 16, the server one image at a time: the same pixels on an A100/H100.
@@ -158,21 +173,12 @@ def test_a_served_image_equals_evaluation_bit_for_bit_wherever_it_sits_in_a_batc
 
     from gpufeed.server._preprocess import ImageDecoder
 
-    paths = ImageDataset.from_list(synth_dir / "images" / "val.txt").paths[:16]
-    loader = ImageLoader(
-        ImageDataset.from_list(synth_dir / "images" / "val.txt"),
-        train=False,
-        image_cfg=ImagePipelineConfig(size_px=48),
-        loader_cfg=LoaderConfig(batch_size=16, num_threads=2, hw_decoder_load=0.9),
-        device=GPU,
-    )
-    batch = next(iter(loader))
-    state = ServingState.from_config(load_repository(exported_repo()), parse_config({}), GPU)
-    decoder = ImageDecoder(SizePx(48, 48), 0.875, 1, 0, 2, state.decoder_options)
-    for k, path in enumerate(paths):
+    dataset, batch, options = _evaluation_batch_and_serving_options(synth_dir)
+    decoder = ImageDecoder(SizePx(48, 48), 0.875, 1, 0, 2, options)
+    for k, path in enumerate(dataset.paths[:16]):
         blob = Path(path).read_bytes()
         out = torch.zeros((1, 3, 48, 48), dtype=torch.uint8, device="cuda")
-        assert decoder.decode_into([blob], np.array([loader.dataset.sizes[k]]), out) == [None]
+        assert decoder.decode_into([blob], np.array([dataset.sizes[k]]), out) == [None]
         # exact: one decoder for every JPEG (eval_decoder_options), one device
         assert torch.equal(out[0].cpu(), batch.images[k].cpu()), f"image {k} of the evaluation batch"
 
@@ -188,17 +194,8 @@ def test_a_served_batch_takes_the_hardware_decoder_for_every_image_after_a_small
 
     from gpufeed.server._preprocess import ImageDecoder
 
-    dataset = ImageDataset.from_list(synth_dir / "images" / "val.txt")
-    loader = ImageLoader(
-        dataset,
-        train=False,
-        image_cfg=ImagePipelineConfig(size_px=48),
-        loader_cfg=LoaderConfig(batch_size=16, num_threads=2, hw_decoder_load=0.9),
-        device=GPU,
-    )
-    batch = next(iter(loader))
-    state = ServingState.from_config(load_repository(exported_repo()), parse_config({}), GPU)
-    decoder = ImageDecoder(SizePx(48, 48), 0.875, 16, 0, 2, state.decoder_options)
+    dataset, batch, options = _evaluation_batch_and_serving_options(synth_dir)
+    decoder = ImageDecoder(SizePx(48, 48), 0.875, 16, 0, 2, options)
     blobs = [Path(p).read_bytes() for p in dataset.paths[:16]]
     sizes = np.array(dataset.sizes[:16])
     first = torch.zeros((1, 3, 48, 48), dtype=torch.uint8, device="cuda")
