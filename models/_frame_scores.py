@@ -93,7 +93,10 @@ class FrameScores:
 
 def gather_clips(frames: torch.Tensor, index: np.ndarray) -> torch.Tensor:
     """Clips (N, 3, T, H, W), contiguous, of ``frames`` (F, 3, H, W): row ``k`` holds frames ``index[k]`` ((N, T))."""
-    gather = torch.from_numpy(np.ascontiguousarray(index).reshape(-1)).to(frames.device)
+    host = torch.from_numpy(np.ascontiguousarray(index).reshape(-1))
+    if frames.device.type == "cuda":  # from pageable memory the copy would wait for the work queued on the GPU
+        host = host.pin_memory()
+    gather = host.to(frames.device, non_blocking=True)
     picked = frames.index_select(0, gather)  # (N * T, 3, H, W)
     n, t = index.shape
     return picked.view(n, t, *frames.shape[1:]).permute(0, 2, 1, 3, 4).contiguous()

@@ -240,3 +240,23 @@ def test_tagged_video_through_nvdec(tmp_path):
     assert seen_devices == {"cuda"}, "windows are cut from the frames on the GPU"
     # exact: the model's logits come from the integer tags it reads, the same numbers whichever decoder
     np.testing.assert_array_equal(np.concatenate([b.probabilities for b in blocks]), expected_frames(plan, frames))
+
+
+@pytest.mark.gpu
+def test_cutting_windows_on_the_gpu_does_not_wait_for_it():
+    """The window index goes to the device from pinned memory: a pageable copy waits for the queued work."""
+    import torch
+
+    from gpufeed.models import gather_clips
+
+    frames = torch.arange(20 * 3 * 4 * 4, dtype=torch.float32, device="cuda").view(20, 3, 4, 4)
+    index = np.arange(6)[:, None] + np.arange(0, 10, 2)  # 6 windows of 5 frames, stride 2
+    torch.cuda._sleep(100_000_000)  # work queued ahead, as the model's previous batch would be
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        clips = gather_clips(frames, index)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert clips.shape == (6, 3, 5, 4, 4)
+    # exact: frames copied, not decoded: the same numbers picked two ways
+    assert torch.equal(clips[:, 0, :, 0, 0].cpu(), frames[torch.from_numpy(index).cuda(), 0, 0, 0].cpu())
