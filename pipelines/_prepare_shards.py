@@ -140,11 +140,12 @@ def _finish(writer: _ShardWriter, local: Path, out, report: ShardReport) -> Shar
 def _target(out: str | Path | S3Path) -> tuple[Path | S3Path, Path, tempfile.TemporaryDirectory | None]:
     """(the destination, the local folder shards are written into, the temporary folder to remove or None)."""
     dest = data_path(out)
+    # In a bucket too: readers holding the old manifest would read the new shards at its offsets.
+    if (dest / MANIFEST_NAME).is_file():
+        raise FileExistsError(f"{dest} already holds shards ({MANIFEST_NAME}); write into an empty folder or prefix")
     if isinstance(dest, S3Path):
         tmp = tempfile.TemporaryDirectory(prefix="gpufeed-shards-")
         return dest, Path(tmp.name), tmp
-    if (dest / MANIFEST_NAME).exists():
-        raise FileExistsError(f"{dest} already holds shards ({MANIFEST_NAME}); write into an empty folder")
     dest.mkdir(parents=True, exist_ok=True)
     return dest, dest, None
 

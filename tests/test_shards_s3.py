@@ -25,6 +25,8 @@ def test_image_shards_written_into_a_bucket_load_as_the_local_ones(synth_dir, tm
     write_image_shards(source, local, shard_bytes=40_000)
     report = write_image_shards(source, s3_bucket / "shards", shard_bytes=40_000)  # through a local folder, uploaded
     assert report.out == str(s3_bucket / "shards") and report.samples == len(source)
+    with pytest.raises(FileExistsError, match=rf"^{s3_bucket}/shards already holds shards \(shards\.json\)"):
+        write_image_shards(source, s3_bucket / "shards", shard_bytes=40_000)  # old readers would read new tars
     for name in [p.name for p in local.iterdir()]:
         assert _s3.read_object(s3_bucket / "shards" / name) == (local / name).read_bytes(), name  # exact: bytes
     remote = ImageDataset.from_folder(str(s3_bucket / "shards"))

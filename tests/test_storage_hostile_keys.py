@@ -160,3 +160,15 @@ def test_without_boto3_every_request_is_the_one_line_install_hint(monkeypatch):
     for call in (lambda: _s3.list_tree(S3Path("s3://bucket/img")), lambda: read_range("s3://bucket/a.jpg", 0, 10)):
         with pytest.raises(OSError, match=r"^reading s3:// needs boto3: pip install 'gpufeed\[s3\]'$"):
             call()
+
+
+def test_expired_listings_are_let_go_in_a_long_lived_process(monkeypatch):
+    """A server or a notebook lists many prefixes: each listing is kept a minute, not for the process's life."""
+    clock = [1000.0]
+    monkeypatch.setattr(_s3.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(_s3, "_snapshots", {})
+    for k in range(100):
+        _s3._remember(S3Path(f"s3://bucket/prefix-{k}"), {})
+        clock[0] += 10.0  # ten seconds between listings
+    assert len(_s3._snapshots) <= 7, "at most the listings of the last minute"
+    assert _s3._snapshot_of(S3Path("s3://bucket/prefix-99")) == {}

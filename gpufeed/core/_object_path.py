@@ -15,14 +15,16 @@ This module stays light (standard library only) and reads nothing: the config pa
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import re
+import threading
 from pathlib import PurePath, PurePosixPath
 from typing import Any, Self
 
 from gpufeed.core._text import quoted
 
-__all__ = ["OBJECT_SCHEMES", "ObjectPath", "is_object_url", "key_problem", "url_scheme"]
+__all__ = ["OBJECT_SCHEMES", "ObjectPath", "is_object_url", "key_problem", "nameable_key", "url_scheme"]
 
 OBJECT_SCHEMES = ("s3",)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -198,6 +200,28 @@ def key_problem(key: str) -> str | None:
     if ".." in parts:
         return "has a '..' part"
     return None
+
+
+log = logging.getLogger("gpufeed")
+_warned: set[tuple[str, str]] = set()  # (bucket, key) of the unnameable keys already named in a warning
+_warned_lock = threading.Lock()
+
+
+def nameable_key(bucket: str, key: str, kind: str = "key") -> bool:
+    """Whether a listed ``key`` (``kind`` ``"key prefix"``: a common prefix, its ``/`` kept) can be read as itself.
+
+    If not, it is named once in a warning: S3 stores such a key, but an :class:`ObjectPath` of it
+    would name another object (:func:`key_problem`), so listings leave it out.
+    """
+    problem = key_problem(key.removesuffix("/") if kind != "key" else key)
+    if problem is None:
+        return True
+    with _warned_lock:
+        first = (bucket, key) not in _warned
+        _warned.add((bucket, key))
+    if first:
+        log.warning("%s %s of s3://%s %s; gpufeed cannot address it, skipped", kind, quoted(key), bucket, problem)
+    return False
 
 
 def _normal_key(key: str, url: str) -> str:

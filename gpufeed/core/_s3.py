@@ -21,7 +21,7 @@ listing instead of one request each.
 
 **Keys gpufeed cannot name** (an empty, ``.`` or ``..`` part: ``data//a.mp4``) are left out of every
 listing, each named once in a warning: read through a normalised path they would be another object
-(:func:`~gpufeed.core._object_path.key_problem`), or a folder outside the prefix listed. **Retries.**
+(:func:`~gpufeed.core._object_path.nameable_key`), or a folder outside the prefix listed. **Retries.**
 botocore retries a request up to its response headers; a body that breaks while it streams (a
 reset, a read timeout, fewer bytes than announced) is fetched again here, a few times.
 
@@ -32,15 +32,13 @@ reset, a read timeout, fewer bytes than announced) is fetched again here, a few 
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import threading
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from gpufeed.core._object_path import ObjectPath, key_problem
-from gpufeed.core._text import quoted
+from gpufeed.core._object_path import ObjectPath, nameable_key
 
 __all__ = [
     "FetchStats",
@@ -53,7 +51,6 @@ __all__ = [
     "list_level",
     "list_tree",
     "lookup",
-    "nameable_key",
     "put_bytes",
     "read_object",
     "read_range",
@@ -65,7 +62,6 @@ ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 # What a new client is told besides AWS's settings: connections for the readers' threads, retries.
 _MAX_CONNECTIONS, _SNAPSHOT_S = 64, 60.0
 _BODY_TRIES, _BODY_BACKOFF_S = 4, 0.25  # a body that fails mid-stream: tries, first pause (doubled each time)
-log = logging.getLogger("gpufeed")
 _lock = threading.Lock()
 _clients: dict[tuple, object] = {}
 _sessions: dict[tuple, object] = {}
@@ -108,24 +104,6 @@ class FetchStats:
 
 _counts = [0, 0]  # requests, bytes
 _snapshots: dict[tuple[str, str], tuple[float, dict[str, ObjectStat]]] = {}
-_warned: set[tuple[str, str]] = set()  # (bucket, key) of the unnameable keys already named in a warning
-
-
-def nameable_key(bucket: str, key: str, kind: str = "key") -> bool:
-    """Whether a listed ``key`` can be read as itself; if not, names it once in a warning (see the module docs).
-
-    Args:
-        kind: ``"key"``, or ``"key prefix"`` for a listing's common prefix (its ``/`` kept).
-    """
-    problem = key_problem(key.removesuffix("/") if kind != "key" else key)
-    if problem is None:
-        return True
-    with _lock:
-        first = (bucket, key) not in _warned
-        _warned.add((bucket, key))
-    if first:
-        log.warning("%s %s of s3://%s %s; gpufeed cannot address it, skipped", kind, quoted(key), bucket, problem)
-    return False
 
 
 def fetch_stats() -> FetchStats:
@@ -228,8 +206,11 @@ def _key_dir(path: ObjectPath) -> str:
 
 
 def _remember(path: ObjectPath, entries: dict[str, ObjectStat]) -> None:
-    with _lock:
-        _snapshots[(path.bucket, _key_dir(path))] = (time.monotonic() + _SNAPSHOT_S, entries)
+    now = time.monotonic()
+    with _lock:  # expired listings go: a long-lived process (a server, a notebook) lists many prefixes
+        for stale in [k for k, (until, _) in _snapshots.items() if until < now]:
+            del _snapshots[stale]
+        _snapshots[(path.bucket, _key_dir(path))] = (now + _SNAPSHOT_S, entries)
 
 
 def _snapshot_of(path: ObjectPath) -> dict[str, ObjectStat] | None:

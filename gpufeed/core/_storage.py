@@ -32,7 +32,7 @@ from pathlib import Path, PurePath
 from typing import TypeAlias
 
 from gpufeed.core import _s3
-from gpufeed.core._object_path import OBJECT_SCHEMES, ObjectPath, is_object_url, url_scheme
+from gpufeed.core._object_path import OBJECT_SCHEMES, ObjectPath, is_object_url, nameable_key, url_scheme
 from gpufeed.core._ranged import RangedFile
 
 # The settings' environment names too: the storage bench and its tests set them.
@@ -204,7 +204,7 @@ def walk(root: PathArg) -> Iterator[tuple[str, list[str], list[str]]]:
     base = f"{top.key}/" if top.key else ""
     for found in _s3.list_tree(top):
         key = found.url.split("/", 3)[3]
-        if not key.startswith(base) or not _s3.nameable_key(top.bucket, key):
+        if not key.startswith(base) or not nameable_key(top.bucket, key):
             continue  # an empty part would make the root its own child, a ".." a folder outside it
         parts = key[len(base) :].split("/")
         for depth in range(len(parts) - 1):
