@@ -37,10 +37,11 @@ from gpufeed.models import ModelCard
 from gpufeed.server._batcher import Batch, Batcher
 from gpufeed.server._errors import RequestError
 from gpufeed.server._metrics import ServerMetrics
-from gpufeed.server._preprocess import ImageDecoder, warmup_image
+from gpufeed.server._preprocess import ImageDecoder
 from gpufeed.server._runtime import OnnxRunner, served_batch_sizes
 from gpufeed.server._threads import ThreadBudget
 from gpufeed.server._video_runs import VideoRuns
+from gpufeed.server._warmup import warmup_image
 
 __all__ = ["Item", "ServedModel"]
 
@@ -355,8 +356,7 @@ class ServedModel:
         """Run ``serve.warmup_batches`` full batches of every batch size end to end, then mark the model ready."""
         if self.head.accepts_encoded:
             width, height = self.card.spec.size_px
-            image = warmup_image(width, height)
-            size = (width * 2, height * 2)
+            image, size = warmup_image(width, height)
             item = Item(encoded=image, size=size, where="warm-up image")
         else:
             item = Item(pixels=np.zeros(self.card.sample_shape, dtype=np.uint8), where="warm-up row")

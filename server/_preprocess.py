@@ -44,7 +44,6 @@ the whole image's where that holds (:mod:`gpufeed.server._bands`).
 
 from __future__ import annotations
 
-import io
 import logging
 import re
 
@@ -56,8 +55,9 @@ from gpufeed.pipelines import Windows, decode_window, eval_decoder_options, eval
 from gpufeed.server._bands import MAX_BANDS as MAX_BANDS
 from gpufeed.server._bands import MIN_BAND_ROWS, band_samples, binary_fraction
 from gpufeed.server._errors import RequestError
+from gpufeed.server._warmup import same_pixels, warmup_image
 
-__all__ = ["MAX_BANDS", "ImageDecoder", "ImageInfo", "inspect_image", "serve_pipeline", "warmup_image"]
+__all__ = ["MAX_BANDS", "ImageDecoder", "ImageInfo", "inspect_image", "serve_pipeline"]
 
 log = logging.getLogger("gpufeed.server")
 
@@ -215,7 +215,7 @@ class ImageDecoder:
             self._probe = self._decode_warmup(1)
             return False
         try:
-            if _same(self._decode_warmup(1), self._probe):
+            if same_pixels(self._decode_warmup(1), self._probe):
                 return False
         except RuntimeError:
             pass
@@ -235,7 +235,8 @@ class ImageDecoder:
     def _decode_warmup(self, n: int):
         out_h, out_w = self.size.hw
         out = self._rows(n)
-        self._run([warmup_image(out_w, out_h)] * n, self._windows(np.array([[out_w * 2, out_h * 2]] * n)), out)
+        blob, size = warmup_image(out_w, out_h)
+        self._run([blob] * n, self._windows(np.array([size] * n)), out)
         return out
 
     def band_count(self, images: int) -> int:
@@ -378,23 +379,3 @@ class ImageDecoder:
         detail = next((line for line in lines if line.startswith("Failed to decode")), "the decoder rejected its data")
         detail = re.sub(r"\s*sample #\d+", "", detail)  # an index into a DALI batch, not the request's
         return RequestError("corrupt_image", f"the image data is damaged ({detail[:200]})")
-
-
-def _same(got, want) -> bool:
-    """Whether two decoded batches (numpy arrays, or CUDA tensors on a GPU) are equal bit for bit."""
-    if isinstance(got, np.ndarray):
-        return np.array_equal(got, want)
-    import torch
-
-    return bool(torch.equal(got, want))  # a host read: this runs only after a failed decode
-
-
-def warmup_image(width_px: int, height_px: int) -> bytes:
-    """A JPEG of twice the model's input size, a smooth pattern: what warm-up batches decode."""
-    from PIL import Image
-
-    yy, xx = np.mgrid[0 : height_px * 2, 0 : width_px * 2]
-    pixels = np.stack([xx % 256, yy % 256, (xx + yy) % 256], -1).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
-    return buffer.getvalue()

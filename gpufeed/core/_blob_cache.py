@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpufeed.core import _s3
+from gpufeed.core._files import _runs
 
 if TYPE_CHECKING:
     from gpufeed.core._object_path import ObjectPath
@@ -187,7 +188,7 @@ class BlockCache:
         with contextlib.suppress(OSError):
             for folder in (self.root / _READERS).iterdir():
                 pid = folder.name.split("-", 1)[0]
-                if pid.isdigit() and not _alive(int(pid)):
+                if pid.isdigit() and not _runs(int(pid)):
                     shutil.rmtree(folder, ignore_errors=True)
 
     def _make_room(self, incoming: int) -> None:
@@ -217,13 +218,3 @@ class BlockCache:
             f"storage cache {self.root}: {self.total_bytes() / 2**20:,.1f} of {self.max_bytes / 2**20:,.1f} MiB, "
             f"{self.hits} hit(s), {self.misses} miss(es), {self.evicted} evicted ({time.strftime('%H:%M:%S')})"
         )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed.device import DeviceChoice
+from gpufeed.doctor._probes import _timed, _words
 from gpufeed.doctor._report import ProbeResult
 from gpufeed.models import ONNX_FILE
 from gpufeed.server import execution_providers, preload_cuda_libraries
@@ -117,8 +118,7 @@ def probe_placement(model: str, device_id: int | None) -> list[ProbeResult]:
             session = ort.InferenceSession(str(path), options, providers=providers)
             session.run(None, _zeros(session))
         except Exception as err:  # a model the server could not load or run is the finding
-            words = " ".join(str(err).split())[:300]
-            return [_result("fail", f"{path.name} did not load or run: {words}", started)]
+            return [_result("fail", f"{path.name} did not load or run: {_words(err)}", started)]
         nodes = node_placements(json.loads(Path(session.end_profiling()).read_text()))
     first = session.get_providers()[0]
     on_cpu = [n for n in nodes if n["provider"] == "CPUExecutionProvider" and not n["shape_only"]]
@@ -142,5 +142,4 @@ def probe_placement(model: str, device_id: int | None) -> list[ProbeResult]:
 
 
 def _result(status: str, summary: str, started: float, details: dict | None = None) -> ProbeResult:
-    return ProbeResult("model-placement", status, summary, details=details or {},
-                       seconds=round(time.monotonic() - started, 3))  # fmt: skip
+    return _timed("model-placement", started, status, summary, details=details or {})

@@ -71,11 +71,10 @@ def draw_report(run_dir: str | Path, out: str | Path | None = None, window: int 
     top.set_title(title)
     for rank, rank_records in sorted(logs.items()):
         wait = np.array([r["loader_wait_s"] for r in rank_records])
-        total = np.array([r["step_s"] for r in rank_records])
-        share = _rolling(wait, window) / np.maximum(_rolling(total, window), 1e-12) * 100
+        share = _rolling_share(wait, np.array([r["step_s"] for r in rank_records]), window)
         bottom.plot([r["step"] for r in rank_records], share, label=f"rank {rank}", linewidth=1.2)
     if len(logs) > 1:
-        share = _rolling(job_steps.wait, window) / np.maximum(_rolling(job_steps.period, window), 1e-12) * 100
+        share = _rolling_share(job_steps.wait, job_steps.period, window)
         # Wide and pale, under the ranks' lines: it lies on the waiting rank's line where one rank waits.
         bottom.plot(job_steps.steps, share, label="job (longest wait)", color="black", alpha=0.3, linewidth=4, zorder=1)
     bottom.axhline(5.0, color="black", linestyle="--", linewidth=0.8, label="5% target")
@@ -92,6 +91,11 @@ def draw_report(run_dir: str | Path, out: str | Path | None = None, window: int 
     if len(logs) > 1:
         text += "\n\n" + format_job(job)
     return out, text
+
+
+def _rolling_share(wait: np.ndarray, period: np.ndarray, window: int) -> np.ndarray:
+    """The loader-wait share of step time in percent, each a rolling mean over ``window`` steps."""
+    return _rolling(wait, window) / np.maximum(_rolling(period, window), 1e-12) * 100
 
 
 def _draw_stages(top, records: list[dict]) -> None:

@@ -47,8 +47,8 @@ def masked_mean(per_sample: torch.Tensor, valid: torch.Tensor | None) -> torch.T
     """Mean of per-sample losses over valid rows, without a host sync (no boolean indexing)."""
     if valid is None:
         return per_sample.mean()
-    weights = valid.to(per_sample.dtype)
-    return (per_sample * weights).sum() / weights.sum().clamp_min(1.0)
+    total, count = masked_sum(per_sample, valid)
+    return total / count.clamp_min(1.0)
 
 
 def masked_sum(per_sample: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
