@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 import random
 from pathlib import Path, PurePosixPath
@@ -129,3 +130,19 @@ def test_a_read_larger_than_the_blocks_kept_in_memory_still_gets_every_byte():
     file.seek(1500)
     assert file.read(40_000) == data[1500:41_500]  # exact: bytes; 41 blocks in one read
     assert file.read(100) == data[41_500:41_600]  # exact: bytes; the read-ahead blocks follow on
+
+
+def test_unaddressable_keys_are_named_once_each_up_to_a_bound_then_once_in_all(monkeypatch, caplog):
+    """A bucket of millions of ``a//b`` keys must not grow the process, nor the log, by a line each."""
+    from gpufeed.core import _object_path
+
+    monkeypatch.setattr(_object_path, "_warned", set())
+    keys = [f"frames//{k:05d}.jpg" for k in range(_object_path._WARNED_MAX + 500)]
+    with caplog.at_level(logging.WARNING, logger="gpufeed"):
+        for _ in range(2):  # a second listing of the same keys names none of them again
+            assert not any(_object_path.nameable_key("bucket", key) for key in keys)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == _object_path._WARNED_MAX + 1
+    assert lines[0] == "key 'frames//00000.jpg' of s3://bucket has an empty part; gpufeed cannot address it, skipped"
+    assert lines[-1].startswith("more keys gpufeed cannot address") and "s3://bucket" in lines[-1]
+    assert len(_object_path._warned) == _object_path._WARNED_MAX + 1

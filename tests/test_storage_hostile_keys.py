@@ -6,6 +6,7 @@ image object is read by ranges, never whole; a body that breaks while it streams
 
 from __future__ import annotations
 
+import errno
 import io
 import itertools
 import logging
@@ -172,3 +173,42 @@ def test_expired_listings_are_let_go_in_a_long_lived_process(monkeypatch):
         clock[0] += 10.0  # ten seconds between listings
     assert len(_s3._snapshots) <= 7, "at most the listings of the last minute"
     assert _s3._snapshot_of(S3Path("s3://bucket/prefix-99")) == {}
+
+
+def test_an_object_overwritten_while_open_fails_its_next_read_instead_of_mixing_versions(
+    s3_bucket, monkeypatch, tmp_path
+):
+    """Each ranged GET carries the version the file was opened at: the new version's bytes are never joined on."""
+    from gpufeed.core import _storage_settings
+
+    monkeypatch.setenv(_storage_settings.ENV_BLOCK_BYTES, "4096")
+    monkeypatch.setenv(_storage_settings.ENV_CACHE_DIR, str(tmp_path / "cache"))
+    first, second = bytes(range(256)) * 64, bytes(255 - b for b in range(256)) * 64  # 16 KiB each
+    _put(s3_bucket, "v/a.mp4", first)
+    path = s3_bucket / "v/a.mp4"
+    with path.open() as fh:
+        assert fh.read(100) == first[:100]  # one block read, at the first version
+        _put(s3_bucket, "v/a.mp4", second)  # the same size: only the version says they differ
+        fh.seek(9000)
+        with pytest.raises(OSError) as caught:
+            fh.read(100)  # it returned second[9000:9100], and cached it as the first version's
+    assert caught.value.errno == errno.ESTALE
+    assert str(caught.value) == f"{path}: it changed while it was being read (a new version); read it again"
+    _s3._snapshots.clear()
+    with path.open() as fh:  # opened again: the new version, whole
+        assert fh.read() == second
+
+
+def test_a_cached_copy_is_never_made_of_two_versions(s3_bucket, monkeypatch, tmp_path):
+    from gpufeed.core._blob_cache import BlockCache
+
+    _put(s3_bucket, "v/b.mp4", b"a" * 5000)
+    path = s3_bucket / "v/b.mp4"
+    old = _s3.stat(path)
+    _put(s3_bucket, "v/b.mp4", b"b" * 5000)
+    monkeypatch.setattr(_s3, "stat", lambda _p: old)  # the version it listed, overwritten before the copy
+    cache = BlockCache(tmp_path / "cache", 1 << 20)
+    with pytest.raises(OSError) as caught:
+        cache.materialize(path)
+    assert caught.value.errno == errno.ESTALE
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()], "no copy, whole or partial, is left"

@@ -118,7 +118,7 @@ class BlockCache:
         try:
             with open(tmp, "wb") as out:
                 for start in range(0, found.st_size, _COPY_BYTES):
-                    out.write(_s3.read_range(source, start, min(_COPY_BYTES, found.st_size - start)))
+                    out.write(_s3.read_range(source, start, min(_COPY_BYTES, found.st_size - start), found.etag))
             os.replace(tmp, path)
         finally:
             with contextlib.suppress(OSError):

@@ -205,6 +205,9 @@ def key_problem(key: str) -> str | None:
 log = logging.getLogger("gpufeed")
 _warned: set[tuple[str, str]] = set()  # (bucket, key) of the unnameable keys already named in a warning
 _warned_lock = threading.Lock()
+# A bucket written by a tool that doubles slashes can hold millions of such keys: past this many,
+# one more line says so and the rest go unnamed (the set, and the log, stay bounded).
+_WARNED_MAX = 1000
 
 
 def nameable_key(bucket: str, key: str, kind: str = "key") -> bool:
@@ -217,9 +220,13 @@ def nameable_key(bucket: str, key: str, kind: str = "key") -> bool:
     if problem is None:
         return True
     with _warned_lock:
-        first = (bucket, key) not in _warned
-        _warned.add((bucket, key))
-    if first:
+        first = (bucket, key) not in _warned and len(_warned) <= _WARNED_MAX
+        if first:
+            _warned.add((bucket, key))
+        last = first and len(_warned) > _WARNED_MAX
+    if last:
+        log.warning("more keys gpufeed cannot address (as %s of s3://%s); skipped, not named", quoted(key), bucket)
+    elif first:
         log.warning("%s %s of s3://%s %s; gpufeed cannot address it, skipped", kind, quoted(key), bucket, problem)
     return False
 

@@ -23,7 +23,10 @@ listing instead of one request each.
 listing, each named once in a warning: read through a normalised path they would be another object
 (:func:`~gpufeed.core._object_path.nameable_key`), or a folder outside the prefix listed. **Retries.**
 botocore retries a request up to its response headers; a body that breaks while it streams (a
-reset, a read timeout, fewer bytes than announced) is fetched again here, a few times.
+reset, a read timeout, fewer bytes than announced) is fetched again here, a few times. **One
+version.** A file read in ranges sends each GET with the entity tag it was opened at (``If-Match``):
+an object overwritten meanwhile fails the read in one line, instead of joining two versions' bytes
+(and caching them under the first version's name).
 
 **Accounting.** Every ranged or whole read counts its request and bytes in this process
 (:func:`fetch_stats`): the benchmarks print bytes fetched per clip from it.
@@ -186,6 +189,10 @@ def _error(err: Exception, url: str, doing: str) -> StorageError:
             return StorageError(errno.ENOENT, f"{url}: {what} ({endpoint_label()})")
         if status == 403 or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
             return StorageError(errno.EACCES, f"{url}: access denied while {doing} ({code or status})")
+        if code == "PreconditionFailed" or status == 412:
+            return StorageError(
+                errno.ESTALE, f"{url}: it changed while it was being read (a new version); read it again"
+            )
         if code == "InvalidRange":
             return StorageError(errno.EINVAL, f"{url}: the byte range asked for is outside the object")
         return StorageError(errno.EIO, f"{url}: {doing} failed ({code or 'HTTP'} {status})")
@@ -310,11 +317,17 @@ def stat(path: ObjectPath) -> ObjectStat:
     return found
 
 
-def read_range(path: ObjectPath, start: int, length: int) -> bytes:
-    """``length`` bytes of the object from byte ``start`` (fewer at its end): one ranged GET."""
+def read_range(path: ObjectPath, start: int, length: int, etag: str = "") -> bytes:
+    """``length`` bytes of the object from byte ``start`` (fewer at its end): one ranged GET.
+
+    Args:
+        etag: The version the caller's earlier reads came from (``ObjectStat.etag``): another
+            version fails the read (``StorageError``, ``ESTALE``) rather than answer with its bytes.
+    """
     if length <= 0:
         return b""
-    return _get(path, Range=f"bytes={start}-{start + length - 1}")
+    version = {"IfMatch": f'"{etag}"'} if etag else {}
+    return _get(path, Range=f"bytes={start}-{start + length - 1}", **version)
 
 
 def _get(path: ObjectPath, **ranged: str) -> bytes:

@@ -135,7 +135,7 @@ class S3Path(ObjectPath):
         return RangedFile(
             str(self),
             found.st_size,
-            lambda start, length: _s3.read_range(self, start, length),
+            lambda start, length: _s3.read_range(self, start, length, found.etag),
             block_bytes=settings.block_bytes,
             cache=storage_cache(),
             cache_key=f"{self}\n{found.st_size}\n{found.etag or found.st_mtime_ns}",
