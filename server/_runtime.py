@@ -277,8 +277,11 @@ class OnnxRunner:
         binding.bind_output(
             self.output_name, device_type, device_id, np.float32, tuple(output.shape), output.data_ptr()
         )
+        # No ``binding.synchronize_outputs()``: for CUDA it is a cudaDeviceSynchronize, holding
+        # Python's lock, which waited for every lane's decode and run. ``Run`` already drains the
+        # streams it computed on before it returns (onnxruntime's run-end ``CleanUp(true)`` flushes
+        # each stream it owns: ``device_stream_collection.cc``, ``cuda_stream_handle.cc``).
         session.run_with_iobinding(binding)
-        binding.synchronize_outputs()
 
     @contextlib.contextmanager
     def _host_session(self, size: int):

@@ -101,6 +101,41 @@ def test_cuda_runner_binds_every_batch_size_and_agrees_with_the_cpu_runner():
         gpu.run(batch[:3])
 
 
+def test_a_cuda_run_waits_for_its_own_streams_only_and_returns_whole_outputs():
+    """onnxruntime drains the streams a run used before ``Run`` returns; nothing waits for the device.
+
+    ``IOBinding.synchronize_outputs`` was a ``cudaDeviceSynchronize`` holding Python's lock: each
+    served batch waited for the other lane's decode and model. Without it the output must still be
+    whole (onnxruntime's run-end flush of its own streams), and the run must not wait for a second
+    of work queued on another stream.
+    """
+    import torch
+
+    from gpufeed.models import read_model_card
+    from gpufeed.server._runtime import OnnxRunner
+
+    model_dir = exported_repo() / IMAGE_MODEL
+    card = read_model_card(model_dir)
+    gpu = OnnxRunner(model_dir, card, GPU)
+    n = card.batch_sizes[-1]
+    rows = np.random.default_rng(3).integers(0, 256, (n, *card.sample_shape), dtype=np.uint8)
+    batch = gpu.new_batch()
+    batch[:n].copy_(torch.from_numpy(rows))
+    torch.cuda.synchronize()
+    want = gpu.run(batch[:n])  # also the binding's first use
+    other, lane = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(other):  # another lane's work
+        torch.cuda._sleep(2_000_000_000)  # about a second of GPU time on an H100 (cycles)
+        busy = torch.cuda.Event()
+        busy.record(other)
+    with torch.cuda.stream(lane):
+        got = gpu.run(batch[:n])
+    held = busy.query()
+    other.synchronize()
+    assert not held, "the run waited for another stream's work (a device-wide synchronize)"
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # unfinished, it would be torch.empty's bytes
+
+
 @pytest.mark.parametrize("model", ["depth", "seg"])
 def test_cuda_runner_serves_a_dense_models_maps_like_the_cpu_runner(model):
     """A dense graph's (n, C, H, W) maps, bound on the device at every batch size (a (n, C) buffer is refused)."""
