@@ -247,6 +247,8 @@ class EpochLoader:
         The rest of the current epoch (in a resharded resume, of what remains of it, split over
         this loader's shards), then whole epochs as they are planned now.
         """
+        if self.epoch >= epochs:  # a finished run resumed: nothing to go, not another epoch
+            return 0
         spec = self._spec()
         left = max(0, self._epoch_plan(spec, self.epoch).num_batches - self._start_batch)
         if self.epoch + 1 < epochs:

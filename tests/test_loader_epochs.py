@@ -161,6 +161,8 @@ def test_a_finished_epoch_reads_as_the_next_ones_start(train_set):
     for _ in range(len(loader)):
         next(iterator)  # every batch taken; the loop has not asked for the end yet
     assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batch"] == 0
+    assert loader.batches_left(1) == 0, "a one-epoch run is over: no epoch more to go"
+    assert loader.batches_left(2) == len(loader)
     second = [b.sample_ids for b in _epoch_of(_images(train_set, CPU, batch=16, seed=4), 1)]
     resumed = _images(train_set, CPU, batch=16, seed=4)
     resumed.load_state_dict({"epoch": 0, "batch": len(loader), "seed": 4})  # as older checkpoints hold it

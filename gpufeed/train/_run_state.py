@@ -133,22 +133,36 @@ def _resume_schedule(s, state: dict) -> None:
     On another number of ranks (or with other ``train.epochs``) the run has another number of
     steps to go than the checkpoint's schedule planned: the schedule is anchored at the
     checkpoint's step and progress (:func:`~gpufeed.train._optim.lr_factor`) and ends at this
-    run's last step. A checkpoint without its schedule (written before gpufeed kept it) keeps the
+    run's last step. With the same length to go, a schedule anchored by an earlier resume keeps
+    its anchor. A checkpoint without its schedule (written before gpufeed kept it) keeps the
     schedule of this run's length.
     """
     saved = state.get("schedule")
-    total = s.step + s.data.train.batches_left(s.cfg.train.epochs)
-    if not saved or int(saved["total_steps"]) == total:
+    if not saved:
         return
     cfg = s.cfg.train
+    total, planned = s.step + s.data.train.batches_left(cfg.epochs), int(saved["total_steps"])
     old_anchor = tuple(saved["anchor"]) if saved.get("anchor") else None
-    first = max(s.step, cfg.warmup_steps)
-    anchor = (first, schedule_progress(first, int(saved["total_steps"]), cfg, old_anchor))
+    if planned == total:
+        if old_anchor is None:
+            return  # the session's own schedule is the checkpoint's
+        anchor = old_anchor
+    else:
+        first = max(s.step, cfg.warmup_steps)
+        anchor = (first, schedule_progress(first, planned, cfg, old_anchor))
     s.total_steps, s.schedule_anchor = total, anchor
     s.scheduler = build_scheduler(s.optimizer, total, cfg, anchor)
     s.scheduler.load_state_dict(state["scheduler"])
-    log.info("learning-rate schedule: %d steps to go (the checkpoint's planned %d in all); it goes on from %.0f%% of "
-             "its decay", total - s.step, int(saved["total_steps"]), 100 * anchor[1])  # fmt: skip
+    # LambdaLR's constructor set each group's rate to the schedule's at step 0, over the rate the
+    # optimizer's state restored, and load_state_dict restores the counters only: the next step
+    # would run at that rate while the log showed the checkpoint's.
+    step = s.scheduler.last_epoch
+    for group, factor in zip(s.optimizer.param_groups, s.scheduler.lr_lambdas, strict=True):
+        group["lr"] = group["initial_lr"] * factor(step)
+    s.scheduler._last_lr = [group["lr"] for group in s.optimizer.param_groups]
+    if planned != total:
+        log.info("learning-rate schedule: %d steps to go (the checkpoint's planned %d in all); it goes on from "
+                 "%.0f%% of its decay", total - s.step, planned, 100 * anchor[1])  # fmt: skip
 
 
 def resume_generators(rng: list, rank: int, on_gpu: bool) -> tuple[dict | None, str]:
