@@ -64,20 +64,62 @@ def test_every_node_and_its_provider_come_from_the_profile_and_shape_arithmetic_
 def test_a_model_that_does_not_load_is_a_failure_naming_it_and_a_missing_one_an_error(tmp_path):
     (tmp_path / "model.onnx").write_bytes(b"not an onnx graph")
     (result,) = probe_placement(str(tmp_path / "model.onnx"), None)
-    assert result.status == "fail" and result.summary.startswith("model.onnx did not load or run: ")
+    assert result.status == "fail" and result.summary.startswith("model.onnx did not load: ")
     assert "\n" not in result.summary
     with pytest.raises(FileNotFoundError, match=r"--model .*nowhere.*model\.onnx"):
         model_file(tmp_path / "nowhere")
 
 
+def _graph(path, nodes, shape) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = [numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.FLOAT, None)],
+        initializer=weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+def test_node_names_with_quotes_and_backslashes_are_read_from_the_profile(tmp_path):
+    """onnxruntime writes names into its profile unescaped: the file is not JSON as a whole."""
+    from onnx import helper
+
+    names = ['sin "a"', "cos\\b"]
+    _graph(tmp_path / "q.onnx", [helper.make_node("Sin", ["x"], ["s"], name=names[0]),
+                                 helper.make_node("Cos", ["s"], ["c"], name=names[1])], [1, 3, 8, 8])  # fmt: skip
+    (result,) = probe_placement(str(tmp_path / "q.onnx"), None)
+    assert result.status == "pass", result.summary
+    assert [n["node"] for n in result.details["nodes"]] == names
+
+
+def test_a_bare_graph_with_symbolic_height_and_width_is_skipped_in_one_line_not_failed(tmp_path):
+    """Ones for H and W failed a valid Conv ("Invalid input shape"); the model folder's card names the sizes."""
+    from onnx import helper
+
+    _graph(tmp_path / "dyn.onnx", [helper.make_node("Conv", ["x", "w"], ["y"], name="conv")], ["N", 3, "H", "W"])
+    (result,) = probe_placement(str(tmp_path / "dyn.onnx"), None)
+    assert result.status == "skip", result.summary
+    assert result.summary == (
+        "dyn.onnx: input 'x' has symbolic sizes H, W besides its batch; give the model folder, whose card names them"
+    )
+
+
 @pytest.mark.process
 def test_the_cli_reports_the_models_placement_and_refuses_a_missing_model(tmp_path):
     model = exported_repo() / IMAGE_MODEL
-    done = subprocess.run(
-        [sys.executable, "-m", "gpufeed", "doctor", "--model", str(model), "--json"],
+    done = subprocess.run(  # a relative path, as typed: the probe's process runs in a folder of its own
+        [sys.executable, "-m", "gpufeed", "doctor", "--model", IMAGE_MODEL, "--json"],
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=model.parent,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     results = {r["name"]: r for r in json.loads(done.stdout)["results"]}

@@ -16,8 +16,10 @@ output is an int64 or int32 tensor of at most :data:`SHAPE_ELEMENTS` numbers) ar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +32,7 @@ from gpufeed.doctor._report import ProbeResult
 from gpufeed.models import ONNX_FILE
 from gpufeed.server import execution_providers, preload_cuda_libraries
 
-__all__ = ["SHAPE_ELEMENTS", "model_file", "node_placements", "probe_placement"]
+__all__ = ["SHAPE_ELEMENTS", "model_file", "node_placements", "probe_placement", "read_profile"]
 
 SHAPE_ELEMENTS = 8
 """Most numbers in an integer tensor of shape arithmetic (a rank-8 shape)."""
@@ -73,6 +75,31 @@ def _shape_only(event: dict) -> bool:
     return args.get("op_name") in ("Shape", "Size") or (bool(inputs) and _small_ints(inputs))
 
 
+_UNESCAPED_NAME = re.compile(r'^(?P<head>.*?"name" :)"(?P<name>.*)_kernel_time"(?P<tail>,"args" : .*)$')
+
+
+def read_profile(text: str) -> list[dict]:
+    """The events of onnxruntime's profile file.
+
+    onnxruntime writes node names into it unescaped, one event a line (``profiler.cc``): a name
+    holding ``"`` breaks its line as JSON, and one holding ``\\b`` would read as another name. So
+    each line's name, between ``"name" :"`` and ``_kernel_time"``, is taken as written and escaped
+    before the line is read; a line that is still not JSON is left out.
+    """
+    events = []
+    for raw in text.splitlines():
+        line = raw.strip().removeprefix("[").removesuffix("]").removesuffix(",")
+        match = _UNESCAPED_NAME.match(line)
+        if match is not None:
+            line = f"{match['head']}{json.dumps(match['name'] + '_kernel_time')}{match['tail']}"
+        with contextlib.suppress(json.JSONDecodeError):
+            events.append(json.loads(line))
+    if not events:  # not one event a line (another onnxruntime): the file as a whole
+        with contextlib.suppress(json.JSONDecodeError):
+            return json.loads(text)
+    return events
+
+
 def node_placements(profile: list[dict]) -> list[dict]:
     """Each node of one profiled run: ``{"node", "op", "provider", "shape_only"}``, in run order.
 
@@ -90,13 +117,33 @@ def node_placements(profile: list[dict]) -> list[dict]:
     return list(seen.values())
 
 
-def _zeros(session) -> dict:
+class _Unfeedable(ValueError):
+    """The probe cannot make an input for the model (a type it cannot make, a size it cannot know)."""
+
+
+def _card_shape(folder: Path) -> tuple[int, ...] | None:
+    """The input shape a model folder's card names (a batch of its smallest size), or ``None`` without a card."""
+    from gpufeed.models import CARD_FILE, read_model_card
+
+    if not (folder / CARD_FILE).is_file():
+        return None
+    card = read_model_card(folder)
+    return (min(card.batch_sizes), *card.sample_shape)
+
+
+def _zeros(session, card_shape: tuple[int, ...] | None) -> dict:
     feed: dict[str, np.ndarray] = {}
     for arg in session.get_inputs():
         if arg.type not in _NUMPY:
-            raise ValueError(f"input {arg.name!r} has type {arg.type}, which the probe cannot make")
-        dims = [d if isinstance(d, int) and d > 0 else 1 for d in arg.shape]  # a symbolic dimension: 1
-        feed[arg.name] = np.zeros(dims, dtype=_NUMPY[arg.type])
+            raise _Unfeedable(f"input {arg.name!r} has type {arg.type}, which the probe cannot make")
+        dims = list(arg.shape)
+        if len(session.get_inputs()) == 1 and card_shape is not None and len(card_shape) == len(dims):
+            dims = [d if isinstance(d, int) and d > 0 else c for d, c in zip(dims, card_shape, strict=True)]
+        symbolic = [str(d) for d in dims[1:] if not (isinstance(d, int) and d > 0)]
+        if symbolic:  # a guessed height or width can fail a valid model (a Conv larger than the input)
+            raise _Unfeedable(f"input {arg.name!r} has symbolic sizes {', '.join(symbolic)} besides its batch; "
+                              "give the model folder, whose card names them")  # fmt: skip
+        feed[arg.name] = np.zeros([d if isinstance(d, int) and d > 0 else 1 for d in dims], dtype=_NUMPY[arg.type])
     return feed
 
 
@@ -105,7 +152,11 @@ def probe_placement(model: str, device_id: int | None) -> list[ProbeResult]:
     import onnxruntime as ort
 
     started = time.monotonic()
-    path = model_file(model)
+    try:
+        path = model_file(model)
+        card_shape = _card_shape(Path(model)) if Path(model).is_dir() else None
+    except (OSError, ValueError) as err:  # a card that does not read: the model is not servable as it is
+        return [_result("fail", _words(err), started)]
     device = DeviceChoice("gpu", device_id, "doctor") if device_id is not None else DeviceChoice("cpu", None, "doctor")
     providers = execution_providers("cuda" if device.is_gpu else "cpu", device, "fp32", None)
     if device.is_gpu:
@@ -116,10 +167,16 @@ def probe_placement(model: str, device_id: int | None) -> list[ProbeResult]:
         options.profile_file_prefix = str(Path(folder) / "profile")
         try:
             session = ort.InferenceSession(str(path), options, providers=providers)
-            session.run(None, _zeros(session))
-        except Exception as err:  # a model the server could not load or run is the finding
-            return [_result("fail", f"{path.name} did not load or run: {_words(err)}", started)]
-        nodes = node_placements(json.loads(Path(session.end_profiling()).read_text()))
+            feed = _zeros(session, card_shape)
+        except _Unfeedable as err:
+            return [_result("skip", f"{path.name}: {err}", started)]
+        except Exception as err:  # a model the server could not load is the finding
+            return [_result("fail", f"{path.name} did not load: {_words(err)}", started)]
+        try:
+            session.run(None, feed)
+        except Exception as err:
+            return [_result("fail", f"{path.name} did not run on zeros of its input's shape: {_words(err)}", started)]
+        nodes = node_placements(read_profile(Path(session.end_profiling()).read_text()))
     first = session.get_providers()[0]
     on_cpu = [n for n in nodes if n["provider"] == "CPUExecutionProvider" and not n["shape_only"]]
     details = {"model": str(path), "providers": session.get_providers(), "nodes": nodes}

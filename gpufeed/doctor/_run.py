@@ -250,6 +250,7 @@ def run_doctor(
             report.results[0].details["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
         report.results += _gpu_probes(device_id, timeout_s)
     if model is not None:
-        kwargs = {"model": str(model), "device_id": device_id if gpu else None}
+        # The probe's process runs in a folder of its own: a relative path is the caller's.
+        kwargs = {"model": str(Path(model).resolve()), "device_id": device_id if gpu else None}
         report.results += _child("placement", kwargs, ["model-placement"], timeout_s)
     return report
