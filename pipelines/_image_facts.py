@@ -35,6 +35,7 @@ from pathlib import Path
 
 from gpufeed.core import ObjectPath, is_object_url, open_binary
 from gpufeed.pipelines._image_walk import DAMAGED, UNSUPPORTED, JpegWalk, walk_png
+from gpufeed.pipelines._png_tail import png_resume_point, walk_png_tail
 
 __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
@@ -73,7 +74,8 @@ _HEAD_BYTES = 64 * 1024
 _MAX_HEADER_BYTES = 16 * 1024 * 1024
 # The image data the full walk reads after the header, per declared pixel: a 16-bit RGBA PNG stored
 # uncompressed takes 8 bytes and a filter byte a row, a quality-100 JPEG of noise 4-6 (CMYK); more
-# bytes before the end marker than this allows mean the object is not the image its header says.
+# image data than this allows means the object is not the image its header says. (A PNG's chunks
+# after its image data are not image data: they are walked apart, see _object_facts.)
 _BYTES_PER_PIXEL = 9
 _DATA_SLACK_BYTES = 1024 * 1024
 _PIECE_BYTES = 4 * 1024 * 1024
@@ -203,8 +205,11 @@ def _object_facts(fh, header_only: bool) -> ImageFacts:
     """:func:`read_image_facts` of an object's ranged-read file, reading only what the walk needs (bounded).
 
     The header is walked on a prefix grown while the walk runs off its end; the full walk then reads
-    at most what the declared size allows (see ``_BYTES_PER_PIXEL``). An object whose header or image
-    data runs past those bounds is a problem naming its size, not a read of all of it.
+    at most what the declared size allows (see ``_BYTES_PER_PIXEL``). A PNG's chunks past that
+    (text, XMP, APNG frames after the image data) are walked by ranged reads a piece at a time
+    (:mod:`gpufeed.pipelines._png_tail`), so an object gets the answer its bytes get on disk. An
+    object whose header or image data runs past those bounds is a problem naming its size, not a
+    read of all of it.
     """
     size = fh.size
     if size == 0:
@@ -225,7 +230,15 @@ def _object_facts(fh, header_only: bool) -> ImageFacts:
     if header_only or head.problem:  # a header problem is the full walk's too: both walk the same bytes to it
         return replace(head, size_bytes=size)
     cap = min(size, len(data) + _BYTES_PER_PIXEL * head.pixels + _DATA_SLACK_BYTES)
-    full = _facts(_fill(fh, data, cap))
+    data = _fill(fh, data, cap)
+    full = _facts(data)
+    resume = png_resume_point(data) if full.format == "PNG" and _ran_off(full) and cap < size else None
+    del data  # what follows holds a piece at a time
+    if resume is not None:  # chunks after the image data (text, XMP, APNG frames): walked, not held
+        pos, idat = resume
+        tail = walk_png_tail(fh, pos, idat, (full.stored_width, full.stored_height, full.orientation), cap - pos)
+        if tail is not None:  # None: its IDAT chunks run past the cap, refused below as any such object
+            return ImageFacts(*tail, size_bytes=size)
     if _ran_off(full) and cap < size:
         full = replace(
             full,
