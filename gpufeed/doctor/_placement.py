@@ -29,7 +29,7 @@ import numpy as np
 from gpufeed.device import DeviceChoice
 from gpufeed.doctor._probes import _timed, _words
 from gpufeed.doctor._report import ProbeResult
-from gpufeed.models import ONNX_FILE
+from gpufeed.models import CARD_FILE, ONNX_FILE, read_model_card
 from gpufeed.server import execution_providers, preload_cuda_libraries
 
 __all__ = ["SHAPE_ELEMENTS", "model_file", "node_placements", "probe_placement", "read_profile"]
@@ -123,8 +123,6 @@ class _Unfeedable(ValueError):
 
 def _card_shape(folder: Path) -> tuple[int, ...] | None:
     """The input shape a model folder's card names (a batch of its smallest size), or ``None`` without a card."""
-    from gpufeed.models import CARD_FILE, read_model_card
-
     if not (folder / CARD_FILE).is_file():
         return None
     card = read_model_card(folder)
