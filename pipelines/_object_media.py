@@ -45,7 +45,9 @@ def reader_local_paths(paths: Sequence[str], keep: list | None = None) -> list[s
     DALI opens every file of its list while the pipeline builds and reads them all the time it
     runs, so the copies are pinned (:meth:`~gpufeed.core._blob_cache.BlockCache.pin`): copying
     the next object must not evict one already listed, nor may another process's eviction.
-    Together they must fit in ``storage.cache_max_bytes``, which is checked as they are copied.
+    Pinned copies cannot be evicted, so this reader's, with those every other reader of the cache
+    holds pinned (the same file counted once), must fit in ``storage.cache_max_bytes``, which is
+    checked as they are copied.
 
     Args:
         paths: The reader's videos.
@@ -54,7 +56,7 @@ def reader_local_paths(paths: Sequence[str], keep: list | None = None) -> list[s
 
     Raises:
         OSError: An object, but no ``storage.cache_dir`` (the message says so); it cannot be
-            copied; or the objects together do not fit in the cache.
+            copied; or the objects do not fit in the cache beside the other readers' (``EFBIG``).
     """
     remote = [p for p in paths if is_object_url(p)]
     cache = storage_cache() if remote else None
@@ -62,17 +64,23 @@ def reader_local_paths(paths: Sequence[str], keep: list | None = None) -> list[s
         return [local_file(path) if is_object_url(path) else path for path in paths]
     folder = cache.pin_folder()
     keep.append(folder)
+    held = cache.pinned()  # every reader's pins, by inode: a video other readers pin costs nothing more
+    others = held_bytes = sum(held.values())
     pinned: dict[str, str] = {}
-    held = 0
     for path in dict.fromkeys(remote):
         link = cache.pin(ObjectPath(path), folder.name)
-        held += link.stat().st_size
-        if held > cache.max_bytes:
+        pinned[path] = str(link)
+        st = link.stat()
+        if (st.st_dev, st.st_ino) in held:  # a link to a file a reader already pins (another rank's): no more disk
+            continue
+        held[st.st_dev, st.st_ino] = st.st_size
+        held_bytes += st.st_size
+        if held_bytes > cache.max_bytes:
+            others_too = f", with the {others:,} bytes other readers of {cache.root} hold pinned," if others else ""
             raise OSError(
                 errno.EFBIG,
-                f"the {len(set(remote))} videos of this reader from {ObjectPath(path).parent} hold more than "
-                f"storage.cache_max_bytes ({cache.max_bytes:,} bytes), and DALI's reader needs them all on disk at "
-                "once: raise storage.cache_max_bytes, or set video.decoder: pyav (ranged reads, no copies)",
+                f"the {len(set(remote))} videos of this reader from {ObjectPath(path).parent}{others_too} hold more "
+                f"than storage.cache_max_bytes ({cache.max_bytes:,} bytes), and DALI's reader needs them all on disk "
+                "at once: raise storage.cache_max_bytes, or set video.decoder: pyav (ranged reads, no copies)",
             )
-        pinned[path] = str(link)
     return [pinned.get(path, path) for path in paths]
