@@ -18,7 +18,7 @@ decode the server is built to move off the CPU. Such a file is a damaged upload 
 decodes to an image; the answer describes what was sent. A PNG cut short anywhere fails DALI's
 decode and is answered 400 ``corrupt_image`` alone (below).
 
-**Decoding** (:class:`ImageDecoder`, per batch, on the batcher's thread): one DALI graph
+**Decoding** (:class:`ImageDecoder`, per batch, on the batcher's thread): one DALI graph (``_serve_graph.py``)
 
 ==================  ==========================================================  ================
 stage               output                                                      where
@@ -36,7 +36,8 @@ arguments of the evaluation loader, its decoder options included (on a GPU: one 
 :func:`gpufeed.pipelines._image_pipeline.eval_decoder_options`, of the config's
 ``loader.hw_decoder_load``, gives both theirs), so the server feeds the model exactly what evaluation did. If
 DALI fails on a batch (an image that passed validation but whose data is damaged), each image is
-decoded alone so only the bad ones fail.
+decoded alone so only the bad ones fail; if a new pipeline is needed and cannot be built, the
+images left undecoded fail ``internal`` in one line and the next batch builds one.
 
 **Bands** (CPU only): a lone image is cut into horizontal bands decoded side by side, bit for bit
 the whole image's where that holds (:mod:`gpufeed.server._bands`).
@@ -44,6 +45,7 @@ the whole image's where that holds (:mod:`gpufeed.server._bands`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 
@@ -51,10 +53,11 @@ import numpy as np
 
 from gpufeed.config import LoaderConfig
 from gpufeed.core import SizePx
-from gpufeed.pipelines import Windows, decode_window, eval_decoder_options, eval_windows, read_image_facts
+from gpufeed.pipelines import Windows, eval_decoder_options, eval_windows, read_image_facts
 from gpufeed.server._bands import MAX_BANDS as MAX_BANDS
 from gpufeed.server._bands import MIN_BAND_ROWS, band_samples, binary_fraction
 from gpufeed.server._errors import RequestError
+from gpufeed.server._serve_graph import serve_pipeline as serve_pipeline
 from gpufeed.server._warmup import same_pixels, warmup_image
 
 __all__ = ["MAX_BANDS", "ImageDecoder", "ImageInfo", "inspect_image", "serve_pipeline"]
@@ -64,6 +67,9 @@ log = logging.getLogger("gpufeed.server")
 MAX_PIXELS_KEY = "serve.max_image_pixels"
 # loader.hw_decoder_load's default: a decoder made without the server's config decodes as evaluation does by default.
 _DEFAULT_HW_LOAD = LoaderConfig().hw_decoder_load
+# DALI's own hw_decoder_load (dali/operators/imgcodec/image_decoder.h: ``float hw_load = 0.9f``): what a
+# ``mixed`` decoder given options without the key uses, so it takes the hardware decoder too.
+_DALI_HW_LOAD = 0.9
 # ImageFacts problem kinds -> the request's failure reason.
 _REASONS = {"unsupported": "unsupported_media_type", "too_many_pixels": "too_many_pixels"}
 
@@ -101,53 +107,12 @@ def inspect_image(data: bytes, max_pixels: int, where: str = "the image") -> Ima
     return ImageInfo(facts.format, facts.width, facts.height, facts.orientation)
 
 
-def serve_pipeline(
-    size_px: SizePx, max_batch: int, device_id: int | None, num_threads: int, gpu_options: dict | None = None
-):
-    """The server's decode graph, defined but not built (:meth:`ImageDecoder` builds it).
+class _NoPipeline(Exception):
+    """No pipeline could be built after a failed decode; :attr:`failure` answers each row not decoded."""
 
-    Args:
-        size_px: Output size.
-        max_batch: Most samples per call.
-        device_id: CUDA device, or ``None`` for the CPU.
-        num_threads: DALI CPU threads.
-        gpu_options: The ``mixed`` decoder's arguments: the evaluation loader's
-            (:func:`gpufeed.pipelines._image_pipeline.eval_decoder_options`).
-    """
-    from nvidia.dali import fn, pipeline_def, types
-
-    on_gpu = device_id is not None
-
-    @pipeline_def(enable_conditionals=False)
-    def serve_graph():
-        encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
-        anchor = fn.external_source(name="anchor", dtype=types.INT32, ndim=1)
-        shape = fn.external_source(name="shape", dtype=types.INT32, ndim=1)
-        roi_start = fn.external_source(name="roi_start", dtype=types.FLOAT, ndim=1)
-        roi_end = fn.external_source(name="roi_end", dtype=types.FLOAT, ndim=1)
-        out_size = fn.external_source(name="out_size", dtype=types.FLOAT, ndim=1)
-        # The evaluation loader's own fragment and decoder options: serving decodes, crops and
-        # resamples exactly as evaluation.
-        images = decode_window(
-            encoded,
-            anchor,
-            shape,
-            roi_start,
-            roi_end,
-            size_px=size_px,
-            on_gpu=on_gpu,
-            gpu_options=gpu_options,
-            out_size=out_size,
-        )
-        return fn.transpose(images, perm=[2, 0, 1], output_layout="CHW")
-
-    return serve_graph(
-        batch_size=max_batch,
-        num_threads=num_threads,
-        device_id=device_id,
-        prefetch_queue_depth=1,
-        exec_dynamic=True,
-    )
+    def __init__(self, failure: RequestError) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
 
 
 class ImageDecoder:
@@ -180,6 +145,8 @@ class ImageDecoder:
         self.bands_used = 1  # bands per image of the last decode_into call
         self.builds = 0  # pipelines built, the first included
         self._probe = None  # a fresh pipeline's decode of the warm-up image (see _recover)
+        self._pipe = None
+        self._lost: RequestError | None = None  # why the last rebuild failed, while _pipe is None
         self._build()
 
     def _build(self) -> None:
@@ -191,12 +158,38 @@ class ImageDecoder:
         The server's first batch is a warm-up batch of its smallest size, so without this a served
         batch of 32 took two decoders where evaluation took one, and an image's pixels depended
         on its place in the batch.
+
+        The old pipeline is let go first, so two decoders (on a GPU, two nvJPEG decoders and their
+        buffers) never live at once. The new one is kept only once built and primed: DALI builds an
+        unbuilt pipeline at its next ``feed_input``, which would serve unprimed and uncounted.
         """
-        self._pipe = serve_pipeline(self.size, self.max_batch, self.device_id, self.num_threads, self.gpu_options)
-        self._pipe.build()
+        self._pipe = None
+        pipe = serve_pipeline(self.size, self.max_batch, self.device_id, self.num_threads, self.gpu_options)
+        pipe.build()
         self.builds += 1
-        if self.device_id is not None and self.gpu_options.get("hw_decoder_load", 0.0) > 0:
-            self._decode_warmup(self.max_batch)
+        if self.device_id is not None and self.gpu_options.get("hw_decoder_load", _DALI_HW_LOAD) > 0:
+            self._decode_warmup(self.max_batch, pipe)
+        self._pipe = pipe
+
+    def _rebuild(self, probe: bool = False) -> None:
+        """:meth:`_build` after a failed decode, and with ``probe`` the reference decode (see :meth:`_recover`).
+
+        Raises:
+            _NoPipeline: It failed (CUDA out of memory, say); the rows left undecoded get its one line.
+        """
+        try:
+            self._build()
+            if probe:
+                self._probe = self._decode_warmup(1)
+        except Exception as err:  # whatever it was, the batch's rows must still be answered
+            why = f"{type(err).__name__}: {next(iter(str(err).strip().splitlines()), 'no message')}"[:200]
+        else:
+            self._lost = None
+            return
+        self._pipe = None  # built but unprimed, or unable to decode the warm-up image: never served
+        self._lost = RequestError("internal", f"the image decoder could not be rebuilt after a failed decode ({why})")
+        log.error("%s", self._lost.message)
+        raise _NoPipeline(self._lost)
 
     def _recover(self) -> bool:
         """Make the pipeline usable after a failed run, rebuilding it only where it has to be.
@@ -209,18 +202,21 @@ class ImageDecoder:
 
         Returns:
             Whether the pipeline was found broken (and replaced): the failure may not be the image's.
+
+        Raises:
+            _NoPipeline: The pipeline had to be rebuilt and could not be.
         """
         if self._probe is None:  # the first failure: a new pipeline, and the reference from it
-            self._build()
-            self._probe = self._decode_warmup(1)
+            self._rebuild(probe=True)
             return False
         try:
-            if same_pixels(self._decode_warmup(1), self._probe):
-                return False
+            same = same_pixels(self._decode_warmup(1), self._probe)
         except RuntimeError:
-            pass
+            same = False
+        if same:
+            return False
         log.warning("the image decoder no longer decodes a known image as it did; building a new one")
-        self._build()
+        self._rebuild()
         return True
 
     def _rows(self, n: int):
@@ -232,11 +228,11 @@ class ImageDecoder:
 
         return torch.zeros((n, 3, out_h, out_w), dtype=torch.uint8, device=f"cuda:{self.device_id}")
 
-    def _decode_warmup(self, n: int):
+    def _decode_warmup(self, n: int, pipe=None):
         out_h, out_w = self.size.hw
         out = self._rows(n)
         blob, size = warmup_image(out_w, out_h)
-        self._run([blob] * n, self._windows(np.array([size] * n)), out)
+        self._run([blob] * n, self._windows(np.array([size] * n)), out, pipe=pipe)
         return out
 
     def band_count(self, images: int) -> int:
@@ -279,7 +275,7 @@ class ImageDecoder:
                 return False
         return True
 
-    def _feed(self, images: list[bytes], windows: Windows, bands: int) -> None:
+    def _feed(self, pipe, images: list[bytes], windows: Windows, bands: int) -> None:
         roi_start, roi_end = windows.roi()
         out_h, out_w = self.size.hw
         encoded = [np.frombuffer(b, dtype=np.uint8) for b in images]
@@ -287,14 +283,17 @@ class ImageDecoder:
             samples = (encoded, list(windows.anchor), list(windows.shape), list(roi_start), list(roi_end))
         else:
             samples = band_samples(encoded, windows, roi_start, roi_end, out_h, bands)
-        pipe = self._pipe
         for name, data in zip(("encoded", "anchor", "shape", "roi_start", "roi_end"), samples, strict=True):
             pipe.feed_input(name, data)
         pipe.feed_input("out_size", [np.array([out_h // bands, out_w], dtype=np.float32)] * (len(images) * bands))
 
-    def _run(self, images: list[bytes], windows: Windows, out, bands: int = 1) -> None:
-        self._feed(images, windows, bands)
-        (tensors,) = self._pipe.run()
+    def _run(self, images: list[bytes], windows: Windows, out, bands: int = 1, pipe=None) -> None:
+        """Decode on ``pipe`` (a pipeline being primed) or the decoder's; raise :class:`_NoPipeline` if it has none."""
+        pipe = self._pipe if pipe is None else pipe
+        if pipe is None:  # the last rebuild failed; decode_into tries again at its next batch
+            raise _NoPipeline(self._lost or RequestError("internal", "the image decoder has no pipeline"))
+        self._feed(pipe, images, windows, bands)
+        (tensors,) = pipe.run()
         out_h, out_w = self.size.hw
         if bands == 1:
             tensor = tensors.as_tensor()
@@ -328,10 +327,12 @@ class ImageDecoder:
                 CPU, a CUDA torch tensor on the GPU (rows of the model's input batch).
             bands: Cut each image into this many bands decoded side by side (CPU; see
                 :meth:`band_count`) where that gives the same pixels (:meth:`exact_in_bands`),
-                else decode whole; :attr:`bands_used` says which it did.
+                else decode whole; :attr:`bands_used` says which it did (1 when a failed banded
+                decode was decoded again whole).
 
         Returns:
-            One entry per image: ``None`` when decoded, else a :class:`RequestError` saying why.
+            One entry per image: ``None`` when decoded, else a :class:`RequestError` saying why
+            (``internal`` for the rows left undecoded when no new pipeline could be built).
         """
         if not images:
             return []
@@ -343,39 +344,56 @@ class ImageDecoder:
         if bands > 1 and not self.exact_in_bands(windows):
             bands = 1
         self.bands_used = bands
+        done: list[RequestError | None] = []
+        try:
+            if self._pipe is None:  # the last rebuild failed: once more, built, primed and counted
+                self._rebuild()
+            message = self._try(images, windows, out, bands)
+            if message is None:
+                return [None] * len(images)
+            if len(images) == 1 and bands == 1:
+                return [self._decode_one(images[0], windows, out, message)]
+            self.bands_used = 1
+            shape = f" in {bands} bands each" if bands > 1 else ""
+            log.warning("decoding %d image(s)%s failed; decoding each whole, alone", len(images), shape)
+            self._recover()
+            for i in range(len(images)):
+                done.append(self._decode_one(images[i], windows.select(i), out[i : i + 1]))
+        except _NoPipeline as lost:
+            done += [lost.failure] * (len(images) - len(done))
+        return done
+
+    def _decode_one(self, image: bytes, windows: Windows, out, message: str | None = None) -> RequestError | None:
+        """Decode one image into ``out``: ``None``, or why it failed (``message``: its failure already seen).
+
+        Raises:
+            _NoPipeline: The pipeline was found broken and could not be rebuilt, so it was not tried again.
+        """
+        if message is None:
+            message = self._try([image], windows, out)
+        if message is None:
+            return None
+        if not self._recover():
+            return self._failure(message)
+        message = self._try([image], windows, out)  # the pipeline was broken, not the image maybe: again
+        if message is None:
+            return None
+        with contextlib.suppress(_NoPipeline):  # it failed on a new pipeline too: its own answer; the next row meets it
+            self._recover()
+        return self._failure(message)
+
+    def _try(self, images: list[bytes], windows: Windows, out, bands: int = 1) -> str | None:
+        """Decode into ``out``: ``None``, or DALI's message (the error's traceback holds the pipeline: let go)."""
         try:
             self._run(images, windows, out, bands)
-            return [None] * len(images)
         except RuntimeError as err:
-            if len(images) == 1 and bands == 1:
-                return [self._decode_one(images[0], windows, out, err)]
-            self._recover()
-            log.warning("decoding a batch of %d failed; decoding its images one by one", len(images))
-        return [self._decode_one(images[i], windows.select(i), out[i : i + 1]) for i in range(len(images))]
-
-    def _decode_one(self, image: bytes, windows: Windows, out, err: RuntimeError | None = None) -> RequestError | None:
-        """Decode one image into ``out``: ``None``, or why it failed (``err``: its failure already seen)."""
-        err = err or self._try_one(image, windows, out)
-        if err is None:
-            return None
-        if self._recover():  # the pipeline was broken, so the image may not be: once more on the new one
-            err = self._try_one(image, windows, out)
-            if err is None:
-                return None
-            self._recover()
-        return self._failure(err)
-
-    def _try_one(self, image: bytes, windows: Windows, out) -> RuntimeError | None:
-        try:
-            self._run([image], windows, out)
-        except RuntimeError as err:
-            return err
+            return str(err)
         return None
 
     @staticmethod
-    def _failure(err: RuntimeError) -> RequestError:
+    def _failure(message: str) -> RequestError:
         # DALI's message holds a traceback with server paths; pass on only the decoder's verdict.
-        lines = [line.strip(" :") for line in str(err).splitlines() if line.strip()]
+        lines = [line.strip(" :") for line in message.splitlines() if line.strip()]
         detail = next((line for line in lines if line.startswith("Failed to decode")), "the decoder rejected its data")
         detail = re.sub(r"\s*sample #\d+", "", detail)  # an index into a DALI batch, not the request's
         return RequestError("corrupt_image", f"the image data is damaged ({detail[:200]})")

@@ -8,7 +8,8 @@ Evaluation and serving take their ``mixed`` decoder's options from one function,
 ``eval_decoder_options``; the graphs are read here on the CPU, defined for ``device_id=0`` but not
 built (``tests/dali_graph.py``), and their image decoders compared argument for argument. The
 ``gpu`` twin decodes on the GPU and checks that a served image equals evaluation's bit for bit
-whatever its place in a batch.
+whatever its place in a batch; the server's decoder primes the hardware decoder's quota wherever
+DALI would use that decoder (read on the CPU with a stand-in pipeline).
 """
 
 from __future__ import annotations
@@ -183,25 +184,61 @@ def test_a_served_image_equals_evaluation_bit_for_bit_wherever_it_sits_in_a_batc
         assert torch.equal(out[0].cpu(), batch.images[k].cpu()), f"image {k} of the evaluation batch"
 
 
+# A served batch well above nvImageCodec's hardware mini-batch (engines x cores per engine, to which it
+# rounds the quota up; an H100 or H200 has 7 engines): unprimed, the quota a first batch of one sets
+# would take at most that many of them, so the rest would show nvJPEG's CUDA decoder's pixels.
+_SERVED_ROWS = 256
+
+
 @pytest.mark.gpu
 def test_a_served_batch_takes_the_hardware_decoder_for_every_image_after_a_small_first_batch(synth_dir):
     """nvImageCodec fixes the hardware decoder's quota at its first batch; the server's is a warm-up of one.
 
-    Without the decoder's priming full batch (server/_preprocess.py), images past the quota of a
-    batch of 16 went to nvJPEG's CUDA decoder and differed from evaluation by a level.
+    Without the decoder's priming full batch (server/_preprocess.py), images past the quota went to
+    nvJPEG's CUDA decoder and differed from evaluation by a level. The quota is rounded up to the
+    hardware mini-batch, which may reach 16 or more, so a batch of 16 passed unprimed too: the
+    served batch is the 16 images 16 times over, 256 rows.
     """
     import torch
 
     from gpufeed.server._preprocess import ImageDecoder
 
     dataset, batch, options = _evaluation_batch_and_serving_options(synth_dir)
-    decoder = ImageDecoder(SizePx(48, 48), 0.875, 16, 0, 2, options)
+    decoder = ImageDecoder(SizePx(48, 48), 0.875, _SERVED_ROWS, 0, 2, options)
     blobs = [Path(p).read_bytes() for p in dataset.paths[:16]]
     sizes = np.array(dataset.sizes[:16])
     first = torch.zeros((1, 3, 48, 48), dtype=torch.uint8, device="cuda")
     assert decoder.decode_into(blobs[:1], sizes[:1], first) == [None]  # as the server's warm-up starts
-    out = torch.zeros((16, 3, 48, 48), dtype=torch.uint8, device="cuda")
-    assert decoder.decode_into(blobs, sizes, out) == [None] * 16
-    for k in range(16):
+    images = [row % 16 for row in range(_SERVED_ROWS)]  # row r holds image r mod 16 of the evaluation batch
+    out = torch.zeros((_SERVED_ROWS, 3, 48, 48), dtype=torch.uint8, device="cuda")
+    assert decoder.decode_into([blobs[k] for k in images], sizes[images], out) == [None] * _SERVED_ROWS
+    for row, k in enumerate(images):
         # exact: one decoder for every JPEG in both (eval_decoder_options and the priming batch), one device
-        assert torch.equal(out[k].cpu(), batch.images[k].cpu()), f"image {k} of a served batch of 16"
+        assert torch.equal(out[row].cpu(), batch.images[k].cpu()), f"row {row} (image {k}) of {_SERVED_ROWS}"
+
+
+class _Unbuilt:
+    """A pipeline that builds, and is never run: the priming is recorded instead."""
+
+    def build(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("device_id", "options", "primed"),
+    [
+        (0, {"affine": False}, True),  # no share given: DALI's own, 0.9, takes the hardware decoder
+        (0, {"hw_decoder_load": 1.0, "affine": False}, True),
+        (0, {"hw_decoder_load": 0.0, "affine": False}, False),
+        (None, {"affine": False}, False),  # the CPU: no hardware decoder
+    ],
+)
+def test_a_decoder_is_primed_wherever_dali_would_use_the_hardware_decoder(monkeypatch, device_id, options, primed):
+    """The priming batch (see the GPU test above) runs for options without ``hw_decoder_load`` too."""
+    from gpufeed.server import _preprocess
+
+    warmups: list[int] = []
+    monkeypatch.setattr(_preprocess, "serve_pipeline", lambda *args: _Unbuilt())
+    monkeypatch.setattr(_preprocess.ImageDecoder, "_decode_warmup", lambda self, n, pipe=None: warmups.append(n))
+    _preprocess.ImageDecoder(SizePx(48, 48), 0.875, 8, device_id, 2, options)
+    assert warmups == ([8] if primed else [])
