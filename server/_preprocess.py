@@ -344,7 +344,7 @@ class ImageDecoder:
         if bands > 1 and not self.exact_in_bands(windows):
             bands = 1
         self.bands_used = bands
-        done: list[RequestError | None] = []
+        done: list[BaseException | None] = []
         try:
             if self._pipe is None:  # the last rebuild failed: once more, built, primed and counted
                 self._rebuild()
