@@ -82,7 +82,10 @@ class SideStreamCopies:
 
         # No reader and no size: the iterator runs as long as the feed does, epoch after epoch.
         self.iterator = DALIGenericIterator(pipe, list(names), auto_reset=False, prepare_first_batch=False)
-        self.stream = torch.cuda.Stream(device=device)
+        # From torch's high-priority pool: a default Stream() is the next of 32 shared ones, which
+        # NCCL's and the server lanes' streams also come from; a loader's copies landing on NCCL's
+        # stream would wait behind each all-reduce, the coupling these copies exist to remove.
+        self.stream = torch.cuda.Stream(device=device, priority=-1)
 
     def __iter__(self):
         return self

@@ -263,3 +263,34 @@ def test_a_step_queued_on_the_training_stream_does_not_hold_the_loader(train_set
     assert max(waits) < 0.3, f"a batch waited for the step on the training stream: {waits}"
     torch.cuda.synchronize()
     assert batch.images.is_cuda and batch.images.shape[0] == 8
+
+
+@pytest.mark.gpu
+def test_the_loaders_copy_stream_is_none_of_the_shared_streams_nccl_and_the_server_take(train_set):
+    """torch hands out 32 pooled streams in turn; NCCL's and each server lane's come from that pool."""
+    from gpufeed.device import DeviceChoice
+
+    loader = _loader(train_set, DeviceChoice("gpu", 0, "test"), train=True, batch=8, shuffle=False)
+    next(iter(loader))
+    copies = {s.stream.cuda_stream for s in _copy_streams(loader)}
+    assert copies, "the GPU loader hands over through SideStreamCopies"
+    shared = {torch.cuda.Stream(device=0).cuda_stream for _ in range(64)}  # every stream of the pool
+    assert not copies & shared
+
+
+def _copy_streams(loader):
+    from gpufeed.pipelines._pipeline_session import SideStreamCopies
+
+    found, seen, todo = [], set(), [loader]
+    while todo:  # the loader's objects, a few levels down, without naming its private attributes
+        obj = todo.pop()
+        if id(obj) in seen or len(seen) > 5000:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, SideStreamCopies):
+            found.append(obj)
+        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("gpufeed"):
+            todo.extend(vars(obj).values())
+        elif isinstance(obj, (list, tuple)):
+            todo.extend(obj)
+    return found
