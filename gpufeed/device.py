@@ -1,9 +1,11 @@
 """Choosing where the work runs: ``device: auto | gpu | cpu``.
 
 ``auto`` picks the GPU only when both torch sees CUDA and a DALI pipeline with a GPU operator
-actually builds and runs (a driver too old for DALI's CUDA 12 build, or a MIG slice without
-NVDEC, shows up here rather than mid-training). The choice and its reason are logged, so a run
-always says which it used and why.
+actually builds and runs (a driver too old for DALI's CUDA 12 build shows up here rather than
+mid-training). NVDEC is not tried here: the video loaders check that its library loads before
+they choose it (a container without the driver's ``video`` capability has none), and ``gpufeed
+doctor`` decodes with it. The choice and its reason are logged, so a run always says which it used
+and why.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ never its name.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import time
 from pathlib import Path
 
@@ -44,7 +46,7 @@ from gpufeed.pipelines._pyav_sequential import SequentialFeed
 from gpufeed.pipelines._store_kinds import frame_store
 from gpufeed.pipelines._store_sources import ScaledJpegSource, StoreSource
 
-__all__ = ["PyAVSource", "ReaderSource", "choose_clip_source"]
+__all__ = ["PyAVSource", "ReaderSource", "choose_clip_source", "nvdec_library_problem"]
 
 
 class ReaderSource(ClipSource):
@@ -208,7 +210,32 @@ def choose_clip_source(
     remote = object_storage_reason(requested, infos, where)
     if remote is not None:  # s3:// videos without a local cache: PyAV's ranged reads
         return PyAVSource(remote, fell_back=on_gpu)
+    missing = nvdec_library_problem() if on_gpu and requested != "pyav" else None
+    if missing is not None:
+        if requested == "dali":
+            raise DatasetError(f"video.decoder: dali cannot read {where}: {missing}")
+        return PyAVSource(f"video.decoder: auto; {missing}, so PyAV decodes every video", fell_back=True)
     choice = choose_decoder(requested, on_gpu, infos, capability)
     source = _VIDEO_SOURCES[choice.source]
     # Falling back to PyAV on a GPU costs throughput: the loader says so louder than a routine choice.
     return source(choice.reason, fell_back=on_gpu and requested == "auto" and source is PyAVSource)
+
+
+@functools.cache
+def nvdec_library_problem() -> str | None:
+    """Why NVDEC cannot be used on this machine at all (its driver library does not load), or ``None``.
+
+    The driver's NVDEC library is mounted into a container only with the ``video`` driver
+    capability (``NVIDIA_DRIVER_CAPABILITIES``), which many images leave out: DALI's reader would
+    then fail at its first batch, mid-run, where PyAV decodes the same videos.
+    """
+    for name in ("libnvcuvid.so.1", "libnvcuvid.so"):  # the names DALI's NVDEC loader tries
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return None
+    return (
+        "NVDEC's driver library (libnvcuvid.so.1) does not load here; in a container, give it the driver's "
+        "video capability (NVIDIA_DRIVER_CAPABILITIES=compute,video,utility)"
+    )

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from _sources import parsed_file
 
+from gpufeed.pipelines import _clip_sources
 from gpufeed.pipelines._clip_plan import ClipDraw, ClipPlan, PlanRows
 from gpufeed.pipelines._clip_sources import PyAVSource, ReaderSource, choose_clip_source
 from gpufeed.pipelines._clips import ClipGeometry, ClipTable
@@ -134,7 +135,8 @@ def _info(path, codec, store="", pix_fmt="yuv420p", profile="High"):
     )
 
 
-def test_the_factory_picks_the_source_from_the_videos_facts():
+def test_the_factory_picks_the_source_from_the_videos_facts(monkeypatch):
+    monkeypatch.setattr(_clip_sources, "nvdec_library_problem", lambda: None)  # as on a GPU machine
     h264, vp9 = _info("a.mp4", "h264"), _info("b.webm", "vp9")
     jpeg, png = _info("c", "jpeg", store="folder"), _info("d.h5", "png", store="hdf5")
     cases = [
@@ -159,6 +161,21 @@ def test_the_factory_picks_the_source_from_the_videos_facts():
     )
     with pytest.raises(DatasetError, match="dali cannot read x: it mixes encoded videos and frame stores"):
         choose_clip_source("dali", True, [h264, png], "x")
+
+
+def test_a_gpu_whose_nvdec_library_does_not_load_decodes_with_pyav_or_refuses_dali_in_one_line():
+    """A container without the driver's video capability: DALI's reader failed at its first batch, mid-run."""
+    h264 = _info("a.mp4", "h264")
+    missing = _clip_sources.nvdec_library_problem()  # this machine's answer: no driver here, so no NVDEC library
+    source = choose_clip_source("auto", True, [h264], "x", (9, 0))
+    if missing is None:
+        assert type(source) is ReaderSource
+        return
+    assert "libnvcuvid.so.1" in missing and "NVIDIA_DRIVER_CAPABILITIES=compute,video,utility" in missing
+    assert type(source) is PyAVSource and source.fell_back and missing in source.reason
+    with pytest.raises(DatasetError, match=r"^video\.decoder: dali cannot read x: NVDEC's driver library"):
+        choose_clip_source("dali", True, [h264], "x", (9, 0))
+    assert type(choose_clip_source("auto", False, [_info("b.webm", "vp9")], "x")) is ReaderSource  # no GPU: not asked
 
 
 def test_each_source_owns_its_row_order():
