@@ -10,7 +10,8 @@ own abilities matter for AV1 only: the data-centre parts (A100, H100, compute ca
 Some videos no DALI reader takes, on any device, because it would hand over other frames than
 PyAV's reads: a display matrix (DALI returns the stored frames), an edit list (it counts the
 hidden frames), an MPEG transport stream (it trusts FFmpeg's late seeks), several video streams or
-a cover picture (it might open another stream). A video NVDEC or DALI's reader cannot take is
+a cover picture (it might open another stream), a colour matrix other than BT.601 (DALI converts
+with BT.601 whatever the file says). A video NVDEC or DALI's reader cannot take is
 decoded with PyAV. The clip loader reads all of a dataset through one pipeline, so one such video
 moves the whole dataset to PyAV under ``video.decoder: auto`` (logged, with the videos and why),
 and is refused up front under ``video.decoder: dali``.
@@ -49,6 +50,21 @@ _NVDEC = {
 _H264_PROFILES = ("Baseline", "Constrained Baseline", "Main", "Extended", "High", "")
 # Compute capabilities whose NVDEC has AV1 (GA10x, AD10x, Blackwell); A100 (8.0) and H100 (9.0) do not.
 _AV1_CAPABILITIES = ((8, 6), (8, 7), (8, 9), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1))
+# Colour matrices DALI 2.4's readers convert as PyAV does (VideoInfo.colour_matrix): BT.601 under
+# either FFmpeg name, and none said ("" not probed), which FFmpeg's swscale reads as BT.601 too.
+# DALI's NVDEC kernel (color_space.cu) converts every video with BT.601, reading only the full-range
+# flag, and its CPU reader measured the same; PyAV converts with the frame's own matrix. A BT.709
+# video (phones, HD cameras) came out up to 22 levels apart in saturated colours (VP9 colour bars).
+_BT601_MATRICES = ("", "unspecified", "bt470bg", "smpte170m")
+_MATRIX_WORDS = {
+    "bt709": "BT.709",
+    "bt2020nc": "BT.2020",
+    "bt2020c": "BT.2020 (constant luminance)",
+    "smpte240m": "SMPTE 240M",
+    "fcc": "FCC",
+    "ycgco": "YCgCo",
+    "gbr": "GBR (RGB stored as it is)",
+}
 
 
 def gpu_capability(device) -> tuple[int, int] | None:
@@ -146,6 +162,13 @@ def _reader_problem(info) -> str | None:
             f"an edit list hides its first {info.hidden_frames} decoded frame(s) (trimmed without "
             "re-encoding): DALI's reader counts them as frames, PyAV and players do not"
         )
+    matrix = getattr(info, "colour_matrix", "")
+    if matrix not in _BT601_MATRICES:
+        name = _MATRIX_WORDS.get(matrix, matrix)
+        return (
+            f"its colour matrix is {name}: DALI's video readers convert with BT.601 (colours off by up to "
+            f"~20 levels), PyAV with {name}"
+        )
     if info.container == "mpegts":
         return (
             "an MPEG transport stream: it has no index and FFmpeg's seeks in it can land a GOP late; "
@@ -222,7 +245,7 @@ def choose_decoder(requested: str, on_gpu: bool, infos, capability: tuple[int, i
         raise DatasetError(
             f"video.decoder: dali, but {cannot} {len(refused)} video(s), "
             f"e.g. {first_path}: {first_why}; use decoder auto or pyav, or re-encode them with "
-            "'gpufeed prepare' (h264 yuv420p, upright)"
+            "'gpufeed prepare' (h264 yuv420p BT.601, upright)"
         )
     if on_gpu:
         reason = (

@@ -4,9 +4,12 @@ Every video under the source folder is decoded once and re-encoded to:
 
 * **h264** (default; NVDEC decodes it) in ``.mp4`` with the index at the front, or **vp9** in
   ``.webm`` (DALI's CPU decoder reads it, for machines without a GPU);
-* **yuv420p**, **constant frame rate** (frames are kept one for one, so labels stay aligned; their
-  timestamps become evenly spaced at the source's average rate, or ``fps``), **no audio**, no
-  B-frames (display order equals decode order);
+* **yuv420p**, BT.601 limited range and tagged so: converted from the source's own colour matrix
+  (the one PyAV's readers convert with) to BT.601, the one DALI's video readers convert every video
+  with (:mod:`gpufeed.pipelines._nvdec`), so both read the colours PyAV reads from the source;
+* **constant frame rate** (frames are kept one for one, so labels stay aligned; their timestamps
+  become evenly spaced at the source's average rate, or ``fps``), **no audio**, no B-frames
+  (display order equals decode order);
 * a **short GOP**: a keyframe every ``gop_frames``, by default twice the span of one clip
   (``2 * ((clip_length_frames - 1) * stride_frames + 1)``, at least 8: 22 frames for the default
   11-frame clips). A random clip then decodes on average about one clip's worth of frames it does
@@ -49,6 +52,25 @@ from gpufeed.pipelines._videos import list_videos, probe_video, read_label_csv
 __all__ = ["PrepareOptions", "PrepareReport", "PreparedVideo", "measure_seek_cost", "prepare_videos"]
 
 _CODECS = {"h264": ("libx264", ".mp4"), "vp9": ("libvpx-vp9", ".webm")}
+_SMPTE170M = 6  # FFmpeg's AVCOL_SPC_SMPTE170M: BT.601, the matrix swscale writes for Colorspace.ITU601
+_UNSAID = (0, 2, 3)  # FFmpeg's reserved and unspecified primaries and transfer numbers
+
+
+def _tag_bt601(stream, source) -> None:
+    """Tag the output ``stream`` as what its frames hold: BT.601 limited-range YUV.
+
+    Untagged, decoders would read it so by default only; the tag says it to every decoder and
+    player, and the index records it. The RGB stays the source's, in its primaries and transfer,
+    which are carried over where the source names them.
+    """
+    from av.video.reformatter import ColorRange
+
+    context = stream.codec_context
+    context.colorspace, context.color_range = _SMPTE170M, ColorRange.MPEG.value
+    if source.codec_context.color_primaries not in _UNSAID:
+        context.color_primaries = source.codec_context.color_primaries
+    if source.codec_context.color_trc not in _UNSAID:
+        context.color_trc = source.codec_context.color_trc
 
 
 @dataclass(frozen=True)
@@ -193,7 +215,7 @@ def measure_seek_cost(path: str, clips: int, geometry: ClipGeometry, seed: int =
 def _encode(src: str, dst: Path, opts: PrepareOptions, info, bar) -> int:
     import av
     from av.video.frame import PictureType
-    from av.video.reformatter import VideoReformatter
+    from av.video.reformatter import ColorRange, Colorspace, Interpolation, VideoReformatter
     from av.video.stream import VideoStream
 
     encoder, _ = _CODECS[opts.codec]
@@ -217,6 +239,12 @@ def _encode(src: str, dst: Path, opts: PrepareOptions, info, bar) -> int:
         shown_w, shown_h = info.display_size
         stream.width, stream.height, stream.pix_fmt = shown_w // 2 * 2, shown_h // 2 * 2, "yuv420p"
         stored_w, stored_h = info.orientation.shown_size(stream.width, stream.height)
+        _tag_bt601(stream, stream_in)
+        # swscale converts the YUV from the frame's own matrix and range (as PyAV reads it) to BT.601
+        # limited range, and hands limited-range BT.601 frames of the output's size back untouched.
+        # The flags keep it within 2 levels of PyAV's RGB (up to 5 without, on BT.709 colour bars).
+        exact = Interpolation.BILINEAR | Interpolation.ACCURATE_RND | Interpolation.FULL_CHR_H_INT
+        exact |= Interpolation.FULL_CHR_H_INP
         if opts.codec == "h264":
             stream.options = {
                 "crf": str(opts.crf),
@@ -241,7 +269,15 @@ def _encode(src: str, dst: Path, opts: PrepareOptions, info, bar) -> int:
                 "row-mt": "1",
             }
         for frame in source.decode(stream_in):
-            frame = reformatter.reformat(frame, width=stored_w, height=stored_h, format="yuv420p")
+            frame = reformatter.reformat(
+                frame,
+                width=stored_w,
+                height=stored_h,
+                format="yuv420p",
+                dst_colorspace=Colorspace.ITU601,
+                dst_color_range=ColorRange.MPEG,
+                interpolation=exact,
+            )
             frame = orient_yuv420p(frame, info.orientation)
             frame.pts, frame.time_base = count, Fraction(1) / rate
             frame.pict_type = PictureType.NONE  # a decoded frame keeps its type; an I here would force a keyframe

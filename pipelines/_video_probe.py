@@ -33,6 +33,20 @@ SUPPORTED_CODECS = ("h264", "hevc", "vp8", "vp9", "av1", "mpeg4", "mjpeg")
 # What DALI's CPU video decoder handles (measured: not h264/hevc/mpeg4).
 DALI_CPU_CODECS = ("vp8", "vp9", "mjpeg")
 _MP4_LIKE = (".mp4", ".mov", ".m4v")
+# FFmpeg's AVColorSpace and AVColorRange numbers -> av_color_space_name's / av_color_range_name's
+# names (PyAV hands over the numbers only), "unspecified" for FFmpeg's "unknown".
+_MATRICES = (
+    "gbr bt709 unspecified reserved fcc bt470bg smpte170m smpte240m ycgco bt2020nc bt2020c smpte2085 "
+    "chroma-derived-nc chroma-derived-c ictcp ipt-c2 ycgco-re ycgco-ro"
+)
+_RANGES = ("unspecified", "tv", "pc")
+
+
+def _colour_names(matrix: int, colour_range: int) -> tuple[str, str]:
+    """FFmpeg's names of a colour matrix and range number (``matrix 99`` for one this FFmpeg's table lacks)."""
+    names = _MATRICES.split()
+    name = names[matrix] if 0 <= matrix < len(names) else f"matrix {matrix}"
+    return name, _RANGES[colour_range] if 0 <= colour_range < len(_RANGES) else f"range {colour_range}"
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,13 @@ class VideoInfo:
             attached image), which ``video_streams`` leaves out and no path here reads. DALI's
             readers ask FFmpeg for the best stream before it has counted any frames, so might open
             one, and leave such a file to PyAV.
+        colour_matrix, colour_range: How the frames' YUV turns into RGB: FFmpeg's names of the
+            matrix (``bt709``, ``bt470bg``, ``smpte170m``, ``bt2020nc`` ...; ``unspecified`` where
+            the file says nothing, which ffprobe prints as ``unknown``) and range (``tv``
+            limited, ``pc`` full, ``unspecified``), as the first decoded frame carries them, which
+            is what PyAV converts with (the stream's where no frame was decoded). ``""``: not
+            probed (a frame store). DALI's video readers convert with BT.601 whatever the
+            matrix, so leave other matrices to PyAV (:mod:`gpufeed.pipelines._nvdec`).
     """
 
     path: str
@@ -104,6 +125,8 @@ class VideoInfo:
     hidden_frames: int = 0
     container: str = ""
     still_pictures: int = 0
+    colour_matrix: str = ""
+    colour_range: str = ""
 
     @property
     def orientation(self) -> Orientation:
@@ -188,7 +211,7 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
                     hidden, hidden_key = hidden + 1, hidden_key or bool(packet.is_keyframe)
                     continue
                 pts_keys.append((int(packet.pts), bool(packet.is_keyframe)))
-        orientation = shown.finish(path)
+        first_frame = shown.finish(path)
     except av.FFmpegError as err:
         return VideoInfo(str(path), problem=f"cannot be read as a video: {err}")
     pts_keys.sort()
@@ -210,8 +233,7 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
         declared_seconds=seconds,
         pix_fmt=pix_fmt,
         profile=str(profile),
-        rotation_degrees=orientation.degrees,
-        mirrored=orientation.mirrored,
+        **first_frame,
         video_streams=streams,
         hidden_frames=hidden,
         container=fmt,
@@ -221,7 +243,7 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
 
 
 class _FirstFrameOrientation:
-    """How a video is shown (its display matrix), read from its first decoded keyframe while the probe demuxes.
+    """How a video is shown (its display matrix) and its colour matrix and range, from its first decoded keyframe.
 
     PyAV hands a stream's display matrix over on its frames only (their side data), so the
     first keyframe in the file is decoded, alone (one thread, the decoder flushed after it), and
@@ -230,13 +252,17 @@ class _FirstFrameOrientation:
     :attr:`MAX_PIXELS` pixels a frame, the images' decompression-bomb limit (a hostile header must
     not make the index, or the server probing an upload before its own limit refuses it, allocate); a
     decoding error leaves it upright (the check's full decode names damage). Unknown is upright:
-    the stored frames as they are.
+    the stored frames as they are; unknown colours are the stream's.
     """
 
     MAX_PIXELS = DEFAULT_MAX_IMAGE_PIXELS  # 8K UHD (33.2 million) fits
 
     def __init__(self, stream, pixels: int) -> None:
         self.stream, self.orientation = stream, UPRIGHT
+        # (AVColorSpace, AVColorRange): the stream's until a frame is decoded, then the frame's, with
+        # which PyAV converts it (FFmpeg fills both from the bitstream, else from the container).
+        context = stream.codec_context
+        self.colour = (int(context.colorspace), int(context.color_range))
         self._done = not 0 < pixels <= self.MAX_PIXELS
         self._hidden = False  # the first keyframe lies before an edit list's start
 
@@ -247,10 +273,13 @@ class _FirstFrameOrientation:
         if packet.is_discard:  # the decoder would drop its frame: read again, edit list ignored (finish)
             self._hidden = True
         else:
-            self.orientation = self._decode(self.stream, packet)
+            self._take(self._decode(self.stream, packet))
 
-    def finish(self, path) -> Orientation:
-        """The orientation; a file whose first keyframe is hidden is opened once more to decode it."""
+    def finish(self, path) -> dict:
+        """:class:`VideoInfo`'s orientation and colour fields.
+
+        A file whose first keyframe is hidden (an edit list) is opened once more to decode it.
+        """
         if self._hidden:
             import av
 
@@ -258,12 +287,24 @@ class _FirstFrameOrientation:
                 stream = main_video_stream(container)
                 for packet in container.demux(stream):
                     if packet.is_keyframe and packet.size:
-                        self.orientation = self._decode(stream, packet)
+                        self._take(self._decode(stream, packet))
                         break
-        return self.orientation
+        matrix, colour_range = _colour_names(*self.colour)
+        return {
+            "rotation_degrees": self.orientation.degrees,
+            "mirrored": self.orientation.mirrored,
+            "colour_matrix": matrix,
+            "colour_range": colour_range,
+        }
+
+    def _take(self, frame) -> None:
+        if frame is not None:
+            self.orientation = frame_orientation(frame)
+            self.colour = (int(frame.colorspace), int(frame.color_range))
 
     @staticmethod
-    def _decode(stream, packet) -> Orientation:
+    def _decode(stream, packet):
+        """The packet's frame, or ``None`` when it decodes to none or fails."""
         import av
 
         context = stream.codec_context
@@ -271,8 +312,8 @@ class _FirstFrameOrientation:
         try:
             frames = context.decode(packet) or context.decode(None)  # B-frame reordering may hold it: flush
         except (av.FFmpegError, ValueError):
-            return UPRIGHT
-        return frame_orientation(frames[0]) if frames else UPRIGHT
+            return None
+        return frames[0] if frames else None
 
 
 def _store_info(path: Path | ObjectPath) -> VideoInfo:
