@@ -6,6 +6,8 @@ Every network is a :class:`GpufeedModel`: uint8 pixels in, logits out, normalisa
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -89,6 +91,13 @@ class StackedFrameResNet18(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, t, h, w = x.shape
+        stem = cast(nn.Conv2d, self.trunk.stem[0]).weight
+        if stem.is_contiguous(memory_format=torch.channels_last) and not stem.is_contiguous():
+            # A channels_last stem (train.channels_last) is fed channels_last frames: the stacking
+            # copy (a clip arrives channels_last_3d, whose C and T do not merge) writes that layout
+            # directly, instead of an NCHW tensor that cuDNN would transpose again every forward.
+            # Channel ci * t + ti is still colour ci of frame ti, as reshape orders them.
+            return self.trunk(x.permute(0, 3, 4, 1, 2).contiguous().view(n, h, w, c * t).permute(0, 3, 1, 2))
         return self.trunk(x.reshape(n, c * t, h, w))
 
 

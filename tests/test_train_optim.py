@@ -4,6 +4,10 @@ torch's ``load_state_dict`` takes ``fused`` from the saved groups and places eac
 by it; a resume must keep the running optimizer's own kernel. The ``gpu`` twins check the fused
 kernel on CUDA, a CPU checkpoint resumed there, and an fp16 step (``GradScaler`` on) that makes no
 host synchronisation.
+
+A resume with ``train.channels_last`` changed loads moments in the checkpoint's layout beside
+convolution weights in the new one; the moments must take their parameters' strides, or CUDA's
+fused AdamW refuses the step and torch's CPU fused kernel updates the wrong elements.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from torch import nn
 
 from gpufeed.config import TrainConfig
 from gpufeed.train._optim import build_optimizer, load_optimizer_state
+from gpufeed.train._tasks import to_channels_last
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -123,3 +128,78 @@ def test_an_fp16_step_with_the_gradient_scaler_makes_no_host_sync():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert float(next(iter(optimizer.state.values()))["step"]) == 4.0
+
+
+def _conv_model(device: str) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 3), nn.Flatten(), nn.Linear(2 * 4 * 4, 3)).to(
+        device
+    )
+
+
+def _conv_train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    for _ in range(steps):
+        x = torch.randn(4, 3, 8, 8, generator=gen).to(device)
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def _contiguous_checkpoint(device: str) -> tuple[nn.Module, dict]:
+    """A conv model trained two steps with ``train.channels_last`` off, and its optimizer's state."""
+    model = _conv_model(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    _conv_train(model, optimizer, 2, seed=1)
+    return model, copy.deepcopy(optimizer.state_dict())
+
+
+def _resumed(writer: nn.Module, saved: dict, channels_last: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
+    device = next(writer.parameters()).device.type
+    model = _conv_model(device)
+    if channels_last:
+        model = to_channels_last(model)
+    model.load_state_dict(writer.state_dict())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    load_optimizer_state(optimizer, copy.deepcopy(saved))
+    return model, optimizer
+
+
+def test_a_resume_into_channels_last_lays_the_moments_out_like_their_parameters():
+    writer, saved = _contiguous_checkpoint("cpu")
+    model, optimizer = _resumed(writer, saved, channels_last=True)
+    weights = [p for p in model.parameters() if p.dim() == 4]
+    assert weights and all(not p.is_contiguous() for p in weights), "the convolutions are channels_last"
+    for index, param in enumerate(model.parameters()):
+        state = optimizer.state[param]
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert state[key].stride() == param.stride(), f"{key} of parameter {index}"
+            assert torch.equal(state[key], saved["state"][index][key]), f"{key} of parameter {index} keeps its values"
+
+
+def test_a_fused_step_after_a_resume_into_channels_last_matches_the_contiguous_one():
+    # torch 2.13's CPU fused AdamW does not check layouts: moments left in the checkpoint's
+    # strides were paired with the wrong gradient elements (1.7e-3 away after one step).
+    writer, saved = _contiguous_checkpoint("cpu")
+    reference, reference_optimizer = _resumed(writer, saved, channels_last=False)
+    model, optimizer = _resumed(writer, saved, channels_last=True)
+    _conv_train(reference, reference_optimizer, 1, seed=2)
+    _conv_train(model, optimizer, 1, seed=2)
+    for param, expected in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(param.detach(), expected.detach(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_a_gpu_resume_into_channels_last_steps_with_the_fused_kernel():
+    # fused=True as build_optimizer chooses on CUDA; the writer's layout is channels_last off.
+    writer, saved = _contiguous_checkpoint("cuda")
+    reference, reference_optimizer = _resumed(writer, saved, channels_last=False)
+    model, optimizer = _resumed(writer, saved, channels_last=True)
+    assert _fused_flags(optimizer) == [True]
+    # Before the moments took their parameters' layout, this step raised "params, grads, exp_avgs,
+    # and exp_avg_sqs must have same dtype, device, and layout".
+    _conv_train(model, optimizer, 1, seed=2)
+    _conv_train(reference, reference_optimizer, 1, seed=2)
+    for param, expected in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(param.detach(), expected.detach(), rtol=1e-4, atol=1e-5)

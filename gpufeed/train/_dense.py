@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from gpufeed.config import ConfigError
 from gpufeed.train._distributed import all_reduce_sum
 from gpufeed.train._mask_ids import MaskIdError, find_bad_mask_ids
-from gpufeed.train._tasks import Task
+from gpufeed.train._tasks import Task, accumulate
 
 __all__ = [
     "DENSE_TASKS",
@@ -145,7 +145,7 @@ class DepthMetrics:
                 rows,
             ]
         )
-        self._sums = self._sums.to(row.device) + row
+        self._sums = accumulate(self._sums, row)
 
     def compute(self) -> dict:
         pixels, rel, sq, within, abs_sum, samples = all_reduce_sum(self._sums.clone()).tolist()
@@ -194,6 +194,12 @@ class SegmentationTask(Task):
         """The largest mask id outside the classes (ignore id aside) as a device scalar, or -1 if there is none."""
         mask = batch.maps["mask"].long()
         largest = torch.where(mask != self.ignore_id, mask, -1).amax()
+        return torch.where(largest >= self.num_classes, largest, -1)
+
+    def row_faults(self, batch) -> torch.Tensor:
+        """Per row, the largest mask id outside the classes (ignore id aside), or -1: what :meth:`target_fault` is per batch."""
+        mask = batch.maps["mask"].long()
+        largest = torch.where(mask != self.ignore_id, mask, -1).flatten(1).amax(dim=1)
         return torch.where(largest >= self.num_classes, largest, -1)
 
     def fault_evidence(self, batch) -> torch.Tensor:
@@ -247,11 +253,9 @@ class SegmentationMetrics:
         targets = task._ignored(targets, valid)
         counted = targets != task.ignore_id
         losses = F.cross_entropy(logits.float(), targets, ignore_index=task.ignore_id, reduction="none")
-        cells = (targets * k + logits.argmax(dim=1))[counted]
-        confusion = torch.bincount(cells, minlength=k * k).double()
         totals = torch.stack([(losses * counted).sum().double(), _row_mask(valid, targets).sum().double()])
-        self._confusion = self._confusion.to(confusion.device) + confusion
-        self._totals = self._totals.to(totals.device) + totals
+        self._confusion = accumulate(self._confusion, _confusion(targets * k + logits.argmax(dim=1), counted, k))
+        self._totals = accumulate(self._totals, totals)
 
     def compute(self) -> dict:
         k = self.task.num_classes
@@ -271,3 +275,21 @@ class SegmentationMetrics:
             "pixel_accuracy": float(true_pos.sum()) / pixels if pixels else None,
             "iou": iou,
         }
+
+
+def _confusion(cells: torch.Tensor, counted: torch.Tensor, k: int) -> torch.Tensor:
+    """The k x k confusion counts (float64, flat) of the counted pixels' cells (N, H, W) (``target x k + predicted``).
+
+    Neither a boolean index nor ``bincount``: on a GPU the first sizes its output by the number of
+    counted pixels and the second by its input's largest value (it reads its min and max back),
+    so each would make the host wait for the device. Uncounted pixels go to a bin past the k x k
+    cells that is dropped, and each row counts into bins of its own, so that the device's atomic
+    adds spread over N x (k x k + 1) bins instead of queueing on a few (the counts are integers in
+    float64: their order does not change them).
+    """
+    bins = k * k + 1
+    rows = torch.arange(cells.shape[0], device=cells.device).view(-1, 1, 1) * bins
+    index = (torch.where(counted, cells, k * k) + rows).flatten()
+    ones = torch.ones((), dtype=torch.float64, device=cells.device).expand(index.shape)
+    per_row = torch.zeros(cells.shape[0] * bins, dtype=torch.float64, device=cells.device).index_add_(0, index, ones)
+    return per_row.view(-1, bins).sum(0)[:-1]

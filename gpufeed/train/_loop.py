@@ -93,11 +93,35 @@ def _ids_on_the_way(ids: torch.Tensor) -> list[int] | torch.Tensor:
     return ids.to("cpu", non_blocking=True)
 
 
-def _check_targets(task, batch) -> None:
-    """Refuse an evaluation batch whose targets the task cannot use (evaluation reads its metrics per batch anyway)."""
-    fault = task.target_fault(batch)
-    if fault is not None and int(fault) >= 0:
-        raise task.fault_error(int(fault), batch.sample_ids.tolist(), task.fault_evidence(batch))
+class _TargetFaults:
+    """Evaluation's check of the batches' targets, kept on the device and read once, after the last batch.
+
+    Reading each batch's :meth:`~gpufeed.train._tasks.Task.target_fault` made the host wait for the
+    device before it could queue the batch's forward. Per batch, the ids of the rows whose targets
+    the task cannot use (:meth:`~gpufeed.train._tasks.Task.row_faults`) are kept on the device with
+    the batch's worst fault instead; :meth:`check` reads them and stops on the first batch that had
+    one, naming its faulty rows as the per-batch check did. Such a batch's metrics are harmless
+    meanwhile: the task's targets leave what it cannot use out (no device-side assert).
+    """
+
+    def __init__(self, task) -> None:
+        self.task = task
+        self._kept: list[tuple[torch.Tensor, torch.Tensor]] = []  # per batch: worst fault, ids of faulty rows (else -1)
+
+    def add(self, batch) -> None:
+        rows = self.task.row_faults(batch)
+        if rows is not None and rows.numel():
+            # The ids are picked out now, on the device: the batch's own tensors may be reused later.
+            self._kept.append((rows.amax(), torch.where(rows >= 0, batch.sample_ids.view(-1), -1)))
+
+    def check(self) -> None:
+        """Raise the task's one-line error for the first batch with a fault (one read for all the batches)."""
+        if not self._kept:
+            return
+        worst = torch.stack([fault for fault, _ in self._kept]).tolist()
+        for fault, (_, ids) in zip(worst, self._kept, strict=True):
+            if fault >= 0:
+                raise self.task.fault_error(int(fault), [i for i in ids.tolist() if i >= 0])
 
 
 class Loop:
@@ -269,14 +293,19 @@ class Loop:
         broadcast_buffers(model)  # every rank evaluates the model the checkpoint holds
         model.eval()
         metric = s.data.task.new_metric()
+        faults = _TargetFaults(s.data.task)
         started = time.perf_counter()
         for batch in s.data.val:
-            try:
-                _check_targets(s.data.task, batch)
-            except MaskIdError as err:
-                raise err.naming(s.data.val.dataset, "validation") from None
-            logits = self.stepper.predict(model, batch)
-            metric.update(logits, s.data.task.targets(batch), s.data.task.valid(batch))
+            # inference_mode, not only predict's no_grad: nothing made here is kept for autograd. The
+            # loader runs outside it: buffers it keeps must not become inference tensors.
+            with torch.inference_mode():
+                faults.add(batch)
+                logits = self.stepper.predict(model, batch)
+                metric.update(logits, s.data.task.targets(batch), s.data.task.valid(batch))
+        try:
+            faults.check()
+        except MaskIdError as err:
+            raise err.naming(s.data.val.dataset, "validation") from None
         result = {"epoch": epoch, "step": s.step, **metric.compute(), "seconds": time.perf_counter() - started}
         model.train()
         self._last_eval_step = s.step

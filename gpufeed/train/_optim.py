@@ -51,6 +51,9 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     AdamW off, one written on a GPU would turn it on for a CPU run. Here each saved group takes the
     running optimizer's ``fused`` and ``foreach`` before loading, so the counters land where that
     kernel wants them.
+
+    Each loaded state tensor shaped like its parameter then takes the parameter's memory layout
+    (:func:`_match_parameter_layouts`).
     """
     groups = optimizer.param_groups
     if len(groups) != len(saved["param_groups"]):
@@ -62,6 +65,23 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
         for group, own in zip(saved["param_groups"], groups, strict=True)
     ]
     optimizer.load_state_dict({**saved, "param_groups": saved_groups})
+    _match_parameter_layouts(optimizer)
+
+
+def _match_parameter_layouts(optimizer: torch.optim.Optimizer) -> None:
+    """Give every per-parameter state tensor of its parameter's shape the parameter's strides, values kept.
+
+    torch's ``load_state_dict`` casts each state tensor to its parameter's dtype and device but keeps
+    the checkpoint's strides. A run resumed with ``train.channels_last`` changed (or from a build
+    without it) has channels_last convolution weights, and so gradients, against moments in the
+    old layout: CUDA's fused AdamW refuses them ("params, grads, exp_avgs, and exp_avg_sqs must have
+    same dtype, device, and layout"), and torch's CPU fused kernel pairs the wrong elements. The
+    values are copied into a tensor laid out like the parameter (``empty_like`` keeps its strides).
+    """
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.shape == param.shape and value.stride() != param.stride():
+                state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
 def lr_factor(step: int, total_steps: int, cfg: TrainConfig, anchor: tuple[int, float] | None = None) -> float:

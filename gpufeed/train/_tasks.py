@@ -34,6 +34,7 @@ __all__ = [
     "ImageTask",
     "MultiLabelF1",
     "Task",
+    "accumulate",
     "global_mean_loss",
     "masked_mean",
     "masked_sum",
@@ -55,6 +56,25 @@ def masked_sum(per_sample: torch.Tensor, valid: torch.Tensor | None) -> tuple[to
     """(sum of per-sample losses over valid rows, number of valid rows), device scalars."""
     weights = torch.ones_like(per_sample) if valid is None else valid.to(per_sample.dtype)
     return (per_sample * weights).sum(), weights.sum()
+
+
+def accumulate(total: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+    """``total + row`` on ``row``'s device: a metric's running sums after one more batch.
+
+    A metric's sums start as host zeros. Moving them to a GPU with ``.to`` would be a blocking
+    host-to-device copy (the host waits for the device), so sums still untouched on the host start
+    from the first batch's own row; from then on they live where the batches do.
+    """
+    if total.device != row.device and total.device.type == "cpu" and not total.any():
+        return row
+    return total.to(row.device) + row
+
+
+def _kept_rows(valid: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """(N,) bool of the rows that count, on ``like``'s device (every row without ``valid``)."""
+    if valid is None:
+        return torch.ones(like.shape[0], dtype=torch.bool, device=like.device)
+    return valid.to(like.device, torch.bool)
 
 
 def global_mean_loss(total: torch.Tensor, count: torch.Tensor, group=None) -> torch.Tensor:
@@ -99,6 +119,19 @@ class Task:
         a batch never makes the host wait inside a step; :meth:`fault_error` says what is wrong.
         """
         return None
+
+    def row_faults(self, batch) -> torch.Tensor | None:
+        """Per row, the :meth:`target_fault` of that row alone (``-1``: usable), a device tensor (N,).
+
+        ``None`` where targets always can be trained on. Evaluation keeps these rather than reading
+        each batch's fault (a host wait per batch) and reads them once, after its last batch; the
+        error then names the faulty rows of the first batch that had one. This default blames every
+        row of such a batch, as :meth:`fault_error` without evidence names the whole batch.
+        """
+        fault = self.target_fault(batch)
+        if fault is None:
+            return None
+        return fault.expand(self.targets(batch).shape[0])
 
     def fault_evidence(self, batch):
         """What the step keeps until it is read, for :meth:`fault_error` to explain a fault (``None``: nothing)."""
@@ -169,15 +202,14 @@ class Accuracy:
         self._sums = torch.zeros(3, dtype=torch.float64)  # correct, count, loss sum
 
     def update(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor | None = None) -> None:
-        if valid is not None:
-            logits, targets = logits[valid], targets[valid]
-        if targets.numel() == 0:
-            return
-        losses = F.cross_entropy(logits.float(), targets, reduction="none")
-        correct = (logits.argmax(dim=1) == targets).sum().double()
-        count = torch.tensor(float(len(targets)), dtype=torch.float64, device=logits.device)
-        row = torch.stack([correct, count, losses.sum().double()])
-        self._sums = self._sums.to(row.device) + row
+        # Padding rows are weighed out, not indexed out: a boolean index (its size is the number of
+        # real rows) and a count made from a host value would each make the host wait for the GPU.
+        kept = _kept_rows(valid, targets)
+        # A padding row's label is never read: one past the classes would fail cross-entropy.
+        losses = F.cross_entropy(logits.float(), torch.where(kept, targets, 0), reduction="none")
+        correct = ((logits.argmax(dim=1) == targets) & kept).sum().double()
+        row = torch.stack([correct, kept.sum().double(), torch.where(kept, losses, 0.0).double().sum()])
+        self._sums = accumulate(self._sums, row)
 
     def compute(self) -> dict:
         correct, count, loss_sum = all_reduce_sum(self._sums.clone()).tolist()
@@ -206,18 +238,18 @@ class MultiLabelF1:
                 f"multi-label logits {tuple(logits.shape)} and targets {tuple(targets.shape)} must both be "
                 f"(N, {self.num_classes})"
             )
-        if valid is not None:
-            logits, targets = logits[valid], targets[valid]
-        if targets.shape[0] == 0:
-            return
+        # Padding rows are weighed out, not indexed out (a boolean index makes the host wait for the GPU).
+        kept = _kept_rows(valid, targets)
         predicted = logits.float() > 0.0  # sigmoid(x) > 0.5
         actual = targets > 0.5
-        counts = torch.stack([(predicted & actual).sum(0), (predicted & ~actual).sum(0), (~predicted & actual).sum(0)])
+        predicted_kept, actual_kept = predicted & kept[:, None], actual & kept[:, None]
+        counts = torch.stack(
+            [(predicted_kept & actual).sum(0), (predicted_kept & ~actual).sum(0), (actual_kept & ~predicted).sum(0)]
+        )
         losses = F.binary_cross_entropy_with_logits(logits.float(), targets.float(), reduction="none").mean(1)
-        count = torch.tensor(float(len(losses)), dtype=torch.float64, device=logits.device)
-        totals = torch.stack([count, losses.sum().double()])
-        self._counts = self._counts.to(counts.device) + counts.double()
-        self._totals = self._totals.to(totals.device) + totals
+        totals = torch.stack([kept.sum().double(), torch.where(kept, losses, 0.0).double().sum()])
+        self._counts = accumulate(self._counts, counts.double())
+        self._totals = accumulate(self._totals, totals)
 
     def compute(self) -> dict:
         tp, fp, fn = all_reduce_sum(self._counts.clone()).cpu()
