@@ -11,7 +11,7 @@ import re
 import struct
 import zlib
 
-__all__ = ["DAMAGED", "UNSUPPORTED", "JpegWalk", "Walk", "exif_orientation", "walk_png"]
+__all__ = ["DAMAGED", "UNSUPPORTED", "JpegWalk", "Walk", "exif_orientation", "png_chunk_problem", "walk_png"]
 
 DAMAGED, UNSUPPORTED = "damaged", "unsupported"
 # (format, stored width, stored height, orientation, problem, problem kind, end offset)
@@ -234,6 +234,28 @@ class JpegWalk:
 # -- PNG ----------------------------------------------------------------------------------------
 
 
+def png_chunk_problem(pos: int, size: int, length: int, kind: bytes) -> tuple[str, bool] | None:
+    """What is wrong with the chunk header ``(length, kind)`` at byte ``pos`` of a ``size``-byte PNG.
+
+    Shared by :func:`walk_png` and the ranged walk of an object's last chunks
+    (:mod:`gpufeed.pipelines._png_tail`), so both give the same answer for the same bytes.
+
+    Returns:
+        ``(why, truncated)``, or ``None`` when the header is sound and its chunk lies in the file.
+    """
+    name = kind.decode("latin-1")
+    if not kind.isalpha():
+        return f"no valid chunk at byte {pos:,} (type {kind!r})", False
+    if length > 0x7FFFFFFF:
+        return f"chunk {name} at byte {pos:,} declares {length:,} bytes (more than PNG allows)", False
+    if pos + 12 + length > size:
+        return (
+            f"chunk {name} at byte {pos:,} declares {length:,} bytes but the file ends {size - pos - 8:,} bytes later",
+            True,
+        )
+    return None
+
+
 def walk_png(data, header_only: bool = False) -> Walk:
     size, pos = len(data), 8
     view = memoryview(data)
@@ -249,18 +271,9 @@ def walk_png(data, header_only: bool = False) -> Walk:
             if pos + 8 > size:
                 return fail(f"the file ends after {size:,} bytes, before the IEND chunk", True)
             length, kind = struct.unpack(">I4s", view[pos : pos + 8])
-            name = kind.decode("latin-1")
-            if not kind.isalpha():
-                return fail(f"no valid chunk at byte {pos:,} (type {kind!r})")
-            if length > 0x7FFFFFFF:
-                return fail(f"chunk {name} at byte {pos:,} declares {length:,} bytes (more than PNG allows)")
-            end = pos + 12 + length
-            if end > size:
-                return fail(
-                    f"chunk {name} at byte {pos:,} declares {length:,} bytes but the file ends "
-                    f"{size - pos - 8:,} bytes later",
-                    True,
-                )
+            if (problem := png_chunk_problem(pos, size, length, kind)) is not None:
+                return fail(*problem)
+            name, end = kind.decode("latin-1"), pos + 12 + length
             (crc,) = struct.unpack(">I", view[end - 4 : end])
             if zlib.crc32(view[pos + 4 : end - 4]) != crc:
                 return fail(f"chunk {name} at byte {pos:,} fails its CRC check")

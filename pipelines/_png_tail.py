@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from gpufeed.pipelines._image_walk import DAMAGED, Walk, exif_orientation
+from gpufeed.pipelines._image_walk import DAMAGED, Walk, exif_orientation, png_chunk_problem
 
 __all__ = ["MAX_TAIL_BYTES", "MAX_TAIL_CHUNKS", "png_resume_point", "walk_png_tail"]
 
@@ -75,18 +75,9 @@ def walk_png_tail(fh, pos: int, idat: bool, shape: tuple[int, int, int], image_b
         if pos + 8 > size:
             return answer(f"the file ends after {size:,} bytes, before the IEND chunk", truncated=True)
         length, kind = struct.unpack(">I4s", _read(fh, pos, 8))
-        name = kind.decode("latin-1")
-        if not kind.isalpha():
-            return answer(f"no valid chunk at byte {pos:,} (type {kind!r})")
-        if length > 0x7FFFFFFF:
-            return answer(f"chunk {name} at byte {pos:,} declares {length:,} bytes (more than PNG allows)")
-        end = pos + 12 + length
-        if end > size:
-            return answer(
-                f"chunk {name} at byte {pos:,} declares {length:,} bytes but the file ends "
-                f"{size - pos - 8:,} bytes later",
-                truncated=True,
-            )
+        if (problem := png_chunk_problem(pos, size, length, kind)) is not None:
+            return answer(problem[0], truncated=problem[1])
+        name, end = kind.decode("latin-1"), pos + 12 + length
         if kind == b"IDAT":
             image_budget -= end - pos
             if image_budget < 0:
