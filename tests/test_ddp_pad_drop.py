@@ -81,7 +81,11 @@ RANK_SCRIPT = textwrap.dedent(
     from test_ddp_pad_drop import global_batch, one_step, part_of
 
     rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", init_method="file://" + os.environ["RENDEZVOUS"], rank=rank, world_size=2)
+    from datetime import timedelta
+    # A TCP store on loopback with a deadline: a stalled rank fails in a minute instead of spinning
+    # on (the file store's ranks were seen spinning for minutes beside other process tests).
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
     out = {}
     for name in ("image", "segmentation", "depth"):
         task, model, batch = global_batch(name)
@@ -143,6 +147,14 @@ def one_step(task, model, batch: dict) -> dict:
     return {"grads": grads, "loss": outcome.loss}
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.mark.process  # two gloo ranks, child processes
 @pytest.mark.timeout(180)
 def test_a_ddp_step_with_padding_has_the_gradient_of_the_global_batchs_real_rows(tmp_path):
@@ -153,6 +165,9 @@ def test_a_ddp_step_with_padding_has_the_gradient_of_the_global_batchs_real_rows
         "OUT": str(tmp_path),
         "WORLD_SIZE": "2",
         "CUDA_VISIBLE_DEVICES": "",
+        "PORT": str(_free_port()),
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
     }
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT, encoding="utf-8")
