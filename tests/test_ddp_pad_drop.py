@@ -161,7 +161,6 @@ def test_a_ddp_step_with_padding_has_the_gradient_of_the_global_batchs_real_rows
     env = {
         **os.environ,
         "TEST_DIR": os.path.dirname(__file__),
-        "RENDEZVOUS": str(tmp_path / "rendezvous"),
         "OUT": str(tmp_path),
         "WORLD_SIZE": "2",
         "CUDA_VISIBLE_DEVICES": "",
