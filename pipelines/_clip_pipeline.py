@@ -29,7 +29,7 @@ row ``j`` of iteration ``k`` is ``k * batch_size + j``:
   order from the tags. DALI's reader takes its list when it is
   built, so a list covers whole epochs within :data:`LIST_LINES` lines, or that many lines of an
   epoch too long for them (a new pipeline continues after them; :mod:`._nvdec_reader` says what a
-  build costs). On a GPU it decodes on NVDEC (h264, hevc, vp8, vp9, av1, mpeg4, mjpeg), resizing
+  build costs). On a GPU it decodes on NVDEC (h264, hevc, vp8, vp9, av1, mpeg4), resizing
   inside the reader where DALI can; on the CPU it uses FFmpeg (vp8, vp9, mjpeg only).
 * :class:`FeedInput`: a per-sample Python callback in an ``external_source``, run by DALI's worker
   processes (``parallel``: one per thread, started once) or in this thread:

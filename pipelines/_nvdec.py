@@ -42,10 +42,11 @@ _NVDEC = {
     "vp9": (("420",), (8, 10, 12), (128, 128), 8192),
     "av1": (("420", "400"), (8, 10), (128, 128), 8192),
     "mpeg4": (("420",), (8,), (48, 16), 2032),
-    # JPEG is the exception: NVDEC turns 4:2:2 and 4:4:4 JPEG into an NV12 surface itself, which is
-    # how FFmpeg's nvdec (YUV444 output only for hevc) and NVIDIA's SDK sample decoder open them.
-    "mjpeg": (("420", "422", "444", "400"), (8,), (64, 64), 32768),
 }
+# Codecs NVDEC decodes but DALI 2.4's GPU reader does not take: it drops such files when it opens
+# them (frames_decoder_gpu.cc logs "Codec 7 (mjpeg) is not supported by the GPU variant"), and a
+# dataset of them only leaves a reader with no samples (measured on an H200).
+_GPU_READER_LACKS = ("mjpeg",)
 # h264 profiles NVDEC decodes (FFmpeg's names); High 10/4:2:2/4:4:4 and the intra profiles it does not.
 _H264_PROFILES = ("Baseline", "Constrained Baseline", "Main", "Extended", "High", "")
 # Compute capabilities whose NVDEC has AV1 (GA10x, AD10x, Blackwell); A100 (8.0) and H100 (9.0) do not.
@@ -103,6 +104,8 @@ def nvdec_problem(info, capability: tuple[int, int] | None = None) -> str | None
             decodable, as on the A100/H100 this project trains on.
     """
     codec = info.codec
+    if codec in _GPU_READER_LACKS:
+        return f"{codec}: DALI's GPU video reader does not decode {codec} (NVDEC would; DALI 2.4 drops such files)"
     if codec not in _NVDEC:
         return f"NVDEC has no {codec} decoder"
     chromas, depths, smallest, largest = _NVDEC[codec]
@@ -232,7 +235,7 @@ def choose_decoder(requested: str, on_gpu: bool, infos, capability: tuple[int, i
         return DecoderChoice("dali", f"video.decoder: {requested}; {what} every video ({codecs})", refused)
     first_path, first_why = next(iter(refused.items()))
     # "NVDEC cannot decode" only where every refusal is NVDEC's (a codec, profile, format or size).
-    codecs_only = on_gpu and not any(_reader_problem(info) for info in infos)
+    codecs_only = on_gpu and not any(_reader_problem(info) or info.codec in _GPU_READER_LACKS for info in infos)
     cannot = "NVDEC cannot decode" if codecs_only else "DALI's reader cannot take"
     lacking = ", ".join(sorted({info.codec for info in infos} - set(DALI_CPU_CODECS)))
     if requested == "dali":

@@ -170,7 +170,7 @@ def test_store_clips_are_exactly_their_frames_and_the_loader_thread_reads_no_fil
                 assert frame_tags(batch.clips[k], "CTHW") == [(start + t, video) for t in range(T)], (epoch, k)
                 clips += 1
         iterator = loader._session.iterator  # on a CPU the loader's HostOutputs, on a GPU DALI's iterator
-        pipe = iterator.pipe if hasattr(iterator, "pipe") else iterator._pipes[0]
+        pipe = iterator.pipe if hasattr(iterator, "pipe") else iterator.iterator._pipes[0]  # SideStreamCopies
         (decoder,) = image_decoders(pipe)
         assert decoder.device == ("mixed" if device.is_gpu else "cpu")
         (source,) = [op for op in external_sources(pipe) if isinstance(op.callback, StoreFrameFeed)]

@@ -84,9 +84,9 @@ def test_nvdec_refuses_what_dalis_reader_cannot_turn_into_rgb(unconvertible):
     )
     from types import SimpleNamespace
 
-    for pix_fmt, ok in (("yuvj420p", True), ("yuvj422p", True), ("yuvj444p", True), ("yuv444p", True)):
+    for pix_fmt in ("yuvj420p", "yuvj422p", "yuv444p"):  # NVDEC decodes each; DALI 2.4's GPU reader none
         mjpeg = SimpleNamespace(codec="mjpeg", pix_fmt=pix_fmt, profile="", width=160, height=144)
-        assert (nvdec_problem(mjpeg, (9, 0)) is None) == ok, pix_fmt
+        assert "GPU video reader does not decode mjpeg" in nvdec_problem(mjpeg, (9, 0)), pix_fmt
     for width, height in ((160, 145), (161, 144)):
         odd = SimpleNamespace(codec="h264", pix_fmt="yuv420p", profile="High", width=width, height=height)
         assert "odd frame size" in nvdec_problem(odd, (9, 0))
@@ -268,11 +268,16 @@ def mjpeg_videos(tmp_path_factory):
     return folder
 
 
-def test_camera_mjpeg_goes_to_nvdec_on_a_gpu(mjpeg_videos):
+def test_camera_mjpeg_goes_to_pyav_on_a_gpu_and_dali_refuses_it(mjpeg_videos):
+    """DALI 2.4's GPU reader drops MJPEG files (an H200 run: a reader left with no samples)."""
     infos = VideoDataset.from_folder(mjpeg_videos).infos
     assert [(info.codec, info.pix_fmt) for info in infos] == [("mjpeg", "yuvj420p"), ("mjpeg", "yuvj422p")]
     choice = choose_decoder("auto", True, infos, (9, 0))
-    assert choice.source == "dali", choice.reason
+    assert choice.source == "pyav" and "DALI's reader cannot take 2 of 2" in choice.reason, choice.reason
+    assert "a_mjpeg_420.avi: mjpeg: DALI's GPU video reader does not decode mjpeg" in choice.reason
+    with pytest.raises(DatasetError, match=r"video.decoder: dali, but DALI's reader cannot take 2 video\(s\)"):
+        choose_decoder("dali", True, infos, (9, 0))
+    assert choose_decoder("auto", False, infos).source == "dali", "DALI's CPU reader takes MJPEG"
 
 
 def _clips_by_start(dataset, device, decoder: str) -> dict[tuple[int, int], torch.Tensor]:
@@ -324,9 +329,9 @@ def test_camera_mjpeg_reads_the_same_through_dalis_cpu_reader_and_pyav(mjpeg_vid
 
 @pytest.mark.gpu
 @pytest.mark.process  # the PyAV reference's worker processes
-def test_nvdec_reads_camera_mjpeg_as_pyav_does(mjpeg_videos):
-    """NVDEC's MJPEG (4:2:2 handed over as NV12) against PyAV's on the same GPU graph: the same
-    frames, and the same full range (a limited-range reading would stretch the contrast by 16%)."""
+def test_a_gpu_loader_reads_camera_mjpeg_as_the_cpu_does(mjpeg_videos):
+    """On a GPU ``auto`` gives camera MJPEG to PyAV (DALI's GPU reader drops it): the same frames
+    and full range as on the CPU (a limited-range reading would stretch the contrast by 16%)."""
     dataset = VideoDataset.from_folder(mjpeg_videos)
-    gpu = DeviceChoice("gpu", 0, "test")
-    _same_frames(_clips_by_start(dataset, gpu, "dali"), _clips_by_start(dataset, gpu, "pyav"))
+    gpu, cpu = DeviceChoice("gpu", 0, "test"), DeviceChoice("cpu", None, "test")
+    _same_frames(_clips_by_start(dataset, gpu, "auto"), _clips_by_start(dataset, cpu, "pyav"))
