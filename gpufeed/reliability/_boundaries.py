@@ -9,7 +9,7 @@ frame stores, DeepEthogram projects, dense pairs) and:
 
    * **before the first checkpoint**: once step 1 is logged (the resume starts from scratch);
    * **mid-epoch, after a checkpoint**: once the step after the first checkpoint that is not an
-     epoch's end is logged (the resume repeats that step);
+     epoch's end is logged and that checkpoint's file is on disk (the resume repeats that step);
    * **right after an end-of-epoch checkpoint**: the moment the checkpoint file of an epoch's
      last step appears (the resume must start the next epoch, not the finished one again);
 
@@ -295,9 +295,14 @@ def run_boundary_kills(
 
     kills = [job.kill_at(run_dir, 1, BOUNDARIES[0], lambda since: functools.partial(_logged, run_dir, since, 1))]
     # The step after the first mid-epoch checkpoint: lost by the kill, redone by the resume.
+    # And its file on disk: rank 0 writes checkpoints in the background, so the next step can log first.
+    mid_file = run_dir / "checkpoints" / f"ckpt-{mid_checkpoint:09d}.pt"
     kills.append(
         job.kill_at(
-            run_dir, 2, BOUNDARIES[1], lambda since: functools.partial(_logged, run_dir, since, mid_checkpoint + 1)
+            run_dir,
+            2,
+            BOUNDARIES[1],
+            lambda since: lambda: _logged(run_dir, since, mid_checkpoint + 1) and mid_file.exists(),
         )
     )
     end = next(e for e in range(per_epoch, num_steps, per_epoch) if e > kills[-1].resumed_from)

@@ -27,11 +27,12 @@ from gpufeed.models import (
 from gpufeed.train._agreement import agree_on_data
 from gpufeed.train._augment import plan_augmentation
 from gpufeed.train._checkpoint import (
+    CheckpointWriteFailed,
+    CheckpointWriter,
     capture_rng,
     load_latest_checkpoint,
     param_digest,
     remove_stale_temp_files,
-    save_checkpoint,
 )
 from gpufeed.train._data import build_data
 from gpufeed.train._dense import refuse_device_geometry
@@ -102,7 +103,8 @@ class Session:
         self.server: MetricsServer | None = None
         self.step_log: StepLog | None = None
         self.eval_log: StepLog | None = None
-        self.last_checkpoint: Path | None = None
+        self.last_checkpoint: Path | None = None  # the newest checkpoint written to the end (rank 0)
+        self._writer = CheckpointWriter()
 
     # -- setup ----------------------------------------------------------------------------------
     def _choose_run_dir(self, run_dir) -> Path:
@@ -226,23 +228,50 @@ class Session:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:
-        """Gather every rank's loader and RNG state; rank 0 writes the checkpoint atomically."""
+        """Gather every rank's loader and RNG state; rank 0 copies the state and writes it in the background.
+
+        Returns the path being written (rank 0; :meth:`finish_checkpoint` waits for it). Raises
+        TrainError when the previous write failed or this checkpoint cannot fit on the disk.
+        """
         position = self.data.train.state_dict()
         mine = {"loader": position, "rng": capture_rng(), "threads": torch.get_num_threads()}
-        gathered = all_gather_objects(mine)
+        gathered = all_gather_objects(mine)  # the collective stays on the training thread
         if not self.dist.is_main:
             return None
-        payload = checkpoint_payload(self, position, gathered)
-        started = time.perf_counter()
+        self.finish_checkpoint()  # one write at a time; a failed one stops the run here
+        payload, started = checkpoint_payload(self, position, gathered), time.perf_counter()
         try:
-            path = save_checkpoint(payload, self.run_dir, self.step, keep=self.cfg.train.keep_checkpoints)
-        except OSError as err:
-            # The write went through a temporary file that is gone now: the checkpoints on disk are untouched.
-            what = f"checkpoint {checkpoint_path(self.run_dir, self.step)}"
-            raise TrainError(write_failure_message(err, self.run_dir, self._newest_checkpoint(), what)) from err
-        log.debug("checkpoint %s written in %.2f s", path, time.perf_counter() - started)
-        self.last_checkpoint = path
+            path = self._writer.submit(payload, self.run_dir, self.step, self.cfg.train.keep_checkpoints)
+        except OSError as err:  # no room for it: refused before anything was written
+            raise TrainError(self._write_failure(err, checkpoint_path(self.run_dir, self.step))) from err
+        log.debug("checkpoint %s: copied in %.3f s, writing in the background", path, time.perf_counter() - started)
         return path
+
+    def finish_checkpoint(self, *, quiet: bool = False) -> Path | None:
+        """Wait until the checkpoint being written (rank 0) is on disk; it becomes ``last_checkpoint``.
+
+        Args:
+            quiet: Log a failed write rather than raise it (another error is ending the run).
+
+        Raises:
+            TrainError: The write failed, in one line naming it; the checkpoints on disk are untouched.
+        """
+        try:
+            path = self._writer.wait()
+        except CheckpointWriteFailed as failed:
+            error = TrainError(self._write_failure(failed.error, failed.path))
+            if not quiet:
+                raise error from failed.error
+            log.error("%s", error)
+            return None
+        self.last_checkpoint = path or self.last_checkpoint
+        return path
+
+    def _write_failure(self, err: BaseException, path: Path) -> str:
+        # Written through a temporary file that is gone now: the checkpoints on disk are untouched.
+        if isinstance(err, OSError):
+            return write_failure_message(err, self.run_dir, self._newest_checkpoint(), f"checkpoint {path}")
+        return str(CheckpointWriteFailed(path, err))
 
     # -- the run --------------------------------------------------------------------------------
     @property
@@ -267,6 +296,7 @@ class Session:
         except OSError as err:
             if not (disk_full(err) or err.errno == errno.EROFS):
                 raise
+            self.finish_checkpoint(quiet=True)  # the newest checkpoint named below is on disk
             what = f"to {err.filename}" if err.filename else f"to the run folder {self.run_dir}"
             raise TrainError(write_failure_message(err, self.run_dir, self._newest_checkpoint(), what)) from err
 
@@ -278,6 +308,8 @@ class Session:
         everyone = all_gather_objects(mine)
         skipped = merge_skipped(all_gather_objects(skipped_files(self.data)))
         if self.dist.is_main:
+            # After the last collective (a failed write stops rank 0 alone), before summary.json (the run is done).
+            self.finish_checkpoint()
             report_skipped(skipped, clips=self.data.task.clips)
             # Every rank has logged its last step: the gathers above follow each rank's loop.
             job = job_loader_wait_of_run(self.run_dir)
@@ -314,21 +346,30 @@ class Session:
         )
 
     def close(self, linger: bool) -> None:
-        linger_s = self.cfg.telemetry.linger_seconds
-        if linger and self.server is not None and linger_s > 0:
-            log.info("serving metrics at http://%s/metrics for %.0f s more", self.server.address, linger_s)
-            time.sleep(linger_s)
-        for closable in (self.step_log, self.eval_log, self.server):
-            if closable is None:
-                continue
-            try:
-                closable.close()
-            except OSError as err:  # e.g. a log's last flush on a full disk: the error that stopped the run says more
-                log.warning("closing %s failed: %s", getattr(closable, "path", closable), err)
-        self.server = self.step_log = self.eval_log = None
-        if self._owns_group:
-            shutdown_distributed()
-            self._owns_group = False
+        """Wait for the checkpoint being written, then close the logs, the metrics and the process group.
+
+        Args:
+            linger: The run ended without an error: a failed write is raised (else logged: the run's
+                own error goes on), or the metrics are served ``telemetry.linger_seconds`` more.
+        """
+        try:
+            self.finish_checkpoint(quiet=not linger)
+            linger_s = self.cfg.telemetry.linger_seconds
+            if linger and self.server is not None and linger_s > 0:
+                log.info("serving metrics at http://%s/metrics for %.0f s more", self.server.address, linger_s)
+                time.sleep(linger_s)
+        finally:
+            for closable in (self.step_log, self.eval_log, self.server):
+                if closable is None:
+                    continue
+                try:
+                    closable.close()
+                except OSError as err:  # a log's last flush on a full disk: the error that stopped the run says more
+                    log.warning("closing %s failed: %s", getattr(closable, "path", closable), err)
+            self.server = self.step_log = self.eval_log = None
+            if self._owns_group:
+                shutdown_distributed()
+                self._owns_group = False
 
 
 def train(
