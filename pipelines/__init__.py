@@ -74,6 +74,7 @@ from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS as DEFAULT_M
 from gpufeed.pipelines._image_pipeline import decode_window as decode_window
 from gpufeed.pipelines._image_pipeline import eval_decoder_options as eval_decoder_options
 from gpufeed.pipelines._mask_check import check_mask_ids as check_mask_ids
+from gpufeed.pipelines._next_phases import NEXT_PHASES as NEXT_PHASES
 from gpufeed.pipelines._nvdec import nvdec_problem as nvdec_problem
 from gpufeed.pipelines._pairs import is_paired_root as is_paired_root
 from gpufeed.pipelines._prepare_shards import write_clip_shards as write_clip_shards

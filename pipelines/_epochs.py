@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.pipelines._errors import BAD_FILE_HINT, BadSampleError, DatasetError, PipelineError, dali_reason
+from gpufeed.pipelines._next_phases import NEXT_PHASES
 from gpufeed.pipelines._pipeline_session import Session
 from gpufeed.pipelines._sampler import EpochHistory, EpochPlan, PlanSpec, PlanStream, Segment, StreamBatch, plan_epoch
 from gpufeed.pipelines._shares import own_state, position_state
@@ -341,6 +342,7 @@ class EpochLoader:
             failed, session = None, None
             while self._start_batch < total:
                 try:
+                    started = time.perf_counter()
                     if session is None or session.exhausted:
                         session = self._session_at(spec)
                     out, batch, k = session.next()
@@ -348,7 +350,9 @@ class EpochLoader:
                     failed = err
                     break
                 self._start_batch += 1
-                yield self._batch(out, batch, k)
+                handed = self._batch(out, batch, k)
+                NEXT_PHASES.finish(time.perf_counter() - started)  # a session's build counts towards it
+                yield handed
             if failed is None:
                 break
             self._handle_failure(failed, session)

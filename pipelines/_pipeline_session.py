@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufeed.pipelines._next_phases import NEXT_PHASES, timed_pipeline
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 
 __all__ = ["HostOutputs", "Session", "SideStreamCopies", "start_prefetch"]
@@ -51,10 +53,16 @@ class HostOutputs:
     def __next__(self) -> list[dict]:
         import torch
 
+        started = time.perf_counter()
         self.pipe.schedule_run()  # the pipeline's first run also fills its prefetch queue
+        scheduled = time.perf_counter()
         outputs = self.pipe.share_outputs()
+        shared = time.perf_counter()
         batch = {name: torch.from_dlpack(out.as_tensor()) for name, out in zip(self.names, outputs, strict=True)}
+        released = time.perf_counter()
         self.pipe.release_outputs()  # the dynamic executor keeps the buffers the tensors hold
+        NEXT_PHASES.add("dali_schedule", (scheduled - started) + (time.perf_counter() - released))
+        NEXT_PHASES.add("dali_outputs", shared - scheduled)
         return [batch]
 
 
@@ -81,6 +89,7 @@ class SideStreamCopies:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
         # No reader and no size: the iterator runs as long as the feed does, epoch after epoch.
+        timed_pipeline(pipe)  # before the iterator calls it (NEXT_PHASES)
         self.iterator = DALIGenericIterator(pipe, list(names), auto_reset=False, prepare_first_batch=False)
         # From torch's high-priority pool: a default Stream() is the next of 32 shared ones, which
         # NCCL's and the server lanes' streams also come from; a loader's copies landing on NCCL's
@@ -152,7 +161,9 @@ class Session:
     def next(self) -> tuple[dict, StreamBatch, int]:
         """The next output, the plan batch it holds and its iteration number."""
         self._check_workers()
+        started = time.perf_counter()
         out = next(self.iterator)[0]
+        NEXT_PHASES.add("iterator", time.perf_counter() - started)
         k = self.consumed
         self.consumed = k + 1
         return out, self.stream[k], k

@@ -17,6 +17,7 @@ import numpy as np
 from gpufeed.pipelines._decoder_options import gpu_decoder_options
 from gpufeed.pipelines._epochs import EpochLoader
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._next_phases import timed_pipeline
 from gpufeed.pipelines._pipeline_session import Session, SideStreamCopies
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
@@ -109,6 +110,7 @@ class SampleLoader(EpochLoader):
         if self.device.is_gpu:
             return SideStreamCopies(pipe, ["images", "meta", "meta_gpu", *outputs], self.device.torch_device)
         # No reader and no size: the iterator runs as long as the feed does, epoch after epoch.
+        timed_pipeline(pipe)  # NEXT_PHASES, as SideStreamCopies does on a GPU
         return DALIGenericIterator(pipe, ["images", "meta", *outputs], auto_reset=False, prepare_first_batch=False)
 
     def _iterator_session(self, pipe, stream: PlanStream, feed, outputs: tuple[str, ...] = ()) -> Session:

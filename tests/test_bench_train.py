@@ -106,8 +106,11 @@ def test_images_run_feeds_both_loaders_the_same_samples(tmp_path, capsys, device
     for line in ("loader wait, share of step time", "without each epoch's first batch", "epoch 2, first batch",
                  "step p50 / p95", "compute p50 / p95", "augment p50 / p95", "gpufeed / DataLoader", "measured: ",
                  "median of chunk pairs (or rounds)", "data time on the critical path",
-                 "targets (measured verdicts"):  # fmt: skip
+                 "targets (measured verdicts", "next(): DALI outputs / schedule / copies / loader p50 (ms)"):  # fmt: skip
         assert line in out, line
+    phases = result["loaders"]["gpufeed"]["next_phases_p50_s"]
+    assert set(phases) == {"dali_outputs", "dali_schedule", "copies", "loader_own"} and phases["dali_outputs"] > 0
+    assert result["loaders"]["dataloader"]["next_phases_p50_s"] == {}, "a DataLoader has no DALI phases"
 
 
 @pytest.mark.process

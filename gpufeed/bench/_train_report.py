@@ -28,6 +28,10 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
 
 
+# The phases of next(loader) the table shows: DALI's outputs and scheduling, the handover, the loader's own.
+_PHASES = ("dali_outputs", "dali_schedule", "copies", "loader_own")
+
+
 def _side_figures(blocks: list[dict]) -> dict:
     steps = [s for block in blocks for s in block["steps"]]
     summary = summarize(steps)
@@ -53,6 +57,12 @@ def _side_figures(blocks: list[dict]) -> dict:
         "wall_s": wall_s,
         "samples_per_s_wall": summary["samples"] / wall_s if wall_s > 0 else float("nan"),
         "median_wait_s": median_wait,
+        # Where gpufeed's next(loader) spends its time (pipelines/_next_phases.py), median per phase.
+        "next_phases_p50_s": {
+            phase: float(np.median([s["next_phases_s"].get(phase, 0.0) for s in phased]))
+            for phase in _PHASES
+            if (phased := [s for s in steps if "next_phases_s" in s])
+        },
         "first_batch_wait_s": first,
         "first_batch_wait_vs_median": [_ratio(f, median_wait) for f in first],
         "samples_per_epoch": [block["samples_per_epoch"] for block in blocks],
@@ -317,6 +327,10 @@ def _table_rows(result: dict, stats: list[dict], both: bool) -> list[list[str]]:
         ratio = _x(waits[0] / waits[1] if both and waits[0] and waits[1] else None)
         rows.append(row(f"epoch {epoch + 1}, first batch's wait (ms)", cells, ratio))
     rows.append(row("median wait (ms)", [_ms(s["median_wait_s"]) for s in stats], ""))
+    phases = [s.get("next_phases_p50_s", {}) for s in stats]
+    if any(phases):
+        cells = [" / ".join(f"{p[k] * 1e3:.2f}" for k in _PHASES) if p else "" for p in phases]
+        rows.append(row("next(): DALI outputs / schedule / copies / loader p50 (ms)", cells, ""))
     per_epoch = [" | ".join(" ".join(map(str, e)) for e in s["samples_per_epoch"]) for s in stats]
     rows.append(row("samples per epoch (each round)", per_epoch, ""))
     return rows

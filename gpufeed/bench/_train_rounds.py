@@ -27,6 +27,7 @@ import time
 import torch
 
 from gpufeed.bench._train_report import SIDES
+from gpufeed.pipelines import NEXT_PHASES
 from gpufeed.train import Finished, StepTimeline
 
 __all__ = ["WARMUP_STEPS", "run_rounds", "warm_up"]
@@ -41,6 +42,15 @@ def _ids_on_the_way(batch, clips: bool) -> list:
     """
     fields = (batch.video_ids, batch.start_frames) if clips else (batch.sample_ids,)
     return [f.tolist() if f.device.type == "cpu" else f.to("cpu", non_blocking=True) for f in fields]
+
+
+def _phase_sums(records: list[dict]) -> dict:
+    """Seconds per phase of the loader calls behind one batch (normally one; none for a DataLoader)."""
+    sums: dict[str, float] = {}
+    for record in records:
+        for phase, seconds in record.items():
+            sums[phase] = sums.get(phase, 0.0) + seconds
+    return sums
 
 
 def _ids(fields: list, clips: bool) -> list:
@@ -76,8 +86,9 @@ class _Side:
                 self.done = True
                 break
             wait_s = time.perf_counter() - started
+            phases = _phase_sums(NEXT_PHASES.take())  # gpufeed's loader: where that wait went
             ids = _ids_on_the_way(batch, self.run.clips)
-            done = self.timeline.push(self.stepper.launch(batch), (epoch, index, wait_s, ids))
+            done = self.timeline.push(self.stepper.launch(batch), (epoch, index, wait_s, ids, phases))
             samples, step_total = self._keep(done, samples, step_total, bar)
         samples, step_total = self._keep(self.timeline.finish(), samples, step_total, bar)
         # The chunk trained until its last step's record ended; what follows is the exhausted feed
@@ -90,7 +101,7 @@ class _Side:
     def _keep(self, done: Finished[tuple] | None, samples: int, step_total: float, bar) -> tuple[int, float]:
         if done is None:
             return samples, step_total
-        (epoch, index, wait_s, ids), outcome = done.info, done.outcome
+        (epoch, index, wait_s, ids, phases), outcome = done.info, done.outcome
         self.steps.append(
             {
                 "round": self.round,
@@ -101,6 +112,7 @@ class _Side:
                 "compute_s": outcome.compute_s,
                 "step_s": done.step_s,
                 "samples": outcome.samples,
+                **({"next_phases_s": phases} if phases else {}),
             }
         )
         self.seen[epoch].extend(_ids(ids, self.run.clips))

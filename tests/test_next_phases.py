@@ -1,0 +1,94 @@
+"""Where each ``next(loader)`` spends its host time (``pipelines/_next_phases.py``): one record per
+batch, its parts inside its whole, on every loader kind's iterator, without keeping a pipeline alive."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+from conftest import DEVICES
+
+from gpufeed.config import ImagePipelineConfig, LoaderConfig
+from gpufeed.pipelines import NEXT_PHASES, ImageDataset, ImageLoader
+from gpufeed.pipelines._next_phases import NextPhases, timed_pipeline
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+@pytest.mark.parametrize("pipelines", [1, 2])
+def test_each_batch_closes_one_record_whose_parts_lie_inside_it(synth_dir, device, pipelines):
+    dataset = ImageDataset.from_folder(synth_dir / "images" / "train")
+    loader = ImageLoader(
+        dataset,
+        train=True,
+        image_cfg=ImagePipelineConfig(size_px=32),
+        loader_cfg=LoaderConfig(batch_size=8, num_threads=2, pipelines=pipelines),
+        device=device,
+    )
+    try:
+        NEXT_PHASES.take()  # what earlier tests in this process left
+        batches = 0
+        for _ in loader:
+            batches += 1
+            records = NEXT_PHASES.take()
+            assert len(records) == 1, records  # taken right after its batch, as bench train does
+            r = records[0]
+            assert set(r) == {"dali_outputs", "dali_schedule", "iterator", "loader", "copies", "loader_own"}, r
+            assert all(v >= 0 for v in r.values()), r
+            assert r["dali_outputs"] + r["dali_schedule"] <= r["iterator"] <= r["loader"], r
+            assert r["dali_outputs"] > 0, r
+        assert batches == len(loader)
+    finally:
+        loader.close()
+
+
+def test_copies_and_loader_own_are_what_is_left_of_the_whole():
+    phases = NextPhases()
+    phases.add("dali_outputs", 0.002)
+    phases.add("dali_schedule", 0.0005)
+    phases.add("dali_schedule", 0.0005)
+    phases.add("iterator", 0.004)
+    phases.finish(0.005)
+    phases.finish(0.001)  # a loader without iterator timing: its whole only
+    first, second = phases.take()
+    assert first["copies"] == pytest.approx(0.001) and first["loader_own"] == pytest.approx(0.001)
+    assert second == {"loader": 0.001}
+    assert phases.take() == []
+
+
+def test_a_timed_pipeline_hands_over_the_same_batches_and_dies_with_its_iterator():
+    """``DALIGenericIterator`` calls the timed methods itself; the pipeline is freed by reference
+    counting alone (no cycle through the timers), as the loaders' sessions rely on."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    @pipeline_def(batch_size=4, num_threads=1, device_id=None)
+    def counting():
+        return fn.cast(
+            fn.external_source(source=lambda info: np.full(3, info.iteration, np.int32), batch=False), dtype=types.INT64
+        )
+
+    def batches(timed: bool) -> tuple[list, weakref.ref]:
+        pipe = counting()
+        pipe.build()
+        if timed:
+            timed_pipeline(pipe)
+        iterator = DALIGenericIterator(pipe, ["x"], auto_reset=False, prepare_first_batch=False, size=-1)
+        got = [next(iterator)[0]["x"].clone() for _ in range(3)]
+        return got, weakref.ref(pipe)
+
+    NEXT_PHASES.take()
+    plain, _ = batches(False)
+    gc.disable()
+    try:
+        timed, alive = batches(True)
+        assert alive() is None, "the timed pipeline outlived its iterator"
+    finally:
+        gc.enable()
+    assert all(a.equal(b) for a, b in zip(plain, timed, strict=True))
+    NEXT_PHASES.finish(0.0)
+    (record,) = NEXT_PHASES.take()
+    assert record["dali_outputs"] > 0 and record["dali_schedule"] > 0, record
