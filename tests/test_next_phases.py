@@ -92,3 +92,25 @@ def test_a_timed_pipeline_hands_over_the_same_batches_and_dies_with_its_iterator
     NEXT_PHASES.finish(0.0)
     (record,) = NEXT_PHASES.take()
     assert record["dali_outputs"] > 0 and record["dali_schedule"] > 0, record
+
+
+def test_host_outputs_time_their_dali_calls():
+    """The CPU clip loaders' iterator calls DALI itself: its calls land in the same phases."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    from gpufeed.pipelines._pipeline_session import HostOutputs
+
+    @pipeline_def(batch_size=4, num_threads=1, device_id=None, exec_dynamic=True)
+    def counting():
+        return fn.cast(
+            fn.external_source(source=lambda info: np.full(3, info.iteration, np.int32), batch=False), dtype=types.INT64
+        )
+
+    pipe = counting()
+    pipe.build()
+    NEXT_PHASES.take()
+    outputs = HostOutputs(pipe, ["x"])
+    assert [int(next(outputs)[0]["x"][0, 0]) for _ in range(2)] == [0, 1]
+    NEXT_PHASES.finish(0.0)
+    (record,) = NEXT_PHASES.take()
+    assert record["dali_outputs"] > 0 and record["dali_schedule"] > 0, record
