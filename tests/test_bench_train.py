@@ -15,7 +15,7 @@ import torch
 from conftest import DEVICES
 
 from gpufeed.bench._dense_feeds import dense_batch
-from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, clip_batch, image_batch
+from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, clip_batch, copy_stream, image_batch
 from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
 from gpufeed.cli import main
 from gpufeed.config import ImagePipelineConfig, LoaderConfig, SizePx
@@ -38,6 +38,7 @@ SIDE_FIGURES = (
     "median_data_s_per_sample",
     "median_data_share",
     "wall_s",
+    "device_busy_share",
 )
 RATIOS = (
     "paired_samples_per_s",
@@ -77,6 +78,11 @@ def _check_figures(result: dict, samples_per_epoch: int, steps_per_epoch: int, o
         assert abs(step_total_s - wall_s) <= 0.05 * wall_s, (side, step_total_s, wall_s)
         for s in steps if on_cpu else ():  # the CPU reads each step at once: its parts are timed inside it
             assert s["step_s"] >= s["loader_wait_s"] + s["augment_s"] + s["compute_s"] - 1e-6, s
+        busy = sum(s["augment_s"] + s["compute_s"] for s in steps) / step_total_s
+        assert figures["device_busy_share"] == pytest.approx(busy) and 0 < busy < 1 + 1e-9
+        # Host launch time: timed on a GPU only (on the CPU launching a step runs it).
+        assert all(("launch_s" in s) is not on_cpu for s in steps), side
+        assert ("launch_s" in figures["stages"]) is not on_cpu and all(s.get("launch_s", 1) > 0 for s in steps)
     assert set(RATIOS) <= set(result["ratios"])
     assert all(isinstance(result["ratios"][k], float) for k in RATIOS)
     targets = {t["name"]: t for t in result["targets"]}
@@ -106,8 +112,13 @@ def test_images_run_feeds_both_loaders_the_same_samples(tmp_path, capsys, device
     for line in ("loader wait, share of step time", "without each epoch's first batch", "epoch 2, first batch",
                  "step p50 / p95", "compute p50 / p95", "augment p50 / p95", "gpufeed / DataLoader", "measured: ",
                  "median of chunk pairs (or rounds)", "data time on the critical path",
-                 "targets (measured verdicts", "next(): DALI outputs / schedule / copies / loader p50 (ms)"):  # fmt: skip
+                 "targets (measured verdicts", "next(): DALI outputs / schedule / copies / loader p50 (ms)",
+                 "augment + compute (the device busy), share"):  # fmt: skip
         assert line in out, line
+    assert ("host launch p50 / p95 (ms)" in out) is device.is_gpu
+    assert ("host (wait + launch) vs device (augment + compute)" in out) is device.is_gpu
+    pace = result["loaders"]["gpufeed"]["host_vs_device_p50_s"]
+    assert pace is None if not device.is_gpu else (len(pace) == 2 and min(pace) > 0)
     phases = result["loaders"]["gpufeed"]["next_phases_p50_s"]
     assert set(phases) == {"dali_outputs", "dali_schedule", "copies", "loader_own"} and phases["dali_outputs"] > 0
     assert result["loaders"]["dataloader"]["next_phases_p50_s"] == {}, "a DataLoader has no DALI phases"
@@ -181,14 +192,17 @@ def test_the_dataloader_sides_copies_do_not_wait_for_the_queued_step(monkeypatch
 
 @pytest.mark.gpu
 def test_the_dataloader_sides_copies_do_not_synchronise_on_a_gpu():
-    """Behind a queued kernel (the step launched ahead), no copy may wait for the stream."""
+    """Behind a queued kernel (the step launched ahead), no copy may wait for the stream, on the
+    host or on the GPU: the copies land on their own stream while the step still runs."""
     cuda = torch.device("cuda", 0)
-    torch.cuda._sleep(int(2e8))  # a step still running on the stream
+    torch.cuda._sleep(int(2e9))  # a step still running on the stream (about a second)
     torch.cuda.set_sync_debug_mode("error")
     try:
         batches = _device_batches(cuda, rows=64)
     finally:
         torch.cuda.set_sync_debug_mode(0)
+    copy_stream(cuda).synchronize()  # the copies are done...
+    assert not torch.cuda.current_stream(cuda).query(), "...while the queued step still runs"
     torch.cuda.synchronize()
     images, clips, dense = batches
     assert images.images.is_cuda and clips.clips.is_cuda and dense.maps["depth"].is_cuda

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 
@@ -203,6 +204,23 @@ def test_summary_shares_and_table():
     assert summary["stages"]["compute_s"]["p50_s"] == pytest.approx(0.08)
     table = format_summary(summary, "title")
     assert "loader wait" in table and "10 steps, 160 samples" in table and "10.0% without" in table
+
+
+def test_host_launch_is_summarised_where_every_step_has_it():
+    """A GPU run's records carry launch_s: a stage of its own; a CPU run's (None) leave it out."""
+    records = [_record(i, 0.01, 0.01, 0.08) for i in range(1, 11)]
+    cpu = summarize([r.__dict__ for r in records])
+    assert "launch_s" not in cpu["stages"] and "host launch" not in format_summary(cpu)
+    assert "launch_s" not in json.loads(records[0].to_json()), "omitted from the step log where not measured"
+    for i, record in enumerate(records):
+        record.launch_s = 0.002 * (i + 1)
+    gpu = summarize([json.loads(r.to_json()) for r in records])
+    assert gpu["stages"]["launch_s"]["total_s"] == pytest.approx(0.11)
+    assert gpu["stages"]["launch_s"]["share"] == pytest.approx(0.11 / 1.0)
+    rows = format_summary(gpu).splitlines()
+    assert [row.split()[0] for row in rows[2:7]] == ["loader", "augment", "compute", "host", "step"]
+    records[3].launch_s = None  # one step without it: the stage would cover some steps only
+    assert "launch_s" not in summarize([r.__dict__ for r in records])["stages"]
 
 
 @pytest.mark.parametrize(("text", "ok"), [("3:7", (3, 7)), ("5:5", (5, 5)), ("0:3", None), ("7:3", None), ("x", None)])

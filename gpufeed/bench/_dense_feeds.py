@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpufeed.bench._train_feeds import epoch_window
+from gpufeed.bench._train_feeds import epoch_window, to_device
 from gpufeed.pipelines import DenseBatch, PairedDataset
 from gpufeed.synth import write_paired_split
 
@@ -71,6 +71,6 @@ class PilDensePairs(torch.utils.data.Dataset):
 def dense_batch(raw, device, valid) -> DenseBatch:
     """A collated batch of :class:`PilDensePairs` as a :class:`~gpufeed.pipelines.DenseBatch` on ``device``."""
     hwc, depth, ids = raw
-    images = hwc.to(device, non_blocking=True).permute(0, 3, 1, 2)  # channels_last view, like gpufeed's
-    depth, ids = depth.to(device, non_blocking=True), ids.to(device, non_blocking=True)
+    images, depth, ids = to_device(device, hwc, depth, ids)
+    images = images.permute(0, 3, 1, 2)  # channels_last view, like gpufeed's
     return DenseBatch(images, {"depth": depth}, ids, valid[: len(images)])

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 
 from gpufeed.bench._common import machine_facts
 from gpufeed.core import finite, format_table
-from gpufeed.train import STAGES, summarize
+from gpufeed.train import HOST_LAUNCH, STAGES, summarize
 
-__all__ = ["SIDES", "draw_train_plot", "figures", "pair_figures", "print_train_result"]
+__all__ = ["SIDES", "figures", "pair_figures", "percent_text", "print_train_result", "rate_text"]
 
 SIDES = ("gpufeed", "dataloader")
-_STAGE_NAMES = dict(STAGES)
 _GPU_TARGET_SHARE = 0.05
 
 
@@ -47,6 +45,8 @@ def _side_figures(blocks: list[dict]) -> dict:
     # training device runs on it (zero for ops placed in gpufeed's loader), per sample.
     data = np.array([(s["loader_wait_s"] + s["augment_s"]) / max(s["samples"], 1) for s in steps])
     steps_s = np.array([s["step_s"] for s in steps])
+    phased = [s["next_phases_s"] for s in steps if "next_phases_s" in s]
+    stages = summary["stages"]
     return {
         **summary,
         "median_data_s_per_sample": float(np.median(data)) if len(data) else float("nan"),
@@ -59,10 +59,19 @@ def _side_figures(blocks: list[dict]) -> dict:
         "median_wait_s": median_wait,
         # Where gpufeed's next(loader) spends its time (pipelines/_next_phases.py), median per phase.
         "next_phases_p50_s": {
-            phase: float(np.median([s["next_phases_s"].get(phase, 0.0) for s in phased]))
-            for phase in _PHASES
-            if (phased := [s for s in steps if "next_phases_s" in s])
+            phase: float(np.median([p.get(phase, 0.0) for p in phased])) for phase in _PHASES if phased
         },
+        # The training device's own share of the time (its stream's work: on a GPU, CUDA event
+        # times); the rest of the time it idled, whatever the host was doing meanwhile.
+        "device_busy_share": stages["augment_s"]["share"] + stages["compute_s"]["share"] if stages else float("nan"),
+        # Per step, the host's time (its wait, then queueing the step) against the device's: where
+        # the host's is the longer, the host sets the pace (a GPU only, where launch_s is timed).
+        "host_vs_device_p50_s": [
+            float(np.median([s["loader_wait_s"] + s["launch_s"] for s in steps])),
+            float(np.median([s["augment_s"] + s["compute_s"] for s in steps])),
+        ]
+        if "launch_s" in stages
+        else None,
         "first_batch_wait_s": first,
         "first_batch_wait_vs_median": [_ratio(f, median_wait) for f in first],
         "samples_per_epoch": [block["samples_per_epoch"] for block in blocks],
@@ -147,13 +156,14 @@ def _gpu_target(g: dict, on_gpu: bool, beside: str) -> dict:
 
 def _measured_text(device, settings: dict, cores: int) -> str:
     timing = (
-        "augment and compute with CUDA events, each step read once the next is queued (as gpufeed train does)"
+        "augment and compute with CUDA events, each step read once the next is queued (as gpufeed train does); "
+        "host launch: host time queueing a step, which with the wait sets the pace when it exceeds the device's"
         if device.is_gpu
         else "augment and compute with time.perf_counter (the CPU runs synchronously)"
     )
     alone = len(settings["sides"]) == 1
     copy = (
-        "; the DataLoader's includes its copy to the GPU (asynchronous, from pinned memory)"
+        "; the DataLoader's includes its copy to the GPU (asynchronous, from pinned memory, on a stream of its own)"
         if device.is_gpu and not alone
         else ""
     )
@@ -200,7 +210,7 @@ def figures(
         "loader_wait_share": _ratio(g["loader_wait_share"], d["loader_wait_share"]),
         "steady_loader_wait_share": _ratio(g["steady_loader_wait_share"], d["steady_loader_wait_share"]),
     }
-    for key, _ in STAGES:
+    for key in [key for key, _ in (*STAGES, HOST_LAUNCH) if key in g["stages"] and key in d["stages"]]:
         for q in ("p50", "p95"):
             ratios[f"{key.removesuffix('_s')}_{q}"] = _ratio(g["stages"][key][f"{q}_s"], d["stages"][key][f"{q}_s"])
     machine = machine_facts(device)
@@ -228,11 +238,11 @@ def _x(value) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
-def _rate(value) -> str:
+def rate_text(value) -> str:
     return "n/a" if value is None else f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 
 
-def _pct(value) -> str:
+def percent_text(value) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
@@ -306,20 +316,23 @@ def _table_rows(result: dict, stats: list[dict], both: bool) -> list[list[str]]:
             _x(r["median_data_s_per_sample"])),
         row("samples/s (over step time)", [f"{s['samples_per_s']:,.1f}" for s in stats], _x(r["samples_per_s"])),
         row("samples/s (wall clock)", [f"{s['samples_per_s_wall']:,.1f}" for s in stats], _x(r["samples_per_s_wall"])),
-        row("loader wait, share of step time", [_pct(s["loader_wait_share"]) for s in stats],
+        row("loader wait, share of step time", [percent_text(s["loader_wait_share"]) for s in stats],
             _x(r["loader_wait_share"])),
-        row("  without each epoch's first batch", [_pct(s["steady_loader_wait_share"]) for s in stats],
+        row("  without each epoch's first batch", [percent_text(s["steady_loader_wait_share"]) for s in stats],
             _x(r["steady_loader_wait_share"])),
+        row("augment + compute (the device busy), share", [percent_text(s.get("device_busy_share")) for s in stats],
+            ""),
     ]  # fmt: skip
-    for key, name in (
-        ("step_s", "step"),
-        ("compute_s", "compute"),
-        ("augment_s", "augment"),
-        ("loader_wait_s", "loader wait"),
-    ):
+    for key, name in (("step_s", "step"), ("compute_s", "compute"), ("augment_s", "augment"),
+                      ("loader_wait_s", "loader wait"), HOST_LAUNCH):  # fmt: skip
+        if any(key not in s["stages"] for s in stats):  # host launch: timed on a GPU only
+            continue
         cells = [f"{_ms(s['stages'][key]['p50_s'])} / {_ms(s['stages'][key]['p95_s'])}" for s in stats]
         base = key.removesuffix("_s")
         rows.append(row(f"{name} p50 / p95 (ms)", cells, f"{_x(r[f'{base}_p50'])} / {_x(r[f'{base}_p95'])}"))
+    if all(s.get("host_vs_device_p50_s") for s in stats):
+        cells = [" vs ".join(_ms(v) for v in s["host_vs_device_p50_s"]) for s in stats]
+        rows.append(row("host (wait + launch) vs device (augment + compute) p50 (ms)", cells, ""))
     for epoch, waits in enumerate(zip(*(s["first_batch_wait_s"] for s in stats), strict=True)):
         cells = [
             f"{_ms(w)} ({_x(s['first_batch_wait_vs_median'][epoch])} median)" for w, s in zip(waits, stats, strict=True)
@@ -334,64 +347,3 @@ def _table_rows(result: dict, stats: list[dict], both: bool) -> list[list[str]]:
     per_epoch = [" | ".join(" ".join(map(str, e)) for e in s["samples_per_epoch"]) for s in stats]
     rows.append(row("samples per epoch (each round)", per_epoch, ""))
     return rows
-
-
-def draw_train_plot(result: dict, out: str | Path) -> Path:
-    """Per step, loader wait / augment / compute of each loader run, epoch starts dotted, rounds solid."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    sides = list(result["loaders"])
-    fig, axes = plt.subplots(len(sides), 1, figsize=(11, 7 if len(sides) > 1 else 4), sharex=True, sharey=True,
-                             squeeze=False)  # fmt: skip
-    axes = axes[:, 0]
-    colours = (("loader_wait_s", "#d62728"), ("augment_s", "#ff7f0e"), ("compute_s", "#1f77b4"))
-    totals = [
-        np.array([s["loader_wait_s"] + s["augment_s"] + s["compute_s"] for s in result["loaders"][side]["per_step"]])
-        for side in sides
-    ]
-    every = np.concatenate(totals) * 1e3
-    # A loader start-up can take 100x a normal step; clip it so the normal steps stay readable.
-    top = float(every.max(initial=1.0)) * 1.05
-    ceiling = min(top, float(np.percentile(every, 95) * 3)) if len(every) >= 10 else top
-    for ax, side in zip(axes, sides, strict=True):
-        figs = result["loaders"][side]
-        steps = figs["per_step"]
-        x = np.arange(1, len(steps) + 1)
-        base = np.zeros(len(steps))
-        for key, colour in colours:
-            values = np.array([s[key] for s in steps]) * 1e3
-            ax.bar(x, values, bottom=base, width=1.0, color=colour, label=_STAGE_NAMES[key], linewidth=0)
-            base += values
-        for step, s in zip(x, steps, strict=True):
-            if s["batch"] == 0:
-                solid = s["epoch"] == 0
-                ax.axvline(
-                    step - 0.5, color="black" if solid else "grey", linewidth=0.8, linestyle="-" if solid else ":"
-                )
-            if base[step - 1] > ceiling:
-                ax.annotate(
-                    f"{base[step - 1]:,.0f} ms", (step, ceiling), ha="center", va="top", fontsize=7, rotation=90
-                )
-        ax.set_ylim(0, ceiling)
-        ax.set_ylabel("ms per step")
-        ax.set_title(
-            f"{result['labels'][side]}: loader wait {_pct(figs['loader_wait_share'])} of step time "
-            f"({_pct(figs['steady_loader_wait_share'])} without epochs' first batches), "
-            f"{_rate(figs['samples_per_s'])} samples/s",
-            fontsize=10,
-        )
-    axes[0].legend(loc="upper right", fontsize=8)
-    axes[-1].set_xlabel("step (solid line: a round starts with a fresh loader; dotted: an epoch starts)")
-    fig.suptitle(
-        f"gpufeed bench train: {result['model']}, batch {result['batch_size']}, {result['machine']['device']}",
-        fontsize=11,
-    )
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out

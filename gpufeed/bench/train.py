@@ -29,8 +29,8 @@ import torch
 from gpufeed.bench._dense_feeds import DEPTH_SCALE, PilDensePairs, dense_batch, depth_bench_pairs
 from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, clip_batch, dataloader_feed, gpufeed_feed
 from gpufeed.bench._train_options import TrainBenchOptions
+from gpufeed.bench._train_plot import draw_train_plot as draw_train_plot
 from gpufeed.bench._train_report import SIDES, figures
-from gpufeed.bench._train_report import draw_train_plot as draw_train_plot
 from gpufeed.bench._train_report import print_train_result as print_train_result
 from gpufeed.bench._train_rounds import run_rounds, warm_up
 from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos

@@ -35,6 +35,7 @@ from gpufeed.train._profiling import parse_profile_steps as parse_profile_steps
 from gpufeed.train._report import draw_report
 from gpufeed.train._session import train
 from gpufeed.train._step import Stepper as Stepper
+from gpufeed.train._summary import HOST_LAUNCH as HOST_LAUNCH
 from gpufeed.train._summary import STAGES as STAGES
 from gpufeed.train._summary import summarize as summarize
 from gpufeed.train._tasks import ClipTask as ClipTask

@@ -79,6 +79,7 @@ class _Launched:
     epoch: int
     batch: int
     wait_s: float
+    launch_s: float | None  # host time queueing the step (a GPU only: on the CPU launching runs it)
     ids: list[int] | torch.Tensor | None  # the batch's ids on their way to the host (telemetry.record_sample_ids)
     valid: list[int] | torch.Tensor | None = None  # and which of its rows are real (not padding)
 
@@ -165,8 +166,10 @@ class Loop:
                     break
             if getattr(batch, "valid", None) is not None:
                 valid = _ids_on_the_way(batch.valid)
+        started = time.perf_counter()
         pending = self.stepper.launch(batch)
-        return pending, _Launched(self.s.step + 1, epoch, batch_index, wait_s, ids, valid)
+        launch_s = time.perf_counter() - started if self.on_gpu else None
+        return pending, _Launched(self.s.step + 1, epoch, batch_index, wait_s, launch_s, ids, valid)
 
     def _record(self, done: Finished[_Launched]) -> StepRecord:
         """The record of a step that has been read."""
@@ -187,6 +190,7 @@ class Loop:
             samples=outcome.samples,
             loss=outcome.loss,
             lr=outcome.lr,
+            launch_s=launched.launch_s,
             sample_ids=ids.tolist() if isinstance(ids, torch.Tensor) else ids,
             padding_rows=padding or None,
         )

@@ -17,6 +17,7 @@ import numpy as np
 from gpufeed.core import format_table
 
 __all__ = [
+    "HOST_LAUNCH",
     "STAGES",
     "JobSteps",
     "StepStats",
@@ -34,6 +35,9 @@ STAGES = (
     ("compute_s", "compute"),
     ("step_s", "step"),
 )
+# Recorded on a GPU only (``StepRecord.launch_s``): summarised, and shown, where a run has it.
+HOST_LAUNCH = ("launch_s", "host launch")
+_WITH_LAUNCH = (*STAGES[:3], HOST_LAUNCH, STAGES[3])  # the host queues the step after its wait
 # What the job's figure needs of each step record (besides its rank).
 _JOB_FIELDS = ("step", "batch", "loader_wait_s", "step_s")
 
@@ -44,7 +48,7 @@ class StepStats:
     A long run keeps millions of steps; the full records are in the step log, not in memory.
     """
 
-    _FIELDS = ("loader_wait_s", "augment_s", "compute_s", "step_s", "samples", "batch")
+    _FIELDS = ("loader_wait_s", "augment_s", "compute_s", "launch_s", "step_s", "samples", "batch")
 
     def __init__(self) -> None:
         self._columns = {name: array("d") for name in self._FIELDS}
@@ -58,7 +62,8 @@ class StepStats:
             record.get if isinstance(record, dict) else lambda name, default=None: getattr(record, name, default)
         )
         for name, column in self._columns.items():
-            column.append(float(get(name, 1) if name == "batch" else get(name)))
+            value = get(name, 1) if name == "batch" else get(name)
+            column.append(float("nan") if value is None else float(value))  # launch_s: None on the CPU
 
     def summary(self) -> dict:
         return _summarize({name: np.frombuffer(column, dtype=np.float64) for name, column in self._columns.items()})
@@ -70,7 +75,8 @@ def summarize(records: list[dict]) -> dict:
     Returns:
         ``{"steps", "samples", "samples_per_s", "stages": {field: {p50_s, p95_s, mean_s,
         total_s, share}}, "loader_wait_share", "steady_loader_wait_share"}``. ``share`` is the
-        stage's total over the total step time. ``steady_loader_wait_share`` leaves out the first
+        stage's total over the total step time. ``stages`` holds ``launch_s`` only where every
+        step has one (a GPU run). ``steady_loader_wait_share`` leaves out the first
         batch of each epoch, whose wait includes starting the epoch's pipeline.
     """
     stats = StepStats()
@@ -86,7 +92,8 @@ def _summarize(columns: dict[str, np.ndarray]) -> dict:
         return {"steps": 0, "samples": 0, "samples_per_s": nan, "stages": {}, "loader_wait_share": nan}
     step_total = float(columns["step_s"].sum())
     stages = {}
-    for key, _name in STAGES:
+    launched = "launch_s" in columns and not np.isnan(columns["launch_s"]).any()
+    for key, _name in _WITH_LAUNCH if launched else STAGES:
         values = columns[key]
         stages[key] = {
             "p50_s": float(np.percentile(values, 50)),
@@ -115,7 +122,9 @@ def format_summary(summary: dict, title: str = "") -> str:
     if not summary.get("steps"):
         return f"{title}: no steps recorded" if title else "no steps recorded"
     rows = []
-    for key, name in STAGES:
+    for key, name in _WITH_LAUNCH:
+        if key not in summary["stages"]:
+            continue
         s = summary["stages"][key]
         rows.append([name, s["p50_s"] * 1e3, s["p95_s"] * 1e3, s["mean_s"] * 1e3, f"{s['share'] * 100:.1f}%"])
     table = format_table(["stage", "p50 ms", "p95 ms", "mean ms", "share of step time"], rows)

@@ -1,12 +1,15 @@
 """Per-step telemetry: where each training step's time went, as Prometheus metrics and JSON lines.
 
-Every step is split into three timed stages plus the whole:
+Every step is split into three timed stages (four on a GPU) plus the whole:
 
 * **loader wait**: host time blocked inside ``next(iterator)``. On a GPU the previous step may
   still be running meanwhile (below), so a wait shorter than that step costs the GPU nothing;
   DALI's output is already on the device when ``next`` returns.
 * **augment**: Kornia augmentation on the device.
 * **compute**: forward + backward + optimizer step (scaler and scheduler included).
+* **launch** (GPU only): host time queueing the step's augment and compute. Python launching
+  kernels one by one can take as long as the device runs them; when a step's wait plus launch
+  exceed its device time, the host sets the pace, and a faster loader alone cannot close the gap.
 * **step**: host time from the end of the previous step's record to the end of this one's (the
   first step of an epoch from the start of its wait): the steps of an epoch add up to its wall
   time (see :mod:`gpufeed.train._timeline`). On the CPU a step's period holds its own wait,
@@ -73,6 +76,9 @@ class StepRecord:
         samples: Rows in the batch (padding rows included: they are computed on).
         loss: Training loss of the step.
         lr: Learning rate used by the step.
+        launch_s: Host time spent queueing the step's augment and compute on a GPU (``None`` on the
+            CPU, where launching runs them). Wait plus launch above the device's step time means the
+            host, not the device, sets the pace.
         sample_ids: The batch's sample ids, only with ``telemetry.record_sample_ids``.
         padding_rows: Positions in ``sample_ids`` of padding rows (``last_batch: pad``: repeats
             that even out the ranks' steps, not counted as reads), only with
@@ -91,12 +97,13 @@ class StepRecord:
     samples: int
     loss: float
     lr: float
+    launch_s: float | None = field(default=None)
     sample_ids: list[int] | None = field(default=None)
     padding_rows: list[int] | None = field(default=None)
 
     def to_json(self) -> str:
         data = asdict(self)
-        for optional in ("sample_ids", "padding_rows"):
+        for optional in ("launch_s", "sample_ids", "padding_rows"):
             if data[optional] is None:
                 del data[optional]
         return json.dumps(data, separators=(",", ":"))
