@@ -11,7 +11,8 @@ Some videos no DALI reader takes, on any device, because it would hand over othe
 PyAV's reads: a display matrix (DALI returns the stored frames), an edit list (it counts the
 hidden frames), an MPEG transport stream (it trusts FFmpeg's late seeks), several video streams or
 a cover picture (it might open another stream), a colour matrix other than BT.601 (DALI converts
-with BT.601 whatever the file says). A video NVDEC or DALI's reader cannot take is
+with BT.601 whatever the file says), interlacing (its GPU reader converts each field picture as it
+decodes it, so may hand over a frame with one field decoded). A video NVDEC or DALI's reader cannot take is
 decoded with PyAV. The clip loader reads all of a dataset through one pipeline, so one such video
 moves the whole dataset to PyAV under ``video.decoder: auto`` (logged, with the videos and why),
 and is refused up front under ``video.decoder: dali``.
@@ -172,6 +173,17 @@ def _reader_problem(info) -> str | None:
             f"its colour matrix is {name}: DALI's video readers convert with BT.601 (colours off by up to "
             f"~20 levels), PyAV with {name}"
         )
+    if getattr(info, "interlaced", False):
+        # DALI's GPU reader (frames_decoder_gpu.cc, read, not run) maps and converts the surface in its
+        # decode callback, once a picture: an h264 field pair (PAFF) is two pictures, so a frame can
+        # be handed over, or buffered, with one field decoded. MBAFF frames and HEVC's field pictures
+        # (each one a frame here, for PyAV too) are whole pictures and may read right, but no GPU has
+        # read one here, so all go to PyAV. VP8, VP9 and AV1 have no field coding; an interlaced MJPEG
+        # (two JPEG fields a packet) reaches DALI's CPU reader only, untested on it: one rule for all.
+        return (
+            "it is interlaced (field-coded): DALI's GPU reader converts each field picture as it decodes it, "
+            "so may return a frame with one field decoded; PyAV returns whole frames"
+        )
     if info.container == "mpegts":
         return (
             "an MPEG transport stream: it has no index and FFmpeg's seeks in it can land a GOP late; "
@@ -248,7 +260,7 @@ def choose_decoder(requested: str, on_gpu: bool, infos, capability: tuple[int, i
         raise DatasetError(
             f"video.decoder: dali, but {cannot} {len(refused)} video(s), "
             f"e.g. {first_path}: {first_why}; use decoder auto or pyav, or re-encode them with "
-            "'gpufeed prepare' (h264 yuv420p BT.601, upright)"
+            "'gpufeed prepare' (h264 yuv420p BT.601, upright, progressive)"
         )
     if on_gpu:
         reason = (

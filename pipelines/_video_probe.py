@@ -40,6 +40,8 @@ _MATRICES = (
     "chroma-derived-nc chroma-derived-c ictcp ipt-c2 ycgco-re ycgco-ro"
 )
 _RANGES = ("unspecified", "tv", "pc")
+# FFmpeg's AVFieldOrder numbers of an interlaced stream: tt, bb, tb, bt (0 unknown, 1 progressive).
+_FIELD_ORDERS = (2, 3, 4, 5)
 
 
 def _colour_names(matrix: int, colour_range: int) -> tuple[str, str]:
@@ -100,6 +102,12 @@ class VideoInfo:
             is what PyAV converts with (the stream's where no frame was decoded). ``""``: not
             probed (a frame store). DALI's video readers convert with BT.601 whatever the
             matrix, so leave other matrices to PyAV (:mod:`gpufeed.pipelines._nvdec`).
+        interlaced: The first decoded frame is flagged interlaced (FFmpeg's ``AV_FRAME_FLAG_INTERLACED``:
+            coded as fields, as field pictures (PAFF) or field macroblock pairs (MBAFF), or so timed
+            by the stream; an HEVC field stream's pictures are single fields, each a frame here),
+            else the stream's field order where no frame was decoded. PyAV hands over the frames
+            FFmpeg assembles, h264's two fields woven into one; DALI's readers leave such a video to
+            PyAV (:mod:`gpufeed.pipelines._nvdec`).
     """
 
     path: str
@@ -127,6 +135,7 @@ class VideoInfo:
     still_pictures: int = 0
     colour_matrix: str = ""
     colour_range: str = ""
+    interlaced: bool = False
 
     @property
     def orientation(self) -> Orientation:
@@ -243,7 +252,7 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
 
 
 class _FirstFrameOrientation:
-    """How a video is shown (its display matrix) and its colour matrix and range, from its first decoded keyframe.
+    """How a video is shown (display matrix), its colour matrix and range, and interlacing, from its first keyframe.
 
     PyAV hands a stream's display matrix over on its frames only (their side data), so the
     first keyframe in the file is decoded, alone (one thread, the decoder flushed after it), and
@@ -252,7 +261,7 @@ class _FirstFrameOrientation:
     :attr:`MAX_PIXELS` pixels a frame, the images' decompression-bomb limit (a hostile header must
     not make the index, or the server probing an upload before its own limit refuses it, allocate); a
     decoding error leaves it upright (the check's full decode names damage). Unknown is upright:
-    the stored frames as they are; unknown colours are the stream's.
+    the stored frames as they are; unknown colours and interlacing are the stream's.
     """
 
     MAX_PIXELS = DEFAULT_MAX_IMAGE_PIXELS  # 8K UHD (33.2 million) fits
@@ -263,6 +272,9 @@ class _FirstFrameOrientation:
         # which PyAV converts it (FFmpeg fills both from the bitstream, else from the container).
         context = stream.codec_context
         self.colour = (int(context.colorspace), int(context.color_range))
+        # The stream's field order says it for h264 (the container's, else the first headers'), not
+        # for HEVC, whose fields only the frames' flags tell (measured: x265's field stream says 0).
+        self.interlaced = int(getattr(context, "field_order", 0) or 0) in _FIELD_ORDERS  # else the frame decides
         self._done = not 0 < pixels <= self.MAX_PIXELS
         self._hidden = False  # the first keyframe lies before an edit list's start
 
@@ -295,12 +307,14 @@ class _FirstFrameOrientation:
             "mirrored": self.orientation.mirrored,
             "colour_matrix": matrix,
             "colour_range": colour_range,
+            "interlaced": self.interlaced,
         }
 
     def _take(self, frame) -> None:
         if frame is not None:
             self.orientation = frame_orientation(frame)
             self.colour = (int(frame.colorspace), int(frame.color_range))
+            self.interlaced = bool(frame.interlaced_frame)
 
     @staticmethod
     def _decode(stream, packet):

@@ -50,8 +50,8 @@ __all__ = [
 # .ts/.mts/.m2ts: MPEG transport streams (AVCHD camcorders write .mts); read with PyAV (see _nvdec).
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v", ".ts", ".mts", ".m2ts")
 # 4: profile, frame stores; 5: both; 6: display matrix, video streams, edit lists, container; 7: cover pictures;
-# 8: colour matrix and range
-_INDEX_VERSION = 8
+# 8: colour matrix and range; 9: interlacing
+_INDEX_VERSION = 9
 
 
 # Raw video elementary streams (a Raspberry Pi camera writes .h264): no container, so no timestamps
