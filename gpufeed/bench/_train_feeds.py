@@ -29,13 +29,15 @@ The copies go to a CUDA stream of their own (:func:`to_device`), as gpufeed's lo
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from gpufeed.core import SizePx
+from gpufeed.core import SizePx, write_atomic
 from gpufeed.pipelines import ClipBatch, ImageBatch, train_windows
+from gpufeed.synth import make_bench_images
 
 if TYPE_CHECKING:  # PyAV loads in the DataLoader's workers only
     from av.video.reformatter import VideoReformatter
@@ -48,6 +50,7 @@ __all__ = [
     "copy_stream",
     "dataloader_feed",
     "epoch_window",
+    "generated_image_list",
     "gpufeed_feed",
     "image_batch",
     "to_device",
@@ -274,3 +277,13 @@ def dataloader_feed(
         sampler.set_epoch(epoch)
         for index, raw in enumerate(loader):
             yield epoch, index, to_batch(raw, torch_device, valid)
+
+
+def generated_image_list(cache: Path, count: int, image_size: tuple[int, int], classes: int) -> Path:
+    """``gpufeed bench loader``'s generated photos as a list file with labels ``i % classes``."""
+    folder = make_bench_images(cache, count, *image_size)
+    listing = folder / f"labels-{classes}.txt"
+    if not listing.exists():
+        photos = sorted((folder / "photos").glob("*.jpg"))
+        write_atomic(listing, "".join(f"photos/{p.name} {i % classes}\n" for i, p in enumerate(photos)))
+    return listing

@@ -254,7 +254,7 @@ def print_train_result(result: dict) -> None:
     clip = f", {result['clip_length_frames']}-frame clips" if result["task"] == "clips" else ""
     print(
         f"train benchmark ({result['task']}): {result['model']}, {result['size_px'].label} px{clip}, batch "
-        f"{result['batch_size']}, amp {result['amp']}, channels_last {result['channels_last']}; {result['data']}"
+        f"{result['batch_size']}, amp {result['amp']}, channels_last {result['channels_last']}, compile {result.get('compile', 'off')}; {result['data']}"
     )
     for side in sides:
         placement = result.get("augment_placement", {}).get(side, {})

@@ -27,7 +27,14 @@ from typing import Any
 import torch
 
 from gpufeed.bench._dense_feeds import DEPTH_SCALE, PilDensePairs, dense_batch, depth_bench_pairs
-from gpufeed.bench._train_feeds import PilTrainImages, PyAvSeekClips, clip_batch, dataloader_feed, gpufeed_feed
+from gpufeed.bench._train_feeds import (
+    PilTrainImages,
+    PyAvSeekClips,
+    clip_batch,
+    dataloader_feed,
+    generated_image_list,
+    gpufeed_feed,
+)
 from gpufeed.bench._train_options import TrainBenchOptions
 from gpufeed.bench._train_plot import draw_train_plot as draw_train_plot
 from gpufeed.bench._train_report import SIDES, figures
@@ -35,7 +42,7 @@ from gpufeed.bench._train_report import print_train_result as print_train_result
 from gpufeed.bench._train_rounds import run_rounds, warm_up
 from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
 from gpufeed.config import Config, ConfigError, parse_config
-from gpufeed.core import SizePx, progress_bar, write_atomic
+from gpufeed.core import SizePx, progress_bar
 from gpufeed.device import resolve_device
 from gpufeed.models import create_model
 from gpufeed.pipelines import (
@@ -50,7 +57,6 @@ from gpufeed.pipelines import (
     default_num_threads,
     plan_epoch,
 )
-from gpufeed.synth import make_bench_images
 from gpufeed.train import (
     AugmentPlan,
     ClipTask,
@@ -59,6 +65,7 @@ from gpufeed.train import (
     Stepper,
     build_optimizer,
     build_scheduler,
+    compile_model,
     plan_augmentation,
     refuse_device_geometry,
     resolve_amp,
@@ -152,7 +159,7 @@ class _Run:
             self.data_text = f"{len(self.dataset)} images in {args.data}"
         else:
             classes = args.classes or 1000
-            listing = _generated_image_list(args.cache, self.pick["images"], args.image_size, classes)
+            listing = generated_image_list(args.cache, self.pick["images"], args.image_size, classes)
             self.dataset = ImageDataset.from_list(listing, progress=True)
             self.data_text = f"{len(self.dataset)} generated photo-like {args.image_size[0]}x{args.image_size[1]} JPEGs"
         self.data_text += f", {classes} classes"
@@ -261,6 +268,7 @@ class _Run:
         if cfg.train.channels_last:
             to_channels_last(model)  # in place
             memory_format = self.task.input_format(model)
+        compile_model(model, cfg.train.compile)
         optimizer = build_optimizer(model, cfg.train)
         scheduler = build_scheduler(optimizer, self.epochs * self.steps_per_epoch, cfg.train)
         scaler = torch.amp.GradScaler(self.device.torch_device.type, enabled=self.amp_dtype == torch.float16)
@@ -275,6 +283,7 @@ class _Run:
             memory_format=memory_format,
             grad_clip_norm=cfg.train.grad_clip_norm,
             on_gpu=self.device.is_gpu,
+            cudagraphs=cfg.train.compile == "reduce-overhead",
         )
 
     def synthetic_batch(self):
@@ -314,16 +323,6 @@ def _config(args: TrainBenchOptions, pick: dict, workers: int) -> Config:
         image=dataclasses.replace(cfg.image, **size),
         video=dataclasses.replace(cfg.video, clip_length_frames=args.clip_length, **size),
     )
-
-
-def _generated_image_list(cache: Path, count: int, image_size: tuple[int, int], classes: int) -> Path:
-    """``gpufeed bench loader``'s generated photos as a list file with labels ``i % classes``."""
-    folder = make_bench_images(cache, count, *image_size)
-    listing = folder / f"labels-{classes}.txt"
-    if not listing.exists():
-        photos = sorted((folder / "photos").glob("*.jpg"))
-        write_atomic(listing, "".join(f"photos/{p.name} {i % classes}\n" for i, p in enumerate(photos)))
-    return listing
 
 
 def run_train_bench(
@@ -393,6 +392,7 @@ def _settings(run: _Run, augmenters: dict, orders: list) -> dict:
         "dali_prefetch_queue_depth": cfg.loader.prefetch_queue_depth,
         "amp": str(run.amp_dtype).replace("torch.", "") if run.amp_dtype else "off",
         "channels_last": cfg.train.channels_last,
+        "compile": cfg.train.compile,
         "augment": {side: list(getattr(a, "names", [])) for side, a in augmenters.items()},
         "augment_placement": {side: plan.placement for side, plan in run.plans.items()},
         "seed": cfg.seed,

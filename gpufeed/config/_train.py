@@ -11,6 +11,7 @@ __all__ = ["AUGMENT_OPS", "LOADER_AUGMENT_OPS", "AugmentConfig", "ModelConfig", 
 
 Schedule = Literal["cosine", "linear", "constant"]
 AmpMode = Literal["auto", "bf16", "fp16", "off"]
+CompileMode = Literal["off", "default", "reduce-overhead"]
 AugmentOp = Literal["color_jitter", "grayscale", "gaussian_blur", "rotation", "erasing", "horizontal_flip"]
 AUGMENT_OPS: tuple[str, ...] = get_args(AugmentOp)
 # Where an op runs: inside the loader's DALI graph, gpufeed's fused torch op on the training
@@ -69,6 +70,11 @@ class TrainConfig:
     min_lr_fraction: float = option(0.0, ge=0.0, le=1.0, doc="final learning rate as a fraction of lr")
     amp: AmpMode = option("auto", doc="mixed precision: auto = bf16 on a GPU that has it, else fp16; off on the CPU")
     channels_last: bool = option(True, doc="run convolutions in channels_last memory format")
+    compile: CompileMode = option(
+        "off",
+        doc="torch.compile the model in place: default fuses its small ops (fewer kernels for the host to "
+        "launch); reduce-overhead also replays each step's kernels as CUDA graphs (a GPU); off: eager",
+    )
     grad_clip_norm: float | None = option(None, gt=0.0, doc="clip the gradient norm to this; null: no clipping")
     label_smoothing: float = option(0.0, ge=0.0, lt=1.0, doc="label smoothing of the image cross-entropy")
     checkpoint_every_steps: int = option(

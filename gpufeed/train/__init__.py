@@ -29,6 +29,7 @@ from gpufeed.train._errors import TrainError
 from gpufeed.train._loop import TrainResult
 from gpufeed.train._optim import build_optimizer as build_optimizer
 from gpufeed.train._optim import build_scheduler as build_scheduler
+from gpufeed.train._optim import compile_model as compile_model
 from gpufeed.train._optim import resolve_amp as resolve_amp
 from gpufeed.train._preflight import estimate_checkpoint_bytes as estimate_checkpoint_bytes
 from gpufeed.train._profiling import parse_profile_steps as parse_profile_steps

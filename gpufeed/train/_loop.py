@@ -146,6 +146,7 @@ class Loop:
             grad_clip_norm=self.cfg.train.grad_clip_norm,
             on_gpu=self.on_gpu,
             padded=self.cfg.loader.last_batch == "pad",  # only padded batches weigh ranks by their real rows
+            cudagraphs=self.cfg.train.compile == "reduce-overhead",
         )
         self.profile = ProfileWindow(s.profile_steps, s.run_dir, s.dist.rank, self.on_gpu)
         self.stats = StepStats()

@@ -12,6 +12,7 @@ from gpufeed.config import ConfigError, TrainConfig
 __all__ = [
     "build_optimizer",
     "build_scheduler",
+    "compile_model",
     "load_optimizer_state",
     "lr_factor",
     "resolve_amp",
@@ -143,3 +144,25 @@ def resolve_amp(mode: str, device) -> torch.dtype | None:
     if mode == "auto":
         return torch.bfloat16 if bf16_ok else torch.float16
     return torch.bfloat16 if mode == "bf16" else torch.float16
+
+
+def compile_model(model: nn.Module, mode: str) -> None:
+    """Apply ``train.compile`` to ``model`` in place (``nn.Module.compile``; ``off`` leaves it eager).
+
+    In place, not ``torch.compile(model)``: the module keeps its own state-dict keys (a wrapper's
+    carry an ``_orig_mod.`` prefix), so checkpoints, resumes, DDP and the export read it as before.
+    Compilation happens at the first forward pass (seconds to minutes) and again for evaluation
+    mode. ``reduce-overhead`` replays each step's kernels as CUDA graphs: the host launches a graph
+    instead of every kernel, for a loop whose host launching is as long as the device's work
+    (:class:`~gpufeed.train._step.Stepper` marks each step's start for it).
+
+    Raises:
+        ConfigError: ``reduce-overhead`` without a GPU (CUDA graphs need one).
+    """
+    if mode == "off":
+        return
+    if mode == "reduce-overhead" and next(model.parameters()).device.type != "cuda":
+        raise ConfigError(
+            "train.compile", "reduce-overhead replays CUDA graphs and this run uses the CPU; use default or off"
+        )
+    model.compile(mode=None if mode == "default" else mode)

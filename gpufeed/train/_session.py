@@ -46,7 +46,7 @@ from gpufeed.train._distributed import (
 )
 from gpufeed.train._errors import TrainError
 from gpufeed.train._loop import Loop, TrainResult
-from gpufeed.train._optim import build_optimizer, build_scheduler, resolve_amp
+from gpufeed.train._optim import build_optimizer, build_scheduler, compile_model, resolve_amp
 from gpufeed.train._preflight import (
     STEP_LOG_LINE_BYTES,
     disk_full,
@@ -155,6 +155,7 @@ class Session:
         if cfg.train.channels_last:
             model = to_channels_last(model)
             self.input_format = self.data.task.input_format(model)
+        compile_model(model, cfg.train.compile)  # in place: its state-dict keys stay the model's own
         self.augment = augment.augmenter.to(self.device.torch_device)
         self.augment_placement = augment.placement
         self.optimizer = build_optimizer(model, cfg.train)

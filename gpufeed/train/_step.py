@@ -87,6 +87,9 @@ class Stepper:
         padded: Batches may hold padding rows (``last_batch: pad``). Under DDP each rank's loss is
             then weighted by its share of the global batch's real rows, at the cost of one
             all-reduce of a device scalar per step; ``False`` (every row real: ``drop``) skips it.
+        cudagraphs: The model replays CUDA graphs (``train.compile: reduce-overhead``): each step
+            and evaluation batch is marked as a new one, so the graphs' output buffers of the
+            last are free to be reused (nothing here keeps a step's outputs past the step).
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class Stepper:
         grad_clip_norm: float | None = None,
         on_gpu: bool = False,
         padded: bool = True,
+        cudagraphs: bool = False,
     ) -> None:
         self.model, self.task, self.optimizer, self.scheduler = model, task, optimizer, scheduler
         # The group DDP averages gradients over, where ranks' real rows may differ (else None).
@@ -111,6 +115,7 @@ class Stepper:
         self.amp_dtype, self.memory_format, self.grad_clip_norm = amp_dtype, memory_format, grad_clip_norm
         self.device_type = "cuda" if on_gpu else "cpu"
         self.clock = StageClock(on_gpu)
+        self.cudagraphs = cudagraphs
         self.ranges = StageRanges(on_gpu)
 
     def autocast(self):
@@ -136,6 +141,8 @@ class Stepper:
             pixels = self.prepare(self.augment(task.inputs(batch)))
         marks.mark(1)
         fault = task.target_fault(batch)  # read with the loss, after the step: no host wait here
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with self.autocast(), self.ranges("forward"):
             logits = self.model(pixels)
             loss, shown = self._loss(logits, task.targets(batch), task.valid(batch))
@@ -169,6 +176,8 @@ class Stepper:
     @torch.no_grad()
     def predict(self, model: nn.Module, batch) -> torch.Tensor:
         """Evaluation logits of ``batch`` (no augmentation), under the same autocast."""
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with self.autocast():
             return model(self.prepare(self.task.inputs(batch)))
 
