@@ -39,11 +39,12 @@ from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._deepethogram import videos_at
 from gpufeed.pipelines._epochs import EpochLoader
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._executor import chosen_executor
 from gpufeed.pipelines._frame_stores import decode_store_frames
 from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._nvdec import gpu_capability
 from gpufeed.pipelines._nvdec_reader import ReaderBuild
-from gpufeed.pipelines._pipeline_session import HostOutputs, Session, SideStreamCopies
+from gpufeed.pipelines._pipeline_session import Session, pipeline_outputs
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sampler import EpochPlan, PlanStream, StreamBatch
@@ -263,13 +264,10 @@ class ClipLoader(EpochLoader):
 
     def _open_session(self, stream: PlanStream) -> Session:
         job = self._clip_job(stream)
-        pipe, limit = self.clip_source.open(job)
+        with chosen_executor(getattr(self.cfg, "executor", "auto")):  # the source builds several calls down
+            pipe, limit = self.clip_source.open(job)
         self._clip_plan = job.plan
-        iterator: HostOutputs | SideStreamCopies
-        if job.device_id is None:  # each batch as soon as it is in, not one worker batch later
-            iterator = HostOutputs(pipe, ["clips", "tags"])
-        else:
-            iterator = SideStreamCopies(pipe, ["clips", "tags"], self.device.torch_device)
+        iterator = pipeline_outputs(pipe, ["clips", "tags"], self.device.torch_device)
         return Session(iterator, stream, limit=limit, resources=[self.clip_source], worker_pids=worker_pids(pipe))
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ClipBatch:

@@ -188,6 +188,7 @@ def build_dense_pipeline(
     prefetch_queue_depth: int,
     seed: int,
     gpu_options: dict | None = None,
+    executor: str = "auto",
     build: bool = True,
 ):
     """Build the dense DALI pipeline: outputs ``(images, meta, *maps)`` (maps in ``feed.kinds`` order).
@@ -198,6 +199,7 @@ def build_dense_pipeline(
         depth_interp: ``nearest`` or ``linear`` resampling of depth maps (masks are always nearest).
         gpu_options: The RGB's ``mixed`` decoder arguments (the loader's ``_decoder_options``, as the
             image loader's); ``None`` on the CPU.
+        executor: ``loader.executor`` (:func:`~gpufeed.pipelines._executor.executor_args`).
         build: Build it (False: the graph alone, to inspect).
     """
     from nvidia.dali import fn, pipeline_def, types
@@ -242,7 +244,7 @@ def build_dense_pipeline(
         device_id=device_id,
         prefetch_queue_depth=prefetch_queue_depth,
         seed=seed,
-        **executor_args(on_gpu),
+        **executor_args(on_gpu, executor),
     )
     if build:
         pipe.build()
@@ -344,6 +346,7 @@ class DenseLoader(SampleLoader):
             prefetch_queue_depth=self.cfg.prefetch_queue_depth,
             seed=self.seed,
             gpu_options=self._decoder_options() if self.device.is_gpu else None,
+            executor=getattr(self.cfg, "executor", "auto"),
             build=build,
         )
         return pipe, feed

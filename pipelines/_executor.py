@@ -1,5 +1,6 @@
-"""Which DALI executor a loader's pipeline runs on.
+"""Which DALI executor a loader's pipeline runs on (``loader.executor``).
 
+``auto`` (the default): the static executor on a GPU, the dynamic one on a CPU, for these reasons.
 DALI 2's default, dynamic executor hands a GPU pipeline's CPU outputs (sample ids, rows, labels) to
 ``DALIGenericIterator`` in pinned host memory, which the iterator passes to ``torch.from_dlpack``
 without a copy. torch refuses that memory (DLPack device ``kDLCUDAHost``: "BufferError: Unsupported
@@ -10,15 +11,76 @@ images of 224x224 are 38.5 MB, some 0.03 ms at an H200's copy bandwidth of about
 memcpy of its few host values. No loader graph moves data
 from the GPU back to the CPU, the one thing the static executor cannot run. On a CPU the dynamic
 executor stays: its outputs are plain host memory, handed over without a copy.
+
+``static`` and ``dynamic`` force one executor, for an A/B of the host time a GPU run spends in each
+``next(loader)`` (about 3 ms a batch on an H200, ResNet-18, batches of 256: ``gpufeed bench train
+--device gpu --set loader.executor=dynamic``, ``gpufeed bench loader --vary
+loader.executor=static,dynamic``). With the static executor ``share_outputs`` waits on the host for
+the batch's GPU work, and the iterator then allocates torch tensors and copies into them. With the
+dynamic one a GPU pipeline is read by
+:class:`~gpufeed.pipelines._stream_outputs.StreamOutputs`: the training stream waits for DALI's work
+on the GPU, the GPU outputs reach torch without a copy, and the pinned host outputs torch refuses
+are handed over as plain host memory (DALI waits on the host for their ready event first, which may
+be the batch's GPU work: what is left of the wait is for the A/B to show).
+
+``static`` on a CPU runs too: DALI's static executor runs CPU-only pipelines, and every CPU loader
+graph (images, ``loader.pipelines: 2``, dense pairs, frame stores, PyAV clips, DALI's VP9 reader)
+gives the same batches on it as on the dynamic one (``tests/test_loader_executor.py``); its
+outputs are copied out before DALI reuses their buffers.
+
+The clip loader's sources build their pipelines several calls below the loader, so the loader
+names its choice around that build (:func:`chosen_executor`) instead of handing it down each call.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 
-def executor_args(on_gpu: bool) -> dict:
+__all__ = ["EXECUTORS", "chosen_executor", "executor_args"]
+
+# loader.executor's values (gpufeed.config's LoaderConfig declares the same ones).
+EXECUTORS = ("auto", "static", "dynamic")
+
+# The choice of the loader building a pipeline right now, for builds that do not take it as an argument.
+_CHOSEN: contextvars.ContextVar[str] = contextvars.ContextVar("gpufeed_loader_executor", default="auto")
+
+
+def _checked(choice: str) -> str:
+    if choice not in EXECUTORS:
+        raise ValueError(f"loader.executor {choice!r} is not allowed; allowed: {', '.join(EXECUTORS)}")
+    return choice
+
+
+@contextlib.contextmanager
+def chosen_executor(choice: str) -> Iterator[None]:
+    """Within the block, :func:`executor_args` called without a choice takes ``choice``.
+
+    Args:
+        choice: ``loader.executor``: ``auto``, ``static`` or ``dynamic``.
+
+    Raises:
+        ValueError: ``choice`` is none of those (naming ``loader.executor``).
+    """
+    token = _CHOSEN.set(_checked(choice))
+    try:
+        yield
+    finally:
+        _CHOSEN.reset(token)
+
+
+def executor_args(on_gpu: bool, choice: str | None = None) -> dict:
     """DALI ``Pipeline`` keyword arguments choosing the executor (see the module docs).
 
     Args:
         on_gpu: Whether the pipeline has a device (``device_id`` set).
+        choice: ``loader.executor``; ``None``: the one :func:`chosen_executor` set, else ``auto``.
+
+    Raises:
+        ValueError: ``choice`` is not one of :data:`EXECUTORS` (naming ``loader.executor``).
     """
-    return {"exec_dynamic": not on_gpu}
+    choice = _checked(_CHOSEN.get() if choice is None else choice)
+    if choice == "auto":
+        return {"exec_dynamic": not on_gpu}
+    return {"exec_dynamic": choice == "dynamic"}

@@ -275,6 +275,7 @@ def build_image_pipeline(
     prefetch_queue_depth: int,
     seed: int,
     gpu_options: dict | None = None,
+    executor: str = "auto",
     build: bool = True,
 ):
     """Build (not yet run) the loader's DALI pipeline over ``feed``'s stream of plan batches.
@@ -284,6 +285,7 @@ def build_image_pipeline(
         size_px: Output size, the config's ``size_px``.
         device_id: CUDA device for nvJPEG decoding and GPU resize; ``None`` runs on the CPU.
         gpu_options: Extra ``mixed`` decoder arguments (see :func:`gpu_decoder_options`).
+        executor: ``loader.executor`` (:func:`~gpufeed.pipelines._executor.executor_args`).
         build: ``False`` returns the pipeline defined but not built: nothing is allocated and no
             device is needed, so its graph can be read on any machine (the tests read a GPU
             graph's operators on a CPU).
@@ -327,7 +329,7 @@ def build_image_pipeline(
         device_id=device_id,
         prefetch_queue_depth=prefetch_queue_depth,
         seed=seed,
-        **executor_args(on_gpu),
+        **executor_args(on_gpu, executor),
     )
     if build:
         pipe.build()

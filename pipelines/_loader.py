@@ -186,6 +186,7 @@ class ImageLoader(SampleLoader):
             prefetch_queue_depth=self.cfg.prefetch_queue_depth,
             seed=self.seed,
             gpu_options=gpu_options if gpu_options is not None else self._decoder_options(),
+            executor=getattr(self.cfg, "executor", "auto"),
             build=build,
         )
         return pipe, feed

@@ -1,4 +1,11 @@
-"""One built pipeline of a loader and how far its stream has been read (:class:`Session`)."""
+"""One built pipeline of a loader and how far its stream has been read (:class:`Session`), and its readers.
+
+How a pipeline's outputs become torch tensors depends on its device and executor
+(``loader.executor``, :mod:`gpufeed.pipelines._executor`). On a CPU: :class:`HostOutputs` (the clip
+loader, :func:`pipeline_outputs`) or ``DALIGenericIterator`` (the image and dense loaders). On a
+GPU, :func:`gpu_outputs`: :class:`SideStreamCopies` for the static executor,
+:class:`~gpufeed.pipelines._stream_outputs.StreamOutputs` for the dynamic one.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +16,9 @@ from typing import Any
 
 from gpufeed.pipelines._next_phases import NEXT_PHASES, timed_pipeline
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
+from gpufeed.pipelines._stream_outputs import StreamOutputs
 
-__all__ = ["HostOutputs", "Session", "SideStreamCopies", "start_prefetch"]
+__all__ = ["HostOutputs", "Session", "SideStreamCopies", "gpu_outputs", "pipeline_outputs", "start_prefetch"]
 
 
 def _process_state(pid: int) -> str | None:
@@ -33,9 +41,10 @@ class HostOutputs:
     batch is asked for, after the loader has copied the previous one out; the workers do not
     wait, since the external source keeps its own batches scheduled ahead of the pipeline's runs.
 
-    Yields ``[{name: tensor}]`` as ``DALIGenericIterator`` does. For host outputs of the dynamic
-    executor (``exec_dynamic``, the CPU loaders' executor) only: the tensors share DALI's buffers,
-    which that executor keeps for as long as they are referenced.
+    Yields ``[{name: tensor}]`` as ``DALIGenericIterator`` does. With the dynamic executor
+    (``exec_dynamic``, the CPU loaders' default) the tensors share DALI's buffers, which that
+    executor keeps for as long as they are referenced; the static one (``loader.executor: static``)
+    reuses a buffer once it is released, so its outputs are copied out first.
 
     Args:
         pipe: A built CPU pipeline (no ``device_id``).
@@ -43,10 +52,11 @@ class HostOutputs:
     """
 
     def __init__(self, pipe, names: list[str]) -> None:
-        if pipe.device_id is not None or not pipe.exec_dynamic:
-            raise ValueError("HostOutputs reads CPU pipelines of the dynamic executor only")
+        if pipe.device_id is not None:
+            raise ValueError("HostOutputs reads CPU pipelines only")
         timed_pipeline(pipe)  # its calls below are timed into NEXT_PHASES, as DALI's iterator's are
         self.pipe, self.names = pipe, list(names)
+        self.copy = not pipe.exec_dynamic
 
     def __iter__(self):
         return self
@@ -57,6 +67,8 @@ class HostOutputs:
         self.pipe.schedule_run()  # the pipeline's first run also fills its prefetch queue
         outputs = self.pipe.share_outputs()
         batch = {name: torch.from_dlpack(out.as_tensor()) for name, out in zip(self.names, outputs, strict=True)}
+        if self.copy:
+            batch = {name: tensor.clone() for name, tensor in batch.items()}
         self.pipe.release_outputs()  # the dynamic executor keeps the buffers the tensors hold
         return [batch]
 
@@ -108,6 +120,34 @@ class SideStreamCopies:
         return out
 
 
+def gpu_outputs(pipe, names: list[str], device) -> SideStreamCopies | StreamOutputs:
+    """The reader of a GPU pipeline's outputs: :class:`StreamOutputs` for the dynamic executor
+    (``loader.executor: dynamic``), :class:`SideStreamCopies` for the static one.
+
+    Args:
+        pipe: A built GPU pipeline.
+        names: A name for each of its outputs.
+        device: Its torch device.
+    """
+    if pipe.exec_dynamic:
+        return StreamOutputs(pipe, names, device)
+    return SideStreamCopies(pipe, names, device)
+
+
+def pipeline_outputs(pipe, names: list[str], device) -> HostOutputs | SideStreamCopies | StreamOutputs:
+    """The reader of a pipeline's outputs: :class:`HostOutputs` on a CPU (each batch as soon as it is
+    in, not one worker batch later), :func:`gpu_outputs`' on a GPU.
+
+    Args:
+        pipe: A built pipeline.
+        names: A name for each of its outputs.
+        device: Its torch device.
+    """
+    if pipe.device_id is None:
+        return HostOutputs(pipe, names)
+    return gpu_outputs(pipe, names, device)
+
+
 def start_prefetch(iterator) -> None:
     """Schedule a ``DALIGenericIterator``'s first runs now rather than at its first ``next()``.
 
@@ -117,6 +157,9 @@ def start_prefetch(iterator) -> None:
     does itself (``_schedule_runs(False)``, DALI's ``base_iterator.py``); an iterator without it
     (another DALI) starts at its first turn, as before.
     """
+    if isinstance(iterator, StreamOutputs):
+        iterator.start()
+        return
     inner = iterator.iterator if isinstance(iterator, SideStreamCopies) else iterator
     if getattr(inner, "_ever_scheduled", True) is False and hasattr(inner, "_schedule_runs"):
         inner._schedule_runs(False)
@@ -128,7 +171,7 @@ class Session:
 
     Attributes:
         iterator: The pipeline's outputs, ``[{name: tensor}]`` per plan batch (``DALIGenericIterator``,
-            or :class:`HostOutputs` on a CPU).
+            :class:`HostOutputs` on a CPU, or :func:`gpu_outputs`' reader on a GPU).
         stream: The plan batches the pipeline produces, in order.
         limit: Iterations the pipeline can produce (``None``: unbounded).
         consumed: Iterations read so far.

@@ -3,8 +3,9 @@
 :class:`~gpufeed.pipelines.ImageLoader` (an image and its label) and
 :class:`~gpufeed.pipelines.DenseLoader` (an image and its target maps) both plan over the
 dataset's usable sample ids, leave out the ids whose files failed to read, crop every sample with
-the same windows, and read DALI's outputs through one ``DALIGenericIterator``; this module holds
-those parts once. The clip loader plans over clip slots instead and has its own.
+the same windows, and read DALI's outputs through one reader (``DALIGenericIterator`` on a CPU, the
+reader of ``loader.executor`` on a GPU); this module holds those parts once. The clip loader plans
+over clip slots instead and has its own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from gpufeed.pipelines._decoder_options import gpu_decoder_options
 from gpufeed.pipelines._epochs import EpochLoader
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._next_phases import timed_pipeline
-from gpufeed.pipelines._pipeline_session import Session, SideStreamCopies
+from gpufeed.pipelines._pipeline_session import Session, gpu_outputs
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._windows import Windows, eval_windows, train_windows
 
@@ -107,10 +108,11 @@ class SampleLoader(EpochLoader):
         """The iterator over ``pipe``'s outputs ``images, meta[, meta_gpu], *outputs``."""
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
-        if self.device.is_gpu:
-            return SideStreamCopies(pipe, ["images", "meta", "meta_gpu", *outputs], self.device.torch_device)
-        # No reader and no size: the iterator runs as long as the feed does, epoch after epoch.
-        timed_pipeline(pipe)  # NEXT_PHASES, as SideStreamCopies does on a GPU
+        if self.device.is_gpu:  # the reader of its executor (loader.executor)
+            return gpu_outputs(pipe, ["images", "meta", "meta_gpu", *outputs], self.device.torch_device)
+        # No reader and no size: the iterator runs as long as the feed does, epoch after epoch; on
+        # the static executor (loader.executor: static) it copies each output out, as on a GPU.
+        timed_pipeline(pipe)  # NEXT_PHASES, as the GPU readers do
         return DALIGenericIterator(pipe, ["images", "meta", *outputs], auto_reset=False, prepare_first_batch=False)
 
     def _iterator_session(self, pipe, stream: PlanStream, feed, outputs: tuple[str, ...] = ()) -> Session:

@@ -16,6 +16,7 @@ VideoDecoder = Literal["auto", "dali", "pyav"]
 VideoFit = Literal["stretch", "centre_crop"]
 JpegIdct = Literal["exact", "fast"]
 WorkerStart = Literal["auto", "fork", "spawn"]
+Executor = Literal["auto", "static", "dynamic"]
 DepthInterp = Literal["nearest", "linear"]
 
 
@@ -146,6 +147,12 @@ class LoaderConfig:
         "num_threads / pipelines threads (nvImageCodec submits a decoder's hardware-JPEG batches from one "
         "thread); the same batches in the same order. Measure before raising it: gpufeed bench loader "
         "--vary loader.pipelines=1,2. The clip and dense loaders read one",
+    )
+    executor: Executor = option(
+        "auto",
+        doc="DALI executor of the loaders' pipelines: auto = static on a GPU, dynamic on a CPU; static or dynamic "
+        "forces one, to compare a GPU run's host time per batch: gpufeed bench loader --vary "
+        "loader.executor=static,dynamic (dynamic on a GPU: DALI's GPU outputs reach torch without a copy)",
     )
     worker_start_method: WorkerStart = option(
         "auto",
