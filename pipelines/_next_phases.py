@@ -11,11 +11,13 @@ them per step:
 phase              what it times
 =================  ==================================================================================
 ``dali_outputs``   ``Pipeline.share_outputs``: waiting for DALI's next batch (on the static
-                   executor also for its GPU work, on the host)
+                   executor also for its GPU work, on the host; with ``loader.executor: dynamic``
+                   on a GPU only until the batch's work is launched)
 ``dali_schedule``  ``release_outputs`` and ``schedule_run``: the next iteration queued, the
                    batch-mode source's inputs taken and fed in
 ``iterator``       the whole iterator call (DALI's ``DALIGenericIterator``, with the side-stream
-                   copies on a GPU, or :class:`~gpufeed.pipelines._pipeline_session.HostOutputs`)
+                   copies on a GPU, :class:`~gpufeed.pipelines._pipeline_session.HostOutputs`, or
+                   :class:`~gpufeed.pipelines._stream_outputs.StreamOutputs`: no copies)
 ``loader``         the whole ``next(loader)``: the iterator, then the loader's row checks and views
 =================  ==================================================================================
 
