@@ -83,6 +83,22 @@ def synth_dir(tmp_path_factory) -> Path:
     return write_synthetic_dataset(tmp_path_factory.mktemp("synth"), SynthSpec(), progress=False)
 
 
+@pytest.fixture(scope="module")
+def train_set(synth_dir):
+    """The synthetic dataset's training split, indexed from its class folders (once per module)."""
+    from gpufeed.pipelines import ImageDataset
+
+    return ImageDataset.from_folder(synth_dir / "images" / "train")
+
+
+@pytest.fixture(scope="module")
+def val_set(synth_dir):
+    """The synthetic dataset's validation split, indexed from its list file (once per module)."""
+    from gpufeed.pipelines import ImageDataset
+
+    return ImageDataset.from_list(synth_dir / "images" / "val.txt")
+
+
 @pytest.fixture(scope="session")
 def odd_images(tmp_path_factory) -> tuple[Path, list]:
     """The odd-image corpus (``oddmedia.write_image_corpus``) under ``<root>/images``: ``(root, images)``.

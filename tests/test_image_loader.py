@@ -42,16 +42,6 @@ def _sharded(dataset, device, train, shard, shards, **kw):
     )
 
 
-@pytest.fixture(scope="module")
-def val_set(synth_dir):
-    return ImageDataset.from_list(synth_dir / "images" / "val.txt")
-
-
-@pytest.fixture(scope="module")
-def train_set(synth_dir):
-    return ImageDataset.from_folder(synth_dir / "images" / "train")
-
-
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_eval_round_trip_is_exact(val_set, device):
     loader = _loader(val_set, device, train=False, batch=6)

@@ -17,7 +17,6 @@ from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import (
     ClipLoader,
     ColourJitter,
-    ImageDataset,
     ImageLoader,
     LoaderAugment,
     VideoDataset,
@@ -31,11 +30,6 @@ pytestmark = pytest.mark.timeout(300)
 STRONG = LoaderAugment(
     jitter=ColourJitter(p=0.9, brightness=0.4, contrast=0.4, saturation=0.5, hue=0.1), grayscale_p=0.3
 )
-
-
-@pytest.fixture(scope="module")
-def train_set(synth_dir):
-    return ImageDataset.from_folder(synth_dir / "images" / "train")
 
 
 def _images(dataset, device, augment=None, *, batch=8, seed=3, flip=True, shuffle=True):

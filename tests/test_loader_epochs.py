@@ -71,11 +71,6 @@ def _epoch(loader):
 
 
 @pytest.fixture(scope="module")
-def train_set(synth_dir):
-    return ImageDataset.from_folder(synth_dir / "images" / "train")
-
-
-@pytest.fixture(scope="module")
 def vp9_dir(synth_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("vp9epochs") / "videos"
     report = prepare_videos(synth_dir / "videos", out, PrepareOptions(codec="vp9", gop_frames=30, probe_clips=0), False)

@@ -20,7 +20,7 @@ from videohelp import write_tagged_store
 
 from gpufeed.config import ConfigError, ImagePipelineConfig, LoaderConfig, VideoConfig, describe_config, parse_config
 from gpufeed.device import DeviceChoice
-from gpufeed.pipelines import ClipLoader, DenseLoader, ImageDataset, ImageLoader, VideoDataset, _stream_outputs
+from gpufeed.pipelines import ClipLoader, DenseLoader, ImageLoader, VideoDataset, _stream_outputs
 from gpufeed.pipelines._executor import chosen_executor, executor_args
 from gpufeed.pipelines._pairs import PairedDataset
 from gpufeed.pipelines._pipeline_session import HostOutputs
@@ -31,16 +31,6 @@ pytestmark = pytest.mark.timeout(300)  # a pipeline that hangs fails instead of 
 CPU = DeviceChoice("cpu", None, "test")
 GPU = DeviceChoice("gpu", 0, "test")
 EXECUTORS = ("auto", "static", "dynamic")
-
-
-@pytest.fixture(scope="module")
-def train_set(synth_dir):
-    return ImageDataset.from_folder(synth_dir / "images" / "train")
-
-
-@pytest.fixture(scope="module")
-def val_set(synth_dir):
-    return ImageDataset.from_list(synth_dir / "images" / "val.txt")
 
 
 def _images(dataset, device, executor, *, train=True, batch=8, pipelines=1):

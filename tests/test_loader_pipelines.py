@@ -42,11 +42,6 @@ def _same(got, want) -> None:
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"batch {k}"
 
 
-@pytest.fixture(scope="module")
-def train_set(synth_dir):
-    return ImageDataset.from_folder(synth_dir / "images" / "train")
-
-
 def test_a_slice_and_turns_take_every_pth_batch_in_order():
     stream = list(range(10))
     assert [StreamSlice(stream, 1, 3)[k] for k in range(3)] == [1, 4, 7]

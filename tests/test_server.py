@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufeed.config import ImagePipelineConfig, LoaderConfig, parse_config
 from gpufeed.device import DeviceChoice
-from gpufeed.pipelines import ImageDataset, ImageLoader
+from gpufeed.pipelines import ImageLoader
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.server import start_server
 
@@ -32,11 +32,6 @@ CPU = DeviceChoice("cpu", None, "test")
 def server(kserve_server):
     """The session's shared CPU server (tests/conftest.py)."""
     return kserve_server
-
-
-@pytest.fixture(scope="module")
-def val_set(synth_dir):
-    return ImageDataset.from_list(synth_dir / "images" / "val.txt")
 
 
 def _client(server, concurrency=1):
