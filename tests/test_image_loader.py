@@ -232,30 +232,6 @@ def test_index_is_cached_and_refreshed_when_a_file_changes(synth_dir, tmp_path):
 
 
 @pytest.mark.gpu
-def test_a_step_queued_on_the_training_stream_does_not_hold_the_loader(train_set):
-    """DALI's copies into torch tensors go to a stream of their own: on torch's current stream, behind
-    the step the loop queues ahead, they made DALI's decode and resize streams wait for that step."""
-    import time
-
-    from gpufeed.device import DeviceChoice
-
-    loader = _loader(train_set, DeviceChoice("gpu", 0, "test"), train=True, batch=8, shuffle=False)
-    batches = iter(loader)
-    for _ in range(4):  # built, its queue full
-        next(batches)
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e9))  # about a second of GPU time on the training stream: a long step
-    waits = []
-    for _ in range(4):  # past the batches already in the queue: DALI decodes these after the sleep was queued
-        start = time.perf_counter()
-        batch = next(batches)
-        waits.append(time.perf_counter() - start)
-    assert max(waits) < 0.3, f"a batch waited for the step on the training stream: {waits}"
-    torch.cuda.synchronize()
-    assert batch.images.is_cuda and batch.images.shape[0] == 8
-
-
-@pytest.mark.gpu
 def test_the_loaders_copy_stream_is_none_of_the_shared_streams_nccl_and_the_server_take(train_set):
     """torch hands out 32 pooled streams in turn; NCCL's and each server lane's come from that pool."""
     from gpufeed.device import DeviceChoice

@@ -359,21 +359,28 @@ def test_dynamic_next_asks_torch_for_no_host_sync(train_set):
 
 
 @pytest.mark.gpu
-def test_a_step_queued_on_the_training_stream_does_not_hold_the_dynamic_loader(train_set):
-    """With ``share_outputs(cuda_stream=...)`` the training stream waits for DALI, never the reverse."""
-    loader = _images(train_set, GPU, "dynamic", train=True, batch=8)
+@pytest.mark.parametrize("executor", ["static", "dynamic"])
+def test_a_step_queued_on_the_training_stream_does_not_hold_the_loader(train_set, executor):
+    """The training stream waits for DALI, never the reverse. Static: DALI's copies into torch tensors
+    go to a stream of their own (on torch's current stream, behind the step the loop queues ahead,
+    they made DALI's decode and resize streams wait for that step). Dynamic: nothing is copied, and
+    ``share_outputs(cuda_stream=...)`` makes the training stream wait for DALI's work."""
+    loader = _images(train_set, GPU, executor, train=True, batch=8)
     batches = iter(loader)
     for _ in range(4):  # built, its queue full
         next(batches)
     torch.cuda.synchronize()
     torch.cuda._sleep(int(2e9))  # about a second of GPU time on the training stream: a long step
     waits = []
-    for _ in range(_stream_outputs._HELD_BATCHES):  # past them the reader waits for the oldest step
+    # Past the batches in the queue (DALI decodes these after the sleep was queued), and no further:
+    # past _HELD_BATCHES the dynamic reader waits for the oldest step, as it should.
+    for _ in range(_stream_outputs._HELD_BATCHES):
         start = time.perf_counter()
-        next(batches)
+        batch = next(batches)
         waits.append(time.perf_counter() - start)
     assert max(waits) < 0.3, f"a batch waited for the step on the training stream: {waits}"
     torch.cuda.synchronize()
+    assert batch.images.is_cuda and batch.images.shape[0] == 8
 
 
 @pytest.mark.gpu
