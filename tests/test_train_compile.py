@@ -1,7 +1,7 @@
 """``train.compile``: the model compiled in place computes what the eager one does, and its checkpoints are the same.
 
 ``nn.Module.compile`` keeps the module's own state-dict keys, so a compiled run's checkpoint loads
-into an eager model and exports unchanged. Compiling takes its time at the first forward pass
+into an eager model and exports unchanged, and DDP wraps it as it is. Compiling takes its time at the first forward pass
 (about 20 s for the small CNN on the 2-core machine, again for evaluation mode). CUDA graphs
 (``reduce-overhead``) need a GPU: refused on the CPU in one line; on a GPU the module test runs
 with them (the :class:`~gpufeed.train._step.Stepper` marks each step as that test does).
@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from conftest import DEVICES
-from train_support import train_config
+from train_support import train_config, write_train_config
 
 from gpufeed.config import ConfigError
 from gpufeed.models import create_model, load_model
@@ -86,3 +89,24 @@ def test_a_compiled_run_trains_as_the_eager_one_and_writes_the_same_checkpoints(
     assert list(saved) == list(reference), "the module's own keys, no compile wrapper's prefix"
     model = load_model(compiled.run_dir)  # the export path reads it as an eager model's
     assert model.spec == load_model(eager.run_dir).spec
+
+
+@pytest.mark.process
+def test_a_compiled_run_on_two_ranks_resumes_on_one(synth_dir, tmp_path):
+    """DDP wraps the compiled module (gloo, two CPU ranks); a resume compiles again and carries on."""
+    cfg, run = write_train_config(tmp_path / "train.yaml", synth_dir), tmp_path / "run"
+    sets = ["train.compile=default", "train.epochs=1", "train.eval_every_epochs=0", "augment.ops=[]"]
+    ddp = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "gpufeed"]
+    for command in (
+        [*ddp, "train", "--config", str(cfg), "--out", str(run), "--set", "train.max_steps=2"],
+        [sys.executable, "-m", "gpufeed", "train", "--config", str(cfg), "--out", str(run), "--resume"],
+    ):
+        args = [*command, *(part for value in sets for part in ("--set", value))]
+        proc = subprocess.run(
+            args, capture_output=True, text=True, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    steps = [json.loads(line)["step"] for line in (run / "steps.jsonl").read_text().splitlines()]
+    # 96 images in batches of 16: 2 steps on two ranks read 64, and one rank reads the 32 left in 2.
+    assert steps == [1, 2, 3, 4], steps
+    assert load_model(run).spec.num_classes == 4

@@ -150,7 +150,8 @@ def compile_model(model: nn.Module, mode: str) -> None:
     """Apply ``train.compile`` to ``model`` in place (``nn.Module.compile``; ``off`` leaves it eager).
 
     In place, not ``torch.compile(model)``: the module keeps its own state-dict keys (a wrapper's
-    carry an ``_orig_mod.`` prefix), so checkpoints and the export read it as an eager model's.
+    carry an ``_orig_mod.`` prefix), so checkpoints and the export read it as an eager model's, and
+    DDP wraps it as it is.
     Compilation happens at the first forward pass (seconds to minutes) and again for evaluation
     mode. ``reduce-overhead`` replays each step's kernels as CUDA graphs: the host launches a graph
     instead of every kernel, for a loop whose host launching is as long as the device's work
