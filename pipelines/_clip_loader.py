@@ -39,7 +39,6 @@ from gpufeed.pipelines._clips import ClipGeometry, ClipTable
 from gpufeed.pipelines._deepethogram import videos_at
 from gpufeed.pipelines._epochs import EpochLoader
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._executor import chosen_executor
 from gpufeed.pipelines._frame_stores import decode_store_frames
 from gpufeed.pipelines._loader_args import loader_args
 from gpufeed.pipelines._nvdec import gpu_capability
@@ -260,12 +259,12 @@ class ClipLoader(EpochLoader):
             reader_builds=self.reader_builds,
             hw_decoder_load=getattr(self.cfg, "hw_decoder_load", 0.9),
             train=self.train,
+            executor=getattr(self.cfg, "executor", "auto"),
         )
 
     def _open_session(self, stream: PlanStream) -> Session:
         job = self._clip_job(stream)
-        with chosen_executor(getattr(self.cfg, "executor", "auto")):  # the source builds several calls down
-            pipe, limit = self.clip_source.open(job)
+        pipe, limit = self.clip_source.open(job)
         self._clip_plan = job.plan
         iterator = pipeline_outputs(pipe, ["clips", "tags"], self.device.torch_device)
         return Session(iterator, stream, limit=limit, resources=[self.clip_source], worker_pids=worker_pids(pipe))

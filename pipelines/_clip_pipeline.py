@@ -304,6 +304,7 @@ def build_clip_pipeline(
     start_method: str = "fork",
     frames_first: bool = False,
     augment: StreamAugmentFeed | None = None,
+    executor: str = "auto",
     build: bool = True,
 ):
     """Build (not yet run) a clip pipeline.
@@ -320,6 +321,7 @@ def build_clip_pipeline(
         frames_first: Output (T, 3, H, W) "FCHW" (a chunk of frames) instead of (T, H, W, 3) "FHWC".
         augment: Loader augmentation fed iteration by iteration, one parameter row per clip (the
             same on every frame of it); ``None``: none.
+        executor: ``loader.executor`` (:func:`~gpufeed.pipelines._executor.executor_args`).
         build: ``False`` returns the pipeline defined but not built (no worker started).
 
     Returns:
@@ -349,18 +351,18 @@ def build_clip_pipeline(
         # the layout 3-D convolutions run in (a CFHW transpose here cost a copy, and another back).
         return frames, tag
 
-    pool = _pipeline_args(workers, on_gpu, build, start_method, num_threads, prefetch_queue_depth)
+    pool = _pipeline_args(workers, on_gpu, start_method, num_threads, prefetch_queue_depth, executor)
     pipe = clip_graph(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed, **pool)
     return _built(pipe, forks=workers and start_method == "fork") if build else pipe
 
 
-def _pipeline_args(workers: bool, on_gpu: bool, build: bool, start_method: str, num_threads: int, depth: int) -> dict:
+def _pipeline_args(workers: bool, on_gpu: bool, start_method: str, num_threads: int, depth: int, executor: str) -> dict:
     """The graph's worker pool and queue depth (the rest of its arguments are the caller's)."""
     pool = {"py_num_workers": num_threads, "py_start_method": start_method} if workers else {}
     # On a CPU, worker-process sources already decode max(2, depth) batches ahead; a pipeline queue on
     # top made the first batch wait for that many more (prepared h264: first batch 0.40-0.45 s instead
     # of 0.47-0.61 s, steady clips/s the same within noise, load 4-6).
-    return {"prefetch_queue_depth": 1 if workers and not on_gpu else depth, **executor_args(on_gpu), **pool}
+    return {"prefetch_queue_depth": 1 if workers and not on_gpu else depth, **executor_args(on_gpu, executor), **pool}
 
 
 def _built(pipe, forks: bool = False):

@@ -59,6 +59,7 @@ class ClipJob:
         hw_decoder_load: ``loader.hw_decoder_load``: the hardware JPEG decoder's share of frame
             stores' frames on a GPU (all or nothing in evaluation, as the image loader's).
         train: A training job (else evaluation).
+        executor: ``loader.executor`` (:func:`~gpufeed.pipelines._executor.executor_args`).
     """
 
     plan: ClipPlan
@@ -78,6 +79,7 @@ class ClipJob:
     reader_builds: list = field(default_factory=list)
     hw_decoder_load: float = 0.9
     train: bool = True
+    executor: str = "auto"
 
     @property
     def batch_size(self) -> int:
@@ -104,6 +106,7 @@ class ClipJob:
             "prefetch_queue_depth": self.prefetch_queue_depth,
             "seed": self.seed,
             "augment": self.augment,
+            "executor": self.executor,
         }
 
 

@@ -28,59 +28,30 @@ graph (images, ``loader.pipelines: 2``, dense pairs, frame stores, PyAV clips, D
 gives the same batches on it as on the dynamic one (``tests/test_loader_executor.py``); its
 outputs are copied out before DALI reuses their buffers.
 
-The clip loader's sources build their pipelines several calls below the loader, so the loader
-names its choice around that build (:func:`chosen_executor`) instead of handing it down each call.
+Every loader hands its ``loader.executor`` down to its pipeline's build (the clip loader's sources
+through their :class:`~gpufeed.pipelines._clip_source.ClipJob`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
-
-__all__ = ["EXECUTORS", "chosen_executor", "executor_args"]
+__all__ = ["EXECUTORS", "executor_args"]
 
 # loader.executor's values (gpufeed.config's LoaderConfig declares the same ones).
 EXECUTORS = ("auto", "static", "dynamic")
 
-# The choice of the loader building a pipeline right now, for builds that do not take it as an argument.
-_CHOSEN: contextvars.ContextVar[str] = contextvars.ContextVar("gpufeed_loader_executor", default="auto")
 
-
-def _checked(choice: str) -> str:
-    if choice not in EXECUTORS:
-        raise ValueError(f"loader.executor {choice!r} is not allowed; allowed: {', '.join(EXECUTORS)}")
-    return choice
-
-
-@contextlib.contextmanager
-def chosen_executor(choice: str) -> Iterator[None]:
-    """Within the block, :func:`executor_args` called without a choice takes ``choice``.
-
-    Args:
-        choice: ``loader.executor``: ``auto``, ``static`` or ``dynamic``.
-
-    Raises:
-        ValueError: ``choice`` is none of those (naming ``loader.executor``).
-    """
-    token = _CHOSEN.set(_checked(choice))
-    try:
-        yield
-    finally:
-        _CHOSEN.reset(token)
-
-
-def executor_args(on_gpu: bool, choice: str | None = None) -> dict:
+def executor_args(on_gpu: bool, choice: str = "auto") -> dict:
     """DALI ``Pipeline`` keyword arguments choosing the executor (see the module docs).
 
     Args:
         on_gpu: Whether the pipeline has a device (``device_id`` set).
-        choice: ``loader.executor``; ``None``: the one :func:`chosen_executor` set, else ``auto``.
+        choice: ``loader.executor``.
 
     Raises:
         ValueError: ``choice`` is not one of :data:`EXECUTORS` (naming ``loader.executor``).
     """
-    choice = _checked(_CHOSEN.get() if choice is None else choice)
+    if choice not in EXECUTORS:
+        raise ValueError(f"loader.executor {choice!r} is not allowed; allowed: {', '.join(EXECUTORS)}")
     if choice == "auto":
         return {"exec_dynamic": not on_gpu}
     return {"exec_dynamic": choice == "dynamic"}

@@ -101,6 +101,7 @@ def build_store_pipeline(
     frames_first: bool = False,
     augment=None,
     gpu_options: dict | None = None,
+    executor: str = "auto",
     build: bool = True,
 ):
     """Build (not yet run) a frame-store clip pipeline over ``feed`` (see the module docs).
@@ -117,6 +118,7 @@ def build_store_pipeline(
         frames_first: Output (3, h, w) "CHW" frames instead of (h, w, 3).
         augment: A :class:`~gpufeed.pipelines._augment.StreamAugmentFeed` built with ``repeat=T``.
         gpu_options: nvJPEG's arguments on a GPU (see :func:`fitted_frames`).
+        executor: ``loader.executor`` (:func:`~gpufeed.pipelines._executor.executor_args`).
         build: ``False`` returns the pipeline defined but not built (no worker, no device needed).
 
     Returns:
@@ -151,7 +153,7 @@ def build_store_pipeline(
         device_id=device_id,
         prefetch_queue_depth=prefetch_queue_depth,
         seed=seed,
-        **executor_args(device_id is not None),
+        **executor_args(device_id is not None, executor),
         **workers,
     )
     if build:

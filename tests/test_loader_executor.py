@@ -21,7 +21,7 @@ from videohelp import write_tagged_store
 from gpufeed.config import ConfigError, ImagePipelineConfig, LoaderConfig, VideoConfig, describe_config, parse_config
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines import ClipLoader, DenseLoader, ImageLoader, VideoDataset, _stream_outputs
-from gpufeed.pipelines._executor import chosen_executor, executor_args
+from gpufeed.pipelines._executor import executor_args
 from gpufeed.pipelines._pairs import PairedDataset
 from gpufeed.pipelines._pipeline_session import HostOutputs
 from gpufeed.pipelines._stream_outputs import StreamOutputs, _HeldBatches, host_tensor
@@ -100,15 +100,10 @@ def test_auto_is_static_on_a_gpu_and_dynamic_on_a_cpu():
         assert executor_args(on_gpu, "dynamic") == {"exec_dynamic": True}
 
 
-def test_a_build_below_the_loader_takes_the_loaders_choice():
-    with chosen_executor("dynamic"):
-        assert executor_args(True) == {"exec_dynamic": True}
-        with chosen_executor("static"):
-            assert executor_args(False) == {"exec_dynamic": False}
-        assert executor_args(False, "auto") == {"exec_dynamic": True}, "an explicit choice wins"
-    assert executor_args(True) == {"exec_dynamic": False}, "auto again after the block"
-    with pytest.raises(ValueError, match=r"loader\.executor"), chosen_executor("legacy"):
-        pass
+def test_a_wrong_choice_is_refused_where_a_pipeline_is_built():
+    """A ``LoaderConfig`` made in Python is not parsed: the build names the key."""
+    with pytest.raises(ValueError, match=r"loader\.executor 'legacy' is not allowed; allowed: auto, static, dynamic"):
+        executor_args(True, "legacy")
 
 
 # -- the CPU: every executor, the same batches ----------------------------------------------------
