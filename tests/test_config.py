@@ -59,6 +59,19 @@ def test_bad_values_name_the_key_and_the_allowed_values(data, key, words):
     assert f"'{key}'" in str(info.value)
 
 
+def test_a_word_yaml_reads_as_a_boolean_is_the_allowed_word_it_was_written_as(tmp_path):
+    """YAML 1.1 reads ``off`` as false: ``train.amp: off``, as the docs write it, is the word ``off``."""
+    cfg = parse_config(None, ["train.amp=off", "train.compile=off"])
+    assert cfg.train.amp == "off" and cfg.train.compile == "off"
+    path = tmp_path / "train.yaml"
+    path.write_text("train:\n  amp: off\n", encoding="utf-8")
+    assert load_config(path).train.amp == "off"
+    with pytest.raises(ConfigError, match=r"'train\.amp': value True is not allowed"):
+        parse_config(None, ["train.amp=on"])  # no allowed word reads as true
+    with pytest.raises(ConfigError, match=r"'loader\.worker_start_method': value False is not allowed"):
+        parse_config({"loader": {"worker_start_method": False}})
+
+
 def test_overrides_are_parsed_as_yaml_and_validated():
     cfg = parse_config(None, ["loader.batch_size=32", "image.crop_area=[0.2, 0.9]", "loader.shuffle=false"])
     assert cfg.loader.batch_size == 32 and cfg.image.crop_area == (0.2, 0.9) and cfg.loader.shuffle is False

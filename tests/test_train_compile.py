@@ -73,7 +73,7 @@ def _losses(run) -> list[float]:
 def test_a_compiled_run_trains_as_the_eager_one_and_writes_the_same_checkpoints(synth_dir, tmp_path):
     # The CPU only: on a GPU this would compile twice more (training and evaluation), a minute of the
     # GPU run's device time that the module test above spends on the same maths with CUDA graphs.
-    settings = ["train.epochs=2", 'train.amp="off"', "augment.ops=[]"]
+    settings = ["train.epochs=2", "train.amp=off", "augment.ops=[]"]
     eager = train(train_config(synth_dir, settings), tmp_path / "eager")
     compiled = train(train_config(synth_dir, [*settings, "train.compile=default"]), tmp_path / "compiled")
     assert compiled.step == eager.step == 12

@@ -113,10 +113,18 @@ def _check_bounds(value: Any, meta: typing.Mapping[str, Any], key: str) -> None:
                 raise ConfigError(key, f"value {quoted(value)} is out of range: must be {words} {limit}")
 
 
+# The words YAML 1.1 (PyYAML's safe loader) reads as booleans, by the boolean they become.
+_YAML_BOOL_WORDS = {True: ("on", "yes", "true", "y"), False: ("off", "no", "false", "n")}
+
+
 def _convert(value: Any, tp: Any, key: str) -> Any:
     origin = get_origin(tp)
     if origin is Literal:
         allowed = get_args(tp)
+        if isinstance(value, bool) and all(isinstance(a, str) for a in allowed):
+            # `amp: off` arrives as False: the allowed word it was written as, where only one fits.
+            words = [a for a in allowed if a.lower() in _YAML_BOOL_WORDS[value]]
+            value = words[0] if len(words) == 1 else value
         if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
             raise ConfigError(key, f"value {quoted(value)} is not allowed; allowed: {', '.join(map(str, allowed))}")
         return value
