@@ -342,7 +342,7 @@ class EpochLoader:
             failed, session = None, None
             while self._start_batch < total:
                 try:
-                    started = time.perf_counter()
+                    started, started_cpu = time.perf_counter(), time.thread_time()
                     if session is None or session.exhausted:
                         session = self._session_at(spec)
                     out, batch, k = session.next()
@@ -351,7 +351,8 @@ class EpochLoader:
                     break
                 self._start_batch += 1
                 handed = self._batch(out, batch, k)
-                NEXT_PHASES.finish(time.perf_counter() - started)  # a session's build counts towards it
+                # A session's build counts towards it; the CPU time tells its work from its waits.
+                NEXT_PHASES.finish(time.perf_counter() - started, time.thread_time() - started_cpu)
                 yield handed
             if failed is None:
                 break

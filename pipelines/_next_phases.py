@@ -21,6 +21,14 @@ phase              what it times
 ``loader``         the whole ``next(loader)``: the iterator, then the loader's row checks and views
 =================  ==================================================================================
 
+A phase's time on the clock is not all the training thread's work: it also waits, for DALI's batch
+and, where another thread holds Python's lock (the feed thread preparing the next inputs), for that
+lock. So ``loader`` and ``dali_outputs`` also record the calling thread's CPU time
+(``time.thread_time``, ``*_cpu``), and :meth:`NextPhases.take` derives ``held_off``: the time the
+call was off the CPU other than inside DALI's output wait. With cores to spare (a GPU host) that is
+Python's lock held elsewhere, or the feed thread behind; the GIL hypothesis of ``docs/gpu.md`` reads
+there.
+
 A record closes with each ``next(loader)`` (:meth:`NextPhases.finish`); whatever was timed since the
 previous one (a session's first scheduling, say) counts towards it.
 """
@@ -34,6 +42,9 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["NEXT_PHASES", "NextPhases", "timed_pipeline"]
+
+# Phases whose calling thread's CPU time is recorded beside their clock time ("<phase>_cpu").
+_CPU_TIMED = ("dali_outputs", "loader")
 
 # Records kept (about 2 MB) for a reader that takes them every batch or so; older ones are dropped,
 # so a training run that never reads them holds no more than this.
@@ -51,14 +62,18 @@ class NextPhases:
         self._current: dict[str, float] = {}
         self._records: collections.deque[dict[str, float]] = collections.deque(maxlen=_KEEP)
 
-    def add(self, phase: str, seconds: float) -> None:
-        """Count ``seconds`` towards ``phase`` of the call in progress."""
+    def add(self, phase: str, seconds: float, cpu_s: float | None = None) -> None:
+        """Count ``seconds`` (and the thread's ``cpu_s``, where given) towards ``phase`` of the call in progress."""
         self._current[phase] = self._current.get(phase, 0.0) + seconds
+        if cpu_s is not None:
+            self._current[f"{phase}_cpu"] = self._current.get(f"{phase}_cpu", 0.0) + cpu_s
 
-    def finish(self, loader_s: float) -> None:
-        """Close the call in progress: ``loader_s`` is the whole ``next(loader)``."""
+    def finish(self, loader_s: float, loader_cpu_s: float | None = None) -> None:
+        """Close the call in progress: ``loader_s`` is the whole ``next(loader)``, ``loader_cpu_s`` its thread's CPU time."""
         record, self._current = self._current, {}
         record["loader"] = loader_s
+        if loader_cpu_s is not None:
+            record["loader_cpu"] = loader_cpu_s
         self._records.append(record)
 
     def take(self) -> list[dict[str, float]]:
@@ -66,7 +81,9 @@ class NextPhases:
 
         Each has ``loader`` and, where the loader has them, ``iterator``, ``dali_outputs`` and
         ``dali_schedule``, plus two derived: ``copies`` (the iterator less DALI's two calls: the
-        handover into torch) and ``loader_own`` (the loader less the iterator).
+        handover into torch) and ``loader_own`` (the loader less the iterator). Where the CPU
+        times were recorded, ``held_off`` too: the call's time off the CPU less DALI's output
+        wait's (see the module's docstring).
         """
         records = list(self._records)
         self._records.clear()
@@ -75,6 +92,9 @@ class NextPhases:
                 dali = record.get("dali_outputs", 0.0) + record.get("dali_schedule", 0.0)
                 record["copies"] = max(record["iterator"] - dali, 0.0)
                 record["loader_own"] = max(record["loader"] - record["iterator"], 0.0)
+            if "loader_cpu" in record:
+                waiting = record.get("dali_outputs", 0.0) - record.get("dali_outputs_cpu", 0.0)
+                record["held_off"] = max(record["loader"] - record["loader_cpu"] - max(waiting, 0.0), 0.0)
         return records
 
 
@@ -86,13 +106,14 @@ def _timed(pipe, name: str, phase: str) -> Callable[..., Any]:
     # cycle, and the pipeline (its GPU memory, its worker processes) would outlive its session
     # until the garbage collector ran.
     function, ref = getattr(type(pipe), name), weakref.ref(pipe)
+    cpu = phase in _CPU_TIMED
 
     def timed(*args, **kwargs):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time() if cpu else 0.0
         try:
             return function(ref(), *args, **kwargs)
         finally:
-            NEXT_PHASES.add(phase, time.perf_counter() - started)
+            NEXT_PHASES.add(phase, time.perf_counter() - started, time.thread_time() - started_cpu if cpu else None)
 
     return timed
 

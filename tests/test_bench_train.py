@@ -83,6 +83,9 @@ def _check_figures(result: dict, samples_per_epoch: int, steps_per_epoch: int, o
         # Host launch time: timed on a GPU only (on the CPU launching a step runs it).
         assert all(("launch_s" in s) is not on_cpu for s in steps), side
         assert ("launch_s" in figures["stages"]) is not on_cpu and all(s.get("launch_s", 1) > 0 for s in steps)
+        # Of it, the thread's CPU time: what queueing took less any wait for Python's lock.
+        assert all(0 < s["launch_cpu_s"] <= s["launch_s"] + 1e-3 for s in steps if not on_cpu), side
+        assert (figures["launch_cpu_p50_s"] is None) is on_cpu
     assert set(RATIOS) <= set(result["ratios"])
     assert all(isinstance(result["ratios"][k], float) for k in RATIOS)
     targets = {t["name"]: t for t in result["targets"]}
@@ -117,10 +120,13 @@ def test_images_run_feeds_both_loaders_the_same_samples(tmp_path, capsys, device
         assert line in out, line
     assert ("host launch p50 / p95 (ms)" in out) is device.is_gpu
     assert ("host (wait + launch) vs device (augment + compute)" in out) is device.is_gpu
+    assert ("host launch on the CPU p50 (ms)" in out) is device.is_gpu
+    assert "next(): on the CPU / held off" in out
     pace = result["loaders"]["gpufeed"]["host_vs_device_p50_s"]
     assert pace is None if not device.is_gpu else (len(pace) == 2 and min(pace) > 0)
     phases = result["loaders"]["gpufeed"]["next_phases_p50_s"]
-    assert set(phases) == {"dali_outputs", "dali_schedule", "copies", "loader_own"} and phases["dali_outputs"] > 0
+    assert set(phases) == {"dali_outputs", "dali_schedule", "copies", "loader_own", "loader_cpu", "held_off"}
+    assert phases["dali_outputs"] > 0 and phases["loader_cpu"] > 0
     assert result["loaders"]["dataloader"]["next_phases_p50_s"] == {}, "a DataLoader has no DALI phases"
 
 

@@ -4,6 +4,9 @@ batch, its parts inside its whole, on every loader kind's iterator, without keep
 from __future__ import annotations
 
 import gc
+import sys
+import threading
+import time
 import weakref
 
 import numpy as np
@@ -36,10 +39,16 @@ def test_each_batch_closes_one_record_whose_parts_lie_inside_it(synth_dir, devic
             records = NEXT_PHASES.take()
             assert len(records) == 1, records  # taken right after its batch, as bench train does
             r = records[0]
-            assert set(r) == {"dali_outputs", "dali_schedule", "iterator", "loader", "copies", "loader_own"}, r
+            assert set(r) == {
+                "dali_outputs", "dali_outputs_cpu", "dali_schedule", "iterator", "loader", "loader_cpu", "copies",
+                "loader_own", "held_off",
+            }, r  # fmt: skip
             assert all(v >= 0 for v in r.values()), r
             assert r["dali_outputs"] + r["dali_schedule"] <= r["iterator"] <= r["loader"], r
             assert r["dali_outputs"] > 0, r
+            # CPU time is the thread's own: never more than the clock's (within the clocks' granularity).
+            assert r["dali_outputs_cpu"] <= r["dali_outputs"] + 1e-3 and r["loader_cpu"] <= r["loader"] + 1e-3, r
+            assert r["held_off"] <= r["loader"], r
         assert batches == len(loader)
     finally:
         loader.close()
@@ -57,6 +66,62 @@ def test_copies_and_loader_own_are_what_is_left_of_the_whole():
     assert first["copies"] == pytest.approx(0.001) and first["loader_own"] == pytest.approx(0.001)
     assert second == {"loader": 0.001}
     assert phases.take() == []
+
+
+def test_held_off_is_the_time_off_the_cpu_outside_dalis_output_wait():
+    phases = NextPhases()
+    phases.add("dali_outputs", 0.004, cpu_s=0.001)  # 3 ms waiting for the batch: not held off
+    phases.add("dali_schedule", 0.001)
+    phases.add("iterator", 0.006)
+    phases.finish(0.010, loader_cpu_s=0.002)  # 8 ms off the CPU in all
+    phases.finish(0.001)  # no CPU time recorded: nothing derived from it
+    first, second = phases.take()
+    assert first["held_off"] == pytest.approx(0.005)
+    assert "held_off" not in second
+
+
+def test_a_thread_holding_pythons_lock_shows_as_held_off_not_as_cpu(synth_dir):
+    """What ``held_off`` is for: the training thread waiting for Python's lock inside ``next()``.
+
+    A thread spinning in pure Python keeps the lock until the interpreter's switch interval makes it
+    yield, so each time ``next()`` lets the lock go (DALI's calls do) it waits up to that interval
+    to get it back: off the CPU, outside DALI's output wait.
+    """
+    dataset = ImageDataset.from_folder(synth_dir / "images" / "train")
+    loader = ImageLoader(
+        dataset, train=True, image_cfg=ImagePipelineConfig(size_px=32), loader_cfg=LoaderConfig(batch_size=8)
+    )
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    interval = sys.getswitchinterval()
+    try:
+        list(loader)  # the pipeline built and its feed running: the epochs below read a warm loader
+        NEXT_PHASES.take()
+        for _ in range(3):
+            list(loader)
+        alone = NEXT_PHASES.take()
+        sys.setswitchinterval(0.02)  # 20 ms a hand-over: far above anything else next() waits for here
+        spinner = threading.Thread(target=spin, daemon=True)
+        spinner.start()
+        time.sleep(0.05)  # the spinner holds the lock from here on: the loader takes it back only by force
+        for _ in range(3):
+            list(loader)
+        stop.set()
+        spinner.join()
+        contended = NEXT_PHASES.take()
+    finally:
+        sys.setswitchinterval(interval)
+        stop.set()
+        loader.close()
+    held_alone = sum(r["held_off"] for r in alone)
+    held = sum(r["held_off"] for r in contended)
+    # Five forced hand-overs or more in 36 batches; alone, only the cores' sharing keeps it off the CPU.
+    assert held >= max(0.1, 2 * held_alone), (held, held_alone)
+    assert sum(r["loader_cpu"] for r in contended) < held
 
 
 def test_a_timed_pipeline_hands_over_the_same_batches_and_dies_with_its_iterator():

@@ -26,8 +26,10 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
 
 
-# The phases of next(loader) the table shows: DALI's outputs and scheduling, the handover, the loader's own.
+# The phases of next(loader) the table shows: DALI's outputs and scheduling, the handover, the loader's own;
+# then the training thread's CPU time in the call, and its time off the CPU outside DALI's output wait.
 _PHASES = ("dali_outputs", "dali_schedule", "copies", "loader_own")
+_CPU_PHASES = ("loader_cpu", "held_off")
 
 
 def _side_figures(blocks: list[dict]) -> dict:
@@ -59,8 +61,10 @@ def _side_figures(blocks: list[dict]) -> dict:
         "median_wait_s": median_wait,
         # Where gpufeed's next(loader) spends its time (pipelines/_next_phases.py), median per phase.
         "next_phases_p50_s": {
-            phase: float(np.median([p.get(phase, 0.0) for p in phased])) for phase in _PHASES if phased
+            phase: float(np.median([p.get(phase, 0.0) for p in phased])) for phase in _PHASES + _CPU_PHASES if phased
         },
+        # The training thread's CPU time queueing a step: below launch_s where it waited for Python's lock.
+        "launch_cpu_p50_s": float(np.median([s["launch_cpu_s"] for s in steps])) if "launch_s" in stages else None,
         # The training device's own share of the time (its stream's work: on a GPU, CUDA event
         # times); the rest of the time it idled, whatever the host was doing meanwhile.
         "device_busy_share": stages["augment_s"]["share"] + stages["compute_s"]["share"] if stages else float("nan"),
@@ -333,6 +337,7 @@ def _table_rows(result: dict, stats: list[dict], both: bool) -> list[list[str]]:
     if all(s.get("host_vs_device_p50_s") for s in stats):
         cells = [" vs ".join(_ms(v) for v in s["host_vs_device_p50_s"]) for s in stats]
         rows.append(row("host (wait + launch) vs device (augment + compute) p50 (ms)", cells, ""))
+        rows.append(row("host launch on the CPU p50 (ms)", [_ms(s["launch_cpu_p50_s"]) for s in stats], ""))
     for epoch, waits in enumerate(zip(*(s["first_batch_wait_s"] for s in stats), strict=True)):
         cells = [
             f"{_ms(w)} ({_x(s['first_batch_wait_vs_median'][epoch])} median)" for w, s in zip(waits, stats, strict=True)
@@ -344,6 +349,8 @@ def _table_rows(result: dict, stats: list[dict], both: bool) -> list[list[str]]:
     if any(phases):
         cells = [" / ".join(f"{p[k] * 1e3:.2f}" for k in _PHASES) if p else "" for p in phases]
         rows.append(row("next(): DALI outputs / schedule / copies / loader p50 (ms)", cells, ""))
+        cells = [" / ".join(f"{p[k] * 1e3:.2f}" for k in _CPU_PHASES) if p else "" for p in phases]
+        rows.append(row("next(): on the CPU / held off (off the CPU, not in DALI's wait) p50 (ms)", cells, ""))
     per_epoch = [" | ".join(" ".join(map(str, e)) for e in s["samples_per_epoch"]) for s in stats]
     rows.append(row("samples per epoch (each round)", per_epoch, ""))
     return rows

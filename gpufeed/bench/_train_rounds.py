@@ -88,11 +88,13 @@ class _Side:
             wait_s = time.perf_counter() - started
             phases = _phase_sums(NEXT_PHASES.take())  # gpufeed's loader: where that wait went
             ids = _ids_on_the_way(batch, self.run.clips)
-            launched = time.perf_counter()
+            launched, launched_cpu = time.perf_counter(), time.thread_time()
             pending = self.stepper.launch(batch)
-            # Host time queueing the step, as the trainer records it (a GPU only: the CPU runs it).
-            launch_s = time.perf_counter() - launched if self.timeline.launch_ahead else None
-            done = self.timeline.push(pending, (epoch, index, wait_s, launch_s, ids, phases))
+            # Host time queueing the step, as the trainer records it (a GPU only: the CPU runs it),
+            # and of it the thread's CPU time: the rest it waited, for Python's lock say.
+            timed = (time.perf_counter() - launched, time.thread_time() - launched_cpu)
+            launch = timed if self.timeline.launch_ahead else None
+            done = self.timeline.push(pending, (epoch, index, wait_s, launch, ids, phases))
             samples, step_total = self._keep(done, samples, step_total, bar)
         samples, step_total = self._keep(self.timeline.finish(), samples, step_total, bar)
         # The chunk trained until its last step's record ended; what follows is the exhausted feed
@@ -105,7 +107,7 @@ class _Side:
     def _keep(self, done: Finished[tuple] | None, samples: int, step_total: float, bar) -> tuple[int, float]:
         if done is None:
             return samples, step_total
-        (epoch, index, wait_s, launch_s, ids, phases), outcome = done.info, done.outcome
+        (epoch, index, wait_s, launch, ids, phases), outcome = done.info, done.outcome
         self.steps.append(
             {
                 "round": self.round,
@@ -116,7 +118,7 @@ class _Side:
                 "compute_s": outcome.compute_s,
                 "step_s": done.step_s,
                 "samples": outcome.samples,
-                **({"launch_s": launch_s} if launch_s is not None else {}),
+                **({"launch_s": launch[0], "launch_cpu_s": launch[1]} if launch is not None else {}),
                 **({"next_phases_s": phases} if phases else {}),
             }
         )
