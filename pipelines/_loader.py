@@ -175,7 +175,7 @@ class ImageLoader(SampleLoader):
             seed=self.seed,
             reader=self._shard_bytes,
             # DALI asks for prefetch_queue_depth batches at once when it starts, then one per step.
-            ahead_batches=self.cfg.prefetch_queue_depth + 1,
+            ahead_batches=self.cfg.prefetch_queue_depth + 1 if getattr(self.cfg, "feed_thread", True) else 0,
         )
         pipe = build_image_pipeline(
             feed,

@@ -170,3 +170,38 @@ def test_the_feed_thread_hands_over_tensor_lists_equal_to_the_arrays(synth_dir):
     finally:
         ahead.close()
         loader.close()
+
+
+def test_without_a_feed_thread_the_loader_hands_over_the_same_batches_from_its_own_thread(synth_dir):
+    """``loader.feed_thread: false``: the inputs are made inside ``next()``, and the batches are the same."""
+
+    def epochs(feed_thread: bool) -> tuple[list, set[str]]:
+        loader = ImageLoader(
+            ImageDataset.from_folder(synth_dir / "images" / "train"),
+            train=True,
+            image_cfg=ImagePipelineConfig(size_px=32),
+            loader_cfg=LoaderConfig(batch_size=8, num_threads=2, feed_thread=feed_thread),
+            seed=3,
+        )
+        crops, threads = loader.crops, set()
+
+        def recorded(ids, epoch):
+            threads.add(threading.current_thread().name)
+            return crops(ids, epoch)
+
+        loader.crops = recorded
+        try:
+            got = [(b.sample_ids.tolist(), b.images.clone()) for _ in range(2) for b in loader]
+        finally:
+            loader.close()
+        return got, threads
+
+    before = set(_feed_threads())
+    inline, inline_threads = epochs(False)
+    assert inline_threads == {threading.current_thread().name}
+    assert not [t for t in _feed_threads() if t not in before], "no feed thread without one configured"
+    ahead, ahead_threads = epochs(True)
+    assert ahead_threads == {"gpufeed-image-feed"}
+    assert len(inline) == len(ahead) > 0
+    for (ids_a, pixels_a), (ids_b, pixels_b) in zip(inline, ahead, strict=True):
+        assert ids_a == ids_b and pixels_a.equal(pixels_b)

@@ -154,6 +154,13 @@ class LoaderConfig:
         "forces one, to compare a GPU run's host time per batch: gpufeed bench loader --vary "
         "loader.executor=static,dynamic (dynamic on a GPU: DALI's GPU outputs reach torch without a copy)",
     )
+    feed_thread: bool = option(
+        True,
+        doc="image loader: prepare each batch's inputs (paths, crop windows, colour matrices) on a thread of its "
+        "own, ahead of DALI's calls; false: on the thread that iterates the loader, inside next(). The feed "
+        "thread holds Python's lock while it works, which the training thread may then wait for (bench train's "
+        "next() 'held off'): compare with gpufeed bench train --set loader.feed_thread=false",
+    )
     worker_start_method: WorkerStart = option(
         "auto",
         doc="how PyAV clip workers start: auto = spawn when CUDA is already initialised in the process, else fork; "
