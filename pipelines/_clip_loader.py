@@ -318,7 +318,7 @@ class ClipLoader(EpochLoader):
         n, first, source = rows.count, rows.first_tag, self.clip_source
         if not source.in_plan_order:  # check the rows as they came, then put them in plan order
             order = source.read_order(rows)
-            self._check_tags(out["tags"].view(-1), first + order)
+            self._row_checks(out["tags"].view(-1), first + order)
             if np.array_equal(order[:n], np.arange(n)):  # already in plan order (evaluation): no gather
                 clips = out["clips"][:n]
             elif out["clips"].is_cuda:  # one on-device gather; the small index copy is pinned, so it does not wait
@@ -329,37 +329,13 @@ class ClipLoader(EpochLoader):
                 clips = torch.from_numpy(np.take(out["clips"].numpy(), np.argsort(order)[:n], axis=0))
         elif source.frames_flat:  # clip j is frames j*T .. j*T+T-1: every frame's tag is its clip's
             t = self.geometry.clip_length_frames
-            self._check_tags(out["tags"].view(-1)[: n * t], np.repeat(first + np.arange(n), t))
+            self._row_checks(out["tags"].view(-1)[: n * t], np.repeat(first + np.arange(n), t))
             frames = out["clips"]
             clips = frames.view(-1, t, *frames.shape[1:])[:n]  # (N*T, H, W, 3) -> (N, T, H, W, 3), a view
         else:
-            self._check_tags(out["tags"].view(-1)[:n], first + np.arange(n))
+            self._row_checks(out["tags"].view(-1)[:n], first + np.arange(n))
             clips = out["clips"][:n]
         return clips.permute(0, 4, 1, 2, 3)  # (N, T, H, W, 3) -> (N, 3, T, H, W), channels_last_3d, no copy
-
-    def _check_tags(self, tags, expected: np.ndarray) -> None:
-        """Check the rows' tags against the plan; NVDEC's tags (on the GPU) a batch or two later.
-
-        Reading GPU tags at once would wait for the GPU every batch; instead they are copied to
-        pinned memory without waiting and checked when that copy is done (at the latest two
-        batches on), which still stops a run whose rows went out of step with the plan.
-        """
-        if not tags.is_cuda:
-            self._check_rows(tags.numpy().astype(np.int64), expected)
-            return
-        import torch
-
-        host = torch.empty(tags.shape, dtype=tags.dtype, pin_memory=True)
-        host.copy_(tags, non_blocking=True)  # queued on the tags' device's current stream
-        copied = torch.cuda.Event(blocking=True)  # on that stream (not cuda:0's for a loader on cuda:1)
-        copied.record(torch.cuda.current_stream(tags.device))
-        pending = getattr(self, "_tag_checks", [])
-        pending.append((host, copied, expected))
-        while pending and (len(pending) > 2 or pending[0][1].query()):
-            host, copied, expected = pending.pop(0)
-            copied.synchronize()  # an event wait for an earlier batch, never the device
-            self._check_rows(host.numpy().astype(np.int64), expected)
-        self._tag_checks = pending
 
     def _suspects(self, batches: list[StreamBatch]) -> list[tuple[int, str, int]]:
         suspects = []

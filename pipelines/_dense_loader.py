@@ -191,7 +191,7 @@ def build_dense_pipeline(
     executor: str = "auto",
     build: bool = True,
 ):
-    """Build the dense DALI pipeline: outputs ``(images, meta, *maps)`` (maps in ``feed.kinds`` order).
+    """Build the dense DALI pipeline: outputs ``(images, meta, *maps)`` (maps in ``feed.kinds`` order, meta on the device).
 
     Args:
         size: Output (width, height) of the RGB and every map.
@@ -236,7 +236,9 @@ def build_dense_pipeline(
             )
             for j, kind in enumerate(feed.kinds)
         ]
-        return (images, meta, meta.gpu(), *maps) if on_gpu else (images, meta, *maps)
+        # On a GPU the rows' tags go out on the device only: a pinned host output is handed over after
+        # the host waits for its iteration's GPU work (pipelines/_row_checks.py).
+        return (images, meta.gpu() if on_gpu else meta, *maps)
 
     pipe = dense_graph(
         batch_size=batch_size,
@@ -352,12 +354,11 @@ class DenseLoader(SampleLoader):
         return pipe, feed
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> DenseBatch:
-        meta = out["meta"]
+        meta = out["meta"]  # on the loader's device
         n = len(batch)
-        self._check_rows(meta[:, :2].numpy(), np.stack([np.full(n, iteration), np.arange(n)], axis=1))
-        on_device = out.get("meta_gpu", meta)
+        self._row_checks(meta[:, :2], np.stack([np.full(n, iteration), np.arange(n)], axis=1))
         maps = {kind: out[kind][..., 0] for kind in self.dataset.kinds}
-        return DenseBatch(out["images"].permute(0, 3, 1, 2), maps, on_device[:, 2].contiguous(), on_device[:, 3].bool())
+        return DenseBatch(out["images"].permute(0, 3, 1, 2), maps, meta[:, 2].contiguous(), meta[:, 3].bool())
 
     def _suspects(self, batches: list[StreamBatch]) -> list[tuple[int, str, None]]:
         ids = self._batch_ids(batches)

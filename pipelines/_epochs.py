@@ -21,6 +21,7 @@ out of this rank's shard with ``skip``); when none is, the failure is reported a
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -32,6 +33,7 @@ import numpy as np
 from gpufeed.pipelines._errors import BAD_FILE_HINT, BadSampleError, DatasetError, PipelineError, dali_reason
 from gpufeed.pipelines._next_phases import NEXT_PHASES
 from gpufeed.pipelines._pipeline_session import Session
+from gpufeed.pipelines._row_checks import RowChecks
 from gpufeed.pipelines._sampler import EpochHistory, EpochPlan, PlanSpec, PlanStream, Segment, StreamBatch, plan_epoch
 from gpufeed.pipelines._shares import own_state, position_state
 
@@ -389,11 +391,7 @@ class EpochLoader:
             self.skipped[sample_id] = self.read_failures[sample_id] = why
             log.warning("skipping bad sample %s: %s", self.dataset.paths[sample_id], why)
 
-    @staticmethod
-    def _check_rows(tags: np.ndarray, expected: np.ndarray) -> None:
-        """Guard against an output that is not the plan batch the stream says it is."""
-        if not np.array_equal(tags, expected):
-            raise RuntimeError(
-                f"pipeline output out of step with the plan: rows {tags[:4].tolist()}..., expected "
-                f"{expected[:4].tolist()}... (a gpufeed bug; please report it)"
-            )
+    @functools.cached_property
+    def _row_checks(self) -> RowChecks:
+        """The checks of each batch's row tags against the plan (on a GPU, without waiting for it)."""
+        return RowChecks()

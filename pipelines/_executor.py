@@ -19,9 +19,11 @@ loader.executor=static,dynamic``). With the static executor ``share_outputs`` wa
 the batch's GPU work, and the iterator then allocates torch tensors and copies into them. With the
 dynamic one a GPU pipeline is read by
 :class:`~gpufeed.pipelines._stream_outputs.StreamOutputs`: the training stream waits for DALI's work
-on the GPU, the GPU outputs reach torch without a copy, and the pinned host outputs torch refuses
-are handed over as plain host memory (DALI waits on the host for their ready event first, which may
-be the batch's GPU work: what is left of the wait is for the A/B to show).
+on the GPU, the GPU outputs reach torch without a copy, and a pinned host output torch refuses is
+handed over as plain host memory (DALI waits on the host for its ready event first, which is the
+iteration's: the batch's GPU work). So the image and dense loaders' GPU graphs put their row tags
+on the GPU only, checked a few batches later (:mod:`~gpufeed.pipelines._row_checks`), under both
+executors.
 
 ``static`` on a CPU runs too: DALI's static executor runs CPU-only pipelines, and every CPU loader
 graph (images, ``loader.pipelines: 2``, dense pairs, frame stores, PyAV clips, DALI's VP9 reader)

@@ -291,8 +291,8 @@ def build_image_pipeline(
             graph's operators on a CPU).
 
     Returns:
-        A built ``nvidia.dali.Pipeline`` with outputs ``(images HWC uint8, meta int64 (5,))`` and,
-        on a GPU, a third: ``meta`` again, copied to the GPU with the images.
+        A built ``nvidia.dali.Pipeline`` with outputs ``(images HWC uint8, meta int64 (5,))``, both on
+        the pipeline's device.
     """
     from nvidia.dali import fn, pipeline_def, types
 
@@ -321,7 +321,9 @@ def build_image_pipeline(
         )
         if matrix:  # per-row colour matrices on the resized images, on their device
             images = apply_augment_nodes(images, colour=matrix[0])
-        return (images, meta, meta.gpu()) if on_gpu else (images, meta)
+        # On a GPU the rows' tags go out on the device only: a pinned host output is handed over after
+        # the host waits for its iteration's GPU work (pipelines/_row_checks.py).
+        return images, meta.gpu() if on_gpu else meta
 
     pipe = image_graph(
         batch_size=batch_size,

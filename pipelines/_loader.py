@@ -210,17 +210,13 @@ class ImageLoader(SampleLoader):
         return session
 
     def _batch(self, out: dict, batch: StreamBatch, iteration: int) -> ImageBatch:
-        meta = out["meta"]
+        meta = out["meta"]  # on the loader's device
         n = len(batch)
         # A pipeline tags its own iterations: with several, output k is its pipeline's (k // P)-th.
         expected = np.stack([np.full(n, iteration // self.parallel_pipelines), np.arange(n)], axis=1)
-        self._check_rows(meta[:, :2].numpy(), expected)
-        on_device = out.get("meta_gpu", meta)
+        self._row_checks(meta[:, :2], expected)
         return ImageBatch(
-            out["images"].permute(0, 3, 1, 2),
-            on_device[:, 3].contiguous(),
-            on_device[:, 2].contiguous(),
-            on_device[:, 4].bool(),
+            out["images"].permute(0, 3, 1, 2), meta[:, 3].contiguous(), meta[:, 2].contiguous(), meta[:, 4].bool()
         )
 
     def _suspects(self, batches: list[StreamBatch]) -> list[tuple[int, str, None]]:

@@ -105,11 +105,11 @@ class SampleLoader(EpochLoader):
         return options
 
     def _outputs_of(self, pipe, outputs: tuple[str, ...] = ()):
-        """The iterator over ``pipe``'s outputs ``images, meta[, meta_gpu], *outputs``."""
+        """The iterator over ``pipe``'s outputs ``images, meta, *outputs`` (meta on the loader's device)."""
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
         if self.device.is_gpu:  # the reader of its executor (loader.executor)
-            return gpu_outputs(pipe, ["images", "meta", "meta_gpu", *outputs], self.device.torch_device)
+            return gpu_outputs(pipe, ["images", "meta", *outputs], self.device.torch_device)
         # No reader and no size: the iterator runs as long as the feed does, epoch after epoch; on
         # the static executor (loader.executor: static) it copies each output out, as on a GPU.
         timed_pipeline(pipe)  # NEXT_PHASES, as the GPU readers do

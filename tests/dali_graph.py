@@ -78,3 +78,13 @@ def external_sources(pipe) -> list[Operator]:
             seen.add(id(op.callback))
             found.append(op)
     return found
+
+
+def output_devices(pipe) -> list[str]:
+    """The device of each of ``pipe``'s outputs (built or not), in order: ``cpu`` or ``gpu``."""
+    if getattr(pipe, "_graph_outputs", None) is None:
+        pipe._build_graph()
+    devices = [node.device for node in pipe._graph_outputs or []]
+    if not devices or any(device not in ("cpu", "gpu") for device in devices):
+        raise AssertionError(f"DALI's graph output attributes changed: {devices!r}")
+    return devices
