@@ -22,17 +22,19 @@ word for word), ``exec2.cc`` (a 2024 revision) and ``buffer.h``:
   buffer, which the dynamic executor keeps for as long as it is referenced.
 * A pinned host output (``kDLCUDAHost``, which torch refuses: see :mod:`gpufeed.pipelines._executor`)
   is asked for as plain host memory, ``__dlpack__(dl_device=(DLDeviceType.kDLCPU, 0))``: DALI hands
-  pinned memory over as ``kDLCPU`` after waiting on the host for its ready event (its values are read
-  on the host anyway). ``PopOutputs`` gives a pinned output ordered on a stream the iteration's event,
-  so that wait may be for the batch's GPU work, as the static executor's is: the A/B measures it
-  (NEXT_PHASES' ``copies``). The device must be DALI's ``DLDeviceType``, not an int. Should a DALI
-  refuse it, the output, a few values a row, is copied through numpy instead (logged once).
+  pinned memory over as ``kDLCPU`` after waiting on the host for its ready event. That event is the
+  iteration's (``OutputTask::Run`` in ``exec2.cc`` gives it to every pinned output, recorded once
+  every output's producer is done), so the host would wait for the batch's GPU work after all, in
+  the handover (NEXT_PHASES' ``copies``). The loaders' GPU graphs therefore have no host output: their
+  row tags go out on the GPU and are checked a few batches later
+  (:mod:`gpufeed.pipelines._row_checks`). The device must be DALI's ``DLDeviceType``, not an int.
+  Should a DALI refuse it, the output is copied through numpy instead (logged once).
 * Lifetime: DALI frees an output's GPU buffer when its last reference goes, stream-ordered on the
   stream that allocated it (``buffer.h``: ``deletion_order``), and so free for DALI's next work there
   while the training stream may still read it. ``Tensor.record_stream`` cannot hold it, since torch's
-  caching allocator skips memory it did not allocate, so each batch's GPU tensors are kept here until
-  an event recorded on the training stream at the next ``next()`` (after the step that read them was
-  queued) has completed: a query, not a wait. Should the host run more than :data:`_HELD_BATCHES`
+  caching allocator skips memory it did not allocate, so each batch's tensors are kept here until
+  an event recorded on the stream it was handed over on, at the next ``next()`` (after the step that
+  read them was queued), has completed: a query, not a wait. Should the host run more than :data:`_HELD_BATCHES`
   batches ahead of the GPU, the oldest is waited for; the batches held when the reader goes (its
   session closes) are waited for then. A batch the caller keeps past the next call is its own.
 
@@ -75,41 +77,39 @@ def host_tensor(tensor):
 
 
 class _HeldBatches:
-    """The GPU tensors of the batches handed over, each kept until the training stream is done with it.
+    """The tensors of the batches handed over, each kept until the stream that reads it is done with it.
 
-    Args:
-        device: The torch device whose current stream is the training stream.
+    Every output is held, host ones too: a pinned host output goes back to DALI on its own stream
+    when its last reference goes, as a GPU one does, while a copy queued from it may still read it.
     """
 
-    def __init__(self, device) -> None:
-        self.device = device
-        self.done: collections.deque = collections.deque()  # (event on the training stream, tensors)
-        self.last: list = []  # the batch handed over last, its step not yet queued
+    def __init__(self) -> None:
+        self.done: collections.deque = collections.deque()  # (event on the reading stream, tensors)
+        self.last: tuple | None = None  # (reading stream, tensors): handed over last, its step not yet queued
 
-    def keep(self, tensors: list) -> None:
-        """Hold ``tensors``, the batch being handed over, until the next call marks its step queued."""
-        self.last = tensors
+    def keep(self, tensors: list, stream) -> None:
+        """Hold ``tensors``, the batch handed over to be read on ``stream``, until the next :meth:`mark`."""
+        self.last = (stream, tensors)
 
-    def mark(self, consumer) -> None:
-        """The previous batch's step is queued on ``consumer``: hold it to an event there; drop finished ones."""
+    def mark(self) -> None:
+        """The previous batch's step is queued on its stream: hold it to an event there; drop finished ones."""
         import torch
 
         while self.done and self.done[0][0].query():  # a query: the host does not wait
             self.done.popleft()
-        if self.last:
-            event = torch.cuda.Event()
-            event.record(consumer)
-            self.done.append((event, self.last))
-            self.last = []
+        if self.last is not None:
+            stream, tensors = self.last
+            # Blocking: a wait below sleeps instead of spinning a core DALI's threads and the feed need.
+            event = torch.cuda.Event(blocking=True)
+            event.record(stream)  # the stream it went out on, whatever stream is current now
+            self.done.append((event, tensors))
+            self.last = None
         while len(self.done) > _HELD_BATCHES:
             self.done.popleft()[0].synchronize()
 
     def drain(self) -> None:
-        """Wait for the training stream's uses of every held batch, then let them go (the reader is gone)."""
-        import torch
-
-        if self.last:  # its step is queued on the current stream by now, if it ever will be
-            self.mark(torch.cuda.current_stream(self.device))
+        """Wait for the reading streams' uses of every held batch, then let them go (the reader is gone)."""
+        self.mark()  # the last batch's step is queued by now, if it ever will be
         while self.done:
             self.done.popleft()[0].synchronize()
 
@@ -136,7 +136,7 @@ class StreamOutputs:
         self.pipe, self.names, self.device = pipe, list(names), device
         self.started = False
         self.copied: set[str] = set()  # host outputs DALI would not hand over as plain host memory
-        self.held = _HeldBatches(device)
+        self.held = _HeldBatches()
         # Dropped with its session (no cycle holds it): wait then for what the training stream still reads.
         weakref.finalize(self, self.held.drain).atexit = False  # at exit the process, and its GPU work, ends
 
@@ -153,11 +153,11 @@ class StreamOutputs:
         import torch
 
         consumer = torch.cuda.current_stream(self.device)
-        self.held.mark(consumer)  # the previous batch's step was queued there before this call
+        self.held.mark()  # the previous batch's step was queued on its stream before this call
         self.start()
         outputs = self.pipe.share_outputs(cuda_stream=consumer)  # consumer waits for the batch, on the GPU
         batch = {name: self._tensor(name, out.as_tensor()) for name, out in zip(self.names, outputs, strict=True)}
-        self.held.keep([tensor for tensor in batch.values() if tensor.is_cuda])
+        self.held.keep(list(batch.values()), consumer)
         # As DALI's iterator: the next run queued after the handover. The dynamic executor keeps the
         # buffers the tensors hold after release_outputs.
         self.pipe.release_outputs()

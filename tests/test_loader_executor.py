@@ -247,8 +247,8 @@ _WAITED: list = []  # the stand-in events the host waited for
 class _Event:
     """A CUDA event stand-in: done once ``done`` is set; ``synchronize`` (a host wait) sets it."""
 
-    def __init__(self) -> None:
-        self.done = False
+    def __init__(self, blocking: bool = False) -> None:
+        self.done, self.blocking = False, blocking
 
     def record(self, stream) -> None:
         self.stream = stream
@@ -263,23 +263,25 @@ class _Event:
 
 def test_handed_over_batches_are_held_until_the_training_stream_is_done_with_them(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", _Event)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
     _WAITED.clear()
-    held = _HeldBatches(torch.device("cuda", 0))
-    held.keep(["batch 0"])
-    held.mark("stream")  # batch 0's step is queued: held to an event recorded now
-    assert [tensors for _, tensors in held.done] == [["batch 0"]] and held.last == []
-    held.done[0][0].done = True
-    held.keep(["batch 1"])
-    held.mark("stream")
+    held = _HeldBatches()
+    held.keep(["batch 0"], "stream A")
+    held.mark()  # batch 0's step is queued: held to an event recorded now, on the stream it went out on
+    ((event, tensors),) = held.done
+    assert tensors == ["batch 0"] and held.last is None
+    assert event.stream == "stream A" and event.blocking, "a host wait on it sleeps instead of spinning"
+    event.done = True
+    held.keep(["batch 1"], "stream B")  # a caller that changed streams between batches
+    held.mark()
     assert [tensors for _, tensors in held.done] == [["batch 1"]], "batch 0's step ended: let go, without a wait"
+    assert held.done[0][0].stream == "stream B"
     for k in range(2, 2 + _stream_outputs._HELD_BATCHES):
-        held.keep([f"batch {k}"])
-        held.mark("stream")
+        held.keep([f"batch {k}"], "stream B")
+        held.mark()
     assert len(held.done) == _stream_outputs._HELD_BATCHES and len(_WAITED) == 1, "the oldest was waited for"
-    held.keep(["last"])
+    held.keep(["last"], "stream B")
     held.drain()
-    assert not held.done and held.last == [] and len(_WAITED) == 2 + _stream_outputs._HELD_BATCHES
+    assert not held.done and held.last is None and len(_WAITED) == 2 + _stream_outputs._HELD_BATCHES
 
 
 # -- the GPU: dynamic against static ---------------------------------------------------------------
@@ -326,14 +328,39 @@ def test_the_dense_and_clip_loaders_give_the_static_executors_batches_under_dyna
 
 
 @pytest.mark.gpu
-def test_dynamic_hands_the_pinned_host_outputs_over_without_a_copy(train_set):
+def test_dynamic_hands_a_pinned_host_output_over_without_a_copy():
     """torch refuses DALI's pinned host outputs as DLPack ``kDLCUDAHost``; asked for ``kDLCPU``, DALI
-    hands the same memory over (``host_tensor``). Should it refuse, they are copied: this says which."""
-    loader = _images(train_set, GPU, "dynamic", train=True, batch=8)
-    batch = next(iter(loader))
-    (reader,) = _stream_readers(loader)
+    hands the same memory over (``host_tensor``). The loaders' GPU graphs have no host output (see
+    ``tests/test_row_checks.py``): this graph has one, pinned because a GPU operator reads it too."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.backend import DLDeviceType
+
+    count = iter(range(1, 1000))
+
+    @pipeline_def(enable_conditionals=False)
+    def graph():
+        rows = fn.external_source(source=lambda: [np.full(3, next(count), np.int64)] * 4, batch=True,
+                                  dtype=types.INT64, ndim=1)  # fmt: skip
+        return rows, rows.gpu()
+
+    pipe = graph(batch_size=4, num_threads=2, device_id=0, prefetch_queue_depth=2, **executor_args(True, "dynamic"))
+    pipe.build()
+    reader = StreamOutputs(pipe, ["rows", "rows_gpu"], torch.device("cuda", 0))
+    arrived = []
+    plain = reader._tensor
+
+    def recorded(name, tensor):
+        arrived.append((name, tensor.__dlpack_device__()[0]))
+        return plain(name, tensor)
+
+    reader._tensor = recorded
+    batches = [next(reader)[0] for _ in range(3)]
+    assert ("rows", DLDeviceType.kDLCUDAHost) in arrived, f"the host output was not pinned: {arrived}"
     assert not reader.copied, f"DALI's host outputs {sorted(reader.copied)} were copied (no kDLCPU DLPack)"
-    assert batch.images.is_cuda and batch.sample_ids.is_cuda
+    for k, batch in enumerate(batches, start=1):
+        assert not batch["rows"].is_cuda and batch["rows_gpu"].is_cuda
+        # exact: integer rows fed in, copied to the GPU unchanged; no decoder involved
+        assert torch.equal(batch["rows"], torch.full((4, 3), k)) and torch.equal(batch["rows_gpu"].cpu(), batch["rows"])
 
 
 @pytest.mark.gpu
