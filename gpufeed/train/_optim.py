@@ -153,7 +153,9 @@ def compile_model(model: nn.Module, mode: str) -> None:
     carry an ``_orig_mod.`` prefix), so checkpoints and the export read it as an eager model's, and
     DDP wraps it as it is.
     Compilation happens at the first forward pass (seconds to minutes) and again for evaluation
-    mode. ``reduce-overhead`` replays each step's kernels as CUDA graphs: the host launches a graph
+    mode, and once more for each other batch size: shapes are compiled static, so a partial last
+    batch (evaluation keeps every sample) gets a graph of its own and the full batches keep theirs.
+    ``reduce-overhead`` replays each step's kernels as CUDA graphs: the host launches a graph
     instead of every kernel, for a loop whose host launching is as long as the device's work
     (:class:`~gpufeed.train._step.Stepper` marks each step's start for it).
 
@@ -166,4 +168,9 @@ def compile_model(model: nn.Module, mode: str) -> None:
         raise ConfigError(
             "train.compile", "reduce-overhead replays CUDA graphs and this run uses the CPU; use default or off"
         )
-    model.compile(mode=None if mode == "default" else mode)
+    # dynamic=False: torch's default recompiles at the first batch of another size (the partial last
+    # one) with a symbolic batch size, and that graph then takes the full batches too (torch 2.13
+    # keeps no guard sending them back to their static graph): kernels for any size, and on a GPU
+    # no channels_last layout choice by inductor. Static, a run compiles a graph per shape and mode,
+    # a handful, below dynamo's recompile limit (8 per function; past it a call would run eagerly).
+    model.compile(mode=None if mode == "default" else mode, dynamic=False)
