@@ -3,10 +3,11 @@
 On a shared machine the speed of a training step drifts by several times within a minute
 (another job starts, the CPU's share halves). Timing one side's whole run, then the other's,
 compares two different machines. With ``chunk_steps`` set, each round starts both sides (fresh
-model and loader each) and alternates between them every ``chunk_steps`` steps, in the order
-A B B A A B ... so that a drift in time favours neither. A chunk pair (the same steps of both
-sides, run back to back) saw nearly the same machine: its samples/s ratio is one measurement, and
-the median over all pairs of all rounds is the figure that a noisy machine moves least.
+model and loader each, the model warmed up untimed: :func:`_warm_up`) and alternates between them
+every ``chunk_steps`` steps, in the order A B B A A B ... so that a drift in time favours neither.
+A chunk pair (the same steps of both sides, run back to back) saw nearly the same machine: its
+samples/s ratio is one measurement, and the median over all pairs of all rounds is the figure that
+a noisy machine moves least.
 
 Only one side steps at a time; the other side's loader is idle. What it still does meanwhile is
 finish the batches it had already started (DALI's queued iterations, the DataLoader workers'
@@ -30,8 +31,10 @@ from gpufeed.bench._train_report import SIDES
 from gpufeed.pipelines import NEXT_PHASES
 from gpufeed.train import Finished, StepTimeline
 
-__all__ = ["WARMUP_STEPS", "run_rounds", "warm_up"]
+__all__ = ["WARMUP_STEPS", "run_rounds"]
 
+# Untimed steps of each side's model before its first timed one: with CUDA graphs (train.compile
+# reduce-overhead) torch runs a function's first call eagerly and records the second, and timed steps replay.
 WARMUP_STEPS = 2
 
 
@@ -64,6 +67,7 @@ class _Side:
     def __init__(self, run, side: str, augment, round_index: int) -> None:
         self.run, self.side, self.round = run, side, round_index
         self.stepper = run.stepper(augment)
+        _warm_up(run, self.stepper)
         self.feed = run.feed(side)  # a generator: the loader starts on the first next, inside the first wait
         # The trainer's timeline: steps queued one ahead on a GPU, periods that add up to the chunk's time.
         self.timeline: StepTimeline[tuple] = StepTimeline(launch_ahead=run.device.is_gpu)
@@ -178,14 +182,21 @@ def run_rounds(
     return blocks, pairs, orders
 
 
-def warm_up(run, augmenters: dict) -> None:
-    """Run a few untimed steps per side on random pixels: kernels, autotuning and allocator warm."""
+def _warm_up(run, stepper) -> None:
+    """Run ``WARMUP_STEPS`` untimed steps of ``stepper`` on random pixels, then collect and synchronise.
+
+    The side's own stepper, not a separate one: besides compiling (once per process), autotuning and
+    warming the allocator, its steps create its optimizer's state and, with CUDA graphs, record the
+    graphs for its model's parameters. Graphs recorded for another model's parameters would be
+    recorded again for this one's, which lie elsewhere, inside its first timed steps (and recording
+    synchronises the device twice). The batch is drawn just after ``run.stepper`` seeded torch:
+    the same pixels on both sides. The garbage of compiling is collected and the queued steps finish
+    here, so that neither lands in a timed step.
+    """
     batch = run.synthetic_batch()
-    for augment in augmenters.values():
-        stepper = run.stepper(augment)
-        for _ in range(WARMUP_STEPS):
-            stepper(batch)
-    del stepper
+    for _ in range(WARMUP_STEPS):
+        stepper(batch)
+    del batch
     gc.collect()
     if run.device.is_gpu:
         torch.cuda.synchronize(run.device.torch_device)

@@ -39,7 +39,7 @@ from gpufeed.bench._train_options import TrainBenchOptions
 from gpufeed.bench._train_plot import draw_train_plot as draw_train_plot
 from gpufeed.bench._train_report import SIDES, figures
 from gpufeed.bench._train_report import print_train_result as print_train_result
-from gpufeed.bench._train_rounds import run_rounds, warm_up
+from gpufeed.bench._train_rounds import run_rounds
 from gpufeed.bench.clips import make_bench_videos, prepared_bench_videos
 from gpufeed.config import Config, ConfigError, parse_config
 from gpufeed.core import SizePx, progress_bar
@@ -354,7 +354,6 @@ def run_train_bench(
 
     run = _Run(options)
     augmenters = {side: run.plans[side].augmenter for side in run.sides}
-    warm_up(run, augmenters)
     total = run.rounds * len(run.sides) * run.epochs * run.steps_per_epoch
     with progress_bar(total=total, desc="bench train", unit="step", leave=True, dynamic_ncols=True) as bar:
         blocks, pairs, orders = run_rounds(run, augmenters, bar, int(run.pick["chunk_steps"]))
