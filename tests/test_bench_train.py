@@ -161,11 +161,10 @@ def test_no_baseline_trains_gpufeed_alone(tmp_path, capsys):
     assert "loader wait, share of step time" in out
 
 
-def _device_batches(device, rows: int = 2) -> list:
-    """The DataLoader side's three batch makers on ``device``, from pinned collated batches on a GPU."""
+def _collated(device, rows: int = 2) -> tuple:
+    """Collated batches as the DataLoader side's workers hand them over: pinned where ``device`` is a GPU."""
     pin = (lambda t: t.pin_memory()) if device.type == "cuda" else (lambda t: t)
     ids = pin(torch.arange(rows))
-    valid = torch.ones(rows, dtype=torch.bool, device=device)
     image = (pin(torch.zeros(rows, 224, 224, 3, dtype=torch.uint8)), pin(torch.zeros(rows, dtype=torch.int64)), ids)
     clip = (
         pin(torch.zeros(rows, 11, 64, 64, 3, dtype=torch.uint8)),
@@ -174,6 +173,13 @@ def _device_batches(device, rows: int = 2) -> list:
         ids,
     )
     dense = (pin(torch.zeros(rows, 64, 64, 3, dtype=torch.uint8)), pin(torch.zeros(rows, 64, 64)), ids)
+    return image, clip, dense
+
+
+def _device_batches(device, rows: int = 2, collated: tuple | None = None) -> list:
+    """The DataLoader side's three batch makers on ``device``, from pinned collated batches on a GPU."""
+    image, clip, dense = collated or _collated(device, rows)
+    valid = torch.ones(len(image[0]), dtype=torch.bool, device=device)
     return [
         image_batch(image, device, valid),
         clip_batch(clip, device, valid, ("walk",), centre=5),
@@ -201,10 +207,15 @@ def test_the_dataloader_sides_copies_do_not_synchronise_on_a_gpu():
     """Behind a queued kernel (the step launched ahead), no copy may wait for the stream, on the
     host or on the GPU: the copies land on their own stream while the step still runs."""
     cuda = torch.device("cuda", 0)
+    # Pinned, and the copy stream's memory allocated, before the step is queued: allocating either
+    # may synchronise the device, which is not what this test is about.
+    collated = _collated(cuda, rows=64)
+    _device_batches(cuda, collated=collated)
+    torch.cuda.synchronize()
     torch.cuda._sleep(int(2e9))  # a step still running on the stream (about a second)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        batches = _device_batches(cuda, rows=64)
+        batches = _device_batches(cuda, collated=collated)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     copy_stream(cuda).synchronize()  # the copies are done...

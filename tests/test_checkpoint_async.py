@@ -253,22 +253,32 @@ def test_device_state_is_copied_behind_the_step_into_reused_pinned_buffers(tmp_p
     model(torch.randint(0, 255, (2, 3, 32, 32), dtype=torch.uint8, device="cuda")).sum().backward()
     optimizer.step()
     payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 1}
-    expected = _load(save_checkpoint(payload, tmp_path / "sync", 1))
-    held = HeldFsync("ckpt-000000001.pt")
-    monkeypatch.setattr(os, "fsync", held)
+    params = list(model.parameters())
+    with torch.no_grad():  # the state the checkpoint must hold: the weights doubled (exact, as is halving)
+        torch._foreach_mul_(params, 2.0)
+        expected = _load(save_checkpoint(payload, tmp_path / "sync", 2))
+        torch._foreach_div_(params, 2.0)
     writer = CheckpointWriter()
-    writer.submit(payload, tmp_path, 1)
+    writer.submit(payload, tmp_path, 1)  # the pinned buffers made (allocating pinned memory may synchronise)
+    writer.wait()
+    buffers = [b.data_ptr() for b in writer._buffers]
+    assert all(b.is_pinned() for b in writer._buffers if b.nbytes())
+    held = HeldFsync("ckpt-000000002.pt")
+    monkeypatch.setattr(os, "fsync", held)
+    torch.cuda._sleep(int(1e9))  # about a second of GPU time: the doubling below runs after it
+    with torch.no_grad():
+        torch._foreach_mul_(params, 2.0)
+    writer.submit(payload, tmp_path, 2)
+    # The copies were queued behind the doubling without a wait: a writer reading its buffers before
+    # they arrive, or copies on another stream, would write other bytes than expected.
+    assert not torch.cuda.current_stream().query(), "submit waited for the GPU"
     with torch.no_grad():  # queued behind the copies on the same stream: the snapshot is the step's
-        for p in model.parameters():
+        for p in params:
             p.mul_(3.0).add_(1.0)
     held.release()
     written = writer.wait()
     assert written is not None
     _assert_same(_load(written), expected)  # exact: the same bytes copied from the device, both sides
-    buffers = [b.data_ptr() for b in writer._buffers]
-    assert all(b.is_pinned() for b in writer._buffers if b.nbytes())
-    writer.submit(payload, tmp_path, 2)
-    writer.wait()
     assert [b.data_ptr() for b in writer._buffers] == buffers, "the pinned buffers are kept for the next checkpoint"
 
 

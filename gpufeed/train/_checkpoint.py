@@ -230,10 +230,10 @@ class CheckpointWriter:
                 host, tensor.storage_offset(), tensor.size(), tensor.stride()
             )
         del self._buffers[len(storages) :]
-        # Recorded behind the copies on the step's stream: the next step's kernels queue after them,
-        # so the state stays as it was at this step, and only the writer thread waits.
+        # Recorded behind the copies on the step's stream: the next step's kernels queue after them, so
+        # the state stays as it was at this step; only the writer thread waits, asleep (blocking events).
         cuda = {device for device, _ in storages if device.type == "cuda"}
-        return memo, [torch.cuda.current_stream(device).record_event() for device in cuda]
+        return memo, [torch.cuda.current_stream(d).record_event(torch.cuda.Event(blocking=True)) for d in cuda]
 
     def _host_storage(self, source: torch.UntypedStorage, slot: int) -> torch.UntypedStorage:
         """``source``'s bytes in host buffer ``slot``, kept while its size holds (pinned for a CUDA source).
@@ -243,8 +243,8 @@ class CheckpointWriter:
         """
         while len(self._buffers) <= slot:
             self._buffers.append(torch.UntypedStorage(0))
-        if self._buffers[slot].nbytes() != source.nbytes():
-            pin = source.device.type == "cuda"  # pinned: an asynchronous copy, with no staging copy
+        pin = source.device.type == "cuda"  # pinned: an asynchronous copy (a CPU source's slot may be plain)
+        if self._buffers[slot].nbytes() != source.nbytes() or (pin and not self._buffers[slot].is_pinned()):
             self._buffers[slot] = torch.empty(source.nbytes(), dtype=torch.uint8, pin_memory=pin).untyped_storage()
         self._buffers[slot].copy_(source, non_blocking=True)
         return self._buffers[slot]
