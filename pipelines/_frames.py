@@ -45,7 +45,8 @@ class FrameChunk:
 
     Attributes:
         frames: (C, 3, H, W) torch.uint8 RGB, contiguous NCHW, on the reader's device.
-        frame_indices: (C,) torch.int64 frame numbers (presentation order), same device.
+        frame_indices: (C,) torch.int64 frame numbers (presentation order), on the host whatever the
+            frames' device: a reader of them waits for no GPU work.
     """
 
     frames: torch.Tensor
@@ -147,7 +148,7 @@ class VideoFrameReader:
                 first = int(self._starts[expected])
                 skip = max(0, done - first)
                 frames = frames[skip:]
-                indices = torch.arange(first + skip, first + skip + len(frames), device=torch_device)
+                indices = torch.arange(first + skip, first + skip + len(frames))  # host: reading them never syncs
                 done = first + skip + len(frames)
                 yield FrameChunk(frames.to(torch_device).contiguous(), indices)
             if done != self.info.num_frames:

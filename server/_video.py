@@ -211,13 +211,13 @@ def score_video(call: Inference, job: VideoJob, device, stop: threading.Event) -
     answered: list[Item] = []
 
     def logits_of(clips) -> np.ndarray:
-        if clips.is_cuda:  # the batch's lane reads them on its own stream: finish this thread's writes
+        if clips.is_cuda and model.on_gpu:  # the batch's lane reads them on its own stream: finish this thread's writes
             import torch
 
             torch.cuda.current_stream(clips.device).synchronize()
             rows = list(clips)
-        else:
-            rows = list(clips.numpy())
+        else:  # a CPU lane on a GPU host: one copy of the batch, not a synchronous copy a window
+            rows = list(clips.cpu().numpy())
         items = [Item(pixels=row, where=f"window {k} of {job.where}") for k, row in enumerate(rows)]
         logits = call.infer_rows(items, stop)
         answered.extend(Item(where=item.where, times=item.times) for item in items)  # no pixels kept

@@ -96,7 +96,8 @@ def test_cuda_runner_binds_every_batch_size_and_agrees_with_the_cpu_runner():
         got = gpu.run(batch[:n])
         assert got.shape == (n, card.spec.num_classes) and got.dtype == np.float32
         np.testing.assert_allclose(got, cpu.run(rows[:n].copy()), atol=1e-3, err_msg=f"batch size {n}")
-    np.testing.assert_allclose(gpu.run(batch[:1]), cpu.run(rows[:1].copy()), atol=1e-3)  # its binding, reused
+    gpu._local.bound[1][1].fill_(float("nan"))  # its binding, reused: an output left unwritten shows
+    np.testing.assert_allclose(gpu.run(batch[:1]), cpu.run(rows[:1].copy()), atol=1e-3)
     with pytest.raises(ValueError, match=r"a batch of 3 rows: this model runs batches of \[1, 2, 4\]"):
         gpu.run(batch[:3])
 
@@ -123,6 +124,10 @@ def test_a_cuda_run_waits_for_its_own_streams_only_and_returns_whole_outputs():
     batch[:n].copy_(torch.from_numpy(rows))
     torch.cuda.synchronize()
     want = gpu.run(batch[:n])  # also the binding's first use
+    # The output buffer is the thread's, reused: NaN in it now, so that an output read before the
+    # run wrote it cannot pass for whole.
+    gpu._local.bound[n][1].fill_(float("nan"))
+    torch.cuda.synchronize()
     other, lane = torch.cuda.Stream(), torch.cuda.Stream()
     with torch.cuda.stream(other):  # another lane's work
         torch.cuda._sleep(2_000_000_000)  # about a second of GPU time on an H100 (cycles)
@@ -133,7 +138,7 @@ def test_a_cuda_run_waits_for_its_own_streams_only_and_returns_whole_outputs():
     held = busy.query()
     other.synchronize()
     assert not held, "the run waited for another stream's work (a device-wide synchronize)"
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # unfinished, it would be torch.empty's bytes
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # unfinished, it would hold NaN
 
 
 @pytest.mark.parametrize("model", ["depth", "seg"])

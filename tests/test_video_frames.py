@@ -41,6 +41,7 @@ def test_every_frame_once_in_order(synth_dir, vp9_video, case, chunk):
     for part in reader:
         assert part.frames.shape[1:] == (3, 40, 40) and part.frames.dtype == torch.uint8
         assert part.frames.device.type == ("cuda" if choice.is_gpu else "cpu")
+        assert part.frame_indices.device.type == "cpu", "read by the scorer per chunk: never a GPU sync"
         assert len(part) <= min(chunk, 120)
         tags = frame_tags(part.frames, "TCHW")
         assert [i for i, _ in tags] == part.frame_indices.tolist() and {v for _, v in tags} == {1}
