@@ -13,7 +13,6 @@ steps.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
 
 import numpy as np
 
@@ -35,20 +34,15 @@ def check_rows(tags: np.ndarray, expected: np.ndarray) -> None:
 
 
 class RowChecks:
-    """Check a batch's tags against the plan: host tags at once, GPU tags when their copy is done.
+    """Check a batch's tags against the plan (:func:`check_rows`): host tags at once, GPU tags when their copy is done."""
 
-    Args:
-        check: Raises where the tags (an int64 array) are not ``expected``.
-    """
-
-    def __init__(self, check: Callable[[np.ndarray, np.ndarray], None] = check_rows) -> None:
-        self.check = check
+    def __init__(self) -> None:
         self.pending: collections.deque = collections.deque()  # (host copy, its event, expected)
 
     def __call__(self, tags, expected: np.ndarray) -> None:
         """Check ``tags`` (a torch tensor on the loader's device) against ``expected``."""
         if not tags.is_cuda:
-            self.check(tags.numpy().astype(np.int64), expected)
+            check_rows(tags.numpy().astype(np.int64), expected)
             return
         import torch
 
@@ -63,4 +57,4 @@ class RowChecks:
     def _check_oldest(self) -> None:
         host, copied, expected = self.pending.popleft()
         copied.synchronize()  # an event wait for an earlier batch, never the whole device
-        self.check(host.numpy().astype(np.int64), expected)
+        check_rows(host.numpy().astype(np.int64), expected)
