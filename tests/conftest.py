@@ -39,6 +39,7 @@ import torch
 from _gpu_checks import item_problems
 from _s3server import s3_bucket, s3_server  # noqa: F401  # the S3 tests' server, shared by the session
 from _tiers import TIERS, unit_guard
+from _wheel_venv import installed  # noqa: F401  # the wheel tests' venv, built once a session
 from _xdist import SHARED_FIXTURE_USERS, make_scheduler, shared_fixture_users
 
 from gpufeed.device import DeviceChoice, cuda_status

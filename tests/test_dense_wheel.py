@@ -4,8 +4,9 @@ Two paired datasets written by the tests' generator: 640x480 RGB JPEGs with 16-b
 and RGB JPEGs with 8-bit masks. Each trains ``unet_resnet18`` for one epoch at 64x48 through the
 wheel's ``gpufeed train`` (evaluation at the epoch's end writes the dense metrics), is exported
 by ``gpufeed export`` (onnxruntime checked against PyTorch) and served, both models by one
-``gpufeed serve`` process, all from the runtime-only venv of ``test_package_install.py`` and a
-folder outside the checkout. One request per model checks the answer's shape, dtype and values.
+``gpufeed serve`` process, all from the session's runtime-only venv (``installed``, in
+``conftest.py``) and a folder outside the checkout. One request per model checks the answer's
+shape, dtype and values.
 """
 
 from __future__ import annotations
@@ -13,17 +14,19 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import yaml
 from _serving import kserve_image_outputs
+from _wheel_venv import ok, run_cmd
 from PIL import Image
-from test_package_install import _ok, _run, installed  # noqa: F401 (the session's wheel venv)
 
 from gpufeed.config import parse_config
 from gpufeed.pipelines._windows import eval_windows
@@ -37,10 +40,10 @@ DEPTH_SCALE = 0.001  # the maps hold millimetres
 CLASSES = 4  # the synthetic masks' ids 0..3, 255 ignored
 
 
-def _train_and_export(installed, name: str, kinds: tuple[str, ...], extra: dict) -> dict:  # noqa: F811
-    """Write the pairs, then train and export with the wheel's CLI; the run's evaluations."""
+def _train_and_export(installed, work: Path, name: str, kinds: tuple[str, ...], extra: dict) -> dict:
+    """Write the pairs into ``work``, then train and export with the wheel's CLI; the run's evaluations."""
     cwd = installed["cwd"]
-    data = cwd / f"{name}-pairs"
+    data = work / f"{name}-pairs"
     write_paired_split(data / "train", 16, WIDTH, HEIGHT, seed=0, kinds=kinds)
     write_paired_split(data / "val", 4, WIDTH, HEIGHT, seed=1, kinds=kinds)
     config = {
@@ -54,24 +57,39 @@ def _train_and_export(installed, name: str, kinds: tuple[str, ...], extra: dict)
         "augment": {"ops": ["color_jitter", "horizontal_flip"]},
         "telemetry": {"metrics_port": 0},
     }
-    path = cwd / f"{name}.yaml"
+    path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    run = cwd / f"run-{name}"
-    trained = _ok(_run([installed["gpufeed"], "train", "--config", path, "--out", run], cwd, installed["env"], 600))
-    exported = _run([installed["gpufeed"], "export", run, "--out", cwd / "repo" / name, "--batch-sizes", "1", "2"],
+    run = work / f"run-{name}"
+    trained = ok(run_cmd([installed["gpufeed"], "train", "--config", path, "--out", run], cwd, installed["env"], 600))
+    exported = run_cmd([installed["gpufeed"], "export", run, "--out", work / "repo" / name, "--batch-sizes", "1", "2"],
                     cwd, installed["env"], 600)  # fmt: skip
-    _ok(exported)
+    ok(exported)
     steps = (run / "steps.jsonl").read_text().splitlines()
     evaluations = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
     return {"stdout": trained.stdout + trained.stderr, "steps": steps, "eval": evaluations, "export": exported.stdout}
 
 
 @pytest.fixture(scope="module")
-def served(installed):  # noqa: F811
-    """Both models trained and exported from the wheel, then served by one ``gpufeed serve``."""
-    depth = _train_and_export(installed, "depth", ("depth",), {"data": {"depth_scale": DEPTH_SCALE}})
-    seg = _train_and_export(installed, "seg", ("mask",), {"model": {"task": "segmentation", "num_classes": CLASSES}})
-    cmd = [installed["gpufeed"], "serve", "--model-repo", installed["cwd"] / "repo", "--port", "0"]
+def served(installed, tmp_path_factory):
+    """Both models trained and exported from the wheel, then served by one ``gpufeed serve``.
+
+    Their pairs, runs and exports (about 800 MB, mostly checkpoints) are removed with the module:
+    a session fixture's folder would hold them to the session's end.
+    """
+    work = tmp_path_factory.mktemp("dense-wheel")
+    try:
+        yield from _serve(installed, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _serve(installed, work: Path):
+    """Train, export and serve both models from ``work``; yields what the tests read."""
+    depth = _train_and_export(installed, work, "depth", ("depth",), {"data": {"depth_scale": DEPTH_SCALE}})
+    seg = _train_and_export(
+        installed, work, "seg", ("mask",), {"model": {"task": "segmentation", "num_classes": CLASSES}}
+    )
+    cmd = [installed["gpufeed"], "serve", "--model-repo", work / "repo", "--port", "0"]
     cmd += ["--set", "device=cpu", "--set", "serve.warmup_batches=1"]
     proc = subprocess.Popen(
         [str(c) for c in cmd], cwd=installed["cwd"], env=installed["env"], stdout=subprocess.PIPE,
@@ -94,7 +112,7 @@ def served(installed):  # noqa: F811
                 pass
             assert proc.poll() is None, "".join(seen)
             time.sleep(0.5)
-        val_image = (installed["cwd"] / "depth-pairs" / "val" / "rgb" / "000000.jpg").read_bytes()
+        val_image = (work / "depth-pairs" / "val" / "rgb" / "000000.jpg").read_bytes()
         yield {"url": url, "depth": depth, "seg": seg, "image": val_image}
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from _gpu_checks import Module, param_problems, problems_of
+from test_tiers import SUPPORT
 
 HERE = Path(__file__).parent
 
@@ -149,7 +150,7 @@ def test_an_exact_comparison_of_two_decoders_needs_a_tolerance_or_a_reason():
 
 @pytest.mark.process  # runs pytest in a child process, as CI does
 def test_a_broken_gpu_test_fails_on_a_cpu_machine_instead_of_skipping(tmp_path):
-    for name in ("conftest.py", "_tiers.py", "_gpu_checks.py", "_gpu_source.py", "_s3server.py", "_xdist.py"):
+    for name in SUPPORT:
         (tmp_path / name).write_text((HERE / name).read_text(encoding="utf-8"), encoding="utf-8")
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu\n    unit\n    process\n    live\n    slow\n")
     (tmp_path / "test_broken.py").write_text(

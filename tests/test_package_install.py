@@ -1,11 +1,8 @@
 """gpufeed as users install it: sdist, then wheel, then a non-editable install in a fresh venv.
 
-The checkout's files are copied, an sdist is built from the copy with setuptools' own build hooks
-and a wheel from that sdist (what ``python -m build`` does), using the test venv's setuptools
-(no build isolation: no network). The wheel goes into a new venv whose only other packages are
-the test venv's *runtime* dependencies, seen through a folder of links that leaves out gpufeed's
-editable install and every package of the ``bench``, ``demo`` and ``test`` extras. Commands then
-run from a folder outside the checkout, so nothing in it can stand in for the installed package:
+The session's wheel venv (``installed``, built by ``_wheel_venv.py``) holds the wheel and the test
+venv's runtime dependencies only. Commands run from a folder outside the checkout, so nothing in it
+can stand in for the installed package:
 ``--help`` of every command the parser has, ``synth``, ``check``, ``obs prometheus`` + ``obs
 verify`` reading the rules and dashboards shipped as package data, the one-line errors of
 commands whose extra is missing, and the README's own-loop quickstart, run as written.
@@ -14,39 +11,23 @@ commands whose extra is missing, and the README's own-loop quickstart, run as wr
 from __future__ import annotations
 
 import ast
-import importlib.metadata
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
-import sysconfig
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 from _obs_cli import obs_prometheus
+from _wheel_venv import ROOT, ok, run_cmd, runtime_view
 
 from gpufeed.obs import PrometheusNotFoundError, find_prometheus_binary, load_queries
 
 pytestmark = pytest.mark.process
 
-ROOT = Path(__file__).resolve().parents[1]
 STACK = ROOT / "gpufeed" / "obs" / "stack"
-# Not source: local environments, outputs and caches of a working checkout.
-_NOT_SOURCE = shutil.ignore_patterns(".*", "runs", "build", "dist", "*.egg-info", "__pycache__")
 EXTRAS = ("bench", "demo", "grpc", "docs", "test")
-
-
-def _run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, f"{' '.join(proc.args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    return proc
 
 
 def _roots() -> dict[str, str]:
@@ -55,91 +36,6 @@ def _roots() -> dict[str, str]:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "ROOTS":
             return ast.literal_eval(node.value)
     raise AssertionError("setup.py has no ROOTS mapping")
-
-
-def _copy_source(dest: Path) -> Path:
-    """The files a clone would have: git's tracked and unignored files, or the tree minus non-source."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True
-    )
-    if listed.returncode != 0:
-        return Path(shutil.copytree(ROOT, dest, ignore=_NOT_SOURCE))
-    for name in filter(None, listed.stdout.decode().split("\0")):
-        if (ROOT / name).is_file():  # listed but deleted in the working tree: not there
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, dest / name)
-    return dest
-
-
-def _extras_only_distributions() -> set[str]:
-    """Distributions named by gpufeed's extras and not by its runtime dependencies."""
-
-    def name(requirement: str) -> str:
-        return re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement).group(1)
-
-    requires = importlib.metadata.requires("gpufeed") or []
-    runtime = {name(r).lower() for r in requires if "extra ==" not in r}
-    extras = {name(r).lower() for r in requires if re.search(r"extra\s*==", r)}
-    return extras - runtime - {"gpufeed"}
-
-
-def _runtime_view(view: Path, also_without: tuple[str, ...] = ()) -> set[str]:
-    """Links to the test venv's packages, minus gpufeed itself, the extras' packages and the top-level
-    entries of the ``also_without`` distributions; returns those left out."""
-    left_out = {p for p in os.listdir(sysconfig.get_paths()["purelib"]) if p.startswith(("gpufeed", "__editable__"))}
-    for dist_name in also_without:
-        dist = importlib.metadata.distribution(dist_name)
-        left_out |= {Path(str(f)).parts[0] for f in dist.files or () if not str(f).startswith("..")}
-    for dist_name in _extras_only_distributions():
-        dist = importlib.metadata.distribution(dist_name)
-        left_out |= {Path(str(f)).parts[0] for f in dist.files or () if not str(f).startswith("..")}
-    site = Path(sysconfig.get_paths()["purelib"])
-    view.mkdir()
-    for entry in site.iterdir():
-        if entry.name not in left_out and not entry.name.endswith(".pth"):
-            (view / entry.name).symlink_to(entry)
-    return left_out
-
-
-@pytest.fixture(scope="session")
-def installed(tmp_path_factory) -> dict:
-    """Build sdist and wheel from a copy of the checkout; install the wheel into a fresh venv.
-
-    Session-wide: ``test_dense_wheel.py`` imports it too, and one build serves both modules.
-    """
-    work = tmp_path_factory.mktemp("package")
-    src = _copy_source(work / "src")
-    dist = work / "dist"
-    hook = "import sys, setuptools.build_meta as b; print(b.build_sdist(sys.argv[1]))"
-    sdist = dist / _ok(_run([sys.executable, "-c", hook, dist], cwd=src)).stdout.strip().splitlines()[-1]
-    shutil.rmtree(src)  # from here on, only the sdist and what is built from it
-    _ok(_run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-              "-w", dist, sdist], cwd=work, timeout=300))  # fmt: skip
-    (wheel,) = dist.glob("gpufeed-*.whl")
-
-    venv = work / "venv"
-    _ok(_run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=work))
-    python = venv / "bin" / "python"
-    purelib = _ok(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=work))
-    left_out = _runtime_view(work / "runtime-deps")
-    (Path(purelib.stdout.strip()) / "gpufeed-test-runtime-deps.pth").write_text(f"{work / 'runtime-deps'}\n")
-    _ok(_run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q", wheel],
-             cwd=work, timeout=300))  # fmt: skip
-
-    outside = work / "elsewhere"  # the working directory of every command: not the checkout
-    outside.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GPUFEED_STACK_DIR", "VIRTUAL_ENV")}
-    return {
-        "sdist": sdist,
-        "wheel": wheel,
-        "venv": venv,
-        "site": Path(purelib.stdout.strip()),
-        "gpufeed": venv / "bin" / "gpufeed",
-        "python": python,
-        "cwd": outside,
-        "env": env,
-        "left_out": left_out,
-    }
 
 
 def test_the_sdist_and_wheel_hold_every_module_the_license_and_the_monitoring_stack(installed):
@@ -173,7 +69,7 @@ def test_the_environment_is_the_installed_wheel_with_runtime_dependencies_only(i
         "print(json.dumps({n: u.find_spec(n).origin for n in names} | "
         "{m: u.find_spec(m) is not None for m in ['litserve', 'fastapi', 'tritonclient', 'httpx', 'cv2', 'pytest']}))"
     )
-    found = json.loads(_ok(_run([installed["python"], "-c", probe], installed["cwd"], installed["env"])).stdout)
+    found = json.loads(ok(run_cmd([installed["python"], "-c", probe], installed["cwd"], installed["env"])).stdout)
     for name in ("gpufeed", "gpufeed.commands", "gpufeed.obs", "gpufeed.pipelines", "gpufeed.models", "gpufeed.server"):
         assert Path(found[name]).is_relative_to(installed["site"]), f"{name} imported from {found[name]}"
         assert not Path(found[name]).is_relative_to(ROOT)
@@ -203,10 +99,10 @@ print(json.dumps(helps))
 
 
 def test_help_of_gpufeed_and_of_every_subcommand(installed):
-    top = _ok(_run([installed["gpufeed"], "--help"], installed["cwd"], installed["env"])).stdout
+    top = ok(run_cmd([installed["gpufeed"], "--help"], installed["cwd"], installed["env"])).stdout
     # Every command and subcommand the installed parser has (read from it, not listed here), each
     # asked for --help through the installed CLI's main(), in one process.
-    helps = json.loads(_ok(_run([installed["python"], "-c", _EVERY_HELP], installed["cwd"], installed["env"])).stdout)
+    helps = json.loads(ok(run_cmd([installed["python"], "-c", _EVERY_HELP], installed["cwd"], installed["env"])).stdout)
     assert len(helps) >= 20 and "obs verify" in helps and "bench server" in helps
     for name in {path.split()[0] for path in helps}:
         assert re.search(rf"^\s+{name}\s", top, re.M), f"gpufeed --help does not list {name}"
@@ -216,9 +112,9 @@ def test_help_of_gpufeed_and_of_every_subcommand(installed):
 
 def test_synth_then_check(installed):
     data = installed["cwd"] / "data"
-    _ok(_run([installed["gpufeed"], "synth", "--out", data], installed["cwd"], installed["env"]))
+    ok(run_cmd([installed["gpufeed"], "synth", "--out", data], installed["cwd"], installed["env"]))
     assert (data / "synth.json").is_file() and list((data / "videos").glob("*.mp4"))
-    proc = _ok(_run([installed["gpufeed"], "check", data], installed["cwd"], installed["env"], timeout=300))
+    proc = ok(run_cmd([installed["gpufeed"], "check", data], installed["cwd"], installed["env"], timeout=300))
     assert "no problems found" in proc.stdout, proc.stdout
 
 
@@ -250,7 +146,7 @@ def test_the_readme_own_loop_quickstart_runs_as_written(installed):
         "'package': gpufeed.__file__}))\n"
     )
     (cwd / "quickstart.py").write_text(snippet + check, encoding="utf-8")
-    proc = _ok(_run([installed["python"], "quickstart.py"], cwd, installed["env"], timeout=240))
+    proc = ok(run_cmd([installed["python"], "quickstart.py"], cwd, installed["env"], timeout=240))
     done = json.loads(proc.stdout.strip().splitlines()[-1])
     assert done["epoch"] == 1 and done["classes"] == ["amber", "birch", "cedar"], done
     assert done["batch"] == [16, 3, 96, 96] and done["steps"] == 1, done  # 18 images: one full batch of 16
@@ -259,12 +155,12 @@ def test_the_readme_own_loop_quickstart_runs_as_written(installed):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("form", ["mp4", "folder", "hdf5"])
-def test_train_on_a_deepethogram_project_from_the_wheel(installed, form):
+def test_train_on_a_deepethogram_project_from_the_wheel(installed, form, tmp_path):
     """A project made by DeepEthogram's vidio (test extra) trains with the installed wheel's `gpufeed train`."""
     import yaml
     from videohelp import make_deepethogram_project
 
-    project = make_deepethogram_project(installed["cwd"] / f"{form}_deepethogram", form, (30, 28, 26))
+    project = make_deepethogram_project(tmp_path / f"{form}_deepethogram", form, (30, 28, 26))
     config = {
         "device": "cpu",
         "model": {"name": "clip_resnet18"},
@@ -274,11 +170,11 @@ def test_train_on_a_deepethogram_project_from_the_wheel(installed, form):
         "augment": {"ops": []},
         "telemetry": {"metrics_port": 0},
     }
-    path = installed["cwd"] / f"{form}.yaml"
+    path = tmp_path / f"{form}.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    run = installed["cwd"] / f"run-{form}"
+    run = tmp_path / f"run-{form}"
     cmd = [installed["gpufeed"], "train", "--config", path, "--out", run]
-    _ok(_run(cmd, installed["cwd"], installed["env"], timeout=500))
+    ok(run_cmd(cmd, installed["cwd"], installed["env"], timeout=500))
     assert len((run / "steps.jsonl").read_text().splitlines()) == 2
 
 
@@ -301,7 +197,7 @@ def test_obs_reads_the_rules_and_dashboards_installed_with_the_package(installed
         # No series here to take the dashboards' variables from: match every value.
         args = ["obs", "verify", "--prometheus", api.url, "--since", "1m", "--all", "--set", "rank=.*"]
         args += ["--set", "model=.*"]
-        verify = _run([installed["gpufeed"], *args], installed["cwd"], installed["env"])
+        verify = run_cmd([installed["gpufeed"], *args], installed["cwd"], installed["env"])
     # Every dashboard panel and rule was found and evaluated; nothing gpufeed exports is scraped
     # here, so queries lack data (exit 1), but none may be invalid.
     assert verify.returncode == 1 and "Traceback" not in verify.stderr, verify.stdout + verify.stderr
@@ -317,7 +213,7 @@ def test_obs_reads_the_rules_and_dashboards_installed_with_the_package(installed
 def test_a_command_whose_extra_is_missing_says_what_to_install(installed, command, extra):
     cwd = installed["cwd"] / f"needs-{extra}-{'-'.join(command)}"
     cwd.mkdir()
-    proc = _run([installed["gpufeed"], *command], cwd, installed["env"])
+    proc = run_cmd([installed["gpufeed"], *command], cwd, installed["env"])
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -329,7 +225,9 @@ def test_a_command_whose_extra_is_missing_says_what_to_install(installed, comman
 def test_serve_grpc_port_without_the_grpc_extra_says_what_to_install(installed):
     cwd = installed["cwd"] / "needs-grpc-serve"
     cwd.mkdir()
-    proc = _run([installed["gpufeed"], "serve", "--model", cwd / "no-model", "--grpc-port", "0"], cwd, installed["env"])
+    proc = run_cmd(
+        [installed["gpufeed"], "serve", "--model", cwd / "no-model", "--grpc-port", "0"], cwd, installed["env"]
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -362,7 +260,7 @@ def test_each_stacks_requirements_read_from_the_installed_wheel_match_pyproject(
     declared = read_pyproject_requirements(str(ROOT / "pyproject.toml"))
     for stack in ("cpu", "cuda12", "cuda13"):
         command = [installed["python"], "-m", "gpufeed.stack", "requirements", stack, *extras]
-        lines = _ok(_run(command, installed["cwd"], installed["env"])).stdout.splitlines()
+        lines = ok(run_cmd(command, installed["cwd"], installed["env"])).stdout.splitlines()
         want = stack_requirements(stack, extras, declared=declared)
         # setuptools rewrites a line's form (quotes, the order of specifiers), not its meaning.
         assert sorted(map(str, map(Requirement, lines))) == sorted(map(str, map(Requirement, want))), stack
@@ -378,20 +276,20 @@ def test_each_stacks_requirements_read_from_the_installed_wheel_match_pyproject(
 def test_without_dali_and_onnxruntime_a_command_names_the_packages_in_one_line(installed, tmp_path):
     """An install made with --no-deps and no stack set after it: DALI and onnxruntime are missing."""
     venv = tmp_path / "venv"
-    _ok(_run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path))
+    ok(run_cmd([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path))
     python = venv / "bin" / "python"
-    site = _ok(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path)).stdout
-    left_out = _runtime_view(tmp_path / "view", also_without=("nvidia-dali-cuda120", "onnxruntime-gpu"))
+    site = ok(run_cmd([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path)).stdout
+    left_out = runtime_view(tmp_path / "view", also_without=("nvidia-dali-cuda120", "onnxruntime-gpu"))
     assert {"nvidia", "onnxruntime"} <= left_out
     (Path(site.strip()) / "gpufeed-test-runtime-deps.pth").write_text(f"{tmp_path / 'view'}\n")
-    _ok(_run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q",
+    ok(run_cmd([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q",
               installed["wheel"]], tmp_path, timeout=300))  # fmt: skip
     gpufeed = venv / "bin" / "gpufeed"
-    proc = _run([gpufeed, "check", tmp_path], installed["cwd"], installed["env"])
+    proc = run_cmd([gpufeed, "check", tmp_path], installed["cwd"], installed["env"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("gpufeed check: error: 'gpufeed check' needs DALI and onnxruntime"), line
     assert "(missing: nvidia.dali, onnxruntime)" in line, line
     assert "pip install 'nvidia-dali-cuda120>=2.4' 'onnxruntime-gpu" in line and "requirements cuda13" in line, line
-    doctor = _run([gpufeed, "doctor"], installed["cwd"], installed["env"])
+    doctor = run_cmd([gpufeed, "doctor"], installed["cwd"], installed["env"])
     assert doctor.returncode == 1 and "DALI is not installed" in doctor.stdout, doctor.stdout + doctor.stderr

@@ -16,8 +16,17 @@ pytestmark = pytest.mark.process  # each case runs pytest in a child process
 pytest_plugins = ["pytester"]
 
 HERE = Path(__file__).resolve().parent
-# What conftest.py needs beside it: the tier guard, the GPU tests' collection checks, the xdist scheduler.
-SUPPORT = ("conftest.py", "_tiers.py", "_gpu_checks.py", "_gpu_source.py", "_s3server.py", "_xdist.py")
+# What conftest.py needs beside it: the tier guard, the GPU tests' collection checks, the xdist scheduler,
+# the shared fixtures (S3 server, wheel venv).
+SUPPORT = (
+    "conftest.py",
+    "_tiers.py",
+    "_gpu_checks.py",
+    "_gpu_source.py",
+    "_s3server.py",
+    "_wheel_venv.py",
+    "_xdist.py",
+)
 
 CASES = """
 import multiprocessing
