@@ -41,8 +41,9 @@ from gpufeed import __version__
 from gpufeed.models import Outputs
 from gpufeed.server._batcher import BatcherClosedError, QueueFullError
 from gpufeed.server._errors import RequestError, shown
+from gpufeed.server._items import Item
 from gpufeed.server._kserve import RequestedOutput
-from gpufeed.server._model import Item, ServedModel
+from gpufeed.server._model import ServedModel
 from gpufeed.server._offload import ParsePool
 from gpufeed.server._requests import kserve_inputs
 from gpufeed.server._state import NotReadyError, ServingState

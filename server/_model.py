@@ -27,7 +27,8 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import CancelledError
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +37,15 @@ import numpy as np
 from gpufeed.models import ModelCard
 from gpufeed.server._batcher import Batch, Batcher
 from gpufeed.server._errors import RequestError
+from gpufeed.server._items import Item, split_rows
 from gpufeed.server._metrics import ServerMetrics
 from gpufeed.server._preprocess import ImageDecoder
 from gpufeed.server._runtime import OnnxRunner, served_batch_sizes
 from gpufeed.server._threads import ThreadBudget
 from gpufeed.server._video_runs import VideoRuns
-from gpufeed.server._warmup import warmup_image
+from gpufeed.server._warmup import run_together, warmup_image
 
-__all__ = ["Item", "ServedModel"]
+__all__ = ["ServedModel"]
 
 log = logging.getLogger("gpufeed.server")
 
@@ -65,43 +67,6 @@ class _Lane:
     # A CUDA stream of its own on a GPU: on torch's legacy default stream, which every thread
     # shares and which waits for all other work, one lane's synchronisation waited for the other's.
     stream: Any = None  # torch.cuda.Stream
-
-
-@dataclass(frozen=True)
-class Item:
-    """One row of a request.
-
-    Attributes:
-        encoded: Encoded JPEG/PNG bytes (validated), or ``None`` for a decoded row.
-        size: (width, height) of the encoded image, as validation read it.
-        pixels: A decoded uint8 row of the model's sample shape (a numpy array; a served video's
-            window may be a CUDA tensor, already on the model's GPU), or ``None``.
-        where: How to name this row in an error message (``"image 1 of input 'image'"``).
-        times: Filled by the lane that runs the row: ``input_s`` and ``inference_s`` of its batch
-            (Triton's statistics give every inference its batch's times), read when the request is answered.
-    """
-
-    encoded: bytes | None = None
-    size: tuple[int, int] | None = None
-    pixels: Any = None
-    where: str = "the image"
-    times: dict = field(default_factory=dict, compare=False, repr=False)
-
-
-def _split_rows(items: list[Item], live: list[int]) -> tuple[list[int], list[bytes], list[int], list[np.ndarray]]:
-    """Positions and data of the encoded items, then of the decoded ones, among ``live``."""
-    encoded, blobs, decoded, pixels = [], [], [], []
-    for i in live:
-        blob, row = items[i].encoded, items[i].pixels
-        if blob is not None:
-            encoded.append(i)
-            blobs.append(blob)
-        elif row is not None:
-            decoded.append(i)
-            pixels.append(row)
-        else:
-            raise ValueError(f"{items[i].where} holds neither encoded bytes nor pixels")
-    return encoded, blobs, decoded, pixels
 
 
 class ServedModel:
@@ -294,25 +259,28 @@ class ServedModel:
             self._lanes.put(lane)
 
     def _run_in_lane(
-        self, lane: _Lane, items: list[Item], alone: bool | None = None
+        self, lane: _Lane, items: list[Item], alone: bool | None = None, meet=None
     ) -> list[np.ndarray | BaseException]:
+        """``meet``: called right before inference (warm-up's :func:`~gpufeed.server._warmup.run_together`)."""
         with self.budget.batches.one() as first:
             alone = first if alone is None else alone
             if lane.stream is None:
-                return self._run_lane_items(lane, items, alone)
+                return self._run_lane_items(lane, items, alone, meet)
             import torch
 
             with torch.cuda.stream(lane.stream):
-                return self._run_lane_items(lane, items, alone)
+                return self._run_lane_items(lane, items, alone, meet)
 
-    def _run_lane_items(self, lane: _Lane, items: list[Item], alone: bool) -> list[np.ndarray | BaseException]:
+    def _run_lane_items(
+        self, lane: _Lane, items: list[Item], alone: bool, meet=None
+    ) -> list[np.ndarray | BaseException]:
         results: list[np.ndarray | BaseException] = [CancelledError("its caller gave up")] * len(items)
         live = self._wanted(items)
         if not live:
             return results
         size = self.runner.bucket_for(len(live))
         buffer = lane.buffer[:size]  # the first rows of the largest buffer: contiguous, no copy
-        encoded, blobs, decoded, pixels = _split_rows(items, live)
+        encoded, blobs, decoded, pixels = split_rows(items, live)
         order = encoded + decoded  # row r of the buffer holds items[order[r]]
         decode_s = None
         input_start = time.perf_counter()
@@ -340,6 +308,8 @@ class ServedModel:
             buffer[len(order) :] = 0  # padding rows, discarded below
         if not self._wanted(items):  # every caller gave up while the batch decoded
             return results
+        if meet is not None:
+            meet()
         start = time.perf_counter()
         logits = self.runner.run(buffer)
         inference_s = time.perf_counter() - start
@@ -361,14 +331,17 @@ class ServedModel:
         else:
             item = Item(pixels=np.zeros(self.card.sample_shape, dtype=np.uint8), where="warm-up row")
         lanes = [self._lanes.get() for _ in range(self.workers)]
+        repeats = range(self.cfg.warmup_batches)
         try:
-            # Each lane's own decoder, then the one of batches that run alone.
+            # Every lane's decoder, its batches in inference side by side (as under load: see
+            # run_together), then the decoder and sessions of batches that run alone.
             outcomes = [
-                self._run_in_lane(lane, [item] * n, alone)
-                for lane, alone in [(lane, False) for lane in lanes] + [(lanes[0], True)]
+                outcome
                 for n in self.batch_sizes
-                for _ in range(self.cfg.warmup_batches)
+                for _ in repeats
+                for outcome in run_together([partial(self._run_in_lane, lane, [item] * n, False) for lane in lanes])
             ]
+            outcomes += [self._run_in_lane(lanes[0], [item] * n, True) for n in self.batch_sizes for _ in repeats]
         finally:
             for lane in lanes:
                 self._lanes.put(lane)

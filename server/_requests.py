@@ -34,8 +34,9 @@ from gpufeed.models import ModelCard
 from gpufeed.server._errors import RequestError, shown
 from gpufeed.server._grpc_tensors import infer_request
 from gpufeed.server._http import content_type_of, decode_body, parse_multipart
+from gpufeed.server._items import Item
 from gpufeed.server._kserve import InferRequest, decode_base64, parse_request
-from gpufeed.server._model import Item, ServedModel
+from gpufeed.server._model import ServedModel
 from gpufeed.server._offload import INLINE_JSON_BYTES, ParsePool
 from gpufeed.server._preprocess import inspect_image
 from gpufeed.server._video import VIDEO_INPUT, VideoUpload, video_input_entry

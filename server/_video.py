@@ -45,7 +45,7 @@ from gpufeed.core import prefetch
 from gpufeed.models import ClipSampling, ModelCard, WindowPlan, score_frames
 from gpufeed.pipelines import CONTAINERS, SUPPORTED_CODECS, DatasetError, VideoBytes, VideoFrameReader, read_in_order
 from gpufeed.server._errors import RequestError, shown
-from gpufeed.server._model import Item
+from gpufeed.server._items import Item
 
 # The request's ``Inference`` (server/_dataplane.py) is typed loosely here: the data plane imports
 # this module for the video facts of its metadata, and a type-only import back would be a cycle.

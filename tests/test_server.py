@@ -299,7 +299,7 @@ def _served_model(batch_sizes=()):
 
 
 def _item(blob, where="test image"):
-    from gpufeed.server._model import Item
+    from gpufeed.server._items import Item
     from gpufeed.server._preprocess import inspect_image
 
     info = inspect_image(blob, 10**8)
@@ -310,7 +310,7 @@ def test_batch_step_runs_at_the_smallest_size_that_holds_the_batch_and_isolates_
     """ServedModel.run_batch without HTTP: at every batch size, rows come back in order whatever the mix,
     each equal to its answer alone (no neighbour or padding leaks in), padding discarded."""
     from gpufeed.server import RequestError
-    from gpufeed.server._model import Item
+    from gpufeed.server._items import Item
     from gpufeed.synth._damaged import png_with_damaged_data
 
     model = _served_model()

@@ -143,7 +143,12 @@ class ServeConfig:
         "inference (a lone client); 0: every core on the CPU. Not above inference_threads: off (one session "
         "per batch size instead of two); ignored on a GPU",
     )
-    warmup_batches: int = option(2, ge=1, doc="full batches run through decode and inference before ready")
+    warmup_batches: int = option(
+        2,
+        ge=1,
+        doc="full batches of every batch size run through decode and inference before ready: on every lane "
+        "at once (their inferences side by side, as under load), then alone",
+    )
     workers_per_model: int = option(
         0,
         ge=0,
