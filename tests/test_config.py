@@ -32,6 +32,12 @@ def test_round_trip_through_yaml(tmp_path):
         ({"loader": {"batch_size": "big"}}, "loader.batch_size", "expected an integer, got 'big'"),
         ({"loader": {"batch_size": True}}, "loader.batch_size", "expected an integer, got True"),
         ({"loader": {"batch_size": 0}}, "loader.batch_size", "value 0 is out of range: must be >= 1"),
+        ({"data": {"classes": ["amber", "birch", "amber"]}}, "data.classes", "class 'amber' is named twice"),
+        # YAML's .inf passed `lr > 0` and trained to NaN weights with exit 0.
+        ({"train": {"lr": float("inf")}}, "train.lr", "expected a finite number, got inf"),
+        ({"train": {"weight_decay": float("nan")}}, "train.weight_decay", "expected a finite number, got nan"),
+        # torch.manual_seed takes 64 signed bits: a larger seed failed with a traceback at the start of training.
+        ({"seed": 2**64 - 1}, "seed", "out of range: must be <= 9223372036854775807"),
         ({"device": "tpu"}, "device", "value 'tpu' is not allowed; allowed: auto, gpu, cpu"),
         ({"loader": {"last_batch": "keep"}}, "loader.last_batch", "allowed: drop, partial, pad"),
         ({"image": {"crop_area": [0.5]}}, "image.crop_area", "got 1 items"),

@@ -83,7 +83,7 @@ class Config:
     """The whole gpufeed configuration."""
 
     device: DeviceName = option("auto", doc="auto uses the GPU when CUDA and DALI's GPU ops work")
-    seed: int = option(0, ge=0, doc="seed for order, crops and weights")
+    seed: int = option(0, ge=0, le=2**63 - 1, doc="seed for order, crops and weights")
     data: DataConfig = field(default_factory=DataConfig)
     image: ImagePipelineConfig = field(default_factory=ImagePipelineConfig)
     loader: LoaderConfig = field(default_factory=LoaderConfig)

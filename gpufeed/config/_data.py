@@ -78,6 +78,12 @@ class DataConfig:
     )
 
     def __post_init__(self) -> None:
+        # A repeated name trained a model with two outputs of one name (predict's CSV had two columns).
+        seen = set()
+        for name in self.classes or ():
+            if name in seen:
+                raise ConfigError("classes", f"class {quoted(name)} is named twice; class names must differ")
+            seen.add(name)
         for kind in self.map_kinds or ():
             if kind not in ("depth", "mask"):
                 raise ConfigError("map_kinds", f"value {quoted(kind)} is not a map kind; allowed: depth, mask")

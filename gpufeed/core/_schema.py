@@ -8,6 +8,7 @@ out-of-range values with an error that names the key path, the value and what is
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -169,6 +170,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(key, f"expected a number, got {quoted(value)}")
+        if not math.isfinite(value):  # YAML's .inf and .nan: no setting means them (lr .inf trained to NaN)
+            raise ConfigError(key, f"expected a finite number, got {quoted(value)}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
