@@ -126,3 +126,56 @@ def test_log_lines_carry_the_rank_under_torchrun(tmp_path, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE")
     assert cli.main(["synth", "--out", str(tmp_path)]) == 0
     assert configured[-1]["format"] == single
+
+
+def _single_rank_run(run) -> None:
+    run.mkdir(exist_ok=True)
+    log = StepLog(step_log_path(run, 0))
+    for step in range(1, STEPS + 1):
+        log.write(_record(0, step, 0.01, 0.1))
+    log.close()
+
+
+@pytest.mark.parametrize(
+    ("tail", "words"),
+    [
+        (b'{"step": 13, "garbage\n', "steps.jsonl:13: not a step record (Unterminated string"),
+        (b"\xff\xfe\n", "steps.jsonl: not a step log: byte 0xff at offset"),
+        (
+            b'{"step": 13, "rank": 0, "step_s": 1e999, "loader_wait_s": 0.1}\n',
+            "steps.jsonl:13: not a step record (step_s is inf)",
+        ),
+    ],
+)
+def test_report_names_a_damaged_step_log_in_one_line(tmp_path, capsys, tail, words):
+    _single_rank_run(tmp_path)
+    with (tmp_path / "steps.jsonl").open("ab") as f:
+        f.write(tail)
+    assert cli.main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_report_leaves_out_a_last_record_a_kill_cut_short_and_refuses_an_empty_log(tmp_path, capsys):
+    _single_rank_run(tmp_path / "killed")
+    with (tmp_path / "killed" / "steps.jsonl").open("a") as f:
+        f.write('{"step": 13, "rank": 0, "loader_wa')  # no newline: the write was cut
+    png, text = draw_report(tmp_path / "killed")
+    assert png.is_file() and f"{STEPS} steps" in text
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "steps.jsonl").write_text("")
+    assert cli.main(["report", str(tmp_path / "empty")]) == 2
+    assert "hold no step record" in capsys.readouterr().err
+
+
+def test_report_out_takes_a_folder_or_a_figure_file_and_names_where_it_wrote(tmp_path, capsys):
+    _single_rank_run(tmp_path / "run")
+    (tmp_path / "figures").mkdir()
+    assert cli.main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "figures")]) == 0
+    assert f"report written to {tmp_path / 'figures' / 'report.png'}" in capsys.readouterr().out
+    assert (tmp_path / "figures" / "report.png").read_bytes()[:4] == b"\x89PNG"
+    assert cli.main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "x.txt")]) == 2
+    assert "expected a .png, .pdf or .svg file, or a folder" in capsys.readouterr().err
+    assert not (tmp_path / "x.txt").exists()
+    with pytest.raises(SystemExit):
+        cli.main(["report", str(tmp_path / "run"), "--window", "0"])

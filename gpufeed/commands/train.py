@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpufeed.commands.serve import _positive
+
 # Every gpufeed call imports this module to register its arguments; the handlers, which import the
 # libraries they run (torch, DALI, matplotlib), are in _train_handlers.py.
 
@@ -48,5 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run_dir", type=Path, help="a training run folder")
     p.add_argument("--out", type=Path, help="PNG to write (default RUN_DIR/report.png)")
-    p.add_argument("--window", type=int, default=10, help="steps in the rolling mean of the wait share (default 10)")
+    p.add_argument(
+        "--window", type=_positive, default=10, help="steps in the rolling mean of the wait share (default 10)"
+    )
     p.set_defaults(func="gpufeed.commands._train_handlers:report")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed.train._errors import TrainError
 from gpufeed.train._summary import JobSteps, format_job, format_summary, summarize
 from gpufeed.train._telemetry import read_step_logs
 
@@ -43,7 +44,8 @@ def draw_report(run_dir: str | Path, out: str | Path | None = None, window: int 
 
     Raises:
         FileNotFoundError: ``run_dir`` has no step log.
-        ValueError: A step log line is damaged (file and line named).
+        TrainError: A step log is damaged or empty (file and line named), or ``out`` is not a
+            ``.png``, ``.pdf`` or ``.svg`` file (an existing folder gets ``report.png`` inside).
     """
     import matplotlib
 
@@ -52,7 +54,7 @@ def draw_report(run_dir: str | Path, out: str | Path | None = None, window: int 
 
     run_dir = Path(run_dir)
     logs = read_step_logs(run_dir)
-    out = Path(out) if out is not None else run_dir / "report.png"
+    out = _report_path(run_dir, out)
     job_steps = JobSteps(r for records in logs.values() for r in records)
     job = job_steps.summary()
     # Under DDP the slow rank's wait is the others' compute (the gradient all-reduce waits for it):
@@ -121,3 +123,15 @@ def _draw_stages(top, records: list[dict]) -> None:
     epoch_starts = [r["step"] for r in records if r.get("batch") == 0]
     for step in epoch_starts:
         top.axvline(step - 0.5, color="grey", linewidth=0.6, linestyle=":")
+
+
+def _report_path(run_dir: Path, out: str | Path | None) -> Path:
+    """Where the figure goes, checked before the logs are drawn: matplotlib picks the format by suffix."""
+    if out is None:
+        return run_dir / "report.png"
+    out = Path(out)
+    if out.is_dir():
+        return out / "report.png"
+    if out.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise TrainError(f"report --out {out}: expected a .png, .pdf or .svg file, or a folder")
+    return out

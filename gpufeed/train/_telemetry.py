@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -357,21 +358,42 @@ class StepLog:
 
 
 def read_step_logs(run_dir: Path) -> dict[int, list[dict]]:
-    """Every rank's step records from a run folder: ``{rank: [record, ...]}`` in step order."""
+    """Every rank's step records from a run folder: ``{rank: [record, ...]}`` in step order.
+
+    Raises:
+        FileNotFoundError: The folder has no step log.
+        TrainError: A log is not UTF-8, a line is not a step record (file and line named), or the
+            logs hold no record (a run stopped before its first step).
+    """
     run_dir = Path(run_dir)
     files = sorted(run_dir.glob("steps*.jsonl"))
     if not files:
         raise FileNotFoundError(f"no step log in {run_dir}: expected {run_dir / 'steps.jsonl'} (written by training)")
     out: dict[int, list[dict]] = {}
     for path in files:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise TrainError(
+                f"{path}: not a step log: byte {err.object[err.start]:#04x} at offset {err.start} is not UTF-8"
+            ) from None
+        lines = text.rstrip().splitlines()
+        for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
+                for key in ("step_s", "loader_wait_s"):  # what the report divides: 1e999 reads as inf
+                    if not math.isfinite(record[key]):
+                        raise ValueError(f"{key} is {record[key]}")
                 out.setdefault(int(record["rank"]), []).append(record)
             except (ValueError, KeyError, TypeError) as err:
-                raise ValueError(f"{path}:{number}: not a step record ({err})") from None
+                if number == len(lines) and not text.endswith("\n"):  # a killed run's last write, cut short
+                    log.warning("%s:%d: a step record cut short (the run was killed?): left out", path, number)
+                    continue
+                raise TrainError(f"{path}:{number}: not a step record ({err})") from None
+    if not out:
+        raise TrainError(f"{run_dir}: its step logs hold no step record (the run stopped before its first step)")
     for records in out.values():
         records.sort(key=lambda r: r["step"])
     return out
