@@ -90,7 +90,10 @@ def parity_inputs(
     spec: ModelSpec, batch_size: int, batches: int = 2, data: str | Path | None = None, device=None
 ) -> tuple[np.ndarray, str]:
     """Real uint8 inputs for the parity check, ``batches * batch_size`` rows, and what they are (the head's)."""
-    return spec.head.parity_inputs(batch_size, batches, data, device)
+    try:
+        return spec.head.parity_inputs(batch_size, batches, data, device)
+    except LookupError as err:
+        raise ExportError(f"parity data {data or '(synthetic)'}: {err}") from None
 
 
 def _onnx_session(path: Path, device, batch_size: int | None = None):

@@ -62,6 +62,8 @@ def _first_batches(loader, batches: int) -> np.ndarray:
         out.append(valid_rows(batch))  # the images the data has: padding rows are not counted
         if len(out) == batches:
             break
+    if not out or not sum(map(len, out)):  # every image skipped as unreadable (on_bad_sample: skip)
+        raise LookupError("none of its images could be read (gpufeed check lists why)")
     return np.concatenate(out)
 
 

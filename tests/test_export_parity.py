@@ -65,3 +65,15 @@ def test_an_image_model_counts_only_the_images_the_data_has(data, tmp_path, caps
     assert card.parity["samples"] == 5, "5 images, not two padded batches of 4"
     assert f"on 5 images from {data / 'images' / 'val'}" in line and line.endswith(", top-1 agreement 100%"), line
     assert card.parity["top1_agreement"] == 1.0
+
+
+def test_parity_data_without_one_readable_image_is_named_in_one_error(tmp_path):
+    """Before, a folder of damaged images failed in numpy (``need at least one array to concatenate``)."""
+    from oddmedia import write_image_corpus
+
+    from gpufeed.models import ExportError
+
+    write_image_corpus(tmp_path / "odd")  # its bad/ folder: damaged, bombs, not images, cut short
+    bad = tmp_path / "odd" / "bad"
+    with pytest.raises(ExportError, match=f"parity data {bad}: none of its images could be read"):
+        _export(tmp_path, "smallcnn", bad, num_classes=2)

@@ -207,6 +207,16 @@ def test_an_image_model_writes_one_row_per_image(tmp_path):
     values = np.array([[float(v) for v in line.split(",")[1:]] for line in lines[1:]])
     np.testing.assert_allclose(values.sum(1), 1.0, atol=1e-6)
 
+    # A file name that is not UTF-8 (a camera's or an old archive's): before, writing the CSV failed
+    # after every image had been scored. Its row names it by its bytes on disk.
+    odd = "bad\udcffname.jpg"  # the name b"bad\xffname.jpg" as Python reads it from the file system
+    (folder / odd).write_bytes((folder / "a.jpg").read_bytes())
+    (folder / "predictions.csv").unlink()  # else the folder counts as done
+    report = predict_images(folder, predictor, progress=False)
+    assert sum(r.status == "scored" for r in report.results) == 4
+    rows = (folder / "predictions.csv").read_bytes().splitlines()
+    assert [row.split(b",")[0] for row in rows[1:]] == [b"a.jpg", b"bad\xffname.jpg", b"c.jpeg", b"sub/b.png"]
+
 
 def test_the_rule_needs_a_clip_model():
     model = create_model("smallcnn", num_classes=2, size_px=32)

@@ -97,7 +97,9 @@ def predict_images(
     header = ",".join(["image", *(_cell(n) for n in predictor.labels)])
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
-        tmp.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
+        # surrogateescape: a file name that is not UTF-8 is written as its own bytes, the name on disk
+        # (strict UTF-8 failed here, after every image had been scored).
+        tmp.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8", errors="surrogateescape")
     report.seconds = time.perf_counter() - started
     for i, result in enumerate(report.results):
         if result.status == "scored":
