@@ -89,7 +89,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
     serving = (ExportError, ModelCardError, ModelRepoError, RuntimeSetupError, ServerStartError)
     data = (ConfigError, DatasetError, BadSampleError, StorageError)  # StorageError: an s3:// read, named in one line
-    return (*data, DeviceUnavailableError, FileNotFoundError, TrainError, *serving)
+    # A path of the wrong kind (a file where a folder goes, a folder where a file goes): the OS's one
+    # line names it, as FileNotFoundError's does.
+    paths = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)
+    return (*data, DeviceUnavailableError, *paths, TrainError, *serving)
 
 
 def main(argv: list[str] | None = None) -> int:

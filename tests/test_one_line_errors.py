@@ -196,3 +196,18 @@ def test_training_stops_with_one_line_naming_the_mask_and_the_task(split, tmp_pa
         f"mask id 9 in {split / 'mask' / '000002.png'} (the training split) is outside the 8 classes 0..7"
     )
     assert "(segmentation task, 8 classes)" in caplog.text and "depth task" not in caplog.text
+
+
+# -- paths of the wrong kind ----------------------------------------------------------------------
+
+
+def test_a_path_of_the_wrong_kind_is_one_line_naming_it(tmp_path, capsys):
+    """A folder given where a file goes, or a file where a folder goes: before, a traceback."""
+    images = tmp_path / "images" / "a"
+    images.mkdir(parents=True)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(images / "0.png")
+    assert main(["check", str(tmp_path / "images"), "--json", str(tmp_path)]) == 2
+    assert "Is a directory" in (line := _stderr_line(capsys)) and str(tmp_path) in line
+    (tmp_path / "notes").write_text("not a folder")
+    assert main(["check", str(tmp_path / "notes" / "images")]) == 2
+    assert str(tmp_path / "notes") in _stderr_line(capsys)
