@@ -56,6 +56,7 @@ __all__ = ["ExportError", "export_model", "parity_inputs", "parity_tolerance", "
 log = logging.getLogger("gpufeed")
 
 DEFAULT_OPSET = 18
+_MIN_OPSET = 7  # the oldest onnxruntime runs; what the exporter really wrote is checked after export
 # Tolerance on |onnx - torch fp32| relative to the logits' scale: max(1, max |logit|) times this.
 _RELATIVE_TOLERANCE = {"fp32": 1e-3, "fp16": 3e-2}
 
@@ -173,10 +174,23 @@ def _batch_dims(model) -> list:
     return [v.type.tensor_type.shape.dim[0] for v in [*model.graph.input, *model.graph.output]]
 
 
-def _add_metadata(path: Path, spec: ModelSpec, batch_sizes: tuple[int, ...], precision: str) -> None:
+def _check_opset(opset: int) -> None:
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    if not _MIN_OPSET <= opset <= newest:
+        raise ExportError(f"opset {opset} is not one this exporter writes: {_MIN_OPSET} to {newest}")
+
+
+def _add_metadata(path: Path, spec: ModelSpec, batch_sizes: tuple[int, ...], precision: str, opset: int) -> None:
     import onnx
 
     model = onnx.load(str(path))
+    # The exporter writes opset 18 and converts down where it can; where it cannot it kept 18
+    # without a word, and the card recorded the opset asked for.
+    written = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if written != opset:
+        raise ExportError(f"opset {opset}: torch's exporter wrote opset {written} for this model, not {opset}")
     if len(batch_sizes) > 1:
         dims = _batch_dims(model)
         if any(d.HasField("dim_value") for d in dims):
@@ -332,13 +346,14 @@ def export_model(
         The written :class:`ModelCard`.
 
     Raises:
-        ExportError: The graph fails the ONNX checker or parity at some batch size is above the
-            tolerance; nothing is left in ``out_dir`` then.
+        ExportError: The graph fails the ONNX checker, is not of ``opset``, or parity at some batch
+            size is above the tolerance; nothing is left in ``out_dir`` then.
         ValueError: Bad ``batch_size``, ``batch_sizes`` or ``precision``.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
     sizes = resolve_batch_sizes(batch_size, batch_sizes)
+    _check_opset(opset)  # before the parity inputs are made
     largest, dynamic = sizes[-1], len(sizes) > 1
     checkpoint, state, model = _load_for_export(source)
     spec = model.spec
@@ -359,7 +374,7 @@ def export_model(
         exportable = _Exportable(copy.deepcopy(model), precision).eval()
         with torch.no_grad():
             _torch_export(exportable, torch.from_numpy(inputs[:largest]), tmp, opset, dynamic)
-        _add_metadata(tmp, spec, sizes, precision)
+        _add_metadata(tmp, spec, sizes, precision, opset)
         record = parity.check(tmp, device, sizes, checkpoint=checkpoint, out_dir=out_dir)
         digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
         card = ModelCard(

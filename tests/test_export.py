@@ -248,3 +248,17 @@ def test_the_cards_preprocessing_line_says_how_each_kind_of_model_reads_its_pixe
     assert clip["preprocessing"].startswith("decode every frame RGB in order, resize each frame to 32x32")
     assert f"windows of {clip['clip_length_frames']} frames 1 apart" in clip["preprocessing"]
     assert "centre-crop width_px x height_px" in cards[IMAGE_MODEL]["preprocessing"]
+
+
+def test_the_card_records_the_opset_the_graph_has_and_an_opset_the_exporter_did_not_write_is_refused(tmp_path):
+    """Before, ``--opset 13`` wrote an opset-18 graph (the exporter's down-conversion gave up without a
+    word) and a card saying 13; ``--opset 1`` and ``99999`` "succeeded" too."""
+    ckpt = write_checkpoint(tmp_path / "run", "smallcnn", num_classes=2, size_px=32)
+    card = export_model(ckpt, tmp_path / "m20", batch_sizes=[2], opset=20)
+    graph = onnx.load(str(tmp_path / "m20" / "model.onnx"))
+    assert card.opset == 20 == next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
+    with pytest.raises(ExportError, match="opset 13: torch's exporter wrote opset 18 for this model, not 13"):
+        export_model(ckpt, tmp_path / "m13", batch_sizes=[2], opset=13)
+    assert not (tmp_path / "m13" / "model.onnx").exists()
+    with pytest.raises(ExportError, match=r"opset 99999 is not one this exporter writes: 7 to \d+"):
+        export_model(ckpt, tmp_path / "m99999", batch_sizes=[2], opset=99999)
