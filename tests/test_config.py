@@ -78,6 +78,17 @@ def test_a_word_yaml_reads_as_a_boolean_is_the_allowed_word_it_was_written_as(tm
         parse_config({"loader": {"worker_start_method": False}})
 
 
+def test_a_number_with_an_exponent_is_a_float_in_files_and_overrides(tmp_path):
+    """``lr: 3e-4`` is how people write a rate: YAML 1.1 (PyYAML) read it as the string '3e-4' and it was refused."""
+    path = tmp_path / "train.yaml"
+    path.write_text("train:\n  lr: 3e-4\n  weight_decay: 5E-2\n  grad_clip_norm: 1.5e1\n", encoding="utf-8")
+    cfg = load_config(path, ["serve.request_timeout_seconds=1e2"])
+    assert (cfg.train.lr, cfg.train.weight_decay, cfg.train.grad_clip_norm) == (3e-4, 5e-2, 15.0)
+    assert cfg.serve.request_timeout_seconds == 100.0
+    with pytest.raises(ConfigError, match=r"'train\.lr': expected a number, got '3e-4x'"):
+        parse_config(None, ["train.lr=3e-4x"])  # not a number: still the string, named
+
+
 def test_overrides_are_parsed_as_yaml_and_validated():
     cfg = parse_config(None, ["loader.batch_size=32", "image.crop_area=[0.2, 0.9]", "loader.shuffle=false"])
     assert cfg.loader.batch_size == 32 and cfg.image.crop_area == (0.2, 0.9) and cfg.loader.shuffle is False

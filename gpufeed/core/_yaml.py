@@ -14,6 +14,10 @@ built:
   once per node, so a billion is found in a few hundred steps) must stay under
   :data:`YAML_MAX_VALUES`, and an alias inside its own anchor (a cycle) is refused.
 
+Numbers read as YAML 1.2 reads them: ``3e-4`` and ``1.5e3`` are floats, as every YAML 1.2 parser
+(and JSON) reads them, where YAML 1.1's resolver, PyYAML's, asks for a dot and a signed exponent
+(``3.0e-4``) and reads the usual spelling as the *string* ``'3e-4'`` that the config then refused.
+
 Errors are :class:`YamlError`, one line naming the file, the rule and the line number, never the
 file's text (PyYAML's own messages quote the offending line; only their problem and position
 are kept).
@@ -21,6 +25,7 @@ are kept).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +82,15 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+# The exponent forms YAML 1.1's float resolver misses (no dot, or an unsigned exponent); PyYAML's
+# float constructor reads them as Python's float() does.
+_BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 def _children(node) -> list:
