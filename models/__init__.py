@@ -35,6 +35,7 @@ from gpufeed.models._heads import ClassifierHead, head_for, list_tasks, register
 from gpufeed.models._io import CHECKPOINT_DIR as CHECKPOINT_DIR
 from gpufeed.models._io import checkpoint_path, find_checkpoint, load_model, model_state
 from gpufeed.models._io import list_checkpoints as list_checkpoints
+from gpufeed.models._io import nonfinite_weights as nonfinite_weights
 from gpufeed.models._io import read_checkpoint as read_checkpoint
 from gpufeed.models._io import untrained_checkpoint as untrained_checkpoint
 from gpufeed.models._nets import GpufeedModel

@@ -108,7 +108,7 @@ def load_model(source: str | Path | dict, map_location: str | torch.device = "cp
 
     Raises:
         ValueError: The file is not a gpufeed checkpoint (it names the file and why: unreadable, or
-            the missing keys).
+            the missing keys), or its weights hold NaN or inf (naming the first tensors that do).
     """
     where: str | Path
     if isinstance(source, dict):
@@ -121,7 +121,29 @@ def load_model(source: str | Path | dict, map_location: str | torch.device = "cp
         raise ValueError(f"{where} is not a gpufeed checkpoint: missing {', '.join(missing)}")
     model = model_from_spec(ModelSpec.from_dict(state["model_spec"]))
     model.load_state_dict(state["model"])
+    names, count = nonfinite_weights(model)
+    if count:  # it would answer NaN for every input, which export's parity check blamed on onnxruntime
+        more = f" and {count - len(names)} more" if count > len(names) else ""
+        raise ValueError(
+            f"its weights hold NaN or inf ({', '.join(names)}{more}): the run that wrote it had diverged; "
+            "take an earlier checkpoint"
+        )
     return model
+
+
+def nonfinite_weights(model: torch.nn.Module, most: int = 3) -> tuple[list[str], int]:
+    """The first ``most`` floating-point parameters and buffers of ``model`` holding NaN or inf, and their count.
+
+    In the checkpoint's order (module by module). One ``isfinite().all()`` per tensor on its
+    device, read back once for all of them (one host wait on a GPU).
+    """
+    named = [(name, t) for name, t in model.state_dict(keep_vars=True).items() if t.is_floating_point()]
+    if not named:
+        return [], 0
+    with torch.no_grad():
+        finite = torch.stack([torch.isfinite(t.detach()).all() for _, t in named]).tolist()  # the one host read
+    bad = [name for (name, _), ok in zip(named, finite, strict=True) if not ok]
+    return bad[:most], len(bad)
 
 
 def untrained_checkpoint(

@@ -9,6 +9,7 @@ from gpufeed.core import ConfigError, check_ranges, option
 
 __all__ = ["AUGMENT_OPS", "LOADER_AUGMENT_OPS", "AugmentConfig", "ModelConfig", "TelemetryConfig", "TrainConfig"]
 
+_FLOAT32_MAX = 3.4028234663852886e38
 Schedule = Literal["cosine", "linear", "constant"]
 AmpMode = Literal["auto", "bf16", "fp16", "off"]
 CompileMode = Literal["off", "default", "reduce-overhead"]
@@ -63,7 +64,8 @@ class TrainConfig:
         ge=1,
         doc="stop after this many optimizer steps in total (the schedule still spans 'epochs'); null: no limit",
     )
-    lr: float = option(1e-3, gt=0.0, doc="peak learning rate of AdamW")
+    # torch's AdamW takes the rate as a float32 scalar: a larger one was an overflow traceback.
+    lr: float = option(1e-3, gt=0.0, le=_FLOAT32_MAX, doc="peak learning rate of AdamW")
     weight_decay: float = option(0.05, ge=0.0, doc="AdamW decoupled weight decay")
     schedule: Schedule = option("cosine", doc="learning-rate decay after warm-up, over all steps of 'epochs'")
     warmup_steps: int = option(0, ge=0, doc="linear warm-up from 0 to lr over this many steps")

@@ -32,8 +32,10 @@ import torch
 
 from gpufeed.config import Config
 from gpufeed.core import progress_bar
+from gpufeed.models import list_checkpoints
 from gpufeed.train._distributed import broadcast_buffers
 from gpufeed.train._mask_ids import MaskIdError
+from gpufeed.train._nonfinite import LossWatch, refuse_nonfinite_weights
 from gpufeed.train._profiling import ProfileWindow, StageRanges
 from gpufeed.train._resume import missed_evaluation
 from gpufeed.train._step import PendingStep, Stepper
@@ -150,6 +152,7 @@ class Loop:
         )
         self.profile = ProfileWindow(s.profile_steps, s.run_dir, s.dist.rank, self.on_gpu)
         self.stats = StepStats()
+        self.loss_watch = LossWatch(self.cfg.train.lr, scaled=s.scaler.is_enabled())
         self.evaluations: list[dict] = []
         self._skipped_seen = 0  # counted from the start: files left out before the first step count too
         self._last_saved_step = s.step if s.resumed else -1
@@ -278,6 +281,7 @@ class Loop:
         self.stats.add(record)
         self._count_skipped()
         self.profile.after_step(record.step)
+        self.loss_watch.check(record.step, record.epoch, record.loss, self._newest_checkpoint)  # logged first
         if self._checkpoint_due(record.step):
             self.checkpoint()
 
@@ -337,9 +341,16 @@ class Loop:
         s = self.s
         if self._last_saved_step == s.step:
             return None
+        refuse_nonfinite_weights(s.bare_model, s.step, self.cfg.train.lr, self._newest_checkpoint)
         path = s.save_checkpoint()
         self._last_saved_step = s.step
         return path
+
+    def _newest_checkpoint(self) -> Path | None:
+        """The newest checkpoint on disk, once the one being written (rank 0) is there or has failed."""
+        self.s.finish_checkpoint(quiet=True)
+        found = list_checkpoints(self.s.run_dir)
+        return found[-1] if found else None
 
     # -- the whole run --------------------------------------------------------------------------
     def run(self) -> tuple[dict, list[dict]]:
