@@ -56,7 +56,26 @@ def _header(fh, path: Path | ObjectPath) -> tuple[tuple[str, ...], int]:
         shape = "an empty first line" if not cells else f"a first line of {len(cells)} column(s)"
         first = "" if len(cells) < 2 else " whose first column is not 'frame' or empty"
         raise ValueError(f"label file {path}: {_HEADER_RULE}, got {shape}{first}")
-    return tuple(c.strip() for c in cells[1:]), len(line)
+    names = tuple(c.strip() for c in cells[1:])
+    _refuse_repeated_names(names, path)
+    return names, len(line)
+
+
+def _refuse_repeated_names(names: tuple[str, ...], path: Path | ObjectPath) -> None:
+    """Refuse a behaviour named by two columns, from the header alone (no row is read).
+
+    Two columns of one name cannot be told apart where a name picks a column (the other videos'
+    columns, predictions.csv's header). Columns are numbered as a spreadsheet shows them, the
+    frame column being column 1.
+    """
+    seen: dict[str, int] = {}
+    for column, name in enumerate(names, start=2):
+        if name in seen:
+            raise ValueError(
+                f"label file {path}: column {quoted(name)} is named twice (columns {seen[name]} and {column}); "
+                "each behaviour needs its own name"
+            )
+        seen[name] = column
 
 
 def _check_size(path: Path | ObjectPath, size: int, header_bytes: int, columns: int, max_rows: int) -> None:

@@ -218,6 +218,37 @@ def test_an_image_model_writes_one_row_per_image(tmp_path):
     assert [row.split(b",")[0] for row in rows[1:]] == [b"a.jpg", b"bad\xffname.jpg", b"c.jpeg", b"sub/b.png"]
 
 
+def test_a_jpeg_cut_short_with_a_new_end_marker_is_named_and_its_neighbour_scored(tmp_path):
+    """libjpeg decodes such a JPEG with its missing half grey and only warns; predict decodes it
+    strictly, as ``gpufeed check`` does, so it gets no row (before, it was scored)."""
+    import io
+
+    from PIL import Image
+
+    from gpufeed.models._clip_sampling import ClipSampling
+    from gpufeed.pipelines import read_image_facts
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    noise = np.random.default_rng(0).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    encoded = io.BytesIO()
+    Image.fromarray(noise).save(encoded, "JPEG", quality=90)  # no restart markers, as PIL writes by default
+    whole = encoded.getvalue()
+    (folder / "good.jpg").write_bytes(whole)
+    (folder / "cut.jpg").write_bytes(whole[: len(whole) // 2] + b"\xff\xd9")
+    assert read_image_facts(folder / "cut.jpg").problem is None, "the structure walk alone cannot see it"
+    torch.manual_seed(0)
+    model = create_model("smallcnn", num_classes=2, size_px=32, labels=("x", "y")).eval()
+    predictor = Predictor(Path("m"), "checkpoint", model.spec, model.spec.labels, ClipSampling(), 2, CPU, _module=model)
+    report = predict_images(folder, predictor, progress=False)
+    assert {r.name: r.status for r in report.results} == {"cut.jpg": "failed", "good.jpg": "scored"}
+    assert [r.error for r in report.failed] == [
+        "cut.jpg: cannot be decoded: damaged JPEG data (Corrupt JPEG data: premature end of data segment)"
+    ]
+    lines = (folder / "predictions.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in lines] == ["image", "good.jpg"]
+
+
 def test_the_rule_needs_a_clip_model():
     model = create_model("smallcnn", num_classes=2, size_px=32)
     from gpufeed.models._clip_sampling import ClipSampling

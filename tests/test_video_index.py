@@ -66,6 +66,20 @@ def test_label_csv_errors_name_the_file_and_line(tmp_path, text, words):
     assert str(path) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("header", "column", "where"),
+    [(b"frame,a,b,a\n", "a", "columns 2 and 4"), (b",walk,walk,rear\n", "walk", "columns 2 and 3")],
+)
+def test_a_label_csv_with_a_repeated_column_name_is_refused_at_its_header(tmp_path, header, column, where):
+    path = tmp_path / "labels.csv"
+    path.write_bytes(header + b"\xff\x00 not a row\n" * 1000)  # a body that would fail to parse if read
+    with pytest.raises(ValueError) as info:
+        read_label_csv(path, max_rows=2000)
+    assert str(info.value) == (
+        f"label file {path}: column '{column}' is named twice ({where}); each behaviour needs its own name"
+    )
+
+
 def test_missing_and_empty_video_folders(tmp_path):
     with pytest.raises(DatasetError, match="does not exist"):
         VideoDataset.from_folder(tmp_path / "nope")

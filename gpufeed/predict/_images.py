@@ -7,19 +7,28 @@ eval_crop_fraction`` just fits, centre crop), so a file gets the numbers a POST 
 answer is one CSV, ``image,<class>,...``, a row per image (its path relative to the source) in
 sorted order, written whole and renamed into place; an image that cannot be read has no row, one
 line in the log and in the report, and the others are still scored.
+
+A JPEG is also decoded strictly, as ``gpufeed check`` does
+(:func:`~gpufeed.pipelines.decode_problem`): one cut short and given a new end marker (``FFD9``)
+passes the header check and DALI decodes it with its missing part grey, so only the strict decode
+sees it. It runs on a thread pool beside DALI's decode and the model, and costs an entropy decode
+of each JPEG on the CPU (1.7 ms for 640x480, see ``docs/images.md``). The server skips it to keep
+a request's latency; predict writes rows nobody looks at image by image, so a half-grey picture's
+scores would pass unseen.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from gpufeed.core import atomic_path, progress_bar
-from gpufeed.pipelines import eval_decoder_options
+from gpufeed.pipelines import decode_problem, default_num_threads, eval_decoder_options
 from gpufeed.predict._inputs import find_images
 from gpufeed.predict._model import Predictor
 from gpufeed.predict._outputs import _cell
@@ -66,26 +75,19 @@ def predict_images(
     host = np.zeros(shape, dtype=np.uint8)
     rows: list[str] = []
     bar = progress_bar(total=len(images), desc="predict", unit="image", disable=not progress, leave=True)
+    pool = ThreadPoolExecutor(max_workers=default_num_threads(), thread_name_prefix="predict-strict")
     try:
         for first in range(0, len(images), batch):
-            names, blobs, sizes = [], [], []
-            for image in images[first : first + batch]:
-                name = str(image.relative_to(root))
-                try:
-                    blob = image.read_bytes()
-                    info = inspect_image(blob, max_pixels, name)
-                except (OSError, RequestError) as err:
-                    report.results.append(_failed(name, path, err))
-                    continue
-                names.append(name)
-                blobs.append(blob)
-                sizes.append((info.width, info.height))
+            names, blobs, sizes, strict = _read_batch(
+                images[first : first + batch], root, max_pixels, pool, report, path
+            )
             if blobs:
                 out_rows = buffer[: len(blobs)] if buffer is not None else host[: len(blobs)]
                 outcome = decoder.decode_into(blobs, np.array(sizes, dtype=np.int64), out_rows)
                 batch_in = buffer[: len(blobs)] if buffer is not None else torch.from_numpy(host[: len(blobs)])
                 probabilities = predictor.class_scores(predictor.logits(batch_in))
-                for name, row, problem in zip(names, probabilities, outcome, strict=True):
+                for name, row, problem, check in zip(names, probabilities, outcome, strict, strict=True):
+                    problem = problem or check.result()  # DALI's own failure, else the strict decode's
                     if problem is not None:
                         report.results.append(_failed(name, path, problem))
                         continue
@@ -93,6 +95,7 @@ def predict_images(
                     report.results.append(VideoResult(name, "scored", path, frames=1))
             bar.update(min(batch, len(images) - first))
     finally:
+        pool.shutdown(cancel_futures=True)
         bar.close()
     header = ",".join(["image", *(_cell(n) for n in predictor.labels)])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,7 +110,45 @@ def predict_images(
     return report
 
 
-def _failed(name: str, path: Path, err: BaseException) -> VideoResult:
+def _read_batch(
+    images: list[Path], root: Path, max_pixels: int, pool: ThreadPoolExecutor, report: PredictReport, path: Path
+) -> tuple[list[str], list[bytes], list[tuple[int, int]], list[Future[str | None]]]:
+    """Read and header-check one batch's images; start each JPEG's strict decode on ``pool``.
+
+    An image that cannot be read or fails the header check is added to ``report`` as failed here
+    (``path``: the CSV its row would have gone to).
+
+    Returns:
+        (names, encoded bytes, oriented (width, height) sizes, the strict decodes' futures), one
+        entry per image that passed.
+    """
+    names, blobs, sizes, strict = [], [], [], []
+    for image in images:
+        name = str(image.relative_to(root))
+        try:
+            blob = image.read_bytes()
+            info = inspect_image(blob, max_pixels, name)
+        except (OSError, RequestError) as err:
+            report.results.append(_failed(name, path, err))
+            continue
+        names.append(name)
+        blobs.append(blob)
+        sizes.append((info.width, info.height))
+        strict.append(pool.submit(_strict_problem, blob, info.format, max_pixels))
+    return names, blobs, sizes, strict
+
+
+def _strict_problem(blob: bytes, fmt: str, max_pixels: int) -> str | None:
+    """Why a header-checked image fails ``gpufeed check``'s strict decode, or ``None``.
+
+    A PNG is left to DALI: the header check walks every chunk's CRC to ``IEND``, and a PNG cut
+    short anywhere fails DALI's own decode (``docs/serving.md``), so a strict decode would add a
+    full decode for nothing.
+    """
+    return decode_problem(blob, max_pixels=max_pixels) if fmt == "JPEG" else None
+
+
+def _failed(name: str, path: Path, err: BaseException | str) -> VideoResult:
     message = getattr(err, "message", None) or getattr(err, "strerror", None) or str(err)
     error = message if str(message).startswith(name) else f"{name}: {message}"
     log.error("predict: %s", error)
