@@ -184,7 +184,7 @@ def resolve_device(
     """Turn the config's ``device`` into a concrete choice and log it.
 
     Args:
-        requested: ``"auto"``, ``"gpu"`` or ``"cpu"``.
+        requested: ``"auto"``, ``"gpu"`` (or torch's ``"cuda"``) or ``"cpu"``.
         local_rank: This process's rank on the machine; default ``LOCAL_RANK`` or 0. Its GPU is
             :func:`local_device_index`.
         world_size: Processes in the job; default ``WORLD_SIZE`` or 1.
@@ -195,8 +195,9 @@ def resolve_device(
             (``auto`` would fall back to the CPU alone, and NCCL on the other ranks would hang).
         ValueError: ``requested`` is not one of the three names.
     """
+    requested = "gpu" if requested == "cuda" else requested  # torch's name for it (ImageLoader(device="cuda"))
     if requested not in ("auto", "gpu", "cpu"):
-        raise ValueError(f"device {requested!r} is not allowed; allowed: auto, gpu, cpu")
+        raise ValueError(f"device {requested!r} is not allowed; allowed: auto, gpu (or cuda), cpu")
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if world_size is None:

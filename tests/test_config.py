@@ -38,7 +38,9 @@ def test_round_trip_through_yaml(tmp_path):
         ({"train": {"weight_decay": float("nan")}}, "train.weight_decay", "expected a finite number, got nan"),
         # torch.manual_seed takes 64 signed bits: a larger seed failed with a traceback at the start of training.
         ({"seed": 2**64 - 1}, "seed", "out of range: must be <= 9223372036854775807"),
-        ({"device": "tpu"}, "device", "value 'tpu' is not allowed; allowed: auto, gpu, cpu"),
+        ({"device": "tpu"}, "device", "value 'tpu' is not allowed; allowed: auto, gpu (or cuda), cpu"),
+        # cuda:N would pin every rank to one GPU: the rank's own comes from CUDA_VISIBLE_DEVICES and LOCAL_RANK.
+        ({"device": "cuda:1"}, "device", "write gpu, and CUDA_VISIBLE_DEVICES=1 to choose that GPU"),
         ({"loader": {"last_batch": "keep"}}, "loader.last_batch", "allowed: drop, partial, pad"),
         ({"image": {"crop_area": [0.5]}}, "image.crop_area", "got 1 items"),
         ({"image": {"crop_area": [0.9, 0.1]}}, "image.crop_area", "range [0.9, 0.1] is empty"),
@@ -87,6 +89,12 @@ def test_a_number_with_an_exponent_is_a_float_in_files_and_overrides(tmp_path):
     assert cfg.serve.request_timeout_seconds == 100.0
     with pytest.raises(ConfigError, match=r"'train\.lr': expected a number, got '3e-4x'"):
         parse_config(None, ["train.lr=3e-4x"])  # not a number: still the string, named
+
+
+def test_cuda_is_read_as_gpu():
+    """torch's name for the device, as people write it: refused before."""
+    assert parse_config({"device": "cuda"}).device == "gpu"
+    assert parse_config(None, ["device=CUDA"]).device == "gpu"
 
 
 def test_overrides_are_parsed_as_yaml_and_validated():

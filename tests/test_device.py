@@ -39,8 +39,18 @@ def test_gpu_without_cuda_is_a_clear_error():
 
 
 def test_unknown_device_names_the_allowed_ones():
-    with pytest.raises(ValueError, match="allowed: auto, gpu, cpu"):
+    with pytest.raises(ValueError, match=r"allowed: auto, gpu \(or cuda\), cpu"):
         resolve_device("tpu")
+
+
+def test_cuda_is_the_gpu():
+    """torch's name for the device, as a DataLoader user writes it: the same request as ``gpu``."""
+    usable, _ = cuda_status(0)
+    if usable:
+        assert resolve_device("cuda").is_gpu
+        return
+    with pytest.raises(DeviceUnavailableError, match="device: gpu was requested but is not usable"):
+        resolve_device("cuda")
 
 
 @pytest.mark.gpu

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 
@@ -46,6 +46,7 @@ from gpufeed.core import (
     option,
     parse_size_px,
     parse_yaml,
+    quoted,
     read_yaml,
     to_mapping,
 )
@@ -78,11 +79,33 @@ __all__ = [
 DeviceName = Literal["auto", "gpu", "cpu"]
 
 
+def _device_name(value: Any, key: str) -> str:
+    """``device``: one of :data:`DeviceName`, or ``cuda``, torch's name for the GPU, read as ``gpu``.
+
+    ``cuda:N`` is refused with what picks a GPU here: each process takes the one of its
+    ``LOCAL_RANK`` among ``CUDA_VISIBLE_DEVICES``, so one config serves every rank.
+    """
+    word = value.strip().lower() if isinstance(value, str) else value
+    if word == "cuda":
+        return "gpu"
+    if isinstance(word, str) and word.startswith("cuda:"):
+        raise ConfigError(
+            key,
+            f"value {quoted(value)} is not allowed: write gpu, and CUDA_VISIBLE_DEVICES={word[5:]} to choose that GPU "
+            "(each process takes its LOCAL_RANK's)",
+        )
+    if word not in get_args(DeviceName):
+        raise ConfigError(key, f"value {quoted(value)} is not allowed; allowed: auto, gpu (or cuda), cpu")
+    return word
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole gpufeed configuration."""
 
-    device: DeviceName = option("auto", doc="auto uses the GPU when CUDA and DALI's GPU ops work")
+    device: DeviceName = option(
+        "auto", convert=_device_name, doc="auto uses the GPU when CUDA and DALI's GPU ops work; cuda is read as gpu"
+    )
     seed: int = option(0, ge=0, le=2**63 - 1, doc="seed for order, crops and weights")
     data: DataConfig = field(default_factory=DataConfig)
     image: ImagePipelineConfig = field(default_factory=ImagePipelineConfig)
