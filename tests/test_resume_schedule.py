@@ -80,3 +80,18 @@ def test_a_schedule_anchored_by_one_resume_stays_anchored_through_the_next_on_th
     got = [used for used, _ in _steps(again, 39)]
     assert got == pytest.approx(want[5:], rel=1e-9), "it dropped the anchor and fell to the floor"
     assert got[-1] > 0.1 * cfg.min_lr_fraction
+
+
+def test_a_warm_up_as_long_as_the_run_is_named(caplog):
+    """The docs' ``warmup_steps: 500`` on a 12-step run trained at 2.4% of the rate, and nothing said so."""
+    cfg = TrainConfig(lr=0.002, warmup_steps=500)
+    with caplog.at_level("WARNING", logger="gpufeed"):
+        build_scheduler(build_optimizer(torch.nn.Linear(2, 2), cfg), 12, cfg)
+    assert [r.getMessage() for r in caplog.records] == [
+        "train.warmup_steps (500) is not shorter than the run's 12 steps: the rate rises to 0.024 of train.lr "
+        "(0.002) at the last step and never decays; lower train.warmup_steps"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gpufeed"):
+        build_scheduler(build_optimizer(torch.nn.Linear(2, 2), cfg), 501, cfg)
+    assert not caplog.records

@@ -127,3 +127,11 @@ def test_ddp_refuses_uneven_last_batches(synth_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match=r"'loader\.last_batch': 'partial' gives ranks different step counts"):
         train(train_config(synth_dir, ["loader.last_batch=partial"]), tmp_path / "run")
+
+
+def test_resume_without_a_run_folder_is_refused(synth_dir, tmp_path, monkeypatch):
+    """Without --out each run gets a new folder: --resume there warned and trained from scratch."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TrainError, match=r"^resume needs the run folder to continue: give it as --out RUN_DIR"):
+        train(train_config(synth_dir), resume=True)
+    assert not (tmp_path / "runs").exists()

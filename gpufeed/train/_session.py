@@ -386,13 +386,15 @@ def train(
         cfg: The whole config (sections ``model``, ``train``, ``augment``, ``telemetry``,
             ``data``, ``image``, ``loader``).
         run_dir: The run folder; default ``runs/<model>-<date>-<time>``.
-        resume: Continue from the newest loadable checkpoint in ``run_dir`` (start fresh if there
-            is none). Without it, a ``run_dir`` that holds checkpoints is refused.
+        resume: Continue from the newest loadable checkpoint in ``run_dir``, which must be given
+            (start fresh if there is none). Without it, a ``run_dir`` that holds checkpoints is refused.
         profile_steps: ``(A, B)``: record a Chrome trace of steps A..B.
 
     Raises:
         ConfigError, TrainError, DatasetError, BadSampleError: Input problems, clearly named.
     """
+    if resume and run_dir is None:  # each run gets a new folder: there would be nothing to continue
+        raise TrainError("resume needs the run folder to continue: give it as --out RUN_DIR (run_dir)")
     configure_storage(cfg.storage)  # s3:// data: the cache and block size, for DALI's worker processes too
     with Session(cfg, run_dir, resume=resume, profile_steps=profile_steps) as session:
         return session.run()
