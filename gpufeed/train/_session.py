@@ -46,6 +46,7 @@ from gpufeed.train._distributed import (
 )
 from gpufeed.train._errors import TrainError
 from gpufeed.train._loop import Loop, TrainResult
+from gpufeed.train._metrics_server import MetricsServer
 from gpufeed.train._optim import build_optimizer, build_scheduler, compile_model, resolve_amp
 from gpufeed.train._preflight import (
     STEP_LOG_LINE_BYTES,
@@ -60,7 +61,6 @@ from gpufeed.train._skipped import merge_skipped, report_skipped, skipped_files,
 from gpufeed.train._summary import format_job, format_summary, job_loader_wait_of_run
 from gpufeed.train._tasks import to_channels_last
 from gpufeed.train._telemetry import (
-    MetricsServer,
     StepLog,
     TrainMetrics,
     cut_logs_of_missing_ranks,

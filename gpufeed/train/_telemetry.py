@@ -49,13 +49,11 @@ from gpufeed.train._errors import TrainError
 
 __all__ = [
     "STEP_FIELDS",
-    "MetricsServer",
     "StageClock",
     "StageMarks",
     "StepLog",
     "StepRecord",
     "TrainMetrics",
-    "addr_file",
     "cut_logs_of_missing_ranks",
     "step_log_path",
 ]
@@ -256,11 +254,6 @@ class TrainMetrics:
         self.loss.set(record.loss)
 
 
-def addr_file(run_dir: Path, rank: int) -> Path:
-    """Where rank ``rank`` writes its bound metrics address (``host:port``)."""
-    return Path(run_dir) / f"metrics-rank{rank}.addr"
-
-
 def step_log_path(run_dir: Path, rank: int) -> Path:
     """Rank 0 logs to ``steps.jsonl``, rank r > 0 to ``steps-rank<r>.jsonl``."""
     return Path(run_dir) / ("steps.jsonl" if rank == 0 else f"steps-rank{rank}.jsonl")
@@ -279,46 +272,6 @@ def cut_logs_of_missing_ranks(run_dir: Path, world_size: int, step: int) -> list
             StepLog.truncate_after(path, step)
             cut.append(path)
     return cut
-
-
-class MetricsServer:
-    """``/metrics`` over HTTP for one registry; the bound address is written for scrapers and tests.
-
-    Args:
-        registry: The prometheus_client registry to serve.
-        host: Address to bind.
-        port: Port to bind; 0 picks a free one.
-        run_dir, rank: The address ``host:port`` goes to ``run_dir/metrics-rank<rank>.addr``.
-
-    Raises:
-        TrainError: The port cannot be bound (the message names the config key to change).
-    """
-
-    def __init__(self, registry, host: str, port: int, run_dir: Path, rank: int) -> None:
-        from prometheus_client import start_http_server
-
-        try:
-            self._server, self._thread = start_http_server(port, addr=host, registry=registry)
-        except OSError as err:
-            raise TrainError(
-                f"cannot serve training metrics on {host}:{port}: {err.strerror or err}. "
-                "Set telemetry.metrics_port to a free port, or 0 to pick one."
-            ) from None
-        self.host = host
-        self.port = int(self._server.server_port)
-        self.path = addr_file(run_dir, rank)
-        write_atomic(self.path, f"{self.address}\n")  # readers never see a half-written address
-        log.info("training metrics of rank %d at http://%s/metrics", rank, self.address)
-
-    @property
-    def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
 
 
 class StepLog:
