@@ -118,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpufeed {args.command}: error: {err}", file=sys.stderr)
         return 2
     except _user_errors() as err:
-        print(f"gpufeed {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        # A run stopped on request (SIGTERM: checkpointed) is no error: 128 + the signal, as a shell says it.
+        status = getattr(err, "exit_status", 2)
+        print(f"gpufeed {args.command}: {'error: ' if status == 2 else ''}{err}", file=sys.stderr)
+        return status
     except KeyboardInterrupt:
         print(f"gpufeed {args.command}: interrupted", file=sys.stderr)
         return 130

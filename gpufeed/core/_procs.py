@@ -93,6 +93,11 @@ def die_with_parent(parent_pid: int, *, from_main_thread: bool = False, interval
     """
     if from_main_thread:
         _arm_parent_death_signal()
+    # Ctrl-C reaches the terminal's whole process group: the parent decides (gpufeed train stops
+    # after a step, with a checkpoint its loader's workers must live for), and this process dies
+    # with it. SIGTERM stays: DALI's pool stops a worker that does not leave in a second with it.
+    with contextlib.suppress(ValueError):  # not this process's main thread: left as it is
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     # After arming: a parent that died before the prctl sends no signal, but has re-parented us.
     if os.getppid() != parent_pid:
         os._exit(1)

@@ -39,6 +39,7 @@ from gpufeed.train._nonfinite import LossWatch, refuse_nonfinite_weights
 from gpufeed.train._profiling import ProfileWindow, StageRanges
 from gpufeed.train._resume import missed_evaluation
 from gpufeed.train._step import PendingStep, Stepper
+from gpufeed.train._stop import StopRequest
 from gpufeed.train._summary import StepStats
 from gpufeed.train._telemetry import StepRecord
 from gpufeed.train._timeline import Finished, StepTimeline
@@ -153,6 +154,7 @@ class Loop:
         self.profile = ProfileWindow(s.profile_steps, s.run_dir, s.dist.rank, self.on_gpu)
         self.stats = StepStats()
         self.loss_watch = LossWatch(self.cfg.train.lr, scaled=s.scaler.is_enabled())
+        self.stop = StopRequest(enabled=s.dist.world_size == 1)  # see _stop: ranks would have to agree
         self.evaluations: list[dict] = []
         self._skipped_seen = 0  # counted from the start: files left out before the first step count too
         self._last_saved_step = s.step if s.resumed else -1
@@ -265,6 +267,11 @@ class Loop:
                 show(timeline.push(pending, launched))
                 if self._checkpoint_due(s.step) or self.profile.stops_at(s.step) or s.max_steps_reached():
                     finish_queued()  # a checkpoint, a trace or the last step needs this step finished
+                if self.stop.signum is not None:  # SIGINT or SIGTERM: this step checkpointed, then out
+                    finish_queued()
+                    self.checkpoint()
+                    s.finish_checkpoint()
+                    raise self.stop.stopped(s.step, epoch, batch_index, total, s.last_checkpoint, s.run_dir)
         except MaskIdError as err:  # raised when a step is read: the loop knows the loader's files
             raise err.naming(loader.dataset, "training") from None
         finally:
@@ -365,6 +372,10 @@ class Loop:
                 self.cfg.train.epochs,
             )
         self._count_skipped()
+        with self.stop:  # SIGINT and SIGTERM stop after a step, with its checkpoint
+            return self._run_epochs(s, every)
+
+    def _run_epochs(self, s, every: int) -> tuple[dict, list[dict]]:
         try:
             missed = missed_evaluation(s)
             if missed is not None:  # killed between an epoch's last checkpoint and its evaluation
