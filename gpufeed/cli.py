@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import logging
 import os
 import sys
 from collections.abc import Mapping
+from typing import ClassVar
 
 from gpufeed import __version__
 from gpufeed.commands import MissingExtraError, require_stack, resolve_handler
@@ -42,8 +44,33 @@ COMMAND_MODULES = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a hint after the usage errors that habits from other tools make (its subcommands too).
+
+    ``argv`` is what the top-level parser was given: ``--set train.lr 0.001`` reads as an
+    unrecognized ``0.001``, which only the arguments around it explain.
+    """
+
+    argv: ClassVar[list[str]] = []
+
+    def error(self, message: str):
+        super().error(message + _hint(message, _Parser.argv, self.prog))
+
+
+def _hint(message: str, argv: list[str], prog: str) -> str:
+    if "arguments are required: --config" in message:
+        return f" (the YAML file goes after --config: {prog} --config FILE)"
+    if not message.startswith("unrecognized arguments:"):
+        return ""
+    if any(a == "--set" and "=" not in b for a, b in itertools.pairwise(argv)):
+        return " (--set takes KEY=VALUE in one word: --set train.lr=0.001, one --set for each key)"
+    if any("=" in word and not word.startswith("-") for word in message.split(":", 1)[1].split()):
+        return " (a config key is set with --set KEY=VALUE, one --set for each key)"
+    return ""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpufeed",
         description="Keep GPUs fed: DALI input pipelines, loader-vs-compute telemetry, GPU-decoding serving.",
     )
@@ -98,6 +125,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit status."""
     parser = build_parser()
+    _Parser.argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

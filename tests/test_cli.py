@@ -153,3 +153,21 @@ def test_synth_then_check(tmp_path, capsys):
     assert main(["check", str(out)]) == 0
     printed = capsys.readouterr()
     assert "no problems found" in printed.out, printed.out + printed.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["train", "train.yaml"], "(the YAML file goes after --config: gpufeed train --config FILE)"),
+        (["train", "--config", "t.yaml", "--set", "train.lr", "0.001"], "(--set takes KEY=VALUE in one word"),
+        (["train", "--config", "t.yaml", "--set", "train.lr=1", "train.epochs=2"], "one --set for each key)"),
+        (["train", "--config", "t.yaml", "train.lr=0.01"], "(a config key is set with --set KEY=VALUE"),
+    ],
+)
+def test_usage_errors_from_other_tools_habits_say_what_to_write(argv, hint, capsys):
+    """Hydra's key=value, --set with a space, the config as a positional: argparse alone said only what failed."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    last = capsys.readouterr().err.rstrip().splitlines()[-1]
+    assert last.startswith("gpufeed") and ": error: " in last and hint in last
