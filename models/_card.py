@@ -301,8 +301,14 @@ def read_model_card(model_dir: str | Path) -> ModelCard:
     """
     model_dir = Path(model_dir)
     path = model_dir / CARD_FILE
+    # A checkpoint or a training run where an exported model goes: say how to make one from it.
+    export = f"export it first: gpufeed export {model_dir} --out MODEL_DIR, and give MODEL_DIR"
+    if model_dir.is_file() and model_dir.suffix == ".pt":
+        raise ModelCardError(f"{model_dir} is a checkpoint, not an exported model folder: {export}")
     if not model_dir.is_dir():
         raise ModelCardError(f"model folder {model_dir} does not exist or is not a folder")
+    if not path.is_file() and (model_dir / "checkpoints").is_dir():
+        raise ModelCardError(f"{model_dir} is a training run folder, not an exported model folder: {export}")
     if not path.is_file():
         raise ModelCardError(f"{path} is missing: a model folder needs {CARD_FILE} and {ONNX_FILE} (gpufeed export)")
     if not (model_dir / ONNX_FILE).is_file():

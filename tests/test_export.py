@@ -187,6 +187,16 @@ def test_bad_sources_and_cards_are_named(tmp_path):
         export_model(tmp_path / "junk.pt", tmp_path / "out", precision="fp8")
     with pytest.raises(ModelCardError, match=r"model_card\.json is missing"):
         read_model_card(tmp_path)
+    # A checkpoint or a training run where a model folder goes (gpufeed serve --model runs/a): how to make one.
+    with pytest.raises(
+        ModelCardError, match=r"junk\.pt is a checkpoint, not an exported model folder: export it first"
+    ):
+        read_model_card(tmp_path / "junk.pt")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(
+        ModelCardError, match=r"run is a training run folder, .*: gpufeed export \S+run --out MODEL_DIR"
+    ):
+        read_model_card(tmp_path / "run")
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "model.onnx").write_bytes(b"")
