@@ -153,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"gpufeed {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `gpufeed config --describe | head`: the reader left, as it may with any tool
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit fails else
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -171,3 +171,28 @@ def test_usage_errors_from_other_tools_habits_say_what_to_write(argv, hint, caps
     assert info.value.code == 2
     last = capsys.readouterr().err.rstrip().splitlines()[-1]
     assert last.startswith("gpufeed") and ": error: " in last and hint in last
+
+
+def test_describe_takes_a_key_or_a_section(capsys):
+    """``config --describe train.lr`` ignored its argument and printed all 150 keys in a 551-column table."""
+    assert main(["config", "--describe", "train.lr"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [row.split()[0] for row in rows] == ["train.lr"]
+    assert main(["config", "--describe", "telemetry"]) == 0
+    keys = [row.split()[0] for row in capsys.readouterr().out.splitlines()[2:]]
+    assert keys and all(key.startswith("telemetry.") for key in keys)
+    assert main(["config", "--describe", "trai"]) == 2
+    assert "config key 'trai': no config key is or starts with it" in capsys.readouterr().err
+
+
+@pytest.mark.process
+def test_output_cut_short_by_its_reader_is_no_traceback():
+    """``gpufeed config --describe | head -1``: a BrokenPipeError traceback, twice (Python's flush at exit too)."""
+    proc = subprocess.run(
+        f"{sys.executable} -m gpufeed config --describe | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.stdout.startswith("key ") and proc.stderr == ""

@@ -10,7 +10,7 @@ import argparse
 
 import yaml
 
-from gpufeed.config import describe_config, load_config
+from gpufeed.config import ConfigError, describe_config, load_config
 from gpufeed.core import format_table, to_mapping
 
 __all__ = ["config"]
@@ -18,7 +18,13 @@ __all__ = ["config"]
 
 def config(args: argparse.Namespace) -> int:
     if args.describe:
-        print(format_table(["key", "type", "default", "meaning"], [list(r) for r in describe_config()]))
+        rows = [list(r) for r in describe_config()]
+        if args.file is not None:  # `--describe train` or `--describe train.lr`: that section or key
+            key = str(args.file)
+            rows = [r for r in rows if r[0] == key or r[0].startswith(f"{key}.")]
+            if not rows:
+                raise ConfigError(key, "no config key is or starts with it (gpufeed config --describe lists them all)")
+        print(format_table(["key", "type", "default", "meaning"], rows))
         return 0
     cfg = load_config(args.file, args.overrides)
     print(yaml.safe_dump(to_mapping(cfg), sort_keys=False), end="")

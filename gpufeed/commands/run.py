@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="With FILE: validate it (and any --set overrides) and print the resolved config. "
         "With --describe: list every key with its type, default and meaning.",
     )
-    p.add_argument("file", nargs="?", type=Path, help="YAML config file")
+    p.add_argument("file", nargs="?", type=Path, help="YAML config file (with --describe: a key or section)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a key")
-    p.add_argument("--describe", action="store_true", help="list every config key")
+    p.add_argument("--describe", action="store_true", help="list every config key (or those of FILE's section)")
     p.set_defaults(func="gpufeed.commands._config_handlers:config")
