@@ -1,8 +1,8 @@
 """``gpufeed predict`` as a user runs it: a child process, its exit status, its lines, its files, its memory.
 
 A DeepEthogram project with one record that cannot be read: the others get DeepEthogram's output
-files, the bad one is one line, the exit status says some failed, and a second run skips what is
-done. A long video costs no more memory than a short one (the frames stream through the windows).
+files, the bad one is one line, the exit status says some failed, and a second run keeps what the
+same model did. A long video costs no more memory than a short one (the frames stream through the windows).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_a_project_in_one_command_with_a_bad_record(tmp_path):
     assert done.returncode == 1, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("gpufeed predict: error:")]
     assert errors == [errors[0]] and "record mouse02 (mouse02.mp4)" in errors[0], done.stderr
-    assert "predict: 2 scored, 0 skipped (already done), 1 failed; 59 frames" in done.stdout
+    assert "predict: 2 scored, 0 kept (already done by this model), 1 failed; 59 frames" in done.stdout
     assert "frame/s" in done.stderr, "the progress lines say frames per second"
     for key, frames in (("mouse00", 26), ("mouse01", 33)):
         with h5py.File(project / "DATA" / key / f"{key}_outputs.h5", "r") as handle:
@@ -92,7 +92,10 @@ def test_a_project_in_one_command_with_a_bad_record(tmp_path):
             assert [n.decode() for n in handle["r3d_small"]["class_names"][:]][1] == "groom"
     assert not (project / "DATA" / "mouse02" / "mouse02_outputs.h5").exists()
     again = _gpufeed("predict", str(checkpoint), str(project), "--format", "hdf5", "--quiet")
-    assert again.returncode == 1 and "0 scored, 2 skipped (already done), 1 failed" in again.stdout
+    assert (
+        again.returncode == 1
+        and "0 scored, 2 kept (already done by this model; --overwrite scores them again), 1 failed" in again.stdout
+    )
 
 
 def test_usage_errors_are_one_line_and_status_2(tmp_path):

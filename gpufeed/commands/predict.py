@@ -63,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "frames), a folder of videos or a DeepEthogram project; a clip model reads every frame once, in order, and "
         "gives each frame the mean probabilities of the windows that cover it. Writes <name>_predictions.csv per "
         "video (frame, then one column per class), or with --format hdf5 DeepEthogram's <name>_outputs.h5, beside "
-        "each video or under --out. A video whose output is there is skipped (outputs appear only when complete); "
+        "each video or under --out. A video whose output this model already wrote is kept (outputs appear only "
+        "when complete; .gpufeed-predict.json records which model wrote each), an image's row likewise; "
         "a video that cannot be read is named and the others are still scored (exit status 1). An image model "
         "over an image folder writes one predictions.csv, a row per image.",
     )
@@ -89,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk-frames", type=_positive, default=64, metavar="N", help="frames decoded per step (64)")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
     p.add_argument("--decoder", choices=("auto", "dali", "pyav"), default="auto", help="as video.decoder (auto)")
-    p.add_argument("--overwrite", action="store_true", help="score videos whose output is already there too")
+    p.add_argument("--overwrite", action="store_true", help="score again what this model already wrote too")
     p.add_argument("--latent-name", metavar="NAME", help="HDF5 group name (default: the model's architecture)")
     p.add_argument(
         "--allowed-root",

@@ -6,7 +6,9 @@ made once and cached (PyTorch on a GPU, or with ``runtime="torch"``); :func:`pre
 a video, a folder of videos (encoded files, frame folders, HDF5 frame stores) or a DeepEthogram
 project with a clip model and writes one ``<name>_predictions.csv`` (or DeepEthogram's ``<name>_outputs.h5``) per video, resuming
 where a run stopped; :func:`predict_images` scores a folder of images with an image model, one row
-per image. Both return a :class:`PredictReport`. The windows and the rule that gives each frame its
+per image. A rerun keeps an output (a row) only when the same model wrote it, as
+``.gpufeed-predict.json`` beside the outputs records (the model's SHA-256, class names and clip
+settings); the rest is scored. Both return a :class:`PredictReport`. The windows and the rule that gives each frame its
 probabilities are :class:`gpufeed.models.WindowPlan` and :func:`gpufeed.models.score_frames`, which
 the server's video input runs too; with a window at every frame, a stacked-frame model on
 onnxruntime's CPU provider scores runs of windows that share its first convolution (about 1.6x

@@ -17,7 +17,8 @@ replaced.
 :func:`gpufeed.core._files.atomic_path`), which is flushed, synced and renamed over the output only
 once the last frame is written; a run killed mid-video leaves no output (and at most that hidden
 file, which a later run removes once it has lain untouched for ten minutes with its writer gone),
-so the output's presence means the video is done (:func:`is_done`), and a second run skips it. HDF5 datasets are written block by block into chunked datasets of the final size, so
+so the output's presence means the video is done (:func:`is_done`), and a second run keeps it when
+the manifest beside it says this model wrote it (:mod:`._manifest`). HDF5 datasets are written block by block into chunked datasets of the final size, so
 memory stays a block's whatever the video's length.
 """
 

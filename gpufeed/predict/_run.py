@@ -1,8 +1,9 @@
 """``gpufeed predict``: per-frame class probabilities for every frame of every video, written as they come.
 
-For each video (:mod:`._inputs`): skipped when its output is already there (a finished output is
-renamed into place only when complete, :mod:`._outputs`); else read once, in order, by the
-sequential reader (NVDEC on a GPU, PyAV on a CPU, frame stores through their decoder), a chunk
+For each video (:mod:`._inputs`): kept when its output is already there (a finished output is
+renamed into place only when complete, :mod:`._outputs`) and this model wrote it with the same
+settings (the manifest beside the outputs says which model wrote each, :mod:`._manifest`); else
+read once, in order, by the sequential reader (NVDEC on a GPU, PyAV on a CPU, frame stores through their decoder), a chunk
 ahead on a thread of its own (:mod:`gpufeed.core._prefetch`), scored window batch by window batch through
 :func:`~gpufeed.models.score_frames` (the server's video input runs the same function), and
 streamed to its output. A video that cannot be read is one line naming it and why; the others are
@@ -32,6 +33,7 @@ from gpufeed.pipelines import (
     read_in_order,
 )
 from gpufeed.predict._inputs import FORMATS, Target, find_videos, output_path
+from gpufeed.predict._manifest import Manifests, log_rescored, model_identity, output_key
 from gpufeed.predict._model import ParityError, Predictor
 from gpufeed.predict._outputs import csv_sink, h5_sink, is_done
 from gpufeed.predict._plot import EthogramBins, plot_path
@@ -47,7 +49,8 @@ class VideoResult:
 
     Attributes:
         name: The video as messages name it.
-        status: ``scored``, ``skipped`` (its output was already there) or ``failed``.
+        status: ``scored``, ``skipped`` (kept: its output was already there, written by this model with
+            the same settings) or ``failed``.
         output: Its output file.
         frames: Frames scored (0 when skipped or failed).
         windows: Windows scored.
@@ -92,8 +95,10 @@ class PredictReport:
     def summary(self) -> str:
         """One line: counts by status, frames, frames per second."""
         counts = {s: sum(r.status == s for r in self.results) for s in ("scored", "skipped", "failed")}
+        again = "; --overwrite scores them again" if counts["skipped"] else ""
         return (
-            f"{counts['scored']} scored, {counts['skipped']} skipped (already done), {counts['failed']} failed; "
+            f"{counts['scored']} scored, {counts['skipped']} kept (already done by this model{again}), "
+            f"{counts['failed']} failed; "
             f"{self.frames:,} frames in {self.seconds:.1f} s ({self.frames_per_second:,.1f} frames/s while scoring)"
         )
 
@@ -141,7 +146,7 @@ def predict_videos(
         hop_frames: Frames between window starts (default 1).
         chunk_frames: Frames the reader decodes per step.
         decoder: ``auto``, ``dali`` or ``pyav``, as ``video.decoder``.
-        overwrite: Score videos whose output is already there too.
+        overwrite: Score videos whose output this model already wrote too.
         latent_name: The HDF5 group (default: the model's architecture name).
         allowed_roots: Folders outside a DeepEthogram project its records may name.
         progress: Show the progress display.
@@ -164,14 +169,10 @@ def predict_videos(
     started = time.perf_counter()
     targets = find_videos(source, out, allowed_roots)
     group = _group_name(predictor, latent_name)
+    sampling = predictor.sampling.to_dict()
+    manifests = Manifests(model_identity(predictor, **sampling, hop_frames=plan.hop_frames), predictor.source)
     report = PredictReport()
-    todo: list[tuple[Target, Path]] = []
-    for target in targets:
-        path = output_path(target, fmt)
-        if not overwrite and target.problem is None and is_done(path, fmt, group):
-            report.results.append(VideoResult(target.name, "skipped", path))
-            continue
-        todo.append((target, path))
+    todo = _resume(targets, fmt, group, overwrite, manifests, report)
     # Every video's facts (frames for the progress total): demuxed on threads, cached beside the data
     # as the training index caches them, so a resumed run over hundreds of hours does not demux again.
     probe = [t for t, _ in todo if t.problem is None]
@@ -182,15 +183,55 @@ def predict_videos(
     bar = progress_bar(total=total, desc="predict", unit="frame", disable=not progress, leave=True)
     try:
         for (target, path), info in zip(todo, infos, strict=True):
-            report.results.append(
-                _score_one(target, path, info, predictor, plan, fmt, group, chunk_frames, decoder, bar, plot)
+            key = output_key(path, group if fmt == "hdf5" else None)
+            result = _forget(manifests, key, target, path, info, bar) or _score_one(
+                target, path, info, predictor, plan, fmt, group, chunk_frames, decoder, bar, plot
             )
+            if result.status == "scored":
+                manifests.record(path, key)
+            report.results.append(result)
     finally:
         bar.close()
     order = {t.name: i for i, t in enumerate(targets)}
     report.results.sort(key=lambda r: order[r.name])
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _resume(
+    targets: list[Target], fmt: str, group: str, overwrite: bool, manifests: Manifests, report: PredictReport
+) -> list[tuple[Target, Path]]:
+    """The videos to score, with their outputs; those kept are added to ``report`` as ``skipped``.
+
+    A video is kept when its output is finished and its manifest entry holds this run's identity;
+    an output there without it is scored again, one line per reason (:func:`._manifest.log_rescored`).
+    """
+    todo: list[tuple[Target, Path]] = []
+    reasons: dict[str, list[str]] = {}
+    for target in targets:
+        path = output_path(target, fmt)
+        if not overwrite and target.problem is None and is_done(path, fmt, group):
+            why = manifests.problem(path, output_key(path, group if fmt == "hdf5" else None))
+            if why is None:
+                report.results.append(VideoResult(target.name, "skipped", path))
+                continue
+            reasons.setdefault(why, []).append(target.name)
+        todo.append((target, path))
+    log_rescored(reasons)
+    return todo
+
+
+def _forget(manifests: Manifests, key: str, target: Target, path: Path, info: VideoInfo, bar) -> VideoResult | None:
+    """Drop another identity's entry for ``path`` before it is rewritten (a kill then leaves no record,
+    not a wrong one); a manifest that cannot be written fails the video (``None``: go on)."""
+    try:
+        manifests.forget(path, key)
+    except OSError as err:
+        error = f"{target.name}: cannot update the manifest in {path.parent}: {err.strerror or err}"
+        log.error("predict: %s", error)
+        bar.update(0 if info.problem else info.num_frames)  # the bar still ends at its total
+        return VideoResult(target.name, "failed", path, error=error)
+    return None
 
 
 def _score_one(
