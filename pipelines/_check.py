@@ -6,9 +6,10 @@ it are fine), pixel bombs (by their header, never decoded; ``max_pixels``), file
 a strict decode (:func:`~gpufeed.pipelines.decode_problem`: a JPEG cut short with a new end marker
 is found here), unknown labels, and non-image files sitting in the dataset's folders (which the
 loader ignores). Each finding names the path and the reason, and has a kind: ``image``, ``label``,
-``video`` (the file is bad: it is listed for quarantine and makes the check fail), ``warning``
-(usable, but worth knowing, e.g. a variable frame rate), ``decoder`` (which decoder a video gets
-on a GPU, and why) or ``ignored`` (not read at all).
+``video`` (the file is bad: it is listed for quarantine and makes the check fail), ``class`` (a
+class folder with no .jpg/.jpeg/.png image, e.g. only WebP files or none: the check fails, and a
+folder is never quarantined), ``warning`` (usable, but worth knowing, e.g. a variable frame rate),
+``decoder`` (which decoder a video gets on a GPU, and why) or ``ignored`` (not read at all).
 ``check_path`` works out what a path is (list file, class folders, a folder of splits such as
 ``gpufeed synth``'s output) and checks all of it.
 """
@@ -33,11 +34,13 @@ __all__ = ["CHECKERS", "NOT_BAD", "CheckReport", "Finding", "check_images", "che
 
 # Finding kinds that do not make a file bad: noted in the report, never quarantined.
 NOT_BAD = ("ignored", "warning", "decoder")
+# Problems that fail the check but name a folder, not a file: never written to a quarantine list.
+_NOT_FILES = ("class",)
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One finding: the file, what is wrong with it, and its kind (image, label, video, warning, ignored)."""
+    """One finding: the file (or class folder), what is wrong, and its kind (image, label, video, class, warning, ...)."""
 
     path: str
     reason: str
@@ -65,7 +68,7 @@ class CheckReport:
 
     def bad_paths(self) -> list[str]:
         """Paths to leave out of training (a quarantine list)."""
-        return sorted({f.path for f in self.findings if f.kind not in NOT_BAD})
+        return sorted({f.path for f in self.findings if f.kind not in NOT_BAD + _NOT_FILES})
 
     def to_json(self) -> str:
         return json.dumps({"ok": self.ok, **asdict(self)}, indent=2)
@@ -104,6 +107,10 @@ def check_images(dataset: ImageDataset, progress: bool = True) -> CheckReport:
         report.findings += [Finding(p, why, "image") for p, why in zip(todo, bar, strict=True) if why]
     report.findings += [
         Finding(p, "not a .jpg/.jpeg/.png file; the loader ignores it", "ignored") for p in dataset.ignored
+    ]
+    report.findings += [
+        Finding(e.folder, f"{e.sentence()}: a class with no image cannot be trained", "class")
+        for e in dataset.empty_classes
     ]
     return report
 

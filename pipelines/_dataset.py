@@ -13,27 +13,33 @@ are positions in this index: class folders sorted by name, files sorted within e
 **List files** hold one ``path label`` per line: the label is the last whitespace-separated
 word, the path everything before it (spaces and ``#`` included). A line whose first non-blank
 character is ``#`` is a comment; blank lines are skipped. There are no comments after an entry,
-since ``#`` is an ordinary character of file names.
+since ``#`` is an ordinary character of file names. List files and ``classes.txt`` are UTF-8, a
+leading byte-order mark dropped (:mod:`gpufeed.pipelines._list_text`).
+
+**Class folders** contribute their ``.jpg``/``.jpeg``/``.png`` files; other files are ``ignored``
+and a class left with no image is recorded in ``empty_classes``
+(:mod:`gpufeed.pipelines._class_folders`).
 """
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from gpufeed.core import DataPath, ObjectPath, data_path, is_object_url, join, progress_bar, quoted, stat_key, walk
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
+from gpufeed.pipelines._class_folders import IMAGE_EXTENSIONS, EmptyClass, walk_class_folders
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
+from gpufeed.pipelines._list_text import read_list_text
 from gpufeed.pipelines._shards import is_shard_dir, read_manifest
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageDataset", "parse_list_line"]
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 _INDEX_VERSION = 2
 MAX_PIXELS_KEY = "data.max_image_pixels"
 
@@ -68,6 +74,8 @@ class ImageDataset:
         source: The folder or list file the dataset came from.
         orientations: (N,) uint8 EXIF orientation of each file (1: none).
         max_pixels: The pixel limit the index applied (``data.max_image_pixels``).
+        empty_classes: Classes with no image in their class folder, or no folder (class folders only;
+            :mod:`gpufeed.pipelines._class_folders`): a training loader refuses them.
     """
 
     paths: tuple[str, ...]
@@ -79,6 +87,7 @@ class ImageDataset:
     source: str = ""
     orientations: np.ndarray | None = None
     max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    empty_classes: tuple[EmptyClass, ...] = ()
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -110,29 +119,12 @@ class ImageDataset:
         folders = sorted(name for name in subfolders if not name.startswith("."))
         stray = sorted(join(root, name) for name in top_files if not name.startswith("."))
         names = tuple(classes) if classes else tuple(folders)
-        paths: list[str]
-        labels: list[int]
-        problems: dict[int, str]
-        paths, labels, problems, ignored = [], [], {}, list(stray)
-        for folder in folders:
-            label = names.index(folder) if folder in names else -1
-            for dirpath, dirnames, filenames in walk(root / folder):
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-                for name in sorted(filenames):
-                    if name.startswith("."):
-                        continue
-                    full = join(dirpath, name)
-                    if not name.lower().endswith(IMAGE_EXTENSIONS):
-                        ignored.append(full)
-                        continue
-                    if label < 0:
-                        problems[len(paths)] = (
-                            f"unknown label: folder '{folder}' is not one of the classes {list(names)}"
-                        )
-                    paths.append(full)
-                    labels.append(label)
+        found = walk_class_folders(root, folders, names)
         source = f"class folders under {root}"
-        return cls._finish(root, source, paths, labels, names, problems, ignored, progress, max_pixels)
+        dataset = cls._finish(
+            root, source, found.paths, found.labels, names, found.problems, stray + found.ignored, progress, max_pixels
+        )
+        return replace(dataset, empty_classes=tuple(found.empty)) if found.empty else dataset
 
     @classmethod
     def from_shards(
@@ -189,17 +181,10 @@ class ImageDataset:
         """Index a list file of ``path label`` lines (grammar in the module docs); it may be ``s3://bucket/key``,
         its relative paths then keys beside it."""
         list_file = data_path(list_file)
-        try:
-            lines = list_file.read_text(encoding="utf-8").splitlines()
-        except OSError as err:
-            raise DatasetError(f"cannot read list file {list_file}: {err.strerror or err}") from None
-        except UnicodeDecodeError as err:
-            raise DatasetError(f"list file {list_file} is not UTF-8 text (byte {err.start})") from None
+        lines = _read_lines(list_file, "list file")
         base = list_file.parent
         if classes is None and (base / "classes.txt").is_file():
-            classes = tuple(
-                c.strip() for c in (base / "classes.txt").read_text(encoding="utf-8").splitlines() if c.strip()
-            )
+            classes = tuple(c.strip() for c in _read_lines(base / "classes.txt", "class list") if c.strip())
         paths: list[str]
         labels: list[int]
         problems: dict[int, str]
@@ -266,6 +251,16 @@ class ImageDataset:
             orientations=orientations,
             max_pixels=max_pixels,
         )
+
+
+def _read_lines(path: DataPath, what: str) -> list[str]:
+    """The lines of a hand-written text file, a Windows editor's byte-order mark dropped."""
+    try:
+        return read_list_text(path).splitlines()
+    except OSError as err:
+        raise DatasetError(f"cannot read {what} {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise DatasetError(f"{what} {path} is not UTF-8 text (byte {err.start})") from None
 
 
 def _parse_label(text: str, classes: tuple[str, ...] | None) -> tuple[int, str | None]:

@@ -28,6 +28,7 @@ from gpufeed.core import split_member
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._alternate import RoundRobin, StreamSlice
 from gpufeed.pipelines._augment import LoaderAugment
+from gpufeed.pipelines._class_folders import announce_split
 from gpufeed.pipelines._dataset import ImageDataset
 from gpufeed.pipelines._image_pipeline import ImageFeed, PathTable, build_image_pipeline
 from gpufeed.pipelines._image_verify import find_bad_files
@@ -95,6 +96,8 @@ class ImageLoader(SampleLoader):
     Raises:
         ValueError: An argument is out of range or not allowed, or a shortcut disagrees with its
             config field (the message names the argument and what is allowed).
+        DatasetError: ``train`` and a class of the dataset has no image (an empty class folder,
+            or one of other formats only), named with its folder.
     """
 
     _reads_pipelines = True  # loader.pipelines: several pipelines in turn (pipelines/_alternate.py)
@@ -131,6 +134,7 @@ class ImageLoader(SampleLoader):
             num_shards=num_shards,
         )
         data: ImageDataset = args.dataset
+        announce_split(data, train)  # ignored files in one line; a class with no image to train on is an error
         image_cfg, loader_cfg, device = args.media_cfg, args.loader_cfg, args.device
         shard_id, num_shards = args.shard_id, args.num_shards
         self.dataset = data

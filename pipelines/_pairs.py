@@ -38,6 +38,7 @@ from gpufeed.pipelines._containment import Roots
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, index_image_facts
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
+from gpufeed.pipelines._list_text import read_list_text
 
 __all__ = ["MAP_BITS", "MAP_KINDS", "PairedDataset", "infer_task", "is_paired_root", "png_layout"]
 
@@ -206,7 +207,7 @@ class PairedDataset:
         """
         list_file = data_path(list_file)
         try:
-            lines = list_file.read_text(encoding="utf-8").splitlines()
+            lines = read_list_text(list_file).splitlines()  # a Windows editor's byte-order mark dropped
         except (OSError, UnicodeDecodeError) as err:
             raise DatasetError(f"cannot read list file {list_file}: {err}") from None
         base = list_file.parent

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gpufeed.core import ObjectPath, is_object_url, quoted
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._list_text import read_list_text
 
 __all__ = ["Quarantine", "quarantined_ids", "read_quarantine"]
 
@@ -87,7 +88,7 @@ def read_quarantine(path: str | Path) -> Quarantine:
         what = "is a folder, not a file" if path.is_dir() else "does not exist"
         raise DatasetError(f"{where} {what}; 'gpufeed check DATA --quarantine {path}' writes one")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_list_text(path)  # a Windows editor's byte-order mark dropped
     except UnicodeDecodeError as err:
         raise DatasetError(f"{where} is not UTF-8 text (byte {err.start}): expected one path per line") from None
     except OSError as err:
