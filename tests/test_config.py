@@ -97,6 +97,27 @@ def test_cuda_is_read_as_gpu():
     assert parse_config(None, ["device=CUDA"]).device == "gpu"
 
 
+def test_paths_expand_home_and_resolve_against_the_file_or_the_command_line(tmp_path, monkeypatch):
+    """``~/data`` became ``<config folder>/~/data``, and a path typed with --set resolved against the
+    config file's folder, not the folder the command ran in."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPUFEED_TEST_DATA", str(tmp_path / "bucket"))
+    (tmp_path / "cfgdir").mkdir()
+    (tmp_path / "work").mkdir()
+    path = tmp_path / "cfgdir" / "train.yaml"
+    path.write_text(
+        "data:\n  train: {root: imgs}\n  val: {root: ~/val}\nloader:\n  quarantine_file: $GPUFEED_TEST_DATA/q.txt\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path / "work")
+    cfg = load_config(path, ["data.train.list_file=lists/train.txt", "data.train.root=null"])
+    assert cfg.data.train.list_file == tmp_path / "work" / "lists" / "train.txt"  # typed here: relative to here
+    assert cfg.data.val.root == tmp_path / "home" / "val"
+    assert cfg.loader.quarantine_file == tmp_path / "bucket" / "q.txt"
+    assert load_config(path).data.train.root == tmp_path / "cfgdir" / "imgs"  # written in the file: beside it
+    assert load_config(path, ["data.train={root: imgs}"]).data.train.root == tmp_path / "work" / "imgs"
+
+
 def test_overrides_are_parsed_as_yaml_and_validated():
     cfg = parse_config(None, ["loader.batch_size=32", "image.crop_area=[0.2, 0.9]", "loader.shuffle=false"])
     assert cfg.loader.batch_size == 32 and cfg.image.crop_area == (0.2, 0.9) and cfg.loader.shuffle is False

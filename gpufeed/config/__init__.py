@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -140,7 +141,9 @@ def parse_config(data: Any, overrides: tuple[str, ...] | list[str] = (), base_di
         overrides: ``dotted.key=value`` strings; each value is parsed as YAML (``32``, ``true``,
             ``[1, 2]``), within the same budgets as a config file.
         base_dir: Relative paths in the config are resolved against this folder (the config
-            file's folder), so a config works from any working directory.
+            file's folder), so a config works from any working directory; those the overrides set,
+            against the working directory, as the shell they were typed in would. ``~`` and
+            ``$VAR`` are expanded first.
     """
     if data is None:
         data = {}
@@ -157,7 +160,11 @@ def parse_config(data: Any, overrides: tuple[str, ...] | list[str] = (), base_di
             raise ConfigError(key.strip(), str(err)) from None
         _set_path(tree, key.strip(), value)
     cfg = from_mapping(Config, tree)
-    return _resolve_paths(cfg, base_dir) if base_dir is not None else cfg
+    if base_dir is None:
+        return cfg
+    # A path typed on the command line is the shell's: relative to where the command runs.
+    typed = frozenset(item.partition("=")[0].strip() for item in overrides)
+    return _resolve_paths(cfg, base_dir, typed)
 
 
 def _deep_copy(tree: Any) -> Any:
@@ -168,19 +175,30 @@ def _deep_copy(tree: Any) -> Any:
     return tree
 
 
-def _resolve_paths(obj: Any, base: Path) -> Any:
+def _resolve_paths(obj: Any, base: Path, typed: frozenset[str] = frozenset(), prefix: str = "") -> Any:
+    """``obj`` with every path absolute: ``~`` and ``$VAR`` expanded, a relative one resolved against
+    ``base`` (the config file's folder), or the working directory for a key under one of ``typed``
+    (the ``--set`` keys)."""
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         return obj
     changes: dict[str, Any] = {}
     for fld in dataclasses.fields(obj):
+        key = f"{prefix}{fld.name}"
+        here = Path.cwd() if any(key == t or key.startswith(f"{t}.") for t in typed) else base
         value = getattr(obj, fld.name)
-        if isinstance(value, Path) and not value.is_absolute():
-            changes[fld.name] = (base / value).resolve()
+        if isinstance(value, Path):
+            changes[fld.name] = _absolute(value, here)
         elif isinstance(value, tuple) and any(isinstance(v, Path) for v in value):  # data.allowed_roots
-            changes[fld.name] = tuple((base / v).resolve() if isinstance(v, Path) else v for v in value)
+            changes[fld.name] = tuple(_absolute(v, here) if isinstance(v, Path) else v for v in value)
         elif dataclasses.is_dataclass(value):
-            changes[fld.name] = _resolve_paths(value, base)
+            changes[fld.name] = _resolve_paths(value, base, typed, f"{key}.")
     return dataclasses.replace(obj, **changes) if changes else obj
+
+
+def _absolute(path: Path, base: Path) -> Path:
+    # ~ and $HOME as a shell would expand them: YAML does not, and they became folders named '~'.
+    path = Path(os.path.expandvars(os.path.expanduser(path)))
+    return path if path.is_absolute() else (base / path).resolve()
 
 
 def load_config(path: str | Path | None, overrides: tuple[str, ...] | list[str] = ()) -> Config:
