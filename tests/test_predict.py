@@ -371,3 +371,17 @@ def test_a_checkpoint_decodes_with_its_evaluation_decoder_share(tmp_path, monkey
     assert [r.status for r in report.results] == ["scored"] and readers == [0.25]
     export_model(path, tmp_path / "exported", batch_size=2)
     assert load_predictor(tmp_path / "exported", CPU).hw_decoder_load == LoaderConfig().hw_decoder_load
+
+
+def test_the_images_csv_goes_where_out_names_it(tmp_path):
+    """``--out scores.csv`` made a folder named scores.csv holding predictions.csv."""
+    from gpufeed.predict._inputs import find_images
+
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "a.jpg").write_bytes(b"")
+    assert find_images(tmp_path / "imgs", tmp_path / "scores.csv")[1] == tmp_path / "scores.csv"
+    assert find_images(tmp_path / "imgs", tmp_path / "out")[1] == tmp_path / "out" / "predictions.csv"
+    assert find_images(tmp_path / "imgs")[1] == tmp_path / "imgs" / "predictions.csv"
+    assert find_images(tmp_path / "imgs" / "a.jpg")[1] == tmp_path / "imgs" / "a_predictions.csv"
+    (tmp_path / "old.csv").mkdir()  # a folder that happens to be named so stays a folder
+    assert find_images(tmp_path / "imgs", tmp_path / "old.csv")[1] == tmp_path / "old.csv" / "predictions.csv"

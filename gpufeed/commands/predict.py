@@ -70,7 +70,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", type=Path, metavar="MODEL", help="checkpoint, run folder or exported model folder")
     p.add_argument("source", metavar="SOURCE", help="video, folder of videos or images, DeepEthogram project (local)")
-    p.add_argument("--out", type=Path, metavar="DIR", help="output folder (default: beside each video)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="output folder (default: beside each video); images: or the .csv to write",
+    )
     p.add_argument(
         "--format", dest="fmt", choices=("csv", "hdf5"), default="csv", help="csv (default) or DeepEthogram's HDF5"
     )

@@ -161,6 +161,9 @@ def _project_targets(root: Path, out_dir: Path | None, allowed_roots: tuple) -> 
 def find_images(source: str | Path, out: str | Path | None = None) -> tuple[list[Path], Path]:
     """The images under ``source`` (one image, or a folder walked recursively, sorted) and the CSV to write.
 
+    The CSV is ``out/predictions.csv``, or ``out`` itself where it names a ``.csv`` file; without
+    ``out``, beside the images (``<stem>_predictions.csv`` for a single image).
+
     Raises:
         DatasetError: ``source`` does not exist or holds no JPEG/PNG image.
     """
@@ -181,6 +184,8 @@ def find_images(source: str | Path, out: str | Path | None = None) -> tuple[list
         )
     if not images:
         raise DatasetError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in {source}")
+    if out is not None and Path(out).suffix.lower() == ".csv" and not Path(out).is_dir():
+        return images, Path(out)  # --out scores.csv: the CSV itself (it made a folder named scores.csv)
     base = Path(out) if out is not None else root
     if source.is_file() and out is None:
         return images, base / f"{source.stem}_{IMAGES_OUTPUT}"
