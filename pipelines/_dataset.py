@@ -121,6 +121,13 @@ class ImageDataset:
         names = tuple(classes) if classes else tuple(folders)
         found = walk_class_folders(root, folders, names)
         source = f"class folders under {root}"
+        loose = [path for path in stray if str(path).lower().endswith(IMAGE_EXTENSIONS)]
+        if not found.paths and loose:  # a folder of photos, as a phone or camera leaves them
+            raise DatasetError(
+                f"dataset is empty: no .jpg, .jpeg or .png files in {source}, but {len(loose)} lie in {root} "
+                f"itself: the folder's sub-folders are the classes, so put each class's images in "
+                f"{join(root, '<class>')}"
+            )
         dataset = cls._finish(
             root, source, found.paths, found.labels, names, found.problems, stray + found.ignored, progress, max_pixels
         )

@@ -222,3 +222,16 @@ def test_gpufeed_train_stops_on_a_class_folder_of_webp_files(webp_class, tmp_pat
     err = capsys.readouterr().err
     (line,) = [x for x in err.splitlines() if x.startswith("gpufeed train: error:")]
     assert f"class folder {webp_class / 'dog'} holds no .jpg/.jpeg/.png image" in line
+
+
+def test_a_flat_folder_of_photos_says_where_the_classes_go(tmp_path):
+    """A camera's folder (IMG_0001.jpg, ...): "no .jpg ... in class folders" while the images were right there."""
+    for i in range(3):
+        Image.new("RGB", (8, 8)).save(tmp_path / f"IMG_{i:04d}.jpg")
+    with pytest.raises(DatasetError) as info:
+        ImageDataset.from_folder(tmp_path)
+    assert str(info.value) == (
+        f"dataset is empty: no .jpg, .jpeg or .png files in class folders under {tmp_path}, but 3 lie in "
+        f"{tmp_path} itself: the folder's sub-folders are the classes, so put each class's images in "
+        f"{tmp_path}/<class>"
+    )
