@@ -118,6 +118,17 @@ def test_paths_expand_home_and_resolve_against_the_file_or_the_command_line(tmp_
     assert load_config(path, ["data.train={root: imgs}"]).data.train.root == tmp_path / "work" / "imgs"
 
 
+def test_a_key_in_the_wrong_section_names_the_one_that_has_it():
+    """``train.batch_size`` (the batch is the loader's) listed only train's keys."""
+    with pytest.raises(ConfigError, match=r"allowed keys here: amp, .*; did you mean loader\.batch_size\?$"):
+        parse_config(None, ["train.batch_size=32"])
+    with pytest.raises(ConfigError, match=r"did you mean image\.size_px or video\.size_px\?$"):
+        parse_config({"size_px": 224})
+    with pytest.raises(ConfigError) as info:
+        parse_config(None, ["train.nonsense=1"])
+    assert "did you mean" not in str(info.value)
+
+
 def test_overrides_are_parsed_as_yaml_and_validated():
     cfg = parse_config(None, ["loader.batch_size=32", "image.crop_area=[0.2, 0.9]", "loader.shuffle=false"])
     assert cfg.loader.batch_size == 32 and cfg.image.crop_area == (0.2, 0.9) and cfg.loader.shuffle is False

@@ -159,12 +159,24 @@ def parse_config(data: Any, overrides: tuple[str, ...] | list[str] = (), base_di
         except YamlError as err:
             raise ConfigError(key.strip(), str(err)) from None
         _set_path(tree, key.strip(), value)
-    cfg = from_mapping(Config, tree)
+    try:
+        cfg = from_mapping(Config, tree)
+    except ConfigError as err:
+        raise _with_elsewhere(err) from None
     if base_dir is None:
         return cfg
     # A path typed on the command line is the shell's: relative to where the command runs.
     typed = frozenset(item.partition("=")[0].strip() for item in overrides)
     return _resolve_paths(cfg, base_dir, typed)
+
+
+def _with_elsewhere(err: ConfigError) -> ConfigError:
+    """An unknown key that another section has (``train.batch_size``) names that one too."""
+    if not err.message.startswith("unknown key"):
+        return err
+    leaf = err.key_path.rpartition(".")[2]
+    there = [key for key, *_ in describe_config() if key.rpartition(".")[2] == leaf and key != err.key_path]
+    return ConfigError(err.key_path, f"{err.message}; did you mean {' or '.join(there)}?") if there else err
 
 
 def _deep_copy(tree: Any) -> Any:
