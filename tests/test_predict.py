@@ -5,6 +5,7 @@ The model is tests/predicthelp.py's tag reader, so each output row is known exac
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -201,6 +202,7 @@ def test_an_image_model_writes_one_row_per_image(tmp_path):
         "sub/b.png": "scored",
     }
     assert report.failed[0].error.startswith("bad.jpg")
+    assert re.search(r"; 3 images in [\d.]+ s \([\d,.]+ images/s while scoring\)$", report.summary())
     lines = (folder / "predictions.csv").read_text().splitlines()
     assert lines[0] == "image,w,x,y,z"
     assert [line.split(",")[0] for line in lines[1:]] == ["a.jpg", "c.jpeg", "sub/b.png"]

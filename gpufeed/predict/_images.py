@@ -79,7 +79,7 @@ def predict_images(
     if gone:  # the CSV answers for SOURCE as it is now, as a fresh run's would
         log.info("predict: %d row(s) of images no longer in %s dropped from %s", len(gone), source, path)
         kept = {name: row for name, row in kept.items() if name in order}
-    report = PredictReport([VideoResult(name, "skipped", path) for name in kept])
+    report = PredictReport([VideoResult(name, "skipped", path) for name in kept], unit="images")
     todo = [image for image, name in zip(images, names, strict=True) if name not in kept]
     rows = _score_images(todo, root, predictor, max_pixels, progress, report, path) if todo else {}
     if held is None or rows or gone:  # else the CSV there is already the answer

@@ -74,10 +74,12 @@ class PredictReport:
     Attributes:
         results: One :class:`VideoResult` per video, in source order.
         seconds: Wall time of the whole run.
+        unit: What :attr:`frames` counts in the summary: ``frames``, or ``images`` (an image model's run).
     """
 
     results: list[VideoResult] = field(default_factory=list)
     seconds: float = 0.0
+    unit: str = "frames"
 
     @property
     def failed(self) -> list[VideoResult]:
@@ -99,7 +101,8 @@ class PredictReport:
         return (
             f"{counts['scored']} scored, {counts['skipped']} kept (already done by this model{again}), "
             f"{counts['failed']} failed; "
-            f"{self.frames:,} frames in {self.seconds:.1f} s ({self.frames_per_second:,.1f} frames/s while scoring)"
+            f"{self.frames:,} {self.unit} in {self.seconds:.1f} s ({self.frames_per_second:,.1f} {self.unit}/s while "
+            "scoring)"
         )
 
 
