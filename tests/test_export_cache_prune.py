@@ -222,7 +222,7 @@ def test_the_cache_command_and_the_predict_flag_end_to_end(checkpoints, tmp_path
     code = main(["predict", str(checkpoints["c"]), str(checkpoints["video"]), "--out", str(tmp_path / "out"),
                  "--export-cache", str(cache), "--export-cache-max-mb", "0", "--batch-size", "1", "--quiet"])  # fmt: skip
     assert code == 0 and (tmp_path / "out" / "mouse_predictions.csv").is_file()
-    assert "predict: 1 scored, 0 skipped" in capsys.readouterr().out
+    assert "predict: 1 scored, 0 kept" in capsys.readouterr().out
     (left,) = list_export_cache(cache).entries
     assert left.checkpoint == str(checkpoints["c"]) and not b.folder.exists()
 

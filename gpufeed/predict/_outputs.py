@@ -35,7 +35,7 @@ import numpy as np
 
 from gpufeed.core import atomic_path, remove_stale_temps
 
-__all__ = ["DEFAULT_THRESHOLD", "FrameSink", "csv_sink", "h5_sink", "is_done", "read_predictions_csv"]
+__all__ = ["DEFAULT_THRESHOLD", "FrameSink", "csv_sink", "h5_sink", "holds_groups", "is_done", "read_predictions_csv"]
 
 DEFAULT_THRESHOLD = 0.5
 _CHUNK_ROWS = 4096
@@ -133,6 +133,11 @@ def h5_sink(
                 raise ValueError(f"{sink.next_frame} of {num_frames} frames were scored; {path.name} is not written")
 
 
+def holds_groups(fmt: str) -> bool:
+    """Whether one file of this output format holds named groups (HDF5), not one video's rows (CSV)."""
+    return fmt != "csv"
+
+
 def is_done(path: Path, fmt: str, group_name: str = "") -> bool:
     """Whether ``path`` holds a finished output (an output is renamed into place only when complete).
 
@@ -141,7 +146,7 @@ def is_done(path: Path, fmt: str, group_name: str = "") -> bool:
     """
     if not path.is_file():
         return False
-    if fmt == "csv":
+    if not holds_groups(fmt):
         return True
     import h5py
 

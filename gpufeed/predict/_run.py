@@ -35,7 +35,7 @@ from gpufeed.pipelines import (
 from gpufeed.predict._inputs import FORMATS, Target, find_videos, output_path
 from gpufeed.predict._manifest import Manifests, log_rescored, model_identity, output_key
 from gpufeed.predict._model import ParityError, Predictor
-from gpufeed.predict._outputs import csv_sink, h5_sink, is_done
+from gpufeed.predict._outputs import csv_sink, h5_sink, holds_groups, is_done
 from gpufeed.predict._plot import EthogramBins, plot_path
 
 __all__ = ["PredictReport", "VideoResult", "predict_videos", "window_plan"]
@@ -186,7 +186,7 @@ def predict_videos(
     bar = progress_bar(total=total, desc="predict", unit="frame", disable=not progress, leave=True)
     try:
         for (target, path), info in zip(todo, infos, strict=True):
-            key = output_key(path, group if fmt == "hdf5" else None)
+            key = output_key(path, group if holds_groups(fmt) else None)
             result = _forget(manifests, key, target, path, info, bar) or _score_one(
                 target, path, info, predictor, plan, fmt, group, chunk_frames, decoder, bar, plot
             )
@@ -214,7 +214,7 @@ def _resume(
     for target in targets:
         path = output_path(target, fmt)
         if not overwrite and target.problem is None and is_done(path, fmt, group):
-            why = manifests.problem(path, output_key(path, group if fmt == "hdf5" else None))
+            why = manifests.problem(path, output_key(path, group if holds_groups(fmt) else None))
             if why is None:
                 report.results.append(VideoResult(target.name, "skipped", path))
                 continue
