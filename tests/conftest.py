@@ -39,6 +39,7 @@ import torch
 from _gpu_checks import item_problems
 from _s3server import s3_bucket, s3_server  # noqa: F401  # the S3 tests' server, shared by the session
 from _tiers import TIERS, unit_guard
+from _watchdog import watchdog
 from _wheel_venv import installed  # noqa: F401  # the wheel tests' venv, built once a session
 from _xdist import SHARED_FIXTURE_USERS, make_scheduler, shared_fixture_users
 
@@ -169,6 +170,13 @@ def pytest_runtest_call(item: pytest.Item):
 def _inflight_file() -> Path | None:
     folder = os.environ.get("GPUFEED_TEST_INFLIGHT_DIR")
     return Path(folder) / os.environ.get("PYTEST_XDIST_WORKER", "main") if folder else None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """A test that outlives its pytest-timeout limit by ``_watchdog.GRACE_S`` ends its worker, stacks written."""
+    with watchdog(item):
+        return (yield)
 
 
 def pytest_runtest_logstart(nodeid: str, location) -> None:

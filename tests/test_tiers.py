@@ -17,7 +17,7 @@ pytest_plugins = ["pytester"]
 
 HERE = Path(__file__).resolve().parent
 # What conftest.py needs beside it: the tier guard, the GPU tests' collection checks, the xdist scheduler,
-# the shared fixtures (S3 server, wheel venv).
+# the shared fixtures (S3 server, wheel venv), the hard stop of a hung test.
 SUPPORT = (
     "conftest.py",
     "_tiers.py",
@@ -26,6 +26,7 @@ SUPPORT = (
     "_s3server.py",
     "_wheel_venv.py",
     "_xdist.py",
+    "_watchdog.py",
 )
 
 CASES = """
