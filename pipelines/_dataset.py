@@ -114,6 +114,11 @@ class ImageDataset:
         if is_shard_dir(root):
             return cls.from_shards(root, classes, max_pixels)
         if not root.is_dir():
+            if root.is_file():  # a 'path label' list given where the class folders go
+                raise DatasetError(
+                    f"dataset folder {root} is a file: a file of 'path label' lines goes in list_file "
+                    "(data.train.list_file), a folder of class folders in root"
+                )
             raise DatasetError(f"dataset folder {root} does not exist or is not a folder")
         _top, subfolders, top_files = next(walk(root))
         folders = sorted(name for name in subfolders if not name.startswith("."))

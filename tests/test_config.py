@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from gpufeed.config import Config, ConfigError, SizePx, load_config, parse_config, save_config
+from gpufeed.config import Config, ConfigError, DatasetConfig, SizePx, load_config, parse_config, save_config
 
 
 def test_defaults_are_valid_and_frozen():
@@ -118,6 +118,23 @@ def test_paths_expand_home_and_resolve_against_the_file_or_the_command_line(tmp_
     assert load_config(path, ["data.train={root: imgs}"]).data.train.root == tmp_path / "work" / "imgs"
 
 
+def test_a_bare_folder_is_a_splits_root(tmp_path, monkeypatch):
+    """``data: {train: imgs}``, as ImageFolder and Ultralytics take it, was "expected a mapping"."""
+    (tmp_path / "work").mkdir()
+    path = tmp_path / "train.yaml"
+    path.write_text("data:\n  train: imgs\n  val: ~/val\n", encoding="utf-8")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path / "work")
+    cfg = load_config(path)
+    assert cfg.data.train == DatasetConfig(root=tmp_path / "imgs") and cfg.data.val.root == tmp_path / "home" / "val"
+    assert load_config(path, ["data.train=other"]).data.train.root == tmp_path / "work" / "other"
+    assert parse_config({"data": {"train": None}}).data.train is None
+    with pytest.raises(ConfigError, match=r"^config key 'data\.train': expected a mapping of keys to values, got 3$"):
+        parse_config({"data": {"train": 3}})
+    with pytest.raises(ConfigError, match=r"^config key 'data\.val': give exactly one of 'root'"):
+        parse_config({"data": {"val": {"root": "a", "list_file": "b"}}})
+
+
 def test_a_key_in_the_wrong_section_names_the_one_that_has_it():
     """``train.batch_size`` (the batch is the loader's) listed only train's keys."""
     with pytest.raises(ConfigError, match=r"allowed keys here: amp, .*; did you mean loader\.batch_size\?$"):
@@ -159,6 +176,7 @@ def test_every_key_is_described():
 
     keys = {row[0] for row in describe_config()}
     assert {"device", "loader.batch_size", "image.size_px", "data.train", "loader.on_bad_sample"} <= keys
+    assert {"data.train.root", "data.train.list_file", "data.val.root"} <= keys  # an optional section's own keys
     assert all(row[3] for row in describe_config()), "every key needs a one-line meaning"
 
 

@@ -235,3 +235,15 @@ def test_a_flat_folder_of_photos_says_where_the_classes_go(tmp_path):
         f"{tmp_path} itself: the folder's sub-folders are the classes, so put each class's images in "
         f"{tmp_path}/<class>"
     )
+
+
+def test_a_list_file_given_as_the_folder_says_where_it_goes(tmp_path):
+    """``root: train.txt`` said the folder "does not exist or is not a folder", with the file right there."""
+    listed = tmp_path / "train.txt"
+    listed.write_text("a.jpg cat\n", encoding="utf-8")
+    with pytest.raises(DatasetError) as info:
+        ImageDataset.from_folder(listed)
+    assert str(info.value) == (
+        f"dataset folder {listed} is a file: a file of 'path label' lines goes in list_file "
+        "(data.train.list_file), a folder of class folders in root"
+    )

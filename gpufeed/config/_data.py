@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from gpufeed.core import ConfigError, ObjectPath, SizePx, check_ranges, option, parse_size_px, quoted
+from gpufeed.core import ConfigError, ObjectPath, SizePx, check_ranges, from_mapping, option, parse_size_px, quoted
 
 __all__ = ["DataConfig", "DatasetConfig", "ImagePipelineConfig", "LoaderConfig", "VideoConfig"]
 
@@ -40,12 +40,24 @@ class DatasetConfig:
             raise ConfigError("", "give exactly one of 'root' (class folders) or 'list_file'")
 
 
+def _split(value: Any, key_path: str) -> DatasetConfig | None:
+    """A split: its mapping, or a bare path short for ``{root: PATH}`` (``train: data/train``, as
+    torchvision's ImageFolder and Ultralytics take a folder of class folders)."""
+    if isinstance(value, (str, Path)):
+        value = {"root": str(value)}
+    return None if value is None else from_mapping(DatasetConfig, value, key_path)
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """The image dataset splits, class names, and the largest image the loaders accept."""
 
-    train: DatasetConfig | None = option(None, doc="training split")
-    val: DatasetConfig | None = option(None, doc="evaluation split")
+    train: DatasetConfig | None = option(
+        None, convert=_split, doc="training split: {root: FOLDER} or {list_file: FILE}; a bare FOLDER is its root"
+    )
+    val: DatasetConfig | None = option(
+        None, convert=_split, doc="evaluation split: {root: FOLDER} or {list_file: FILE}; a bare FOLDER is its root"
+    )
     classes: tuple[str, ...] | None = option(
         None, doc="class names in label order; default: sorted class folders or classes.txt"
     )

@@ -259,4 +259,8 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
             continue
         default = fld.default if fld.default is not dataclasses.MISSING else "(required)"
         rows.append((key, _describe_type(tp), repr(to_mapping(default)), fld.metadata.get("doc", "")))
+        # An optional section (data.train: null until given) lists its own keys under it.
+        for arg in get_args(tp) if get_origin(tp) in (Union, types.UnionType) else ():
+            if isinstance(arg, type) and dataclasses.is_dataclass(arg):
+                rows.extend(describe(arg, key + "."))
     return rows
