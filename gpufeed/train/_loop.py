@@ -32,7 +32,6 @@ import torch
 
 from gpufeed.config import Config
 from gpufeed.core import progress_bar
-from gpufeed.models import list_checkpoints
 from gpufeed.train._distributed import broadcast_buffers
 from gpufeed.train._mask_ids import MaskIdError
 from gpufeed.train._nonfinite import LossWatch, refuse_nonfinite_weights
@@ -356,8 +355,7 @@ class Loop:
     def _newest_checkpoint(self) -> Path | None:
         """The newest checkpoint on disk, once the one being written (rank 0) is there or has failed."""
         self.s.finish_checkpoint(quiet=True)
-        found = list_checkpoints(self.s.run_dir)
-        return found[-1] if found else None
+        return self.s.newest_checkpoint()
 
     # -- the whole run --------------------------------------------------------------------------
     def run(self) -> tuple[dict, list[dict]]:

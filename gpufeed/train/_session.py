@@ -271,7 +271,7 @@ class Session:
     def _write_failure(self, err: BaseException, path: Path) -> str:
         # Written through a temporary file that is gone now: the checkpoints on disk are untouched.
         if isinstance(err, OSError):
-            return write_failure_message(err, self.run_dir, self._newest_checkpoint(), f"checkpoint {path}")
+            return write_failure_message(err, self.run_dir, self.newest_checkpoint(), f"checkpoint {path}")
         return str(CheckpointWriteFailed(path, err))
 
     # -- the run --------------------------------------------------------------------------------
@@ -286,7 +286,7 @@ class Session:
         at_boundary = int(self.data.train.state_dict().get("batch", 0)) == 0
         return max(0, self.epoch - 1) if at_boundary else self.epoch
 
-    def _newest_checkpoint(self) -> Path | None:
+    def newest_checkpoint(self) -> Path | None:
         found = list_checkpoints(self.run_dir)
         return found[-1] if found else None
 
@@ -299,7 +299,7 @@ class Session:
                 raise
             self.finish_checkpoint(quiet=True)  # the newest checkpoint named below is on disk
             what = f"to {err.filename}" if err.filename else f"to the run folder {self.run_dir}"
-            raise TrainError(write_failure_message(err, self.run_dir, self._newest_checkpoint(), what)) from err
+            raise TrainError(write_failure_message(err, self.run_dir, self.newest_checkpoint(), what)) from err
 
     def _run(self) -> TrainResult:
         self.last_checkpoint = None
