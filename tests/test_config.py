@@ -68,14 +68,18 @@ def test_bad_values_name_the_key_and_the_allowed_values(data, key, words):
 
 
 def test_a_word_yaml_reads_as_a_boolean_is_the_allowed_word_it_was_written_as(tmp_path):
-    """YAML 1.1 reads ``off`` as false: ``train.amp: off``, as the docs write it, is the word ``off``."""
+    """YAML 1.1 reads ``off`` as false: ``train.amp: off``, as the docs write it, is the word ``off``;
+    ``compile: true`` is its first mode that is on."""
     cfg = parse_config(None, ["train.amp=off", "train.compile=off"])
     assert cfg.train.amp == "off" and cfg.train.compile == "off"
     path = tmp_path / "train.yaml"
     path.write_text("train:\n  amp: off\n", encoding="utf-8")
     assert load_config(path).train.amp == "off"
-    with pytest.raises(ConfigError, match=r"'train\.amp': value True is not allowed"):
-        parse_config(None, ["train.amp=on"])  # no allowed word reads as true
+    # No allowed word reads as true: true turns on the first mode that is not off (refused before).
+    cfg = parse_config(None, ["train.amp=on", "train.compile=true"])
+    assert cfg.train.amp == "auto" and cfg.train.compile == "default"
+    path.write_text("train:\n  amp: yes\n  compile: True\n", encoding="utf-8")
+    assert (load_config(path).train.amp, load_config(path).train.compile) == ("auto", "default")
     with pytest.raises(ConfigError, match=r"'loader\.worker_start_method': value False is not allowed"):
         parse_config({"loader": {"worker_start_method": False}})
 

@@ -125,6 +125,9 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, bool) and all(isinstance(a, str) for a in allowed):
             # `amp: off` arrives as False: the allowed word it was written as, where only one fits.
             words = [a for a in allowed if a.lower() in _YAML_BOOL_WORDS[value]]
+            if value and not words and "off" in allowed:
+                # `compile: true`, as HF's Trainer and Lightning take their switches: the first mode that is on.
+                words = [a for a in allowed if a != "off"][:1]
             value = words[0] if len(words) == 1 else value
         if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
             raise ConfigError(key, f"value {quoted(value)} is not allowed; allowed: {', '.join(map(str, allowed))}")
