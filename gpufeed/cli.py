@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     except _user_errors() as err:
         # A run stopped on request (SIGTERM: checkpointed) is no error: 128 + the signal, as a shell says it.
         status = getattr(err, "exit_status", 2)
-        print(f"gpufeed {args.command}: {'error: ' if status == 2 else ''}{err}", file=sys.stderr)
+        if not getattr(err, "quiet", False):  # a stopped run's other ranks leave the line to rank 0
+            print(f"gpufeed {args.command}: {'error: ' if status == 2 else ''}{err}", file=sys.stderr)
         return status
     except KeyboardInterrupt:
         print(f"gpufeed {args.command}: interrupted", file=sys.stderr)

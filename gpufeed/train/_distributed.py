@@ -38,6 +38,7 @@ __all__ = [
     "DistInfo",
     "agree_on_device",
     "all_gather_objects",
+    "all_reduce_max_int",
     "all_reduce_sum",
     "broadcast_buffers",
     "broadcast_object",
@@ -261,9 +262,28 @@ def init_distributed(
     return store
 
 
+# A gloo group beside an NCCL one, made by the first host-side agreement (every rank reaches it at
+# the same step, as a new group needs): it reduces a CPU integer with no GPU copy and no device sync.
+_CONTROL_GROUP: Any = None
+
+
 def shutdown_distributed() -> None:
+    global _CONTROL_GROUP
     if dist.is_initialized():
         dist.destroy_process_group()
+    _CONTROL_GROUP = None
+
+
+def all_reduce_max_int(value: int) -> int:
+    """The largest of every rank's ``value`` (``value`` itself without a group), reduced on the host."""
+    global _CONTROL_GROUP
+    if not dist.is_initialized():
+        return value
+    if dist.get_backend() == "nccl" and _CONTROL_GROUP is None:
+        _CONTROL_GROUP = dist.new_group(backend="gloo")
+    tensor = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_CONTROL_GROUP)
+    return int(tensor.item())
 
 
 def broadcast_object(value: Any, src: int = 0) -> Any:

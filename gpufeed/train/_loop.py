@@ -32,7 +32,7 @@ import torch
 
 from gpufeed.config import Config
 from gpufeed.core import progress_bar
-from gpufeed.train._distributed import broadcast_buffers
+from gpufeed.train._distributed import broadcast_buffers, broadcast_object
 from gpufeed.train._mask_ids import MaskIdError
 from gpufeed.train._nonfinite import LossWatch, refuse_nonfinite_weights
 from gpufeed.train._profiling import ProfileWindow, StageRanges
@@ -153,7 +153,7 @@ class Loop:
         self.profile = ProfileWindow(s.profile_steps, s.run_dir, s.dist.rank, self.on_gpu)
         self.stats = StepStats()
         self.loss_watch = LossWatch(self.cfg.train.lr, scaled=s.scaler.is_enabled())
-        self.stop = StopRequest(enabled=s.dist.world_size == 1)  # see _stop: ranks would have to agree
+        self.stop = StopRequest(s.dist.world_size)  # with several ranks, they agree on the step (see _stop)
         self.evaluations: list[dict] = []
         self._skipped_seen = 0  # counted from the start: files left out before the first step count too
         self._last_saved_step = s.step if s.resumed else -1
@@ -266,11 +266,12 @@ class Loop:
                 show(timeline.push(pending, launched))
                 if self._checkpoint_due(s.step) or self.profile.stops_at(s.step) or s.max_steps_reached():
                     finish_queued()  # a checkpoint, a trace or the last step needs this step finished
-                if self.stop.signum is not None:  # SIGINT or SIGTERM: this step checkpointed, then out
+                if self.stop.agreed():  # SIGINT or SIGTERM (any rank's): this step checkpointed, then out
                     finish_queued()
                     self.checkpoint()
                     s.finish_checkpoint()
-                    raise self.stop.stopped(s.step, epoch, batch_index, total, s.last_checkpoint, s.run_dir)
+                    written = broadcast_object(s.last_checkpoint)  # rank 0 wrote it
+                    raise self.stop.stopped(s.step, epoch, batch_index, total, written, s.run_dir, s.dist.is_main)
         except MaskIdError as err:  # raised when a step is read: the loop knows the loader's files
             raise err.naming(loader.dataset, "training") from None
         finally:
