@@ -42,19 +42,20 @@ def test_after_it():
 
 
 @pytest.fixture
-def suite(pytester):
+def suite(pytester, monkeypatch):
+    """The suite's conftest beside the hanging test; the child's stacks go to ``inflight``, 2 s past a limit."""
     for name in SUPPORT:
         shutil.copy(HERE / name, pytester.path / name)
     pytester.makepyfile(test_hang=HANG)
+    monkeypatch.setenv("GPUFEED_TEST_INFLIGHT_DIR", str(pytester.path / "inflight"))
+    monkeypatch.setenv("GPUFEED_TEST_WATCHDOG_GRACE_S", "2")
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # the child is one process: its worker is "main"
     return pytester
 
 
 @pytest.mark.timeout(120)
-def test_a_test_its_signal_cannot_stop_ends_its_worker_with_stacks_and_its_name(suite, monkeypatch):
+def test_a_test_its_signal_cannot_stop_ends_its_worker_with_stacks_and_its_name(suite):
     inflight = suite.path / "inflight"
-    monkeypatch.setenv("GPUFEED_TEST_INFLIGHT_DIR", str(inflight))
-    monkeypatch.setenv("GPUFEED_TEST_WATCHDOG_GRACE_S", "2")
-    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # the child is one process: its worker is "main"
     started = time.monotonic()
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", timeout=90)
     took = time.monotonic() - started
@@ -76,11 +77,8 @@ def test_a_test_its_signal_cannot_stop_ends_its_worker_with_stacks_and_its_name(
 
 
 @pytest.mark.timeout(120)
-def test_a_test_that_ends_in_time_leaves_no_stacks(suite, monkeypatch):
+def test_a_test_that_ends_in_time_leaves_no_stacks(suite):
     inflight = suite.path / "inflight"
-    monkeypatch.setenv("GPUFEED_TEST_INFLIGHT_DIR", str(inflight))
-    monkeypatch.setenv("GPUFEED_TEST_WATCHDOG_GRACE_S", "2")
-    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # the child is one process: its worker is "main"
     suite.makepyfile(test_hang="import time\n\ndef test_quick():\n    time.sleep(4)\n")
     suite.makeini("[pytest]\ntimeout = 3\n")
     result = suite.runpytest_subprocess("-p", "no:cacheprovider", timeout=90)
