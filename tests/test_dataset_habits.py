@@ -222,6 +222,10 @@ def test_gpufeed_train_stops_on_a_class_folder_of_webp_files(webp_class, tmp_pat
     err = capsys.readouterr().err
     (line,) = [x for x in err.splitlines() if x.startswith("gpufeed train: error:")]
     assert f"class folder {webp_class / 'dog'} holds no .jpg/.jpeg/.png image" in line
+    assert not (tmp_path / "run").exists(), "the folder the failed start made is gone again"
+    (tmp_path / "mine").mkdir()
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "mine")]) == 2
+    assert (tmp_path / "mine").is_dir(), "a folder that was there before stays"
 
 
 def test_a_flat_folder_of_photos_says_where_the_classes_go(tmp_path):

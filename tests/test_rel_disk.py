@@ -11,7 +11,7 @@ import torch
 from gpufeed.models import create_model
 from gpufeed.reliability import run_disk_faults
 from gpufeed.train._optim import build_optimizer
-from gpufeed.train._preflight import estimate_checkpoint_bytes, space_needed
+from gpufeed.train._preflight import estimate_checkpoint_bytes, remove_unstarted_run, space_needed
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
@@ -22,6 +22,26 @@ def test_space_needed_follows_writes_and_pruning():
     assert space_needed(c, [c, c, c], keep=3) == c, "a resume at keep: each write adds one before pruning one"
     assert space_needed(c, [c], keep=1) == c
     assert space_needed(c, [], keep=3, writes=4) == 4 * c, "the peak of keeping 3: the fourth write before pruning"
+
+
+def test_an_unstarted_run_folder_is_removed_only_when_it_holds_nothing_else(tmp_path):
+    """A failed start left ``runs/<model>-<date>`` behind, one per attempt: empty checkpoints/, a dead address."""
+
+    def scaffolding(name: str):
+        run = tmp_path / name
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "metrics-rank0.addr").write_text("127.0.0.1:9400\n")
+        (run / "steps.jsonl").write_text("")
+        (run / "config.yaml").write_text("seed: 0\n")
+        return run
+
+    assert remove_unstarted_run(scaffolding("bare")) and not (tmp_path / "bare").exists()
+    (scaffolding("checkpointed") / "checkpoints" / "ckpt-000000001.pt").write_bytes(b"x")
+    (scaffolding("stepped") / "steps.jsonl").write_text('{"step": 1}\n')
+    (scaffolding("notes") / "notes.txt").write_text("mine")
+    for kept in ("checkpointed", "stepped", "notes"):
+        assert not remove_unstarted_run(tmp_path / kept) and (tmp_path / kept).is_dir(), kept
+    assert not remove_unstarted_run(tmp_path / "never-made")
 
 
 @pytest.mark.skipif(

@@ -23,6 +23,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -38,6 +39,7 @@ __all__ = [
     "ensure_writable",
     "estimate_checkpoint_bytes",
     "free_bytes",
+    "remove_unstarted_run",
     "space_needed",
     "space_problem",
     "write_failure_message",
@@ -126,6 +128,34 @@ class _CountingSink:
 
     def flush(self) -> None:
         pass
+
+
+# What a run writes into its folder before its first step; a folder holding only these (and empty
+# logs) is one this run made and never started in.
+_SCAFFOLDING = re.compile(r"(checkpoints|config\.yaml|metrics-rank\d+\.addr|(steps|eval)(-rank\d+)?\.jsonl)")
+
+
+def remove_unstarted_run(run_dir: Path) -> bool:
+    """Remove a run folder that a failed start made and left holding only its scaffolding.
+
+    A start that fails (a dataset error, a bad key found late) left ``runs/<model>-<date>`` behind
+    with an empty ``checkpoints/`` and a dead metrics address, one per attempt. Anything else in
+    it (a checkpoint, a step record, a file of the user's) keeps the folder.
+
+    Returns:
+        Whether it was removed.
+    """
+    run_dir = Path(run_dir)
+    try:
+        entries = list(run_dir.iterdir())
+        if not all(_SCAFFOLDING.fullmatch(p.name) for p in entries):
+            return False
+        if any(any(p.iterdir()) if p.is_dir() else p.suffix == ".jsonl" and p.stat().st_size for p in entries):
+            return False  # a checkpoint, or a step already logged
+        shutil.rmtree(run_dir)
+    except OSError:  # gone already, or not ours to remove: the error that stopped the start says more
+        return False
+    return True
 
 
 def estimate_checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:

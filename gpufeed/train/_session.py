@@ -17,13 +17,7 @@ import torch
 from gpufeed.config import Config, ConfigError, save_config
 from gpufeed.core import configure_storage, finite, write_json
 from gpufeed.device import resolve_device
-from gpufeed.models import (
-    CHECKPOINT_DIR,
-    checkpoint_path,
-    create_model,
-    default_spec,
-    list_checkpoints,
-)
+from gpufeed.models import CHECKPOINT_DIR, checkpoint_path, create_model, default_spec, list_checkpoints
 from gpufeed.train._agreement import agree_on_data
 from gpufeed.train._augment import plan_augmentation
 from gpufeed.train._checkpoint import (
@@ -53,6 +47,7 @@ from gpufeed.train._preflight import (
     disk_full,
     ensure_writable,
     estimate_checkpoint_bytes,
+    remove_unstarted_run,
     space_problem,
     write_failure_message,
 )
@@ -60,12 +55,7 @@ from gpufeed.train._run_state import checkpoint_payload, restore_run
 from gpufeed.train._skipped import merge_skipped, report_skipped, skipped_files, skipped_line
 from gpufeed.train._summary import format_job, format_summary, job_loader_wait_of_run
 from gpufeed.train._tasks import to_channels_last
-from gpufeed.train._telemetry import (
-    StepLog,
-    TrainMetrics,
-    cut_logs_of_missing_ranks,
-    step_log_path,
-)
+from gpufeed.train._telemetry import StepLog, TrainMetrics, cut_logs_of_missing_ranks, step_log_path
 
 __all__ = ["Session", "train"]
 
@@ -111,6 +101,7 @@ class Session:
         if run_dir is None:
             run_dir = Path("runs") / f"{self.cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(broadcast_object(str(Path(run_dir).resolve())))
+        self._made_run_dir = self.dist.is_main and not run_dir.exists()  # removed again if the start fails
         # Before anything is written there (metrics address, config): fail in seconds, not at the first checkpoint.
         ensure_writable(run_dir)
         ensure_writable(run_dir / CHECKPOINT_DIR)
@@ -121,6 +112,8 @@ class Session:
             self._setup()
         except BaseException:
             self.close(linger=False)
+            if self._made_run_dir:
+                remove_unstarted_run(self.run_dir)
             raise
         return self
 
