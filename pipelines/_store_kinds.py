@@ -171,6 +171,14 @@ class FolderStore(FrameStore):
             return StoreFacts(self.kind, problem=f"frames mix extensions {sorted(extensions)}; use one")
         count = len(numbered)
         missing = sorted(set(range(count)) - set(numbered))
+        if min(numbered) == 1 and max(numbered) == count:  # ffmpeg's %06d.jpg numbers from 1
+            return StoreFacts(
+                self.kind,
+                num_frames=count,
+                problem=f"frames are numbered 1..{count}, as ffmpeg numbers them by default, but frame 0 is file "
+                "number 0: extract with ffmpeg -i VIDEO -start_number 0 FOLDER/%06d.jpg (or rename each file to "
+                "its number minus 1)",
+            )
         if missing or max(numbered) != count - 1:
             first = missing[0] if missing else count
             return StoreFacts(

@@ -102,6 +102,20 @@ def test_frame_stores_decode_to_the_frames_vidio_wrote(stores):
                 assert np.array_equal(got, reader.read(index)), f"{form} frame {index}"
 
 
+def test_frames_numbered_from_one_as_ffmpeg_writes_them_say_how_to_number_them(stores, tmp_path):
+    """``ffmpeg -i v.mp4 f/%06d.jpg`` numbers from 1: "missing frame number 0" did not say why or what to do."""
+    folder = tmp_path / "mouse"
+    folder.mkdir()
+    frames = sorted((stores / "folder" / "mouse_2").glob("*.png"))
+    for number, frame in enumerate(frames, start=1):
+        shutil.copy(frame, folder / f"{number:06d}.png")
+    (finding,) = check_path(folder, progress=False).findings
+    assert finding.reason == (
+        f"frames are numbered 1..{len(frames)}, as ffmpeg numbers them by default, but frame 0 is file number 0: "
+        "extract with ffmpeg -i VIDEO -start_number 0 FOLDER/%06d.jpg (or rename each file to its number minus 1)"
+    )
+
+
 @pytest.mark.process  # frame-store files are read in DALI's worker processes
 def test_resume_mid_epoch_continues_exactly(stores):
     dataset = VideoDataset.from_folder(stores / "hdf5")
