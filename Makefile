@@ -37,7 +37,8 @@ JUNIT_REPORT := .cache/pytest-report.xml
 INFLIGHT_DIR := .cache/pytest-inflight
 # The whole pytest run of make test stops here (a whole run takes about 20 minutes on 2 cores), well
 # inside CI's 90: pytest is interrupted (SIGINT, so it still writes its report) and .ci/failures names
-# the tests that were running, instead of CI ending the job with no name at all.
+# the tests that were running, instead of CI ending the job with no name at all. timeout runs in the
+# foreground: in a process group of its own, a terminal's Ctrl-C would stop make and leave pytest running.
 PYTEST_DEADLINE_S ?= 3600
 
 .PHONY: setup deps install demo docs test test-unit typecheck lint format bench check-cuda-stack peers clean
@@ -109,7 +110,7 @@ test: setup docs
 	.ci/typecheck
 	@rm -rf $(JUNIT_REPORT) $(INFLIGHT_DIR)
 	GPUFEED_DOCS_SITE=$(SITE_DIR) GPUFEED_TEST_INFLIGHT_DIR=$(INFLIGHT_DIR) \
-		timeout --signal=INT --kill-after=120 $(PYTEST_DEADLINE_S) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) \
+		timeout --foreground --signal=INT --kill-after=120 $(PYTEST_DEADLINE_S) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) \
 		--dist loadfile --junitxml=$(JUNIT_REPORT) $(PYTEST_ARGS) \
 		|| { status=$$?; [ $$status -lt 124 ] || echo "make test: pytest ran past its $(PYTEST_DEADLINE_S) s deadline (PYTEST_DEADLINE_S) and was stopped"; \
 		$(BIN)/python .ci/failures $(JUNIT_REPORT) $(INFLIGHT_DIR); exit $$status; }

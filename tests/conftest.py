@@ -167,9 +167,21 @@ def pytest_runtest_call(item: pytest.Item):
         return (yield)
 
 
+# Set in the xdist controller, which also gets its workers' logstart/logfinish: the workers keep
+# their own files, and the controller's mirror of both would name whichever started last.
+_XDIST_CONTROLLER = False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _XDIST_CONTROLLER
+    _XDIST_CONTROLLER = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
 def _inflight_file() -> Path | None:
     folder = os.environ.get("GPUFEED_TEST_INFLIGHT_DIR")
-    return Path(folder) / os.environ.get("PYTEST_XDIST_WORKER", "main") if folder else None
+    if not folder or _XDIST_CONTROLLER:
+        return None
+    return Path(folder) / os.environ.get("PYTEST_XDIST_WORKER", "main")
 
 
 @pytest.hookimpl(wrapper=True)
