@@ -31,13 +31,16 @@ GRACE_S = float(os.environ.get("GPUFEED_TEST_WATCHDOG_GRACE_S", "120"))
 _files: dict[str, IO[str]] = {}
 
 
+def inflight_path(suffix: str = "") -> Path | None:
+    """This worker's file ``<worker><suffix>`` in ``GPUFEED_TEST_INFLIGHT_DIR`` (``None`` without it)."""
+    folder = os.environ.get("GPUFEED_TEST_INFLIGHT_DIR")
+    return Path(folder) / (os.environ.get("PYTEST_XDIST_WORKER", "main") + suffix) if folder else None
+
+
 def stacks_path() -> Path:
     """Where this worker's stacks go if its watchdog fires."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    folder = os.environ.get("GPUFEED_TEST_INFLIGHT_DIR")
-    if folder:
-        return Path(folder) / f"{worker}.stacks"
-    return Path(tempfile.gettempdir()) / f"gpufeed-test-stacks-{worker}.txt"
+    return inflight_path(".stacks") or Path(tempfile.gettempdir()) / f"gpufeed-test-stacks-{worker}.txt"
 
 
 def limit_s(item: pytest.Item) -> float:

@@ -39,7 +39,7 @@ import torch
 from _gpu_checks import item_problems
 from _s3server import s3_bucket, s3_server  # noqa: F401  # the S3 tests' server, shared by the session
 from _tiers import TIERS, unit_guard
-from _watchdog import watchdog
+from _watchdog import inflight_path, watchdog
 from _wheel_venv import installed  # noqa: F401  # the wheel tests' venv, built once a session
 from _xdist import SHARED_FIXTURE_USERS, make_scheduler, shared_fixture_users
 
@@ -178,10 +178,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _inflight_file() -> Path | None:
-    folder = os.environ.get("GPUFEED_TEST_INFLIGHT_DIR")
-    if not folder or _XDIST_CONTROLLER:
-        return None
-    return Path(folder) / os.environ.get("PYTEST_XDIST_WORKER", "main")
+    return None if _XDIST_CONTROLLER else inflight_path()
 
 
 @pytest.hookimpl(wrapper=True)
