@@ -4,8 +4,8 @@
   class with no sample, silently: ``gpufeed check`` now reports it as a problem, a training
   loader refuses it naming the folder, and an evaluation loader warns. A class that
   ``classes`` names and a validation split lacks is allowed there.
-* Files ignored for their extension are one warning line per loader (count, extensions, a few
-  examples); hidden files stay silent.
+* Files ignored for their extension are one warning line (count, extensions, a few examples),
+  once for loaders sharing a root; hidden files stay silent.
 * A UTF-8 byte-order mark at the start of a list file, ``classes.txt``, a paired list file or a
   quarantine list is not part of the first line (local disk and a bucket).
 
@@ -141,6 +141,7 @@ def test_files_ignored_for_their_extension_are_one_warning_line(tmp_path, caplog
     (tmp_path / "dog" / "._0.jpg").write_bytes(b"\0\5\26\7")
     caplog.set_level(logging.WARNING, logger="gpufeed")
     _loader(ImageDataset.from_folder(tmp_path), train=True)
+    _loader(ImageDataset.from_folder(tmp_path), train=False)  # a val split in the same root: said once
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith(
         f"train loader: 3 file(s) in class folders under {tmp_path} are not .jpg/.jpeg/.png images and are "
@@ -211,7 +212,7 @@ def test_a_byte_order_mark_in_a_bucket_list_file_and_classes_txt(tmp_path, s3_bu
 
 
 @pytest.mark.process
-def test_gpufeed_train_stops_on_a_class_folder_of_webp_files(webp_class, tmp_path, capsys):
+def test_gpufeed_train_stops_on_a_class_folder_of_webp_files(webp_class, tmp_path, capsys, monkeypatch):
     config = tmp_path / "train.yaml"
     config.write_text(
         f"data: {{train: {{root: {webp_class}}}, val: {{root: {webp_class}}}}}\n"
@@ -226,6 +227,10 @@ def test_gpufeed_train_stops_on_a_class_folder_of_webp_files(webp_class, tmp_pat
     (tmp_path / "mine").mkdir()
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "mine")]) == 2
     assert (tmp_path / "mine").is_dir(), "a folder that was there before stays"
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")  # no --out: runs/<model>-<date>, and runs/ made for it
+    assert main(["train", "--config", str(config)]) == 2
+    assert not any((tmp_path / "work").iterdir()), "runs/, made by the failed start, is gone too"
 
 
 def test_a_flat_folder_of_photos_says_where_the_classes_go(tmp_path):

@@ -11,7 +11,7 @@ import torch
 from gpufeed.models import create_model
 from gpufeed.reliability import run_disk_faults
 from gpufeed.train._optim import build_optimizer
-from gpufeed.train._preflight import estimate_checkpoint_bytes, remove_unstarted_run, space_needed
+from gpufeed.train._preflight import estimate_checkpoint_bytes, first_missing, remove_unstarted_run, space_needed
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
@@ -42,6 +42,24 @@ def test_an_unstarted_run_folder_is_removed_only_when_it_holds_nothing_else(tmp_
     for kept in ("checkpointed", "stepped", "notes"):
         assert not remove_unstarted_run(tmp_path / kept) and (tmp_path / kept).is_dir(), kept
     assert not remove_unstarted_run(tmp_path / "never-made")
+
+
+def test_a_failed_first_start_leaves_no_empty_runs_folder(tmp_path):
+    """The first run in a folder makes ``runs/`` too; a failed start left it behind, empty."""
+    run = tmp_path / "runs" / "smallcnn-1"
+    assert first_missing(run) == tmp_path / "runs" and first_missing(tmp_path) is None
+    run.mkdir(parents=True)
+    assert remove_unstarted_run(run, made_from=tmp_path / "runs") and not (tmp_path / "runs").exists()
+    assert tmp_path.is_dir(), "a folder that was there before stays"
+    # A run started beside it in the meantime keeps runs/ (and itself).
+    run.mkdir(parents=True)
+    (tmp_path / "runs" / "other").mkdir()
+    assert remove_unstarted_run(run, made_from=tmp_path / "runs") and not run.exists()
+    assert (tmp_path / "runs" / "other").is_dir()
+    # Without made_from (runs/ was there before), only the run folder goes.
+    run.mkdir()
+    (tmp_path / "runs" / "other").rmdir()
+    assert remove_unstarted_run(run) and (tmp_path / "runs").is_dir()
 
 
 @pytest.mark.skipif(

@@ -38,6 +38,7 @@ __all__ = [
     "disk_full",
     "ensure_writable",
     "estimate_checkpoint_bytes",
+    "first_missing",
     "free_bytes",
     "remove_unstarted_run",
     "space_needed",
@@ -135,15 +136,31 @@ class _CountingSink:
 _SCAFFOLDING = re.compile(r"(checkpoints|config\.yaml|metrics-rank\d+\.addr|(steps|eval)(-rank\d+)?\.jsonl)")
 
 
-def remove_unstarted_run(run_dir: Path) -> bool:
+def first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` not there yet (``path`` itself or one above it); None if it exists."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def remove_unstarted_run(run_dir: Path, made_from: Path | None = None) -> bool:
     """Remove a run folder that a failed start made and left holding only its scaffolding.
 
     A start that fails (a dataset error, a bad key found late) left ``runs/<model>-<date>`` behind
     with an empty ``checkpoints/`` and a dead metrics address, one per attempt. Anything else in
     it (a checkpoint, a step record, a file of the user's) keeps the folder.
 
+    Args:
+        run_dir: The run folder.
+        made_from: The outermost folder the start made for it (:func:`first_missing`, taken before),
+            such as ``runs/`` on a first run: each folder between it and the run folder goes too
+            when nothing else is in it.
+
     Returns:
-        Whether it was removed.
+        Whether the run folder was removed.
     """
     run_dir = Path(run_dir)
     try:
@@ -155,6 +172,13 @@ def remove_unstarted_run(run_dir: Path) -> bool:
         shutil.rmtree(run_dir)
     except OSError:  # gone already, or not ours to remove: the error that stopped the start says more
         return False
+    for folder in run_dir.parents if made_from is not None else ():
+        if not folder.is_relative_to(made_from):
+            break
+        try:
+            folder.rmdir()  # only when empty: another run may have started beside this one
+        except OSError:
+            break
     return True
 
 

@@ -47,6 +47,7 @@ from gpufeed.train._preflight import (
     disk_full,
     ensure_writable,
     estimate_checkpoint_bytes,
+    first_missing,
     remove_unstarted_run,
     space_problem,
     write_failure_message,
@@ -101,7 +102,8 @@ class Session:
         if run_dir is None:
             run_dir = Path("runs") / f"{self.cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(broadcast_object(str(Path(run_dir).resolve())))
-        self._made_run_dir = self.dist.is_main and not run_dir.exists()  # removed again if the start fails
+        # What the start makes (runs/ too on a first run) is removed again if it fails.
+        self._made_run_dir = first_missing(run_dir) if self.dist.is_main else None
         # Before anything is written there (metrics address, config): fail in seconds, not at the first checkpoint.
         ensure_writable(run_dir)
         ensure_writable(run_dir / CHECKPOINT_DIR)
@@ -112,8 +114,8 @@ class Session:
             self._setup()
         except BaseException:
             self.close(linger=False)
-            if self._made_run_dir:
-                remove_unstarted_run(self.run_dir)
+            if self._made_run_dir is not None:
+                remove_unstarted_run(self.run_dir, self._made_run_dir)
             raise
         return self
 
