@@ -32,6 +32,7 @@ log = logging.getLogger("gpufeed")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 IMAGE_KINDS = ".jpg/.jpeg/.png"
 _EXAMPLES = 3  # paths named in the ignored-files warning; `gpufeed check` lists every one
+_IGNORED_SAID: set[tuple[str, tuple[str, ...]]] = set()  # (source, its ignored files) warned about
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def _ignored_line(ignored: Sequence[str], source: str) -> str:
 def announce_split(dataset, train: bool) -> None:
     """Say what a loader leaves out of ``dataset`` (an :class:`~gpufeed.pipelines.ImageDataset`).
 
-    Logs one warning for the files ignored for their extension. A class with no image is an error
+    Logs one warning for the files ignored for their extension, once a process for a source. A class with no image is an error
     for a training loader (it cannot be learned) and a warning for an evaluation loader when its
     folder exists (a class named in ``classes`` and absent from a validation split is how such a
     split is described, so it passes in silence).
@@ -136,7 +137,10 @@ def announce_split(dataset, train: bool) -> None:
         DatasetError: ``train`` and a class has no image; the message names each such class and its folder.
     """
     role = "train" if train else "eval"
-    if dataset.ignored:
+    said = (dataset.source, tuple(dataset.ignored))
+    if dataset.ignored and said not in _IGNORED_SAID:
+        # Once a process: training's and evaluation's loaders often read one root (a val split in it).
+        _IGNORED_SAID.add(said)
         log.warning("%s loader: %s", role, _ignored_line(dataset.ignored, dataset.source))
     empty = getattr(dataset, "empty_classes", ())
     if train and empty:
