@@ -33,6 +33,7 @@ __all__ = [
     "BATCH_DIM",
     "CARD_FILE",
     "CARD_FORMAT",
+    "MAX_EXPORT_BATCH_SIZE",
     "ONNX_FILE",
     "ModelCard",
     "ModelCardError",
@@ -53,6 +54,11 @@ BATCH_DIM = "batch"
 
 class ModelCardError(ValueError):
     """A model card is missing, unreadable or inconsistent; the message names the file and field."""
+
+
+# Export's parity check renders and runs two batches of the largest size on the host: 2 x 4096
+# ResNet-18 inputs at 224 px hold some 13 GB of activations. A larger load takes more replicas.
+MAX_EXPORT_BATCH_SIZE = 4096
 
 
 def default_batch_sizes(largest: int) -> tuple[int, ...]:

@@ -39,6 +39,7 @@ from torch import nn
 from gpufeed.core import atomic_path
 from gpufeed.models._card import (
     BATCH_DIM,
+    MAX_EXPORT_BATCH_SIZE,
     ONNX_FILE,
     PRECISIONS,
     ModelCard,
@@ -133,10 +134,13 @@ def resolve_batch_sizes(batch_size: int | None, batch_sizes) -> tuple[int, ...]:
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size {batch_size!r} must be an integer >= 1")
     if batch_sizes is None:
-        return default_batch_sizes(8 if batch_size is None else batch_size)
-    sizes = check_batch_sizes(batch_sizes)
-    if batch_size is not None and sizes[-1] != batch_size:
-        raise ValueError(f"batch_sizes {list(sizes)} must end with batch_size {batch_size} (the largest)")
+        sizes = default_batch_sizes(8 if batch_size is None else batch_size)
+    else:
+        sizes = check_batch_sizes(batch_sizes)
+        if batch_size is not None and sizes[-1] != batch_size:
+            raise ValueError(f"batch_sizes {list(sizes)} must end with batch_size {batch_size} (the largest)")
+    if sizes[-1] > MAX_EXPORT_BATCH_SIZE:  # parity renders and runs two batches of it on the host
+        raise ValueError(f"batch size {sizes[-1]} is above {MAX_EXPORT_BATCH_SIZE}, the largest export takes")
     return sizes
 
 

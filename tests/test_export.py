@@ -129,11 +129,14 @@ def test_batch_sizes_are_checked_in_the_api_and_in_cards(tmp_path):
         ([4, 2], r"batch_sizes \[4, 2\] must be strictly ascending"),
         ([], "at least one batch size"),
         ([0, 2], "0 is not an integer >= 1"),
+        ([1, 4097], "batch size 4097 is above 4096, the largest export takes"),
     ):
         with pytest.raises(ValueError, match=words):
             export_model(tmp_path / "run", tmp_path / "out", batch_sizes=bad)
     with pytest.raises(ValueError, match=r"batch_sizes \[1, 2\] must end with batch_size 4"):
         export_model(tmp_path / "run", tmp_path / "out", batch_size=4, batch_sizes=[1, 2])
+    with pytest.raises(ValueError, match="batch size 100000 is above 4096"):  # it rendered 200,000 images
+        export_model(tmp_path / "run", tmp_path / "out", batch_size=100_000)
     assert not (tmp_path / "out" / "model.onnx").exists()
 
     spec = read_model_card(exported_repo() / IMAGE_MODEL).spec

@@ -22,7 +22,8 @@ def export(args: argparse.Namespace) -> int:
     try:
         sizes = resolve_batch_sizes(args.batch_size, args.batch_sizes)
     except ValueError as err:
-        print(f"gpufeed export: error: --batch-sizes: {err}", file=sys.stderr)
+        flag = "--batch-sizes" if args.batch_sizes is not None else "--batch-size"
+        print(f"gpufeed export: error: {flag}: {err}", file=sys.stderr)
         return 2
     card = export_model(
         args.source,
