@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufeed.core import OUTAGE_PATTERN
 from gpufeed.pipelines._errors import BAD_FILE_HINT, BadSampleError, DatasetError, PipelineError, dali_reason
 from gpufeed.pipelines._next_phases import NEXT_PHASES
 from gpufeed.pipelines._pipeline_session import Session
@@ -374,6 +375,8 @@ class EpochLoader:
         ahead = (self.cfg.prefetch_queue_depth + self._lookahead_batches + 1) * self.parallel_pipelines - 1
         suspects = self._suspects([stream[first + i] for i in range(ahead + 1)])
         message = str(err)
+        if re.search(OUTAGE_PATTERN, message):  # the store or the machine failed, not the files it names
+            raise PipelineError(message, where=f" at epoch {self.epoch}, batch {self._start_batch}") from err
         problems = {
             sample_id: error_reason(message, path)
             for sample_id, path, _ in suspects

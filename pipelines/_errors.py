@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from gpufeed.core import OUTAGE_PATTERN
+
 __all__ = ["BAD_FILE_HINT", "BadSampleError", "DatasetError", "PipelineError", "dali_reason", "likely_cause"]
 
 # What to do about bad files, appended to the errors that name them.
@@ -29,6 +31,12 @@ _NOISE = re.compile(
 
 # (pattern in DALI's message, what most likely happened and what to do), first match wins.
 _CAUSES = (
+    (
+        OUTAGE_PATTERN,
+        "a read failed for the machine or the object store, not for a file (out of file handles or "
+        "memory, the store unreachable or failing): no file was marked bad; resume from the last "
+        "checkpoint once it is back.",
+    ),
     (
         r"cropping window .* is not valid for image dimensions",
         "the crop window was computed for a different image size than the decoder produced: the "

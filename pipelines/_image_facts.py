@@ -33,13 +33,14 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpufeed.core import ObjectPath, is_object_url, open_binary
+from gpufeed.core import ObjectPath, is_object_url, is_outage, open_binary
 from gpufeed.pipelines._image_walk import DAMAGED, UNSUPPORTED, JpegWalk, walk_png
 from gpufeed.pipelines._png_tail import png_resume_point, walk_png_tail
 
 __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
     "ImageFacts",
+    "image_format",
     "read_image_facts",
 ]
 
@@ -188,6 +189,8 @@ def read_image_facts(
             with open_binary(str(source)) as fh:
                 return _object_facts(fh, header_only)
         except OSError as err:
+            if is_outage(err):  # the store or the machine, not the file: never recorded as a bad file
+                raise
             return ImageFacts(problem=f"unreadable: {err.strerror or err}", problem_kind=UNREADABLE)
     path = Path(source)
     try:
@@ -198,6 +201,8 @@ def read_image_facts(
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
                 return _facts(data, header_only)
     except OSError as err:
+        if is_outage(err):
+            raise
         return ImageFacts(problem=f"unreadable: {err.strerror or err}", problem_kind=UNREADABLE)
 
 
@@ -265,6 +270,15 @@ def _fill(fh, data: bytearray, upto: int) -> bytearray:
                 break
             pos += got
     return grown if pos == upto else grown[:pos]
+
+
+def image_format(head: bytes) -> str | None:
+    """The image format a file's first bytes name by their magic number (``"JPEG"``, ``"PNG"``, ``"WebP"`` ...), or None."""
+    if head.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if head.startswith(_PNG_SIGNATURE):
+        return "PNG"
+    return next((name for offset, magic, name in _OTHER_FORMATS if head[offset : offset + len(magic)] == magic), None)
 
 
 def _ran_off(facts: ImageFacts) -> bool:

@@ -24,7 +24,7 @@ from pathlib import Path
 import simplejpeg
 from PIL import Image
 
-from gpufeed.core import ObjectPath, read_bytes
+from gpufeed.core import ObjectPath, is_outage, read_bytes
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
 
 __all__ = ["decode_problem", "find_bad_files"]
@@ -65,6 +65,8 @@ def decode_problem(
     try:
         data = source if isinstance(source, bytes) else read_bytes(source)
     except OSError as err:
+        if is_outage(err):  # the store or the machine, not the file: never recorded as a bad file
+            raise
         return f"unreadable: {err.strerror or err}"
     try:
         if facts.format == "JPEG":

@@ -32,7 +32,18 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.core import DataPath, ObjectPath, data_path, is_object_url, join, open_binary, prime_listing, quoted, walk
+from gpufeed.core import (
+    DataPath,
+    ObjectPath,
+    data_path,
+    is_object_url,
+    is_outage,
+    join,
+    open_binary,
+    prime_listing,
+    quoted,
+    walk,
+)
 from gpufeed.pipelines._cache import usable_ids
 from gpufeed.pipelines._containment import Roots
 from gpufeed.pipelines._dataset import IMAGE_EXTENSIONS, index_image_facts
@@ -84,6 +95,8 @@ def _map_problem(
     try:
         layout = png_layout(path)
     except OSError as err:
+        if is_outage(err):  # the store or the machine, not the map: never recorded as a bad file
+            raise
         return f"{kind} map {path} (of {rgb}): unreadable: {err.strerror or err}", 0
     if layout is None:
         return f"{kind} map {path} (of {rgb}) is a {facts.format or 'non-image'} file; maps must be PNG", 0

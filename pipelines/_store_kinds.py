@@ -46,6 +46,7 @@ from gpufeed.core import (
     data_path,
     file_size,
     is_object_url,
+    is_outage,
     join,
     listdir,
     media_source,
@@ -205,6 +206,8 @@ class FolderStore(FrameStore):
                 if file_size(path / name) == 0:
                     return StoreFacts(self.kind, num_frames=count, problem=f"zero-byte frame {name} (frame {number})")
             except OSError as err:
+                if is_outage(err):  # the store or the machine, not the frame: never recorded as a bad file
+                    raise
                 why = f"frame {name} is unreadable: {err.strerror or err}"
                 return StoreFacts(self.kind, num_frames=count, problem=why)
         return _facts_of_first(self.kind, path / first_name, count, pattern, f"frame 0 ({first_name})")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpufeed.core import ObjectPath, data_path, media_source
+from gpufeed.core import ObjectPath, data_path, is_outage, media_source
 from gpufeed.pipelines._frame_stores import probe_store
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._mp4 import mp4_box_problem
@@ -183,6 +183,8 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
     try:
         size = path.stat().st_size
     except OSError as err:
+        if is_outage(err):  # the store or the machine, not the file: never recorded as a bad file
+            raise
         return VideoInfo(str(path), problem=f"unreadable: {err.strerror or err}")
     if size == 0:
         return VideoInfo(str(path), problem="zero-byte file")

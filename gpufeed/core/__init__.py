@@ -14,6 +14,7 @@ from gpufeed.core._extras import MissingExtraError, missing_from_extra, require_
 from gpufeed.core._files import atomic_path, finite, remove_stale_temps, temp_path, write_atomic, write_json
 from gpufeed.core._metric_values import PROTOCOLS, SERVER_SECONDS_BUCKETS, STAGES, TRAIN_SECONDS_BUCKETS
 from gpufeed.core._object_path import ObjectPath, is_object_url
+from gpufeed.core._outage import OUTAGE_PATTERN, is_outage
 from gpufeed.core._prefetch import prefetch
 from gpufeed.core._procs import (
     ParentWatch,
@@ -59,6 +60,7 @@ from gpufeed.core._yaml import YamlError, parse_yaml, read_yaml
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
     "DEFAULT_CACHE_MAX_BYTES",
+    "OUTAGE_PATTERN",
     "PROTOCOLS",
     "SERVER_SECONDS_BUCKETS",
     "STAGES",
@@ -89,6 +91,7 @@ __all__ = [
     "from_mapping",
     "gc_frozen_for_fork",
     "is_object_url",
+    "is_outage",
     "is_remote",
     "join",
     "listdir",
