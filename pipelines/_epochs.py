@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 import time
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed.core import OUTAGE_PATTERN
+from gpufeed.pipelines._cores import cuda_initialised, default_num_threads, loader_num_threads, worker_start_method
 from gpufeed.pipelines._errors import BAD_FILE_HINT, BadSampleError, DatasetError, PipelineError, dali_reason
 from gpufeed.pipelines._next_phases import NEXT_PHASES
 from gpufeed.pipelines._pipeline_session import Session
@@ -48,67 +48,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("gpufeed")
-
-
-def default_num_threads() -> int:
-    """One DALI thread per core this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def loader_num_threads(train: bool, cores: int | None = None, local_world_size: int | None = None) -> int:
-    """DALI threads for one loader when ``loader.num_threads`` is 0: this rank's cores, split train/val.
-
-    Under torchrun every rank on a machine sees every core, so the cores are divided by the local
-    world size (``LOCAL_WORLD_SIZE``), unless a launcher already gave this process fewer cores
-    than the machine has (SLURM's per-task binding). The training loader gets three quarters of
-    the rank's share, evaluation the rest (with fewer than 4 cores each gets them all).
-
-    Args:
-        train: The training loader (True) or evaluation's.
-        cores: Cores this process may use (default: its affinity mask).
-        local_world_size: Processes on this machine (default: ``LOCAL_WORLD_SIZE``, else 1).
-    """
-    if cores is None:
-        cores = default_num_threads()
-        if cores < (os.cpu_count() or cores):
-            local_world_size = 1  # already bound to its own cores by the launcher
-    if local_world_size is None:
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    share = max(1, cores // max(1, local_world_size))
-    if share < 4:  # too few to split; the two pipelines rarely run at once (evaluation pauses training)
-        return share
-    val = share // 4
-    return share - val if train else val
-
-
-def cuda_initialised() -> bool:
-    """Whether CUDA's driver is initialised in this process (then forking is unsafe).
-
-    DALI's own test (the one behind its "Cannot fork a process when the CUDA has been initialized"
-    error), which sees any library's CUDA use, and torch's, for the case DALI cannot see.
-    """
-    import sys
-
-    from nvidia.dali import backend
-
-    if backend.IsDriverInitialized():  # type: ignore[attr-defined]  # made by DALI's C extension, not in its stubs
-        return True
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_initialized())
-
-
-def worker_start_method(requested: str) -> tuple[str, str]:
-    """``fork`` or ``spawn`` for DALI's Python workers, and why (``loader.worker_start_method``)."""
-    if requested in ("fork", "spawn"):
-        return requested, f"loader.worker_start_method: {requested}"
-    if requested != "auto":
-        raise ValueError(f"worker start method {requested!r} is not allowed; allowed: auto, fork, spawn")
-    if cuda_initialised():
-        return "spawn", "CUDA is initialised in this process, so forking is unsafe"
-    return "fork", "CUDA is not initialised in this process"
 
 
 def error_reason(message: str, path: str) -> str:
@@ -152,6 +91,8 @@ class EpochLoader:
         self.epoch = 0
         self._start_batch = 0
         self._history: EpochHistory | None = None  # segments other world sizes read (a resharded resume)
+        self._passes = 0  # iter() calls: an older iterator stops
+        self._left_at: tuple[int, int] | None = None  # (epoch, batch) where the last pass stood, while part-way
         self.skipped: dict[int, str] = {}
         self.read_failures: dict[int, str] = {}
         self.pipeline_builds = 0
@@ -263,6 +204,7 @@ class EpochLoader:
         """Start the next iteration at the beginning of ``epoch`` (of what remains of it, in a resharded resume)."""
         history = self.history_of(epoch)
         self.epoch, self._start_batch = epoch, history[-1].batch if history else 0
+        self._left_at = None
 
     def state_dict(self) -> dict:
         """Where the loader is: resume with :meth:`load_state_dict` on an identically built loader.
@@ -302,6 +244,7 @@ class EpochLoader:
         """
         state = own_state(self, state)
         self.epoch, self._start_batch = int(state["epoch"]), int(state["batch"])
+        self._left_at = None  # the next pass goes on from here
         segments = tuple(Segment.from_dict(d) for d in state.get("history", []))
         self._history = EpochHistory(self.epoch, segments) if segments else None
         for sample_id in state.get("read_failures", []):
@@ -334,16 +277,31 @@ class EpochLoader:
         return self._session
 
     def __iter__(self):
-        """Yield the rest of the current epoch, then advance to the next epoch."""
-        if self._start_batch and self._start_batch >= self._epoch_plan(self._spec(), self.epoch).num_batches:
-            # Every batch of the epoch was taken but its iterator was left before its end (a trainer
-            # that stops after len(loader) batches, as Lightning's does): this iteration is the next epoch.
-            self.epoch, self._start_batch = self.epoch + 1, 0
+        """One epoch's batches: the rest of the current epoch, or the next one after a pass left part-way.
+
+        As a DataLoader's, each ``for`` is a new pass: one left part-way (a ``break``, an error in
+        the loop) makes the next start the next epoch, except after :meth:`load_state_dict` or
+        :meth:`set_epoch`, which say where to go on. An older iterator stops with an error.
+        """
+        self._passes += 1
+        return self._pass(self._passes)
+
+    def _pass(self, this_pass: int):
+        total = self._epoch_plan(self._spec(), self.epoch).num_batches
+        # Every batch was taken but the iterator was left before its end (a trainer that stops after
+        # len(loader) batches, as Lightning's does), or the last pass was left part-way: the next epoch.
+        if (self._start_batch and self._start_batch >= total) or self._left_at == (self.epoch, self._start_batch):
+            self.set_epoch(self.epoch + 1)
         while True:
             spec = self._spec()
             total = self._epoch_plan(spec, self.epoch).num_batches
             failed, session = None, None
             while self._start_batch < total:
+                if this_pass != self._passes:
+                    raise RuntimeError(
+                        f"{type(self).__name__}: this iterator was left for a newer iter() of the loader, "
+                        "which reads one pass at a time"
+                    )
                 try:
                     started, started_cpu = time.perf_counter(), time.thread_time()
                     if session is None or session.exhausted:
@@ -356,12 +314,15 @@ class EpochLoader:
                 handed = self._batch(out, batch, k)
                 # A session's build counts towards it; the CPU time tells its work from its waits.
                 NEXT_PHASES.finish(time.perf_counter() - started, time.thread_time() - started_cpu)
+                self._left_at = (self.epoch, self._start_batch)  # where this pass stands if it is left here
                 yield handed
             if failed is None:
                 break
+            self._left_at = None  # the loader's own error: the next pass retries from the failing batch
             self._handle_failure(failed, session)
         self.epoch += 1
         self._start_batch = 0
+        self._left_at = None
 
     def _handle_failure(self, err: Exception, session: Session | None) -> None:
         """Name the file(s) behind a pipeline failure and skip them, or raise naming them or the real cause."""

@@ -137,7 +137,8 @@ def test_the_pipeline_is_rebuilt_only_when_the_position_jumps(train_set):
         got.append(batch.sample_ids)
         if i == 2:
             break
-    got += [b.sample_ids for b in loader]  # the same epoch, where it stopped: the same pipeline
+    loader.load_state_dict(loader.state_dict())  # go on where it stopped: the same pipeline
+    got += [b.sample_ids for b in loader]
     assert all(torch.equal(a, b) for a, b in zip(got, straight, strict=True)) and loader.pipeline_builds == 1
     loader.load_state_dict({"epoch": 0, "batch": 1, "seed": 9})  # a jump back: rebuilt
     assert torch.equal(next(iter(loader)).sample_ids, straight[1]) and loader.pipeline_builds == 2
@@ -147,6 +148,35 @@ def test_the_pipeline_is_rebuilt_only_when_the_position_jumps(train_set):
     loader.set_epoch(6)  # the next one: kept
     list(loader)
     assert loader.pipeline_builds == 3 and loader.epoch == 7
+
+
+def test_each_for_is_a_new_pass_as_a_dataloaders_is(train_set):
+    """A ``for`` left part-way (a sanity-check ``break``) left the rest of its epoch to the next ``for``:
+    a validation pass after it scored 21 of 25 images, and a training epoch after it was 4 batches."""
+    evaluation = _images(train_set, CPU, train=False, seed=3)
+    whole = [b.sample_ids for b in evaluation]
+    for _ in evaluation:
+        break
+    again = [b.sample_ids for b in evaluation]
+    assert len(again) == len(whole) and all(torch.equal(a, b) for a, b in zip(again, whole, strict=True))
+
+    second = [b.sample_ids for b in _epoch_of(_images(train_set, CPU, seed=5), 1)]
+    loader = _images(train_set, CPU, seed=5)
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    assert loader.state_dict()["batch"] == 2, "the state still says where the left pass stood"
+    got = [b.sample_ids for b in loader]  # epoch 1, whole
+    assert loader.epoch == 2 and len(got) == len(second)
+    assert all(torch.equal(a, b) for a, b in zip(got, second, strict=True))
+
+    first = iter(loader)
+    next(first)
+    newer = iter(loader)
+    next(newer)
+    with pytest.raises(RuntimeError, match="ImageLoader: this iterator was left for a newer iter"):
+        next(first)
+    loader.close()
 
 
 def test_a_finished_epoch_reads_as_the_next_ones_start(train_set):
