@@ -137,10 +137,10 @@ def announce_split(dataset, train: bool) -> None:
         DatasetError: ``train`` and a class has no image; the message names each such class and its folder.
     """
     role = "train" if train else "eval"
-    said = (dataset.source, tuple(dataset.ignored))
-    if dataset.ignored and said not in _IGNORED_SAID:
+    key = (dataset.source, tuple(dataset.ignored))
+    if dataset.ignored and key not in _IGNORED_SAID:
         # Once a process: training's and evaluation's loaders often read one root (a val split in it).
-        _IGNORED_SAID.add(said)
+        _IGNORED_SAID.add(key)
         log.warning("%s loader: %s", role, _ignored_line(dataset.ignored, dataset.source))
     empty = getattr(dataset, "empty_classes", ())
     if train and empty:

@@ -172,8 +172,8 @@ def remove_unstarted_run(run_dir: Path, made_from: Path | None = None) -> bool:
         shutil.rmtree(run_dir)
     except OSError:  # gone already, or not ours to remove: the error that stopped the start says more
         return False
-    for folder in run_dir.parents if made_from is not None else ():
-        if not folder.is_relative_to(made_from):
+    for folder in run_dir.parents:
+        if made_from is None or not folder.is_relative_to(made_from):
             break
         try:
             folder.rmdir()  # only when empty: another run may have started beside this one
