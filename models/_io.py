@@ -107,8 +107,8 @@ def load_model(source: str | Path | dict, map_location: str | torch.device = "cp
     """Rebuild a model (architecture from its spec, then weights) from a checkpoint or run folder.
 
     Raises:
-        ValueError: The file is not a gpufeed checkpoint (it names the file and why: unreadable, or
-            the missing keys), or its weights hold NaN or inf (naming the first tensors that do).
+        ValueError: The file is not a gpufeed checkpoint (it names the file and why: unreadable, a
+            bare ``state_dict``, or the missing keys), or its weights hold NaN or inf (naming the first tensors that do).
     """
     where: str | Path
     if isinstance(source, dict):
@@ -117,6 +117,12 @@ def load_model(source: str | Path | dict, map_location: str | torch.device = "cp
         where = find_checkpoint(source)
         state = read_checkpoint(where, map_location)
     missing = [key for key in ("model", "model_spec") if key not in state]
+    if missing and state and all(isinstance(value, torch.Tensor) for value in state.values()):
+        raise ValueError(
+            f"{where} is not a gpufeed checkpoint: it is a bare state_dict ({len(state)} tensors, no model_spec to "
+            "rebuild the network from), as torch.save(model.state_dict(), path) writes; save "
+            "torch.save(gpufeed.models.model_state(model), path) instead, which adds the spec"
+        )
     if missing:
         raise ValueError(f"{where} is not a gpufeed checkpoint: missing {', '.join(missing)}")
     model = model_from_spec(ModelSpec.from_dict(state["model_spec"]))

@@ -41,7 +41,10 @@ def default_spec(name: str, **overrides) -> ModelSpec:
     if name not in _REGISTRY:
         raise ValueError(f"model {name!r} is not known; known models: {', '.join(list_models())}")
     fields = {"name": name, "num_classes": 1000, **_REGISTRY[name].defaults}
-    fields.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if given.get("labels") and "num_classes" not in given:  # one output per label, as written
+        given["num_classes"] = len(given["labels"])
+    fields.update(given)
     return ModelSpec(**fields)
 
 
@@ -56,7 +59,8 @@ def create_model(name: str, **spec_overrides) -> GpufeedModel:
     """A fresh model by registry name, e.g. ``create_model("resnet18", num_classes=4)``.
 
     Keyword arguments override :class:`ModelSpec` fields (``num_classes``, ``size_px``,
-    ``clip_length_frames``, ``labels``, ``mean``, ``std`` ...).
+    ``clip_length_frames``, ``labels``, ``mean``, ``std`` ...). ``labels`` without ``num_classes``
+    gives one output per label: ``create_model("smallcnn", labels=loader.dataset.classes)``.
     """
     return model_from_spec(default_spec(name, **spec_overrides))
 

@@ -40,7 +40,7 @@ from gpufeed.pipelines._deepethogram import videos_at
 from gpufeed.pipelines._epochs import EpochLoader
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._frame_stores import decode_store_frames
-from gpufeed.pipelines._loader_args import loader_args
+from gpufeed.pipelines._loader_args import loader_args, refuse_dataloader_arguments
 from gpufeed.pipelines._nvdec import gpu_capability
 from gpufeed.pipelines._nvdec_reader import ReaderBuild
 from gpufeed.pipelines._pipeline_session import Session, pipeline_outputs
@@ -78,6 +78,8 @@ class ClipLoader(EpochLoader):
             rank and world size when it is initialised, else every clip.
         augment: Colour jitter, grayscale and flips applied inside the DALI graph when training, one
             draw per clip slot and epoch, the same on every frame; ``None`` or empty: none.
+        num_workers, drop_last, pin_memory: torch ``DataLoader``'s; refused with gpufeed's
+            equivalent, as by :class:`~gpufeed.pipelines.ImageLoader`.
 
     Attributes:
         clip_source: How the clips are decoded (:class:`~gpufeed.pipelines._clip_source.ClipSource`);
@@ -107,7 +109,11 @@ class ClipLoader(EpochLoader):
         shard_id: int | None = None,
         num_shards: int | None = None,
         augment: LoaderAugment | None = None,
+        num_workers: None = None,
+        drop_last: None = None,
+        pin_memory: None = None,
     ):
+        refuse_dataloader_arguments("ClipLoader", num_workers=num_workers, drop_last=drop_last, pin_memory=pin_memory)
         args = loader_args(
             "ClipLoader",
             dataset,
@@ -186,7 +192,8 @@ class ClipLoader(EpochLoader):
                 f"shard {self.shard_id} of {self.num_shards} gets no batches: {len(self.table)} clip slots in "
                 f"{self.dataset.source} (clip_length_frames {self.geometry.clip_length_frames}, stride_frames "
                 f"{self.geometry.stride_frames}), batch_size {self.batch_size}, last_batch '{self.last_batch}'. "
-                "Use a smaller batch_size or last_batch: partial."
+                "Use a smaller batch_size, or a partial last batch: loader.last_batch: partial in a config, "
+                'LoaderConfig(last_batch="partial") as loader_cfg in Python.'
             )
 
     # -- the public surface -----------------------------------------------------------------

@@ -34,7 +34,7 @@ from gpufeed.core import DataPath, ObjectPath, data_path, is_object_url, join, p
 from gpufeed.pipelines._cache import index_cache_path, read_json_cache, usable_ids, write_json_atomic
 from gpufeed.pipelines._class_folders import IMAGE_EXTENSIONS, EmptyClass, walk_class_folders
 from gpufeed.pipelines._errors import DatasetError
-from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
+from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, image_format, read_image_facts
 from gpufeed.pipelines._list_text import read_list_text
 from gpufeed.pipelines._shards import is_shard_dir, read_manifest
 
@@ -193,6 +193,8 @@ class ImageDataset:
         """Index a list file of ``path label`` lines (grammar in the module docs); it may be ``s3://bucket/key``,
         its relative paths then keys beside it."""
         list_file = data_path(list_file)
+        if list_file.suffix.lower() in IMAGE_EXTENSIONS:  # one photo given where the dataset goes
+            raise DatasetError(_an_image(list_file, "list file", list_file.suffix.lower()))
         lines = _read_lines(list_file, "list file")
         base = list_file.parent
         if classes is None and (base / "classes.txt").is_file():
@@ -272,7 +274,20 @@ def _read_lines(path: DataPath, what: str) -> list[str]:
     except OSError as err:
         raise DatasetError(f"cannot read {what} {path}: {err.strerror or err}") from None
     except UnicodeDecodeError as err:
+        kind = image_format(bytes(err.object[:16]))
+        # An image under another name: say so, not which byte is not text. BMP's magic is the letters
+        # "BM", which a list's first path may begin with; it is left to the byte.
+        if kind and kind != "BMP":
+            raise DatasetError(_an_image(path, what, kind)) from None
         raise DatasetError(f"{what} {path} is not UTF-8 text (byte {err.start})") from None
+
+
+def _an_image(path: DataPath, what: str, kind: str) -> str:
+    """The one line for an image file given where a text file (a list file, ``classes.txt``) goes."""
+    return (
+        f"{what} {path} is a {kind} image, not a text file: a dataset is a folder of class folders "
+        "(<root>/<class>/<image>) or a list file of 'path label' lines"
+    )
 
 
 def _parse_label(text: str, classes: tuple[str, ...] | None) -> tuple[int, str | None]:

@@ -43,7 +43,7 @@ from gpufeed.pipelines._augment import LoaderAugment, apply_augment_nodes
 from gpufeed.pipelines._executor import executor_args
 from gpufeed.pipelines._image_pipeline import PathTable, decode_window, feed_windows, read_encoded
 from gpufeed.pipelines._image_verify import find_bad_files
-from gpufeed.pipelines._loader_args import loader_args
+from gpufeed.pipelines._loader_args import loader_args, refuse_dataloader_arguments
 from gpufeed.pipelines._pairs import PairedDataset
 from gpufeed.pipelines._pipeline_session import Session
 from gpufeed.pipelines._sample_loader import CropPolicy, SampleLoader
@@ -274,8 +274,9 @@ class DenseLoader(SampleLoader):
         size: Output (width, height); default ``image_cfg.size_px`` (``image.size_px``).
         depth_interp: ``nearest`` (default: exact values, no blending with no-data pixels) or
             ``linear`` resampling of depth maps.
-        shard_id, num_shards, seed, augment: As for :class:`~gpufeed.pipelines.ImageLoader`;
-            augmentation flips move the maps too, its colour ops touch the RGB only.
+        shard_id, num_shards, seed, augment, num_workers, drop_last, pin_memory: As for
+            :class:`~gpufeed.pipelines.ImageLoader` (the last three are refused, naming gpufeed's
+            equivalent); augmentation flips move the maps too, its colour ops touch the RGB only.
     """
 
     def __init__(
@@ -296,7 +297,11 @@ class DenseLoader(SampleLoader):
         shard_id: int | None = None,
         num_shards: int | None = None,
         augment: LoaderAugment | None = None,
+        num_workers: None = None,
+        drop_last: None = None,
+        pin_memory: None = None,
     ) -> None:
+        refuse_dataloader_arguments("DenseLoader", num_workers=num_workers, drop_last=drop_last, pin_memory=pin_memory)
         args = loader_args(
             "DenseLoader",
             dataset,

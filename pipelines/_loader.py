@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpufeed.config import ImagePipelineConfig, LoaderConfig
-from gpufeed.core import split_member
+from gpufeed.core import DataPath, split_member
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._alternate import RoundRobin, StreamSlice
 from gpufeed.pipelines._augment import LoaderAugment
@@ -32,12 +32,13 @@ from gpufeed.pipelines._class_folders import announce_split
 from gpufeed.pipelines._dataset import ImageDataset
 from gpufeed.pipelines._image_pipeline import ImageFeed, PathTable, build_image_pipeline
 from gpufeed.pipelines._image_verify import find_bad_files
-from gpufeed.pipelines._loader_args import loader_args
+from gpufeed.pipelines._loader_args import loader_args, refuse_dataloader_arguments
 from gpufeed.pipelines._pipeline_session import Session
 from gpufeed.pipelines._quarantine import quarantined_ids
 from gpufeed.pipelines._sample_loader import CropPolicy, SampleLoader
 from gpufeed.pipelines._sampler import PlanStream, StreamBatch
 from gpufeed.pipelines._shards import ShardBytes
+from gpufeed.pipelines._split_folders import warn_split_root
 
 if TYPE_CHECKING:
     import torch
@@ -75,7 +76,8 @@ class ImageLoader(SampleLoader):
 
     Args:
         dataset: The indexed split, or the path of a class-folder tree or a list file, indexed
-            with :meth:`ImageDataset.from_folder` / :meth:`ImageDataset.from_list`.
+            with :meth:`ImageDataset.from_folder` / :meth:`ImageDataset.from_list` (a folder of
+            split folders, ``train/`` and ``val/``, is a warning: they would be its classes).
         batch_size: Samples per batch (per rank): ``loader_cfg.batch_size`` (default 64).
         size_px: Output side, or (width, height): ``image_cfg.size_px`` (default 224).
         train: Random-resized crops and flips (and shuffling) when True (default); centre crops
@@ -83,8 +85,8 @@ class ImageLoader(SampleLoader):
         shuffle: Reshuffle every training epoch: ``loader_cfg.shuffle`` (default True).
         num_threads: DALI CPU threads: ``loader_cfg.num_threads`` (default 0: from the cores).
         seed: Seeds order, crop windows and augmentation.
-        device: ``"auto"`` (default: the GPU when usable), ``"gpu"``, ``"cpu"``, or a
-            :class:`gpufeed.device.DeviceChoice`.
+        device: ``"auto"`` (default: the GPU when usable), ``"gpu"``, ``"cpu"``, torch's ``"cuda"``,
+            ``"cuda:N"`` or a ``torch.device`` of those, or a :class:`gpufeed.device.DeviceChoice`.
         image_cfg: :class:`gpufeed.config.ImagePipelineConfig` for full control.
         loader_cfg: :class:`gpufeed.config.LoaderConfig` for full control. Evaluation always keeps
             every sample, so ``drop`` is read as ``partial`` there.
@@ -92,10 +94,16 @@ class ImageLoader(SampleLoader):
             ``torch.distributed``'s rank and world size when it is initialised, else the whole split.
         augment: Colour jitter, grayscale and flips to apply inside the DALI graph when training
             (:class:`~gpufeed.pipelines._augment.LoaderAugment`); ``None`` or empty: none.
+        classes: The class names in label order, for a path: indexed with them, so a validation
+            split labels each class as training does (``classes=train_loader.dataset.classes``).
+            With an :class:`ImageDataset`, they must equal its ``classes``.
+        num_workers, drop_last, pin_memory: torch ``DataLoader``'s; refused (None only), each with
+            gpufeed's equivalent: ``num_threads``, ``LoaderConfig(last_batch=...)``, none needed.
 
     Raises:
         ValueError: An argument is out of range or not allowed, or a shortcut disagrees with its
-            config field (the message names the argument and what is allowed).
+            config field (the message names the argument and what is allowed), or ``classes``
+            differs from the given dataset's.
         DatasetError: ``train`` and a class of the dataset has no image (an empty class folder,
             or one of other formats only), named with its folder.
     """
@@ -112,18 +120,24 @@ class ImageLoader(SampleLoader):
         shuffle: bool | None = None,
         num_threads: int | None = None,
         seed: int = 0,
-        device: DeviceChoice | str = "auto",
+        device: DeviceChoice | str | torch.device = "auto",
         image_cfg: ImagePipelineConfig | None = None,
         loader_cfg: LoaderConfig | None = None,
         shard_id: int | None = None,
         num_shards: int | None = None,
         augment: LoaderAugment | None = None,
+        classes: tuple[str, ...] | list[str] | None = None,
+        num_workers: None = None,
+        drop_last: None = None,
+        pin_memory: None = None,
     ) -> None:
+        refuse_dataloader_arguments("ImageLoader", num_workers=num_workers, drop_last=drop_last, pin_memory=pin_memory)
+        names = _class_names(classes)
         args = loader_args(
             "ImageLoader",
             dataset,
             dataset_type=ImageDataset,
-            index=lambda path: ImageDataset.from_list(path) if path.is_file() else ImageDataset.from_folder(path),
+            index=lambda path: _index_images(path, names),
             train=train,
             device=device,
             loader_cfg=loader_cfg,
@@ -134,6 +148,12 @@ class ImageLoader(SampleLoader):
             num_shards=num_shards,
         )
         data: ImageDataset = args.dataset
+        if names is not None and data.classes != names:
+            raise ValueError(
+                f"ImageLoader: argument classes={list(names)} differ from the dataset's classes "
+                f"{list(data.classes)} ({data.source}); index it with them (ImageDataset.from_folder(path, "
+                "classes=...)), give the path instead, or leave classes out"
+            )
         announce_split(data, train)  # ignored files in one line; a class with no image to train on is an error
         image_cfg, loader_cfg, device = args.media_cfg, args.loader_cfg, args.device
         shard_id, num_shards = args.shard_id, args.num_shards
@@ -229,3 +249,24 @@ class ImageLoader(SampleLoader):
     def _recheck(self, suspects) -> dict[int, str]:
         by_path = {path: sample_id for sample_id, path, _ in suspects}
         return {by_path[path]: why for path, why in find_bad_files(list(by_path), self.dataset.max_pixels)}
+
+
+def _class_names(classes) -> tuple[str, ...] | None:
+    """``classes`` as a tuple of names, or None; a bare string (one name's letters) or repeats are refused."""
+    if classes is None:
+        return None
+    names = tuple(classes) if isinstance(classes, (list, tuple)) else ()
+    if not names or not all(isinstance(n, str) and n for n in names) or len(set(names)) < len(names):
+        raise ValueError(
+            f"ImageLoader: argument classes={classes!r}: expected a list of distinct class names (non-empty "
+            "strings) in label order, e.g. train_loader.dataset.classes"
+        )
+    return names
+
+
+def _index_images(path: DataPath, classes: tuple[str, ...] | None) -> ImageDataset:
+    """Index the path a loader was given: a list file, else class folders (split folders warned of)."""
+    if path.is_file():
+        return ImageDataset.from_list(path, classes)
+    warn_split_root("ImageLoader", path)
+    return ImageDataset.from_folder(path, classes)

@@ -31,7 +31,7 @@ from gpufeed.config import LoaderConfig
 from gpufeed.core import ConfigError, ObjectPath, data_path, from_mapping
 from gpufeed.device import DeviceChoice, resolve_device
 
-__all__ = ["LoaderArgs", "loader_args"]
+__all__ = ["LoaderArgs", "loader_args", "refuse_dataloader_arguments"]
 
 DEVICE_NAMES = ("auto", "gpu", "cpu")
 _LOADER_FIELDS = ("batch_size", "shuffle", "num_threads")
@@ -131,17 +131,64 @@ def resolve_shard(owner: str, shard_id: int | None, num_shards: int | None) -> t
 
 
 def resolve_loader_device(owner: str, device: Any) -> DeviceChoice:
-    """A :class:`DeviceChoice` from ``"auto"``, ``"gpu"``, ``"cpu"`` or a choice already made."""
+    """A :class:`DeviceChoice` from ``"auto"``, ``"gpu"``, ``"cpu"``, torch's names or a choice already made.
+
+    torch's spellings are read as what they mean, since a torch habit is no reason to fail: ``"cuda"``
+    and ``torch.device("cuda")`` are ``gpu``; ``"cuda:1"`` / ``torch.device("cuda", 1)`` the GPU of
+    index 1; ``torch.device("cpu")`` is ``cpu``.
+    """
     if isinstance(device, DeviceChoice):
         return device
     if device is None:
         device = "auto"
+    index = None
+    named = _torch_device_name(device)
+    if named is not None:
+        device, index = named
     if not isinstance(device, str) or device not in DEVICE_NAMES:
         raise ValueError(
-            f"{owner}: argument device={device!r} is not allowed; allowed: {', '.join(map(repr, DEVICE_NAMES))} "
-            "or a gpufeed.device.DeviceChoice"
+            f"{owner}: argument device={device!r} is not allowed; allowed: {', '.join(map(repr, DEVICE_NAMES))}, "
+            "'cuda', 'cuda:N', a torch.device of those, or a gpufeed.device.DeviceChoice"
         )
-    return resolve_device(device)
+    return resolve_device(device) if index is None else resolve_device(device, local_rank=index)
+
+
+def _torch_device_name(device: Any) -> tuple[str, int | None] | None:
+    """``(gpufeed's name, CUDA index or None)`` of torch's ``"cuda"``/``"cuda:N"``/``torch.device``; else None."""
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if kind != "cuda" or (index and not index.isdigit()):
+            return None
+        return "gpu", int(index) if index else None
+    import torch
+
+    if not isinstance(device, torch.device) or device.type not in ("cuda", "cpu"):
+        return None
+    return ("gpu", device.index) if device.type == "cuda" else ("cpu", None)
+
+
+# torch DataLoader arguments people bring along, and what gpufeed does instead (one line each).
+_DATALOADER_HABITS = {
+    "num_workers": "DALI's threads decode here: give num_threads=N (0, the default: from the cores)",
+    "drop_last": 'give loader_cfg=LoaderConfig(last_batch="drop") (or "partial", "pad"); evaluation keeps every sample',
+    "pin_memory": "not needed: batches arrive on the loader's device (the GPU when there is one); leave it out",
+}
+
+
+def refuse_dataloader_arguments(owner: str, **given: Any) -> None:
+    """Refuse torch ``DataLoader`` arguments a loader has no use for, naming gpufeed's equivalent.
+
+    The loaders take them as keyword-only parameters defaulting to None, so that passing one fails
+    in one line rather than as Python's bare "unexpected keyword argument".
+
+    Raises:
+        ValueError: One of them was given (anything but None).
+    """
+    for name, value in given.items():
+        if value is not None:
+            raise ValueError(
+                f"{owner}: argument {name}={value!r} is torch DataLoader's, not gpufeed's: {_DATALOADER_HABITS[name]}"
+            )
 
 
 def loader_args(
@@ -177,6 +224,9 @@ def loader_args(
         raise ValueError(
             f"{owner}: argument shuffle=True applies to training only; train=False reads every sample in order"
         )
+    size = media_shortcuts.get("size_px")
+    if isinstance(size, str):  # the config's text form ("352x224") is for command-line flags only
+        raise ValueError(f"{owner}: argument size_px={size!r}: expected an integer or (width, height), not text")
     loader = _with_shortcuts(owner, LoaderConfig, loader_cfg, "loader_cfg", loader_shortcuts)
     media_cfg = _with_shortcuts(owner, media[0], media[1], media[2], media_shortcuts) if media else None
     shard = resolve_shard(owner, shard_id, num_shards)

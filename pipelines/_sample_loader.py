@@ -88,7 +88,8 @@ class SampleLoader(EpochLoader):
             raise DatasetError(
                 f"shard {self.shard_id} of {self.num_shards} gets no batches: {usable} usable {what} in "
                 f"{self.dataset.source}, batch_size {self.batch_size}, last_batch '{self.last_batch}'. "
-                "Use a smaller batch_size or last_batch: partial."
+                "Use a smaller batch_size, or a partial last batch: loader.last_batch: partial in a config, "
+                'LoaderConfig(last_batch="partial") as loader_cfg in Python.'
             )
 
     def _decoder_options(self) -> dict:

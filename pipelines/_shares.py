@@ -144,6 +144,12 @@ def own_state(loader, state: dict | Sequence[dict]) -> dict:
         state = resharded_state(loader, state)
     if not isinstance(state, dict):
         raise TypeError(f"a loader state is a dict (or a list of every rank's), got {type(state).__name__}")
+    missing = [key for key in ("epoch", "batch") if key not in state]
+    if missing:
+        raise ValueError(
+            f"a loader state without {' and '.join(missing)} (its keys: {', '.join(sorted(map(str, state))[:8])}): "
+            "give it what loader.state_dict() returned, or every rank's in rank order"
+        )
     if state.get("seed", loader.seed) != loader.seed:
         raise ValueError(f"loader state was saved with seed {state['seed']}, this loader uses seed {loader.seed}")
     shard = state.get("shard", [loader.shard_id, loader.num_shards])

@@ -4,16 +4,22 @@ People point ``gpufeed check`` (or a config) at the folder holding their splits.
 ``train/`` and ``val/`` would be read as two classes of one image dataset (and trained on as such);
 as a video folder it holds no video. :func:`split_folders` recognises the layout, so ``check``
 checks each split as its own dataset and warns (:func:`split_warning`), naming the split folders
-and the keys to point at them.
+and the keys to point at them; an image loader given such a folder as its path warns once a
+process for it (:func:`warn_split_root`), as ``gpufeed train`` does for ``data.train.root``.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from gpufeed.core import DataPath, ObjectPath, data_path
 
-__all__ = ["SPLIT_NAMES", "split_folders", "split_warning"]
+__all__ = ["SPLIT_NAMES", "split_folders", "split_warning", "warn_split_root"]
+
+log = logging.getLogger("gpufeed")
+
+_SPLIT_ROOTS_SAID: set[str] = set()  # roots warned about by warn_split_root, once a process each
 
 # Folder names that mean a split, not a class (compared in lower case).
 SPLIT_NAMES = ("train", "training", "val", "valid", "validation", "test", "testing", "eval", "evaluation")
@@ -55,3 +61,25 @@ def split_warning(path: str | Path | ObjectPath, splits: list[DataPath]) -> str:
         "(data.train.root / data.val.root for images, video.train / video.val for videos), not at this folder: "
         "read as one image dataset, its split folders would be its classes"
     )
+
+
+def warn_split_root(owner: str, path: str | Path | ObjectPath) -> bool:
+    """Warn, once a process for ``path``, when a loader is given a folder of split folders; True if it is one.
+
+    It trains (two classes, "train" and "val"), so it is a warning and not an error, as in
+    ``gpufeed train`` (``gpufeed.train._data.warn_split_folders``); once, since a train and a val
+    loader are often built over the same mistaken folder.
+    """
+    splits = split_folders(path)
+    if splits and str(path) not in _SPLIT_ROOTS_SAID:
+        _SPLIT_ROOTS_SAID.add(str(path))
+        names = ", ".join(f"{p.name}/" for p in splits)
+        log.warning(
+            "%s: %s holds the split folders %s, which train as its classes; give the loader each split folder "
+            "itself (%s)",
+            owner,
+            path,
+            names,
+            ", ".join(str(p) for p in splits),
+        )
+    return bool(splits)

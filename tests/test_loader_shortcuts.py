@@ -74,7 +74,7 @@ BAD_IMAGE_ARGUMENTS = [
     ({"num_threads": -1}, ValueError, "argument num_threads=-1: value -1 is out of range: must be >= 0"),
     ({"shuffle": "yes"}, ValueError, "argument shuffle='yes': expected true or false"),
     ({"size_px": 4}, ValueError, "argument size_px=4"),
-    ({"device": "cuda"}, ValueError, "argument device='cuda' is not allowed; allowed: 'auto', 'gpu', 'cpu'"),
+    ({"device": "mps"}, ValueError, "argument device='mps' is not allowed; allowed: 'auto', 'gpu', 'cpu', 'cuda'"),
     ({"train": "val"}, ValueError, "argument train='val': expected True (training) or False (evaluation)"),
     ({"train": False, "shuffle": True}, ValueError, "argument shuffle=True applies to training only"),
     (
