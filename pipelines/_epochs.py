@@ -225,6 +225,7 @@ class EpochLoader:
             "epoch": epoch,
             "batch": batch,
             "seed": self.seed,
+            "batch_size": self.batch_size,  # another batch size goes on from the samples read, not the batch
             "read_failures": sorted(self.read_failures),
             **position_state(self, epoch, batch),
         }

@@ -9,7 +9,7 @@ it has consumed (``consumed``, counted before exclusions) and the segments earli
 read of the epoch (``history``). Every rank's state together (a checkpoint holds them all) says
 exactly which samples of the epoch's global order have been read.
 
-**Resuming on another world size** (:func:`resharded_state`): the segment the old ranks read is
+**Resuming on another world size** (:func:`resharded_state`), or at another batch size: the segment the old ranks read is
 appended to the epoch's history, and the new ranks split what remains of the global order as
 the sampler documents; files any old rank found bad are left out on every new rank.
 
@@ -92,7 +92,7 @@ def resharded_state(loader, states: Sequence[dict]) -> dict:
             raise ValueError(
                 f"loader state {k} was saved with seed {state['seed']}, this loader uses seed {loader.seed}"
             )
-    if n == loader.num_shards:
+    if n == loader.num_shards and all(_same_batch_size(loader, s) for s in states):
         return states[loader.shard_id]
     epoch, batch = int(states[0]["epoch"]), int(states[0]["batch"])
     if any((int(s["epoch"]), int(s["batch"])) != (epoch, batch) for s in states):
@@ -134,12 +134,23 @@ def resharded_state(loader, states: Sequence[dict]) -> dict:
     }
 
 
+def _same_batch_size(loader, state: dict) -> bool:
+    return int(state.get("batch_size", loader.batch_size)) == loader.batch_size  # older states: assumed the same
+
+
 def own_state(loader, state: dict | Sequence[dict]) -> dict:
     """This loader's state, from its own (checked to be its shard's) or from every rank's.
 
     Raises:
         ValueError: Another seed, another shard's state alone, or rank states that do not stand at one place.
     """
+    if isinstance(state, dict) and not _same_batch_size(loader, state):
+        if loader.num_shards != 1:
+            raise ValueError(
+                f"loader state saved at batch size {state['batch_size']}, this loader reads {loader.batch_size}: "
+                "give every rank's state, in rank order, to go on at another batch size"
+            )
+        state = [state]  # one rank: the samples it read are a segment of the epoch, as on a reshard
     if isinstance(state, (list, tuple)):
         state = resharded_state(loader, state)
     if not isinstance(state, dict):

@@ -179,6 +179,23 @@ def test_each_for_is_a_new_pass_as_a_dataloaders_is(train_set):
     loader.close()
 
 
+def test_a_resume_at_another_batch_size_reads_each_sample_of_the_epoch_once(train_set):
+    """The state's batch index was read at the new size: 8 samples in, a resume at twice the size skipped 8."""
+    whole = sorted(i for ids, _, _ in _epoch(_images(train_set, CPU, seed=6)) for i in ids.tolist())
+    small = _images(train_set, CPU, batch=4, seed=6)
+    batches = iter(small)
+    read = [i for _ in range(3) for i in next(batches).sample_ids.tolist()]
+    larger = _images(train_set, CPU, batch=8, seed=6)
+    larger.load_state_dict(small.state_dict())
+    read += [i for b in larger for i in b.sample_ids.tolist()]
+    assert sorted(read) == whole and larger.epoch == 1
+    assert [len(b) for b in larger] == [len(b) for b in _images(train_set, CPU, seed=6)], "the next epoch as usual"
+    with pytest.raises(ValueError, match="loader state saved at batch size 4, this loader reads 8: give every rank"):
+        ImageLoader(train_set, 8, size_px=40, device=CPU, seed=6, shard_id=0, num_shards=2).load_state_dict(
+            {**small.state_dict(), "shard": [0, 2]}
+        )
+
+
 def test_a_finished_epoch_reads_as_the_next_ones_start(train_set):
     """A checkpoint written after an epoch's last step, before its iterator ends, resumes at the next epoch."""
     loader = _images(train_set, CPU, batch=16, seed=4)
