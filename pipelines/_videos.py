@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +50,8 @@ __all__ = [
 # .ts/.mts/.m2ts: MPEG transport streams (AVCHD camcorders write .mts); read with PyAV (see _nvdec).
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".m4v", ".ts", ".mts", ".m2ts")
 # 4: profile, frame stores; 5: both; 6: display matrix, video streams, edit lists, container; 7: cover pictures;
-# 8: colour matrix and range; 9: interlacing
-_INDEX_VERSION = 9
+# 8: colour matrix and range; 9: interlacing; 10: a file that is no video is named by its first bytes
+_INDEX_VERSION = 10
 
 
 # Raw video elementary streams (a Raspberry Pi camera writes .h264): no container, so no timestamps
@@ -144,6 +144,21 @@ class VideoDataset:
     @property
     def codecs(self) -> set[str]:
         return {self.infos[i].codec for i in self.usable_ids}
+
+    def in_column_order(self, names: tuple[str, ...]) -> VideoDataset:
+        """This dataset with its label columns reordered to ``names`` (the same behaviours, another order).
+
+        A validation folder whose CSVs list training's behaviours in another order is read by name:
+        its targets must line up with the model's outputs, which follow training's columns.
+
+        Raises:
+            ValueError: ``names`` are not exactly this dataset's behaviours.
+        """
+        if sorted(names) != sorted(self.behaviours):
+            raise ValueError(f"label columns {list(names)} are not those of {self.source}: {list(self.behaviours)}")
+        order = [self.behaviours.index(name) for name in names]
+        labels = tuple(None if rows is None else rows[:, order] for rows in self.labels)
+        return replace(self, labels=labels, behaviours=tuple(names))
 
     @classmethod
     def from_folder(

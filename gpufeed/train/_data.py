@@ -151,22 +151,22 @@ def _clip_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
             f"model {quoted(cfg.model.name)} is a clip model and needs a folder of training videos (or video.deepethogram)",
         )
 
-    def loader(folder, train: bool) -> ClipLoader:
+    def videos(folder, train: bool) -> VideoDataset:
         if project is not None:
-            split = "train" if train else "val"
-            dataset = project_dataset(
+            return project_dataset(
                 project,
-                split=split,
+                split="train" if train else "val",
                 val_fraction=cfg.video.val_fraction,
                 seed=cfg.seed,
                 allowed_roots=cfg.data.allowed_roots,
                 max_pixels=cfg.data.max_image_pixels,
             )
-        else:
-            dataset = VideoDataset.from_folder(folder, max_pixels=cfg.data.max_image_pixels)
+        return VideoDataset.from_folder(folder, max_pixels=cfg.data.max_image_pixels)
+
+    def loader(dataset: VideoDataset, train: bool) -> ClipLoader:
         return ClipLoader(dataset, video_cfg=cfg.video, **_loader_args(cfg, device, dist, augment, train))
 
-    train_loader = loader(cfg.video.train, True)
+    train_loader = loader(videos(cfg.video.train, True), True)
     labels = tuple(train_loader.behaviours)
     num_classes = len(labels)
     if cfg.model.num_classes not in (None, num_classes):
@@ -179,7 +179,9 @@ def _clip_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
     return TrainData(
         task=ClipTask(num_classes, labels),
         train=train_loader,
-        val=loader(cfg.video.val, False) if cfg.video.val is not None or _has_val(cfg) else None,
+        val=loader(_val_columns(videos(cfg.video.val, False), labels), False)
+        if cfg.video.val is not None or _has_val(cfg)
+        else None,
         spec_overrides={
             "num_classes": num_classes,
             "labels": labels,
@@ -187,6 +189,32 @@ def _clip_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
             "size_px": cfg.video.size_px,
         },
     )
+
+
+def _val_columns(val: VideoDataset, behaviours: tuple[str, ...]) -> VideoDataset:
+    """The validation videos with their label columns in training's order, matched by name.
+
+    Evaluation compares logit ``k`` with label column ``k``: a column order of its own would score
+    the wrong behaviours silently, and other names would fail only after a whole epoch.
+
+    Raises:
+        ConfigError: The validation CSVs name other behaviours than training's (``video.val``).
+    """
+    if not val.behaviours or val.behaviours == behaviours:
+        return val  # no usable label file: the loader names the videos and why
+    if sorted(val.behaviours) != sorted(behaviours):
+        raise ConfigError(
+            "video.val",
+            f"label columns {list(val.behaviours)} of the videos in {val.source} differ from the training "
+            f"videos' {list(behaviours)}; the validation CSVs must name the same behaviours",
+        )
+    log.info(
+        "video.val: label columns of %s are %s, training's %s: matched by name",
+        val.source,
+        list(val.behaviours),
+        list(behaviours),
+    )
+    return val.in_column_order(behaviours)
 
 
 def _paired_set(cfg: Config, split_cfg, key: str) -> PairedDataset:
