@@ -123,7 +123,8 @@ def _check_image_source(path: DataPath, progress: bool, max_pixels: int) -> Chec
     return check_images(dataset, progress)
 
 
-# Checkers for other kinds of data (videos) register here: (recognise(path) -> bool, check(path, progress)).
+# Checkers for other kinds of data (videos) register here: (recognise(path) -> bool,
+# check(path, progress, clip_span_frames=...)); the clip span matters to videos only.
 CHECKERS: list[tuple] = []
 
 
@@ -133,7 +134,10 @@ def _holds_videos(path: DataPath) -> bool:
 
 
 def check_path(
-    path: str | Path | ObjectPath, progress: bool = True, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    path: str | Path | ObjectPath,
+    progress: bool = True,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    clip_span_frames: int | None = None,
 ) -> CheckReport:
     """Check whatever ``path`` holds.
 
@@ -153,6 +157,8 @@ def check_path(
 
     Args:
         max_pixels: Images whose header declares more pixels are bad (``data.max_image_pixels``).
+        clip_span_frames: Videos with fewer frames are bad: training cannot cut one clip from them
+            (``None``: the span of the default ``video.clip_length_frames`` and ``stride_frames``).
 
     Raises:
         DatasetError: The path does not exist or holds no data.
@@ -167,23 +173,23 @@ def check_path(
         return CheckReport(sources=[str(path)], checked=1, findings=[Finding(str(path), why, "image")] if why else [])
     for recognise, check in CHECKERS:
         if path.is_file() and recognise(path):  # a file a checker reads whole (an HDF5 video), not a list file
-            return check(path, progress)
+            return check(path, progress, clip_span_frames=clip_span_frames)
     if path.is_file():
         return _check_image_source(path, progress, max_pixels)
     parts = [path / name for name in ("images", "videos", "dense") if (path / name).is_dir()]
     if parts:
         report = CheckReport()
         for part in parts:
-            report.merge(check_path(part, progress, max_pixels))
+            report.merge(check_path(part, progress, max_pixels, clip_span_frames))
         return report
     for recognise, check in CHECKERS:
         if recognise(path):
-            return check(path, progress)
+            return check(path, progress, clip_span_frames=clip_span_frames)
     splits = split_folders(path)  # DATA/train/, DATA/val/: each split alone, and a warning
     if splits:
         report = CheckReport(findings=[Finding(str(path), split_warning(path, splits), "warning")])
         for split in splits:
-            report.merge(check_path(split, progress, max_pixels))
+            report.merge(check_path(split, progress, max_pixels, clip_span_frames))
         return report
     if _holds_videos(path):
         return CheckReport(sources=[f"{path} (videos: no video checker is installed)"])

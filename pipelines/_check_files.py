@@ -86,8 +86,9 @@ def label_file(video: str | Path | ObjectPath) -> tuple[DataPath | None, str | N
     return None, f"no label file: expected {plain.name} (or DeepEthogram's {deepethogram.name}) beside it"
 
 
-def check_one_video(path: DataPath, progress: bool = True) -> CheckReport:
-    """Check one video file or frame store as a video folder checks each of its videos."""
+def check_one_video(path: DataPath, progress: bool = True, clip_span_frames: int | None = None) -> CheckReport:
+    """Check one video file or frame store as a video folder checks each of its videos (``clip_span_frames``: as
+    :func:`~gpufeed.pipelines._video_check.check_dataset`)."""
     info = probe_video(path)
     csv, why = label_file(path)
     labels = None
@@ -95,7 +96,7 @@ def check_one_video(path: DataPath, progress: bool = True) -> CheckReport:
     if csv is not None:
         labels, why, names = labels_for(path, info, csv)
     dataset = VideoDataset((str(path),), (info,), (labels,), names, {0: why} if why else {}, str(path))
-    return check_dataset(dataset, f"{'frame store' if info.store else 'video'} {path}", progress)
+    return check_dataset(dataset, f"{'frame store' if info.store else 'video'} {path}", progress, clip_span_frames)
 
 
 def unsupported_image(path: DataPath) -> str | None:
@@ -120,7 +121,8 @@ def _is_unsupported_image(path: DataPath) -> bool:
     return path.is_file() and unsupported_image(path) is not None
 
 
-def _check_unsupported_image(path: DataPath, progress: bool = True) -> CheckReport:
+def _check_unsupported_image(path: DataPath, progress: bool = True, clip_span_frames: int | None = None) -> CheckReport:
+    # clip_span_frames: every checker takes it (check_path passes it on); an image has no clips.
     reason = unsupported_image(path) or "not a JPEG or PNG image"
     return CheckReport(sources=[str(path)], checked=1, findings=[Finding(str(path), reason, "image")])
 

@@ -34,8 +34,10 @@ def holds_pairs(path: Path) -> bool:
     return bool(_splits(path))
 
 
-def check_pairs(path: Path, progress: bool = True, scale_maps: bool = False) -> CheckReport:
-    """Check a paired split root, or every paired split directly under ``path``."""
+def check_pairs(
+    path: Path, progress: bool = True, scale_maps: bool = False, clip_span_frames: int | None = None
+) -> CheckReport:
+    """Check a paired split root, or every paired split directly under ``path`` (``clip_span_frames``: for videos, unused)."""
 
     report = CheckReport()
     for root in _splits(path):

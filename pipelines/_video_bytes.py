@@ -27,33 +27,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpufeed.pipelines._containers import CONTAINERS, KNOWN_HEADERS, SNIFF_BYTES, sniff_container
 from gpufeed.pipelines._errors import DatasetError
 from gpufeed.pipelines._videos import VideoInfo, probe_video
 
 __all__ = ["CONTAINERS", "VideoBytes", "first_line", "read_in_order", "sniff_container"]
-
-# Container -> suffix of its file. Raw streams are left out: no timestamps to count frames by,
-# which every limit here needs (the probe counts an MPEG transport stream's packets).
-CONTAINERS = {"mp4": ".mp4", "avi": ".avi", "matroska": ".mkv", "mpegts": ".ts"}
-# Bytes a container is recognised from: an MPEG-TS packet is 188 bytes, each starting 0x47.
-SNIFF_BYTES = 2 * 188 + 1
-
-
-def sniff_container(head: bytes) -> str | None:
-    """The container of an encoded video from its first bytes (``mp4``, ``avi``, ``matroska``, ``mpegts``), or ``None``.
-
-    ``head``: up to :data:`SNIFF_BYTES` of them (an MPEG transport stream is known by three packets'
-    sync bytes, or as many as the bytes hold).
-    """
-    if len(head) >= 12 and head[4:8] in (b"ftyp", b"moov", b"mdat", b"free", b"wide"):
-        return "mp4"
-    if len(head) >= 12 and head[:4] == b"RIFF" and head[8:12] == b"AVI ":
-        return "avi"
-    if head[:4] == b"\x1a\x45\xdf\xa3":
-        return "matroska"
-    if len(head) > 188 and all(head[k] == 0x47 for k in range(0, len(head), 188)):
-        return "mpegts"
-    return None
 
 
 def first_line(message: str, limit: int = 300) -> str:
@@ -129,10 +107,7 @@ class VideoBytes:
             raise DatasetError(f"{name} is empty (0 bytes)")
         container = sniff_container(bytes(blob[:SNIFF_BYTES]))
         if container is None:
-            raise DatasetError(
-                f"{name} is not a video container gpufeed reads: its first bytes are no MP4/MOV, AVI, "
-                "Matroska/WebM or MPEG-TS header"
-            )
+            raise DatasetError(f"{name} is not a video container gpufeed reads: its first bytes are no {KNOWN_HEADERS}")
         self.container = container
         self._folder = Path(tempfile.mkdtemp(prefix="gpufeed-video-"))
         try:

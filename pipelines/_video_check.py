@@ -3,7 +3,9 @@
 Per video it reports, with the path and the reason, as bad files: unreadable, zero-byte, non-video
 and audio-only files, truncated ones (by the mp4 box structure, a missing ``moov`` index, the
 container's declared frame count, and a full decode), unsupported codecs, and label files that are
-missing, malformed, or whose row count does not match the frame count. Frame folders and HDF5
+missing, malformed, or whose row count does not match the frame count, and videos shorter than one
+clip (training refuses them; the span is the default ``video`` section's, or the config's under
+``gpufeed check --config``). Frame folders and HDF5
 frame files (:mod:`gpufeed.pipelines._frame_stores`) are videos too: a missing frame number, a
 zero-byte frame and a frame that is not an image are named with the frame. As warnings (usable: the
 loaders read them, exactly): a variable frame rate (frames are numbered in presentation order,
@@ -22,9 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufeed.config import VideoConfig
 from gpufeed.core import DataPath, ObjectPath, data_path, progress_bar
 from gpufeed.device import DeviceChoice
 from gpufeed.pipelines._check import CHECKERS, CheckReport, Finding
+from gpufeed.pipelines._clips import ClipGeometry
 from gpufeed.pipelines._deepethogram import is_project, project_dataset
 from gpufeed.pipelines._epochs import default_num_threads
 from gpufeed.pipelines._errors import DatasetError
@@ -110,15 +114,18 @@ def _cuda_visible() -> bool:
     return torch.cuda.is_available()
 
 
-def check_videos(folder: str | Path | ObjectPath, progress: bool = True) -> CheckReport:
-    """Check every video under ``folder`` and its label CSV (see the module docs).
+def check_videos(
+    folder: str | Path | ObjectPath, progress: bool = True, clip_span_frames: int | None = None
+) -> CheckReport:
+    """Check every video under ``folder`` and its label CSV (see the module docs; ``clip_span_frames``: as
+    :func:`check_dataset`).
 
     Raises:
         DatasetError: The folder does not exist or holds no videos.
     """
     folder = data_path(folder)
     dataset = VideoDataset.from_folder(folder, progress=progress)
-    report = check_dataset(dataset, f"videos in {folder}", progress)
+    report = check_dataset(dataset, f"videos in {folder}", progress, clip_span_frames)
     _, others = list_videos(folder)
     labels = {str(label_path(p)) for p in dataset.paths}
     for other in others:
@@ -130,8 +137,16 @@ def check_videos(folder: str | Path | ObjectPath, progress: bool = True) -> Chec
     return report
 
 
-def check_dataset(dataset: VideoDataset, source: str, progress: bool = True) -> CheckReport:
-    """Check every video of an indexed dataset: index problems, label problems, a full decode."""
+def check_dataset(
+    dataset: VideoDataset, source: str, progress: bool = True, clip_span_frames: int | None = None
+) -> CheckReport:
+    """Check every video of an indexed dataset: index problems, label problems, length, a full decode.
+
+    ``clip_span_frames``: a video with fewer frames is bad, as training refuses it (``None``: the
+    span of the default ``video.clip_length_frames`` and ``stride_frames``; ``gpufeed check
+    --config`` passes its run's).
+    """
+    span = clip_span_frames or _default_clip_span()
 
     report = CheckReport(sources=[source], checked=len(dataset))
     infos = dataset.infos
@@ -145,6 +160,10 @@ def check_dataset(dataset: VideoDataset, source: str, progress: bool = True) -> 
         why = dataset.problems.get(vid)
         if why:
             report.findings.append(Finding(info.path, why, "label"))
+        if info.num_frames < span:  # the clip loader's own words, so both name it alike
+            report.findings.append(
+                Finding(info.path, f"too short: {info.num_frames} frames, a clip spans {span}", "video")
+            )
     readable = [info for info in infos if not info.problem]
     # Frame stores decode as images (nvJPEG or DALI's CPU decoder): no video decoder to choose.
     report.findings += _decoder_findings(dataset.source, [info for info in readable if not info.store])
@@ -171,12 +190,18 @@ def _decode_all(info: VideoInfo, max_pixels: int) -> tuple[int, str | None]:
     return count, problem
 
 
-def _check_project(path: Path, progress: bool) -> CheckReport:
+def _default_clip_span() -> int:
+    """Frames one clip spans under the default ``video`` section."""
+    video = VideoConfig()
+    return ClipGeometry(video.clip_length_frames, video.stride_frames).span_frames
+
+
+def _check_project(path: Path, progress: bool, clip_span_frames: int | None = None) -> CheckReport:
     try:
         dataset = project_dataset(path, split="all", val_fraction=0.0, seed=0, progress=progress)
     except DatasetError as err:
         return CheckReport(sources=[str(path)], findings=[Finding(str(path), str(err), "video")])
-    return check_dataset(dataset, f"DeepEthogram project {path}", progress)
+    return check_dataset(dataset, f"DeepEthogram project {path}", progress, clip_span_frames)
 
 
 def is_single_store(path: DataPath) -> bool:
@@ -184,9 +209,9 @@ def is_single_store(path: DataPath) -> bool:
     return (path.is_file() and path.suffix.lower() in store_extensions()) or (path.is_dir() and is_frame_folder(path))
 
 
-def _check_folder(path: Path, progress: bool) -> CheckReport:
+def _check_folder(path: Path, progress: bool, clip_span_frames: int | None = None) -> CheckReport:
     try:
-        return check_videos(path, progress)
+        return check_videos(path, progress, clip_span_frames)
     except DatasetError as err:
         return CheckReport(sources=[str(path)], findings=[Finding(str(path), str(err), "video")])
 

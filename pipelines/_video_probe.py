@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufeed.core import ObjectPath, data_path, is_outage, media_source
+from gpufeed.pipelines._containers import header_problem
 from gpufeed.pipelines._frame_stores import probe_store
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS
 from gpufeed.pipelines._mp4 import mp4_box_problem
@@ -188,10 +189,9 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
         return VideoInfo(str(path), problem=f"unreadable: {err.strerror or err}")
     if size == 0:
         return VideoInfo(str(path), problem="zero-byte file")
-    if path.suffix.lower() in _MP4_LIKE:
-        boxed = mp4_box_problem(path, size)
-        if boxed:
-            return VideoInfo(str(path), problem=boxed)
+    boxed = mp4_box_problem(path, size) if path.suffix.lower() in _MP4_LIKE else None
+    if boxed:
+        return VideoInfo(str(path), problem=boxed)
     try:
         with av.open(media_source(path), "r") as container:
             stream = main_video_stream(container)
@@ -224,7 +224,7 @@ def probe_video(path: str | Path | ObjectPath) -> VideoInfo:
                 pts_keys.append((int(packet.pts), bool(packet.is_keyframe)))
         first_frame = shown.finish(path)
     except av.FFmpegError as err:
-        return VideoInfo(str(path), problem=f"cannot be read as a video: {err}")
+        return VideoInfo(str(path), problem=header_problem(path) or f"cannot be read as a video: {err}")
     pts_keys.sort()
     pts = tuple(p for p, _ in pts_keys)
     keyframes = tuple(i for i, (_, key) in enumerate(pts_keys) if key)

@@ -85,3 +85,43 @@ def test_cli_exit_status_and_json(damaged, tmp_path):
     for path in cases:
         assert str(path) in proc.stdout
     assert json.loads(out.read_text())["ok"] is False
+
+
+def test_a_video_shorter_than_one_clip_is_bad_and_quarantined(tmp_path):
+    from gpufeed.cli import main
+
+    folder = tmp_path / "videos"
+    write_odd_video(folder / "five.mp4", 1, 5)
+    write_odd_video(folder / "long.mp4", 2, 20)
+    report = check_path(folder, progress=False)  # the default clip: 11 frames at stride 1
+    assert [(f.path, f.kind, f.reason) for f in report.findings if f.kind not in ("decoder",)] == [
+        (str(folder / "five.mp4"), "video", "too short: 5 frames, a clip spans 11")
+    ]
+    assert report.bad_paths() == [str(folder / "five.mp4")]
+    assert check_path(folder, progress=False, clip_span_frames=5).ok, "a run whose clip spans 5 frames can use it"
+    # --config: the run's clip (3 frames at stride 4 span 9), so the 20-frame video is fine and five.mp4 is not.
+    config = tmp_path / "train.yaml"
+    config.write_text("video: {clip_length_frames: 3, stride_frames: 4}\n")
+    quarantine = tmp_path / "q.txt"
+    assert main(["check", str(folder), "--config", str(config), "--quarantine", str(quarantine)]) == 1
+    assert quarantine.read_text().splitlines() == [str(folder / "five.mp4")]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("notes.mkv", "a Matroska/WebM (EBML) header"),
+        ("notes.webm", "a Matroska/WebM (EBML) header"),
+        ("notes.avi", "an AVI 'RIFF' header"),
+    ],
+)
+def test_a_text_file_named_as_a_video_names_the_header_it_lacks(tmp_path, name, expected):
+    path = tmp_path / name
+    path.write_text("frame,sniff\n0,1\n")
+    (finding,) = check_path(path, progress=False).findings
+    problem = finding.reason
+    assert problem == (
+        f"not a video: the file does not start with {expected} "
+        "(its first bytes are no MP4/MOV, AVI, Matroska/WebM or MPEG-TS header)"
+    )
+    assert "Errno" not in problem

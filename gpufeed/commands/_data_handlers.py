@@ -25,32 +25,35 @@ from gpufeed.pipelines import (
 __all__ = ["check", "prepare"]
 
 
-def _check_limits(args: argparse.Namespace) -> tuple[int, int | None, int]:
-    """(max pixels, class count or None, mask ignore id) from the options, then --config, then the defaults."""
-    max_pixels, num_classes, ignore_id = DEFAULT_MAX_IMAGE_PIXELS, None, 255
+def _check_limits(args: argparse.Namespace) -> tuple[int, int | None, int, int | None]:
+    """(max pixels, class count or None, mask ignore id, clip span or None) from the options, then --config,
+    then the defaults (a clip span of ``None``: the default video section's)."""
+    max_pixels, num_classes, ignore_id, clip_span = DEFAULT_MAX_IMAGE_PIXELS, None, 255, None
     if args.config is not None:
         cfg = load_config(args.config)
         configure_storage(cfg.storage)  # its storage section reads s3:// data (cache, block size)
         max_pixels, ignore_id = cfg.data.max_image_pixels, cfg.data.mask_ignore_id
         num_classes = cfg.model.num_classes or len(cfg.data.classes or ()) or None
+        # Training refuses a video shorter than one clip of the run's: the check must too.
+        clip_span = (cfg.video.clip_length_frames - 1) * cfg.video.stride_frames + 1
     if args.num_classes is not None:
         if args.num_classes < 1:
             raise argparse.ArgumentTypeError(f"--num-classes {args.num_classes} must be >= 1")
         num_classes = args.num_classes
     if args.mask_ignore_id is not None:
         ignore_id = args.mask_ignore_id
-    return args.max_image_pixels or max_pixels, num_classes, ignore_id
+    return args.max_image_pixels or max_pixels, num_classes, ignore_id, clip_span
 
 
 def check(args: argparse.Namespace) -> int:
     try:
-        max_pixels, num_classes, ignore_id = _check_limits(args)
+        max_pixels, num_classes, ignore_id, clip_span = _check_limits(args)
     except argparse.ArgumentTypeError as err:
         print(f"gpufeed check: error: {err}", file=sys.stderr)
         return 2
     report = CheckReport()
     for path in args.data:
-        report.merge(check_path(path, max_pixels=max_pixels))
+        report.merge(check_path(path, max_pixels=max_pixels, clip_span_frames=clip_span))
         if num_classes is not None:
             report.merge(check_mask_ids(path, num_classes, ignore_id=ignore_id, max_pixels=max_pixels))
     print(report.table())
