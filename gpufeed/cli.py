@@ -151,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(err, "quiet", False):  # a stopped run's other ranks leave the line to rank 0
             print(f"gpufeed {args.command}: {'error: ' if status == 2 else ''}{err}", file=sys.stderr)
         return status
-    except KeyboardInterrupt:
-        print(f"gpufeed {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        # A command that knows what it left behind says so in the interrupt (predict: the outputs kept).
+        print(f"gpufeed {args.command}: interrupted{f': {err}' if str(err) else ''}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `gpufeed config --describe | head`: the reader left, as it may with any tool
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit fails else

@@ -119,3 +119,21 @@ def test_a_project_records_picture_holds_its_own_label_file(tmp_path, monkeypatc
     path, truth, source = drawn["record mouse00 (mouse00.mp4)"]
     assert path == project / "DATA" / "mouse00" / "mouse00_predictions.png" and source == "mouse00_labels.csv"
     np.testing.assert_array_equal(truth, behaviour_labels(21, seed=0)[:, :3].astype(np.float32))
+
+
+def test_a_label_file_that_cannot_be_used_is_one_warning_and_the_picture_stays(tmp_path, caplog):
+    video = tmp_path / "mouse1.mp4"
+    encode_tagged_video(video, 1, FRAMES[1], width=96, height=64, labels=True)
+    csv = video.with_suffix(".csv")
+    csv.write_text("\n".join(csv.read_text().splitlines()[:-7]) + "\n")  # 30 rows for 37 frames
+    caplog.set_level(logging.WARNING, "gpufeed.predict")
+    report = predict_videos(
+        video, tag_predictor(FRAMES, clip_length_frames=5), out=tmp_path / "out", progress=False, plot=True
+    )
+    assert [r.status for r in report.results] == ["scored"]
+    assert (tmp_path / "out" / "mouse1_predictions.png").is_file()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == (
+        "predict: mouse1.mp4: picture without its label strip: label file mouse1.csv has 30 rows but the video "
+        "has 37 frames"
+    )

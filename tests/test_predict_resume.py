@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _serving import write_checkpoint
-from predicthelp import CPU
+from predicthelp import CPU, tag_predictor
 from videohelp import encode_tagged_video
 
 from gpufeed.cli import main
@@ -210,3 +210,43 @@ def test_the_same_model_over_the_same_inputs_scores_and_writes_nothing(models, v
     exported = load_predictor(videos.parent / "exported", CPU)
     assert set(_statuses(predict_videos(videos, exported, progress=False)).values()) == {"scored"}
     assert set(_statuses(predict_videos(videos, exported, progress=False)).values()) == {"skipped"}
+
+
+def test_an_interrupted_run_says_what_it_kept_and_the_same_call_goes_on(tmp_path, monkeypatch):
+    import gpufeed.predict._run as run
+
+    root = tmp_path / "videos"
+    encode_tagged_video(root / "mouse1.mp4", 1, 20, width=64, height=48, labels=False)
+    encode_tagged_video(root / "mouse2.mp4", 2, 14, width=64, height=48, labels=False)
+    out = tmp_path / "out"
+    scored = run.score_frames
+
+    def ctrl_c_in_the_second_video(chunks, num_frames, *args, **kwargs):
+        blocks = scored(chunks, num_frames, *args, **kwargs)
+        if num_frames == 14:
+            next(blocks)  # mid-video: its first windows are scored, its output is not complete
+            raise KeyboardInterrupt
+        return blocks
+
+    monkeypatch.setattr(run, "score_frames", ctrl_c_in_the_second_video)
+    with pytest.raises(KeyboardInterrupt) as info:
+        predict_videos(root, tag_predictor({1: 20, 2: 14}, clip_length_frames=5), out=out, progress=False)
+    assert (
+        str(info.value) == "1 of 2 video(s) have their output; the same command again keeps them and scores the other 1"
+    )
+    assert sorted(p.name for p in out.glob("*.csv")) == ["mouse1_predictions.csv"]
+    monkeypatch.setattr(run, "score_frames", scored)
+    report = predict_videos(root, tag_predictor({1: 20, 2: 14}, clip_length_frames=5), out=out, progress=False)
+    assert [(r.name, r.status) for r in report.results] == [("mouse1.mp4", "skipped"), ("mouse2.mp4", "scored")]
+
+
+def test_the_interrupted_line_carries_what_the_command_says_it_kept(monkeypatch, capsys):
+    import gpufeed.cli as cli
+
+    def stopped(args):
+        raise KeyboardInterrupt("1 of 2 video(s) have their output")
+
+    monkeypatch.setattr(cli, "resolve_handler", lambda name: stopped)
+    monkeypatch.setattr(cli, "require_stack", lambda command: None)
+    assert main(["predict", "model.pt", "videos"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "gpufeed predict: interrupted: 1 of 2 video(s) have their output"

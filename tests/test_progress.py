@@ -43,6 +43,16 @@ def test_a_long_task_writes_a_line_per_interval_and_one_at_the_end():
     assert lines[-1].endswith("(done)") and "1920/1920" in lines[-1]
 
 
+def test_a_task_left_short_of_its_total_does_not_end_done():
+    """Ctrl-C in predict ended on ``2372/6820 frame (35%) ... (done)``."""
+    out, clock = io.StringIO(), _Clock()
+    bar = LineProgress(total=100, desc="predict", unit="frame", interval_s=10, stream=out, clock=clock)
+    clock.now += 11
+    bar.update(35)
+    bar.close()
+    assert out.getvalue().splitlines()[-1].endswith("35/100 frame (35%), 3.18 frame/s, 11 s (stopped)")
+
+
 def test_a_short_task_writes_nothing_and_iteration_counts_every_item():
     out, clock = io.StringIO(), _Clock()
     seen = list(LineProgress(range(50), desc="decoding", interval_s=10, stream=out, clock=clock))

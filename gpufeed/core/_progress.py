@@ -148,7 +148,8 @@ class LineProgress:
             return
         now = self.clock()
         if self.lines_written or now - self._start >= self.interval_s:
-            self._write(now, done=True)
+            # Short of its total, the task was left (Ctrl-C, an error): its last line must not say done.
+            self._write(now, done=self.total is None or self.n >= self.total)
         self._closed = True
 
     def line(self, now: float | None = None) -> str:
@@ -165,9 +166,9 @@ class LineProgress:
             parts.append(self.postfix)
         return ", ".join(parts)
 
-    def _write(self, now: float, done: bool = False) -> None:
+    def _write(self, now: float, done: bool | None = None) -> None:
         stream = sys.stderr if self.stream is None else self.stream
-        stream.write(self.line(now) + (" (done)" if done else "") + "\n")
+        stream.write(self.line(now) + {True: " (done)", False: " (stopped)", None: ""}[done] + "\n")
         stream.flush()
         self._last = now
         self.lines_written += 1

@@ -193,12 +193,24 @@ def predict_videos(
             if result.status == "scored":
                 manifests.record(path, key)
             report.results.append(result)
+    except KeyboardInterrupt:
+        # The outputs finished so far are in place and recorded: say so, and how to go on.
+        raise KeyboardInterrupt(_interrupted(report, len(targets))) from None
     finally:
         bar.close()
     order = {t.name: i for i, t in enumerate(targets)}
     report.results.sort(key=lambda r: order[r.name])
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _interrupted(report: PredictReport, videos: int) -> str:
+    """What an interrupted run leaves: the videos with their output, and how to score the rest."""
+    done = sum(r.status in ("scored", "skipped") for r in report.results)
+    return (
+        f"{done} of {videos} video(s) have their output; the same command again keeps them and scores the "
+        f"other {videos - done}"
+    )
 
 
 def _resume(
@@ -309,9 +321,12 @@ def _draw(bins: EthogramBins, output: Path, classes: tuple[str, ...], target: Ta
     """The video's picture beside its output, with its labels where it has a label file (``<name>.csv``
     beside it, or its project record's); a failure is a warning (the output is written)."""
     try:
-        labels, _, names = labels_for(target.path, info, target.labels)
+        label_file = target.labels or label_path(target.path)
+        labels, why, names = labels_for(target.path, info, target.labels)
         if labels is not None:
-            bins.set_labels(names, labels, classes, (target.labels or label_path(target.path)).name)
+            bins.set_labels(names, labels, classes, label_file.name)
+        elif why and label_file.is_file():  # a video without a label file has no strip to miss
+            log.warning("predict: %s: picture without its label strip: %s", target.name, why)
         bins.draw(plot_path(output), classes, target.name, info.fps)
     except Exception as err:  # matplotlib's errors, a full disk: the predictions themselves are safe
         log.warning("predict: %s: no picture: %s", target.name, first_line(str(err)))
