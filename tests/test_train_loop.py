@@ -122,6 +122,21 @@ def test_config_problems_are_named_before_training(synth_dir, tmp_path, override
     assert not list_checkpoints(tmp_path / "run")
 
 
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["data.train={d}/images", "data.val={d}/images/val"], "data.val.root"),
+        (["model.name=clip_resnet18", "data.train=null", "video.train={d}", "video.val={d}/videos"], "video.val"),
+    ],
+)
+def test_validation_data_inside_the_training_root_is_refused(synth_dir, tmp_path, overrides, key):
+    """video.train at the folder holding val/ trained on the validation videos, and scored them, silently."""
+    with pytest.raises(ConfigError) as info:
+        train(train_config(synth_dir, [o.format(d=synth_dir) for o in overrides]), tmp_path / "run")
+    assert info.value.key_path == key and "so training would read the validation data too" in str(info.value)
+    assert not (tmp_path / "run").exists()
+
+
 def test_ddp_refuses_uneven_last_batches(synth_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")

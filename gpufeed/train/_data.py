@@ -10,11 +10,12 @@ and its clip length and size the ``video`` section's.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpufeed.config import Config, ConfigError
-from gpufeed.core import quoted
+from gpufeed.core import is_object_url, quoted
 from gpufeed.pipelines import (
     ClipLoader,
     DenseLoader,
@@ -31,7 +32,7 @@ from gpufeed.train._dense import DENSE_TASKS, DepthTask, SegmentationTask
 from gpufeed.train._distributed import DistInfo
 from gpufeed.train._tasks import ClipTask, ImageTask, Task
 
-__all__ = ["TrainData", "build_data", "warn_split_folders"]
+__all__ = ["TrainData", "build_data", "refuse_val_inside_train", "warn_split_folders"]
 
 log = logging.getLogger("gpufeed")
 
@@ -98,12 +99,35 @@ def warn_split_folders(cfg: Config) -> list[str]:
     return said
 
 
+def refuse_val_inside_train(train_key: str, train_root: Any, val_key: str, val_root: Any) -> None:
+    """Refuse a validation root inside the training root: training would read the validation data too.
+
+    ``video.train: ds`` beside ``video.val: ds/val`` trained on the validation videos (a folder's
+    videos are found at any depth), and evaluation then scored what the model had seen, silently.
+    The same root for both is allowed: a deliberate check that a model can fit its data.
+
+    Raises:
+        ConfigError: Naming ``val_key``, both folders and the fix.
+    """
+    if train_root is None or val_root is None:
+        return
+    train, val = (str(r) if is_object_url(str(r)) else os.path.abspath(r) for r in (train_root, val_root))
+    if val.rstrip("/").startswith(train.rstrip("/") + "/"):
+        raise ConfigError(
+            val_key,
+            f"{val_root} lies inside {train_key} {train_root}, so training would read the validation data too "
+            f"and evaluation score what the model has seen; point {train_key} at a folder of training data only",
+        )
+
+
 def _image_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
     if cfg.data.train is None:
         raise ConfigError(
             "data.train", "an image model needs a training split: set data.train.root or data.train.list_file"
         )
     warn_split_folders(cfg)
+    val_root = getattr(cfg.data.val, "root", None)
+    refuse_val_inside_train("data.train.root", cfg.data.train.root, "data.val.root", val_root)
     train_set = ImageDataset.from_config(cfg.data.train, cfg.data.classes, max_pixels=cfg.data.max_image_pixels)
     val_set = (
         ImageDataset.from_config(cfg.data.val, cfg.data.classes, max_pixels=cfg.data.max_image_pixels)
@@ -145,6 +169,7 @@ def _clip_data(cfg: Config, device, dist: DistInfo, augment) -> TrainData:
     project = cfg.video.deepethogram
     if project is not None and (cfg.video.train is not None or cfg.video.val is not None):
         raise ConfigError("video.deepethogram", "set either a DeepEthogram project or video.train/video.val, not both")
+    refuse_val_inside_train("video.train", cfg.video.train, "video.val", cfg.video.val)
     if cfg.video.train is None and project is None:
         raise ConfigError(
             "video.train",
