@@ -137,6 +137,14 @@ def test_validation_data_inside_the_training_root_is_refused(synth_dir, tmp_path
     assert not (tmp_path / "run").exists()
 
 
+def test_a_resume_with_another_model_names_the_change_as_the_config_writes_it(synth_dir, tmp_path):
+    run = tmp_path / "run"
+    train(train_config(synth_dir, ["train.max_steps=1", "train.eval_every_epochs=0"]), run)
+    with pytest.raises(TrainError) as info:
+        train(train_config(synth_dir, ["train.max_steps=2", "image.size_px=40x32"]), run, resume=True)
+    assert str(info.value).endswith("holds a different model than this config builds (size_px: 32 -> 40x32)")
+
+
 def test_ddp_refuses_uneven_last_batches(synth_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")

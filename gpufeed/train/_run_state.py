@@ -18,7 +18,7 @@ import torch
 
 from gpufeed import __version__
 from gpufeed.config import ConfigError
-from gpufeed.core import to_mapping
+from gpufeed.core import SizePx, to_mapping
 from gpufeed.models import ModelSpec, model_state
 from gpufeed.train._checkpoint import restore_rng, threads_mismatch
 from gpufeed.train._errors import TrainError
@@ -36,6 +36,11 @@ def _flatten(tree, prefix: str = "") -> dict:
             out.update(_flatten(value, f"{prefix}{key}."))
         return out
     return {prefix[:-1]: tree}
+
+
+def _shown(value) -> str:
+    """A spec value as the config writes it (``96``, ``352x224`` for a size), not its Python repr."""
+    return value.label if isinstance(value, SizePx) else repr(value)
 
 
 def checkpoint_payload(session, position: dict, gathered: list[dict]) -> dict:
@@ -71,7 +76,7 @@ def restore_run(session, path: Path, state: dict) -> None:
     saved_spec = ModelSpec.from_dict(state["model_spec"])
     if saved_spec != s.model.spec:
         diff = [
-            f"{k}: {getattr(saved_spec, k)!r} -> {getattr(s.model.spec, k)!r}"
+            f"{k}: {_shown(getattr(saved_spec, k))} -> {_shown(getattr(s.model.spec, k))}"
             for k in saved_spec.__dataclass_fields__
             if getattr(saved_spec, k) != getattr(s.model.spec, k)
         ]

@@ -389,7 +389,7 @@ def train(
         ConfigError, TrainError, DatasetError, BadSampleError: Input problems, clearly named.
     """
     if resume and run_dir is None:  # each run gets a new folder: there would be nothing to continue
-        raise TrainError("resume needs the run folder to continue: give it as --out RUN_DIR (run_dir)")
+        raise TrainError("resume needs the run folder to continue: give it as --out RUN_DIR (run_dir= in Python)")
     configure_storage(cfg.storage)  # s3:// data: the cache and block size, for DALI's worker processes too
     with Session(cfg, run_dir, resume=resume, profile_steps=profile_steps) as session:
         return session.run()
