@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = ["ClipLoader"]
 
 log = logging.getLogger("gpufeed")
+_VFR_SAID: set[tuple[str, ...]] = set()  # the variable-rate videos warned about
 
 
 class ClipLoader(EpochLoader):
@@ -160,8 +161,9 @@ class ClipLoader(EpochLoader):
         )
         level = logging.WARNING if self.clip_source.fell_back else logging.INFO
         log.log(level, "clip decoder: %s (%s)", self.source, self.decoder_reason)
-        vfr = [data.paths[v] for v in usable if not data.infos[v].cfr]
-        if vfr:
+        vfr = tuple(data.paths[v] for v in usable if not data.infos[v].cfr)
+        if vfr and vfr not in _VFR_SAID:  # once a process: training's and evaluation's loaders may share videos
+            _VFR_SAID.add(vfr)
             log.warning(
                 "%d video(s) have a variable frame rate (e.g. %s): frames are numbered in presentation order, "
                 "which may not match how their labels were made; 'gpufeed prepare' makes the rate constant",

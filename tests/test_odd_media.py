@@ -333,3 +333,22 @@ def test_bombs_are_bad_files_for_the_loader_and_the_limit_is_the_config_key(corp
     cfg = parse_config({"data": {"train": {"root": str(folder.parent)}, "max_image_pixels": 5000}})
     with pytest.raises(DatasetError, match=r"too many pixels.*\(data.max_image_pixels\)"):
         build_data(cfg, "image", cpu, DistInfo())
+
+
+@pytest.mark.process
+def test_a_variable_frame_rate_is_one_warning_for_loaders_sharing_the_videos(corpus, caplog, monkeypatch):
+    """A train and a val loader over one folder said it twice."""
+    import logging
+
+    from gpufeed.device import DeviceChoice
+    from gpufeed.pipelines import ClipLoader, VideoDataset, _clip_loader
+
+    monkeypatch.setattr(_clip_loader, "_VFR_SAID", set())  # other tests' loaders read these videos too
+    root, _, _ = corpus
+    cfg = parse_config({"video": {"val": str(root / "videos" / "good"), "size_px": 32, "clip_length_frames": 11}})
+    dataset = VideoDataset.from_folder(cfg.video.val)
+    caplog.set_level(logging.WARNING, logger="gpufeed")
+    for train in (True, False):
+        ClipLoader(dataset, train=train, video_cfg=cfg.video, device=DeviceChoice("cpu", None, "test")).close()
+    said = [r.getMessage() for r in caplog.records if "variable frame rate" in r.getMessage()]
+    assert len(said) == 1 and "g_vfr.mp4" in said[0], said
