@@ -188,5 +188,9 @@ def test_the_compose_trainer_command_ends_cleanly_on_a_second_up(synth_dir, tmp_
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "nothing left to train" in second.stderr, second.stderr
+    # Both lines count epochs alike: it said "epoch 2" (the next, 1-based), then "epoch 1 of 1".
+    (resumed,) = [line for line in second.stderr.splitlines() if "resumed from" in line]
+    (nothing,) = [line for line in second.stderr.splitlines() if "nothing left to train" in line]
+    assert resumed.endswith("1 epoch(s) done") and "1 of 1 epoch(s) done" in nothing, second.stderr
     after = sorted((tmp_path / "runs" / "train" / "checkpoints").glob("ckpt-*.pt"))
     assert {p.name: p.read_bytes() for p in after} == before, "the finished run's checkpoints changed"

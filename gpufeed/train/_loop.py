@@ -365,7 +365,8 @@ class Loop:
         every = self.cfg.train.eval_every_epochs
         if s.resumed and (s.epoch >= self.cfg.train.epochs or s.max_steps_reached()):
             log.info(
-                "nothing left to train: the run is at step %d, epoch %d of %d (raise train.epochs or train.max_steps)",
+                "nothing left to train: the run is at step %d, %d of %d epoch(s) done (raise train.epochs or "
+                "train.max_steps)",
                 s.step,
                 s.epoch,
                 self.cfg.train.epochs,

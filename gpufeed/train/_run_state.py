@@ -129,7 +129,8 @@ def restore_run(session, path: Path, state: dict) -> None:
         log.info(
             "resumed with changed settings: %s", ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
         )
-    log.info("resumed from %s: step %d, epoch %d", path, s.step, s.epoch + 1)
+    where = f"in epoch {s.epoch + 1}" if s.mid_epoch else f"{s.epoch} epoch(s) done"  # as the loop's lines count
+    log.info("resumed from %s: step %d, %s", path, s.step, where)
 
 
 def _resume_schedule(s, state: dict) -> None:
