@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -36,10 +37,17 @@ def list_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def _unknown(name: str) -> str:
+    """The one line for a model name not registered: the likely one first, then every known one."""
+    near = difflib.get_close_matches(str(name), list_models(), n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return f"model {name!r} is not known{hint}; known models: {', '.join(list_models())}"
+
+
 def default_spec(name: str, **overrides) -> ModelSpec:
     """The :class:`ModelSpec` a model gets unless told otherwise."""
     if name not in _REGISTRY:
-        raise ValueError(f"model {name!r} is not known; known models: {', '.join(list_models())}")
+        raise ValueError(_unknown(name))
     fields = {"name": name, "num_classes": 1000, **_REGISTRY[name].defaults}
     given = {k: v for k, v in overrides.items() if v is not None}
     if given.get("labels") and "num_classes" not in given:  # one output per label, as written
@@ -51,7 +59,7 @@ def default_spec(name: str, **overrides) -> ModelSpec:
 def model_from_spec(spec: ModelSpec) -> GpufeedModel:
     """Build the network a spec describes (fresh weights); used when loading checkpoints."""
     if spec.name not in _REGISTRY:
-        raise ValueError(f"model {spec.name!r} is not known; known models: {', '.join(list_models())}")
+        raise ValueError(_unknown(spec.name))
     return GpufeedModel(spec, _REGISTRY[spec.name].build(spec))
 
 

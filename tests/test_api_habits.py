@@ -9,7 +9,8 @@
   equivalent; torch's device names are read as gpu/cpu; ``size_px`` as text is refused.
 * A batch larger than the dataset names the config key and the Python spelling.
 * A folder of split folders given to the loader warns, once, as ``gpufeed train`` does.
-* A loader state without its position (``load_state_dict({...})``) says what it lacks.
+* A loader state without its position (``load_state_dict({...})``) says what it lacks; a model
+  name with a typo gets the likely one.
 
 Real JPEGs from PIL in tmp folders; loaders on DALI's CPU mode, built but not iterated.
 """
@@ -235,3 +236,12 @@ def test_a_loader_state_without_its_position_is_named(tmp_path):
     loader = ImageLoader(_classes(tmp_path / "train", ("amber", "birch")), batch_size=2, device=CPU)
     with pytest.raises(ValueError, match=r"a loader state without epoch and batch \(its keys: foo\): give it what"):
         loader.load_state_dict({"foo": 1})  # was a bare KeyError: 'epoch'
+
+
+def test_a_model_name_typo_gets_the_likely_name():
+    with pytest.raises(
+        ValueError, match=r"^model 'resnt18' is not known \(did you mean 'resnet18'\?\); known models: "
+    ):
+        create_model("resnt18")
+    with pytest.raises(ValueError, match=r"^model 'zzz' is not known; known models: "):
+        create_model("zzz")
