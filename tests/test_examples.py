@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -133,17 +134,23 @@ def test_classify_folder_through_gpufeed_serve(data, tmp_path):
         assert match, "".join(seen)
         url = match.group(1)
         _wait_ready(url, server)
-        photos = data / "images" / "val"
-        out = _example("classify_folder.py", photos, "--url", url, "--top-k", 2, cwd=tmp_path)
+        photos = tmp_path / "photos"
+        shutil.copytree(data / "images" / "val", photos)
+        (photos / "0-cut.jpg").write_bytes(b"\xff\xd8\xff\xe0 a JPEG cut after its first marker")
+        cmd = [sys.executable, str(EXAMPLES / "classify_folder.py"), str(photos), "--url", url, "--top-k", "2"]
+        done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     finally:
         server.terminate()
         server.wait(timeout=60)
+    out = done.stdout
+    assert done.returncode == 1, f"a refused photo sets the exit status: {done.returncode}\n{out}\n{done.stderr}"
+    assert re.search(r"^0-cut\.jpg: refused: HTTP 400: \S", out, re.M), out  # and the others went on
     files = sorted(p.relative_to(photos).as_posix() for p in photos.rglob("*") if p.suffix in (".jpg", ".png"))
     answered = re.findall(r"^(\S+): (amber|birch) ([\d.]+), (amber|birch) ([\d.]+)$", out, re.M)
-    assert sorted(a[0] for a in answered) == files and len(files) == 6, out
+    assert sorted(a[0] for a in answered) == [f for f in files if f != "0-cut.jpg"] and len(files) == 7, out
     for _, first, p1, second, p2 in answered:  # top-2 of two classes: both, best first, softmax scores
         assert {first, second} == set(classes) and float(p1) >= float(p2) and abs(float(p1) + float(p2) - 1) < 0.02
-    summary = re.search(r"^classified 6 photos with shapes: (\{.*\})$", out, re.M)
+    summary = re.search(r"^classified 6 photos with shapes: (\{.*\}); 1 refused$", out, re.M)
     assert summary and sum(json.loads(summary.group(1)).values()) == 6, out
 
 
