@@ -16,6 +16,7 @@ they make up.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -191,18 +192,7 @@ class VideoDataset:
         labels: list[np.ndarray | None] = [None] * len(paths)
         behaviours: tuple[str, ...] = ()
         if require_labels:
-            for i, path in enumerate(paths):
-                labels[i], why, names = labels_for(data_path(path), infos[i])
-                if why:
-                    problems.setdefault(i, why)
-                    continue
-                if not behaviours:
-                    behaviours = names
-                elif names != behaviours:
-                    problems.setdefault(
-                        i, f"label columns {list(names)} differ from the other videos' {list(behaviours)}"
-                    )
-                    labels[i] = None
+            behaviours = _label_columns(paths, infos, labels, problems)
         problems = dict(sorted(problems.items()))
         return cls(tuple(paths), tuple(infos), tuple(labels), behaviours, problems, str(root), max_pixels)
 
@@ -312,3 +302,32 @@ def index_videos(root: Path | ObjectPath, paths: list[str], progress: bool = Fal
         }
         write_json_atomic(cache_path, {"version": _INDEX_VERSION, "entries": fresh})
     return [infos[i] for i in range(len(paths))]
+
+
+def _label_columns(paths, infos, labels: list, problems: dict) -> tuple[str, ...]:
+    """Read every video's labels into ``labels``; the behaviours most of them name, in their order.
+
+    A video naming the same behaviours in another order is read by name (its columns reordered);
+    one naming others is a problem. The most common list is the reference, not the first video's,
+    so that one odd file is the one named, not every other.
+    """
+    named: dict[int, tuple[str, ...]] = {}
+    for i, path in enumerate(paths):
+        labels[i], why, names = labels_for(data_path(path), infos[i])
+        if why:
+            problems.setdefault(i, why)
+        elif labels[i] is not None:  # None without a reason: the video itself is bad, already named
+            named[i] = tuple(names)
+    if not named:
+        return ()
+    kinds, count = Counter(tuple(sorted(names)) for names in named.values()).most_common(1)[0]
+    behaviours = Counter(names for names in named.values() if tuple(sorted(names)) == kinds).most_common(1)[0][0]
+    for i, names in named.items():
+        if names == behaviours:
+            continue
+        if sorted(names) == sorted(behaviours):
+            labels[i] = labels[i][:, [names.index(name) for name in behaviours]]
+            continue
+        problems.setdefault(i, f"label columns {list(names)} differ from {count} other video(s)' {list(behaviours)}")
+        labels[i] = None
+    return behaviours

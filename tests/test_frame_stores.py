@@ -280,3 +280,21 @@ def test_prepare_writes_frame_stores_that_read_exactly(stores, tmp_path, store, 
     assert clips == _read(_loader(VideoDataset.from_folder(stores / "mp4"), True, seed=7, stride=2), stride=2)
     with VideoReader(dataset.paths[0]) as reader:  # DeepEthogram reads what prepare wrote
         assert frame_tags(torch.as_tensor(reader.read(12)).permute(2, 0, 1)[None], "TCHW") == [(12, 0)]
+
+
+def test_label_columns_are_matched_by_name_and_the_odd_video_is_the_one_named(stores, tmp_path):
+    """The first video's columns were the reference: one reordered CSV, listed first, blamed every other video."""
+    shutil.copytree(stores / "folder", tmp_path / "v")
+    straight = VideoDataset.from_folder(tmp_path / "v")
+    assert not straight.problems and len(straight.behaviours) > 1
+    odd, last = tmp_path / "v" / "mouse_0.csv", tmp_path / "v" / "mouse_2.csv"
+    odd.write_text(odd.read_text().replace(straight.behaviours[0], "sniff", 1))
+    rows = [line.split(",") for line in last.read_text().splitlines()]
+    last.write_text("\n".join(",".join([r[0], *r[1:][::-1]]) for r in rows) + "\n")  # frame, columns reversed
+    data = VideoDataset.from_folder(tmp_path / "v")
+    assert data.behaviours == straight.behaviours
+    np.testing.assert_array_equal(data.labels[2], straight.labels[2])  # read by name
+    assert list(data.problems) == [0], data.problems
+    assert (
+        data.problems[0].startswith("label columns ['sniff', ") and "differ from 2 other video(s)'" in data.problems[0]
+    )
