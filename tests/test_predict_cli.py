@@ -102,6 +102,7 @@ def test_usage_errors_are_one_line_and_status_2(tmp_path):
     checkpoint = write_checkpoint(tmp_path / "run", "smallcnn", num_classes=2, size_px=32)
     done = _gpufeed("predict", str(checkpoint), str(tmp_path / "missing"))
     assert done.returncode == 2 and done.stderr.strip().endswith("does not exist"), done.stderr
+    assert "predict: " not in done.stdout, "named before the model is loaded (it took seconds to say)"
     done = _gpufeed("predict", str(tmp_path / "nothing"), str(tmp_path))
     assert done.returncode == 2 and "no checkpoint" not in done.stdout
     assert "give a checkpoint (.pt), a training run folder or an exported model folder" in done.stderr

@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from gpufeed.core import is_object_url
 from gpufeed.device import resolve_device
+from gpufeed.pipelines import DatasetError
 from gpufeed.predict import load_predictor, predict_images, predict_videos
 
 __all__ = ["predict"]
 
 
 def predict(args: argparse.Namespace) -> int:
+    if not is_object_url(str(args.source)) and not Path(args.source).exists():  # before the model loads (seconds)
+        raise DatasetError(f"{args.source} does not exist")
     predictor = load_predictor(
         args.model,
         resolve_device(args.device),
