@@ -137,3 +137,17 @@ def test_a_label_file_that_cannot_be_used_is_one_warning_and_the_picture_stays(t
         "predict: mouse1.mp4: picture without its label strip: label file mouse1.csv has 30 rows but the video "
         "has 37 frames"
     )
+
+
+def test_a_name_the_font_cannot_draw_is_no_warning(tmp_path):
+    """matplotlib's "Glyph 12511 missing from font" reached the terminal for a Japanese file name."""
+    import warnings
+
+    from gpufeed.predict._plot import EthogramBins
+
+    bins = EthogramBins(num_frames=8, classes=2)
+    bins.add(0, np.full((8, 2), 0.5, np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bins.draw(tmp_path / "マウス_predictions.png", ("walk", "rear"), "マウス.mp4", fps=30.0)
+    assert (tmp_path / "マウス_predictions.png").is_file()

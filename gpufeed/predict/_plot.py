@@ -14,6 +14,7 @@ output under a temporary name and renamed into place, so a half-written picture 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -151,7 +152,9 @@ class EthogramBins:
         path = Path(path)
         temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            fig.savefig(temporary, dpi=100, format="png")
+            with warnings.catch_warnings():  # a name in a script the font lacks (マウス.mp4) draws as boxes
+                warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from", category=UserWarning)
+                fig.savefig(temporary, dpi=100, format="png")
             os.replace(temporary, path)
         finally:
             plt.close(fig)
