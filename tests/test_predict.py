@@ -387,3 +387,13 @@ def test_the_images_csv_goes_where_out_names_it(tmp_path):
     assert find_images(tmp_path / "imgs" / "a.jpg")[1] == tmp_path / "imgs" / "a_predictions.csv"
     (tmp_path / "old.csv").mkdir()  # a folder that happens to be named so stays a folder
     assert find_images(tmp_path / "imgs", tmp_path / "old.csv")[1] == tmp_path / "old.csv" / "predictions.csv"
+
+
+def test_one_videos_output_goes_where_out_names_it(tmp_path):
+    """``--out single.csv`` for one video made a folder named single.csv holding its CSV."""
+    encode_tagged_video(tmp_path / "mouse.mp4", 0, 20, width=96, height=64)
+    report = predict_videos(tmp_path / "mouse.mp4", tag_predictor({0: 20}), out=tmp_path / "single.csv", progress=False)
+    assert [r.status for r in report.results] == ["scored"] and (tmp_path / "single.csv").is_file()
+    assert (tmp_path / "single.csv").read_text().splitlines()[0].startswith("frame,")
+    with pytest.raises(ValueError, match=r"single\.csv: a hdf5 output is a \.h5 file"):
+        predict_videos(tmp_path / "mouse.mp4", tag_predictor({0: 20}), out=tmp_path / "single.csv", fmt="hdf5")

@@ -43,6 +43,7 @@ __all__ = ["FORMATS", "OUTPUT_SUFFIXES", "Target", "find_images", "find_videos",
 
 FORMATS = ("csv", "hdf5")
 OUTPUT_SUFFIXES = {"csv": "_predictions.csv", "hdf5": "_outputs.h5"}
+_FILE_SUFFIXES = {"csv": ".csv", "hdf5": ".h5"}  # of an output file --out names for a single video
 IMAGES_OUTPUT = "predictions.csv"
 
 
@@ -59,6 +60,7 @@ class Target:
         problem: Why it cannot be scored before anything is read (a project record's problem), or ``None``.
         labels: Its label file where it is not ``<name>.csv`` beside it (a project record's), for the
             picture (``--plot``); ``None``: that default.
+        out_file: The output file itself, where ``--out`` named one for a single video.
     """
 
     path: DataPath
@@ -66,10 +68,19 @@ class Target:
     out_base: Path
     problem: str | None = None
     labels: DataPath | None = None
+    out_file: Path | None = None  # ``--out x.csv`` for one video: that file, not a folder named so
 
 
 def output_path(target: Target, fmt: str) -> Path:
-    """Where ``target``'s output in format ``fmt`` (``csv`` or ``hdf5``) goes."""
+    """Where ``target``'s output in format ``fmt`` (``csv`` or ``hdf5``) goes.
+
+    Raises:
+        ValueError: ``--out`` named a file whose suffix is another format's.
+    """
+    if target.out_file is not None:
+        if target.out_file.suffix.lower() != _FILE_SUFFIXES[fmt]:
+            raise ValueError(f"--out {target.out_file}: a {fmt} output is a {_FILE_SUFFIXES[fmt]} file")
+        return target.out_file
     return target.out_base.with_name(target.out_base.name + OUTPUT_SUFFIXES[fmt])
 
 
@@ -125,6 +136,8 @@ def find_videos(source: str | Path, out: str | Path | None = None, allowed_roots
                 else f"{source} is not a video: expected {', '.join(VIDEO_EXTENSIONS + store_extensions())}, a frame "
                 "folder, a folder of videos or a DeepEthogram project"
             )
+        if out_dir is not None and out_dir.suffix.lower() in _FILE_SUFFIXES.values() and not out_dir.is_dir():
+            return [Target(source, source.name, out_dir.with_suffix(""), out_file=out_dir)]  # `--out mouse1.csv`
         base = (out_dir or source.parent) / _stem(source)
         return [Target(source, source.name, base)]
     paths, _ = list_videos(source)
