@@ -77,3 +77,9 @@ def watchdog(item: pytest.Item) -> Iterator[None]:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+def close_files() -> None:
+    """Close the stacks files at the session's end (an open file at exit is Python's "Exception ignored")."""
+    while _files:
+        _files.popitem()[1].close()

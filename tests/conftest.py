@@ -39,7 +39,7 @@ import torch
 from _gpu_checks import item_problems
 from _s3server import s3_bucket, s3_server  # noqa: F401  # the S3 tests' server, shared by the session
 from _tiers import TIERS, unit_guard
-from _watchdog import inflight_path, watchdog
+from _watchdog import close_files, inflight_path, watchdog
 from _wheel_venv import installed  # noqa: F401  # the wheel tests' venv, built once a session
 from _xdist import SHARED_FIXTURE_USERS, make_scheduler, shared_fixture_users
 
@@ -175,6 +175,10 @@ _XDIST_CONTROLLER = False
 def pytest_configure(config: pytest.Config) -> None:
     global _XDIST_CONTROLLER
     _XDIST_CONTROLLER = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    close_files()
 
 
 def _inflight_file() -> Path | None:
