@@ -12,6 +12,7 @@ from train_support import assert_steps_partition, train_config
 from gpufeed.config import ConfigError, SizePx, load_config
 from gpufeed.models import load_model
 from gpufeed.models._io import list_checkpoints
+from gpufeed.pipelines import ImageDataset
 from gpufeed.train import TrainError, train
 from gpufeed.train._telemetry import STEP_FIELDS
 
@@ -143,6 +144,23 @@ def test_a_resume_with_another_model_names_the_change_as_the_config_writes_it(sy
     with pytest.raises(TrainError) as info:
         train(train_config(synth_dir, ["train.max_steps=2", "image.size_px=40x32"]), run, resume=True)
     assert str(info.value).endswith("holds a different model than this config builds (size_px: 32 -> 40x32)")
+
+
+def test_a_run_with_every_training_sample_skipped_stops_in_one_line(synth_dir, tmp_path):
+    """Skipped while reading (an outage read as bad files), they left every epoch empty: a resume trained
+    nothing and exited 0, as if finished."""
+    run = tmp_path / "run"
+    cfg = ["train.max_steps=1", "train.eval_every_epochs=0", "loader.on_bad_sample=skip"]
+    train(train_config(synth_dir, cfg), run)
+    (newest,) = list_checkpoints(run)
+    state = torch.load(newest, weights_only=False)
+    count = len(ImageDataset.from_folder(synth_dir / "images" / "train").paths)
+    for loader in state["loader"]:
+        loader["read_failures"] = list(range(count))  # every one of them
+    torch.save(state, newest)
+    words = rf"^epoch \d+ has no training batch: {count} sample\(s\) were skipped \(\S+/000000\.jpg: failed to decode"
+    with pytest.raises(TrainError, match=words):
+        train(train_config(synth_dir, ["train.max_steps=3", *cfg[1:]]), run, resume=True)
 
 
 def test_ddp_refuses_uneven_last_batches(synth_dir, tmp_path, monkeypatch):

@@ -33,10 +33,12 @@ import torch
 from gpufeed.config import Config
 from gpufeed.core import progress_bar
 from gpufeed.train._distributed import broadcast_buffers, broadcast_object
+from gpufeed.train._errors import TrainError
 from gpufeed.train._mask_ids import MaskIdError
 from gpufeed.train._nonfinite import LossWatch, refuse_nonfinite_weights
 from gpufeed.train._profiling import ProfileWindow, StageRanges
 from gpufeed.train._resume import missed_evaluation
+from gpufeed.train._skipped import empty_epoch
 from gpufeed.train._step import PendingStep, Stepper
 from gpufeed.train._stop import StopRequest
 from gpufeed.train._summary import StepStats
@@ -206,7 +208,8 @@ class Loop:
 
         s = self.s
         loader = s.data.train
-        total = len(loader)
+        if not (total := len(loader)):
+            raise TrainError(empty_epoch(loader, epoch))
         batch_index = int(loader.state_dict().get("batch", 0))
         bar = progress_bar(
             total=total,
@@ -365,8 +368,7 @@ class Loop:
         every = self.cfg.train.eval_every_epochs
         if s.resumed and (s.epoch >= self.cfg.train.epochs or s.max_steps_reached()):
             log.info(
-                "nothing left to train: the run is at step %d, %d of %d epoch(s) done (raise train.epochs or "
-                "train.max_steps)",
+                "nothing left to train: the run is at step %d, %d of %d epoch(s) done (raise train.epochs/max_steps)",
                 s.step,
                 s.epoch,
                 self.cfg.train.epochs,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["merge_skipped", "report_skipped", "skipped_files", "skipped_line"]
+__all__ = ["empty_epoch", "merge_skipped", "report_skipped", "skipped_files", "skipped_line"]
 
 log = logging.getLogger("gpufeed")
 
@@ -91,3 +91,18 @@ def report_skipped(skipped: dict, clips: bool) -> None:
             shown,
             more,
         )
+
+
+def empty_epoch(loader, epoch: int) -> str:
+    """The line that stops a run whose training loader has no batch left for ``epoch``.
+
+    Files skipped as bad while reading leave every later epoch too: with all of them gone a run
+    went on through its epochs without a step, and ended as if it had finished.
+    """
+    skipped = _loader_skipped(loader)["files"]
+    shown = "; ".join(f"{path}: {why}" for path, why in list(skipped.items())[:3])
+    more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+    return (
+        f"epoch {epoch + 1} has no training batch: {len(skipped)} sample(s) were skipped ({shown}{more}); "
+        "run 'gpufeed check' on data.train, fix or remove the files, and train again"
+    )
