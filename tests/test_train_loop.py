@@ -163,6 +163,22 @@ def test_a_run_with_every_training_sample_skipped_stops_in_one_line(synth_dir, t
         train(train_config(synth_dir, ["train.max_steps=3", *cfg[1:]]), run, resume=True)
 
 
+def test_a_run_folder_in_use_by_another_training_is_refused(synth_dir, tmp_path):
+    """A second --resume into a running run's folder was accepted: both wrote checkpoints there."""
+    from gpufeed.train._preflight import hold_run_folder
+
+    run = tmp_path / "run"
+    cfg = ["train.max_steps=1", "train.eval_every_epochs=0"]
+    train(train_config(synth_dir, cfg), run)
+    other = hold_run_folder(run, True)  # as a running training holds it (flock: per open file, so here too)
+    try:
+        with pytest.raises(TrainError, match=rf"^{run} is in use by another training \(PID \d+ on \S+, since "):
+            train(train_config(synth_dir, ["train.max_steps=2", *cfg[1:]]), run, resume=True)
+    finally:
+        other.close()
+    assert train(train_config(synth_dir, ["train.max_steps=2", *cfg[1:]]), run, resume=True).step == 2
+
+
 def test_ddp_refuses_uneven_last_batches(synth_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")

@@ -21,15 +21,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import re
 import shutil
+import socket
+import time
 from pathlib import Path
+from typing import IO
 
 import torch
 
 from gpufeed.models import model_state
+from gpufeed.train._distributed import broadcast_object
 from gpufeed.train._errors import TrainError
 
 __all__ = [
@@ -40,6 +45,7 @@ __all__ = [
     "estimate_checkpoint_bytes",
     "first_missing",
     "free_bytes",
+    "hold_run_folder",
     "remove_unstarted_run",
     "space_needed",
     "space_problem",
@@ -133,7 +139,10 @@ class _CountingSink:
 
 # What a run writes into its folder before its first step; a folder holding only these (and empty
 # logs) is one this run made and never started in.
-_SCAFFOLDING = re.compile(r"(checkpoints|config\.yaml|metrics-rank\d+\.addr|(steps|eval)(-rank\d+)?\.jsonl)")
+RUN_LOCK = ".gpufeed-run.lock"  # held by a training's rank 0 while it runs (see hold_run_folder)
+_SCAFFOLDING = re.compile(
+    r"(checkpoints|config\.yaml|metrics-rank\d+\.addr|(steps|eval)(-rank\d+)?\.jsonl|" + re.escape(RUN_LOCK) + ")"
+)
 
 
 def first_missing(path: Path) -> Path | None:
@@ -270,3 +279,33 @@ def write_failure_message(err: OSError, run_dir: Path, newest: Path | None, what
         else "No checkpoint was written yet: make room and start again"
     )
     return f"cannot write {what}: {err.strerror or err}{free}. {kept}"
+
+
+def hold_run_folder(run_dir: Path, is_main: bool) -> IO[str] | None:
+    """Lock ``run_dir`` for this training (rank 0 holds it; every rank learns the outcome).
+
+    A second ``gpufeed train --resume --out RUN`` beside a running one was accepted, and both wrote
+    checkpoints into one folder. The lock is the kernel's (``flock``): a killed run's is gone with
+    its process, so it never needs clearing by hand. Close the returned file to release it.
+
+    Raises:
+        TrainError: Another training holds the folder (naming its process, host and start).
+    """
+    handle, problem = None, None
+    if is_main:
+        handle = open(run_dir / RUN_LOCK, "a+", encoding="utf-8")  # noqa: SIM115  # held for the run
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            handle, problem = None, f"{run_dir} is in use by another training ({holder}): give another --out, or wait"
+        else:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"PID {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            handle.flush()
+    if (problem := broadcast_object(problem)) is not None:
+        raise TrainError(problem)
+    return handle

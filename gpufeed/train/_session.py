@@ -11,6 +11,7 @@ import errno
 import logging
 import time
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -48,6 +49,7 @@ from gpufeed.train._preflight import (
     ensure_writable,
     estimate_checkpoint_bytes,
     first_missing,
+    hold_run_folder,
     remove_unstarted_run,
     space_problem,
     write_failure_message,
@@ -96,14 +98,14 @@ class Session:
         self.eval_log: StepLog | None = None
         self.last_checkpoint: Path | None = None  # the newest checkpoint written to the end (rank 0)
         self._writer = CheckpointWriter()
+        self._run_lock: IO[str] | None = None
 
     # -- setup ----------------------------------------------------------------------------------
     def _choose_run_dir(self, run_dir) -> Path:
         if run_dir is None:
             run_dir = Path("runs") / f"{self.cfg.model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(broadcast_object(str(Path(run_dir).resolve())))
-        # What the start makes (runs/ too on a first run) is removed again if it fails.
-        self._made_run_dir = first_missing(run_dir) if self.dist.is_main else None
+        self._made_run_dir = first_missing(run_dir) if self.dist.is_main else None  # removed if the start fails
         # Before anything is written there (metrics address, config): fail in seconds, not at the first checkpoint.
         ensure_writable(run_dir)
         ensure_writable(run_dir / CHECKPOINT_DIR)
@@ -124,6 +126,7 @@ class Session:
 
     def _setup(self) -> None:
         cfg, rank = self.cfg, self.dist.rank
+        self._run_lock = hold_run_folder(self.run_dir, self.dist.is_main)
         if not self.resume_requested and list_checkpoints(self.run_dir):
             raise TrainError(
                 f"{self.run_dir} already holds checkpoints: pass --resume to continue that run, "
@@ -366,6 +369,8 @@ class Session:
             if self._owns_group:
                 shutdown_distributed()
                 self._owns_group = False
+            if self._run_lock is not None:
+                self._run_lock.close()
 
 
 def train(
