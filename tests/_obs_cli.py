@@ -6,6 +6,7 @@ import contextlib
 import functools
 import re
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -14,12 +15,15 @@ from gpufeed.obs import PrometheusAPI
 
 
 @contextlib.contextmanager
-def obs_prometheus(cmd: Sequence[str | Path], train_run: Path, **popen) -> Iterator[PrometheusAPI]:
-    """Run ``cmd`` (an ``obs prometheus --train train_run`` command) until the block ends, then interrupt it.
+def obs_prometheus(
+    cmd: Sequence[str | Path], train_run: Path, stop: int = signal.SIGINT, **popen
+) -> Iterator[PrometheusAPI]:
+    """Run ``cmd`` (an ``obs prometheus --train train_run`` command) until the block ends, then stop it.
 
     Prometheus's own endpoint stands in for the run's rank 0, so the train target is up once the
-    block starts. On leaving, the command gets SIGINT and must exit 0 within 90 s (Prometheus
-    flushes its storage on the way out: at most 20 s, LocalPrometheus.stop).
+    block starts. On leaving, the command gets ``stop`` (SIGINT: Ctrl-C; SIGTERM: ``kill``) and
+    must exit 0 within 90 s (Prometheus flushes its storage on the way out: at most 20 s,
+    LocalPrometheus.stop), its Prometheus gone with it.
     """
     # Ctrl-C's default in the child whatever this process ignores: a job a non-interactive shell
     # starts in the background (a CI runner's, say) ignores SIGINT, and its children inherit that.
@@ -46,12 +50,14 @@ def obs_prometheus(cmd: Sequence[str | Path], train_run: Path, **popen) -> Itera
         api.wait_for_targets(["gpufeed-train"], timeout_s=60)
         yield api
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         try:
             proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise AssertionError(
-                f"gpufeed obs prometheus did not exit 90 s after SIGINT: {proc.communicate()[0]}"
+                f"gpufeed obs prometheus did not exit 90 s after signal {stop}: {proc.communicate()[0]}"
             ) from None
     assert proc.returncode == 0, f"gpufeed obs prometheus exited {proc.returncode}"
+    with socket.socket() as probe:  # its Prometheus no longer listens (SIGTERM left it running)
+        assert probe.connect_ex(("127.0.0.1", int(match.group(2)))) != 0, "Prometheus outlived gpufeed obs prometheus"

@@ -9,6 +9,7 @@ target turns GpufeedTargetDown pending, and the checker reports queries without 
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -145,10 +146,11 @@ def test_cli_verify_lists_queries_without_data(prom):
 
 
 @pytest.mark.timeout(240)
-def test_cli_prometheus_scrapes_a_training_run(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_cli_prometheus_scrapes_a_training_run(tmp_path, stop):
     run = tmp_path / "run"
     run.mkdir()
     cmd = [sys.executable, "-m", "gpufeed", "obs", "prometheus", "--train", str(run), "--interval", "1s"]
     cmd += ["--workdir", str(tmp_path / "prom"), "--stack", str(STACK)]
-    with obs_prometheus(cmd, run):
-        pass  # the train target came up; leaving interrupts it, which must exit 0
+    with obs_prometheus(cmd, run, stop=stop):
+        pass  # the train target came up; leaving stops it, which must exit 0 and take Prometheus down

@@ -7,9 +7,12 @@ file_sd list, rewritten as ranks appear; servers and dcgm-exporters are static t
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from gpufeed.obs._prometheus import LocalPrometheus
@@ -83,6 +86,26 @@ def stack_prometheus(
     return LocalPrometheus(workdir, configs, rules, interval=interval)
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill``, ``timeout``, a service manager) stops as Ctrl-C does: Prometheus with it.
+
+    Python's default for SIGTERM ends the process without unwinding, and the Prometheus child lived on.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_local_prometheus(
     workdir: str | Path,
     *,
@@ -96,7 +119,7 @@ def run_local_prometheus(
     prom = stack_prometheus(
         workdir, train_runs=train_runs, servers=servers, dcgm=dcgm, interval=interval, stack_dir=stack_dir
     )
-    with prom:
+    with prom, _terminate_as_interrupt():
         print(f"prometheus: {prom.url}  (log: {prom.log_path})", flush=True)
         print(f"check the dashboards' queries with: gpufeed obs verify --prometheus {prom.url}", flush=True)
         known = -1
