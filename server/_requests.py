@@ -288,7 +288,8 @@ def body_limit(model: ServedModel, cfg) -> tuple[int, str]:
 
 
 def top_k_of(raw: str | None, default: int, num_classes: int) -> int:
-    """The REST ``?top_k=`` value: ``default`` when absent, else an integer in [1, classes]."""
+    """The REST ``?top_k=`` value: ``default`` when absent, else an integer >= 1; either is capped at
+    the model's classes, so one client's ``?top_k=5`` fits every model."""
     if raw is None:
         return min(default, num_classes)
     try:
@@ -297,6 +298,6 @@ def top_k_of(raw: str | None, default: int, num_classes: int) -> int:
         raise RequestError(
             "malformed_request", f"query parameter top_k must be an integer, got {shown(raw, 40)}"
         ) from None
-    if not 1 <= value <= num_classes:
-        raise RequestError("malformed_request", f"query parameter top_k must be in [1, {num_classes}], got {value}")
-    return value
+    if value < 1:
+        raise RequestError("malformed_request", f"query parameter top_k must be at least 1, got {value}")
+    return min(value, num_classes)

@@ -95,7 +95,7 @@ BAD_REQUESTS = [
     ("gif", _rest(_gif(), "image/png"), 415, "unsupported_media_type", "GIF"),
     ("text-content-type", _rest(GOOD_JPEG, "text/plain"), 415, "unsupported_media_type", "text/plain"),
     ("bomb", _rest(png_declaring(30000, 30000), "image/png"), 400, "too_many_pixels", "900,000,000 pixels"),
-    ("bad-top-k", _rest(GOOD_JPEG, query="?top_k=99"), 400, "malformed_request", "top_k"),
+    ("bad-top-k", _rest(GOOD_JPEG, query="?top_k=0"), 400, "malformed_request", "top_k"),
     (
         "multipart-no-file",
         _rest(NOTE_ONLY, "multipart/form-data; boundary=zz"),
