@@ -18,13 +18,16 @@ the problem), so a typo never silently serves fewer models than intended.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed.models import CARD_FILE, ModelCard, ModelCardError, read_model_card
+from gpufeed.models import CARD_FILE, ONNX_FILE, ModelCard, ModelCardError, read_model_card
 
 __all__ = ["MODEL_NAME_PATTERN", "ModelEntry", "ModelRepoError", "load_repository"]
+
+log = logging.getLogger("gpufeed.server")
 
 # Names appear in URLs and as metric label values: keep them plain.
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -81,6 +84,16 @@ def load_repository(repo: str | Path | None = None, model: str | Path | None = N
             "or put it in a sub-folder of the repository"
         )
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    # A folder with neither file is not a model (notes/, a copy's scratch): one warning, not a
+    # refusal, since on a shared volume one stray folder would stop every replica. A folder with
+    # one of them is a model gone wrong, and _entry refuses it.
+    strays = [f for f in folders if not (f / CARD_FILE).exists() and not (f / ONNX_FILE).exists()]
+    if strays:
+        log.warning(
+            "model repository %s: %s hold(s) neither %s nor %s and are not served",
+            root, ", ".join(f"{f.name}/" for f in strays), CARD_FILE, ONNX_FILE,
+        )  # fmt: skip
+    folders = [f for f in folders if f not in strays]
     if not folders:
-        raise ModelRepoError(f"model repository {root} holds no model folders (each needs {CARD_FILE} and model.onnx)")
+        raise ModelRepoError(f"model repository {root} holds no model folders (each needs {CARD_FILE} and {ONNX_FILE})")
     return [_entry(folder.name, folder) for folder in folders]

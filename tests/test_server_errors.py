@@ -4,7 +4,9 @@ by reason, and the next good request still succeeds on a server that stays ready
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,10 +213,25 @@ def test_bad_repositories_are_refused_before_serving(tmp_path):
     with pytest.raises(ModelRepoError, match="does not exist"):
         start_server(repo=tmp_path / "missing", device=CPU)
     (tmp_path / "repo" / "broken").mkdir(parents=True)
+    with pytest.raises(ModelRepoError, match=r"holds no model folders"):
+        start_server(repo=tmp_path / "repo", device=CPU)
+    shutil.copy(exported_repo() / IMAGE_MODEL / "model.onnx", tmp_path / "repo" / "broken")  # a model gone wrong
     with pytest.raises(ModelRepoError, match=r"broken.model_card\.json is missing"):
         start_server(repo=tmp_path / "repo", device=CPU)
     with pytest.raises(ModelRepoError, match="is a model folder, not a repository"):
         start_server(repo=exported_repo() / IMAGE_MODEL, device=CPU)
+
+
+def test_a_folder_that_is_no_model_is_left_out_with_a_warning(tmp_path, caplog):
+    """One stray folder (notes/) in a repository stopped the server: every replica on a shared volume."""
+    from gpufeed.server._repo import load_repository
+
+    shutil.copytree(exported_repo() / IMAGE_MODEL, tmp_path / "repo" / IMAGE_MODEL)
+    (tmp_path / "repo" / "notes").mkdir()
+    (tmp_path / "repo" / "notes" / "todo.txt").write_text("retrain on Friday\n")
+    caplog.set_level(logging.WARNING, logger="gpufeed.server")
+    assert [entry.name for entry in load_repository(tmp_path / "repo")] == [IMAGE_MODEL]
+    assert "notes/ hold(s) neither model_card.json nor model.onnx and are not served" in caplog.text
 
 
 @pytest.mark.live
