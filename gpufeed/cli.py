@@ -54,10 +54,10 @@ class _Parser(argparse.ArgumentParser):
     argv: ClassVar[list[str]] = []
 
     def error(self, message: str):
-        super().error(message + _hint(message, _Parser.argv, self.prog))
+        super().error(message + _hint(message, _Parser.argv, self.prog, "--set" in self._option_string_actions))
 
 
-def _hint(message: str, argv: list[str], prog: str) -> str:
+def _hint(message: str, argv: list[str], prog: str, takes_set: bool = False) -> str:
     if "arguments are required: --config" in message:
         return f" (the YAML file goes after --config: {prog} --config FILE)"
     if not message.startswith("unrecognized arguments:"):
@@ -66,7 +66,20 @@ def _hint(message: str, argv: list[str], prog: str) -> str:
         return " (--set takes KEY=VALUE in one word: --set train.lr=0.001, one --set for each key)"
     if any("=" in word and not word.startswith("-") for word in message.split(":", 1)[1].split()):
         return " (a config key is set with --set KEY=VALUE, one --set for each key)"
+    if takes_set and message.split(":", 1)[1].split()[0].startswith("--"):
+        return " (a setting without a flag of its own is a config key: --set KEY=VALUE; gpufeed config --describe lists them)"
     return ""
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` chose: ``gpufeed serve``'s, ``gpufeed obs prometheus``'s."""
+    while True:
+        subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        names = [str(getattr(args, a.dest, "")) for a in subcommands]
+        chosen = [a.choices[n] for a, n in zip(subcommands, names, strict=True) if n in a.choices]
+        if not chosen:
+            return parser
+        parser = chosen[0]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit status."""
     parser = build_parser()
     _Parser.argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's own parser: its usage names its options, the top level's none
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format=log_format(),

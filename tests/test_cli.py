@@ -162,15 +162,20 @@ def test_synth_then_check(tmp_path, capsys):
         (["train", "--config", "t.yaml", "--set", "train.lr", "0.001"], "(--set takes KEY=VALUE in one word"),
         (["train", "--config", "t.yaml", "--set", "train.lr=1", "train.epochs=2"], "one --set for each key)"),
         (["train", "--config", "t.yaml", "train.lr=0.01"], "(a config key is set with --set KEY=VALUE"),
+        (["serve", "--model-repo", "m", "--workers", "4"], "(a setting without a flag of its own is a config key"),
     ],
 )
 def test_usage_errors_from_other_tools_habits_say_what_to_write(argv, hint, capsys):
-    """Hydra's key=value, --set with a space, the config as a positional: argparse alone said only what failed."""
+    """Hydra's key=value, --set with a space, the config as a positional: argparse alone said only what failed.
+
+    Said by the command's own parser: ``serve --workers 4`` printed the top level's usage, which
+    names no option of serve's."""
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2
-    last = capsys.readouterr().err.rstrip().splitlines()[-1]
-    assert last.startswith("gpufeed") and ": error: " in last and hint in last
+    err = capsys.readouterr().err.rstrip().splitlines()
+    assert err[-1].startswith(f"gpufeed {argv[0]}: error: ") and hint in err[-1]
+    assert err[0].startswith(f"usage: gpufeed {argv[0]} "), err[0]
 
 
 def test_describe_takes_a_key_or_a_section(capsys):
