@@ -113,6 +113,7 @@ class Session:
 
     def __enter__(self) -> Session:
         try:
+            self._run_lock = hold_run_folder(self.run_dir, self.dist.is_main)
             self._setup()
         except BaseException:
             self.close(linger=False)
@@ -126,7 +127,6 @@ class Session:
 
     def _setup(self) -> None:
         cfg, rank = self.cfg, self.dist.rank
-        self._run_lock = hold_run_folder(self.run_dir, self.dist.is_main)
         if not self.resume_requested and list_checkpoints(self.run_dir):
             raise TrainError(
                 f"{self.run_dir} already holds checkpoints: pass --resume to continue that run, "
