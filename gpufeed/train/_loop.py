@@ -39,6 +39,7 @@ from gpufeed.train._nonfinite import LossWatch, refuse_nonfinite_weights
 from gpufeed.train._profiling import ProfileWindow, StageRanges
 from gpufeed.train._resume import missed_evaluation
 from gpufeed.train._skipped import empty_epoch
+from gpufeed.train._stall import StallWatch
 from gpufeed.train._step import PendingStep, Stepper
 from gpufeed.train._stop import StopRequest
 from gpufeed.train._summary import StepStats
@@ -133,8 +134,7 @@ class Loop:
     """The per-step and per-epoch mechanics, on top of a prepared :class:`~gpufeed.train._session.Session`."""
 
     def __init__(self, session) -> None:
-        s = session
-        self.s = s
+        self.s = s = session
         self.cfg: Config = s.cfg
         self.on_gpu = s.device.is_gpu
         self.ranges = StageRanges(self.on_gpu)
@@ -156,6 +156,7 @@ class Loop:
         self.stats = StepStats()
         self.loss_watch = LossWatch(self.cfg.train.lr, scaled=s.scaler.is_enabled())
         self.stop = StopRequest(s.dist.world_size)  # with several ranks, they agree on the step (see _stop)
+        self.stall = StallWatch(self.stop)  # a warning when the next batch takes a minute and more
         self.evaluations: list[dict] = []
         self._skipped_seen = 0  # counted from the start: files left out before the first step count too
         self._last_saved_step = s.step if s.resumed else -1
@@ -167,8 +168,7 @@ class Loop:
         if self.cfg.telemetry.record_sample_ids:
             for name in ("sample_ids", "video_ids"):
                 if getattr(batch, name, None) is not None:
-                    # Copied before the step is queued, so reading the step's end finds it done
-                    # (no host wait on a GPU; on the CPU the list is read now).
+                    # Copied before the step is queued: its end finds it done (no host wait on a GPU).
                     ids = _ids_on_the_way(getattr(batch, name))
                     break
             if getattr(batch, "valid", None) is not None:
@@ -256,7 +256,7 @@ class Loop:
                 if first:  # the epoch's first step runs from the start of its wait
                     timeline.begin(started)
                     first = False
-                with self.ranges("loader_wait"):
+                with self.ranges("loader_wait"), self.stall.watch(epoch, batch_index):
                     try:
                         batch = next(iterator)
                     except StopIteration:
