@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from gpufeed.config import Config, ConfigError, DatasetConfig, SizePx, load_config, parse_config, save_config
+from gpufeed.core import ObjectPath
 
 
 def test_defaults_are_valid_and_frozen():
@@ -120,6 +121,22 @@ def test_paths_expand_home_and_resolve_against_the_file_or_the_command_line(tmp_
     assert cfg.loader.quarantine_file == tmp_path / "bucket" / "q.txt"
     assert load_config(path).data.train.root == tmp_path / "cfgdir" / "imgs"  # written in the file: beside it
     assert load_config(path, ["data.train={root: imgs}"]).data.train.root == tmp_path / "work" / "imgs"
+
+
+@pytest.mark.parametrize(
+    ("root", "words"),
+    [
+        ("s3://b/ds", "'s3://b/ds': 'b' is not a bucket name (3-63 lowercase letters"),
+        ("gs://bucket/ds", "'gs://bucket/ds' is not an object-store URL; supported: s3://bucket/prefix"),
+    ],
+)
+def test_a_bad_bucket_url_says_what_is_wrong_with_it(root, words):
+    """It said only "value 's3://b/ds' is not a path | s3:// URL | null"."""
+    for split in (root, {"root": root}):
+        with pytest.raises(ConfigError) as info:
+            parse_config({"data": {"train": split}})
+        assert info.value.key_path == "data.train.root" and words in str(info.value)
+    assert parse_config({"data": {"train": "s3://bkt/ds"}}).data.train.root == ObjectPath("s3://bkt/ds")
 
 
 def test_a_bare_folder_is_a_splits_root(tmp_path, monkeypatch):

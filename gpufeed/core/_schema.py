@@ -138,16 +138,18 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
             if type(None) in args:
                 return None
             raise ConfigError(key, f"null is not allowed; expected {_describe_type(tp)}")
-        errors = []
+        errors = {}
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _convert(value, arg, key)
             except ConfigError as err:
-                errors.append(err)
+                errors[arg] = err
         if len(errors) == 1:
-            raise errors[0]
+            raise next(iter(errors.values()))
+        if ObjectPath in errors and isinstance(value, str) and url_scheme(value):  # a URL: what is wrong with it
+            raise errors[ObjectPath]
         raise ConfigError(key, f"value {quoted(value)} is not a {_describe_type(tp)}")
     if origin is tuple:
         args = get_args(tp)
