@@ -123,12 +123,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     # Deferred: these modules load torch, DALI and the server (about 1 s), which only a command that
     # raised needs.
     from gpufeed.models import ExportError, ModelCardError
-    from gpufeed.pipelines import BadSampleError, DatasetError
+    from gpufeed.pipelines import BadSampleError, DatasetError, PipelineError
     from gpufeed.server import ModelRepoError, RuntimeSetupError, ServerStartError
     from gpufeed.train import TrainError
 
     serving = (ExportError, ModelCardError, ModelRepoError, RuntimeSetupError, ServerStartError)
-    data = (ConfigError, DatasetError, BadSampleError, StorageError)  # StorageError: an s3:// read, named in one line
+    # StorageError: an s3:// read, named in one line; PipelineError: DALI's reason and the likely cause.
+    data = (ConfigError, DatasetError, BadSampleError, PipelineError, StorageError)
     # A path of the wrong kind (a file where a folder goes, a folder where a file goes): the OS's one
     # line names it, as FileNotFoundError's does.
     paths = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)

@@ -103,6 +103,8 @@ def test_what_counts_as_an_outage():
         assert not is_outage(err), err
     assert not re.search(OUTAGE_PATTERN, "s3://b/k.jpg: reading failed (InvalidRequest 400)")
     assert not re.search(OUTAGE_PATTERN, "cannot be decoded: damaged JPEG data (broken data stream)")
+    dali = "S3 Object not found. bucket=bkt object=ds/a.jpg: : curlCode: 28, Timeout was reached; Details: ..."
+    assert re.search(OUTAGE_PATTERN, dali), "DALI's own S3 reader (the AWS SDK) after a store stopped answering"
     assert likely_cause("Critical error: [/x.jpg] Too many open files").startswith(
         "a read failed for the machine or the object store, not for a file"
     )

@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 
 from gpufeed.config import load_config
-from gpufeed.train import draw_report
+from gpufeed.core import StorageError
+from gpufeed.models import list_checkpoints
+from gpufeed.pipelines import BadSampleError, PipelineError
+from gpufeed.train import TrainError, draw_report
 from gpufeed.train import train as train_model
 
 __all__ = ["report", "train"]
@@ -16,7 +19,16 @@ __all__ = ["report", "train"]
 
 def train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    result = train_model(cfg, args.out, resume=args.resume, profile_steps=args.profile_steps)
+    try:
+        result = train_model(cfg, args.out, resume=args.resume, profile_steps=args.profile_steps)
+    except (PipelineError, StorageError, BadSampleError) as err:
+        # Mid-run, the data or the store failed: say where the run can go on from once it is fixed.
+        written = list_checkpoints(args.out) if args.out is not None else []
+        if not written:
+            raise
+        raise TrainError(
+            f"{str(err).rstrip('.')}; the newest checkpoint is {written[-1]}: continue with --resume --out {args.out}"
+        ) from err
     if result.checkpoint is not None:
         print(f"\nrun folder: {result.run_dir}\nlast checkpoint: {result.checkpoint}")
     return 0

@@ -50,6 +50,7 @@ OUTAGE_PATTERN = "|".join(
     [
         *(re.escape(os.strerror(code)) for code in sorted(_OUTAGE_ERRNOS)),
         r"cannot reach the object store",
+        r"curlCode: \d+|Timeout was reached|Couldn't connect to server",  # DALI's S3 reader (the AWS SDK's curl)
         r"reading s3:// needs boto3",
         r"s3://\S+: [\w ]+ failed \((?:HTTP|\w+) 5\d\d\)",  # a server error, after botocore's retries
         r"s3://\S+: [\w ]+ failed \(\w+(?:Error|Exception)\)",
