@@ -151,6 +151,7 @@ def check_path(
       does not read);
     * a folder whose sub-folders are all split folders (``train/``, ``val/`` ...): each of them,
       with a warning naming them (:mod:`gpufeed.pipelines._split_folders`);
+    * a shard folder (``shards.json``): its images, each read from its byte range of the tar;
     * otherwise: class folders.
 
     ``path`` may be ``s3://bucket/prefix``: the same layouts, read from object storage.
@@ -164,7 +165,10 @@ def check_path(
         DatasetError: The path does not exist or holds no data.
     """
     path = data_path(path)
-    prime_listing(path)  # s3://: one listing answers the layout questions below
+    if not path.is_file():
+        # s3://: one listing answers the layout questions below. Asked after is_file: the listing of
+        # a prefix covers the keys under "KEY/", not the object KEY, which it would then say is missing.
+        prime_listing(path)
     if not path.exists():
         raise DatasetError(f"{path} does not exist")
     if path.is_file() and path.name.lower().endswith(IMAGE_EXTENSIONS):

@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpufeed.core import ObjectPath, is_object_url, is_outage, open_binary
+from gpufeed.core import ObjectPath, is_object_url, is_outage, open_binary, read_bytes, split_member
 from gpufeed.pipelines._image_walk import DAMAGED, UNSUPPORTED, JpegWalk, walk_png
 from gpufeed.pipelines._png_tail import png_resume_point, walk_png_tail
 
@@ -173,8 +173,9 @@ def read_image_facts(
 ) -> ImageFacts:
     """Read an image's facts from its bytes or its path, walking its structure (see the module docs).
 
-    A path is memory-mapped, so only the bytes up to the end marker are read. Never raises for bad
-    data: what is wrong is :attr:`ImageFacts.problem`.
+    A path is memory-mapped, so only the bytes up to the end marker are read; a shard member
+    (``shard-000000.tar#<offset>:<size>:<key>.jpg``) is its byte range of the tar, read at once. Never
+    raises for bad data: what is wrong is :attr:`ImageFacts.problem`.
 
     Args:
         header_only: Walk the header only, what a decoder reads to size its output: a JPEG's
@@ -184,6 +185,15 @@ def read_image_facts(
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _facts(bytes(source) if isinstance(source, memoryview) else source, header_only)
+    if isinstance(source, str) and split_member(source) is not None:
+        # A shard member names a byte range of its tar, no file or object of its own: one ranged read of
+        # its size (the manifest's, bounded by what prepare wrote) instead of an open of a path that is not there.
+        try:
+            return _facts(read_bytes(source), header_only)
+        except OSError as err:
+            if is_outage(err):
+                raise
+            return ImageFacts(problem=f"unreadable: {err.strerror or err}", problem_kind=UNREADABLE)
     if isinstance(source, ObjectPath) or is_object_url(source):
         try:
             with open_binary(str(source)) as fh:

@@ -24,7 +24,7 @@ from pathlib import Path
 import simplejpeg
 from PIL import Image
 
-from gpufeed.core import ObjectPath, is_outage, read_bytes
+from gpufeed.core import ObjectPath, is_outage, read_bytes, split_member
 from gpufeed.pipelines._image_facts import DEFAULT_MAX_IMAGE_PIXELS, ImageFacts, read_image_facts
 
 __all__ = ["decode_problem", "find_bad_files"]
@@ -45,29 +45,42 @@ def _decode_png(data: bytes) -> None:
         img.load()
 
 
+def _read(source: str | Path | ObjectPath) -> bytes | str:
+    """The file's bytes (a shard member's: its range of the tar), or why they cannot be read."""
+    try:
+        return read_bytes(source)
+    except OSError as err:
+        if is_outage(err):  # the store or the machine, not the file: never recorded as a bad file
+            raise
+        return f"unreadable: {err.strerror or err}"
+
+
 def decode_problem(
     source: str | Path | ObjectPath | bytes,
     facts: ImageFacts | None = None,
     max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     key: str = "data.max_image_pixels",
 ) -> str | None:
-    """Why ``source`` (a path or the bytes) cannot be used, after its structure and a strict decode.
+    """Why ``source`` (a path, a shard member or the bytes) cannot be used, after its structure and a strict decode.
 
     A file over ``max_pixels`` (by its header) is refused without decoding.
 
     Returns:
         ``None`` when the file is fine, else the reason in words.
     """
+    if facts is None and isinstance(source, str) and split_member(source) is not None:
+        # A shard member: one ranged read of its tar serves both the structure walk and the decode.
+        read = _read(source)
+        if isinstance(read, str):
+            return read
+        source = read
     facts = facts or read_image_facts(source)
     refused = facts.refusal(max_pixels, key)
     if refused:
         return refused[1]
-    try:
-        data = source if isinstance(source, bytes) else read_bytes(source)
-    except OSError as err:
-        if is_outage(err):  # the store or the machine, not the file: never recorded as a bad file
-            raise
-        return f"unreadable: {err.strerror or err}"
+    data = source if isinstance(source, bytes) else _read(source)
+    if isinstance(data, str):
+        return data
     try:
         if facts.format == "JPEG":
             _decode_jpeg(data)

@@ -69,6 +69,16 @@ def test_check_reads_a_bucket_and_names_a_missing_prefix_in_one_line(s3_server, 
     assert "botocore" not in done.stderr and "botocore" in missing.stderr, "boto3's logs with -v only"
 
 
+def test_check_of_one_object_checks_it_as_one_local_file(s3_data, synth_dir):
+    image = min((synth_dir / "images" / "train").rglob("*.jpg"))
+    key = image.relative_to(synth_dir).as_posix()
+    done = run_gpufeed("check", f"{s3_data}/{key}")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.startswith(f"checked 1 file(s) in: {s3_data}/{key}\n"), done.stdout
+    missing = run_gpufeed("check", f"{s3_data}/{key}.missing.jpg")
+    assert missing.returncode == 2 and f"{s3_data}/{key}.missing.jpg does not exist" in missing.stderr
+
+
 @pytest.mark.parametrize("model", ["image", "clip"])
 def test_train_on_a_bucket_without_the_secret_in_any_output(model, s3_server, s3_data, tmp_path):
     run = tmp_path / "run"

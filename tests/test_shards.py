@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import tarfile
 from collections import Counter
 
@@ -20,7 +21,15 @@ from gpufeed.cli import main
 from gpufeed.config import ImagePipelineConfig, LoaderConfig, VideoConfig
 from gpufeed.core._storage import member_ref, split_member
 from gpufeed.device import DeviceChoice
-from gpufeed.pipelines import ClipLoader, DatasetError, ImageDataset, ImageLoader, VideoDataset
+from gpufeed.pipelines import (
+    ClipLoader,
+    DatasetError,
+    ImageDataset,
+    ImageLoader,
+    VideoDataset,
+    check_path,
+    read_image_facts,
+)
 from gpufeed.pipelines._frame_stores import probe_store
 from gpufeed.pipelines._prepare_shards import write_clip_shards, write_image_shards
 from gpufeed.pipelines._prepare_stores import store_choices
@@ -69,6 +78,28 @@ def test_an_image_loader_reads_shards_as_it_reads_the_files(image_shards):
         assert torch.equal(files.sample_ids, shards.sample_ids)  # exact: integer ids
         assert torch.equal(files.labels, shards.labels)  # exact: integer labels
         assert torch.equal(files.images, shards.images)  # exact: the same decoder on the same bytes
+
+
+def test_check_reads_each_shard_member_from_its_range_of_the_tar_and_finds_a_damaged_one(image_shards, tmp_path):
+    _, out, _ = image_shards
+    shards = shutil.copytree(out, tmp_path / "shards")
+    rows = read_manifest(shards).rows
+    whole = check_path(shards, progress=False)
+    assert whole.checked == len(rows) and whole.findings == [], whole.table()
+    facts = read_image_facts(read_manifest(shards).ref(0))  # the facts of the member's bytes, not of a missing file
+    assert facts.problem is None and (facts.width, facts.height) == (rows[0]["width"], rows[0]["height"])
+    # A JPEG member cut in half and given a new end marker, in place inside its tar (the manifest unchanged).
+    sample = next(i for i, row in enumerate(rows) if row["ext"] == "jpg")
+    row = rows[sample]
+    tar = shards / read_manifest(shards).shards[row["shard"]]
+    data = bytearray(tar.read_bytes())
+    half = row["offset"] + row["size"] // 2
+    data[half : row["offset"] + row["size"]] = b"\xff\xd9" + bytes(row["size"] - row["size"] // 2 - 2)
+    tar.write_bytes(bytes(data))
+    damaged = check_path(shards, progress=False)
+    assert [f.path for f in damaged.findings] == [read_manifest(shards).ref(sample)], damaged.table()
+    assert damaged.findings[0].kind == "image" and "unreadable" not in damaged.findings[0].reason
+    assert main(["check", str(shards)]) == 1
 
 
 def _image_loader(dataset, k: int, n: int) -> ImageLoader:

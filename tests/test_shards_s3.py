@@ -10,7 +10,7 @@ from _s3server import upload_tree
 from gpufeed.config import LoaderConfig, VideoConfig
 from gpufeed.core import _s3
 from gpufeed.device import DeviceChoice
-from gpufeed.pipelines import ClipLoader, ImageDataset, ImageLoader, VideoDataset
+from gpufeed.pipelines import ClipLoader, ImageDataset, ImageLoader, VideoDataset, check_path
 from gpufeed.pipelines._prepare_shards import write_clip_shards, write_image_shards
 from gpufeed.pipelines._shards import read_manifest
 
@@ -42,6 +42,15 @@ def test_image_shards_written_into_a_bucket_load_as_the_local_ones(synth_dir, tm
     # One ranged read per image, never a whole shard (DALI prefetches into the next epoch: more than 32 reads).
     sizes = [row["size"] for row in read_manifest(local).rows]
     assert spent.requests >= 32 and sum(sizes) <= spent.bytes <= spent.requests * max(sizes)
+
+
+def test_check_of_shards_in_a_bucket_reads_each_member_by_its_range(synth_dir, tmp_path, s3_bucket):
+    source = ImageDataset.from_folder(synth_dir / "images" / "val")
+    write_image_shards(source, tmp_path / "shards", shard_bytes=40_000)
+    upload_tree(tmp_path / "shards", s3_bucket / "checked")
+    report = check_path(str(s3_bucket / "checked"), progress=False)
+    assert report.checked == len(source) and report.findings == [], report.table()
+    assert report.sources == [f"image shards in {s3_bucket}/checked"]
 
 
 def test_dali_reads_shards_in_a_bucket_with_local_index_files(synth_dir, tmp_path, s3_bucket):

@@ -53,8 +53,9 @@ def _register_check(sub: argparse._SubParsersAction) -> None:
         "a video folder (video files, frame folders and .h5 frame files, each with its label CSV); one video file, "
         "frame folder or .h5 frame file; a DeepEthogram project (project_config.yaml and DATA/); a folder of "
         "split folders (train/, val/ ...: each checked as its own dataset, with a warning); 'gpufeed synth' "
-        "output (images/, videos/, dense/); or single JPEG/PNG images (other image formats, such as GIF, are "
-        "named as unsupported). Exit status 1 when problems are found.",
+        "output (images/, videos/, dense/); an image shard folder ('gpufeed prepare --shards': each image read "
+        "from its byte range of the tar); or single JPEG/PNG images, files or s3:// objects (other image formats, "
+        "such as GIF, are named as unsupported). Exit status 1 when problems are found.",
     )
     # Text, not Path: a dataset may be s3://bucket/prefix, which pathlib would read as s3:/bucket/prefix.
     p.add_argument("data", nargs="+", help="dataset paths, local or s3://bucket/prefix (see above)")
