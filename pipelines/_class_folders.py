@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from gpufeed.core import DataPath, join, quoted, walk
 from gpufeed.pipelines._errors import DatasetError
+from gpufeed.pipelines._once import first_time
 
 __all__ = ["IMAGE_EXTENSIONS", "ClassFolders", "EmptyClass", "announce_split", "extensions", "walk_class_folders"]
 
@@ -32,7 +33,6 @@ log = logging.getLogger("gpufeed")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 IMAGE_KINDS = ".jpg/.jpeg/.png"
 _EXAMPLES = 3  # paths named in the ignored-files warning; `gpufeed check` lists every one
-_IGNORED_SAID: set[tuple[str, tuple[str, ...]]] = set()  # (source, its ignored files) warned about
 
 
 @dataclass(frozen=True)
@@ -137,10 +137,7 @@ def announce_split(dataset, train: bool) -> None:
         DatasetError: ``train`` and a class has no image; the message names each such class and its folder.
     """
     role = "train" if train else "eval"
-    key = (dataset.source, tuple(dataset.ignored))
-    if dataset.ignored and key not in _IGNORED_SAID:
-        # Once a process: training's and evaluation's loaders often read one root (a val split in it).
-        _IGNORED_SAID.add(key)
+    if dataset.ignored and first_time("ignored files", (dataset.source, tuple(dataset.ignored))):
         log.warning("%s loader: %s", role, _ignored_line(dataset.ignored, dataset.source))
     empty = getattr(dataset, "empty_classes", ())
     if train and empty:

@@ -43,6 +43,7 @@ from gpufeed.pipelines._frame_stores import decode_store_frames
 from gpufeed.pipelines._loader_args import loader_args, refuse_dataloader_arguments
 from gpufeed.pipelines._nvdec import gpu_capability
 from gpufeed.pipelines._nvdec_reader import ReaderBuild
+from gpufeed.pipelines._once import first_time
 from gpufeed.pipelines._pipeline_session import Session, pipeline_outputs
 from gpufeed.pipelines._pyav import ClipDecodeError, ClipDecoder, VideoRef
 from gpufeed.pipelines._quarantine import quarantined_ids
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 __all__ = ["ClipLoader"]
 
 log = logging.getLogger("gpufeed")
-_VFR_SAID: set[tuple[str, ...]] = set()  # the variable-rate videos warned about
 
 
 class ClipLoader(EpochLoader):
@@ -162,8 +162,7 @@ class ClipLoader(EpochLoader):
         level = logging.WARNING if self.clip_source.fell_back else logging.INFO
         log.log(level, "clip decoder: %s (%s)", self.source, self.decoder_reason)
         vfr = tuple(data.paths[v] for v in usable if not data.infos[v].cfr)
-        if vfr and vfr not in _VFR_SAID:  # once a process: training's and evaluation's loaders may share videos
-            _VFR_SAID.add(vfr)
+        if vfr and first_time("variable frame rate", vfr):  # training's and evaluation's loaders may share videos
             log.warning(
                 "%d video(s) have a variable frame rate (e.g. %s): frames are numbered in presentation order, "
                 "which may not match how their labels were made; 'gpufeed prepare' makes the rate constant",

@@ -14,12 +14,12 @@ import logging
 from pathlib import Path
 
 from gpufeed.core import DataPath, ObjectPath, data_path
+from gpufeed.pipelines._once import first_time
 
 __all__ = ["SPLIT_NAMES", "split_folders", "split_warning", "warn_split_root"]
 
 log = logging.getLogger("gpufeed")
 
-_SPLIT_ROOTS_SAID: set[str] = set()  # roots warned about by warn_split_root, once a process each
 
 # Folder names that mean a split, not a class (compared in lower case).
 SPLIT_NAMES = ("train", "training", "val", "valid", "validation", "test", "testing", "eval", "evaluation")
@@ -71,8 +71,7 @@ def warn_split_root(owner: str, path: str | Path | ObjectPath) -> bool:
     loader are often built over the same mistaken folder.
     """
     splits = split_folders(path)
-    if splits and str(path) not in _SPLIT_ROOTS_SAID:
-        _SPLIT_ROOTS_SAID.add(str(path))
+    if splits and first_time("split folders", str(path)):
         names = ", ".join(f"{p.name}/" for p in splits)
         log.warning(
             "%s: %s holds the split folders %s, which train as its classes; give the loader each split folder "

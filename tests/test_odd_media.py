@@ -341,9 +341,9 @@ def test_a_variable_frame_rate_is_one_warning_for_loaders_sharing_the_videos(cor
     import logging
 
     from gpufeed.device import DeviceChoice
-    from gpufeed.pipelines import ClipLoader, VideoDataset, _clip_loader
+    from gpufeed.pipelines import ClipLoader, VideoDataset, _once
 
-    monkeypatch.setattr(_clip_loader, "_VFR_SAID", set())  # other tests' loaders read these videos too
+    monkeypatch.setattr(_once, "_said", set())  # other tests' loaders read these videos too
     root, _, _ = corpus
     cfg = parse_config({"video": {"val": str(root / "videos" / "good"), "size_px": 32, "clip_length_frames": 11}})
     dataset = VideoDataset.from_folder(cfg.video.val)
