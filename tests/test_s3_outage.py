@@ -75,8 +75,15 @@ def test_an_object_store_outage_is_not_a_bad_file(s3_server, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert "more" not in result, f"the epoch went on without the store: {result}"
-    assert result["error"].startswith("StorageError: s3://outage/"), result
-    assert "cannot reach the object store at http://127.0.0.1:" in result["error"], result
+    # Our own read of a suspect file names the store; DALI's S3 reader, caught mid-read, its curl error.
+    ours = (
+        result["error"].startswith("StorageError: s3://outage/")
+        and "cannot reach the object store at" in result["error"]
+    )
+    dali = result["error"].startswith("PipelineError: the pipeline failed at epoch 0") and (
+        "a read failed for the machine or the object store, not for a file" in result["error"]
+    )
+    assert ours or dali, result
     assert result["read_failures"] == [] and result["skipped"] == 0, "no file is marked bad for an outage"
     assert "skipping bad sample" not in done.stderr, done.stderr[-2000:]
 

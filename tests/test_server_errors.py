@@ -283,6 +283,7 @@ def test_serve_cli_announces_serves_and_drains_on_sigterm(tmp_path):
             proc.kill()
     broken = tmp_path / "repo" / "x"
     broken.mkdir(parents=True)
+    (broken / "model.onnx").write_bytes(b"")  # a model gone wrong (a folder of neither file is skipped)
     done = subprocess.run(
         [sys.executable, "-m", "gpufeed", "serve", "--model-repo", str(tmp_path / "repo")],
         capture_output=True,
