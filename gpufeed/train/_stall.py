@@ -55,7 +55,7 @@ class StallWatch:
         """Warn if the current wait has passed ``due`` seconds; the wait at which to warn next."""
         since = self._since
         if since is None:
-            return self.after_s
+            return due
         waited = now - since
         if waited < due:
             return due
@@ -73,7 +73,7 @@ class StallWatch:
 
 
 def _poll(ref: weakref.ref, poll_s: float) -> None:
-    due, waiting_since = None, None
+    due, waiting_since = 0.0, None
     while True:
         time.sleep(poll_s)
         watch = ref()
@@ -81,5 +81,5 @@ def _poll(ref: weakref.ref, poll_s: float) -> None:
             return
         if watch._since != waiting_since:  # a new wait (or none): the first warning's delay again
             waiting_since, due = watch._since, watch.after_s
-        due = watch.check(time.monotonic(), due if due is not None else watch.after_s)
+        due = watch.check(time.monotonic(), due)
         del watch
