@@ -83,9 +83,9 @@ def test_a_round_whose_workers_are_spawned_ends(videos, monkeypatch):
     """
     from multiprocessing import resource_tracker
 
-    from gpufeed.pipelines import _epochs
+    from gpufeed.pipelines import _cores
 
-    monkeypatch.setattr(_epochs, "cuda_initialised", lambda: True)  # what makes a GPU run spawn
+    monkeypatch.setattr(_cores, "cuda_initialised", lambda: True)  # what makes a GPU run spawn
     spec = SetSpec("long_gop", VideoDataset.from_folder(videos), True)
     bench_set = BenchSet(spec, clip_length=5, stride=1, size=64, batch_size=4, workers=2, seed=0, device=CPU)
     before = child_pids()
