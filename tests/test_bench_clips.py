@@ -7,6 +7,7 @@ test skips there with the reason and runs in the peers' venv (``make peers``; ``
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import shutil
@@ -75,7 +76,7 @@ def test_dalis_reader_lists_what_a_round_reads_not_whole_epochs(videos, tmp_path
     assert lines[16] <= 16 + (2 + 2) * 4 < lines[0], lines
 
 
-def test_a_round_whose_workers_are_spawned_ends(videos, monkeypatch):
+def test_a_round_whose_workers_are_spawned_ends(videos, monkeypatch, caplog):
     """On a GPU the workers are spawned, which starts multiprocessing's resource tracker for good.
 
     The tracker is this process's child until it exits; a round that waited for it failed every
@@ -86,12 +87,14 @@ def test_a_round_whose_workers_are_spawned_ends(videos, monkeypatch):
     from gpufeed.pipelines import _cores
 
     monkeypatch.setattr(_cores, "cuda_initialised", lambda: True)  # what makes a GPU run spawn
+    caplog.set_level(logging.INFO, logger="gpufeed")
     spec = SetSpec("long_gop", VideoDataset.from_folder(videos), True)
     bench_set = BenchSet(spec, clip_length=5, stride=1, size=64, batch_size=4, workers=2, seed=0, device=CPU)
     before = child_pids()
     times, _ = timed_round(lambda: gpufeed_reader(bench_set.loader, 0), 8)
     tracker = resource_tracker._resource_tracker._pid  # test-only look at the standard library's helper
     assert times.clips >= 8 and child_pids() <= before
+    assert "worker process(es) with spawn" in caplog.text, "the patch reached the start method's choice"
     assert tracker is not None and os.path.exists(f"/proc/{tracker}"), "the spawn started the tracker, still alive"
     assert tracker not in child_pids(), "and it is not a process the round waits for"
 
