@@ -165,10 +165,7 @@ def check_path(
         DatasetError: The path does not exist or holds no data.
     """
     path = data_path(path)
-    if not path.is_file():
-        # s3://: one listing answers the layout questions below. Asked after is_file: the listing of
-        # a prefix covers the keys under "KEY/", not the object KEY, which it would then say is missing.
-        prime_listing(path)
+    prime_listing(path)  # s3://: one listing answers the layout questions below
     if not path.exists():
         raise DatasetError(f"{path} does not exist")
     if path.is_file() and path.name.lower().endswith(IMAGE_EXTENSIONS):

@@ -44,6 +44,16 @@ def test_walk_of_a_bucket_is_os_walk_of_the_same_files(tmp_path, s3_bucket):
     assert stat_key(one)[0] == 300_000
 
 
+def test_a_listing_of_a_keys_children_does_not_hide_the_object_itself(s3_bucket):
+    """The listing of ``one.jpg/`` is empty; the object ``one.jpg`` is still there (it "did not exist")."""
+    _s3.put_bytes(s3_bucket / "one.jpg", b"jpeg")
+    _s3.put_bytes(s3_bucket / "folder" / "a.jpg", b"a")
+    assert _s3.list_tree(s3_bucket / "one.jpg") == [] and _s3.list_tree(s3_bucket / "folder")
+    assert (s3_bucket / "one.jpg").is_file() and stat_key(s3_bucket / "one.jpg")[0] == 4
+    assert (s3_bucket / "folder").is_dir() and not (s3_bucket / "folder").is_file()
+    assert not (s3_bucket / "one.jpg.missing").exists()
+
+
 def test_ranged_reads_fetch_what_is_read(tmp_path, s3_bucket):
     data = random.Random(1).randbytes(5 << 20)
     key = s3_bucket / "big.bin"

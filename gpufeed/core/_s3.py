@@ -220,13 +220,20 @@ def _remember(path: ObjectPath, entries: dict[str, ObjectStat]) -> None:
         _snapshots[(path.bucket, _key_dir(path))] = (now + _SNAPSHOT_S, entries)
 
 
-def _snapshot_of(path: ObjectPath) -> dict[str, ObjectStat] | None:
-    """A fresh listing that covers ``path``'s key, if one was made."""
+def _snapshot_of(path: ObjectPath, of_key: bool = False) -> dict[str, ObjectStat] | None:
+    """A fresh listing that covers the keys under ``path``, or (``of_key``) the object ``path`` itself.
+
+    The listing of ``KEY/`` never holds an object ``KEY``: an empty one says nothing of it (a check
+    of ``s3://b/one.jpg`` lists first, and the image "did not exist"); a non-empty one makes it a folder.
+    """
     now = time.monotonic()
     with _lock:
         for (bucket, prefix), (expires, entries) in _snapshots.items():
-            if bucket == path.bucket and expires > now and (path.key + "/").startswith(prefix):
-                return entries
+            if bucket != path.bucket or expires <= now or not (path.key + "/").startswith(prefix):
+                continue
+            if of_key and not entries and prefix == _key_dir(path):
+                continue
+            return entries
     return None
 
 
@@ -295,7 +302,7 @@ def has_children(path: ObjectPath) -> bool:
 
 def lookup(path: ObjectPath) -> ObjectStat | None:
     """The object's :class:`ObjectStat`, or ``None`` when there is no object with this key."""
-    snapshot = _snapshot_of(path)
+    snapshot = _snapshot_of(path, of_key=True)
     if snapshot is not None:
         return snapshot.get(path.key)
     try:
