@@ -185,33 +185,21 @@ def read_image_facts(
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _facts(bytes(source) if isinstance(source, memoryview) else source, header_only)
-    if isinstance(source, str) and split_member(source) is not None:
-        # A shard member names a byte range of its tar, no file or object of its own: one ranged read of
-        # its size (the manifest's, bounded by what prepare wrote) instead of an open of a path that is not there.
-        try:
+    try:
+        if isinstance(source, str) and split_member(source) is not None:
+            # A shard member names a byte range of its tar, no file or object of its own: one ranged read of its
+            # size (the manifest's, bounded by what prepare wrote) instead of an open of a path that is not there.
             return _facts(read_bytes(source), header_only)
-        except OSError as err:
-            if is_outage(err):
-                raise
-            return ImageFacts(problem=f"unreadable: {err.strerror or err}", problem_kind=UNREADABLE)
-    if isinstance(source, ObjectPath) or is_object_url(source):
-        try:
+        if isinstance(source, ObjectPath) or is_object_url(source):
             with open_binary(str(source)) as fh:
                 return _object_facts(fh, header_only)
-        except OSError as err:
-            if is_outage(err):  # the store or the machine, not the file: never recorded as a bad file
-                raise
-            return ImageFacts(problem=f"unreadable: {err.strerror or err}", problem_kind=UNREADABLE)
-    path = Path(source)
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size == 0:
+        with open(Path(source), "rb") as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
                 return ImageFacts(problem="empty: a zero-byte file", problem_kind=EMPTY)
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
                 return _facts(data, header_only)
     except OSError as err:
-        if is_outage(err):
+        if is_outage(err):  # the store or the machine, not the file: never recorded as a bad file
             raise
         return ImageFacts(problem=f"unreadable: {err.strerror or err}", problem_kind=UNREADABLE)
 
