@@ -41,6 +41,11 @@ def _loader_skipped(loader) -> dict:
     }
 
 
+def _first_few(files: dict[str, str], shown: int = 3) -> tuple[str, int]:
+    """``"path: reason; ..."`` of the first ``shown`` skipped files, and how many are left unnamed."""
+    return "; ".join(f"{path}: {why}" for path, why in list(files.items())[:shown]), max(0, len(files) - shown)
+
+
 def skipped_files(data) -> dict:
     """This rank's skipped files per split: ``{split: {"files": {path: reason}, "quarantined": [path]}}``."""
     return {"train": _loader_skipped(data.train), "val": _loader_skipped(data.val)}
@@ -81,8 +86,8 @@ def report_skipped(skipped: dict, clips: bool) -> None:
         files = skipped[split]["files"]
         if not files:
             continue
-        shown = "; ".join(f"{path}: {why}" for path, why in list(files.items())[:3])
-        more = f" (and {len(files) - 3} more)" if len(files) > 3 else ""
+        shown, left = _first_few(files)
+        more = f" (and {left} more)" if left else ""
         log.warning(
             "skipped %d %s %s that cannot be used or are quarantined: %s%s",
             len(files),
@@ -100,8 +105,8 @@ def empty_epoch(loader, epoch: int) -> str:
     went on through its epochs without a step, and ended as if it had finished.
     """
     skipped = _loader_skipped(loader)["files"]
-    shown = "; ".join(f"{path}: {why}" for path, why in list(skipped.items())[:3])
-    more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+    shown, left = _first_few(skipped)
+    more = f" and {left} more" if left else ""
     return (
         f"epoch {epoch + 1} has no training batch: {len(skipped)} sample(s) were skipped ({shown}{more}); "
         "run 'gpufeed check' on data.train, fix or remove the files, and train again"
