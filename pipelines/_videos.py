@@ -157,8 +157,7 @@ class VideoDataset:
         """
         if sorted(names) != sorted(self.behaviours):
             raise ValueError(f"label columns {list(names)} are not those of {self.source}: {list(self.behaviours)}")
-        order = [self.behaviours.index(name) for name in names]
-        labels = tuple(None if rows is None else rows[:, order] for rows in self.labels)
+        labels = tuple(None if rows is None else _columns_in(rows, self.behaviours, names) for rows in self.labels)
         return replace(self, labels=labels, behaviours=tuple(names))
 
     @classmethod
@@ -326,8 +325,13 @@ def _label_columns(paths, infos, labels: list, problems: dict) -> tuple[str, ...
         if names == behaviours:
             continue
         if sorted(names) == sorted(behaviours):
-            labels[i] = labels[i][:, [names.index(name) for name in behaviours]]
+            labels[i] = _columns_in(labels[i], names, behaviours)
             continue
         problems.setdefault(i, f"label columns {list(names)} differ from {count} other video(s)' {list(behaviours)}")
         labels[i] = None
     return behaviours
+
+
+def _columns_in(rows: np.ndarray, names: tuple[str, ...], order: tuple[str, ...]) -> np.ndarray:
+    """``rows`` (label columns ``names``) with its columns in ``order``: the same behaviours, by name."""
+    return rows[:, [names.index(name) for name in order]]

@@ -227,19 +227,21 @@ def _val_columns(val: VideoDataset, behaviours: tuple[str, ...]) -> VideoDataset
     """
     if not val.behaviours or val.behaviours == behaviours:
         return val  # no usable label file: the loader names the videos and why
-    if sorted(val.behaviours) != sorted(behaviours):
+    try:
+        ordered = val.in_column_order(behaviours)
+    except ValueError:  # other behaviours, not another order
         raise ConfigError(
             "video.val",
             f"label columns {list(val.behaviours)} of the videos in {val.source} differ from the training "
             f"videos' {list(behaviours)}; the validation CSVs must name the same behaviours",
-        )
+        ) from None
     log.info(
         "video.val: label columns of %s are %s, training's %s: matched by name",
         val.source,
         list(val.behaviours),
         list(behaviours),
     )
-    return val.in_column_order(behaviours)
+    return ordered
 
 
 def _paired_set(cfg: Config, split_cfg, key: str) -> PairedDataset:
