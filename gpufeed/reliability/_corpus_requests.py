@@ -198,19 +198,8 @@ def name_probes(b: Builder, served: list[str], jpeg: bytes) -> None:
 
 
 def rest_probes(b: Builder, jpeg: bytes) -> None:
-    for value in (
-        "0",
-        "-1",
-        "abc",
-        "1.5",
-        "",
-        "1e3",
-        "%00",
-        "4x",
-        "NaN",
-        "0x2",
-        "%E2%98%83",
-    ):  # above the classes: capped
+    # No "99999": a top_k above the model's classes is capped to them, an answer, not a malformed request.
+    for value in ("0", "-1", "abc", "1.5", "", "1e3", "%00", "4x", "NaN", "0x2", "%E2%98%83"):
         headers = (("Content-Type", "image/jpeg"),)
         b.add("bad_query", "POST", f"{b.predict}?top_k={value}", jpeg, {400}, MALFORMED, ("top_k",), headers)
     part = b'--bnd\r\nContent-Disposition: form-data; name="image"; filename="a.jpg"\r\n\r\n' + jpeg
