@@ -178,6 +178,24 @@ def test_usage_errors_from_other_tools_habits_say_what_to_write(argv, hint, caps
     assert err[0].startswith(f"usage: gpufeed {argv[0]} "), err[0]
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["check", "data", "s3://b/x.jpg"], "argument data: 's3://b/x.jpg': 'b' is not a bucket name"),
+        (["prepare", "s3://bkt/v", "--shards", "gs://bkt/out"], "argument --shards: 'gs://bkt/out': gs:// is not read"),
+        (["predict", "m.pt", "s3://Bkt/v.mp4"], "argument SOURCE: 's3://Bkt/v.mp4': 'Bkt' is not a bucket name"),
+        (["bench", "storage", "--url", "s3://b"], "argument --url: 's3://b': 'b' is not a bucket name"),
+    ],
+)
+def test_a_url_gpufeed_cannot_read_is_a_usage_error_naming_the_argument(argv, said, capsys):
+    """A bad bucket name given to check or bench storage was a ValueError's traceback from deep in the command."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err.rstrip().splitlines()
+    assert info.value.code == 2 and err[-1].startswith(f"gpufeed {' '.join(argv[: 2 if argv[0] == 'bench' else 1])}: ")
+    assert said in err[-1] and not any("Traceback" in line for line in err), err
+
+
 def test_describe_takes_a_key_or_a_section(capsys):
     """``config --describe train.lr`` ignored its argument and printed all 150 keys in a 551-column table."""
     assert main(["config", "--describe", "train.lr"]) == 0

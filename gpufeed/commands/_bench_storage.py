@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpufeed.commands._arg_types import location
+
 # Every gpufeed call imports this module to register its arguments; the handler, which imports the
 # benchmark (torch, DALI, boto3), is in _bench_handlers.py.
 
@@ -24,7 +26,9 @@ def register_storage(kinds: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--data", type=Path, help="a local folder of videos (default: generated long-GOP h264 videos)")
     p.add_argument(
-        "--url", help="an s3:// prefix already holding copies of --data's files (default: a local moto server)"
+        "--url",
+        type=location,
+        help="an s3:// prefix already holding copies of --data's files (default: a local moto server)",
     )
     p.add_argument("--videos", type=int, default=4, help="generated videos (default 4)")
     p.add_argument("--seconds", type=int, default=60, help="length of each generated video in seconds (default 60)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpufeed.commands._arg_types import location
 from gpufeed.commands.bench import _size  # WIDTHxHEIGHT, as the bench commands read it
 
 # Every gpufeed call imports this module to register its arguments; the handlers, which import the
@@ -58,7 +59,7 @@ def _register_check(sub: argparse._SubParsersAction) -> None:
         "such as GIF, are named as unsupported). Exit status 1 when problems are found.",
     )
     # Text, not Path: a dataset may be s3://bucket/prefix, which pathlib would read as s3:/bucket/prefix.
-    p.add_argument("data", nargs="+", help="dataset paths, local or s3://bucket/prefix (see above)")
+    p.add_argument("data", nargs="+", type=location, help="dataset paths, local or s3://bucket/prefix (see above)")
     p.add_argument("--json", type=Path, help="also write the report as JSON here")
     p.add_argument(
         "--quarantine",
@@ -109,11 +110,14 @@ def _register_prepare(sub: argparse._SubParsersAction) -> None:
         "per clip before and after. Exit status 1 when a video fails (the others are still prepared).",
     )
     # Text, not Path: with --shards, SRC may be s3://bucket/prefix.
-    p.add_argument("src", help="folder of videos (and <name>.csv label files); with --shards, an image split too")
+    p.add_argument(
+        "src", type=location, help="folder of videos (and <name>.csv label files); with --shards, an image split too"
+    )
     p.add_argument("--out", type=Path, help="folder to write into (must not be SRC); not with --shards")
     p.add_argument(
         "--shards",
         metavar="DIR",
+        type=location,
         help="write SRC as WebDataset-style tar shards in DIR (local or s3://) instead: an image split (class "
         "folders or a list file) as images with labels, a video folder or DeepEthogram project as its clips' "
         "frames with per-frame labels (--clip-length-frames, --stride-frames, --image-format, --jpeg-quality)",

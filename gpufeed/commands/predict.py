@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpufeed.commands._arg_types import location
 from gpufeed.commands.serve import _positive
 from gpufeed.core import parse_limit_mb
 
@@ -69,7 +70,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "over an image folder writes one predictions.csv, a row per image.",
     )
     p.add_argument("model", type=Path, metavar="MODEL", help="checkpoint, run folder or exported model folder")
-    p.add_argument("source", metavar="SOURCE", help="video, folder of videos or images, DeepEthogram project (local)")
+    p.add_argument(
+        "source",
+        metavar="SOURCE",
+        type=location,
+        help="video, folder of videos or images, DeepEthogram project (local)",
+    )
     p.add_argument(
         "--out",
         type=Path,
